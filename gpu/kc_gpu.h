@@ -1,0 +1,90 @@
+/* kc_gpu.h: the GPU side of kcache, all through dlopen so that nothing needs
+ * the CUDA toolkit or a driver to build or run: device detection (libcuda),
+ * the NVRTC builder (libnvrtc), the load check, and arch compatibility rules.
+ *
+ * Threads: kc_gpu_detect, kc_gpu_arch_runs_on and kc_gpu_nvrtc_* are
+ * reentrant. kc_gpu_build forks a child per build (a hung or crashing NVRTC
+ * cannot take the caller down) and may be called from several threads.
+ * Errors: kc_err plus a sentence in err (KC_ERRBUF_SIZE, may be NULL).
+ */
+#ifndef KC_GPU_H
+#define KC_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kc_error.h"
+#include "kc_schema.h"
+
+/* ---- Devices (libcuda.so.1) ---- */
+
+typedef struct kc_gpu_device {
+  int ordinal;
+  char name[256];
+  int cc_major, cc_minor;          /* compute capability */
+  char arch[KC_ARCH_MAX + 1];      /* native cubin target: "sm_90a" for 9.0,
+                                      "sm_100a" for 10.0, else "sm_86" ... */
+  char uuid[40];                   /* "GPU-xxxxxxxx-xxxx-..." */
+  uint64_t total_mem;
+} kc_gpu_device;
+
+typedef struct kc_gpu_info {
+  int driver_version;              /* cuDriverGetVersion: 13000 = 13.0 */
+  int n_devices;
+  kc_gpu_device devices[16];
+} kc_gpu_info;
+
+/* Loads libcuda.so.1 with dlopen. No driver, or no device: KC_NO_DRIVER with
+ * a sentence saying what was searched; never a crash. */
+kc_err kc_gpu_detect(kc_gpu_info *out, char *err);
+
+/* ---- Arch compatibility ---- */
+
+/* 1 if code built for arch (a cubin "sm_XY[af]" or PTX "compute_XY[af]") can
+ * run on a device of compute capability major.minor, 0 if not. Rules: sm_XY
+ * runs on X.Y' with the same major and Y' >= Y; sm_XYa only on exactly X.Y;
+ * sm_XYf on the same major family with minor >= Y; compute_XY (PTX) on any
+ * capability >= X.Y (JIT); compute_XYa only on X.Y; compute_XYf within the
+ * family. */
+int kc_gpu_arch_runs_on(const char *arch, int cc_major, int cc_minor);
+
+/* ---- NVRTC ---- */
+
+/* NVRTC's version ("13.0") via dlopen. Search order: $KCACHE_NVRTC, then
+ * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the loader path. KC_NO_NVRTC
+ * names every place searched. out must hold 16 bytes. */
+kc_err kc_gpu_nvrtc_version(char out[16], char *err);
+
+typedef struct kc_gpu_build_req {
+  const char *name;         /* program name, for the log ("gemm.cu") */
+  const char *source;       /* CUDA C source text */
+  const char *arch;         /* "sm_90a" -> cubin, "compute_90" -> PTX */
+  const char *const *options; size_t n_options; /* extra NVRTC options */
+  const kc_bucket *bucket;  /* passed as -D<NAME upper>=<value>; may be NULL */
+  const char *const *entries; size_t n_entries; /* names to keep (extern "C") */
+  int timeout_s;            /* the child is killed after this; 0: 600 */
+} kc_gpu_build_req;
+
+typedef struct kc_gpu_build_out {
+  void *code;               /* cubin or PTX bytes (malloc'd) */
+  size_t code_len;
+  kc_file_kind kind;        /* KC_KIND_CUBIN or KC_KIND_PTX */
+  char *log;                /* NVRTC's log, malloc'd, may be "" */
+  double seconds;
+} kc_gpu_build_out;
+
+/* Compiles in a child process. KC_BUILD_FAILED (log kept in out->log),
+ * KC_TIMEOUT, KC_NO_NVRTC. The caller frees with kc_gpu_build_out_free. */
+kc_err kc_gpu_build(const kc_gpu_build_req *req, kc_gpu_build_out *out,
+                    char *err);
+void kc_gpu_build_out_free(kc_gpu_build_out *out);
+
+/* ---- Load check ---- */
+
+/* cuModuleLoadData on device `ordinal`, then cuModuleGetFunction for each
+ * entry. KC_NO_DRIVER without a driver, KC_GPU with the CUDA error otherwise. */
+kc_err kc_gpu_load_check(int ordinal, const void *code, size_t len,
+                         const char *const *entries, size_t n_entries,
+                         char *err);
+
+#endif

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# test.sh: installs what is needed, builds kcache twice (normal, and with
+# ASan+UBSan) and runs every test of both builds with ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+
+jobs=$(nproc)
+build() { # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs" >/dev/null
+}
+
+build build
+build build-san -DKCACHE_SANITIZE=ON
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+status=0
+for dir in build build-san; do
+  echo "== ctest ($dir)"
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 || status=1
+done
+exit $status

@@ -1,0 +1,152 @@
+/* kc_store.h: LMDB storage of blobs (digest -> bytes) and bundles (key ->
+ * manifest), the per-model index, access bookkeeping and eviction.
+ *
+ * Threads: a kc_store is shared by all threads. Any number of threads may read
+ * at once (kc_store_read_*); writes (put, delete, evict, gc, flush) serialize
+ * on LMDB's single write transaction and may be called from any thread. Read
+ * handles are opened with MDB_NOTLS, so a handle may move between threads, but
+ * one handle is used by one thread at a time.
+ *
+ * Durability: every write is one LMDB write transaction; a bundle and the
+ * refcounts of its blobs change together, so readers and a process that
+ * restarts after a crash see a bundle whole or not at all.
+ *
+ * Errors: kc_err, plus a sentence in `err` (KC_ERRBUF_SIZE, may be NULL).
+ * A full LMDB map is KC_STORE_FULL, never a crash.
+ */
+#ifndef KC_STORE_H
+#define KC_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kc_error.h"
+#include "kc_schema.h"
+
+typedef struct kc_store kc_store;
+
+typedef struct kc_store_opts {
+  const char *dir;        /* created if missing */
+  uint64_t max_bytes;     /* byte limit of blob data; 0: none */
+  uint64_t map_size;      /* LMDB map size; 0: derived from max_bytes, or 64 GiB */
+  uint64_t grace_s;       /* unreferenced blobs older than this are collected;
+                             0: default 3600 */
+  unsigned max_readers;   /* 0: 512 */
+  int high_water_pct;     /* eviction starts above this % of max_bytes; 0: 95 */
+  int low_water_pct;      /* and stops below this %; 0: 85 */
+} kc_store_opts;
+
+/* Opens (creating if needed) the store in opts->dir. *out owned by caller. */
+kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err);
+/* Flushes pending last-use records, closes. No read handle may be open.
+ * NULL: nothing. */
+void kc_store_close(kc_store *s);
+
+/* ---- Zero-copy reads ---- */
+
+typedef struct kc_store_read kc_store_read; /* one LMDB read transaction */
+
+/* Begins a read; end it soon (a long read pins old pages and grows the map). */
+kc_err kc_store_read_begin(kc_store *s, kc_store_read **out);
+/* Ends the read; every pointer it gave becomes invalid. NULL: nothing. */
+void kc_store_read_end(kc_store_read *r);
+
+/* Blob bytes, pointing into LMDB's map: valid until kc_store_read_end(r).
+ * Records a use of nothing (blobs are used through bundles). */
+kc_err kc_store_blob_get(kc_store_read *r, const char *digest,
+                         const void **data, size_t *len);
+/* Bundle manifest JSON (canonical), pointing into the map; valid until
+ * kc_store_read_end(r). Counts a hit and records the last use in memory
+ * (flushed in batches, never one write transaction per read). */
+kc_err kc_store_bundle_get(kc_store_read *r, const char *key,
+                           const char **json, size_t *len);
+
+/* ---- Blobs ---- */
+
+/* 0/KC_OK if held (and *size set when size != NULL), KC_NOT_FOUND if not. */
+kc_err kc_store_blob_has(kc_store *s, const char *digest, uint64_t *size);
+/* Stores bytes under their digest; KC_DIGEST_MISMATCH (nothing stored) when
+ * they do not hash to it. *created: 1 new, 0 already present. */
+kc_err kc_store_blob_put(kc_store *s, const char *digest, const void *data,
+                         size_t len, int *created, char *err);
+/* Same, reading len bytes from fd (a file or a pipe) straight into the map
+ * (MDB_RESERVE), hashing as it goes: no heap copy of the blob. */
+kc_err kc_store_blob_put_fd(kc_store *s, const char *digest, int fd,
+                            uint64_t len, int *created, char *err);
+
+/* A streaming upload: bytes are hashed and spooled to a temporary file in the
+ * store's directory while they arrive (no write transaction is held meanwhile),
+ * then committed in one transaction. For a server receiving a body in pieces. */
+typedef struct kc_store_upload kc_store_upload;
+kc_err kc_store_upload_begin(kc_store *s, kc_store_upload **out, char *err);
+kc_err kc_store_upload_write(kc_store_upload *u, const void *data, size_t len,
+                             char *err);
+uint64_t kc_store_upload_size(const kc_store_upload *u);
+/* Verifies the digest (KC_DIGEST_MISMATCH: nothing stored) and stores. Frees u
+ * whatever the result. */
+kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
+                              int *created, char *err);
+/* Drops an upload (client went away). NULL: nothing. */
+void kc_store_upload_abort(kc_store_upload *u);
+
+/* ---- Bundles ---- */
+
+/* Stores a validated manifest, write-once: *created 1 new; 0 when an
+ * identical bundle is there; KC_CONFLICT when a different one holds the key.
+ * KC_MISSING_BLOBS when referenced blobs are absent: *missing (malloc'd array
+ * of malloc'd digests, free with kc_store_strv_free) lists them when missing is
+ * not NULL. The blobs' refcounts change in the same transaction. */
+kc_err kc_store_bundle_put(kc_store *s, const kc_manifest *m, int *created,
+                           char ***missing, size_t *n_missing, char *err);
+/* Deletes a bundle and drops its blobs' refcounts (blobs left unreferenced are
+ * collected by gc after the grace period). KC_NOT_FOUND if absent. */
+kc_err kc_store_bundle_delete(kc_store *s, const char *key, char *err);
+/* KC_OK if present, KC_NOT_FOUND if not (no hit counted). */
+kc_err kc_store_bundle_has(kc_store *s, const char *key);
+
+void kc_store_strv_free(char **v, size_t n);
+
+/* One bundle of a model, for listings. */
+typedef struct kc_store_bundle_info {
+  char key[KC_HEX_LEN + 1];
+  uint64_t bytes;     /* sum of its files' sizes */
+  int64_t created;    /* unix seconds */
+  int64_t last_used;  /* unix seconds */
+  uint64_t hits;
+  const char *manifest; /* canonical JSON, valid during the callback only */
+  size_t manifest_len;
+} kc_store_bundle_info;
+
+/* Calls cb for each bundle of model (64 hex) inside one read transaction;
+ * cb returns non-zero to stop. */
+typedef int (*kc_store_bundle_cb)(const kc_store_bundle_info *info, void *ud);
+kc_err kc_store_model_list(kc_store *s, const char *model,
+                           kc_store_bundle_cb cb, void *ud);
+
+/* ---- Bookkeeping, eviction, GC ---- */
+
+typedef struct kc_store_stats {
+  uint64_t bytes_used;    /* blob bytes held */
+  uint64_t max_bytes;     /* 0: no limit */
+  uint64_t map_size;
+  uint64_t map_used;      /* pages in use * page size */
+  uint64_t blobs;
+  uint64_t bundles;
+  uint64_t hits, misses;  /* bundle gets since open */
+  uint64_t evicted_bundles, evicted_blobs, gc_blobs; /* since open */
+} kc_store_stats;
+
+kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out);
+/* Writes pending last-use times and hit counts in one transaction. */
+kc_err kc_store_flush(kc_store *s);
+/* Evicts least recently used bundles, then unreferenced blobs, until bytes
+ * used is at most target_bytes. Called by puts above the high-water mark. */
+kc_err kc_store_evict(kc_store *s, uint64_t target_bytes, char *err);
+/* Collects blobs no bundle references that are older than the grace period
+ * (now: unix seconds, so tests can move the clock). */
+kc_err kc_store_gc(kc_store *s, int64_t now, char *err);
+/* Re-hashes every blob and re-validates every bundle (its blobs present).
+ * Returns KC_CORRUPT with the first problem in err. */
+kc_err kc_store_verify(kc_store *s, char *err);
+
+#endif
