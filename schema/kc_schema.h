@@ -136,9 +136,17 @@ kc_err kc_manifest_parse(const char *json, size_t len, kc_manifest **out,
 kc_err kc_manifest_validate(const kc_manifest *m, char *err);
 /* Validate, then compute and store m->key from m->fields. */
 kc_err kc_manifest_seal(kc_manifest *m, char *err);
+/* KC_OK if m->key is the key computed from m->fields; KC_KEY_MISMATCH with
+ * "key: does not match the fields (expected <hex>)" otherwise; KC_BAD_MANIFEST
+ * if the key is not hex or the fields are invalid. (Added by schema/.) */
+kc_err kc_manifest_check_key(const kc_manifest *m, char *err);
 /* Canonical JSON of a (valid) manifest; *out malloc'd, caller frees. The same
  * manifest always gives the same bytes. */
 kc_err kc_manifest_to_json(const kc_manifest *m, char **out, char *err);
+/* (schema/ notes on the canonical form: files are written in path byte order,
+ * so the order a builder listed them in does not matter; empty "entries" and
+ * an empty "producer" are left out; producer.seconds <= 0 means unknown and is
+ * left out; reals are written with 15 significant digits ("1.84").) */
 /* Empty manifest to fill (calloc'd); free with kc_manifest_free. */
 kc_manifest *kc_manifest_new(void);
 /* Append a file (strings copied). */
@@ -154,6 +162,10 @@ int kc_manifest_equal(const kc_manifest *a, const kc_manifest *b);
  * '.' segment, no NUL or backslash, 1..255 bytes. `what` prefixes the error
  * ("files[2].path"). */
 kc_err kc_path_validate(const char *path, const char *what, char *err);
+/* (schema/ note: kc_path_validate returns KC_UNSAFE_PATH; inside a manifest
+ * the same failure is KC_BAD_MANIFEST. Error texts written by schema/ are
+ * always printable ASCII: user input in them is cut and non-ASCII bytes are
+ * shown as '?', so they can go into JSON bodies and logs as they are.) */
 
 /* ---- Warmup manifests ---- */
 

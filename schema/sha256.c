@@ -1,0 +1,130 @@
+/* sha256.c: SHA-256 as lowercase hex over OpenSSL's EVP interface, one-shot,
+ * streaming and for whole files. OpenSSL failures become KC_INTERNAL here. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "schema_internal.h"
+
+struct kc_sha256 {
+  EVP_MD_CTX *ctx;
+  int done; /* EVP forbids updates after final: refuse them ourselves */
+};
+
+int kc_is_hex64(const char *s) {
+  if (!s)
+    return 0;
+  for (int i = 0; i < KC_HEX_LEN; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+      return 0;
+  return s[KC_HEX_LEN] == '\0';
+}
+
+static void kc_hex(const unsigned char *md, char out[KC_HEX_LEN + 1]) {
+  static const char digits[] = "0123456789abcdef";
+  for (int i = 0; i < KC_HEX_LEN / 2; i++) {
+    out[2 * i] = digits[md[i] >> 4];
+    out[2 * i + 1] = digits[md[i] & 15];
+  }
+  out[KC_HEX_LEN] = '\0';
+}
+
+kc_err kc_sha256_hex(const void *data, size_t len, char out[KC_HEX_LEN + 1]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  if ((!data && len) || !out)
+    return KC_EINVAL;
+  if (!EVP_Digest(data ? data : "", len, md, &mdlen, EVP_sha256(), NULL))
+    return KC_INTERNAL;
+  kc_hex(md, out);
+  return KC_OK;
+}
+
+kc_sha256 *kc_sha256_new(void) {
+  kc_sha256 *h = calloc(1, sizeof *h);
+  if (!h)
+    return NULL;
+  h->ctx = EVP_MD_CTX_new();
+  if (!h->ctx || kc_sha256_reset(h) != KC_OK) {
+    kc_sha256_free(h);
+    return NULL;
+  }
+  return h;
+}
+
+kc_err kc_sha256_reset(kc_sha256 *h) {
+  if (!h)
+    return KC_EINVAL;
+  h->done = 0;
+  return EVP_DigestInit_ex(h->ctx, EVP_sha256(), NULL) ? KC_OK : KC_INTERNAL;
+}
+
+kc_err kc_sha256_update(kc_sha256 *h, const void *data, size_t len) {
+  if (!h || h->done || (!data && len))
+    return KC_EINVAL;
+  if (len == 0)
+    return KC_OK;
+  return EVP_DigestUpdate(h->ctx, data, len) ? KC_OK : KC_INTERNAL;
+}
+
+kc_err kc_sha256_final(kc_sha256 *h, char out[KC_HEX_LEN + 1]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int mdlen = 0;
+  if (!h || h->done || !out)
+    return KC_EINVAL;
+  h->done = 1;
+  if (!EVP_DigestFinal_ex(h->ctx, md, &mdlen))
+    return KC_INTERNAL;
+  kc_hex(md, out);
+  return KC_OK;
+}
+
+void kc_sha256_free(kc_sha256 *h) {
+  if (!h)
+    return;
+  EVP_MD_CTX_free(h->ctx);
+  free(h);
+}
+
+static kc_err kc_sha256_stream(FILE *f, kc_sha256 *h, uint64_t *total) {
+  unsigned char buf[32768]; /* small enough for any thread stack */
+  size_t n;
+  *total = 0;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+    kc_err e = kc_sha256_update(h, buf, n);
+    if (e)
+      return e;
+    *total += n;
+  }
+  return ferror(f) ? KC_IO : KC_OK;
+}
+
+kc_err kc_sha256_file(const char *path, char out[KC_HEX_LEN + 1],
+                      uint64_t *size, char *err) {
+  char ebuf[128];
+  uint64_t total = 0;
+  if (!path || !out)
+    return kci_err(err, KC_EINVAL, "sha256_file: NULL argument");
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return kci_err(err, KC_IO, "%s: %s", path,
+                   strerror_r(errno, ebuf, sizeof ebuf));
+  kc_sha256 *h = kc_sha256_new();
+  kc_err e = h ? kc_sha256_stream(f, h, &total) : KC_NOMEM;
+  int saved = errno;
+  if (e == KC_OK)
+    e = kc_sha256_final(h, out);
+  kc_sha256_free(h);
+  fclose(f);
+  if (e == KC_IO)
+    return kci_err(err, KC_IO, "%s: %s", path,
+                   strerror_r(saved ? saved : EIO, ebuf, sizeof ebuf));
+  if (e)
+    return kci_err(err, e, "%s: %s", path, kc_strerror(e));
+  if (size)
+    *size = total;
+  return KC_OK;
+}
