@@ -1,0 +1,33 @@
+# tests/deploy.cmake: the deployment files (systemd unit, container, k8s, CI
+# workflow, OPERATIONS.md) and kcached's sd_notify readiness.
+# Debian's python3 first: python3-yaml is installed for it.
+find_program(KCACHE_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
+find_program(KCACHE_PYTHON3 python3)
+set(KCACHE_DEPLOY_TESTS ${CMAKE_CURRENT_SOURCE_DIR}/deploy)
+
+add_test(NAME deploy_files
+         COMMAND ${KCACHE_PYTHON3} ${KCACHE_DEPLOY_TESTS}/test_deploy.py
+                 --root ${PROJECT_SOURCE_DIR})
+
+add_executable(test_sdnotify deploy/test_sdnotify.c ${PROJECT_SOURCE_DIR}/server/sdnotify.c)
+target_include_directories(test_sdnotify PRIVATE ${PROJECT_SOURCE_DIR}/server)
+target_link_libraries(test_sdnotify PRIVATE PkgConfig::CMOCKA)
+add_test(NAME deploy_sdnotify COMMAND test_sdnotify)
+
+# systemd-analyze verify needs ExecStart's binary to exist.
+if(TARGET kcached)
+  set(KCACHE_UNIT_EXEC $<TARGET_FILE:kcached>)
+else()
+  set(KCACHE_UNIT_EXEC /bin/true)
+endif()
+add_test(NAME deploy_systemd_verify
+         COMMAND ${KCACHE_PYTHON3} ${KCACHE_DEPLOY_TESTS}/verify_unit.py
+                 ${PROJECT_SOURCE_DIR}/deploy/systemd/kcached.service ${KCACHE_UNIT_EXEC})
+set_tests_properties(deploy_systemd_verify PROPERTIES SKIP_RETURN_CODE 77)
+
+# READY=1 once listening, STOPPING=1 on SIGTERM (kcached's main calls kcd_sd_notify).
+if(TARGET kcached)
+  add_test(NAME deploy_notify
+           COMMAND ${KCACHE_PYTHON3} ${KCACHE_DEPLOY_TESTS}/notify_ready.py $<TARGET_FILE:kcached>)
+  set_tests_properties(deploy_notify PROPERTIES TIMEOUT 120)
+endif()
