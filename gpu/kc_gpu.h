@@ -24,7 +24,8 @@ typedef struct kc_gpu_device {
   int cc_major, cc_minor;          /* compute capability */
   char arch[KC_ARCH_MAX + 1];      /* native cubin target: "sm_90a" for 9.0,
                                       "sm_100a" for 10.0, else "sm_86" ... */
-  char uuid[40];                   /* "GPU-xxxxxxxx-xxxx-..." */
+  char uuid[41];                   /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx":
+                                      40 characters and the NUL */
   uint64_t total_mem;
 } kc_gpu_device;
 
@@ -61,7 +62,10 @@ typedef struct kc_gpu_build_req {
   const char *arch;         /* "sm_90a" -> cubin, "compute_90" -> PTX */
   const char *const *options; size_t n_options; /* extra NVRTC options */
   const kc_bucket *bucket;  /* passed as -D<NAME upper>=<value>; may be NULL */
-  const char *const *entries; size_t n_entries; /* names to keep (extern "C") */
+  const char *const *entries; size_t n_entries; /* extern "C" kernel names;
+                              each must be in the output (ELF symbol table of
+                              the cubin, ".entry" of the PTX), else
+                              KC_BUILD_FAILED: no GPU needed to catch a typo */
   int timeout_s;            /* the child is killed after this; 0: 600 */
 } kc_gpu_build_req;
 
@@ -73,16 +77,22 @@ typedef struct kc_gpu_build_out {
   double seconds;
 } kc_gpu_build_out;
 
-/* Compiles in a child process. KC_BUILD_FAILED (log kept in out->log),
- * KC_TIMEOUT, KC_NO_NVRTC. The caller frees with kc_gpu_build_out_free. */
+/* Compiles in a child process. KC_BUILD_FAILED (log kept in out->log, the
+ * log's first "error" line in err), KC_TIMEOUT, KC_NO_NVRTC, KC_EINVAL for a
+ * bad request. NVRTC gets --gpu-architecture=<arch>, then -D<NAME>=<value> per
+ * bucket dimension, then the user's options. PTX: code_len leaves out the
+ * NUL, which the buffer still has. out->log is never NULL after the call
+ * (short of memory). The caller frees with kc_gpu_build_out_free. */
 kc_err kc_gpu_build(const kc_gpu_build_req *req, kc_gpu_build_out *out,
                     char *err);
 void kc_gpu_build_out_free(kc_gpu_build_out *out);
 
 /* ---- Load check ---- */
 
-/* cuModuleLoadData on device `ordinal`, then cuModuleGetFunction for each
- * entry. KC_NO_DRIVER without a driver, KC_GPU with the CUDA error otherwise. */
+/* cuModuleLoadData on device `ordinal` (in its primary context), then
+ * cuModuleGetFunction for each entry. KC_NO_DRIVER without a driver, KC_GPU
+ * with the CUDA error otherwise. Any thread; the calling thread's current
+ * context is restored. PTX need not end with a NUL. */
 kc_err kc_gpu_load_check(int ordinal, const void *code, size_t len,
                          const char *const *entries, size_t n_entries,
                          char *err);

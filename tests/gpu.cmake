@@ -1,0 +1,43 @@
+# gpu module tests: test_gpu (cmocka). NVRTC is found at run time the way the
+# library finds it; tests that need it skip without it, or fail when CI=true.
+# Two stand-in libraries exercise what a real toolkit cannot: an NVRTC that
+# crashes and an NVRTC too old to use. A second run puts the toolkit's stub
+# libcuda first on the loader path, so the driver's symbols and its error
+# path are exercised on hosts without a GPU.
+if(NOT TARGET PkgConfig::CMOCKA)
+  pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
+endif()
+
+set(KC_GPU_TEST_BIN ${CMAKE_CURRENT_BINARY_DIR}/gpu-test)
+
+# $CUDA_HOME/lib64/libnvrtc.so of a fake toolkit: the crashing NVRTC.
+add_library(gpu_fake_nvrtc MODULE ${CMAKE_CURRENT_LIST_DIR}/gpu_fake_nvrtc.c)
+set_target_properties(gpu_fake_nvrtc PROPERTIES
+  PREFIX "lib" OUTPUT_NAME nvrtc
+  LIBRARY_OUTPUT_DIRECTORY ${KC_GPU_TEST_BIN}/fake-cuda/lib64)
+add_library(gpu_old_nvrtc MODULE ${CMAKE_CURRENT_LIST_DIR}/gpu_fake_nvrtc.c)
+target_compile_definitions(gpu_old_nvrtc PRIVATE FAKE_NO_CUBIN)
+set_target_properties(gpu_old_nvrtc PROPERTIES
+  LIBRARY_OUTPUT_DIRECTORY ${KC_GPU_TEST_BIN})
+
+add_executable(test_gpu ${CMAKE_CURRENT_LIST_DIR}/test_gpu.c)
+target_link_libraries(test_gpu PRIVATE kc_gpu PkgConfig::CMOCKA Threads::Threads)
+add_dependencies(test_gpu gpu_fake_nvrtc gpu_old_nvrtc)
+target_compile_definitions(test_gpu PRIVATE
+  KC_GPU_KERNELS="${CMAKE_CURRENT_LIST_DIR}/kernels"
+  KC_FAKE_CUDA_HOME="${KC_GPU_TEST_BIN}/fake-cuda"
+  KC_FAKE_NVRTC="$<TARGET_FILE:gpu_fake_nvrtc>"
+  KC_OLD_NVRTC="$<TARGET_FILE:gpu_old_nvrtc>")
+add_test(NAME gpu COMMAND test_gpu)
+# The timeout test waits 1 s; the first NVRTC load reads ~100 MB from disk.
+set_tests_properties(gpu PROPERTIES TIMEOUT 300)
+
+set(KC_CUDA_STUB /usr/local/cuda/lib64/stubs/libcuda.so)
+if(EXISTS ${KC_CUDA_STUB})
+  file(MAKE_DIRECTORY ${KC_GPU_TEST_BIN}/stub-driver)
+  file(CREATE_LINK ${KC_CUDA_STUB} ${KC_GPU_TEST_BIN}/stub-driver/libcuda.so.1
+       SYMBOLIC)
+  add_test(NAME gpu_stub_driver COMMAND test_gpu --stub-driver)
+  set_tests_properties(gpu_stub_driver PROPERTIES
+    ENVIRONMENT "LD_LIBRARY_PATH=${KC_GPU_TEST_BIN}/stub-driver")
+endif()

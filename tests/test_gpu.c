@@ -1,0 +1,719 @@
+/* test_gpu.c: the gpu module: arch compatibility rules, real NVRTC builds of
+ * tests/kernels/ (cubin and PTX, bucket defines, compile errors, a build that
+ * times out, a crashing NVRTC), the NVRTC search, device detection and the
+ * load check. Without NVRTC the NVRTC tests skip, unless CI=true; without a
+ * driver the device tests check the "no driver" answers and skip the rest.
+ * `test_gpu --stub-driver` (run with the toolkit's stub libcuda first on the
+ * loader path) checks the driver binding against a real libcuda. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "gpu_internal.h"
+
+#define assert_contains(hay, needle)                                           \
+  do {                                                                         \
+    const char *h_ = (hay), *n_ = (needle);                                    \
+    if (!h_ || !strstr(h_, n_))                                                \
+      fail_msg("expected \"%s\" in \"%s\"", n_, h_ ? h_ : "(null)");           \
+  } while (0)
+
+/* ---- Helpers ---- */
+
+static char *kernel_source(const char *file) {
+  char path[512], err[KC_ERRBUF_SIZE] = "", *src = NULL;
+  size_t len = 0;
+  snprintf(path, sizeof path, "%s/%s", KC_GPU_KERNELS, file);
+  if (kc_read_file(path, &src, &len, err) != KC_OK)
+    fail_msg("%s", err);
+  return src;
+}
+
+static kc_bucket bucket1(const char *name, uint64_t value) {
+  kc_bucket b = {.n = 1};
+  snprintf(b.dims[0].name, sizeof b.dims[0].name, "%s", name);
+  b.dims[0].value = value;
+  return b;
+}
+
+/* NVRTC tests need the toolkit: skip without it, except in CI, where a
+ * missing NVRTC means the runner lost its toolkit and must not pass. */
+static void need_nvrtc(void) {
+  char v[16], err[KC_ERRBUF_SIZE] = "";
+  if (kc_gpu_nvrtc_version(v, err) == KC_OK)
+    return;
+  const char *ci = getenv("CI");
+  if (ci && strcmp(ci, "true") == 0)
+    fail_msg("CI=true and NVRTC is missing: %s", err);
+  print_message("skipped: %s\n", err);
+  skip();
+}
+
+/* Environment changes that the next test must not inherit. */
+typedef struct env_save {
+  char *nvrtc, *cuda_home;
+} env_save;
+
+static char *dup_env(const char *name) {
+  const char *v = getenv(name);
+  return v ? strdup(v) : NULL;
+}
+
+static void put_env(const char *name, const char *value) {
+  if (value)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+}
+
+static int env_setup(void **state) {
+  env_save *s = calloc(1, sizeof *s);
+  s->nvrtc = dup_env("KCACHE_NVRTC");
+  s->cuda_home = dup_env("CUDA_HOME");
+  *state = s;
+  return 0;
+}
+
+static int env_teardown(void **state) {
+  env_save *s = *state;
+  put_env("KCACHE_NVRTC", s->nvrtc);
+  put_env("CUDA_HOME", s->cuda_home);
+  free(s->nvrtc);
+  free(s->cuda_home);
+  free(s);
+  return 0;
+}
+
+/* Builds tests/kernels/<file>; the caller frees out. */
+static kc_err build(const char *file, const char *arch, const kc_bucket *b,
+                    const char *const *entries, size_t n_entries,
+                    kc_gpu_build_out *out, char *err) {
+  char *src = kernel_source(file);
+  kc_gpu_build_req req = {.name = file, .source = src, .arch = arch,
+                          .bucket = b, .entries = entries,
+                          .n_entries = n_entries};
+  err[0] = '\0';
+  kc_err rc = kc_gpu_build(&req, out, err);
+  free(src);
+  print_message("  %s for %s: %s in %.3f s (%zu bytes)\n", file, arch,
+                kc_err_name(rc), out->seconds, out->code_len);
+  return rc;
+}
+
+static void assert_cubin(const kc_gpu_build_out *out) {
+  const unsigned char *c = out->code;
+  assert_int_equal(out->kind, KC_KIND_CUBIN);
+  assert_true(out->code_len > 64);
+  assert_memory_equal(c, "\x7f" "ELF", 4);
+  assert_int_equal(c[4], 2);                /* ELFCLASS64 */
+  assert_int_equal(c[18] | c[19] << 8, 190); /* e_machine: EM_CUDA */
+}
+
+/* ---- Arch rules ---- */
+
+typedef struct runs_case {
+  const char *arch;
+  int major, minor, runs;
+} runs_case;
+
+static const runs_case runs_cases[] = {
+    {"sm_86", 8, 6, 1},       {"sm_86", 8, 9, 1},     {"sm_86", 8, 0, 0},
+    {"sm_86", 9, 0, 0},       {"sm_80", 8, 0, 1},     {"sm_80", 8, 6, 1},
+    {"sm_80", 8, 9, 1},       {"sm_80", 9, 0, 0},     {"sm_80", 7, 5, 0},
+    {"sm_90a", 9, 0, 1},      {"sm_90a", 10, 0, 0},   {"sm_90a", 8, 9, 0},
+    {"sm_90", 9, 0, 1},       {"sm_90", 10, 0, 0},    {"sm_90", 8, 9, 0},
+    {"sm_100f", 10, 0, 1},    {"sm_100f", 10, 3, 1},  {"sm_100f", 12, 0, 0},
+    {"sm_100f", 9, 0, 0},     {"sm_103f", 10, 0, 0},  {"sm_100a", 10, 0, 1},
+    {"sm_100a", 10, 3, 0},    {"sm_120", 12, 1, 1},   {"sm_120a", 12, 1, 0},
+    {"compute_80", 8, 0, 1},  {"compute_80", 8, 6, 1}, {"compute_80", 9, 0, 1},
+    {"compute_80", 10, 0, 1}, {"compute_80", 12, 0, 1}, {"compute_80", 7, 5, 0},
+    {"compute_90a", 9, 0, 1}, {"compute_90a", 10, 0, 0},
+    {"compute_90a", 12, 0, 0}, {"compute_100f", 10, 3, 1},
+    {"compute_100f", 12, 0, 0}, {"compute_75", 7, 5, 1},
+};
+
+static void test_arch_runs_on(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof runs_cases / sizeof *runs_cases; i++) {
+    const runs_case *c = &runs_cases[i];
+    int got = kc_gpu_arch_runs_on(c->arch, c->major, c->minor);
+    if (got != c->runs)
+      fail_msg("%s on %d.%d: got %d, want %d", c->arch, c->major, c->minor,
+               got, c->runs);
+  }
+}
+
+static void test_arch_invalid(void **state) {
+  (void)state;
+  static const char *const bad[] = {
+      NULL, "",  "sm_8", "sm_1000", "sm_80x", "sm_80af", "SM_80", "sm80",
+      "compute_", "sm_05", "sm_-80", "sm_80 ", " sm_80", "compute_8a", "gfx90a"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    for (int major = 7; major <= 12; major++)
+      if (kc_gpu_arch_runs_on(bad[i], major, 0))
+        fail_msg("'%s' runs on %d.0", bad[i] ? bad[i] : "(null)", major);
+  assert_int_equal(kc_gpu_arch_runs_on("sm_80", 8, -1), 0);
+  assert_int_equal(kc_gpu_arch_runs_on("sm_80", 8, 10), 0);
+  assert_int_equal(kc_gpu_arch_runs_on("compute_80", 0, 0), 0);
+}
+
+static void test_native_arch(void **state) {
+  (void)state;
+  static const struct {
+    int major, minor;
+    const char *arch;
+  } cases[] = {{7, 5, "sm_75"},   {8, 0, "sm_80"},    {8, 6, "sm_86"},
+               {8, 9, "sm_89"},   {9, 0, "sm_90a"},   {10, 0, "sm_100a"},
+               {10, 3, "sm_103a"}, {12, 0, "sm_120a"}, {12, 1, "sm_121a"}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char arch[KC_ARCH_MAX + 1];
+    assert_int_equal(kcg_native_arch(cases[i].major, cases[i].minor, arch), 0);
+    assert_string_equal(arch, cases[i].arch);
+    assert_true(kc_arch_valid(arch));
+    assert_true(kc_gpu_arch_runs_on(arch, cases[i].major, cases[i].minor));
+  }
+  char arch[KC_ARCH_MAX + 1];
+  assert_int_equal(kcg_native_arch(0, 0, arch), -1);
+  assert_int_equal(kcg_native_arch(8, 10, arch), -1);
+  assert_int_equal(kcg_native_arch(100, 0, arch), -1);
+}
+
+/* ---- Entry lookup in code ---- */
+
+static void test_ptx_entries(void **state) {
+  (void)state;
+  const char ptx[] = ".version 9.0\n.target sm_80\n"
+                     ".visible .entry saxpy(\n.param .f32 a)\n{ ret; }\n"
+                     ".visible .entry  scale2 (\n)\n{ ret; }\n"
+                     ".func helper()\n{ ret; }\n";
+  size_t n = sizeof ptx - 1;
+  assert_true(kcg_code_has_entry(KC_KIND_PTX, ptx, n, "saxpy"));
+  assert_true(kcg_code_has_entry(KC_KIND_PTX, ptx, n, "scale2"));
+  assert_false(kcg_code_has_entry(KC_KIND_PTX, ptx, n, "sax"));
+  assert_false(kcg_code_has_entry(KC_KIND_PTX, ptx, n, "scale"));
+  assert_false(kcg_code_has_entry(KC_KIND_PTX, ptx, n, "helper"));
+  assert_false(kcg_code_has_entry(KC_KIND_PTX, ptx, n, ""));
+  assert_false(kcg_code_has_entry(KC_KIND_PTX, ".entry", 6, "saxpy"));
+  assert_false(kcg_code_has_entry(KC_KIND_CUBIN, ptx, n, "saxpy"));
+  assert_false(kcg_code_has_entry(KC_KIND_CUBIN, "\x7f" "ELF", 4, "saxpy"));
+}
+
+/* Every truncation and a corrupted byte at every offset of a real cubin:
+ * no read out of bounds (ASan watches), and the intact one has its entries. */
+static void test_cubin_entries_robust(void **state) {
+  (void)state;
+  need_nvrtc();
+  kc_bucket b = bucket1("batch", 4);
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE];
+  assert_int_equal(build("saxpy.cu", "sm_80", &b, NULL, 0, &out, err), KC_OK);
+  const size_t len = out.code_len;
+  assert_true(kcg_code_has_entry(KC_KIND_CUBIN, out.code, len, "saxpy"));
+  assert_true(kcg_code_has_entry(KC_KIND_CUBIN, out.code, len, "scale"));
+  assert_false(kcg_code_has_entry(KC_KIND_CUBIN, out.code, len, "scal"));
+  unsigned char *copy = malloc(len);
+  for (size_t cut = 0; cut < len; cut++) { /* exact-size heap copies */
+    unsigned char *p = malloc(cut ? cut : 1);
+    memcpy(p, out.code, cut);
+    (void)kcg_code_has_entry(KC_KIND_CUBIN, p, cut, "saxpy");
+    free(p);
+  }
+  for (size_t i = 0; i < len; i++) {
+    memcpy(copy, out.code, len);
+    copy[i] ^= 0xff;
+    (void)kcg_code_has_entry(KC_KIND_CUBIN, copy, len, "saxpy");
+  }
+  free(copy);
+  kc_gpu_build_out_free(&out);
+}
+
+/* ---- NVRTC builds ---- */
+
+static void test_nvrtc_version(void **state) {
+  (void)state;
+  need_nvrtc();
+  char v[16], err[KC_ERRBUF_SIZE] = "";
+  int major = 0, minor = 0, end = 0;
+  assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_OK);
+  assert_int_equal(sscanf(v, "%d.%d%n", &major, &minor, &end), 2);
+  assert_int_equal(v[end], '\0');
+  assert_true(major >= 11);
+  print_message("  NVRTC %s\n", v);
+}
+
+static void test_build_cubin_sm80(void **state) {
+  (void)state;
+  need_nvrtc();
+  kc_bucket b = bucket1("batch", 4);
+  const char *const entries[] = {"saxpy", "scale"};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE];
+  assert_int_equal(build("saxpy.cu", "sm_80", &b, entries, 2, &out, err),
+                   KC_OK);
+  assert_cubin(&out);
+  assert_non_null(out.log);
+  assert_true(out.seconds > 0);
+  kc_gpu_build_out_free(&out);
+  assert_null(out.code);
+  kc_gpu_build_out_free(&out); /* twice, and NULL: nothing happens */
+  kc_gpu_build_out_free(NULL);
+}
+
+static void test_build_cubin_sm90a(void **state) {
+  (void)state;
+  need_nvrtc();
+  kc_bucket b = bucket1("batch", 4);
+  const char *const entries[] = {"saxpy"};
+  kc_gpu_build_out a, c;
+  char err[KC_ERRBUF_SIZE];
+  assert_int_equal(build("saxpy.cu", "sm_90a", &b, entries, 1, &a, err),
+                   KC_OK);
+  assert_cubin(&a);
+  assert_int_equal(build("saxpy.cu", "sm_80", &b, entries, 1, &c, err), KC_OK);
+  assert_false(a.code_len == c.code_len &&
+               memcmp(a.code, c.code, a.code_len) == 0);
+  kc_gpu_build_out_free(&a);
+  kc_gpu_build_out_free(&c);
+}
+
+static void test_build_ptx(void **state) {
+  (void)state;
+  need_nvrtc();
+  kc_bucket b = bucket1("batch", 2);
+  const char *const entries[] = {"saxpy", "scale"};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE];
+  assert_int_equal(build("saxpy.cu", "compute_80", &b, entries, 2, &out, err),
+                   KC_OK);
+  assert_int_equal(out.kind, KC_KIND_PTX);
+  const char *ptx = out.code;
+  assert_int_equal(ptx[out.code_len], '\0'); /* NUL kept, not counted */
+  assert_int_equal(strlen(ptx), out.code_len);
+  assert_contains(ptx, ".entry saxpy");
+  assert_contains(ptx, ".entry scale");
+  assert_contains(ptx, ".target sm_80");
+  kc_gpu_build_out_free(&out);
+  assert_int_equal(build("saxpy.cu", "compute_90a", &b, entries, 1, &out, err),
+                   KC_OK);
+  assert_contains(out.code, ".target sm_90a");
+  kc_gpu_build_out_free(&out);
+}
+
+/* batch8.cu has `#if BATCH != 8 #error`: it builds only with the define. */
+static void test_bucket_define(void **state) {
+  (void)state;
+  need_nvrtc();
+  kc_bucket eight = bucket1("batch", 8), four = bucket1("batch", 4);
+  const char *const entries[] = {"fill8"};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE];
+  assert_int_equal(build("batch8.cu", "sm_80", &eight, entries, 1, &out, err),
+                   KC_OK);
+  kc_gpu_build_out_free(&out);
+  assert_int_equal(build("batch8.cu", "sm_80", &four, entries, 1, &out, err),
+                   KC_BUILD_FAILED);
+  assert_contains(out.log, "BATCH must be 8");
+  assert_contains(err, "BATCH must be 8");
+  assert_null(out.code);
+  kc_gpu_build_out_free(&out);
+  assert_int_equal(build("saxpy.cu", "sm_80", NULL, NULL, 0, &out, err),
+                   KC_BUILD_FAILED); /* no bucket: saxpy.cu #errors */
+  assert_contains(out.log, "BATCH is not defined");
+  kc_gpu_build_out_free(&out);
+}
+
+static void test_multi_dim_bucket(void **state) {
+  (void)state;
+  need_nvrtc();
+  const char *src = "#if BATCH != 2 || SEQ_LEN != 1024 || HEADS != 0\n"
+                    "#error \"defines wrong\"\n#endif\n"
+                    "extern \"C\" __global__ void k(float *y) { y[0] = 1; }\n";
+  kc_bucket b = {.n = 3};
+  snprintf(b.dims[0].name, sizeof b.dims[0].name, "batch");
+  b.dims[0].value = 2;
+  snprintf(b.dims[1].name, sizeof b.dims[1].name, "seq_len");
+  b.dims[1].value = 1024;
+  snprintf(b.dims[2].name, sizeof b.dims[2].name, "heads");
+  b.dims[2].value = 0;
+  const char *const entries[] = {"k"};
+  kc_gpu_build_req req = {.name = "multi.cu", .source = src, .arch = "sm_80",
+                          .bucket = &b, .entries = entries, .n_entries = 1};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err rc = kc_gpu_build(&req, &out, err);
+  if (rc != KC_OK)
+    fail_msg("%s: %s", kc_err_name(rc), err);
+  kc_gpu_build_out_free(&out);
+}
+
+static void test_compile_error(void **state) {
+  (void)state;
+  need_nvrtc();
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE];
+  assert_int_equal(build("broken.cu", "sm_80", NULL, NULL, 0, &out, err),
+                   KC_BUILD_FAILED);
+  assert_contains(out.log, "undeclared_thing");
+  assert_contains(out.log, "error");
+  assert_contains(err, "broken.cu(4): error");
+  assert_contains(err, "undeclared_thing");
+  assert_null(strchr(err, '\n')); /* one line */
+  assert_null(out.code);
+  assert_int_equal(out.code_len, 0);
+  kc_gpu_build_out_free(&out);
+}
+
+static void test_missing_entry(void **state) {
+  (void)state;
+  need_nvrtc();
+  kc_bucket b = bucket1("batch", 1);
+  const char *const entries[] = {"saxpy", "saxpy_typo"};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE];
+  assert_int_equal(build("saxpy.cu", "sm_80", &b, entries, 2, &out, err),
+                   KC_BUILD_FAILED);
+  assert_contains(err, "'saxpy_typo'");
+  assert_null(out.code);
+  kc_gpu_build_out_free(&out);
+  assert_int_equal(build("saxpy.cu", "compute_80", &b, entries, 2, &out, err),
+                   KC_BUILD_FAILED);
+  assert_contains(err, "'saxpy_typo' is not in the ptx");
+  kc_gpu_build_out_free(&out);
+}
+
+static void test_user_options(void **state) {
+  (void)state;
+  need_nvrtc();
+  char *src = kernel_source("saxpy.cu");
+  const char *const good[] = {"-DBATCH=2", "--use_fast_math"};
+  const char *const bad[] = {"--no-such-nvrtc-option"};
+  kc_gpu_build_req req = {.name = "saxpy.cu", .source = src, .arch = "sm_80",
+                          .options = good, .n_options = 2};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err rc = kc_gpu_build(&req, &out, err);
+  if (rc != KC_OK)
+    fail_msg("%s: %s", kc_err_name(rc), err);
+  kc_gpu_build_out_free(&out);
+  req.options = bad;
+  req.n_options = 1;
+  assert_int_equal(kc_gpu_build(&req, &out, err), KC_BUILD_FAILED);
+  assert_contains(err, "nvrtcCompileProgram");
+  assert_contains(err, "NVRTC_ERROR_INVALID_OPTION");
+  kc_gpu_build_out_free(&out);
+  free(src);
+}
+
+static void test_bad_requests(void **state) {
+  (void)state;
+  kc_bucket upper = bucket1("Batch", 1), dash = bucket1("seq-len", 1);
+  const char *const empty[] = {""};
+  const kc_gpu_build_req cases[] = {
+      {.source = NULL, .arch = "sm_80"},
+      {.source = "x", .arch = NULL},
+      {.source = "x", .arch = "sm_8"},
+      {.source = "x", .arch = "gfx90a"},
+      {.source = "x", .arch = "sm_80", .bucket = &upper},
+      {.source = "x", .arch = "sm_80", .bucket = &dash},
+      {.source = "x", .arch = "sm_80", .timeout_s = -1},
+      {.source = "x", .arch = "sm_80", .options = NULL, .n_options = 1},
+      {.source = "x", .arch = "sm_80", .entries = empty, .n_entries = 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    kc_gpu_build_out out;
+    char err[KC_ERRBUF_SIZE] = "";
+    kc_err rc = kc_gpu_build(&cases[i], &out, err);
+    if (rc != KC_EINVAL)
+      fail_msg("case %zu: %s (%s)", i, kc_err_name(rc), err);
+    assert_true(err[0] != '\0');
+    assert_non_null(out.log);
+    assert_string_equal(out.log, "");
+    assert_null(out.code);
+    kc_gpu_build_out_free(&out);
+  }
+  kc_gpu_build_out out;
+  assert_int_equal(kc_gpu_build(NULL, &out, NULL), KC_EINVAL);
+  kc_gpu_build_out_free(&out);
+  assert_int_equal(kc_gpu_build(&cases[0], NULL, NULL), KC_EINVAL);
+}
+
+/* slow.cu keeps NVRTC's preprocessor busy for hours: a real hang. */
+static void test_timeout(void **state) {
+  (void)state;
+  need_nvrtc();
+  char *src = kernel_source("slow.cu");
+  kc_gpu_build_req req = {.name = "slow.cu", .source = src, .arch = "sm_80",
+                          .timeout_s = 1};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE] = "";
+  assert_int_equal(kc_gpu_build(&req, &out, err), KC_TIMEOUT);
+  print_message("  slow.cu: %s after %.3f s\n", err, out.seconds);
+  assert_contains(err, "timed out after 1 s");
+  assert_true(out.seconds >= 0.9 && out.seconds < 10);
+  assert_null(out.code);
+  errno = 0; /* the child was reaped: no zombie, no other child */
+  assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+  assert_int_equal(errno, ECHILD);
+  kc_gpu_build_out_free(&out);
+  free(src);
+}
+
+typedef struct par_job {
+  uint64_t batch;
+  kc_err rc;
+  char err[KC_ERRBUF_SIZE];
+} par_job;
+
+static void *par_build(void *arg) {
+  par_job *j = arg;
+  char *src = kernel_source("saxpy.cu");
+  kc_bucket b = bucket1("batch", j->batch);
+  const char *const entries[] = {"saxpy"};
+  kc_gpu_build_req req = {.name = "saxpy.cu", .source = src, .arch = "sm_80",
+                          .bucket = &b, .entries = entries, .n_entries = 1};
+  kc_gpu_build_out out;
+  j->rc = kc_gpu_build(&req, &out, j->err);
+  kc_gpu_build_out_free(&out);
+  free(src);
+  return NULL;
+}
+
+/* Builds from several threads at once, as a warmup does. */
+static void test_parallel_builds(void **state) {
+  (void)state;
+  need_nvrtc();
+  enum { N = 4 };
+  pthread_t t[N];
+  par_job jobs[N];
+  for (int i = 0; i < N; i++) {
+    jobs[i] = (par_job){.batch = (uint64_t)1 << i};
+    assert_int_equal(pthread_create(&t[i], NULL, par_build, &jobs[i]), 0);
+  }
+  for (int i = 0; i < N; i++) {
+    pthread_join(t[i], NULL);
+    if (jobs[i].rc != KC_OK)
+      fail_msg("thread %d: %s: %s", i, kc_err_name(jobs[i].rc), jobs[i].err);
+  }
+}
+
+/* ---- NVRTC search ---- */
+
+static void test_nvrtc_forced_missing(void **state) {
+  (void)state;
+  const char *path = "/nonexistent/kcache-test/libnvrtc.so.13";
+  setenv("KCACHE_NVRTC", path, 1);
+  char v[16], err[KC_ERRBUF_SIZE] = "";
+  assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_NO_NVRTC);
+  assert_contains(err, "NVRTC not found");
+  assert_contains(err, path);
+  /* and no fallback to the toolkit for a build either */
+  kc_gpu_build_req req = {.source = "x", .arch = "sm_80"};
+  kc_gpu_build_out out;
+  err[0] = '\0';
+  assert_int_equal(kc_gpu_build(&req, &out, err), KC_NO_NVRTC);
+  assert_contains(err, path);
+  kc_gpu_build_out_free(&out);
+}
+
+static void test_nvrtc_crash(void **state) {
+  (void)state;
+  setenv("KCACHE_NVRTC", KC_FAKE_NVRTC, 1);
+  char v[16], err[KC_ERRBUF_SIZE] = "";
+  assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_OK);
+  assert_string_equal(v, "99.9"); /* the fake, not the toolkit's */
+  kc_gpu_build_req req = {.name = "x.cu", .source = "x", .arch = "sm_80"};
+  kc_gpu_build_out out;
+  assert_int_equal(kc_gpu_build(&req, &out, err), KC_BUILD_FAILED);
+  assert_contains(err, "NVRTC child died with signal 6");
+  assert_null(out.code);
+  kc_gpu_build_out_free(&out);
+}
+
+static void test_nvrtc_too_old(void **state) {
+  (void)state;
+  setenv("KCACHE_NVRTC", KC_OLD_NVRTC, 1);
+  char v[16], err[KC_ERRBUF_SIZE] = "";
+  assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_NO_NVRTC);
+  assert_contains(err, "nvrtcGetCUBIN");
+}
+
+static void test_nvrtc_cuda_home(void **state) {
+  (void)state;
+  unsetenv("KCACHE_NVRTC");
+  setenv("CUDA_HOME", KC_FAKE_CUDA_HOME, 1);
+  char v[16], err[KC_ERRBUF_SIZE] = "";
+  assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_OK);
+  assert_string_equal(v, "99.9"); /* $CUDA_HOME/lib64 comes first */
+  setenv("CUDA_HOME", "/nonexistent/kcache-cuda", 1);
+  kc_err rc = kc_gpu_nvrtc_version(v, err);
+  if (rc == KC_OK) /* found further down the search order */
+    assert_string_not_equal(v, "99.9");
+  else /* nothing anywhere: the message names every place */
+    assert_contains(err, "/nonexistent/kcache-cuda/lib64/libnvrtc.so");
+  setenv("KCACHE_NVRTC", "", 1); /* empty counts as unset */
+  unsetenv("CUDA_HOME");
+  assert_int_equal(kc_gpu_nvrtc_version(v, err), rc);
+}
+
+/* ---- Driver ---- */
+
+static void test_detect(void **state) {
+  (void)state;
+  kc_gpu_info info;
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err rc = kc_gpu_detect(&info, err);
+  if (rc == KC_NO_DRIVER) {
+    print_message("  %s\n", err);
+    assert_int_equal(info.n_devices, 0);
+    assert_contains(err, "CUDA");
+    return;
+  }
+  if (rc != KC_OK)
+    fail_msg("%s: %s", kc_err_name(rc), err);
+  assert_true(info.driver_version >= 11040);
+  assert_true(info.n_devices > 0 && info.n_devices <= 16);
+  for (int i = 0; i < info.n_devices; i++) {
+    const kc_gpu_device *d = &info.devices[i];
+    print_message("  GPU %d: %s, %d.%d, %s, %s, %llu MiB\n", d->ordinal,
+                  d->name, d->cc_major, d->cc_minor, d->arch, d->uuid,
+                  (unsigned long long)(d->total_mem >> 20));
+    assert_int_equal(d->ordinal, i);
+    assert_true(d->name[0] != '\0');
+    assert_true(kc_arch_valid(d->arch));
+    assert_true(kc_gpu_arch_runs_on(d->arch, d->cc_major, d->cc_minor));
+    assert_int_equal(strlen(d->uuid), 40);
+    assert_memory_equal(d->uuid, "GPU-", 4);
+    assert_true(d->total_mem > 0);
+  }
+}
+
+static const unsigned char not_code[] = "not a module";
+
+static void test_load_check_no_driver(void **state) {
+  (void)state;
+  kc_gpu_info info;
+  char err[KC_ERRBUF_SIZE] = "";
+  if (kc_gpu_detect(&info, err) != KC_NO_DRIVER) {
+    print_message("skipped: this host has a driver\n");
+    skip();
+  }
+  const char *const entries[] = {"saxpy"};
+  assert_int_equal(kc_gpu_load_check(0, not_code, sizeof not_code, entries, 1,
+                                     err),
+                   KC_NO_DRIVER);
+  assert_int_equal(kc_gpu_load_check(0, NULL, 0, entries, 1, err), KC_EINVAL);
+}
+
+/* Builds saxpy for the candidate arch and loads it: the driver's answer must
+ * be what kc_gpu_arch_runs_on predicts. */
+static void load_one(const kc_gpu_device *d, const char *arch) {
+  kc_bucket b = bucket1("batch", 4);
+  const char *const entries[] = {"saxpy", "scale"};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE];
+  assert_int_equal(build("saxpy.cu", arch, &b, entries, 2, &out, err), KC_OK);
+  kc_err rc = kc_gpu_load_check(d->ordinal, out.code, out.code_len, entries,
+                                2, err);
+  int want = kc_gpu_arch_runs_on(arch, d->cc_major, d->cc_minor);
+  print_message("  load %s on %d.%d: %s %s\n", arch, d->cc_major, d->cc_minor,
+                kc_err_name(rc), rc ? err : "");
+  if ((rc == KC_OK) != want)
+    fail_msg("%s on %d.%d: driver says %s, rules say %d", arch, d->cc_major,
+             d->cc_minor, kc_err_name(rc), want);
+  if (rc != KC_OK)
+    assert_int_equal(rc, KC_GPU);
+  kc_gpu_build_out_free(&out);
+}
+
+static void test_load_check_gpu(void **state) {
+  (void)state;
+  kc_gpu_info info;
+  char err[KC_ERRBUF_SIZE] = "";
+  if (kc_gpu_detect(&info, err) != KC_OK) {
+    print_message("skipped: no GPU (%s)\n", err);
+    skip();
+  }
+  need_nvrtc();
+  const kc_gpu_device *d = &info.devices[0];
+  load_one(d, d->arch);
+  static const char *const others[] = {"sm_75", "sm_80", "sm_86", "sm_90a",
+                                       "sm_100a", "sm_120a", "compute_75",
+                                       "compute_90a"};
+  for (size_t i = 0; i < sizeof others / sizeof *others; i++)
+    load_one(d, others[i]);
+  const char *const typo[] = {"saxpy_typo"};
+  kc_bucket b = bucket1("batch", 4);
+  kc_gpu_build_out out;
+  assert_int_equal(build("saxpy.cu", d->arch, &b, NULL, 0, &out, err), KC_OK);
+  assert_int_equal(kc_gpu_load_check(d->ordinal, out.code, out.code_len, typo,
+                                     1, err),
+                   KC_GPU);
+  assert_contains(err, "saxpy_typo");
+  assert_int_equal(kc_gpu_load_check(d->ordinal, not_code, sizeof not_code,
+                                     typo, 1, err),
+                   KC_GPU);
+  kc_gpu_build_out_free(&out);
+}
+
+/* With the toolkit's stub libcuda: every symbol binds, cuInit fails. */
+static void test_stub_driver(void **state) {
+  (void)state;
+  kc_gpu_info info;
+  char err[KC_ERRBUF_SIZE] = "";
+  assert_int_equal(kc_gpu_detect(&info, err), KC_NO_DRIVER);
+  print_message("  %s\n", err);
+  assert_contains(err, "cuInit: CUDA_ERROR_STUB_LIBRARY");
+  assert_int_equal(info.n_devices, 0);
+  const char *const entries[] = {"saxpy"};
+  assert_int_equal(kc_gpu_load_check(0, not_code, sizeof not_code, entries, 1,
+                                     err),
+                   KC_NO_DRIVER);
+  assert_contains(err, "cuInit");
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "--stub-driver") == 0) {
+    const struct CMUnitTest stub[] = {cmocka_unit_test(test_stub_driver)};
+    return cmocka_run_group_tests_name("gpu_stub_driver", stub, NULL, NULL);
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_arch_runs_on),
+      cmocka_unit_test(test_arch_invalid),
+      cmocka_unit_test(test_native_arch),
+      cmocka_unit_test(test_ptx_entries),
+      cmocka_unit_test(test_cubin_entries_robust),
+      cmocka_unit_test(test_nvrtc_version),
+      cmocka_unit_test(test_build_cubin_sm80),
+      cmocka_unit_test(test_build_cubin_sm90a),
+      cmocka_unit_test(test_build_ptx),
+      cmocka_unit_test(test_bucket_define),
+      cmocka_unit_test(test_multi_dim_bucket),
+      cmocka_unit_test(test_compile_error),
+      cmocka_unit_test(test_missing_entry),
+      cmocka_unit_test(test_user_options),
+      cmocka_unit_test(test_bad_requests),
+      cmocka_unit_test(test_timeout),
+      cmocka_unit_test(test_parallel_builds),
+      cmocka_unit_test_setup_teardown(test_nvrtc_forced_missing, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_crash, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_too_old, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_cuda_home, env_setup,
+                                      env_teardown),
+      cmocka_unit_test(test_detect),
+      cmocka_unit_test(test_load_check_no_driver),
+      cmocka_unit_test(test_load_check_gpu),
+  };
+  return cmocka_run_group_tests_name("gpu", tests, NULL, NULL);
+}
