@@ -1,0 +1,369 @@
+/* blob.c: content-addressed blobs. Bytes are written straight into LMDB's
+ * reserved space (MDB_RESERVE) and never stored unless they hash to their
+ * name; uploads arriving in pieces are hashed as they come and spooled in
+ * memory (small) or to an unlinked temporary file (large), so no write
+ * transaction is held while a client is slow. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "store_internal.h"
+
+#define SPOOL_MEM (1u << 20) /* uploads up to this stay in memory */
+#define COPY_CHUNK (1u << 20)
+
+static kc_err check_digest(const char *digest, char *err) {
+  if (!digest || !kc_is_hex64(digest))
+    return kc_errf(err, KC_BAD_DIGEST, "'%.80s' is not a lowercase 64-hex "
+                   "SHA-256", digest ? digest : "(null)");
+  return KC_OK;
+}
+
+static kc_err get_meta(MDB_txn *txn, kc_store *s, const char *digest,
+                       kcs_blob_meta *bm) {
+  MDB_val k = kcs_hex_val(digest), v;
+  int rc = mdb_get(txn, s->blobmeta, &k, &v);
+  if (rc == MDB_NOTFOUND)
+    return KC_NOT_FOUND;
+  if (rc || v.mv_size != sizeof *bm)
+    return kcs_mdb_err(rc ? rc : MDB_CORRUPTED, "blob metadata", NULL);
+  memcpy(bm, v.mv_data, sizeof *bm);
+  return KC_OK;
+}
+
+kc_err kc_store_blob_has(kc_store *s, const char *digest, uint64_t *size) {
+  if (check_digest(digest, NULL))
+    return KC_BAD_DIGEST;
+  kc_store_read *r;
+  kc_err e = kc_store_read_begin(s, &r);
+  if (e)
+    return e;
+  kcs_blob_meta bm;
+  e = get_meta(r->txn, s, digest, &bm);
+  if (!e && size)
+    *size = bm.size;
+  kc_store_read_end(r);
+  return e;
+}
+
+kc_err kc_store_blob_get(kc_store_read *r, const char *digest,
+                         const void **data, size_t *len) {
+  if (check_digest(digest, NULL))
+    return KC_BAD_DIGEST;
+  MDB_val k = kcs_hex_val(digest), v;
+  int rc = mdb_get(r->txn, r->s->blobs, &k, &v);
+  if (rc == MDB_NOTFOUND)
+    return KC_NOT_FOUND;
+  if (rc)
+    return kcs_mdb_err(rc, "reading a blob", NULL);
+  *data = v.mv_data;
+  *len = v.mv_size;
+  return KC_OK;
+}
+
+/* ---- writing one blob ---- */
+
+/* Where a blob's bytes come from: memory, or an fd (a file is read with
+ * pread from `off`, so a retry after a full map can read it again). */
+typedef struct blob_src {
+  const char *digest;
+  const void *mem;
+  int fd;
+  int seekable;
+  off_t off;
+  uint64_t len;
+  int verify;   /* hash while copying (fd sources not hashed yet) */
+  int consumed; /* a pipe was read: it cannot be read again */
+  int created;
+} blob_src;
+
+static kc_err read_full(blob_src *src, unsigned char *dst, kc_sha256 *h,
+                        char *err) {
+  uint64_t done = 0;
+  while (done < src->len) {
+    size_t want = src->len - done > COPY_CHUNK ? COPY_CHUNK
+                                               : (size_t)(src->len - done);
+    ssize_t n = src->seekable
+                    ? pread(src->fd, dst + done, want, src->off + (off_t)done)
+                    : read(src->fd, dst + done, want);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return kc_errf(err, KC_IO, "the blob's source ended after %llu of %llu "
+                     "bytes%s%s", (unsigned long long)done,
+                     (unsigned long long)src->len, n < 0 ? ": " : "",
+                     n < 0 ? strerror(errno) : "");
+    if (h)
+      kc_sha256_update(h, dst + done, (size_t)n);
+    done += (uint64_t)n;
+  }
+  return KC_OK;
+}
+
+static kc_err fill(blob_src *src, void *dst, char *err) {
+  if (src->mem) {
+    memcpy(dst, src->mem, (size_t)src->len);
+    return KC_OK;
+  }
+  if (src->consumed)
+    return kc_errf(err, KC_STORE_FULL, "the store was full and the blob's "
+                   "stream cannot be read again");
+  src->consumed = !src->seekable;
+  kc_sha256 *h = src->verify ? kc_sha256_new() : NULL;
+  if (src->verify && !h)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  char got[KC_HEX_LEN + 1];
+  kc_err e = read_full(src, dst, h, err);
+  if (!e && h && !kc_sha256_final(h, got) && strcmp(got, src->digest) != 0)
+    e = kc_errf(err, KC_DIGEST_MISMATCH, "the content hashes to %s, not %s",
+                got, src->digest);
+  kc_sha256_free(h);
+  return e;
+}
+
+static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  blob_src *src = ud;
+  kcs_blob_meta bm;
+  kc_err e = get_meta(txn, s, src->digest, &bm);
+  if (e != KC_NOT_FOUND) {
+    src->created = 0; /* already held (or unreadable: e says) */
+    return e;
+  }
+  MDB_val k = kcs_hex_val(src->digest), v = {(size_t)src->len, NULL};
+  if ((e = kcs_put(txn, s->blobs, &k, &v, MDB_RESERVE, err)))
+    return e;
+  if ((e = fill(src, v.mv_data, err)))
+    return e;
+  int64_t now = kcs_now();
+  bm = (kcs_blob_meta){src->len, 0, now, now};
+  MDB_val mv = {sizeof bm, &bm};
+  unsigned char ok[8 + KC_HEX_LEN];
+  kcs_time_key(ok, now, src->digest);
+  MDB_val okv = {sizeof ok, ok}, empty = {0, ""};
+  if ((e = kcs_put(txn, s->blobmeta, &k, &mv, 0, err)) ||
+      (e = kcs_put(txn, s->orphans, &okv, &empty, 0, err)) ||
+      (e = kcs_bytes_add(txn, s, (int64_t)src->len, err)))
+    return e;
+  src->created = 1;
+  return KC_OK;
+}
+
+static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
+  if (created)
+    *created = 0;
+  kc_err e = check_digest(src->digest, err);
+  if (e)
+    return e;
+  if (kc_store_blob_has(s, src->digest, NULL) == KC_OK) {
+    /* Held already. A stream source is still drained by the caller. */
+    return KC_OK;
+  }
+  if (s->max_bytes && src->len > s->max_bytes)
+    return kc_errf(err, KC_STORE_FULL, "a blob of %llu bytes is larger than "
+                   "the store's limit of %llu bytes",
+                   (unsigned long long)src->len,
+                   (unsigned long long)s->max_bytes);
+  if ((e = kcs_maybe_evict(s, src->len, err)))
+    return e;
+  e = kcs_write(s, put_op, src, err);
+  if (!e && created)
+    *created = src->created;
+  return e;
+}
+
+kc_err kc_store_blob_put(kc_store *s, const char *digest, const void *data,
+                         size_t len, int *created, char *err) {
+  char got[KC_HEX_LEN + 1];
+  kc_err e = check_digest(digest, err);
+  if (e)
+    return e;
+  /* Hash before the write transaction: the writer lock is not held for it. */
+  if ((e = kc_sha256_hex(data, len, got)))
+    return kc_errf(err, e, "hashing the blob");
+  if (strcmp(got, digest) != 0)
+    return kc_errf(err, KC_DIGEST_MISMATCH, "the content hashes to %s, not %s",
+                   got, digest);
+  blob_src src = {.digest = digest, .mem = len ? data : "", .len = len};
+  return put_src(s, &src, created, err);
+}
+
+kc_err kc_store_blob_put_fd(kc_store *s, const char *digest, int fd,
+                            uint64_t len, int *created, char *err) {
+  off_t off = lseek(fd, 0, SEEK_CUR);
+  blob_src src = {.digest = digest, .fd = fd, .seekable = off >= 0,
+                  .off = off < 0 ? 0 : off, .len = len, .verify = 1};
+  return put_src(s, &src, created, err);
+}
+
+/* ---- uploads in pieces ---- */
+
+struct kc_store_upload {
+  kc_store *s;
+  kc_sha256 *h;
+  unsigned char *buf; /* the first SPOOL_MEM bytes, until spilled */
+  size_t len;
+  int fd; /* the spool file once over SPOOL_MEM; -1 before */
+  uint64_t size;
+};
+
+kc_err kc_store_upload_begin(kc_store *s, kc_store_upload **out, char *err) {
+  kc_store_upload *u = calloc(1, sizeof *u);
+  if (!u || !(u->h = kc_sha256_new())) {
+    free(u);
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  }
+  u->s = s;
+  u->fd = -1;
+  *out = u;
+  return KC_OK;
+}
+
+/* The spool file is unlinked from birth (O_TMPFILE): a crash leaves nothing. */
+static kc_err spill(kc_store_upload *u, char *err) {
+  u->fd = open(u->s->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (u->fd < 0)
+    return kc_errf(err, KC_IO, "cannot make a spool file in %s: %s",
+                   u->s->dir, strerror(errno));
+  size_t done = 0;
+  while (done < u->len) {
+    ssize_t n = write(u->fd, u->buf + done, u->len - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return kc_errf(err, KC_IO, "spooling an upload: %s", strerror(errno));
+    done += (size_t)n;
+  }
+  free(u->buf);
+  u->buf = NULL;
+  return KC_OK;
+}
+
+static kc_err spool_write(kc_store_upload *u, const void *data, size_t len,
+                          char *err) {
+  const char *p = data;
+  while (len) {
+    ssize_t n = write(u->fd, p, len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return kc_errf(err, errno == ENOSPC ? KC_STORE_FULL : KC_IO,
+                     "spooling an upload: %s", strerror(errno));
+    p += n;
+    len -= (size_t)n;
+  }
+  return KC_OK;
+}
+
+kc_err kc_store_upload_write(kc_store_upload *u, const void *data, size_t len,
+                             char *err) {
+  kc_err e = kc_sha256_update(u->h, data, len);
+  if (e)
+    return kc_errf(err, e, "hashing an upload");
+  u->size += len;
+  if (u->fd < 0 && u->len + len <= SPOOL_MEM) {
+    if (!u->buf && !(u->buf = malloc(SPOOL_MEM)))
+      return kc_errf(err, KC_NOMEM, "out of memory");
+    memcpy(u->buf + u->len, data, len);
+    u->len += len;
+    return KC_OK;
+  }
+  if (u->fd < 0 && (e = spill(u, err)))
+    return e;
+  return spool_write(u, data, len, err);
+}
+
+uint64_t kc_store_upload_size(const kc_store_upload *u) {
+  return u ? u->size : 0;
+}
+
+kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
+                              int *created, char *err) {
+  char got[KC_HEX_LEN + 1];
+  kc_err e = check_digest(digest, err);
+  if (!e && (e = kc_sha256_final(u->h, got)))
+    kc_errf(err, e, "hashing an upload");
+  if (!e && strcmp(got, digest) != 0)
+    e = kc_errf(err, KC_DIGEST_MISMATCH, "the content hashes to %s, not %s",
+                got, digest);
+  if (!e) {
+    /* Hashed as it arrived: copied into the map without hashing again. */
+    const void *mem = u->fd >= 0 ? NULL : u->buf ? (void *)u->buf : "";
+    blob_src src = {.digest = digest, .mem = mem, .fd = u->fd, .seekable = 1,
+                    .len = u->size};
+    e = put_src(u->s, &src, created, err);
+  }
+  kc_store_upload_abort(u);
+  return e;
+}
+
+void kc_store_upload_abort(kc_store_upload *u) {
+  if (!u)
+    return;
+  if (u->fd >= 0)
+    close(u->fd);
+  kc_sha256_free(u->h);
+  free(u->buf);
+  free(u);
+}
+
+/* ---- references ---- */
+
+kc_err kcs_blob_drop(kc_store *s, MDB_txn *txn, const char *digest,
+                     const kcs_blob_meta *bm, char *err) {
+  MDB_val k = kcs_hex_val(digest);
+  unsigned char ok[8 + KC_HEX_LEN];
+  kcs_time_key(ok, bm->orphan_since, digest);
+  MDB_val okv = {sizeof ok, ok};
+  kc_err e;
+  if ((e = kcs_del(txn, s->blobs, &k, err)) ||
+      (e = kcs_del(txn, s->blobmeta, &k, err)) ||
+      (bm->refs == 0 && (e = kcs_del(txn, s->orphans, &okv, err))))
+    return e;
+  return kcs_bytes_add(txn, s, -(int64_t)bm->size, err);
+}
+
+kc_err kcs_blob_unref(kc_store *s, MDB_txn *txn, const char *digest,
+                      int64_t now, int drop_now, char *err) {
+  kcs_blob_meta bm;
+  kc_err e = get_meta(txn, s, digest, &bm);
+  if (e == KC_NOT_FOUND)
+    return KC_OK; /* nothing to release */
+  if (e)
+    return kc_errf(err, e, "blob %s: unreadable metadata", digest);
+  if (drop_now && bm.refs <= 1) { /* eviction frees the bytes at once */
+    if (!(e = kcs_blob_drop(s, txn, digest, &bm, err)))
+      atomic_fetch_add(&s->evicted_blobs, 1);
+    return e;
+  }
+  if (bm.refs == 0)
+    return KC_OK; /* an orphan already */
+  MDB_val k = kcs_hex_val(digest), v = {sizeof bm, &bm};
+  if (--bm.refs == 0) { /* an orphan from now: gc collects it after grace */
+    bm.orphan_since = now;
+    unsigned char ok[8 + KC_HEX_LEN];
+    kcs_time_key(ok, now, digest);
+    MDB_val okv = {sizeof ok, ok}, empty = {0, ""};
+    if ((e = kcs_put(txn, s->orphans, &okv, &empty, 0, err)))
+      return e;
+  }
+  return kcs_put(txn, s->blobmeta, &k, &v, 0, err);
+}
+
+kc_err kcs_blob_ref(kc_store *s, MDB_txn *txn, const char *digest, char *err) {
+  kcs_blob_meta bm;
+  kc_err e = get_meta(txn, s, digest, &bm);
+  if (e)
+    return e;
+  if (bm.refs == 0) {
+    unsigned char ok[8 + KC_HEX_LEN];
+    kcs_time_key(ok, bm.orphan_since, digest);
+    MDB_val okv = {sizeof ok, ok};
+    if ((e = kcs_del(txn, s->orphans, &okv, err)))
+      return e;
+  }
+  bm.refs++;
+  MDB_val k = kcs_hex_val(digest), v = {sizeof bm, &bm};
+  return kcs_put(txn, s->blobmeta, &k, &v, 0, err);
+}

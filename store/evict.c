@@ -1,0 +1,205 @@
+/* evict.c: batched last-use records, LRU eviction, GC of unreferenced blobs
+ * after their grace period, and the full verification. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+#define EVICT_BATCH 512 /* bundles or blobs removed per write transaction */
+
+static int64_t time_of(const unsigned char *k) {
+  uint64_t u = 0;
+  for (int i = 0; i < 8; i++)
+    u = (u << 8) | k[i];
+  return (int64_t)u;
+}
+
+/* ---- flush ---- */
+
+typedef struct uses_ctx {
+  kcs_use *u;
+  size_t n;
+} uses_ctx;
+
+static kc_err flush_one(kc_store *s, MDB_txn *txn, const kcs_use *use,
+                        char *err) {
+  MDB_val k = kcs_hex_val(use->key), v;
+  kcs_bundle_meta bm;
+  if (mdb_get(txn, s->bundlemeta, &k, &v) || v.mv_size != sizeof bm)
+    return KC_OK; /* deleted or evicted since it was read */
+  memcpy(&bm, v.mv_data, sizeof bm);
+  kc_err e;
+  if (use->last_used > bm.last_used) {
+    unsigned char old[8 + KC_HEX_LEN], neu[8 + KC_HEX_LEN];
+    kcs_time_key(old, bm.last_used, use->key);
+    kcs_time_key(neu, use->last_used, use->key);
+    MDB_val ov = {sizeof old, old}, nv = {sizeof neu, neu}, empty = {0, ""};
+    if ((e = kcs_del(txn, s->lru, &ov, err)) ||
+        (e = kcs_put(txn, s->lru, &nv, &empty, 0, err)))
+      return e;
+    bm.last_used = use->last_used;
+  }
+  bm.hits += use->hits;
+  MDB_val mv = {sizeof bm, &bm};
+  return kcs_put(txn, s->bundlemeta, &k, &mv, 0, err);
+}
+
+static kc_err flush_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  uses_ctx *c = ud;
+  kc_err e = KC_OK;
+  for (size_t i = 0; !e && i < c->n; i++)
+    e = flush_one(s, txn, &c->u[i], err);
+  return e;
+}
+
+kc_err kc_store_flush(kc_store *s) {
+  uses_ctx c = {0};
+  c.n = kcs_uses_take(&s->uses, &c.u);
+  kc_err e = c.n ? kcs_write(s, flush_op, &c, NULL) : KC_OK;
+  free(c.u); /* on failure the records are dropped: they are advisory */
+  return e;
+}
+
+/* ---- eviction ---- */
+
+uint64_t kcs_low_target(const kc_store *s, uint64_t used) {
+  uint64_t base = s->max_bytes ? s->max_bytes : used;
+  return base / 100 * (uint64_t)s->low_pct;
+}
+
+/* First entry of an index (lru or orphans): its 64-hex tail. */
+static int first_of(MDB_txn *txn, MDB_dbi dbi, char hex[KC_HEX_LEN + 1],
+                    int64_t *t) {
+  MDB_cursor *cur;
+  MDB_val k, v;
+  if (mdb_cursor_open(txn, dbi, &cur))
+    return -1;
+  int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+  if (rc == 0 && k.mv_size == 8 + KC_HEX_LEN) {
+    memcpy(hex, (char *)k.mv_data + 8, KC_HEX_LEN);
+    hex[KC_HEX_LEN] = '\0';
+    *t = time_of(k.mv_data);
+  }
+  mdb_cursor_close(cur);
+  return rc == 0 && k.mv_size == 8 + KC_HEX_LEN ? 0 : -1;
+}
+
+/* Drops the oldest orphan blob. 1 dropped, 0 none left, <0 error in *e. */
+static int drop_orphan(kc_store *s, MDB_txn *txn, int64_t older_than,
+                       kc_err *e, char *err) {
+  char digest[KC_HEX_LEN + 1];
+  int64_t since;
+  if (first_of(txn, s->orphans, digest, &since) || since >= older_than)
+    return 0;
+  MDB_val k = kcs_hex_val(digest), v;
+  kcs_blob_meta bm;
+  if (mdb_get(txn, s->blobmeta, &k, &v) || v.mv_size != sizeof bm) {
+    *e = kc_errf(err, KC_CORRUPT, "orphan %s has no metadata", digest);
+    return -1;
+  }
+  memcpy(&bm, v.mv_data, sizeof bm);
+  *e = kcs_blob_drop(s, txn, digest, &bm, err);
+  return *e ? -1 : 1;
+}
+
+/* Evicts at most `limit` items; *done when below target or nothing is left. */
+static kc_err evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
+                         size_t limit, int *done, char *err) {
+  kc_err e = KC_OK;
+  uint64_t used;
+  *done = 0;
+  for (size_t i = 0; i < limit; i++) {
+    if ((e = kcs_bytes_get(txn, s, &used)) || used <= target) {
+      *done = 1;
+      return e;
+    }
+    char key[KC_HEX_LEN + 1];
+    int64_t t;
+    if (first_of(txn, s->lru, key, &t) == 0) { /* LRU bundles first */
+      if ((e = kcs_bundle_drop(s, txn, key, 1, err)))
+        return e;
+      atomic_fetch_add(&s->evicted_bundles, 1);
+      continue;
+    }
+    int r = drop_orphan(s, txn, INT64_MAX, &e, err); /* then unreferenced */
+    if (r < 0)
+      return e;
+    if (r == 0) {
+      *done = 1; /* nothing left to evict */
+      return KC_OK;
+    }
+    atomic_fetch_add(&s->evicted_blobs, 1);
+  }
+  return KC_OK;
+}
+
+kc_err kcs_evict_txn(kc_store *s, MDB_txn *txn, uint64_t target, char *err) {
+  int done;
+  return evict_some(s, txn, target, SIZE_MAX, &done, err);
+}
+
+typedef struct evict_ctx {
+  uint64_t target;
+  int done;
+} evict_ctx;
+
+static kc_err evict_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  evict_ctx *c = ud;
+  return evict_some(s, txn, c->target, EVICT_BATCH, &c->done, err);
+}
+
+kc_err kc_store_evict(kc_store *s, uint64_t target_bytes, char *err) {
+  kc_store_flush(s); /* recent reads count before choosing victims */
+  evict_ctx c = {target_bytes, 0};
+  kc_err e = KC_OK;
+  while (!e && !c.done)
+    e = kcs_write(s, evict_op, &c, err);
+  return e;
+}
+
+kc_err kcs_maybe_evict(kc_store *s, uint64_t incoming, char *err) {
+  if (!s->max_bytes)
+    return KC_OK;
+  kc_store_stats st;
+  kc_err e = kc_store_stats_get(s, &st);
+  if (e)
+    return kc_errf(err, e, "reading the store's size");
+  if (st.bytes_used + incoming <= s->max_bytes / 100 * (uint64_t)s->high_pct)
+    return KC_OK;
+  uint64_t target = kcs_low_target(s, st.bytes_used);
+  return kc_store_evict(s, target > incoming ? target - incoming : 0, err);
+}
+
+/* ---- gc ---- */
+
+typedef struct gc_ctx {
+  int64_t cutoff;
+  int done;
+} gc_ctx;
+
+static kc_err gc_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  gc_ctx *c = ud;
+  kc_err e = KC_OK;
+  c->done = 0;
+  for (size_t i = 0; i < EVICT_BATCH; i++) {
+    int r = drop_orphan(s, txn, c->cutoff, &e, err);
+    if (r < 0)
+      return e;
+    if (r == 0) {
+      c->done = 1;
+      return KC_OK;
+    }
+    atomic_fetch_add(&s->gc_blobs, 1);
+  }
+  return KC_OK;
+}
+
+kc_err kc_store_gc(kc_store *s, int64_t now, char *err) {
+  /* An orphan is collected once it has been one for the whole grace period:
+   * a client uploads blobs first and the manifest last. */
+  gc_ctx c = {now - (int64_t)s->grace_s, 0};
+  kc_err e = KC_OK;
+  while (!e && !c.done)
+    e = kcs_write(s, gc_op, &c, err);
+  return e;
+}

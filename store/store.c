@@ -1,0 +1,317 @@
+/* store.c: opening and closing the LMDB environment, read handles (pooled),
+ * the write-transaction helper with map-full recovery, and stats. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "store_internal.h"
+
+#define GiB (1024ull * 1024 * 1024)
+
+kc_err kcs_mdb_err(int rc, const char *what, char *err) {
+  if (rc == MDB_MAP_FULL)
+    return kc_errf(err, KC_STORE_FULL, "%s: the store's map is full", what);
+  if (rc == ENOMEM)
+    return kc_errf(err, KC_NOMEM, "%s: out of memory", what);
+  if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_INVALID)
+    return kc_errf(err, KC_CORRUPT, "%s: %s", what, mdb_strerror(rc));
+  if (rc == MDB_READERS_FULL)
+    return kc_errf(err, KC_BUSY, "%s: %s", what, mdb_strerror(rc));
+  return kc_errf(err, KC_IO, "%s: %s", what, mdb_strerror(rc));
+}
+
+int64_t kcs_now(void) { return (int64_t)time(NULL); }
+
+MDB_val kcs_hex_val(const char *hex) {
+  MDB_val v = {KC_HEX_LEN, (void *)hex};
+  return v;
+}
+
+void kcs_time_key(unsigned char out[8 + KC_HEX_LEN], int64_t t,
+                  const char *hex) {
+  uint64_t u = t < 0 ? 0 : (uint64_t)t;
+  for (int i = 7; i >= 0; i--, u >>= 8)
+    out[i] = (unsigned char)(u & 0xff);
+  memcpy(out + 8, hex, KC_HEX_LEN);
+}
+
+kc_err kcs_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *k, MDB_val *v,
+               unsigned flags, char *err) {
+  int rc = mdb_put(txn, dbi, k, v, flags);
+  if (rc == MDB_MAP_FULL)
+    return KCS_MAP_FULL;
+  return rc ? kcs_mdb_err(rc, "write", err) : KC_OK;
+}
+
+kc_err kcs_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *k, char *err) {
+  int rc = mdb_del(txn, dbi, k, NULL);
+  if (rc == MDB_MAP_FULL)
+    return KCS_MAP_FULL;
+  if (rc == MDB_NOTFOUND)
+    return KC_OK;
+  return rc ? kcs_mdb_err(rc, "delete", err) : KC_OK;
+}
+
+static MDB_val bytes_name(void) {
+  MDB_val k = {10, (void *)"bytes_used"};
+  return k;
+}
+
+kc_err kcs_bytes_get(MDB_txn *txn, kc_store *s, uint64_t *out) {
+  MDB_val k = bytes_name(), v;
+  int rc = mdb_get(txn, s->meta, &k, &v);
+  *out = 0;
+  if (rc == MDB_NOTFOUND)
+    return KC_OK;
+  if (rc || v.mv_size != sizeof *out)
+    return kcs_mdb_err(rc ? rc : MDB_CORRUPTED, "reading bytes used", NULL);
+  memcpy(out, v.mv_data, sizeof *out);
+  return KC_OK;
+}
+
+kc_err kcs_bytes_add(MDB_txn *txn, kc_store *s, int64_t delta, char *err) {
+  uint64_t used;
+  kc_err e = kcs_bytes_get(txn, s, &used);
+  if (e)
+    return kc_errf(err, e, "reading bytes used");
+  used = delta < 0 && (uint64_t)-delta > used ? 0 : used + (uint64_t)delta;
+  MDB_val k = bytes_name(), v = {sizeof used, &used};
+  return kcs_put(txn, s->meta, &k, &v, 0, err);
+}
+
+/* One attempt: begin, op, commit. */
+static kc_err write_once(kc_store *s, kcs_write_fn op, void *ud, char *err) {
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+  if (rc)
+    return kcs_mdb_err(rc, "begin a write", err);
+  kc_err e = op(s, txn, ud, err);
+  if (e) {
+    mdb_txn_abort(txn);
+    return e;
+  }
+  rc = mdb_txn_commit(txn); /* frees txn even when it fails */
+  if (rc == MDB_MAP_FULL)
+    return KCS_MAP_FULL;
+  return rc ? kcs_mdb_err(rc, "commit", err) : KC_OK;
+}
+
+static kc_err evict_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  (void)ud;
+  uint64_t used;
+  kc_err e = kcs_bytes_get(txn, s, &used);
+  return e ? e : kcs_evict_txn(s, txn, kcs_low_target(s, used), err);
+}
+
+kc_err kcs_write(kc_store *s, kcs_write_fn op, void *ud, char *err) {
+  kc_err e = write_once(s, op, ud, err);
+  if (e != KCS_MAP_FULL)
+    return e;
+  /* A cache answers a full map by evicting, then tries once more. Deletes
+   * need few new pages and LMDB reuses the pages they free. */
+  kc_err ee = write_once(s, evict_op, NULL, NULL);
+  if (ee == KC_OK)
+    e = write_once(s, op, ud, err);
+  if (e == KCS_MAP_FULL || e == KC_STORE_FULL)
+    return kc_errf(err, KC_STORE_FULL,
+                   "the store's map (%llu bytes) is full, and evicting did "
+                   "not make enough room",
+                   (unsigned long long)s->map_size);
+  return e;
+}
+
+/* ---- open and close ---- */
+
+static uint64_t derive_map_size(const kc_store_opts *o) {
+  if (o->map_size)
+    return o->map_size;
+  if (!o->max_bytes)
+    return 64 * GiB;
+  /* Room for the B-trees, pages pinned by readers, and free pages that a
+   * long read keeps from reuse: half again the limit, and 256 MiB. */
+  return o->max_bytes + o->max_bytes / 2 + GiB / 4;
+}
+
+static kc_err open_dbis(kc_store *s, char *err) {
+  struct { const char *name; MDB_dbi *dbi; } t[] = {
+      {"blobs", &s->blobs},           {"blobmeta", &s->blobmeta},
+      {"orphans", &s->orphans},       {"bundles", &s->bundles},
+      {"bundlemeta", &s->bundlemeta}, {"models", &s->models},
+      {"lru", &s->lru},               {"meta", &s->meta}};
+  MDB_txn *txn;
+  int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+  if (rc)
+    return kcs_mdb_err(rc, "opening the databases", err);
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+    rc = mdb_dbi_open(txn, t[i].name, MDB_CREATE, t[i].dbi);
+    if (rc) {
+      mdb_txn_abort(txn);
+      return kcs_mdb_err(rc, t[i].name, err);
+    }
+  }
+  uint32_t layout = KCS_LAYOUT;
+  MDB_val k = {6, (void *)"layout"}, v = {sizeof layout, &layout}, old;
+  rc = mdb_get(txn, s->meta, &k, &old);
+  if (rc == 0 && (old.mv_size != sizeof layout ||
+                  memcmp(old.mv_data, &layout, sizeof layout) != 0)) {
+    mdb_txn_abort(txn);
+    return kc_errf(err, KC_CORRUPT,
+                   "%s holds a store of another layout version", s->dir);
+  }
+  if (rc == MDB_NOTFOUND)
+    rc = mdb_put(txn, s->meta, &k, &v, 0);
+  if (rc) {
+    mdb_txn_abort(txn);
+    return kcs_mdb_err(rc, "writing the layout version", err);
+  }
+  rc = mdb_txn_commit(txn);
+  return rc ? kcs_mdb_err(rc, "opening the databases", err) : KC_OK;
+}
+
+static kc_err make_dir(const char *dir, char *err) {
+  if (mkdir(dir, 0750) == 0 || errno == EEXIST)
+    return KC_OK;
+  return kc_errf(err, KC_IO, "cannot create %s: %s", dir, strerror(errno));
+}
+
+static kc_err open_env(kc_store *s, const kc_store_opts *o, char *err) {
+  int rc = mdb_env_create(&s->env);
+  if (rc)
+    return kcs_mdb_err(rc, "mdb_env_create", err);
+  s->map_size = derive_map_size(o);
+  mdb_env_set_mapsize(s->env, (size_t)s->map_size);
+  mdb_env_set_maxdbs(s->env, 8);
+  mdb_env_set_maxreaders(s->env, o->max_readers ? o->max_readers : 512);
+  /* NOTLS: a read transaction lives with a request, which may move between
+   * libmicrohttpd's threads; NORDAHEAD: blob reads are random. */
+  rc = mdb_env_open(s->env, s->dir, MDB_NOTLS | MDB_NORDAHEAD, 0640);
+  if (rc)
+    return kc_errf(err, kcs_mdb_err(rc, "", NULL),
+                   "cannot open the store in %s: %s", s->dir,
+                   mdb_strerror(rc));
+  MDB_envinfo info;
+  if (mdb_env_info(s->env, &info) == 0)
+    s->map_size = info.me_mapsize; /* an existing larger map wins */
+  int dead = 0;
+  mdb_reader_check(s->env, &dead); /* slots of crashed processes */
+  return open_dbis(s, err);
+}
+
+kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
+  *out = NULL;
+  if (!opts || !opts->dir || !*opts->dir)
+    return kc_errf(err, KC_EINVAL, "no store directory given");
+  kc_store *s = calloc(1, sizeof *s);
+  if (!s || !(s->dir = strdup(opts->dir))) {
+    free(s);
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  }
+  s->max_bytes = opts->max_bytes;
+  s->grace_s = opts->grace_s ? opts->grace_s : 3600;
+  s->high_pct = opts->high_water_pct > 0 ? opts->high_water_pct : 95;
+  s->low_pct = opts->low_water_pct > 0 ? opts->low_water_pct : 85;
+  if (s->low_pct > s->high_pct)
+    s->low_pct = s->high_pct;
+  pthread_mutex_init(&s->pool_lock, NULL);
+  kc_err e = kcs_uses_init(&s->uses) ? kc_errf(err, KC_NOMEM, "out of memory")
+                                     : make_dir(s->dir, err);
+  if (!e)
+    e = open_env(s, opts, err);
+  if (e) {
+    kc_store_close(s);
+    return e;
+  }
+  *out = s;
+  return KC_OK;
+}
+
+void kc_store_close(kc_store *s) {
+  if (!s)
+    return;
+  if (s->env) {
+    kc_store_flush(s);
+    for (size_t i = 0; i < s->n_pool; i++)
+      mdb_txn_abort(s->pool[i]);
+    mdb_env_close(s->env);
+  }
+  kcs_uses_destroy(&s->uses);
+  pthread_mutex_destroy(&s->pool_lock);
+  free(s->dir);
+  free(s);
+}
+
+/* ---- read handles ---- */
+
+kc_err kc_store_read_begin(kc_store *s, kc_store_read **out) {
+  *out = NULL;
+  kc_store_read *r = malloc(sizeof *r);
+  if (!r)
+    return KC_NOMEM;
+  r->s = s;
+  r->txn = NULL;
+  pthread_mutex_lock(&s->pool_lock);
+  if (s->n_pool)
+    r->txn = s->pool[--s->n_pool];
+  pthread_mutex_unlock(&s->pool_lock);
+  /* A reset transaction keeps its reader slot: renewing it is cheaper than
+   * a new one, which matters for small GETs. */
+  int rc = r->txn ? mdb_txn_renew(r->txn)
+                  : mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
+  if (rc) {
+    if (r->txn)
+      mdb_txn_abort(r->txn);
+    free(r);
+    return kcs_mdb_err(rc, "begin a read", NULL);
+  }
+  *out = r;
+  return KC_OK;
+}
+
+void kc_store_read_end(kc_store_read *r) {
+  if (!r)
+    return;
+  kc_store *s = r->s;
+  mdb_txn_reset(r->txn);
+  pthread_mutex_lock(&s->pool_lock);
+  if (s->n_pool < KCS_POOL_MAX) {
+    s->pool[s->n_pool++] = r->txn;
+    r->txn = NULL;
+  }
+  pthread_mutex_unlock(&s->pool_lock);
+  if (r->txn)
+    mdb_txn_abort(r->txn);
+  free(r);
+}
+
+/* ---- stats ---- */
+
+static uint64_t entries(MDB_txn *txn, MDB_dbi dbi) {
+  MDB_stat st;
+  return mdb_stat(txn, dbi, &st) ? 0 : st.ms_entries;
+}
+
+kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out) {
+  memset(out, 0, sizeof *out);
+  kc_store_read *r;
+  kc_err e = kc_store_read_begin(s, &r);
+  if (e)
+    return e;
+  e = kcs_bytes_get(r->txn, s, &out->bytes_used);
+  out->blobs = entries(r->txn, s->blobs);
+  out->bundles = entries(r->txn, s->bundles);
+  kc_store_read_end(r);
+  MDB_envinfo info;
+  MDB_stat st;
+  if (mdb_env_info(s->env, &info) == 0 && mdb_env_stat(s->env, &st) == 0)
+    out->map_used = (uint64_t)(info.me_last_pgno + 1) * st.ms_psize;
+  out->max_bytes = s->max_bytes;
+  out->map_size = s->map_size;
+  out->hits = atomic_load(&s->hits);
+  out->misses = atomic_load(&s->misses);
+  out->evicted_bundles = atomic_load(&s->evicted_bundles);
+  out->evicted_blobs = atomic_load(&s->evicted_blobs);
+  out->gc_blobs = atomic_load(&s->gc_blobs);
+  return e;
+}

@@ -1,0 +1,131 @@
+/* store_internal.h: what the store's .c files share: the struct kc_store, the
+ * layout of the named databases and their records, and the helpers that run
+ * one write transaction with map-full recovery. Not installed.
+ *
+ * Layout (one LMDB environment in opts->dir; keys are 64-hex strings):
+ *   blobs     digest -> bytes
+ *   blobmeta  digest -> blob_meta (size, refcount, created, orphan_since)
+ *   orphans   be64(orphan_since) digest -> "" : blobs no bundle references,
+ *             oldest first (GC and the second phase of eviction walk it)
+ *   bundles   key -> canonical manifest JSON
+ *   bundlemeta key -> bundle_meta (bytes, created, last_used, hits, model)
+ *   models    model key -> "" : the per-model index
+ *   lru       be64(last_used) key -> "" : bundles, least recently used first
+ *   meta      "bytes_used" -> u64, "layout" -> u32
+ * Records are host-endian structs (an LMDB file is not portable across
+ * architectures anyway); be64 prefixes make LMDB's byte order the time order.
+ */
+#ifndef KC_STORE_INTERNAL_H
+#define KC_STORE_INTERNAL_H
+
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "kc_store.h"
+
+#define KCS_LAYOUT 1
+#define KCS_POOL_MAX 64 /* reset read transactions kept for reuse */
+
+typedef struct kcs_blob_meta {
+  uint64_t size;
+  uint64_t refs;
+  int64_t created;
+  int64_t orphan_since; /* valid when refs == 0 */
+} kcs_blob_meta;
+
+typedef struct kcs_bundle_meta {
+  uint64_t bytes;
+  int64_t created;
+  int64_t last_used;
+  uint64_t hits;
+  char model[KC_HEX_LEN];
+} kcs_bundle_meta;
+
+/* Last uses and hits seen by readers, written in batches (kc_store_flush). */
+typedef struct kcs_use {
+  char key[KC_HEX_LEN];
+  int64_t last_used;
+  uint64_t hits;
+  int used; /* slot taken */
+} kcs_use;
+
+typedef struct kcs_uses {
+  pthread_mutex_t lock;
+  kcs_use *slots;
+  size_t cap, n; /* open addressing; cap a power of two, n <= cap / 2 */
+} kcs_uses;
+
+struct kc_store {
+  MDB_env *env;
+  MDB_dbi blobs, blobmeta, orphans, bundles, bundlemeta, models, lru, meta;
+  char *dir;
+  uint64_t max_bytes, map_size, grace_s;
+  int high_pct, low_pct;
+  kcs_uses uses;
+  pthread_mutex_t pool_lock;
+  MDB_txn *pool[KCS_POOL_MAX]; /* reset read transactions */
+  size_t n_pool;
+  _Atomic uint64_t hits, misses, evicted_bundles, evicted_blobs, gc_blobs;
+};
+
+struct kc_store_read {
+  kc_store *s;
+  MDB_txn *txn;
+};
+
+/* One LMDB error to kc_err, with a sentence naming what was being done. */
+kc_err kcs_mdb_err(int rc, const char *what, char *err);
+int64_t kcs_now(void);
+
+/* Runs op(s, txn, ud, err) in a write transaction and commits it. When the map
+ * is full, evicts (down to the low-water mark of what is held) and tries once
+ * more; still full: KC_STORE_FULL. op returns KC_OK to commit, an error to
+ * abort, or KCS_MAP_FULL (from kcs_put and friends) to trigger the retry. */
+typedef kc_err (*kcs_write_fn)(kc_store *s, MDB_txn *txn, void *ud, char *err);
+kc_err kcs_write(kc_store *s, kcs_write_fn op, void *ud, char *err);
+/* Marks an op's failure as "the map is full" (distinct from every kc_err). */
+#define KCS_MAP_FULL ((kc_err)-1)
+/* mdb_put with MDB_MAP_FULL turned into KCS_MAP_FULL. */
+kc_err kcs_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *k, MDB_val *v,
+               unsigned flags, char *err);
+kc_err kcs_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *k, char *err);
+
+/* meta "bytes_used" inside a transaction. */
+kc_err kcs_bytes_get(MDB_txn *txn, kc_store *s, uint64_t *out);
+kc_err kcs_bytes_add(MDB_txn *txn, kc_store *s, int64_t delta, char *err);
+
+/* 64-byte keys (hex without NUL) and be64 + hex composite keys. */
+MDB_val kcs_hex_val(const char *hex);
+void kcs_time_key(unsigned char out[8 + KC_HEX_LEN], int64_t t,
+                  const char *hex);
+
+/* blob.c: drop one reference to a blob (refs 0: an orphan since now, or, with
+ * drop_now, deleted at once, as eviction wants). */
+kc_err kcs_blob_unref(kc_store *s, MDB_txn *txn, const char *digest,
+                      int64_t now, int drop_now, char *err);
+/* blob.c: takes a reference; an orphan stops being one. KC_NOT_FOUND if the
+ * blob is absent. */
+kc_err kcs_blob_ref(kc_store *s, MDB_txn *txn, const char *digest, char *err);
+/* blob.c: deletes a blob and its metadata and orphan entry; frees its bytes. */
+kc_err kcs_blob_drop(kc_store *s, MDB_txn *txn, const char *digest,
+                     const kcs_blob_meta *bm, char *err);
+/* bundle.c: deletes a bundle, its index entries and its blob references. */
+kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
+                       int drop_blobs, char *err);
+/* evict.c: evicts in the open txn until bytes used <= target. */
+kc_err kcs_evict_txn(kc_store *s, MDB_txn *txn, uint64_t target, char *err);
+/* evict.c: the low-water target for a store holding `used` bytes. */
+uint64_t kcs_low_target(const kc_store *s, uint64_t used);
+/* evict.c: before a write that adds `incoming` bytes: above the high-water
+ * mark, evicts down to the low-water mark less what comes in. */
+kc_err kcs_maybe_evict(kc_store *s, uint64_t incoming, char *err);
+
+/* uses.c: in-memory last-use table. */
+int kcs_uses_init(kcs_uses *u);
+void kcs_uses_destroy(kcs_uses *u);
+void kcs_uses_record(kcs_uses *u, const char *key, int64_t now);
+/* Takes the table's contents (caller frees *out), leaving it empty. */
+size_t kcs_uses_take(kcs_uses *u, kcs_use **out);
+
+#endif

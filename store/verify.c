@@ -1,0 +1,88 @@
+/* verify.c: kc_store_verify, the full check an operator (or a test after a
+ * crash) runs: every blob hashes to its name and matches its metadata, the
+ * byte count adds up, every bundle parses, has its key, and has its blobs. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+static kc_err verify_blobs(kc_store *s, MDB_txn *txn, char *err) {
+  MDB_cursor *cur;
+  MDB_val k, v;
+  uint64_t total = 0, used;
+  if (mdb_cursor_open(txn, s->blobs, &cur))
+    return kc_errf(err, KC_IO, "cannot walk the blobs");
+  kc_err e = KC_OK;
+  int rc;
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !e && rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    char name[KC_HEX_LEN + 1] = "", got[KC_HEX_LEN + 1] = "";
+    memcpy(name, k.mv_data, k.mv_size < KC_HEX_LEN ? k.mv_size : KC_HEX_LEN);
+    MDB_val mv;
+    kcs_blob_meta bm;
+    if (k.mv_size != KC_HEX_LEN || kc_sha256_hex(v.mv_data, v.mv_size, got) ||
+        strcmp(got, name) != 0)
+      e = kc_errf(err, KC_CORRUPT, "blob %s hashes to %s", name, got);
+    else if (mdb_get(txn, s->blobmeta, &k, &mv) || mv.mv_size != sizeof bm ||
+             (memcpy(&bm, mv.mv_data, sizeof bm), bm.size != v.mv_size))
+      e = kc_errf(err, KC_CORRUPT, "blob %s: metadata missing or wrong", name);
+    total += v.mv_size;
+  }
+  mdb_cursor_close(cur);
+  if (!e && (e = kcs_bytes_get(txn, s, &used)) == KC_OK && used != total)
+    e = kc_errf(err, KC_CORRUPT, "bytes used says %llu, blobs hold %llu",
+                (unsigned long long)used, (unsigned long long)total);
+  return e;
+}
+
+static kc_err verify_bundle(kc_store *s, MDB_txn *txn, MDB_val *k, MDB_val *v,
+                            char *err) {
+  char key[KC_HEX_LEN + 1] = "";
+  memcpy(key, k->mv_data, k->mv_size < KC_HEX_LEN ? k->mv_size : KC_HEX_LEN);
+  kc_manifest *m = NULL;
+  char why[KC_ERRBUF_SIZE] = "";
+  if (kc_manifest_parse(v->mv_data, v->mv_size, &m, why))
+    return kc_errf(err, KC_CORRUPT, "bundle %s: %s", key, why);
+  kc_err e = strcmp(m->key, key) == 0
+                 ? KC_OK
+                 : kc_errf(err, KC_CORRUPT, "bundle %s holds key %s", key,
+                           m->key);
+  for (size_t i = 0; !e && i < m->n_files; i++) {
+    MDB_val bk = kcs_hex_val(m->files[i].sha256), bv;
+    kcs_blob_meta bm;
+    if (mdb_get(txn, s->blobmeta, &bk, &bv) || bv.mv_size != sizeof bm)
+      e = kc_errf(err, KC_CORRUPT, "bundle %s: blob %s missing", key,
+                  m->files[i].sha256);
+    else if (memcpy(&bm, bv.mv_data, sizeof bm), bm.refs == 0 ||
+             bm.size != m->files[i].size)
+      e = kc_errf(err, KC_CORRUPT, "bundle %s: blob %s has %llu refs and "
+                  "%llu bytes", key, m->files[i].sha256,
+                  (unsigned long long)bm.refs, (unsigned long long)bm.size);
+  }
+  kc_manifest_free(m);
+  return e;
+}
+
+static kc_err verify_bundles(kc_store *s, MDB_txn *txn, char *err) {
+  MDB_cursor *cur;
+  MDB_val k, v;
+  if (mdb_cursor_open(txn, s->bundles, &cur))
+    return kc_errf(err, KC_IO, "cannot walk the bundles");
+  kc_err e = KC_OK;
+  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !e && rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+    e = verify_bundle(s, txn, &k, &v, err);
+  mdb_cursor_close(cur);
+  return e;
+}
+
+kc_err kc_store_verify(kc_store *s, char *err) {
+  kc_store_read *r;
+  kc_err e = kc_store_read_begin(s, &r);
+  if (e)
+    return kc_errf(err, e, "cannot begin a read of the store");
+  if (!(e = verify_blobs(s, r->txn, err)))
+    e = verify_bundles(s, r->txn, err);
+  kc_store_read_end(r);
+  return e;
+}
