@@ -1,0 +1,268 @@
+/* auth.c: bearer tokens with roles: the token file, constant-time checks,
+ * reload on SIGHUP, and the `kcached token ROLE NAME` subcommand. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include "kcd.h"
+
+#define TOKEN_BYTES 32 /* 256 random bits */
+#define TOKEN_PREFIX "kc_"
+
+static const char *const role_names[] = {"none", "read", "write", "admin"};
+
+const char *kcd_role_name(kcd_role r) {
+  return (unsigned)r <= KCD_ROLE_ADMIN ? role_names[r] : "none";
+}
+
+int kcd_role_parse(const char *s, kcd_role *out) {
+  for (int i = 0; i <= KCD_ROLE_ADMIN; i++) {
+    if (strcmp(s, role_names[i]) == 0) {
+      *out = (kcd_role)i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+int kcd_auth_init(kcd_auth *a) {
+  memset(a, 0, sizeof *a);
+  return pthread_rwlock_init(&a->lock, NULL) ? -1 : 0;
+}
+
+void kcd_auth_destroy(kcd_auth *a) {
+  free(a->tokens);
+  pthread_rwlock_destroy(&a->lock);
+}
+
+static int hexval(int c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  c = tolower(c);
+  return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+static int parse_digest(const char *hex, unsigned char out[32]) {
+  if (strlen(hex) != 64)
+    return -1;
+  for (int i = 0; i < 32; i++) {
+    int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0)
+      return -1;
+    out[i] = (unsigned char)(hi << 4 | lo);
+  }
+  return 0;
+}
+
+/* Names go into logs and metrics: keep them to a plain, printable set. */
+static int name_ok(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n >= KCD_NAME_MAX)
+    return 0;
+  for (; *s; s++)
+    if (!isalnum((unsigned char)*s) && !strchr("_.@-", *s))
+      return 0;
+  return 1;
+}
+
+/* One non-comment line "role name sha256hex". */
+static kc_err parse_line(char *line, kcd_token *t, const char *path,
+                         unsigned lineno, char *err) {
+  char *save = NULL;
+  char *role = strtok_r(line, " \t", &save);
+  char *name = strtok_r(NULL, " \t", &save);
+  char *hex = strtok_r(NULL, " \t", &save);
+  char *extra = strtok_r(NULL, " \t", &save);
+  if (!role || !name || !hex || extra)
+    return kc_errf(err, KC_BAD_TOKEN_FILE,
+                   "%s:%u: expected 'role name sha256hex'", path, lineno);
+  if (kcd_role_parse(role, &t->role) || t->role == KCD_ROLE_NONE)
+    return kc_errf(err, KC_BAD_TOKEN_FILE,
+                   "%s:%u: role must be read, write or admin", path, lineno);
+  if (!name_ok(name))
+    return kc_errf(err, KC_BAD_TOKEN_FILE,
+                   "%s:%u: name must be 1-63 of [A-Za-z0-9_.@-]", path, lineno);
+  if (parse_digest(hex, t->digest))
+    return kc_errf(err, KC_BAD_TOKEN_FILE,
+                   "%s:%u: third field must be the 64-hex SHA-256 of the token",
+                   path, lineno);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  return KC_OK;
+}
+
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s))
+    s++;
+  size_t n = strlen(s);
+  while (n && isspace((unsigned char)s[n - 1]))
+    s[--n] = '\0';
+  return s;
+}
+
+static kc_err read_tokens(FILE *f, const char *path, kcd_token **out,
+                          size_t *n_out, char *err) {
+  char line[1024];
+  kcd_token *v = NULL;
+  size_t n = 0, cap = 0;
+  unsigned lineno = 0;
+  kc_err e = KC_OK;
+  while (!e && fgets(line, sizeof line, f)) {
+    lineno++;
+    char *s = trim(line);
+    if (*s == '\0' || *s == '#')
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      kcd_token *nv = realloc(v, cap * sizeof *v);
+      if (!nv) {
+        e = kc_errf(err, KC_NOMEM, "%s: out of memory", path);
+        break;
+      }
+      v = nv;
+    }
+    e = parse_line(s, &v[n], path, lineno, err);
+    if (!e)
+      n++;
+  }
+  if (e) {
+    free(v);
+    return e;
+  }
+  *out = v;
+  *n_out = n;
+  return KC_OK;
+}
+
+kc_err kcd_auth_load(kcd_auth *a, const char *path, char *err) {
+  kcd_token *v = NULL;
+  size_t n = 0;
+  if (path) {
+    FILE *f = fopen(path, "re");
+    if (!f)
+      return kc_errf(err, KC_BAD_TOKEN_FILE, "%s: %s", path, strerror(errno));
+    kc_err e = read_tokens(f, path, &v, &n, err);
+    fclose(f);
+    if (e)
+      return e;
+  }
+  pthread_rwlock_wrlock(&a->lock);
+  kcd_token *old = a->tokens;
+  a->tokens = v;
+  a->n = n;
+  a->enabled = path != NULL;
+  pthread_rwlock_unlock(&a->lock);
+  free(old);
+  return KC_OK;
+}
+
+int kcd_auth_enabled(kcd_auth *a) {
+  pthread_rwlock_rdlock(&a->lock);
+  int on = a->enabled;
+  pthread_rwlock_unlock(&a->lock);
+  return on;
+}
+
+size_t kcd_auth_count(kcd_auth *a) {
+  pthread_rwlock_rdlock(&a->lock);
+  size_t n = a->n;
+  pthread_rwlock_unlock(&a->lock);
+  return n;
+}
+
+/* The token of "Bearer <token>", or NULL. */
+static const char *bearer(const char *h) {
+  if (strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t'))
+    return NULL;
+  h += 6;
+  while (*h == ' ' || *h == '\t')
+    h++;
+  return *h ? h : NULL;
+}
+
+/* Compares against every entry, whatever matches, so that the time taken
+ * does not tell which entry (or how much of one) a guess came close to. */
+static const kcd_token *find_token(const kcd_auth *a,
+                                   const unsigned char digest[32]) {
+  const kcd_token *hit = NULL;
+  for (size_t i = 0; i < a->n; i++) {
+    int same = CRYPTO_memcmp(a->tokens[i].digest, digest, 32) == 0;
+    if (same && !hit)
+      hit = &a->tokens[i];
+  }
+  return hit;
+}
+
+kcd_authn kcd_auth_check(kcd_auth *a, const char *header, kcd_role *role,
+                         char name[KCD_NAME_MAX]) {
+  *role = KCD_ROLE_NONE;
+  snprintf(name, KCD_NAME_MAX, "-");
+  pthread_rwlock_rdlock(&a->lock);
+  kcd_authn res = KCD_AUTHN_ANON;
+  if (!a->enabled) {
+    *role = KCD_ROLE_ADMIN; /* open mode: loopback only, enforced at start */
+    res = KCD_AUTHN_OK;
+  } else if (header) {
+    const char *tok = bearer(header);
+    unsigned char d[32];
+    unsigned int dlen = 0;
+    const kcd_token *t = NULL;
+    if (tok && EVP_Digest(tok, strlen(tok), d, &dlen, EVP_sha256(), NULL))
+      t = find_token(a, d);
+    res = t ? KCD_AUTHN_OK : KCD_AUTHN_BAD;
+    if (t) {
+      *role = t->role;
+      snprintf(name, KCD_NAME_MAX, "%s", t->name);
+    }
+  }
+  pthread_rwlock_unlock(&a->lock);
+  return res;
+}
+
+/* ---- kcached token ROLE NAME ---- */
+
+static void to_hex(const unsigned char *b, size_t n, char *out) {
+  static const char hex[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = hex[b[i] >> 4];
+    out[2 * i + 1] = hex[b[i] & 15];
+  }
+  out[2 * n] = '\0';
+}
+
+int kcd_token_command(int argc, char **argv) {
+  kcd_role role;
+  if (argc != 3 || kcd_role_parse(argv[1], &role) || role == KCD_ROLE_NONE) {
+    fprintf(stderr, "usage: kcached token read|write|admin NAME\n");
+    return 2;
+  }
+  if (!name_ok(argv[2])) {
+    fprintf(stderr, "kcached token: NAME must be 1-63 of [A-Za-z0-9_.@-]\n");
+    return 2;
+  }
+  unsigned char raw[TOKEN_BYTES], d[32];
+  char token[sizeof TOKEN_PREFIX + 2 * TOKEN_BYTES], dhex[65];
+  unsigned int dlen = 0;
+  if (RAND_bytes(raw, sizeof raw) != 1) {
+    fprintf(stderr, "kcached token: no randomness available\n");
+    return 1;
+  }
+  memcpy(token, TOKEN_PREFIX, sizeof TOKEN_PREFIX - 1);
+  to_hex(raw, sizeof raw, token + sizeof TOKEN_PREFIX - 1);
+  EVP_Digest(token, strlen(token), d, &dlen, EVP_sha256(), NULL);
+  to_hex(d, sizeof d, dhex);
+  printf("%s\n%s %s %s\n", token, kcd_role_name(role), argv[2], dhex);
+  fprintf(stderr,
+          "# line 1: the token (give it to the client as KCACHE_TOKEN; it is "
+          "shown only now)\n# line 2: append it to the token file, then "
+          "SIGHUP kcached\n");
+  OPENSSL_cleanse(token, sizeof token);
+  OPENSSL_cleanse(raw, sizeof raw);
+  return 0;
+}

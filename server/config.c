@@ -1,0 +1,348 @@
+/* config.c: kcached's flags, each with a KCACHED_* environment variable
+ * (flags win), their defaults, --help, and the start-up safety checks
+ * (no open server off loopback, no tokens in clear on a network). */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "kcd.h"
+
+#ifndef KCACHE_VERSION
+#define KCACHE_VERSION "0.1.0"
+#endif
+
+typedef int (*setter)(kcd_config *c, const char *v);
+
+typedef struct opt {
+  const char *name, *arg, *env, *help;
+  setter set;
+} opt;
+
+static int parse_u64(const char *v, uint64_t max, uint64_t *out) {
+  char *end;
+  if (!isdigit((unsigned char)v[0]))
+    return -1;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (errno || *end || x > max)
+    return -1;
+  *out = x;
+  return 0;
+}
+
+/* "4096", "4K", "16MiB", "1G", "2TB": binary multiples. */
+static int parse_size(const char *v, uint64_t *out) {
+  char *end;
+  if (!isdigit((unsigned char)v[0]))
+    return -1;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (errno)
+    return -1;
+  static const char units[] = "KMGT";
+  const char *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+  int shift = u ? 10 * (int)(u - units + 1) : 0;
+  if (*end && !u)
+    return -1;
+  if (u)
+    end++;
+  if (*end && strcasecmp(end, "iB") && strcasecmp(end, "B"))
+    return -1;
+  if (shift && x > (UINT64_MAX >> shift))
+    return -1;
+  *out = (uint64_t)x << shift;
+  return 0;
+}
+
+static int parse_bool(const char *v, int *out) {
+  static const char *const yes[] = {"1", "true", "yes", "on"};
+  static const char *const no[] = {"0", "false", "no", "off", ""};
+  for (size_t i = 0; i < sizeof yes / sizeof *yes; i++)
+    if (strcasecmp(v, yes[i]) == 0)
+      return *out = 1, 0;
+  for (size_t i = 0; i < sizeof no / sizeof *no; i++)
+    if (strcasecmp(v, no[i]) == 0)
+      return *out = 0, 0;
+  return -1;
+}
+
+/* "host:port" or "[v6]:port". */
+static int set_listen(kcd_config *c, const char *v) {
+  const char *colon = strrchr(v, ':');
+  const char *h = v;
+  size_t hlen = colon ? (size_t)(colon - v) : 0;
+  uint64_t port;
+  if (!colon || hlen == 0 || parse_u64(colon + 1, 65535, &port))
+    return -1;
+  if (h[0] == '[') {
+    if (hlen < 3 || h[hlen - 1] != ']')
+      return -1;
+    h++;
+    hlen -= 2;
+  }
+  if (hlen >= sizeof c->host)
+    return -1;
+  memcpy(c->host, h, hlen);
+  c->host[hlen] = '\0';
+  c->port = (unsigned)port;
+  return 0;
+}
+
+static int set_port_file(kcd_config *c, const char *v) {
+  return *v ? (c->port_file = v, 0) : -1;
+}
+static int set_data_dir(kcd_config *c, const char *v) {
+  return *v ? (c->data_dir = v, 0) : -1;
+}
+static int set_max_bytes(kcd_config *c, const char *v) {
+  return parse_size(v, &c->max_bytes);
+}
+static int set_max_blob(kcd_config *c, const char *v) {
+  return parse_size(v, &c->max_blob_bytes) || !c->max_blob_bytes ? -1 : 0;
+}
+static int set_max_json(kcd_config *c, const char *v) {
+  return parse_size(v, &c->max_json_bytes) || c->max_json_bytes < 1024 ? -1 : 0;
+}
+static int set_tokens(kcd_config *c, const char *v) {
+  c->tokens = *v ? v : NULL;
+  return 0;
+}
+static int set_tls_cert(kcd_config *c, const char *v) {
+  c->tls_cert = *v ? v : NULL;
+  return 0;
+}
+static int set_tls_key(kcd_config *c, const char *v) {
+  c->tls_key = *v ? v : NULL;
+  return 0;
+}
+static int set_plaintext(kcd_config *c, const char *v) {
+  return parse_bool(v ? v : "1", &c->allow_plaintext);
+}
+static int set_uint(unsigned *dst, const char *v, uint64_t lo, uint64_t hi) {
+  uint64_t x;
+  if (parse_u64(v, hi, &x) || x < lo)
+    return -1;
+  *dst = (unsigned)x;
+  return 0;
+}
+static int set_threads(kcd_config *c, const char *v) {
+  return set_uint(&c->threads, v, 1, 256);
+}
+static int set_timeout(kcd_config *c, const char *v) {
+  return set_uint(&c->timeout_s, v, 1, 86400);
+}
+static int set_max_conns(kcd_config *c, const char *v) {
+  return set_uint(&c->max_conns, v, 1, 1000000);
+}
+static int set_shutdown(kcd_config *c, const char *v) {
+  return set_uint(&c->shutdown_s, v, 0, 3600);
+}
+static int set_lease_ttl(kcd_config *c, const char *v) {
+  return parse_u64(v, 7 * 86400, &c->lease_max_ttl_s) || !c->lease_max_ttl_s
+             ? -1
+             : 0;
+}
+static int set_metrics_role(kcd_config *c, const char *v) {
+  return kcd_role_parse(v, &c->metrics_role);
+}
+static int set_log_format(kcd_config *c, const char *v) {
+  if (strcmp(v, "text") == 0)
+    c->log_format = KCD_LOG_TEXT;
+  else if (strcmp(v, "json") == 0)
+    c->log_format = KCD_LOG_JSON;
+  else
+    return -1;
+  return 0;
+}
+
+static const opt opts[] = {
+    {"listen", "HOST:PORT", "KCACHED_LISTEN",
+     "address to serve on (default 127.0.0.1:8080); port 0 picks a free one",
+     set_listen},
+    {"port-file", "FILE", "KCACHED_PORT_FILE",
+     "write the bound port here once listening", set_port_file},
+    {"data-dir", "DIR", "KCACHED_DATA_DIR",
+     "the LMDB store (default ./kcache-data; created if missing)",
+     set_data_dir},
+    {"max-bytes", "SIZE", "KCACHED_MAX_BYTES",
+     "store size limit; least recently used bundles are evicted above it "
+     "(default 0: none beyond the map)",
+     set_max_bytes},
+    {"max-blob-bytes", "SIZE", "KCACHED_MAX_BLOB_BYTES",
+     "largest blob accepted (default 1G); larger uploads get 413",
+     set_max_blob},
+    {"max-json-bytes", "SIZE", "KCACHED_MAX_JSON_BYTES",
+     "largest manifest, lookup or lease body (default 4M)", set_max_json},
+    {"tokens", "FILE", "KCACHED_TOKENS",
+     "token file: lines 'role name sha256hex' (see 'kcached token'); "
+     "SIGHUP re-reads it. Without one, everything is allowed and only "
+     "loopback addresses are served",
+     set_tokens},
+    {"tls-cert", "FILE", "KCACHED_TLS_CERT", "PEM certificate chain: serve HTTPS",
+     set_tls_cert},
+    {"tls-key", "FILE", "KCACHED_TLS_KEY", "PEM private key of --tls-cert",
+     set_tls_key},
+    {"allow-plaintext", NULL, "KCACHED_ALLOW_PLAINTEXT",
+     "accept tokens over plain HTTP on a non-loopback address (behind a "
+     "TLS-terminating proxy only)",
+     set_plaintext},
+    {"threads", "N", "KCACHED_THREADS",
+     "worker threads (default: one per CPU)", set_threads},
+    {"timeout", "SECONDS", "KCACHED_TIMEOUT",
+     "close a connection idle this long (default 30)", set_timeout},
+    {"max-connections", "N", "KCACHED_MAX_CONNECTIONS",
+     "connections served at once (default 1024)", set_max_conns},
+    {"shutdown-timeout", "SECONDS", "KCACHED_SHUTDOWN_TIMEOUT",
+     "on SIGTERM, wait this long for in-flight requests (default 10)",
+     set_shutdown},
+    {"lease-max-ttl", "SECONDS", "KCACHED_LEASE_MAX_TTL",
+     "longest lease a builder may ask for (default 3600)", set_lease_ttl},
+    {"metrics-role", "ROLE", "KCACHED_METRICS_ROLE",
+     "role GET /metrics needs: none, read, write, admin (default none)",
+     set_metrics_role},
+    {"log-format", "text|json", "KCACHED_LOG_FORMAT",
+     "log lines on stderr (default text)", set_log_format},
+};
+#define N_OPTS (sizeof opts / sizeof opts[0])
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: kcached [OPTION]...\n"
+          "       kcached token read|write|admin NAME\n\n"
+          "kcached serves the kcache HTTP API (DESIGN.md) from an LMDB store.\n"
+          "Every option can also be set by its environment variable; the "
+          "option wins.\nSIZE takes K, M, G, T suffixes (powers of 1024).\n\n");
+  for (size_t i = 0; i < N_OPTS; i++) {
+    char left[64];
+    snprintf(left, sizeof left, "--%s%s%s", opts[i].name,
+             opts[i].arg ? " " : "", opts[i].arg ? opts[i].arg : "");
+    fprintf(f, "  %-28s %s\n  %-28s [%s]\n", left, opts[i].help, "",
+            opts[i].env);
+  }
+  fprintf(f,
+          "  %-28s this text\n  %-28s print the version\n\n"
+          "Subcommand:\n  token ROLE NAME              print a new random token "
+          "and its token-file line\n\n"
+          "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP re-reads the token "
+          "file.\n",
+          "--help", "--version");
+}
+
+static void defaults(kcd_config *c) {
+  memset(c, 0, sizeof *c);
+  snprintf(c->host, sizeof c->host, "127.0.0.1");
+  c->port = 8080;
+  c->data_dir = "./kcache-data";
+  c->max_blob_bytes = 1ull << 30;
+  c->max_json_bytes = 4ull << 20;
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  c->threads = n > 0 ? (unsigned)n : 1;
+  c->timeout_s = 30;
+  c->max_conns = 1024;
+  c->shutdown_s = 10;
+  c->lease_max_ttl_s = 3600;
+}
+
+static int from_env(kcd_config *c) {
+  for (size_t i = 0; i < N_OPTS; i++) {
+    const char *v = getenv(opts[i].env);
+    if (!v)
+      continue;
+    if (opts[i].set(c, v)) {
+      fprintf(stderr, "kcached: %s: invalid value '%s' (see kcached --help)\n",
+              opts[i].env, v);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+static int from_flags(kcd_config *c, int argc, char **argv) {
+  struct option lo[N_OPTS + 3];
+  for (size_t i = 0; i < N_OPTS; i++)
+    lo[i] = (struct option){opts[i].name,
+                            opts[i].arg ? required_argument : no_argument,
+                            NULL, (int)(i + 256)};
+  lo[N_OPTS] = (struct option){"help", no_argument, NULL, 'h'};
+  lo[N_OPTS + 1] = (struct option){"version", no_argument, NULL, 'V'};
+  lo[N_OPTS + 2] = (struct option){0, 0, 0, 0};
+  int ch;
+  opterr = 0;
+  while ((ch = getopt_long(argc, argv, ":hV", lo, NULL)) != -1) {
+    if (ch == 'h')
+      return usage(stdout), -1;
+    if (ch == 'V')
+      return printf("kcached %s\n", KCACHE_VERSION), -1;
+    if (ch < 256) {
+      fprintf(stderr, "kcached: %s '%s' (see kcached --help)\n",
+              ch == ':' ? "missing value for" : "unknown option",
+              argv[optind - 1]);
+      return 2;
+    }
+    const opt *o = &opts[ch - 256];
+    if (o->set(c, optarg)) {
+      fprintf(stderr, "kcached: --%s: invalid value '%s' (see kcached --help)\n",
+              o->name, optarg ? optarg : "");
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "kcached: unexpected argument '%s' (see kcached --help)\n",
+            argv[optind]);
+    return 2;
+  }
+  return 0;
+}
+
+int kcd_config_parse(kcd_config *c, int argc, char **argv) {
+  defaults(c);
+  int rc = from_env(c);
+  return rc ? rc : from_flags(c, argc, argv);
+}
+
+int kcd_host_is_loopback(const char *host) {
+  unsigned char a[16];
+  if (strcmp(host, "localhost") == 0)
+    return 1;
+  if (inet_pton(AF_INET, host, a) == 1)
+    return a[0] == 127;
+  if (inet_pton(AF_INET6, host, a) == 1) {
+    static const unsigned char lo6[16] = {[15] = 1};
+    static const unsigned char v4map[12] = {[10] = 0xff, [11] = 0xff};
+    return memcmp(a, lo6, 16) == 0 ||
+           (memcmp(a, v4map, 12) == 0 && a[12] == 127);
+  }
+  return 0; /* a name: we cannot know what it resolves to later */
+}
+
+int kcd_config_check(const kcd_config *c) {
+  if (!c->tls_cert != !c->tls_key) {
+    fprintf(stderr, "kcached: --tls-cert and --tls-key go together\n");
+    return 2;
+  }
+  if (kcd_host_is_loopback(c->host))
+    return 0;
+  if (!c->tokens) {
+    fprintf(stderr,
+            "kcached: refusing to listen on %s without --tokens: anyone who "
+            "can reach it could write and delete. Listen on 127.0.0.1, or "
+            "give a token file (kcached token ROLE NAME makes tokens).\n",
+            c->host);
+    return 2;
+  }
+  if (!c->tls_cert && !c->allow_plaintext) {
+    fprintf(stderr,
+            "kcached: refusing to send tokens in clear on %s: give "
+            "--tls-cert/--tls-key, or --allow-plaintext behind a "
+            "TLS-terminating proxy.\n",
+            c->host);
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,339 @@
+/* kcd.h: kcached's internal interfaces: the configuration, the daemon state
+ * (one struct, passed to every handler), the per-request context and the
+ * entry points of each part (http, routes, auth, leases, metrics, log).
+ *
+ * Threads: the state is shared by every libmicrohttpd worker thread and the
+ * main thread; its parts are either immutable after start (cfg), atomic
+ * (metrics, store pointer) or lock their own data (auth, leases). A kcd_req is
+ * used by one thread at a time (the connection's worker).
+ */
+#ifndef KCD_H
+#define KCD_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "kc_error.h"
+#include "kc_schema.h"
+#include "kc_store.h"
+
+struct MHD_Daemon;
+struct MHD_Connection;
+typedef struct kcd_state kcd_state;
+
+/* ---- roles and tokens (auth.c) ---- */
+
+typedef enum kcd_role {
+  KCD_ROLE_NONE = 0, /* anonymous */
+  KCD_ROLE_READ = 1,
+  KCD_ROLE_WRITE = 2, /* implies read */
+  KCD_ROLE_ADMIN = 3  /* implies write and read */
+} kcd_role;
+
+#define KCD_NAME_MAX 64 /* token names, bytes with the NUL */
+
+typedef struct kcd_token {
+  kcd_role role;
+  char name[KCD_NAME_MAX];
+  unsigned char digest[32]; /* SHA-256 of the token */
+} kcd_token;
+
+/* The token table. enabled == 0: no token file, every request is admin. */
+typedef struct kcd_auth {
+  pthread_rwlock_t lock;
+  int enabled;
+  kcd_token *tokens;
+  size_t n;
+} kcd_auth;
+
+/* Outcome of checking a request's Authorization header. */
+typedef enum kcd_authn {
+  KCD_AUTHN_ANON,  /* no header (role NONE) */
+  KCD_AUTHN_OK,    /* a known token: role and name filled */
+  KCD_AUTHN_BAD    /* a header that names no token, or is malformed */
+} kcd_authn;
+
+int kcd_auth_init(kcd_auth *a);
+void kcd_auth_destroy(kcd_auth *a);
+/* Reads a token file and swaps it in; on error the old table stays and err
+ * says which line is wrong. path NULL: auth disabled. */
+kc_err kcd_auth_load(kcd_auth *a, const char *path, char *err);
+/* Checks "Bearer <token>" (header may be NULL) in constant time per entry. */
+kcd_authn kcd_auth_check(kcd_auth *a, const char *header, kcd_role *role,
+                         char name[KCD_NAME_MAX]);
+int kcd_auth_enabled(kcd_auth *a);
+size_t kcd_auth_count(kcd_auth *a);
+/* "read" / "write" / "admin" / "none" and back (-1: unknown). */
+const char *kcd_role_name(kcd_role r);
+int kcd_role_parse(const char *s, kcd_role *out);
+/* `kcached token ROLE NAME`: prints a new token and its file line; exit code. */
+int kcd_token_command(int argc, char **argv);
+
+/* ---- leases (lease.c) ---- */
+
+typedef struct kcd_leases kcd_leases;
+
+#define KCD_LEASE_TOKEN_LEN 32 /* hex digits of a lease token */
+#define KCD_HOLDER_MAX 128     /* holder names, bytes without the NUL */
+
+typedef struct kcd_lease_info {
+  char token[KCD_LEASE_TOKEN_LEN + 1]; /* granted: the new token */
+  char holder[KCD_HOLDER_MAX + 1];     /* refused: who holds it */
+  uint64_t remaining_ms;               /* until expiry */
+} kcd_lease_info;
+
+/* max: most leases held at once (KC_BUSY beyond). NULL on out of memory. */
+kcd_leases *kcd_leases_new(size_t max);
+void kcd_leases_free(kcd_leases *l);
+/* KC_OK granted (info->token), KC_LEASED (info->holder, remaining_ms),
+ * KC_BUSY when the table is full. now_ms: a monotonic clock. */
+kc_err kcd_lease_acquire(kcd_leases *l, const char *key, const char *holder,
+                         uint64_t ttl_ms, uint64_t now_ms, kcd_lease_info *info);
+/* KC_OK released, KC_NOT_FOUND no live lease, KC_FORBIDDEN wrong token. */
+kc_err kcd_lease_release(kcd_leases *l, const char *key, const char *token,
+                         uint64_t now_ms);
+/* Drops expired leases; returns how many are left. */
+size_t kcd_lease_sweep(kcd_leases *l, uint64_t now_ms);
+/* Leases held (expired ones included until the next sweep). */
+size_t kcd_lease_count(kcd_leases *l);
+
+/* ---- metrics (metrics.c) ---- */
+
+/* Routes as metrics and the access log name them. */
+typedef enum kcd_route_id {
+  KCD_R_OTHER,
+  KCD_R_HEALTHZ,
+  KCD_R_READYZ,
+  KCD_R_METRICS,
+  KCD_R_STATS,
+  KCD_R_BLOBS,
+  KCD_R_BUNDLES,
+  KCD_R_LOOKUP,
+  KCD_R_MODELS,
+  KCD_R_LEASES,
+  KCD_N_ROUTES
+} kcd_route_id;
+
+typedef enum kcd_method {
+  KCD_M_GET,
+  KCD_M_HEAD,
+  KCD_M_PUT,
+  KCD_M_POST,
+  KCD_M_DELETE,
+  KCD_M_OTHER,
+  KCD_N_METHODS
+} kcd_method;
+
+#define KCD_N_STATUS 20 /* distinct statuses counted, the last is "other" */
+#define KCD_N_BUCKETS 16 /* request-duration histogram bounds, +Inf apart */
+
+typedef struct kcd_metrics {
+  _Atomic uint64_t requests[KCD_N_ROUTES][KCD_N_METHODS][KCD_N_STATUS];
+  _Atomic uint64_t bytes_in, bytes_out;
+  _Atomic uint64_t duration[KCD_N_BUCKETS + 1];
+  _Atomic uint64_t duration_us_sum;
+  _Atomic uint64_t leases_granted, leases_refused, leases_present;
+  _Atomic uint64_t uploads_aborted;
+  _Atomic int64_t in_flight; /* requests begun and not completed */
+} kcd_metrics;
+
+const char *kcd_route_name(kcd_route_id r);
+/* Prometheus text of every metric; malloc'd, *len set. NULL: no memory. */
+char *kcd_metrics_render(kcd_state *st, size_t *len);
+const char *kcd_method_name(kcd_method m);
+void kcd_metrics_observe(kcd_metrics *m, kcd_route_id r, kcd_method meth,
+                         int status, uint64_t in, uint64_t out, uint64_t us);
+
+/* ---- configuration (config.c) ---- */
+
+typedef enum kcd_log_format { KCD_LOG_TEXT, KCD_LOG_JSON } kcd_log_format;
+
+typedef struct kcd_config {
+  char host[256];          /* from --listen */
+  unsigned port;           /* 0: pick one */
+  const char *data_dir;
+  uint64_t max_bytes;      /* store limit; 0 none */
+  uint64_t max_blob_bytes; /* one blob */
+  uint64_t max_json_bytes; /* manifests, lookups, lease requests */
+  const char *tokens;      /* token file or NULL */
+  unsigned threads;
+  kcd_log_format log_format;
+  const char *port_file;
+  const char *tls_cert, *tls_key;
+  int allow_plaintext;
+  unsigned timeout_s;      /* idle connection timeout */
+  unsigned max_conns;
+  unsigned shutdown_s;     /* grace for in-flight requests at SIGTERM */
+  kcd_role metrics_role;   /* role /metrics needs (default none) */
+  uint64_t lease_max_ttl_s;
+} kcd_config;
+
+/* Parses flags over KCACHED_* environment variables over defaults. Returns 0
+ * to run, -1 when --help or --version printed, 2 on a bad flag (message on
+ * stderr). argv strings are borrowed: they live as long as the process. */
+int kcd_config_parse(kcd_config *c, int argc, char **argv);
+/* Checks combinations (loopback without tokens, TLS) and prints why not. */
+int kcd_config_check(const kcd_config *c);
+/* 1 if host is a loopback address (127/8, ::1, localhost). */
+int kcd_host_is_loopback(const char *host);
+
+/* ---- the daemon ---- */
+
+struct kcd_state {
+  kcd_config cfg;
+  _Atomic(kc_store *) store; /* NULL while the store is not open */
+  kcd_auth auth;
+  kcd_leases *leases;
+  kcd_metrics metrics;
+  struct MHD_Daemon *mhd;
+  char *tls_cert_pem, *tls_key_pem; /* read once at start */
+  int64_t started; /* unix seconds */
+};
+
+/* ---- log (log.c) ---- */
+
+void kcd_log(const kcd_state *st, const char *level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void kcd_vlog(const kcd_state *st, const char *level, const char *fmt,
+              va_list ap);
+
+typedef struct kcd_access {
+  const char *method, *path, *remote, *token;
+  int status;
+  uint64_t bytes_in, bytes_out, us;
+} kcd_access;
+void kcd_log_access(const kcd_state *st, const kcd_access *a);
+
+/* ---- clocks ---- */
+
+uint64_t kcd_now_us(void);  /* monotonic */
+int64_t kcd_unix_now(void); /* wall clock, seconds */
+
+/* ---- requests (http.c) ---- */
+
+typedef struct kcd_req kcd_req;
+typedef struct kcd_op kcd_op;
+
+/* What the handler of a route sees. Pointers live until the request ends. */
+struct kcd_req {
+  kcd_state *st;
+  struct MHD_Connection *conn;
+  const kcd_op *op;
+  kcd_route_id route;
+  kcd_method method;
+  char method_str[16];
+  char path[256];               /* for the log; truncated */
+  char param[96]; /* {sha256}/{key}/{model} of the path (any length < 96) */
+  kcd_role role;
+  char token_name[KCD_NAME_MAX];
+  uint64_t t0_us;
+  uint64_t content_length; /* UINT64_MAX: unknown (chunked or none) */
+  int has_body;
+  uint64_t bytes_in, bytes_out;
+  int status;  /* of the queued response; 0 none yet */
+  int queued;  /* a response is queued: ignore further calls */
+  /* an answer decided before the body was read (error, or "present") */
+  int early;
+  int discard; /* read and drop the rest of the body */
+  uint64_t drop_from; /* bytes_in when dropping began */
+  kc_err early_err;
+  char early_msg[KC_ERRBUF_SIZE];
+  /* JSON bodies */
+  char *body;
+  size_t body_len, body_cap;
+  /* handler state */
+  kc_store_upload *upload; /* aborted at completion if still set */
+  kc_store_read *read;     /* ended at completion (zero-copy responses) */
+  int blob_present;
+};
+
+typedef enum kcd_body { KCD_BODY_NONE, KCD_BODY_JSON, KCD_BODY_STREAM } kcd_body;
+typedef enum kcd_param { KCD_P_NONE, KCD_P_DIGEST, KCD_P_KEY, KCD_P_MODEL } kcd_param;
+
+/* One method of one route. */
+struct kcd_op {
+  kcd_method method;
+  kcd_role role;    /* least role it needs */
+  int needs_store;  /* 503 not_ready without a store */
+  kcd_body body;
+  /* Stream bodies: on the first call (may set r->early / return an error),
+   * then for every piece. */
+  kc_err (*begin)(kcd_req *r, char *err);
+  kc_err (*data)(kcd_req *r, const char *p, size_t n, char *err);
+  /* The last call: queue a response, return its MHD result. */
+  int (*finish)(kcd_req *r);
+};
+
+typedef struct kcd_route {
+  kcd_route_id id;
+  const char *path; /* exact, or a prefix ending in '/' followed by param */
+  kcd_param param;
+  const char *allow; /* the Allow header of a 405 */
+  const kcd_op *ops;
+  size_t n_ops;
+} kcd_route;
+
+/* routes.c: finds the route of a path (NULL: unknown) and copies its param,
+ * truncated to cap - 1 bytes (then never valid hex64). */
+const kcd_route *kcd_route_find(const char *url, char *param, size_t cap);
+/* The method's operation on a route; NULL: 405. */
+const kcd_op *kcd_route_op(const kcd_route *rt, kcd_method m);
+/* The Allow header value of a route. */
+const char *kcd_route_allow(kcd_route_id id);
+
+/* Response helpers: each queues the response and returns the MHD result.
+ * headers: NULL, or name, value, ..., NULL. */
+enum kcd_mem { KCD_MEM_COPY, KCD_MEM_PERSISTENT, KCD_MEM_FREE };
+int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
+              size_t len, enum kcd_mem mem, const char *const *headers);
+/* {"error":code,"message":msg} with extra fields of `extra` (stolen, may be
+ * NULL); msg NULL: kc_strerror(e). */
+int kcd_reply_error_json(kcd_req *r, kc_err e, const char *msg, json_t *extra,
+                         const char *const *headers);
+int kcd_reply_error(kcd_req *r, kc_err e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Serializes a jansson value (stolen). */
+int kcd_reply_json(kcd_req *r, int status, json_t *json,
+                   const char *const *headers);
+const char *kcd_header(kcd_req *r, const char *name);
+const char *kcd_query(kcd_req *r, const char *name);
+
+/* Starts libmicrohttpd; fills st->mhd and *port. */
+kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err);
+/* Stops accepting; in-flight requests go on. */
+void kcd_http_quiesce(kcd_state *st);
+void kcd_http_stop(kcd_state *st);
+/* 1 if this libmicrohttpd was built with TLS (GnuTLS). */
+int kcd_tls_supported(void);
+
+/* ---- JSON bodies (routes_json.c) ---- */
+
+/* Parses a body as one JSON object whose fields are all in `allowed`
+ * (NULL-terminated); the error names the first unknown field. */
+kc_err kcd_json_object(const kcd_req *r, const char *const *allowed,
+                       json_t **out, char *err);
+
+/* ---- handlers (routes_*.c): finish functions queue one response ---- */
+
+int kcd_healthz(kcd_req *r);
+int kcd_readyz(kcd_req *r);
+int kcd_metrics_get(kcd_req *r);
+int kcd_stats_get(kcd_req *r);
+kc_err kcd_blob_put_begin(kcd_req *r, char *err);
+kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err);
+int kcd_blob_put(kcd_req *r);
+int kcd_blob_get(kcd_req *r); /* GET and HEAD */
+int kcd_bundle_get(kcd_req *r);
+int kcd_bundle_put(kcd_req *r);
+int kcd_bundle_delete(kcd_req *r);
+int kcd_lookup(kcd_req *r);
+int kcd_models_get(kcd_req *r);
+int kcd_lease_post(kcd_req *r);
+int kcd_lease_delete(kcd_req *r);
+
+#endif

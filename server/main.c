@@ -1,0 +1,241 @@
+/* main.c: kcached's life: flags, the `token` subcommand, start-up checks,
+ * the store and the HTTP daemon; then the main thread waits for signals
+ * (SIGTERM/SIGINT stop, SIGHUP reloads tokens) and does the periodic work
+ * (flush last-use records, GC, expired leases, retry opening the store).
+ *
+ * Signals are blocked in every thread and taken with sigtimedwait here, so
+ * no handler runs asynchronously and no global flag is needed. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+
+#include "kcd.h"
+#include "sdnotify.h"
+
+#define GC_EVERY_S 60
+#define STORE_RETRY_S 5
+#define MAX_LEASES 65536
+
+static int read_pem(const char *path, char **out) {
+  char err[KC_ERRBUF_SIZE];
+  size_t len;
+  if (kc_read_file(path, out, &len, err)) {
+    fprintf(stderr, "kcached: %s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
+static int load_tls(kcd_state *st) {
+  if (!st->cfg.tls_cert)
+    return 0;
+  if (!kcd_tls_supported()) {
+    fprintf(stderr, "kcached: this libmicrohttpd has no TLS support\n");
+    return -1;
+  }
+  return read_pem(st->cfg.tls_cert, &st->tls_cert_pem) ||
+                 read_pem(st->cfg.tls_key, &st->tls_key_pem)
+             ? -1
+             : 0;
+}
+
+static void free_tls(kcd_state *st) {
+  if (st->tls_key_pem)
+    OPENSSL_cleanse(st->tls_key_pem, strlen(st->tls_key_pem));
+  free(st->tls_key_pem);
+  free(st->tls_cert_pem);
+}
+
+static void open_store(kcd_state *st) {
+  kc_store_opts o = {.dir = st->cfg.data_dir, .max_bytes = st->cfg.max_bytes};
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_store *s = NULL;
+  kc_err e = kc_store_open(&o, &s, err);
+  if (e) {
+    kcd_log(st, "error", "cannot open the store in %s: %s (%s); retrying",
+            st->cfg.data_dir, *err ? err : kc_strerror(e), kc_err_name(e));
+    return;
+  }
+  atomic_store(&st->store, s);
+  kcd_log(st, "info", "store open in %s", st->cfg.data_dir);
+}
+
+/* Written to a temporary name first: a reader never sees half a number. */
+static int write_port_file(const char *path, unsigned port) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  FILE *f = fopen(tmp, "we");
+  if (!f)
+    return -1;
+  fprintf(f, "%u\n", port);
+  if (fclose(f) != 0 || rename(tmp, path) != 0) {
+    unlink(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+static void reload_tokens(kcd_state *st) {
+  char err[KC_ERRBUF_SIZE] = "";
+  if (!st->cfg.tokens)
+    return kcd_log(st, "info", "SIGHUP: no token file to reload");
+  if (kcd_auth_load(&st->auth, st->cfg.tokens, err))
+    return kcd_log(st, "error", "SIGHUP: %s; keeping the old tokens", err);
+  kcd_log(st, "info", "SIGHUP: reloaded %zu tokens from %s",
+          kcd_auth_count(&st->auth), st->cfg.tokens);
+}
+
+static void maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
+  int64_t now = kcd_unix_now();
+  kcd_lease_sweep(st->leases, kcd_now_us() / 1000);
+  kc_store *s = atomic_load(&st->store);
+  if (!s) {
+    if (now - *last_open >= STORE_RETRY_S) {
+      *last_open = now;
+      open_store(st);
+    }
+    return;
+  }
+  kc_err e = kc_store_flush(s);
+  if (e)
+    kcd_log(st, "error", "flushing last-use records: %s", kc_strerror(e));
+  if (now - *last_gc >= GC_EVERY_S) {
+    char err[KC_ERRBUF_SIZE] = "";
+    *last_gc = now;
+    if ((e = kc_store_gc(s, now, err)))
+      kcd_log(st, "error", "gc: %s", *err ? err : kc_strerror(e));
+  }
+}
+
+/* Runs until SIGTERM or SIGINT. */
+static void serve(kcd_state *st, const sigset_t *set) {
+  int64_t last_gc = kcd_unix_now(), last_open = last_gc;
+  for (;;) {
+    struct timespec tick = {1, 0};
+    int sig = sigtimedwait(set, NULL, &tick);
+    if (sig == SIGTERM || sig == SIGINT) {
+      kcd_log(st, "info", "%s: stopping", strsignal(sig));
+      return;
+    }
+    if (sig == SIGHUP)
+      reload_tokens(st);
+    else
+      maintain(st, &last_gc, &last_open);
+  }
+}
+
+/* Stop accepting, let in-flight requests finish (bounded), then close. */
+static void shut_down(kcd_state *st) {
+  kcd_sd_notify("STOPPING=1");
+  kcd_http_quiesce(st);
+  uint64_t deadline = kcd_now_us() + (uint64_t)st->cfg.shutdown_s * 1000000u;
+  while (atomic_load(&st->metrics.in_flight) > 0 && kcd_now_us() < deadline) {
+    struct timespec ms10 = {0, 10 * 1000 * 1000};
+    nanosleep(&ms10, NULL);
+  }
+  int64_t left = atomic_load(&st->metrics.in_flight);
+  if (left > 0)
+    kcd_log(st, "warn", "cutting off %lld requests still in flight",
+            (long long)left);
+  kcd_http_stop(st);
+  kc_store *s = atomic_exchange(&st->store, NULL);
+  kc_store_close(s);
+  kcd_log(st, "info", "stopped");
+}
+
+static void announce(kcd_state *st, unsigned port) {
+  const kcd_config *c = &st->cfg;
+  int v6 = strchr(c->host, ':') != NULL;
+  kcd_log(st, "info",
+          "listening on %s://%s%s%s:%u (threads %u, data %s, tls %s, "
+          "metrics role %s)",
+          st->tls_cert_pem ? "https" : "http", v6 ? "[" : "", c->host,
+          v6 ? "]" : "", port, c->threads, c->data_dir,
+          st->tls_cert_pem ? "on" : "off", kcd_role_name(c->metrics_role));
+  if (!c->tokens)
+    kcd_log(st, "warn",
+            "no token file: every client may read, write and delete; serving "
+            "loopback only (--tokens FILE to require tokens)");
+  else
+    kcd_log(st, "info", "%zu tokens from %s", kcd_auth_count(&st->auth),
+            c->tokens);
+  char status[128];
+  snprintf(status, sizeof status, "READY=1\nSTATUS=listening on port %u",
+           port);
+  kcd_sd_notify(status);
+}
+
+static int start(kcd_state *st, sigset_t *set) {
+  char err[KC_ERRBUF_SIZE] = "";
+  if (kcd_auth_init(&st->auth))
+    return 1;
+  if (kcd_auth_load(&st->auth, st->cfg.tokens, err)) {
+    fprintf(stderr, "kcached: %s\n", err);
+    return 2;
+  }
+  if (load_tls(st))
+    return 2;
+  if (!(st->leases = kcd_leases_new(MAX_LEASES)))
+    return 1;
+  sigemptyset(set);
+  sigaddset(set, SIGTERM);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGHUP);
+  /* Before any thread exists, so that every thread inherits the mask. */
+  pthread_sigmask(SIG_BLOCK, set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  st->started = kcd_unix_now();
+  open_store(st);
+  unsigned port = 0;
+  if (kcd_http_start(st, &port, err)) {
+    kcd_log(st, "error", "%s", err);
+    return 1;
+  }
+  if (st->cfg.port_file && write_port_file(st->cfg.port_file, port)) {
+    kcd_log(st, "error", "cannot write %s: %s", st->cfg.port_file,
+            strerror(errno));
+    return 1;
+  }
+  announce(st, port);
+  return 0;
+}
+
+static void cleanup(kcd_state *st) {
+  kcd_http_stop(st);
+  kc_store_close(atomic_exchange(&st->store, NULL));
+  kcd_leases_free(st->leases);
+  kcd_auth_destroy(&st->auth);
+  free_tls(st);
+}
+
+static int run(kcd_state *st) {
+  sigset_t set;
+  int rc = start(st, &set);
+  if (rc == 0) {
+    serve(st, &set);
+    shut_down(st);
+  }
+  cleanup(st);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "token") == 0)
+    return kcd_token_command(argc - 1, argv + 1);
+  kcd_state *st = calloc(1, sizeof *st);
+  if (!st)
+    return 1;
+  int rc = kcd_config_parse(&st->cfg, argc, argv);
+  if (rc == 0)
+    rc = kcd_config_check(&st->cfg);
+  if (rc == 0)
+    rc = run(st);
+  free(st);
+  return rc < 0 ? 0 : rc; /* < 0: --help or --version */
+}

@@ -1,0 +1,174 @@
+/* metrics.c: request counters and the duration histogram (relaxed atomics:
+ * they are statistics, not synchronization), rendered for GET /metrics in the
+ * Prometheus text format together with the store's own figures. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kcd.h"
+
+/* Statuses kcached answers with; anything else counts as "other". */
+static const int statuses[KCD_N_STATUS - 1] = {
+    200, 201, 204, 304, 400, 401, 403, 404, 405, 408,
+    409, 411, 413, 422, 499, 500, 503, 504, 507};
+
+/* Upper bounds of the duration buckets, microseconds. */
+static const uint64_t bounds_us[KCD_N_BUCKETS] = {
+    100,    250,    500,    1000,    2500,    5000,    10000,   25000,
+    50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000};
+
+static const char *const route_names[KCD_N_ROUTES] = {
+    [KCD_R_OTHER] = "other",     [KCD_R_HEALTHZ] = "healthz",
+    [KCD_R_READYZ] = "readyz",   [KCD_R_METRICS] = "metrics",
+    [KCD_R_STATS] = "stats",     [KCD_R_BLOBS] = "blobs",
+    [KCD_R_BUNDLES] = "bundles", [KCD_R_LOOKUP] = "lookup",
+    [KCD_R_MODELS] = "models",   [KCD_R_LEASES] = "leases"};
+
+static const char *const method_names[KCD_N_METHODS] = {
+    "GET", "HEAD", "PUT", "POST", "DELETE", "OTHER"};
+
+const char *kcd_route_name(kcd_route_id r) {
+  return (unsigned)r < KCD_N_ROUTES ? route_names[r] : "other";
+}
+
+const char *kcd_method_name(kcd_method m) {
+  return (unsigned)m < KCD_N_METHODS ? method_names[m] : "OTHER";
+}
+
+static size_t status_index(int status) {
+  for (size_t i = 0; i < KCD_N_STATUS - 1; i++)
+    if (statuses[i] == status)
+      return i;
+  return KCD_N_STATUS - 1;
+}
+
+#define ADD(field, v) atomic_fetch_add_explicit(&(field), (v), memory_order_relaxed)
+#define GET(field) atomic_load_explicit(&(field), memory_order_relaxed)
+
+void kcd_metrics_observe(kcd_metrics *m, kcd_route_id r, kcd_method meth,
+                         int status, uint64_t in, uint64_t out, uint64_t us) {
+  if ((unsigned)r >= KCD_N_ROUTES)
+    r = KCD_R_OTHER;
+  if ((unsigned)meth >= KCD_N_METHODS)
+    meth = KCD_M_OTHER;
+  ADD(m->requests[r][meth][status_index(status)], 1);
+  if (in)
+    ADD(m->bytes_in, in);
+  if (out)
+    ADD(m->bytes_out, out);
+  size_t b = 0;
+  while (b < KCD_N_BUCKETS && us > bounds_us[b])
+    b++;
+  ADD(m->duration[b], 1);
+  ADD(m->duration_us_sum, us);
+}
+
+static void counter(FILE *f, const char *name, const char *help, uint64_t v) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
+          name, (unsigned long long)v);
+}
+
+static void gauge(FILE *f, const char *name, const char *help, uint64_t v) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name,
+          name, (unsigned long long)v);
+}
+
+static void render_requests(FILE *f, kcd_metrics *m) {
+  fputs("# HELP kcached_requests_total HTTP requests by route, method and "
+        "status.\n# TYPE kcached_requests_total counter\n",
+        f);
+  for (int r = 0; r < KCD_N_ROUTES; r++)
+    for (int me = 0; me < KCD_N_METHODS; me++)
+      for (int s = 0; s < KCD_N_STATUS; s++) {
+        uint64_t v = GET(m->requests[r][me][s]);
+        if (!v)
+          continue;
+        char st[16];
+        if (s < KCD_N_STATUS - 1)
+          snprintf(st, sizeof st, "%d", statuses[s]);
+        else
+          snprintf(st, sizeof st, "other");
+        fprintf(f,
+                "kcached_requests_total{route=\"%s\",method=\"%s\","
+                "status=\"%s\"} %llu\n",
+                route_names[r], method_names[me], st, (unsigned long long)v);
+      }
+}
+
+static void render_histogram(FILE *f, kcd_metrics *m) {
+  const char *n = "kcached_request_duration_seconds";
+  fprintf(f,
+          "# HELP %s Time from request headers to the response sent.\n"
+          "# TYPE %s histogram\n",
+          n, n);
+  uint64_t cum = 0;
+  for (int b = 0; b < KCD_N_BUCKETS; b++) {
+    cum += GET(m->duration[b]);
+    fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", n, (double)bounds_us[b] / 1e6,
+            (unsigned long long)cum);
+  }
+  cum += GET(m->duration[KCD_N_BUCKETS]);
+  fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", n, (unsigned long long)cum);
+  fprintf(f, "%s_sum %.6f\n%s_count %llu\n", n,
+          (double)GET(m->duration_us_sum) / 1e6, n, (unsigned long long)cum);
+}
+
+static void render_store(FILE *f, kcd_state *st) {
+  kc_store *s = atomic_load(&st->store);
+  kc_store_stats ss = {0};
+  int up = s && kc_store_stats_get(s, &ss) == KC_OK;
+  gauge(f, "kcached_store_up", "1 when the store is open.", (uint64_t)up);
+  if (!up)
+    return;
+  gauge(f, "kcached_store_bytes", "Blob bytes held.", ss.bytes_used);
+  gauge(f, "kcached_store_limit_bytes", "Store size limit (0: none).",
+        ss.max_bytes);
+  gauge(f, "kcached_store_map_bytes", "LMDB map size.", ss.map_size);
+  gauge(f, "kcached_store_map_used_bytes", "LMDB pages in use.", ss.map_used);
+  gauge(f, "kcached_store_blobs", "Blobs held.", ss.blobs);
+  gauge(f, "kcached_store_bundles", "Bundles held.", ss.bundles);
+  counter(f, "kcached_hits_total", "Bundle reads that found the bundle.",
+          ss.hits);
+  counter(f, "kcached_misses_total", "Bundle reads that did not.", ss.misses);
+  counter(f, "kcached_evicted_bundles_total", "Bundles evicted (LRU).",
+          ss.evicted_bundles);
+  counter(f, "kcached_evicted_blobs_total", "Blobs evicted.", ss.evicted_blobs);
+  counter(f, "kcached_gc_blobs_total", "Unreferenced blobs collected.",
+          ss.gc_blobs);
+}
+
+static void render_self(FILE *f, kcd_metrics *m) {
+  counter(f, "kcached_received_bytes_total", "Request body bytes received.",
+          GET(m->bytes_in));
+  counter(f, "kcached_sent_bytes_total", "Response body bytes sent.",
+          GET(m->bytes_out));
+  counter(f, "kcached_leases_granted_total", "Leases granted.",
+          GET(m->leases_granted));
+  counter(f, "kcached_leases_refused_total", "Lease requests refused (held).",
+          GET(m->leases_refused));
+  counter(f, "kcached_leases_present_total",
+          "Lease requests answered 'present' (bundle exists).",
+          GET(m->leases_present));
+  counter(f, "kcached_uploads_aborted_total",
+          "Uploads dropped (client gone, error).", GET(m->uploads_aborted));
+  int64_t inflight = atomic_load(&m->in_flight);
+  gauge(f, "kcached_requests_in_flight", "Requests being served.",
+        inflight > 0 ? (uint64_t)inflight : 0);
+}
+
+char *kcd_metrics_render(kcd_state *st, size_t *len) {
+  char *buf = NULL;
+  FILE *f = open_memstream(&buf, len);
+  if (!f)
+    return NULL;
+  render_requests(f, &st->metrics);
+  render_histogram(f, &st->metrics);
+  render_self(f, &st->metrics);
+  render_store(f, st);
+  gauge(f, "kcached_start_time_seconds", "Unix time kcached started.",
+        (uint64_t)st->started);
+  if (fclose(f) != 0) {
+    free(buf);
+    return NULL;
+  }
+  return buf;
+}

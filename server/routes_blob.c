@@ -1,0 +1,112 @@
+/* routes_blob.c: PUT /v1/blobs/{sha256} streamed into the store (hashed while
+ * it arrives, never held whole in memory) and GET/HEAD served zero-copy from
+ * LMDB's map inside a read transaction that ends when the response is sent. */
+#include <stdio.h>
+#include <string.h>
+
+#include "kcd.h"
+
+static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store); }
+
+#define ETAG_SIZE (KC_HEX_LEN + 3)
+
+/* The param was checked to be 64 hex digits before any handler runs. */
+static void etag_of(const kcd_req *r, char out[ETAG_SIZE]) {
+  snprintf(out, ETAG_SIZE, "\"%.64s\"", r->param);
+}
+
+kc_err kcd_blob_put_begin(kcd_req *r, char *err) {
+  kc_store *s = store_of(r);
+  /* Content-addressed: a held blob is these bytes already; skip the body. */
+  if (kc_store_blob_has(s, r->param, NULL) == KC_OK) {
+    r->blob_present = 1;
+    r->discard = 1;
+    return KC_OK;
+  }
+  return kc_store_upload_begin(s, &r->upload, err);
+}
+
+kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err) {
+  uint64_t lim = r->st->cfg.max_blob_bytes;
+  kc_err e;
+  /* Chunked bodies carry no length up front: stop as soon as one is over. */
+  if (kc_store_upload_size(r->upload) + n > lim)
+    e = kc_errf(err, KC_TOO_LARGE, "the blob is over the limit of %llu bytes",
+                (unsigned long long)lim);
+  else
+    e = kc_store_upload_write(r->upload, p, n, err);
+  if (e) {
+    kc_store_upload_abort(r->upload);
+    r->upload = NULL;
+    atomic_fetch_add(&r->st->metrics.uploads_aborted, 1);
+  }
+  return e;
+}
+
+static int reply_stored(kcd_req *r, int status, uint64_t size) {
+  char etag[ETAG_SIZE];
+  etag_of(r, etag);
+  const char *const h[] = {"ETag", etag, NULL};
+  json_t *o = json_pack("{ss sI sb}", "sha256", r->param, "size",
+                        (json_int_t)size, "created", status == 201);
+  return kcd_reply_json(r, status, o, h);
+}
+
+int kcd_blob_put(kcd_req *r) {
+  uint64_t size = 0;
+  if (r->blob_present) {
+    kc_store_blob_has(store_of(r), r->param, &size);
+    return reply_stored(r, 200, size);
+  }
+  char err[KC_ERRBUF_SIZE] = "";
+  int created = 0;
+  size = kc_store_upload_size(r->upload);
+  kc_store_upload *u = r->upload;
+  r->upload = NULL; /* commit frees it, whatever the result */
+  kc_err e = kc_store_upload_commit(u, r->param, &created, err);
+  if (e)
+    return kcd_reply_error_json(r, e, err, NULL, NULL);
+  return reply_stored(r, created ? 201 : 200, size);
+}
+
+/* If-None-Match: "<digest>", a list holding it, or "*". */
+static int not_modified(kcd_req *r) {
+  const char *inm = kcd_header(r, "If-None-Match");
+  if (!inm)
+    return 0;
+  char tag[ETAG_SIZE];
+  etag_of(r, tag);
+  while (*inm == ' ')
+    inm++;
+  return strcmp(inm, "*") == 0 || strstr(inm, tag) != NULL;
+}
+
+int kcd_blob_get(kcd_req *r) {
+  const void *data = NULL;
+  size_t len = 0;
+  kc_err e = kc_store_read_begin(store_of(r), &r->read);
+  if (e)
+    return kcd_reply_error(r, e, "cannot begin a read of the store");
+  e = kc_store_blob_get(r->read, r->param, &data, &len);
+  if (e) {
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    if (e == KC_NOT_FOUND)
+      return kcd_reply_error(r, e, "no blob %s", r->param);
+    return kcd_reply_error(r, e, "cannot read blob %s", r->param);
+  }
+  char etag[ETAG_SIZE];
+  etag_of(r, etag);
+  /* Content-addressed bytes never change: caches may keep them forever. */
+  const char *const h[] = {"ETag", etag, "Cache-Control",
+                           "public, max-age=31536000, immutable", NULL};
+  if (not_modified(r)) {
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    return kcd_reply(r, 304, NULL, "", 0, KCD_MEM_PERSISTENT, h);
+  }
+  /* The bytes stay in LMDB's map; r->read ends in the completion callback,
+   * after MHD sent them. */
+  return kcd_reply(r, 200, "application/octet-stream", data, len,
+                   KCD_MEM_PERSISTENT, h);
+}

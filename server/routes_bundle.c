@@ -1,0 +1,222 @@
+/* routes_bundle.c: bundle manifests: GET (zero-copy), PUT (validated,
+ * write-once), DELETE, POST /v1/lookup (many keys, one read transaction) and
+ * GET /v1/models/{model}. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kcd.h"
+
+static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store); }
+
+int kcd_bundle_get(kcd_req *r) {
+  const char *json = NULL;
+  size_t len = 0;
+  kc_err e = kc_store_read_begin(store_of(r), &r->read);
+  if (e)
+    return kcd_reply_error(r, e, "cannot begin a read of the store");
+  e = kc_store_bundle_get(r->read, r->param, &json, &len);
+  if (e) {
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    if (e == KC_NOT_FOUND)
+      return kcd_reply_error(r, e, "no bundle %s", r->param);
+    return kcd_reply_error(r, e, "cannot read bundle %s", r->param);
+  }
+  return kcd_reply(r, 200, "application/json", json, len, KCD_MEM_PERSISTENT,
+                   NULL);
+}
+
+/* Every manifest problem is a bad manifest, except the ones with their own
+ * status (key mismatch, malformed JSON, no memory). */
+static kc_err manifest_error(kc_err e) {
+  if (e == KC_KEY_MISMATCH || e == KC_BAD_JSON || e == KC_NOMEM)
+    return e;
+  return KC_BAD_MANIFEST;
+}
+
+static int reply_missing(kcd_req *r, const char *err, char **missing,
+                         size_t n) {
+  json_t *arr = json_array();
+  for (size_t i = 0; arr && i < n; i++)
+    json_array_append_new(arr, json_string(missing[i]));
+  kc_store_strv_free(missing, n);
+  json_t *extra = json_pack("{so}", "missing", arr ? arr : json_array());
+  return kcd_reply_error_json(r, KC_MISSING_BLOBS, err, extra, NULL);
+}
+
+int kcd_bundle_put(kcd_req *r) {
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_manifest *m = NULL;
+  kc_err e = kc_manifest_parse(r->body ? r->body : "", r->body_len, &m, err);
+  if (e)
+    return kcd_reply_error_json(r, manifest_error(e), err, NULL, NULL);
+  if (strcmp(m->key, r->param) != 0) {
+    kc_manifest_free(m);
+    return kcd_reply_error(r, KC_KEY_MISMATCH,
+                           "key: the manifest's key is not the URL's %s",
+                           r->param);
+  }
+  int created = 0;
+  char **missing = NULL;
+  size_t n_missing = 0;
+  e = kc_store_bundle_put(store_of(r), m, &created, &missing, &n_missing, err);
+  kc_manifest_free(m);
+  if (e == KC_MISSING_BLOBS)
+    return reply_missing(r, err, missing, n_missing);
+  kc_store_strv_free(missing, n_missing);
+  if (e)
+    return kcd_reply_error_json(r, e, err, NULL, NULL);
+  return kcd_reply_json(r, created ? 201 : 200,
+                        json_pack("{ss sb}", "key", r->param, "created",
+                                  created),
+                        NULL);
+}
+
+int kcd_bundle_delete(kcd_req *r) {
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err e = kc_store_bundle_delete(store_of(r), r->param, err);
+  if (e == KC_NOT_FOUND)
+    return kcd_reply_error(r, e, "no bundle %s", r->param);
+  if (e)
+    return kcd_reply_error_json(r, e, err, NULL, NULL);
+  return kcd_reply(r, 204, NULL, "", 0, KCD_MEM_PERSISTENT, NULL);
+}
+
+/* ---- POST /v1/lookup ---- */
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The keys of the body, checked, sorted and without repeats. */
+static kc_err lookup_keys(json_t *root, const char ***out, size_t *n,
+                          char *err) {
+  json_t *keys = json_object_get(root, "keys");
+  if (!json_is_array(keys))
+    return kc_errf(err, KC_EINVAL, "keys: %s", keys ? "must be an array"
+                                                   : "missing");
+  size_t len = json_array_size(keys);
+  if (len > KC_LOOKUP_MAX)
+    return kc_errf(err, KC_EINVAL, "keys: %zu keys, at most %d in one lookup",
+                   len, KC_LOOKUP_MAX);
+  const char **v = calloc(len ? len : 1, sizeof *v);
+  if (!v)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  for (size_t i = 0; i < len; i++) {
+    v[i] = json_string_value(json_array_get(keys, i));
+    if (!v[i] || !kc_is_hex64(v[i])) {
+      free(v);
+      return kc_errf(err, KC_BAD_KEY,
+                     "keys[%zu]: must be 64 lowercase hex digits", i);
+    }
+  }
+  qsort(v, len, sizeof *v, cmp_str);
+  size_t m = 0;
+  for (size_t i = 0; i < len; i++)
+    if (m == 0 || strcmp(v[m - 1], v[i]) != 0)
+      v[m++] = v[i];
+  *out = v;
+  *n = m;
+  return KC_OK;
+}
+
+/* Writes {"found":{key:manifest,...},"missing":[...]} splicing the stored
+ * canonical manifests in as they are: no parse, no re-serialization. */
+static kc_err lookup_write(kc_store_read *rd, const char **keys, size_t n,
+                           FILE *f) {
+  char *is_missing = calloc(n ? n : 1, 1);
+  if (!is_missing)
+    return KC_NOMEM;
+  int first = 1;
+  fputs("{\"found\":{", f);
+  for (size_t i = 0; i < n; i++) {
+    const char *json;
+    size_t len;
+    kc_err e = kc_store_bundle_get(rd, keys[i], &json, &len);
+    if (e) { /* unreadable counts as missing: the client rebuilds */
+      is_missing[i] = 1;
+      continue;
+    }
+    fprintf(f, "%s\"%s\":", first ? "" : ",", keys[i]);
+    fwrite(json, 1, len, f);
+    first = 0;
+  }
+  fputs("},\"missing\":[", f);
+  first = 1;
+  for (size_t i = 0; i < n; i++) {
+    if (is_missing[i]) {
+      fprintf(f, "%s\"%s\"", first ? "" : ",", keys[i]);
+      first = 0;
+    }
+  }
+  fputs("]}", f);
+  free(is_missing);
+  return KC_OK;
+}
+
+static int lookup_reply(kcd_req *r, const char **keys, size_t n) {
+  kc_store_read *rd = NULL;
+  kc_err e = kc_store_read_begin(store_of(r), &rd);
+  if (e)
+    return kcd_reply_error(r, e, "cannot begin a read of the store");
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (f)
+    e = lookup_write(rd, keys, n, f);
+  kc_store_read_end(rd);
+  if (!f || fclose(f) != 0 || e) {
+    free(buf);
+    return kcd_reply_error(r, KC_NOMEM, "out of memory");
+  }
+  return kcd_reply(r, 200, "application/json", buf, len, KCD_MEM_FREE, NULL);
+}
+
+int kcd_lookup(kcd_req *r) {
+  static const char *const allowed[] = {"keys", NULL};
+  char err[KC_ERRBUF_SIZE] = "";
+  json_t *root = NULL;
+  const char **keys = NULL;
+  size_t n = 0;
+  kc_err e = kcd_json_object(r, allowed, &root, err);
+  if (!e)
+    e = lookup_keys(root, &keys, &n, err);
+  int ret = e ? kcd_reply_error_json(r, e, err, NULL, NULL)
+              : lookup_reply(r, keys, n);
+  free(keys);
+  json_decref(root);
+  return ret;
+}
+
+/* ---- GET /v1/models/{model} ---- */
+
+/* One listing entry: the key fields worth showing, from the manifest. */
+static int model_entry(const kc_store_bundle_info *info, void *ud) {
+  json_t *list = ud;
+  json_t *m = json_loadb(info->manifest, info->manifest_len, 0, NULL);
+  json_t *o = json_pack(
+      "{ss sO* sO* sO* sI sI sI sI}", "key", info->key, "bucket",
+      json_object_get(m, "bucket"), "arch", json_object_get(m, "arch"),
+      "toolchain", json_object_get(m, "toolchain"), "bytes",
+      (json_int_t)info->bytes, "created", (json_int_t)info->created,
+      "last_used", (json_int_t)info->last_used, "hits",
+      (json_int_t)info->hits);
+  json_decref(m);
+  if (!o || json_array_append_new(list, o))
+    return 1; /* out of memory: stop */
+  return 0;
+}
+
+int kcd_models_get(kcd_req *r) {
+  json_t *list = json_array();
+  if (!list)
+    return kcd_reply_error(r, KC_NOMEM, "out of memory");
+  kc_err e = kc_store_model_list(store_of(r), r->param, model_entry, list);
+  if (e && e != KC_NOT_FOUND) {
+    json_decref(list);
+    return kcd_reply_error(r, e, "cannot list model %s", r->param);
+  }
+  return kcd_reply_json(
+      r, 200, json_pack("{ss so}", "model", r->param, "bundles", list), NULL);
+}

@@ -1,0 +1,235 @@
+/* testsrv.c: runs the real kcached for integration tests (see testsrv.h). */
+#include "testsrv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+#ifndef KCACHED_BIN
+#define KCACHED_BIN "kcached"
+#endif
+
+#define START_WAIT_MS 30000 /* sanitizer builds start slowly */
+#define STOP_WAIT_MS 30000
+
+const char *kc_testsrv_bin(void) {
+  const char *b = getenv("KCACHED_BIN");
+  return b && *b ? b : KCACHED_BIN;
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+int kc_testsrv_init(kc_testsrv *t) {
+  memset(t, 0, sizeof *t);
+  const char *tmp = getenv("TMPDIR");
+  snprintf(t->dir, sizeof t->dir, "%s/kcache-srv-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(t->dir)) {
+    t->dir[0] = '\0';
+    return -1;
+  }
+  snprintf(t->data, sizeof t->data, "%s/data", t->dir);
+  snprintf(t->log, sizeof t->log, "%s/kcached.log", t->dir);
+  return 0;
+}
+
+static void free_args(kc_testsrv *t) {
+  for (int i = 0; i < t->n_args; i++)
+    free(t->args[i]);
+  t->n_args = 0;
+}
+
+static int copy_args(kc_testsrv *t, const char *const *extra) {
+  free_args(t);
+  for (size_t i = 0; extra && extra[i]; i++) {
+    if (t->n_args == KC_TESTSRV_MAX_ARGS || !(t->args[t->n_args] = strdup(extra[i])))
+      return -1;
+    t->n_args++;
+  }
+  return 0;
+}
+
+static int has_tls(const kc_testsrv *t) {
+  for (int i = 0; i < t->n_args; i++)
+    if (strcmp(t->args[i], "--tls-cert") == 0)
+      return 1;
+  return 0;
+}
+
+/* In the child: output to the log, die with the test, exec kcached. */
+static void child(const kc_testsrv *t, const char *port_file) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  int fd = open(t->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+  }
+  const char *argv[KC_TESTSRV_MAX_ARGS + 10];
+  int n = 0;
+  argv[n++] = kc_testsrv_bin();
+  argv[n++] = "--listen";
+  argv[n++] = "127.0.0.1:0";
+  argv[n++] = "--port-file";
+  argv[n++] = port_file;
+  argv[n++] = "--data-dir";
+  argv[n++] = t->data;
+  for (int i = 0; i < t->n_args; i++)
+    argv[n++] = t->args[i];
+  argv[n] = NULL;
+  execv(argv[0], (char *const *)argv);
+  fprintf(stderr, "testsrv: exec %s: %s\n", argv[0], strerror(errno));
+  _exit(127);
+}
+
+static int read_port(const char *path) {
+  FILE *f = fopen(path, "r");
+  int port = 0;
+  if (!f)
+    return 0;
+  if (fscanf(f, "%d", &port) != 1)
+    port = 0;
+  fclose(f);
+  return port;
+}
+
+static size_t discard(char *p, size_t s, size_t n, void *ud) {
+  (void)p;
+  (void)ud;
+  return s * n;
+}
+
+static int healthy(const kc_testsrv *t) {
+  CURL *c = curl_easy_init();
+  char url[128];
+  long status = 0;
+  if (!c)
+    return 0;
+  snprintf(url, sizeof url, "%s/healthz", t->url);
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 2000L);
+  /* Readiness only: the tests check certificates themselves. */
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+  if (curl_easy_perform(c) == CURLE_OK)
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(c);
+  return status == 200;
+}
+
+/* Polls until the port file appears and /healthz answers, or the child dies. */
+static int wait_ready(kc_testsrv *t, const char *port_file) {
+  for (int waited = 0; waited < START_WAIT_MS; waited += 20) {
+    int st;
+    if (waitpid(t->pid, &st, WNOHANG) == t->pid) {
+      t->pid = 0;
+      return -1;
+    }
+    if (!t->port && (t->port = read_port(port_file)) > 0)
+      snprintf(t->url, sizeof t->url, "%s://127.0.0.1:%d",
+               has_tls(t) ? "https" : "http", t->port);
+    if (t->port && healthy(t))
+      return 0;
+    sleep_ms(20);
+  }
+  kc_testsrv_kill(t);
+  return -1;
+}
+
+static int launch(kc_testsrv *t) {
+  char port_file[320];
+  snprintf(port_file, sizeof port_file, "%s/port", t->dir);
+  unlink(port_file);
+  t->port = 0;
+  t->url[0] = '\0';
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0)
+    return -1;
+  if (pid == 0)
+    child(t, port_file);
+  t->pid = pid;
+  return wait_ready(t, port_file);
+}
+
+int kc_testsrv_start(kc_testsrv *t, const char *const *extra_args) {
+  if (!t->dir[0] && kc_testsrv_init(t))
+    return -1;
+  if (copy_args(t, extra_args))
+    return -1;
+  return launch(t);
+}
+
+static int wait_exit(kc_testsrv *t, int ms) {
+  for (int waited = 0; waited <= ms; waited += 10) {
+    int st;
+    pid_t r = waitpid(t->pid, &st, WNOHANG);
+    if (r == t->pid || (r < 0 && errno == ECHILD)) {
+      t->pid = 0;
+      if (r < 0)
+        return -1;
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    sleep_ms(10);
+  }
+  return -2;
+}
+
+int kc_testsrv_stop(kc_testsrv *t) {
+  if (t->pid <= 0)
+    return -1;
+  kill(t->pid, SIGTERM);
+  int rc = wait_exit(t, STOP_WAIT_MS);
+  if (rc == -2) {
+    kill(t->pid, SIGKILL);
+    rc = wait_exit(t, STOP_WAIT_MS);
+  }
+  return rc;
+}
+
+void kc_testsrv_kill(kc_testsrv *t) {
+  if (t->pid <= 0)
+    return;
+  kill(t->pid, SIGKILL);
+  wait_exit(t, STOP_WAIT_MS);
+}
+
+int kc_testsrv_restart(kc_testsrv *t) {
+  if (!t->dir[0])
+    return -1;
+  if (t->pid > 0)
+    kc_testsrv_stop(t);
+  return launch(t);
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag,
+                    struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  remove(path);
+  return 0;
+}
+
+void kc_testsrv_cleanup(kc_testsrv *t) {
+  if (t->pid > 0)
+    kc_testsrv_stop(t);
+  if (t->dir[0])
+    nftw(t->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  free_args(t);
+  t->dir[0] = '\0';
+}

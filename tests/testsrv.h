@@ -1,0 +1,49 @@
+/* testsrv.h: start the real kcached binary for integration tests: a temporary
+ * directory, a free loopback port, readiness by GET /healthz, stop, kill,
+ * restart on the same data.
+ *
+ * The directory holds data/ (the store), port (the port file) and kcached.log
+ * (the server's stdout and stderr, appended across restarts). The binary is
+ * $KCACHED_BIN when set, else the KCACHED_BIN this library was compiled with.
+ * Not thread-safe: one thread drives one kc_testsrv.
+ */
+#ifndef KC_TESTSRV_H
+#define KC_TESTSRV_H
+
+#include <sys/types.h>
+
+#define KC_TESTSRV_MAX_ARGS 32
+
+typedef struct kc_testsrv {
+  pid_t pid;        /* 0 when not running */
+  int port;
+  char url[64];     /* "http://127.0.0.1:PORT" (https with --tls-cert) */
+  char dir[256];    /* the temporary directory */
+  char data[300];   /* dir/data */
+  char log[300];    /* dir/kcached.log */
+  int n_args;
+  char *args[KC_TESTSRV_MAX_ARGS]; /* extra args, copied, reused by restart */
+} kc_testsrv;
+
+/* Zeroes t and makes its directory (so that a test can put a token file or
+ * certificates there before starting). 0 ok, -1 error. kc_testsrv_start
+ * calls it when t->dir is empty. */
+int kc_testsrv_init(kc_testsrv *t);
+/* Starts kcached with --listen 127.0.0.1:0 --port-file DIR/port --data-dir
+ * DIR/data and extra_args (NULL-terminated, may be NULL; a later --data-dir
+ * wins), waits until /healthz answers (30 s at most). 0 ok, -1 when it did not
+ * come up (the log says why). */
+int kc_testsrv_start(kc_testsrv *t, const char *const *extra_args);
+/* SIGTERM and wait (30 s, then SIGKILL). Returns the exit status, 128+signal
+ * when killed by one, -1 when not running. */
+int kc_testsrv_stop(kc_testsrv *t);
+/* SIGKILL and wait: a crash, as far as the store can tell. */
+void kc_testsrv_kill(kc_testsrv *t);
+/* Stops if running and starts again on the same directory and arguments. */
+int kc_testsrv_restart(kc_testsrv *t);
+/* Stops if running, removes the directory, frees the arguments. */
+void kc_testsrv_cleanup(kc_testsrv *t);
+/* The kcached binary used. */
+const char *kc_testsrv_bin(void);
+
+#endif
