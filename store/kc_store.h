@@ -12,7 +12,14 @@
  * restarts after a crash see a bundle whole or not at all.
  *
  * Errors: kc_err, plus a sentence in `err` (KC_ERRBUF_SIZE, may be NULL).
- * A full LMDB map is KC_STORE_FULL, never a crash.
+ * A full LMDB map is never a crash: a write that finds it full evicts (least
+ * recently used bundles, then unreferenced blobs) down to the low-water mark
+ * of what is held and tries once more; KC_STORE_FULL when that is not enough.
+ * With max_bytes set, a put that would cross the high-water mark evicts first.
+ *
+ * On disk: dir/data.mdb and dir/lock.mdb (copy a live store with
+ * `mdb_copy -c DIR OUT`). The layout of the named databases is in
+ * store_internal.h.
  */
 #ifndef KC_STORE_H
 #define KC_STORE_H
@@ -69,14 +76,19 @@ kc_err kc_store_blob_has(kc_store *s, const char *digest, uint64_t *size);
  * they do not hash to it. *created: 1 new, 0 already present. */
 kc_err kc_store_blob_put(kc_store *s, const char *digest, const void *data,
                          size_t len, int *created, char *err);
-/* Same, reading len bytes from fd (a file or a pipe) straight into the map
- * (MDB_RESERVE), hashing as it goes: no heap copy of the blob. */
+/* Same, reading len bytes from fd (a file or a pipe) into the space LMDB
+ * reserves for the value (MDB_RESERVE), hashing as it goes: the bytes are
+ * held once, in LMDB's pages, never copied through a buffer of ours. A file is
+ * read with pread from its current offset; a blob already held is not read
+ * from fd at all (*created 0). */
 kc_err kc_store_blob_put_fd(kc_store *s, const char *digest, int fd,
                             uint64_t len, int *created, char *err);
 
-/* A streaming upload: bytes are hashed and spooled to a temporary file in the
- * store's directory while they arrive (no write transaction is held meanwhile),
- * then committed in one transaction. For a server receiving a body in pieces. */
+/* A streaming upload: bytes are hashed while they arrive and spooled, the
+ * first MiB in memory and beyond that to an unlinked temporary file
+ * (O_TMPFILE) in the store's directory, with no write transaction held
+ * meanwhile; commit copies them into the map in one transaction. For a server
+ * receiving a body in pieces. One upload is used by one thread at a time. */
 typedef struct kc_store_upload kc_store_upload;
 kc_err kc_store_upload_begin(kc_store *s, kc_store_upload **out, char *err);
 kc_err kc_store_upload_write(kc_store_upload *u, const void *data, size_t len,
@@ -117,8 +129,9 @@ typedef struct kc_store_bundle_info {
   size_t manifest_len;
 } kc_store_bundle_info;
 
-/* Calls cb for each bundle of model (64 hex) inside one read transaction;
- * cb returns non-zero to stop. */
+/* Calls cb for each bundle of model (64 hex) inside one read transaction, in
+ * key order; cb returns non-zero to stop. A model with no bundle: KC_OK and
+ * no call. last_used and hits are as of the last flush. */
 typedef int (*kc_store_bundle_cb)(const kc_store_bundle_info *info, void *ud);
 kc_err kc_store_model_list(kc_store *s, const char *model,
                            kc_store_bundle_cb cb, void *ud);

@@ -491,6 +491,14 @@ static void *par_build(void *arg) {
 static void test_parallel_builds(void **state) {
   (void)state;
   need_nvrtc();
+#if defined(__SANITIZE_ADDRESS__)
+  /* GCC 12's ASan allocator has no fork handlers: a child forked while
+   * another thread is inside malloc waits for its lock forever (glibc's
+   * malloc, in the normal build, resets its locks in the child). */
+  print_message("skipped under ASan: its allocator is not fork-safe with "
+                "threads\n");
+  skip();
+#endif
   enum { N = 4 };
   pthread_t t[N];
   par_job jobs[N];
