@@ -51,6 +51,25 @@ typedef struct put_ctx {
   int created;
 } put_ctx;
 
+/* A file's size must be its blob's: a listing's bytes and a client's size
+ * check depend on it. */
+static kc_err check_sizes(kc_store *s, MDB_txn *txn, const kc_manifest *m,
+                          char *err) {
+  for (size_t i = 0; i < m->n_files; i++) {
+    MDB_val k = kcs_hex_val(m->files[i].sha256), v;
+    kcs_blob_meta bm;
+    if (mdb_get(txn, s->blobmeta, &k, &v) || v.mv_size != sizeof bm)
+      continue; /* missing: find_missing says so */
+    memcpy(&bm, v.mv_data, sizeof bm);
+    if (bm.size != m->files[i].size)
+      return kc_errf(err, KC_BAD_MANIFEST, "files[%zu].size: %llu, but blob "
+                     "%s holds %llu bytes", i,
+                     (unsigned long long)m->files[i].size, m->files[i].sha256,
+                     (unsigned long long)bm.size);
+  }
+  return KC_OK;
+}
+
 static kc_err find_missing(kc_store *s, MDB_txn *txn, put_ctx *c, char *err) {
   kc_store_strv_free(c->missing, c->n_missing); /* from a first attempt */
   c->missing = NULL;
@@ -110,6 +129,8 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   if (rc != MDB_NOTFOUND)
     return kcs_mdb_err(rc, "reading a bundle", err);
   kc_err e = find_missing(s, txn, c, err);
+  if (!e)
+    e = check_sizes(s, txn, c->m, err);
   for (size_t i = 0; !e && i < c->n_digests; i++)
     e = kcs_blob_ref(s, txn, c->digests[i], err);
   if (!e && !(e = put_records(s, txn, c, err)))

@@ -6,6 +6,9 @@
 #include "store_internal.h"
 
 #define EVICT_BATCH 512 /* bundles or blobs removed per write transaction */
+/* Eviction spares blobs that became orphans this recently: a client uploads
+ * its blobs first and its manifest last, and they are in between. */
+#define UPLOAD_WINDOW_S 600
 
 static int64_t time_of(const unsigned char *k) {
   uint64_t u = 0;
@@ -121,7 +124,8 @@ static kc_err evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
       atomic_fetch_add(&s->evicted_bundles, 1);
       continue;
     }
-    int r = drop_orphan(s, txn, INT64_MAX, &e, err); /* then unreferenced */
+    /* then unreferenced blobs, oldest first */
+    int r = drop_orphan(s, txn, kcs_now() - UPLOAD_WINDOW_S, &e, err);
     if (r < 0)
       return e;
     if (r == 0) {

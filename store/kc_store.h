@@ -13,7 +13,7 @@
  *
  * Errors: kc_err, plus a sentence in `err` (KC_ERRBUF_SIZE, may be NULL).
  * A full LMDB map is never a crash: a write that finds it full evicts (least
- * recently used bundles, then unreferenced blobs) down to the low-water mark
+ * recently used bundles, then old unreferenced blobs) down to the low-water mark
  * of what is held and tries once more; KC_STORE_FULL when that is not enough.
  * With max_bytes set, a put that would cross the high-water mark evicts first.
  *
@@ -107,7 +107,8 @@ void kc_store_upload_abort(kc_store_upload *u);
  * identical bundle is there; KC_CONFLICT when a different one holds the key.
  * KC_MISSING_BLOBS when referenced blobs are absent: *missing (malloc'd array
  * of malloc'd digests, free with kc_store_strv_free) lists them when missing is
- * not NULL. The blobs' refcounts change in the same transaction. */
+ * not NULL. KC_BAD_MANIFEST when a file's size is not its blob's. The blobs'
+ * refcounts change in the same transaction. */
 kc_err kc_store_bundle_put(kc_store *s, const kc_manifest *m, int *created,
                            char ***missing, size_t *n_missing, char *err);
 /* Deletes a bundle and drops its blobs' refcounts (blobs left unreferenced are
@@ -152,8 +153,10 @@ typedef struct kc_store_stats {
 kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out);
 /* Writes pending last-use times and hit counts in one transaction. */
 kc_err kc_store_flush(kc_store *s);
-/* Evicts least recently used bundles, then unreferenced blobs, until bytes
- * used is at most target_bytes. Called by puts above the high-water mark. */
+/* Evicts least recently used bundles, then blobs unreferenced for over 10
+ * minutes (younger ones are likely uploads whose manifest is on its way),
+ * oldest first, until bytes used is at most target_bytes or nothing is left
+ * to evict. Called by puts above the high-water mark. */
 kc_err kc_store_evict(kc_store *s, uint64_t target_bytes, char *err);
 /* Collects blobs no bundle references that are older than the grace period
  * (now: unix seconds, so tests can move the clock). */

@@ -105,13 +105,24 @@ static kc_err evict_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   return e ? e : kcs_evict_txn(s, txn, kcs_low_target(s, used), err);
 }
 
+/* Records the time of the last map-full eviction; see kcs_write. */
+static kc_err bump_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  (void)ud;
+  int64_t now = kcs_now();
+  MDB_val k = {10, (void *)"last_evict"}, v = {sizeof now, &now};
+  return kcs_put(txn, s->meta, &k, &v, 0, err);
+}
+
 kc_err kcs_write(kc_store *s, kcs_write_fn op, void *ud, char *err) {
   kc_err e = write_once(s, op, ud, err);
   if (e != KCS_MAP_FULL)
     return e;
-  /* A cache answers a full map by evicting, then tries once more. Deletes
-   * need few new pages and LMDB reuses the pages they free. */
+  /* A cache answers a full map by evicting, then tries once more. LMDB
+   * reuses the pages that transaction N frees only from transaction N+2 on
+   * (an aborted one does not count), hence the small commit in between. */
   kc_err ee = write_once(s, evict_op, NULL, NULL);
+  if (ee == KC_OK)
+    ee = write_once(s, bump_op, NULL, NULL);
   if (ee == KC_OK)
     e = write_once(s, op, ud, err);
   if (e == KCS_MAP_FULL || e == KC_STORE_FULL)
