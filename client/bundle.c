@@ -1,0 +1,255 @@
+/* bundle.c: bundles as files: materialize into a directory (never outside
+ * it), one file's bytes in memory, a bundle from a directory, push and pull. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+
+/* Opens the directory that will hold rel's last segment, making the ones
+ * before it. Each step is openat(O_NOFOLLOW) from the previous one, so a
+ * symlink planted inside the target cannot lead a write outside it. */
+static int open_parent(int root, const char *rel, const char **leaf,
+                       char *err) {
+  char seg[KC_PATH_MAX + 1];
+  int fd = dup(root);
+  const char *p = rel, *slash;
+  while (fd >= 0 && (slash = strchr(p, '/'))) {
+    size_t n = (size_t)(slash - p);
+    memcpy(seg, p, n);
+    seg[n] = '\0';
+    if (mkdirat(fd, seg, 0755) != 0 && errno != EEXIST) {
+      kc_errf(err, KC_IO, "mkdir %s: %s", seg, strerror(errno));
+      close(fd);
+      return -1;
+    }
+    int next = openat(fd, seg, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0)
+      kc_errf(err, errno == ELOOP || errno == ENOTDIR ? KC_UNSAFE_PATH : KC_IO,
+              "%s: %s", rel, errno == ELOOP ? "a symlink is in the way"
+                                            : strerror(errno));
+    close(fd);
+    fd = next;
+    p = slash + 1;
+  }
+  *leaf = p;
+  return fd;
+}
+
+static kc_err write_at(int dirfd, const char *leaf, const void *data,
+                       size_t len, char *err) {
+  char tmp[KC_PATH_MAX + 32];
+  snprintf(tmp, sizeof tmp, ".%s.kc-%ld", leaf, (long)getpid());
+  int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW |
+                                  O_CLOEXEC, 0644);
+  if (fd < 0)
+    return kc_errf(err, KC_IO, "create %s: %s", tmp, strerror(errno));
+  const char *p = data;
+  size_t left = len;
+  while (left) {
+    ssize_t n = write(fd, p, left);
+    if (n <= 0 && errno != EINTR)
+      break;
+    if (n > 0) {
+      p += n;
+      left -= (size_t)n;
+    }
+  }
+  int bad = left != 0;
+  bad |= close(fd) != 0;
+  /* renameat replaces a symlink named leaf itself, never its target. */
+  if (bad || renameat(dirfd, tmp, dirfd, leaf) != 0) {
+    int saved = errno;
+    unlinkat(dirfd, tmp, 0);
+    return kc_errf(err, KC_IO, "write %s: %s", leaf, strerror(saved));
+  }
+  return KC_OK;
+}
+
+static kc_err materialize_file(kc_client *c, int root, const kc_file *f,
+                               char *err) {
+  const char *leaf;
+  void *data = NULL;
+  size_t len = 0;
+  kc_err e = kc_path_validate(f->path, "path", err);
+  if (e)
+    return e;
+  if ((e = kc_cache_blob_read(c, f->sha256, &data, &len, err)))
+    return e;
+  if (len != f->size) {
+    free(data);
+    return kc_errf(err, KC_CORRUPT, "%s: size %zu, manifest says %llu",
+                   f->path, len, (unsigned long long)f->size);
+  }
+  int dfd = open_parent(root, f->path, &leaf, err);
+  e = dfd < 0 ? KC_UNSAFE_PATH : write_at(dfd, leaf, data, len, err);
+  if (dfd >= 0)
+    close(dfd);
+  free(data);
+  return e;
+}
+
+kc_err kc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
+                      char *err) {
+  kc_err e = kc_mkdirs(dir, err);
+  if (e)
+    return e;
+  int root = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0)
+    return kc_errf(err, KC_IO, "open %s: %s", dir, strerror(errno));
+  for (size_t i = 0; !e && i < m->n_files; i++)
+    e = materialize_file(c, root, &m->files[i], err);
+  close(root);
+  return e;
+}
+
+kc_err kc_bundle_file_bytes(kc_client *c, const kc_manifest *m,
+                            const char *path, void **data, size_t *len,
+                            char *err) {
+  for (size_t i = 0; i < m->n_files; i++)
+    if (!strcmp(m->files[i].path, path))
+      return kc_cache_blob_read(c, m->files[i].sha256, data, len, err);
+  return kc_errf(err, KC_NOT_FOUND, "bundle %.12s... has no file %s", m->key,
+                 path);
+}
+
+/* ---- a bundle from a directory ---- */
+
+static kc_file_kind kind_of(const char *path) {
+  static const struct { const char *ext; kc_file_kind k; } t[] = {
+      {".cubin", KC_KIND_CUBIN}, {".ptx", KC_KIND_PTX},
+      {".fatbin", KC_KIND_FATBIN}, {".ltoir", KC_KIND_LTOIR}};
+  size_t n = strlen(path);
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+    size_t e = strlen(t[i].ext);
+    if (n > e && !strcmp(path + n - e, t[i].ext))
+      return t[i].k;
+  }
+  return KC_KIND_FILE;
+}
+
+typedef struct walk {
+  kc_client *c;
+  kc_manifest *m;
+  size_t root_len;
+  const char *skip;
+  kc_err e;
+  char *err;
+} walk;
+
+static kc_err add_path(walk *w, const char *full) {
+  const char *rel = full + w->root_len + 1;
+  char d[KC_HEX_LEN + 1];
+  uint64_t size = 0;
+  if (w->skip && !strcmp(rel, w->skip))
+    return KC_OK;
+  kc_err e = kc_path_validate(rel, rel, w->err);
+  if (!e)
+    e = kc_cache_blob_put_file(w->c, full, d, &size, w->err);
+  if (!e)
+    e = kc_manifest_add_file(w->m, rel, d, size, kind_of(rel), NULL, 0,
+                             w->err);
+  return e;
+}
+
+static kc_err walk_dir(walk *w, const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *de;
+  if (!d)
+    return kc_errf(w->err, KC_IO, "opendir %s: %s", dir, strerror(errno));
+  kc_err e = KC_OK;
+  while (!e && (de = readdir(d))) {
+    char p[PATH_MAX];
+    struct stat st;
+    if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+      continue;
+    snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+    if (lstat(p, &st) != 0)
+      e = kc_errf(w->err, KC_IO, "%s: %s", p, strerror(errno));
+    else if (S_ISDIR(st.st_mode))
+      e = walk_dir(w, p);
+    else if (S_ISREG(st.st_mode)) /* symlinks: not ours to follow */
+      e = add_path(w, p);
+  }
+  closedir(d);
+  return e;
+}
+
+kc_err kc_bundle_from_dir(kc_client *c, const char *dir, const char *skip,
+                          const kc_key_fields *f, kc_manifest **out,
+                          char *err) {
+  char root[PATH_MAX];
+  *out = NULL;
+  snprintf(root, sizeof root, "%s", dir);
+  size_t n = strlen(root);
+  while (n > 1 && root[n - 1] == '/')
+    root[--n] = '\0';
+  walk w = {c, kc_manifest_new(), n, skip, KC_OK, err};
+  if (!w.m)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  w.m->fields = *f;
+  kc_err e = walk_dir(&w, root);
+  if (!e && !w.m->n_files)
+    e = kc_errf(err, KC_NOT_FOUND, "%s: no regular file in it", root);
+  if (!e)
+    e = kc_manifest_seal(w.m, err);
+  if (e) {
+    kc_manifest_free(w.m);
+    return e;
+  }
+  *out = w.m;
+  return KC_OK;
+}
+
+/* ---- push, pull ---- */
+
+kc_err kc_client_push(kc_client *c, const kc_manifest *m, char *err) {
+  kc_err e = KC_OK;
+  for (size_t i = 0; !e && i < m->n_files; i++) {
+    void *data = NULL;
+    size_t len = 0;
+    e = kc_cache_blob_read(c, m->files[i].sha256, &data, &len, err);
+    if (!e)
+      e = kc_client_blob_put(c, data, len, NULL, err);
+    free(data);
+  }
+  return e ? e : kc_client_bundle_put(c, m, err);
+}
+
+/* The blobs of m into the cache, in parallel. */
+static kc_err fetch_manifest_blobs(kc_client *c, const kc_manifest *m,
+                                   uint64_t *fetched, char *err) {
+  const char **d = calloc(m->n_files ? m->n_files : 1, sizeof *d);
+  if (!d)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  for (size_t i = 0; i < m->n_files; i++)
+    d[i] = m->files[i].sha256;
+  kc_err e = kc_fetch_blobs(c, d, m->n_files, NULL, fetched, err);
+  free(d);
+  return e;
+}
+
+kc_err kc_client_pull(kc_client *c, const char *key, kc_manifest **out,
+                      char *err) {
+  kc_manifest *m = NULL;
+  if (out)
+    *out = NULL;
+  kc_err e = kc_cache_bundle_get(c, key, &m, NULL);
+  if (e) {
+    e = kc_client_bundle_get(c, key, &m, err);
+    if (!e)
+      e = fetch_manifest_blobs(c, m, NULL, err);
+    if (!e)
+      e = kc_cache_bundle_put(c, m, err);
+  }
+  if (!e && out)
+    *out = m;
+  else
+    kc_manifest_free(m);
+  return e;
+}

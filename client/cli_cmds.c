@@ -1,0 +1,331 @@
+/* cli_cmds.c: the small kcache commands: push, pull, get, put, key, ls,
+ * stat, hash. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+
+/* The manifest a pulled directory carries, so that `push DIR` round-trips. */
+#define BUNDLE_FILE "kcache-bundle.json"
+
+typedef struct cmd_spec {
+  const char *name;
+  const char *usage;
+  const char *help;
+  int min_args, max_args; /* positional; max -1: any */
+  int needs_url;
+} cmd_spec;
+
+/* Parses the common options and an optional extra one ('o' with an
+ * argument, 'f' fields). Returns 0 and sets *first to the first positional,
+ * or the exit code (-1 for --help, which exits 0). */
+static int parse(const cmd_spec *s, int argc, char **argv, cli_common *g,
+                 const char **extra, int *first) {
+  static const struct option lo[] = {
+      {"output", required_argument, NULL, 'o'},
+      {"fields", required_argument, NULL, 'f'},
+      {"json", no_argument, NULL, 'j'},
+      CLI_COMMON_OPTS,
+      {NULL, 0, NULL, 0}};
+  int opt;
+  cli_common_env(g);
+  optind = 0;
+  while ((opt = getopt_long(argc, argv, "ho:", lo, NULL)) != -1) {
+    if (opt == 'h') {
+      printf("%s\n%s\noptions:\n" CLI_COMMON_HELP, s->usage, s->help);
+      return -1;
+    }
+    if ((opt == 'o' || opt == 'f' || opt == 'j') && extra)
+      *extra = opt == 'j' ? "json" : optarg;
+    else if (opt == '?' || cli_common_opt(g, opt, optarg) != 1)
+      return cli_usage(s->name, s->usage);
+  }
+  int n = argc - optind;
+  if (n < s->min_args || (s->max_args >= 0 && n > s->max_args))
+    return cli_usage(s->name, s->usage);
+  *first = optind;
+  return 0;
+}
+
+#define PARSE_OR_RETURN(spec, extra)                                           \
+  cli_common g;                                                                \
+  int first = 0;                                                               \
+  int prc_ = parse(&spec, argc, argv, &g, extra, &first);                      \
+  if (prc_)                                                                    \
+    return prc_ < 0 ? KC_EXIT_OK : prc_;                                       \
+  if ((spec).needs_url && cli_need_url(&g, (spec).name))                       \
+    return KC_EXIT_USAGE;
+
+/* ---- push ---- */
+
+static const cmd_spec push_spec = {
+    "push", "usage: kcache push DIR [--fields FIELDS.json]\n",
+    "Upload a bundle directory: with --fields, every file under DIR becomes\n"
+    "the bundle of those key fields; without, DIR/" BUNDLE_FILE " (written by\n"
+    "`kcache pull`) names the files, and each is checked against it.\n"
+    "Prints the key.\n",
+    1, 1, 1};
+
+/* The manifest in DIR, its files re-hashed and cached. */
+static kc_err push_manifest(kc_client *c, const char *dir, kc_manifest **out,
+                            char *err) {
+  char p[PATH_MAX], *json = NULL;
+  size_t len = 0;
+  snprintf(p, sizeof p, "%s/" BUNDLE_FILE, dir);
+  kc_err e = kc_read_file(p, &json, &len, err);
+  if (!e)
+    e = kc_manifest_parse(json, len, out, err);
+  free(json);
+  for (size_t i = 0; !e && i < (*out)->n_files; i++) {
+    char d[KC_HEX_LEN + 1];
+    const kc_file *f = &(*out)->files[i];
+    snprintf(p, sizeof p, "%s/%s", dir, f->path);
+    e = kc_cache_blob_put_file(c, p, d, NULL, err);
+    if (!e && strcmp(d, f->sha256) != 0)
+      e = kc_errf(err, KC_DIGEST_MISMATCH, "%s: changed since it was pulled",
+                  p);
+  }
+  return e;
+}
+
+int cmd_push(int argc, char **argv) {
+  const char *fields_path = NULL;
+  PARSE_OR_RETURN(push_spec, &fields_path);
+  char err[KC_ERRBUF_SIZE], *json = NULL;
+  kc_manifest *m = NULL;
+  kc_key_fields f;
+  kc_client *c = cli_client(&g);
+  if (!c)
+    return KC_EXIT_FAIL;
+  kc_err e = KC_OK;
+  if (fields_path) {
+    e = kc_read_file(fields_path, &json, NULL, err);
+    if (!e)
+      e = kc_key_fields_parse(json, strlen(json), &f, err);
+    if (!e)
+      e = kc_bundle_from_dir(c, argv[first], BUNDLE_FILE, &f, &m, err);
+  } else {
+    e = push_manifest(c, argv[first], &m, err);
+  }
+  if (!e)
+    e = kc_client_push(c, m, err);
+  if (!e)
+    printf("%s\n", m->key);
+  free(json);
+  kc_manifest_free(m);
+  kc_client_free(c);
+  return e ? cli_fail("push", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+}
+
+/* ---- pull ---- */
+
+static const cmd_spec pull_spec = {
+    "pull", "usage: kcache pull KEY DIR\n",
+    "Download a bundle (local cache first) and write its files under DIR,\n"
+    "with its manifest as DIR/" BUNDLE_FILE ".\n",
+    2, 2, 0};
+
+int cmd_pull(int argc, char **argv) {
+  PARSE_OR_RETURN(pull_spec, NULL);
+  char err[KC_ERRBUF_SIZE], p[PATH_MAX], *json = NULL;
+  kc_manifest *m = NULL;
+  const char *key = argv[first], *dir = argv[first + 1];
+  if (!kc_is_hex64(key))
+    return cli_fail("pull", KC_EXIT_USAGE, "KEY: must be 64 lowercase hex");
+  kc_client *c = cli_client(&g);
+  if (!c)
+    return KC_EXIT_FAIL;
+  kc_err e = kc_client_pull(c, key, &m, err);
+  if (!e)
+    e = kc_materialize(c, m, dir, err);
+  if (!e)
+    e = kc_manifest_to_json(m, &json, err);
+  snprintf(p, sizeof p, "%s/" BUNDLE_FILE, dir);
+  if (!e)
+    e = kc_write_file_atomic(p, json, strlen(json), err);
+  if (!e)
+    printf("%zu files into %s\n", m->n_files, dir);
+  free(json);
+  kc_manifest_free(m);
+  kc_client_free(c);
+  return e ? cli_fail("pull", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+}
+
+/* ---- get, put ---- */
+
+static const cmd_spec get_spec = {
+    "get", "usage: kcache get DIGEST [-o FILE]\n",
+    "Download a blob, verified, to stdout or FILE (written atomically).\n"
+    "  -o, --output FILE\n",
+    1, 1, 1};
+
+int cmd_get(int argc, char **argv) {
+  const char *out = NULL;
+  PARSE_OR_RETURN(get_spec, &out);
+  char err[KC_ERRBUF_SIZE];
+  void *data = NULL;
+  size_t len = 0;
+  if (!kc_is_hex64(argv[first]))
+    return cli_fail("get", KC_EXIT_USAGE, "DIGEST: must be 64 lowercase hex");
+  kc_client *c = cli_client(&g);
+  if (!c)
+    return KC_EXIT_FAIL;
+  kc_err e = kc_client_blob_get(c, argv[first], &data, &len, err);
+  if (!e && out)
+    e = kc_write_file_atomic(out, data, len, err);
+  else if (!e && fwrite(data, 1, len, stdout) != len)
+    e = kc_errf(err, KC_IO, "stdout: %s", strerror(errno));
+  free(data);
+  kc_client_free(c);
+  return e ? cli_fail("get", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+}
+
+static const cmd_spec put_spec = {
+    "put", "usage: kcache put FILE...\n",
+    "Upload files as blobs; prints \"<sha256>  <file>\" per file.\n", 1, -1, 1};
+
+int cmd_put(int argc, char **argv) {
+  PARSE_OR_RETURN(put_spec, NULL);
+  char err[KC_ERRBUF_SIZE], d[KC_HEX_LEN + 1];
+  kc_client *c = cli_client(&g);
+  if (!c)
+    return KC_EXIT_FAIL;
+  kc_err e = KC_OK;
+  for (int i = first; !e && i < argc; i++) {
+    char *data = NULL;
+    size_t len = 0;
+    e = kc_read_file(argv[i], &data, &len, err);
+    if (!e)
+      e = kc_client_blob_put(c, data, len, d, err);
+    if (!e)
+      printf("%s  %s\n", d, argv[i]);
+    free(data);
+  }
+  kc_client_free(c);
+  return e ? cli_fail("put", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+}
+
+/* ---- key, hash ---- */
+
+static const cmd_spec key_spec = {
+    "key", "usage: kcache key FIELDS.json [--json]\n",
+    "Print the key of key fields {\"model\",\"bucket\",\"arch\",\"toolchain\","
+    "\"build\"};\n--json prints the canonical JSON it is the hash of, too.\n",
+    1, 1, 0};
+
+int cmd_key(int argc, char **argv) {
+  const char *json_flag = NULL;
+  PARSE_OR_RETURN(key_spec, &json_flag);
+  char err[KC_ERRBUF_SIZE], key[KC_HEX_LEN + 1], *json = NULL, *canon = NULL;
+  size_t len = 0;
+  kc_key_fields f;
+  kc_err e = kc_read_file(argv[first], &json, &len, err);
+  if (!e)
+    e = kc_key_fields_parse(json, len, &f, err);
+  if (!e)
+    e = kc_key_compute(&f, key, err);
+  if (!e && json_flag)
+    e = kc_key_canonical(&f, &canon, err);
+  if (!e)
+    printf("%s\n", key);
+  if (canon)
+    printf("%s\n", canon);
+  free(json);
+  free(canon);
+  return e ? cli_fail("key", KC_EXIT_FAIL, "%s: %s", argv[first], err)
+           : KC_EXIT_OK;
+}
+
+static const cmd_spec hash_spec = {
+    "hash", "usage: kcache hash FILE...\n",
+    "Print the model hash of weight and config files: the SHA-256 of the\n"
+    "lines \"<sha256>  <base name>\" of the files, in the order given.\n",
+    1, -1, 0};
+
+int cmd_hash(int argc, char **argv) {
+  PARSE_OR_RETURN(hash_spec, NULL);
+  char err[KC_ERRBUF_SIZE], h[KC_HEX_LEN + 1];
+  kc_err e = kc_model_hash((const char *const *)argv + first,
+                           (size_t)(argc - first), h, err);
+  if (e)
+    return cli_fail("hash", KC_EXIT_FAIL, "%s", err);
+  printf("%s\n", h);
+  return KC_EXIT_OK;
+}
+
+/* ---- ls, stat ---- */
+
+static const cmd_spec ls_spec = {
+    "ls", "usage: kcache ls MODEL [--json]\n",
+    "List a model's bundles on the server (MODEL: its 64-hex hash).\n", 1, 1, 1};
+
+/* One line per bundle when the answer has the documented fields. */
+static void print_bundles(const json_t *list) {
+  size_t i;
+  json_t *b;
+  json_array_foreach(list, i, b) {
+    char *bucket = json_dumps(json_object_get(b, "bucket"), JSON_COMPACT |
+                                                               JSON_SORT_KEYS);
+    printf("%s  %-8s %-28s %10lld B  %lld hits\n",
+           json_string_value(json_object_get(b, "key")),
+           json_string_value(json_object_get(b, "arch")),
+           bucket ? bucket : "-",
+           (long long)json_integer_value(json_object_get(b, "bytes")),
+           (long long)json_integer_value(json_object_get(b, "hits")));
+    free(bucket);
+  }
+}
+
+static void print_list(const char *body, int raw) {
+  json_t *root = json_loads(body, 0, NULL);
+  json_t *list = json_is_array(root) ? root : NULL;
+  const char *k;
+  json_t *v;
+  json_object_foreach(json_is_object(root) ? root : NULL, k, v) {
+    if (!list && json_is_array(v))
+      list = v;
+  }
+  if (raw || !list)
+    puts(body);
+  else
+    print_bundles(list);
+  json_decref(root);
+}
+
+int cmd_ls(int argc, char **argv) {
+  const char *json_flag = NULL;
+  PARSE_OR_RETURN(ls_spec, &json_flag);
+  char err[KC_ERRBUF_SIZE], *body = NULL;
+  kc_client *c = cli_client(&g);
+  if (!c)
+    return KC_EXIT_FAIL;
+  kc_err e = kc_client_model_list(c, argv[first], &body, err);
+  if (!e)
+    print_list(body, json_flag != NULL);
+  free(body);
+  kc_client_free(c);
+  return e ? cli_fail("ls", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+}
+
+static const cmd_spec stat_spec = {"stat", "usage: kcache stat\n",
+                                   "Print the server's statistics (JSON).\n",
+                                   0, 0, 1};
+
+int cmd_stat(int argc, char **argv) {
+  PARSE_OR_RETURN(stat_spec, NULL);
+  char err[KC_ERRBUF_SIZE], *body = NULL;
+  kc_client *c = cli_client(&g);
+  if (!c)
+    return KC_EXIT_FAIL;
+  kc_err e = kc_client_stats(c, &body, err);
+  if (!e)
+    puts(body);
+  free(body);
+  kc_client_free(c);
+  return e ? cli_fail("stat", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+}

@@ -1,0 +1,293 @@
+/* cli_warm.c: `kcache warm` (fetch-or-build a warmup manifest) and
+ * `kcache verify` (load every cubin of a model on this host's GPU). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "kc_gpu.h"
+
+static const char warm_usage[] =
+    "usage: kcache warm MANIFEST [--arch A,B] [--no-build] [--no-upload]\n"
+    "                  [--deadline S] [--out DIR] [--json] [--strict]\n"
+    "                  [--quiet] [--jobs N]\n";
+
+static const char warm_help[] =
+    "\n"
+    "Fetch or build every (bucket, arch) of a warmup manifest: local cache\n"
+    "first, then kcached, then a build (one builder per key fleet-wide).\n"
+    "\n"
+    "  --arch A,B       targets (default: the manifest's, else this GPU's)\n"
+    "  --no-build       fetch only; keys nobody has are reported failed\n"
+    "  --no-upload      build locally but do not store on the server\n"
+    "  --deadline S     give up after S seconds (the service starts anyway)\n"
+    "  --out DIR        write each bundle to DIR/<arch>/<dim>=<v>,.../\n"
+    "  --json           JSON report on stdout\n"
+    "  --strict         exit 1 unless every bundle is ready\n"
+    "  --quiet          no per-key lines, no progress bar\n"
+    "  --jobs N         keys built at once (default: CPUs, at most 8)\n"
+    "\noptions for every command:\n" CLI_COMMON_HELP
+    "\n"
+    "exit status: 0 done (with --strict: every bundle ready); 1 warmup\n"
+    "incomplete with --strict, or the manifest is invalid; 2 usage.\n";
+
+typedef struct warm_args {
+  cli_common g;
+  kc_warm_opts o;
+  char *archs_buf;
+  const char *archs[64];
+  int json, strict, quiet;
+  const char *manifest;
+} warm_args;
+
+static int split_archs(warm_args *a, const char *s) {
+  free(a->archs_buf);
+  if (!(a->archs_buf = strdup(s)))
+    return -1;
+  a->o.n_archs = 0;
+  for (char *save = NULL, *t = strtok_r(a->archs_buf, ",", &save); t;
+       t = strtok_r(NULL, ",", &save)) {
+    if (a->o.n_archs == 64 || !kc_arch_valid(t))
+      return -1;
+    a->archs[a->o.n_archs++] = t;
+  }
+  a->o.archs = a->archs;
+  return a->o.n_archs ? 0 : -1;
+}
+
+static int parse_deadline(const char *s, double *out) {
+  char *end;
+  double d = strtod(s, &end);
+  if (*end || !(d > 0) || d > 1e7)
+    return -1;
+  *out = d;
+  return 0;
+}
+
+static int warm_opt(warm_args *a, int opt, const char *arg) {
+  switch (opt) {
+  case 'a': return split_archs(a, arg);
+  case 'n': a->o.no_build = 1; return 0;
+  case 'u': a->o.no_upload = 1; return 0;
+  case 'd': return parse_deadline(arg, &a->o.deadline_s);
+  case 'o': a->o.out_dir = arg; return 0;
+  case 'j': a->json = 1; return 0;
+  case 's': a->strict = 1; return 0;
+  case 'q': a->quiet = 1; return 0;
+  case 'J': {
+    char *end;
+    long n = strtol(arg, &end, 10);
+    if (*end || n < 1 || n > 64)
+      return -1;
+    a->o.build_jobs = (int)n;
+    return 0;
+  }
+  default: return cli_common_opt(&a->g, opt, arg) == 1 ? 0 : -1;
+  }
+}
+
+/* 0 go on, else the exit code (help is 0 through -1). */
+static int warm_parse(warm_args *a, int argc, char **argv) {
+  static const struct option lo[] = {
+      {"arch", required_argument, NULL, 'a'},
+      {"no-build", no_argument, NULL, 'n'},
+      {"no-upload", no_argument, NULL, 'u'},
+      {"deadline", required_argument, NULL, 'd'},
+      {"out", required_argument, NULL, 'o'},
+      {"json", no_argument, NULL, 'j'},
+      {"strict", no_argument, NULL, 's'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"jobs", required_argument, NULL, 'J'},
+      CLI_COMMON_OPTS,
+      {NULL, 0, NULL, 0}};
+  int opt;
+  optind = 0;
+  while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    if (opt == 'h') {
+      printf("%s%s", warm_usage, warm_help);
+      return -1;
+    }
+    if (opt == '?' || warm_opt(a, opt, optarg) != 0) {
+      if (opt != '?')
+        fprintf(stderr, "kcache warm: invalid value '%s'\n", optarg);
+      return cli_usage("warm", warm_usage);
+    }
+  }
+  if (argc - optind != 1)
+    return cli_usage("warm", warm_usage);
+  a->manifest = argv[optind];
+  return 0;
+}
+
+static void on_progress(const kc_warm_progress *p, void *arg) {
+  (void)arg;
+  int width = 30, fill = (int)(p->done * (size_t)width / p->total);
+  fprintf(stderr, "\r[%.*s%*s] %zu/%zu %-10s", fill,
+          "##############################", width - fill, "", p->done,
+          p->total, kc_warm_status_name(p->item->status));
+  if (p->done == p->total)
+    fputc('\n', stderr);
+}
+
+static int warm_output(const warm_args *a, const kc_warm_report *r) {
+  char err[KC_ERRBUF_SIZE];
+  if (a->json) {
+    char *s = NULL;
+    if (kc_warm_report_json(r, &s, err) != KC_OK)
+      return cli_fail("warm", KC_EXIT_FAIL, "%s", err);
+    puts(s);
+    free(s);
+  }
+  if (!a->quiet || r->counts[KC_WARM_FAILED])
+    kc_warm_report_print(r, a->json ? stderr : stdout);
+  if (r->warning[0])
+    fprintf(stderr, "kcache warm: warning: %s\n", r->warning);
+  return 0;
+}
+
+int cmd_warm(int argc, char **argv) {
+  warm_args a = {0};
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_warmup *w = NULL;
+  kc_warm_report rep = {0};
+  cli_common_env(&a.g);
+  int rc = warm_parse(&a, argc, argv);
+  if (rc) {
+    free(a.archs_buf);
+    return rc < 0 ? KC_EXIT_OK : rc;
+  }
+  if (!a.quiet && isatty(2))
+    a.o.progress = on_progress;
+  kc_client *c = NULL;
+  kc_err e = kc_warmup_load(a.manifest, &w, err);
+  if (e)
+    rc = cli_fail("warm", KC_EXIT_FAIL, "%s: %s", a.manifest, err);
+  else if (!(c = cli_client(&a.g)))
+    rc = KC_EXIT_FAIL;
+  else {
+    e = kc_warm(c, w, &a.o, &rep, err);
+    if (e && rep.n_items == 0) /* nothing computed: the manifest or setup */
+      rc = cli_fail("warm", KC_EXIT_FAIL, "%s", err);
+    else
+      rc = warm_output(&a, &rep) ? KC_EXIT_FAIL
+           : e && a.strict       ? KC_EXIT_FAIL
+                                 : KC_EXIT_OK;
+    if (e && rep.n_items && !a.strict)
+      fprintf(stderr, "kcache warm: %s (not --strict: exit 0)\n", err);
+  }
+  kc_warm_report_free(&rep);
+  kc_client_free(c);
+  kc_warmup_free(w);
+  free(a.archs_buf);
+  return rc;
+}
+
+/* ---- verify ---- */
+
+static const char verify_usage[] =
+    "usage: kcache verify MANIFEST [--device N] [--arch A]\n";
+static const char verify_help[] =
+    "\n"
+    "On a GPU host: for every bundle of the warmup manifest (archs: --arch,\n"
+    "else the manifest's, else the device's) whose arch runs on device N\n"
+    "(default 0), take it from the local cache or the server and load each\n"
+    "cubin and PTX file with cuModuleLoadData, resolving its entries.\n"
+    "Without a GPU: a clean error, exit 1.\n\noptions:\n" CLI_COMMON_HELP;
+
+static int verify_bundle(kc_client *c, const kc_manifest *m, int dev,
+                         size_t *n_ok) {
+  char err[KC_ERRBUF_SIZE];
+  int bad = 0;
+  for (size_t i = 0; i < m->n_files; i++) {
+    const kc_file *f = &m->files[i];
+    void *data = NULL;
+    size_t len = 0;
+    if (f->kind != KC_KIND_CUBIN && f->kind != KC_KIND_PTX)
+      continue;
+    kc_err e = kc_bundle_file_bytes(c, m, f->path, &data, &len, err);
+    if (!e)
+      e = kc_gpu_load_check(dev, data, len, (const char *const *)f->entries,
+                            f->n_entries, err);
+    free(data);
+    printf("%-4s %s %s/%s%s%s\n", e ? "FAIL" : "ok", m->fields.arch,
+           m->key, f->path, e ? ": " : "", e ? err : "");
+    bad |= e != KC_OK;
+    *n_ok += e == KC_OK;
+  }
+  return bad;
+}
+
+static int verify_run(kc_client *c, const kc_warmup *w, int dev,
+                      const kc_gpu_device *d, const char *arch_opt) {
+  char err[KC_ERRBUF_SIZE], key[KC_HEX_LEN + 1];
+  kc_key_fields *f = NULL;
+  size_t n = 0, n_ok = 0, n_bundles = 0;
+  const char *arch = arch_opt ? arch_opt : d->arch;
+  int own = arch_opt || !w->n_archs; /* else the manifest's archs */
+  if (kc_warm_keys(w, own ? &arch : NULL, own ? 1 : 0, &f, &n, err) != KC_OK)
+    return cli_fail("verify", KC_EXIT_FAIL, "%s", err);
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    kc_manifest *m = NULL;
+    if (!kc_gpu_arch_runs_on(f[i].arch, d->cc_major, d->cc_minor))
+      continue;
+    kc_key_compute(&f[i], key, NULL);
+    if (kc_client_pull(c, key, &m, err) != KC_OK) {
+      printf("FAIL %s %s: %s\n", f[i].arch, key, err);
+      bad = 1;
+      continue;
+    }
+    n_bundles++;
+    bad |= verify_bundle(c, m, dev, &n_ok);
+    kc_manifest_free(m);
+  }
+  free(f);
+  printf("%zu files of %zu bundles loaded on %s (%s)\n", n_ok, n_bundles,
+         d->name, d->arch);
+  if (!n_bundles)
+    return cli_fail("verify", KC_EXIT_FAIL,
+                    "no bundle of this manifest runs on %s", d->arch);
+  return bad ? KC_EXIT_FAIL : KC_EXIT_OK;
+}
+
+int cmd_verify(int argc, char **argv) {
+  static const struct option lo[] = {
+      {"device", required_argument, NULL, 'd'},
+      {"arch", required_argument, NULL, 'a'}, CLI_COMMON_OPTS,
+      {NULL, 0, NULL, 0}};
+  cli_common g;
+  char err[KC_ERRBUF_SIZE];
+  int opt, dev = 0;
+  const char *arch = NULL;
+  cli_common_env(&g);
+  optind = 0;
+  while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    if (opt == 'h') {
+      printf("%s%s", verify_usage, verify_help);
+      return KC_EXIT_OK;
+    }
+    if (opt == 'd')
+      dev = atoi(optarg);
+    else if (opt == 'a' && kc_arch_valid(optarg))
+      arch = optarg;
+    else if (opt == '?' || cli_common_opt(&g, opt, optarg) != 1)
+      return cli_usage("verify", verify_usage);
+  }
+  if (argc - optind != 1 || dev < 0)
+    return cli_usage("verify", verify_usage);
+  kc_gpu_info gi;
+  if (kc_gpu_detect(&gi, err) != KC_OK)
+    return cli_fail("verify", KC_EXIT_FAIL, "%s", err);
+  if (dev >= gi.n_devices)
+    return cli_fail("verify", KC_EXIT_FAIL, "no device %d (%d found)", dev,
+                    gi.n_devices);
+  kc_warmup *w = NULL;
+  if (kc_warmup_load(argv[optind], &w, err) != KC_OK)
+    return cli_fail("verify", KC_EXIT_FAIL, "%s: %s", argv[optind], err);
+  kc_client *c = cli_client(&g);
+  int rc = c ? verify_run(c, w, dev, &gi.devices[dev], arch) : KC_EXIT_FAIL;
+  kc_client_free(c);
+  kc_warmup_free(w);
+  return rc;
+}

@@ -1,0 +1,417 @@
+/* client.c: the client handle and the plain HTTP API calls (blobs, bundles,
+ * lookup, leases, models, stats). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "client_internal.h"
+
+static kc_err default_cache_dir(char **out, char *err) {
+  const char *env = getenv("KCACHE_DIR");
+  const char *home = getenv("HOME");
+  char p[PATH_MAX];
+  if (env && *env)
+    snprintf(p, sizeof p, "%s", env);
+  else if (home && *home)
+    snprintf(p, sizeof p, "%s/.cache/kcache", home);
+  else
+    return kc_errf(err, KC_EINVAL,
+                   "no cache directory: set KCACHE_DIR or HOME");
+  *out = strdup(p);
+  return *out ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+}
+
+static kc_err make_dirs(kc_client *c, char *err) {
+  static const char *const sub[] = {"blobs", "bundles", "tmp"};
+  kc_err e = kc_mkdirs(c->cache_dir, err);
+  for (size_t i = 0; !e && i < 3; i++) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", c->cache_dir, sub[i]);
+    e = kc_mkdirs(p, err);
+  }
+  return e;
+}
+
+static kc_err set_headers(kc_client *c) {
+  /* Blob PUTs are small; a 100-continue round trip would double latency. */
+  struct curl_slist *l = curl_slist_append(NULL, "Expect:");
+  if (l && c->token) {
+    size_t n = strlen(c->token) + 32;
+    char *h = malloc(n);
+    if (!h) {
+      curl_slist_free_all(l);
+      return KC_NOMEM;
+    }
+    snprintf(h, n, "Authorization: Bearer %s", c->token);
+    struct curl_slist *l2 = curl_slist_append(l, h);
+    free(h);
+    if (!l2) {
+      curl_slist_free_all(l);
+      return KC_NOMEM;
+    }
+    l = l2;
+  }
+  c->hdrs = l;
+  return l ? KC_OK : KC_NOMEM;
+}
+
+static char *default_holder(void) {
+  char host[256] = "host", buf[300];
+  gethostname(host, sizeof host - 1);
+  host[sizeof host - 1] = '\0';
+  snprintf(buf, sizeof buf, "%.200s:%ld", host, (long)getpid());
+  return strdup(buf);
+}
+
+static kc_err copy_opts(kc_client *c, const kc_client_opts *o, char *err) {
+  const char *url = o && o->url && *o->url ? o->url : NULL;
+  c->url = kc_strdup0(url);
+  if (c->url) {
+    size_t n = strlen(c->url);
+    while (n > 0 && c->url[n - 1] == '/')
+      c->url[--n] = '\0';
+  }
+  c->token = kc_strdup0(o && o->token && *o->token ? o->token : NULL);
+  c->cacert = kc_strdup0(o && o->cacert && *o->cacert ? o->cacert : NULL);
+  c->holder = o && o->holder ? strdup(o->holder) : default_holder();
+  c->connect_timeout_ms = o && o->connect_timeout_ms ? o->connect_timeout_ms
+                                                       : 3000;
+  c->timeout_ms = o && o->timeout_ms ? o->timeout_ms : 120000;
+  c->parallel = o && o->parallel > 0 ? o->parallel : 8;
+  if ((url && !c->url) || !c->holder)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  if (o && o->cache_dir && *o->cache_dir)
+    return (c->cache_dir = strdup(o->cache_dir))
+               ? KC_OK
+               : kc_errf(err, KC_NOMEM, "out of memory");
+  return default_cache_dir(&c->cache_dir, err);
+}
+
+/* "http://127.0.0.1:8080/..." -> 1 when the host is loopback. */
+static int loopback_url(const char *url) {
+  static const char *const hosts[] = {"127.", "localhost", "[::1]"};
+  const char *h = url + strlen("http://");
+  for (size_t i = 0; i < 3; i++)
+    if (!strncmp(h, hosts[i], strlen(hosts[i])))
+      return 1;
+  return 0;
+}
+
+static kc_err check_plaintext(const kc_client *c, const kc_client_opts *o,
+                              char *err) {
+  if (!c->url || !c->token || (o && o->allow_plaintext))
+    return KC_OK;
+  if (strncmp(c->url, "http://", 7) != 0 || loopback_url(c->url))
+    return KC_OK;
+  return kc_errf(err, KC_EINVAL,
+                 "refusing to send a token in clear to %.200s: use https, or "
+                 "allow plaintext (behind a TLS-terminating proxy only)",
+                 c->url);
+}
+
+kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err) {
+  *out = NULL;
+  kc_client *c = calloc(1, sizeof *c);
+  if (!c)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  kc_err e = copy_opts(c, o, err);
+  if (!e)
+    e = check_plaintext(c, o, err);
+  if (!e)
+    e = make_dirs(c, err);
+  if (!e && set_headers(c))
+    e = kc_errf(err, KC_NOMEM, "out of memory");
+  if (!e && (!(c->easy = curl_easy_init()) || !(c->multi = curl_multi_init())))
+    e = kc_errf(err, KC_NOMEM, "curl: cannot make a handle");
+  if (!e)
+    curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+                      (long)c->parallel);
+  if (e) {
+    kc_client_free(c);
+    return e;
+  }
+  *out = c;
+  return KC_OK;
+}
+
+void kc_client_free(kc_client *c) {
+  if (!c)
+    return;
+  if (c->easy)
+    curl_easy_cleanup(c->easy);
+  if (c->multi)
+    curl_multi_cleanup(c->multi);
+  curl_slist_free_all(c->hdrs);
+  free(c->url);
+  free(c->token);
+  free(c->cacert);
+  free(c->cache_dir);
+  free(c->holder);
+  free(c);
+}
+
+const char *kc_client_cache_dir(const kc_client *c) { return c->cache_dir; }
+int kc_client_has_server(const kc_client *c) { return c->url != NULL; }
+
+/* ---- blobs ---- */
+
+kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
+                          size_t *len, char *err) {
+  char path[128], d[KC_HEX_LEN + 1];
+  kc_http_resp r;
+  if (!kc_is_hex64(digest))
+    return kc_errf(err, KC_BAD_DIGEST, "digest: must be 64 lowercase hex");
+  snprintf(path, sizeof path, "/v1/blobs/%s", digest);
+  kc_err e = kc_http_do(c, "GET", path, NULL, 0, &r, err);
+  if (e)
+    return e;
+  if (r.status != 200) {
+    e = kc_http_error(&r, path, err);
+    kc_http_resp_free(&r);
+    return e;
+  }
+  kc_sha256_hex(r.body ? r.body : "", r.len, d);
+  if (strcmp(d, digest) != 0) {
+    kc_http_resp_free(&r);
+    return kc_errf(err, KC_DIGEST_MISMATCH,
+                   "blob %s: the server sent bytes hashing to %s; discarded",
+                   digest, d);
+  }
+  if (!r.body && !(r.body = calloc(1, 1)))
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  *data = r.body;
+  *len = r.len;
+  return KC_OK;
+}
+
+kc_err kc_client_blob_put(kc_client *c, const void *data, size_t len,
+                          char digest_out[KC_HEX_LEN + 1], char *err) {
+  char path[128], d[KC_HEX_LEN + 1];
+  kc_http_resp r;
+  kc_sha256_hex(data, len, d);
+  if (digest_out)
+    memcpy(digest_out, d, sizeof d);
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  kc_err e = kc_http_do(c, "PUT", path, data ? data : "", len, &r, err);
+  if (e)
+    return e;
+  if (r.status != 200 && r.status != 201)
+    e = kc_http_error(&r, path, err);
+  kc_http_resp_free(&r);
+  return e;
+}
+
+/* ---- bundles ---- */
+
+/* A served manifest: parsed with every rule (paths included) and bound to
+ * the key asked for, so a server cannot hand us another bundle. */
+static kc_err served_manifest(const char *key, const char *json, size_t len,
+                              kc_manifest **out, char *err) {
+  char e2[KC_ERRBUF_SIZE];
+  kc_err e = kc_manifest_parse(json, len, out, e2);
+  if (e)
+    return kc_errf(err, e, "served bundle %.12s... refused: %s", key, e2);
+  if (strcmp((*out)->key, key) != 0) {
+    kc_manifest_free(*out);
+    *out = NULL;
+    return kc_errf(err, KC_KEY_MISMATCH,
+                   "served bundle for %.12s... is another key's", key);
+  }
+  return KC_OK;
+}
+
+kc_err kc_client_bundle_get(kc_client *c, const char *key, kc_manifest **out,
+                            char *err) {
+  char path[128];
+  kc_http_resp r;
+  *out = NULL;
+  if (!kc_is_hex64(key))
+    return kc_errf(err, KC_BAD_KEY, "key: must be 64 lowercase hex digits");
+  snprintf(path, sizeof path, "/v1/bundles/%s", key);
+  kc_err e = kc_http_do(c, "GET", path, NULL, 0, &r, err);
+  if (e)
+    return e;
+  if (r.status == 200)
+    e = served_manifest(key, r.body ? r.body : "", r.len, out, err);
+  else
+    e = kc_http_error(&r, path, err);
+  kc_http_resp_free(&r);
+  return e;
+}
+
+kc_err kc_client_bundle_put(kc_client *c, const kc_manifest *m, char *err) {
+  char path[128];
+  char *json = NULL;
+  kc_http_resp r;
+  kc_err e = kc_manifest_to_json(m, &json, err);
+  if (e)
+    return e;
+  snprintf(path, sizeof path, "/v1/bundles/%s", m->key);
+  e = kc_http_do(c, "PUT", path, json, strlen(json), &r, err);
+  free(json);
+  if (e)
+    return e;
+  if (r.status != 200 && r.status != 201)
+    e = kc_http_error(&r, path, err);
+  kc_http_resp_free(&r);
+  return e;
+}
+
+static char *lookup_body(const char *const *keys, size_t n) {
+  json_t *arr = json_array();
+  for (size_t i = 0; arr && i < n; i++)
+    json_array_append_new(arr, json_string(keys[i]));
+  json_t *root = json_pack("{so}", "keys", arr ? arr : json_array());
+  char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+  json_decref(root);
+  return s;
+}
+
+/* found[i] from the answer; a manifest that fails validation stays NULL:
+ * the caller rebuilds rather than trusting it. */
+static kc_err lookup_parse(const kc_http_resp *r, const char *const *keys,
+                           size_t n, kc_manifest **found, char *err) {
+  json_t *root = json_loadb(r->body ? r->body : "", r->len, 0, NULL);
+  json_t *f = json_object_get(root, "found");
+  if (!json_is_object(f)) {
+    json_decref(root);
+    return kc_errf(err, KC_PROTOCOL, "lookup: no \"found\" object in answer");
+  }
+  for (size_t i = 0; i < n; i++) {
+    json_t *m = json_object_get(f, keys[i]);
+    if (!m)
+      continue;
+    char *s = json_dumps(m, JSON_COMPACT);
+    if (s)
+      served_manifest(keys[i], s, strlen(s), &found[i], NULL);
+    free(s);
+  }
+  json_decref(root);
+  return KC_OK;
+}
+
+kc_err kc_client_lookup(kc_client *c, const char *const *keys, size_t n,
+                        kc_manifest **found, char *err) {
+  kc_http_resp r;
+  for (size_t i = 0; i < n; i++)
+    found[i] = NULL;
+  if (n > KC_LOOKUP_MAX)
+    return kc_errf(err, KC_EINVAL, "lookup: %zu keys, at most %d", n,
+                   KC_LOOKUP_MAX);
+  char *body = lookup_body(keys, n);
+  if (!body)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  kc_err e = kc_http_do(c, "POST", "/v1/lookup", body, strlen(body), &r, err);
+  free(body);
+  if (e)
+    return e;
+  if (r.status == 200)
+    e = lookup_parse(&r, keys, n, found, err);
+  else
+    e = kc_http_error(&r, "/v1/lookup", err);
+  kc_http_resp_free(&r);
+  return e;
+}
+
+/* ---- leases ---- */
+
+static kc_err lease_granted(const kc_http_resp *r, char *token, char *err) {
+  json_t *root = json_loadb(r->body ? r->body : "", r->len, 0, NULL);
+  const char *t = json_string_value(json_object_get(root, "lease"));
+  kc_err e = KC_OK;
+  if (!t || strlen(t) >= KC_LEASE_TOKEN_MAX)
+    e = kc_errf(err, KC_PROTOCOL, "lease: no valid \"lease\" in answer");
+  else
+    snprintf(token, KC_LEASE_TOKEN_MAX, "%s", t);
+  json_decref(root);
+  return e;
+}
+
+kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
+                            kc_lease_state *state,
+                            char token[KC_LEASE_TOKEN_MAX], int *retry_after_s,
+                            char *err) {
+  char path[128];
+  kc_http_resp r;
+  if (!kc_is_hex64(key))
+    return kc_errf(err, KC_BAD_KEY, "key: must be 64 lowercase hex digits");
+  json_t *b = json_pack("{ss si}", "holder", c->holder, "ttl_s",
+                        ttl_s > 0 ? ttl_s : 300);
+  char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
+  json_decref(b);
+  if (!body)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  snprintf(path, sizeof path, "/v1/leases/%s", key);
+  kc_err e = kc_http_do(c, "POST", path, body, strlen(body), &r, err);
+  free(body);
+  if (e)
+    return e;
+  if (retry_after_s)
+    *retry_after_s = r.retry_after_s > 0 ? r.retry_after_s : 1;
+  if (r.status == 201) {
+    *state = KC_LEASE_GRANTED;
+    e = lease_granted(&r, token, err);
+  } else if (r.status == 200) {
+    *state = KC_LEASE_PRESENT;
+  } else if (r.status == 409) {
+    *state = KC_LEASE_HELD;
+  } else {
+    e = kc_http_error(&r, path, err);
+  }
+  kc_http_resp_free(&r);
+  return e;
+}
+
+kc_err kc_client_lease_release(kc_client *c, const char *key,
+                               const char *token, char *err) {
+  char path[512];
+  kc_http_resp r;
+  char *esc = curl_easy_escape(c->easy, token, 0);
+  if (!esc)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  snprintf(path, sizeof path, "/v1/leases/%s?lease=%s", key, esc);
+  curl_free(esc);
+  kc_err e = kc_http_do(c, "DELETE", path, NULL, 0, &r, err);
+  if (e)
+    return e;
+  if (r.status != 204 && r.status != 200)
+    e = kc_http_error(&r, "DELETE lease", err);
+  kc_http_resp_free(&r);
+  return e;
+}
+
+/* ---- models, stats ---- */
+
+static kc_err get_json(kc_client *c, const char *path, char **json,
+                       char *err) {
+  kc_http_resp r;
+  *json = NULL;
+  kc_err e = kc_http_do(c, "GET", path, NULL, 0, &r, err);
+  if (e)
+    return e;
+  if (r.status != 200) {
+    e = kc_http_error(&r, path, err);
+    kc_http_resp_free(&r);
+    return e;
+  }
+  *json = r.body ? r.body : strdup("");
+  return *json ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+}
+
+kc_err kc_client_model_list(kc_client *c, const char *model, char **json,
+                            char *err) {
+  char path[128];
+  if (!kc_is_hex64(model))
+    return kc_errf(err, KC_EINVAL, "model: must be 64 lowercase hex digits");
+  snprintf(path, sizeof path, "/v1/models/%s", model);
+  return get_json(c, path, json, err);
+}
+
+kc_err kc_client_stats(kc_client *c, char **json, char *err) {
+  return get_json(c, "/v1/stats", json, err);
+}

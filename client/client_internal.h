@@ -1,0 +1,89 @@
+/* client_internal.h: what the files of libkcache share; never installed. */
+#ifndef KC_CLIENT_INTERNAL_H
+#define KC_CLIENT_INTERNAL_H
+
+#include <limits.h>
+#include <stdint.h>
+
+#include <curl/curl.h>
+
+#include "kcache.h"
+
+struct kc_client {
+  char *url; /* without a trailing '/'; NULL: no server */
+  char *token;
+  char *cacert;
+  char *cache_dir;
+  char *holder;
+  long connect_timeout_ms;
+  long timeout_ms;
+  int parallel;
+  CURL *easy;            /* one handle for sequential requests: keeps the
+                            connection alive between them */
+  CURLM *multi;          /* parallel blob fetches; pools connections */
+  struct curl_slist *hdrs; /* Authorization, no Expect: 100-continue */
+  int64_t deadline_ms;   /* monotonic; 0: none (set by kc_warm) */
+};
+
+/* ---- http.c ---- */
+
+typedef struct kc_http_resp {
+  long status;
+  char *body; /* malloc'd, NUL-terminated; may be NULL when empty */
+  size_t len;
+  int retry_after_s;
+} kc_http_resp;
+
+void kc_http_resp_free(kc_http_resp *r);
+/* One request on c->easy; body may be NULL. Transport errors are
+ * KC_UNAVAILABLE / KC_TIMEOUT; any HTTP status is KC_OK (check r->status). */
+kc_err kc_http_do(kc_client *c, const char *method, const char *path,
+                  const void *body, size_t len, kc_http_resp *r, char *err);
+/* Error answer -> kc_err and its message ("server: <message>"). */
+kc_err kc_http_error(const kc_http_resp *r, const char *what, char *err);
+/* Applies the handle's common options (TLS, auth, timeouts). */
+void kc_http_setup(kc_client *c, CURL *h, long timeout_ms);
+/* Milliseconds left before the deadline, capped to c->timeout_ms; 0 when it
+ * has passed. */
+long kc_http_budget_ms(const kc_client *c);
+
+/* ---- fetch.c: parallel verified blob downloads into the cache ---- */
+
+/* Fetches each digest (those already cached are skipped) with up to
+ * c->parallel transfers over pooled connections, hashing while streaming,
+ * renaming into place only when the hash matches. ok[i] (may be NULL) is set
+ * to 1 for each digest now cached. Returns the first failure. *fetched gets
+ * the bytes received (may be NULL). */
+kc_err kc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
+                      char *ok, uint64_t *fetched, char *err);
+
+/* ---- cache.c ---- */
+
+int kc_cache_blob_has(const kc_client *c, const char *digest);
+/* A temporary file in cache/tmp; path must hold PATH_MAX. fd or -1. */
+int kc_cache_tmp(const kc_client *c, char *path, char *err);
+/* Loads a blob file verified against digest into memory. A mismatch deletes
+ * the file (KC_CORRUPT). */
+kc_err kc_cache_blob_read(kc_client *c, const char *digest, void **data,
+                          size_t *len, char *err);
+
+/* ---- util.c ---- */
+
+int64_t kc_now_ms(void);
+/* mkdir -p, mode 0755 (0700 for the cache root is set by the caller). */
+kc_err kc_mkdirs(const char *path, char *err);
+/* Removes a directory tree (for tests and the command builder's scratch). */
+void kc_rmtree(const char *path);
+/* strdup that tolerates NULL. */
+char *kc_strdup0(const char *s);
+
+/* ---- build.c ---- */
+
+/* Builds one key (fields f, index in w's buckets: bucket) into a sealed
+ * manifest whose blobs are in the local cache. seconds bounds the build. */
+kc_err kc_build_key(kc_client *c, const kc_warmup *w, const kc_key_fields *f,
+                    double seconds, kc_manifest **out, char *err);
+/* The builder-input hash for the "build" key field. */
+kc_err kc_build_hash(const kc_warmup *w, char out[KC_HEX_LEN + 1], char *err);
+
+#endif

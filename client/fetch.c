@@ -1,0 +1,203 @@
+/* fetch.c: parallel blob downloads with curl multi: up to c->parallel
+ * transfers over the multi handle's connection pool, each streamed into a
+ * temporary file while it is hashed; only a blob whose bytes hash to its name
+ * is renamed into the cache. Nothing unverified is ever visible. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+
+typedef struct xfer {
+  CURL *h;
+  size_t idx; /* into the digest list */
+  FILE *f;
+  char tmp[PATH_MAX];
+  kc_sha256 *sha;
+  uint64_t got;
+  char url[512];
+  char ebuf[CURL_ERROR_SIZE];
+} xfer;
+
+typedef struct fetch_run {
+  kc_client *c;
+  const char *const *digests;
+  size_t n, next;
+  char *ok;
+  uint64_t fetched;
+  kc_err first;
+  char *err;
+} fetch_run;
+
+static size_t on_data(char *data, size_t size, size_t nmemb, void *arg) {
+  xfer *x = arg;
+  size_t n = size * nmemb;
+  if (kc_sha256_update(x->sha, data, n) != KC_OK ||
+      fwrite(data, 1, n, x->f) != n)
+    return 0;
+  x->got += n;
+  return n;
+}
+
+/* Keeps the first failure; the other transfers go on (their blobs are
+ * still worth having). */
+__attribute__((format(printf, 3, 4))) static void
+fail(fetch_run *r, kc_err e, const char *fmt, ...) {
+  va_list ap;
+  if (r->first)
+    return;
+  r->first = e;
+  if (!r->err)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(r->err, KC_ERRBUF_SIZE, fmt, ap);
+  va_end(ap);
+}
+
+/* Arms x for digest idx; 0 on success. */
+static int start(fetch_run *r, xfer *x, size_t idx) {
+  char e2[KC_ERRBUF_SIZE];
+  x->idx = idx;
+  x->got = 0;
+  int fd = kc_cache_tmp(r->c, x->tmp, e2);
+  if (fd < 0 || !(x->f = fdopen(fd, "wb"))) {
+    if (fd >= 0)
+      close(fd);
+    fail(r, KC_IO, "%s", e2);
+    return -1;
+  }
+  kc_sha256_reset(x->sha);
+  snprintf(x->url, sizeof x->url, "%s/v1/blobs/%s", r->c->url,
+           r->digests[idx]);
+  curl_easy_reset(x->h);
+  kc_http_setup(r->c, x->h, kc_http_budget_ms(r->c));
+  curl_easy_setopt(x->h, CURLOPT_URL, x->url);
+  curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_data);
+  curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
+  curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
+  curl_easy_setopt(x->h, CURLOPT_ERRORBUFFER, x->ebuf);
+  x->ebuf[0] = '\0';
+  curl_multi_add_handle(r->c->multi, x->h);
+  return 0;
+}
+
+/* Verifies and renames a finished transfer. */
+static void finish(fetch_run *r, xfer *x, CURLcode rc) {
+  const char *digest = r->digests[x->idx];
+  char d[KC_HEX_LEN + 1], dst[PATH_MAX], dir[PATH_MAX];
+  long status = 0;
+  curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &status);
+  int bad = fclose(x->f) != 0;
+  x->f = NULL;
+  if (rc != CURLE_OK)
+    fail(r, rc == CURLE_OPERATION_TIMEDOUT ? KC_TIMEOUT : KC_UNAVAILABLE,
+         "GET blob %s: %s", digest,
+         x->ebuf[0] ? x->ebuf : curl_easy_strerror(rc));
+  else if (status != 200)
+    fail(r, status == 404 ? KC_NOT_FOUND : KC_PROTOCOL,
+         "GET blob %s: server answered %ld", digest, status);
+  else if (bad)
+    fail(r, KC_IO, "write %s: disk error", x->tmp);
+  else if (kc_sha256_final(x->sha, d) || strcmp(d, digest) != 0)
+    fail(r, KC_DIGEST_MISMATCH,
+         "blob %.16s... from the server hashes to %.16s...; discarded",
+         digest, d);
+  else {
+    snprintf(dir, sizeof dir, "%s/blobs/%.2s", r->c->cache_dir, digest);
+    mkdir(dir, 0755);
+    kc_cache_blob_path(r->c, digest, dst, sizeof dst);
+    if (rename(x->tmp, dst) == 0) {
+      if (r->ok)
+        r->ok[x->idx] = 1;
+      r->fetched += x->got;
+      return;
+    }
+    fail(r, KC_IO, "rename into %s: %s", dst, strerror(errno));
+  }
+  unlink(x->tmp);
+}
+
+/* The next digest that still needs fetching, or n. */
+static size_t next_needed(fetch_run *r) {
+  while (r->next < r->n) {
+    size_t i = r->next++;
+    if (!kc_cache_blob_has(r->c, r->digests[i])) {
+      int dup = 0; /* a blob shared by two bundles is fetched once */
+      for (size_t j = 0; j < i && !dup; j++)
+        dup = !strcmp(r->digests[j], r->digests[i]);
+      if (!dup)
+        return i;
+    }
+    if (r->ok)
+      r->ok[i] = 1;
+  }
+  return r->n;
+}
+
+static void drain(fetch_run *r, int *active) {
+  CURLMsg *msg;
+  int left;
+  while ((msg = curl_multi_info_read(r->c->multi, &left))) {
+    if (msg->msg != CURLMSG_DONE)
+      continue;
+    xfer *x = NULL;
+    CURLcode rc = msg->data.result;
+    curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+    curl_multi_remove_handle(r->c->multi, x->h);
+    finish(r, x, rc);
+    (*active)--;
+    size_t i = next_needed(r);
+    if (i < r->n && start(r, x, i) == 0)
+      (*active)++;
+  }
+}
+
+static kc_err run(fetch_run *r, xfer *xs, int nx) {
+  int active = 0, running = 1;
+  for (int k = 0; k < nx; k++) {
+    size_t i = next_needed(r);
+    if (i < r->n && start(r, &xs[k], i) == 0)
+      active++;
+  }
+  while (active > 0) {
+    if (curl_multi_perform(r->c->multi, &running) != CURLM_OK)
+      break;
+    drain(r, &active);
+    if (active > 0)
+      curl_multi_poll(r->c->multi, NULL, 0, 200, NULL);
+  }
+  return r->first;
+}
+
+kc_err kc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
+                      char *ok, uint64_t *fetched, char *err) {
+  if (!c->url)
+    return kc_errf(err, KC_UNAVAILABLE, "no server configured");
+  int nx = c->parallel < (int)n ? c->parallel : (int)n;
+  xfer *xs = calloc(nx ? (size_t)nx : 1, sizeof *xs);
+  fetch_run r = {c, digests, n, 0, ok, 0, KC_OK, err};
+  kc_err e = xs ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  for (int k = 0; !e && k < nx; k++)
+    if (!(xs[k].h = curl_easy_init()) || !(xs[k].sha = kc_sha256_new()))
+      e = kc_errf(err, KC_NOMEM, "out of memory");
+  if (!e)
+    e = run(&r, xs, nx);
+  for (int k = 0; xs && k < nx; k++) {
+    if (xs[k].f) { /* interrupted: leave nothing behind */
+      curl_multi_remove_handle(c->multi, xs[k].h);
+      fclose(xs[k].f);
+      unlink(xs[k].tmp);
+    }
+    if (xs[k].h)
+      curl_easy_cleanup(xs[k].h);
+    kc_sha256_free(xs[k].sha);
+  }
+  free(xs);
+  if (fetched)
+    *fetched = r.fetched;
+  return e;
+}

@@ -1,0 +1,739 @@
+/* warm.c: kc_warm, fetch-or-build of every (bucket, arch) of a warmup
+ * manifest (DESIGN.md, "Client warmup"): local cache, one batch lookup,
+ * parallel verified fetches, single-flight builds through leases, a deadline
+ * over all of it, and local builds when the server is down. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "kc_gpu.h"
+
+#define KC_MAX_BUILD_JOBS 64
+
+typedef struct wctx {
+  kc_client *c;
+  const kc_warmup *w;
+  const kc_warm_opts *o;
+  kc_warm_report *rep;
+  kc_key_fields *fields;
+  kc_manifest **ms;  /* ready bundles, per item */
+  char *pending;     /* 1 while an item is neither ready nor failed */
+  char *remote_bad;  /* the server's copy failed verification */
+  char *waiting;     /* another builder holds the lease */
+  int64_t *retry_at; /* waiting: when its lease may have lapsed (ms) */
+  kc_warm_status fetched_as; /* what a served bundle counts as now */
+  int server_ok;
+  int jobs;          /* concurrent builds */
+  int64_t t0;
+  size_t done;
+} wctx;
+
+static const char *const status_names[KC_WARM_N_STATUS] = {
+    "hit-local", "hit-remote", "built", "waited", "failed"};
+
+const char *kc_warm_status_name(kc_warm_status s) {
+  return (unsigned)s < KC_WARM_N_STATUS ? status_names[s] : "unknown";
+}
+
+/* ---- keys ---- */
+
+static kc_err pin_nvrtc(kc_key_fields *f, const kc_warmup *w, char *err) {
+  char ver[16] = "", e2[KC_ERRBUF_SIZE];
+  const char *pinned = NULL, *cuda = NULL;
+  for (size_t i = 0; i < w->n_tools; i++) {
+    if (!strcmp(w->tools[i].name, "nvrtc"))
+      pinned = w->tools[i].value;
+    if (!strcmp(w->tools[i].name, "cuda"))
+      cuda = w->tools[i].value;
+  }
+  if (!pinned && kc_gpu_nvrtc_version(ver, e2) != KC_OK)
+    return kc_errf(err, KC_NO_NVRTC,
+                   "%s; the NVRTC version is part of every key: install the "
+                   "toolkit, or pin \"nvrtc\" and \"cuda\" in the manifest's "
+                   "toolchain to fetch without one",
+                   e2);
+  kc_err e = kc_key_set_tool(f, "nvrtc", pinned ? pinned : ver, err);
+  if (!e && !cuda)
+    e = kc_key_set_tool(f, "cuda", pinned ? pinned : ver, err);
+  return e;
+}
+
+/* PTX runs through the driver's JIT: its version is part of the key. */
+static kc_err pin_driver(kc_key_fields *f, const kc_warmup *w, char *err) {
+  char v[32], e2[KC_ERRBUF_SIZE];
+  kc_gpu_info gi;
+  for (size_t i = 0; i < w->n_tools; i++)
+    if (!strcmp(w->tools[i].name, "driver"))
+      return KC_OK;
+  if (kc_gpu_detect(&gi, e2) != KC_OK)
+    return kc_errf(err, KC_NO_DRIVER,
+                   "arch %s is PTX, whose key holds the driver version: %s "
+                   "(or pin \"driver\" in the toolchain)",
+                   f->arch, e2);
+  snprintf(v, sizeof v, "%d.%d", gi.driver_version / 1000,
+           gi.driver_version % 1000 / 10);
+  return kc_key_set_tool(f, "driver", v, err);
+}
+
+static kc_err resolve_archs(const kc_warmup *w, const char *const *archs,
+                            size_t n_archs, char (**out)[KC_ARCH_MAX + 1],
+                            size_t *n, char *err) {
+  kc_gpu_info gi;
+  char e2[KC_ERRBUF_SIZE];
+  size_t m = n_archs ? n_archs : w->n_archs;
+  if (!m && kc_gpu_detect(&gi, e2) != KC_OK)
+    return kc_errf(err, KC_NO_DRIVER,
+                   "the manifest names no archs and there is no GPU to "
+                   "detect (%s): give --arch",
+                   e2);
+  if (!m)
+    m = 1;
+  *out = calloc(m, sizeof **out);
+  if (!*out)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  for (size_t i = 0; i < m; i++) {
+    const char *a = n_archs ? archs[i] : w->n_archs ? w->archs[i]
+                                                    : gi.devices[0].arch;
+    if (!kc_arch_valid(a)) {
+      free(*out);
+      return kc_errf(err, KC_EINVAL, "arch '%.20s': not a valid target", a);
+    }
+    snprintf((*out)[i], KC_ARCH_MAX + 1, "%s", a);
+  }
+  *n = m;
+  return KC_OK;
+}
+
+static kc_err base_fields(const kc_warmup *w, kc_key_fields *f, char *err) {
+  memset(f, 0, sizeof *f);
+  memcpy(f->model, w->model_hash, sizeof f->model);
+  for (size_t i = 0; i < w->n_tools; i++)
+    f->tools[i] = w->tools[i];
+  f->n_tools = w->n_tools;
+  kc_err e = kc_build_hash(w, f->build, err);
+  if (!e && w->n_kernels)
+    e = pin_nvrtc(f, w, err);
+  return e;
+}
+
+kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
+                    size_t n_archs, kc_key_fields **fields, size_t *n,
+                    char *err) {
+  char (*av)[KC_ARCH_MAX + 1] = NULL;
+  size_t na = 0;
+  kc_key_fields base;
+  *fields = NULL;
+  *n = 0;
+  kc_err e = resolve_archs(w, archs, n_archs, &av, &na, err);
+  if (e)
+    return e;
+  if (!(e = base_fields(w, &base, err)) &&
+      !(*fields = calloc(w->n_buckets * na + 1, sizeof **fields)))
+    e = kc_errf(err, KC_NOMEM, "out of memory");
+  for (size_t b = 0; !e && b < w->n_buckets; b++) {
+    for (size_t a = 0; !e && a < na; a++) {
+      kc_key_fields *f = &(*fields)[b * na + a];
+      *f = base;
+      f->bucket = w->buckets[b];
+      snprintf(f->arch, sizeof f->arch, "%s", av[a]);
+      if (!strncmp(f->arch, "compute_", 8))
+        e = pin_driver(f, w, err);
+      if (!e)
+        e = kc_key_validate(f, err);
+    }
+  }
+  free(av);
+  if (e) {
+    free(*fields);
+    *fields = NULL;
+    return e;
+  }
+  *n = w->n_buckets * na;
+  return KC_OK;
+}
+
+kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w,
+                      const kc_bucket *bucket, const char *arch,
+                      kc_manifest **out, char *err) {
+  kc_key_fields f;
+  char key[KC_HEX_LEN + 1];
+  *out = NULL;
+  if (!kc_arch_valid(arch))
+    return kc_errf(err, KC_EINVAL, "arch: not a valid target");
+  kc_err e = base_fields(w, &f, err);
+  if (e)
+    return e;
+  f.bucket = *bucket;
+  snprintf(f.arch, sizeof f.arch, "%s", arch);
+  if (!strncmp(arch, "compute_", 8) && (e = pin_driver(&f, w, err)))
+    return e;
+  if ((e = kc_key_compute(&f, key, err)))
+    return e;
+  if (kc_cache_bundle_get(c, key, out, NULL) == KC_OK)
+    return KC_OK;
+  return kc_client_has_server(c)
+             ? kc_client_pull(c, key, out, err)
+             : kc_errf(err, KC_NOT_FOUND, "bundle %.12s... is not cached",
+                       key);
+}
+
+/* ---- bookkeeping ---- */
+
+static double since(const wctx *x) { return (kc_now_ms() - x->t0) / 1000.0; }
+
+static uint64_t bundle_bytes(const kc_manifest *m) {
+  uint64_t b = 0;
+  for (size_t i = 0; i < m->n_files; i++)
+    b += m->files[i].size;
+  return b;
+}
+
+static void progress(wctx *x, size_t i) {
+  x->done++;
+  if (x->o->progress) {
+    kc_warm_progress p = {x->done, x->rep->n_items, &x->rep->items[i]};
+    x->o->progress(&p, x->o->progress_arg);
+  }
+}
+
+/* Item i is ready with bundle m (ownership moves to x). */
+static void ready(wctx *x, size_t i, kc_warm_status s, kc_manifest *m) {
+  kc_warm_item *it = &x->rep->items[i];
+  x->ms[i] = m;
+  x->pending[i] = 0;
+  x->waiting[i] = 0;
+  it->status = s;
+  it->err = KC_OK;
+  it->bytes = bundle_bytes(m);
+  it->n_files = m->n_files;
+  it->seconds = since(x);
+  progress(x, i);
+}
+
+static void failed(wctx *x, size_t i, kc_err e, const char *msg) {
+  kc_warm_item *it = &x->rep->items[i];
+  x->pending[i] = 0;
+  x->waiting[i] = 0;
+  it->status = KC_WARM_FAILED;
+  it->err = e;
+  snprintf(it->message, sizeof it->message, "%s", msg);
+  it->seconds = since(x);
+  progress(x, i);
+}
+
+static int deadline_passed(const wctx *x) {
+  return x->c->deadline_ms && kc_now_ms() >= x->c->deadline_ms;
+}
+
+/* 0: no deadline; else what is left, never 0 (a passed deadline must not
+ * read as none). */
+static double seconds_left(const wctx *x) {
+  if (!x->c->deadline_ms)
+    return 0;
+  double s = (x->c->deadline_ms - kc_now_ms()) / 1000.0;
+  return s > 0.001 ? s : 0.001;
+}
+
+static void server_down(wctx *x, const char *why) {
+  if (!x->server_ok)
+    return;
+  x->server_ok = 0;
+  x->rep->server_down = 1;
+  snprintf(x->rep->warning, sizeof x->rep->warning,
+           "kcached unreachable (%.400s): building locally, nothing uploaded",
+           why);
+}
+
+/* The first server problem that is not an outage (a token without the
+ * role, a bad answer) is worth a line for the operator. */
+static void warn(wctx *x, const char *why) {
+  if (!x->rep->warning[0])
+    snprintf(x->rep->warning, sizeof x->rep->warning,
+             "kcached refused (%.400s): building locally", why);
+}
+
+static int is_down(kc_err e) {
+  return e == KC_UNAVAILABLE || e == KC_TIMEOUT || e == KC_NOT_READY;
+}
+
+/* ---- phase 1: local cache ---- */
+
+static void phase_local(wctx *x) {
+  for (size_t i = 0; i < x->rep->n_items; i++) {
+    kc_manifest *m = NULL;
+    char e2[KC_ERRBUF_SIZE];
+    kc_err e = kc_cache_bundle_get(x->c, x->rep->items[i].key, &m, e2);
+    if (e == KC_OK)
+      ready(x, i, KC_WARM_HIT_LOCAL, m);
+    else if (e != KC_NOT_FOUND) /* damaged here: say so, fetch it again */
+      snprintf(x->rep->items[i].message, KC_ERRBUF_SIZE, "%s", e2);
+  }
+}
+
+/* ---- phase 2: one lookup, parallel fetches ---- */
+
+/* The served bundles' blobs, all at once: one pool of transfers. */
+static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
+  size_t nd = 0;
+  for (size_t k = 0; k < n; k++)
+    nd += found[k] ? found[k]->n_files : 0;
+  const char **d = calloc(nd + 1, sizeof *d);
+  char e2[KC_ERRBUF_SIZE] = "";
+  uint64_t got = 0;
+  if (!d)
+    return;
+  nd = 0;
+  for (size_t k = 0; k < n; k++)
+    for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
+      d[nd++] = found[k]->files[j].sha256;
+  kc_err e = kc_fetch_blobs(x->c, d, nd, NULL, &got, e2);
+  free(d);
+  x->rep->bytes_fetched += got;
+  if (is_down(e))
+    server_down(x, e2);
+  for (size_t k = 0; k < n; k++) {
+    if (!found[k])
+      continue;
+    int all = 1;
+    for (size_t j = 0; j < found[k]->n_files; j++)
+      all &= kc_cache_blob_has(x->c, found[k]->files[j].sha256);
+    if (all && kc_cache_bundle_put(x->c, found[k], NULL) == KC_OK) {
+      ready(x, idx[k], x->fetched_as, found[k]);
+      found[k] = NULL;
+    } else if (e == KC_DIGEST_MISMATCH) {
+      x->remote_bad[idx[k]] = 1; /* never used; rebuilt below */
+      snprintf(x->rep->items[idx[k]].message, KC_ERRBUF_SIZE, "%s", e2);
+    }
+  }
+}
+
+static void lookup_chunk(wctx *x, size_t *idx, size_t n) {
+  const char **keys = calloc(n, sizeof *keys);
+  kc_manifest **found = calloc(n, sizeof *found);
+  char e2[KC_ERRBUF_SIZE] = "";
+  if (keys && found) {
+    for (size_t k = 0; k < n; k++)
+      keys[k] = x->rep->items[idx[k]].key;
+    kc_err e = kc_client_lookup(x->c, keys, n, found, e2);
+    if (is_down(e))
+      server_down(x, e2);
+    else if (e)
+      warn(x, e2);
+    else
+      fetch_found(x, found, idx, n);
+  }
+  for (size_t k = 0; found && k < n; k++)
+    kc_manifest_free(found[k]);
+  free(found);
+  free(keys);
+}
+
+/* One lookup (per 4096 keys) for the pending keys (only the waiting ones
+ * when `waiting`), and their blobs in parallel. */
+static void phase_remote(wctx *x, int waiting) {
+  size_t n = x->rep->n_items, m = 0;
+  size_t *idx = calloc(n + 1, sizeof *idx);
+  if (!idx)
+    return;
+  for (size_t i = 0; i < n; i++)
+    if (x->pending[i] && (!waiting || x->waiting[i]))
+      idx[m++] = i;
+  for (size_t s = 0; s < m && x->server_ok; s += KC_LOOKUP_MAX)
+    lookup_chunk(x, idx + s, m - s < KC_LOOKUP_MAX ? m - s : KC_LOOKUP_MAX);
+  free(idx);
+}
+
+/* ---- phase 3: build (single-flight through leases) ---- */
+
+/* Fetches a bundle that appeared on the server. */
+static kc_err fetch_one(wctx *x, size_t i, kc_warm_status s, char *err) {
+  kc_manifest *m = NULL;
+  uint64_t got = 0;
+  kc_err e = kc_client_bundle_get(x->c, x->rep->items[i].key, &m, err);
+  const char **d = m ? calloc(m->n_files + 1, sizeof *d) : NULL;
+  if (!e && !d)
+    e = kc_errf(err, KC_NOMEM, "out of memory");
+  for (size_t j = 0; !e && j < m->n_files; j++)
+    d[j] = m->files[j].sha256;
+  if (!e)
+    e = kc_fetch_blobs(x->c, d, m->n_files, NULL, &got, err);
+  free(d);
+  x->rep->bytes_fetched += got;
+  if (!e)
+    e = kc_cache_bundle_put(x->c, m, err);
+  if (e) {
+    kc_manifest_free(m);
+    return e;
+  }
+  ready(x, i, s, m);
+  return KC_OK;
+}
+
+static void upload(wctx *x, size_t i, const kc_manifest *m) {
+  char e2[KC_ERRBUF_SIZE];
+  kc_warm_item *it = &x->rep->items[i];
+  if (x->o->no_upload || !x->server_ok || x->remote_bad[i])
+    return;
+  kc_err e = kc_client_push(x->c, m, e2);
+  if (!e)
+    it->uploaded = 1;
+  else if (is_down(e))
+    server_down(x, e2);
+  else
+    snprintf(it->message, sizeof it->message, "upload failed: %.450s", e2);
+}
+
+/* One build to run: the item, and the lease we hold on it (if any). The
+ * build fills m or e and msg; only the calling process touches the report,
+ * the client's HTTP handles and the leases. */
+typedef struct job {
+  size_t i;
+  int leased;
+  char token[KC_LEASE_TOKEN_MAX];
+  kc_manifest *m;
+  kc_err e;
+  char msg[KC_ERRBUF_SIZE];
+} job;
+
+/* Builds into the local cache. */
+static void run_job(wctx *x, job *j) {
+  j->e = kc_build_key(x->c, x->w, &x->fields[j->i], seconds_left(x), &j->m,
+                      j->msg);
+  if (!j->e && strcmp(j->m->key, x->rep->items[j->i].key) != 0)
+    j->e = kc_errf(j->msg, KC_INTERNAL, "built bundle's key differs");
+  if (!j->e)
+    j->e = kc_cache_bundle_put(x->c, j->m, j->msg);
+}
+
+/* What a build process reports per job: small enough (< PIPE_BUF) for one
+ * atomic write. */
+typedef struct job_rec {
+  size_t k;
+  kc_err e;
+  char msg[KC_ERRBUF_SIZE];
+} job_rec;
+
+/* A build process: jobs k, k + stride, ... into the local cache (atomic
+ * renames, so processes never see each other's half files), results down
+ * the pipe. _exit: the parent's handles and atexit work are not ours. */
+static void build_proc(wctx *x, job *jobs, size_t n, size_t k, size_t stride,
+                       int fd) {
+  for (; k < n; k += stride) {
+    job_rec r = {.k = k};
+    run_job(x, &jobs[k]);
+    r.e = jobs[k].e;
+    memcpy(r.msg, jobs[k].msg, sizeof r.msg);
+    if (write(fd, &r, sizeof r) != (ssize_t)sizeof r)
+      _exit(1);
+  }
+  _exit(0);
+}
+
+/* Takes the results of one build process; its manifests come back from the
+ * local cache (verified on the way). */
+static void collect(wctx *x, job *jobs, size_t n, int fd, pid_t pid) {
+  job_rec r;
+  while (read(fd, &r, sizeof r) == (ssize_t)sizeof r) {
+    if (r.k >= n)
+      continue;
+    job *j = &jobs[r.k];
+    j->e = r.e;
+    memcpy(j->msg, r.msg, sizeof j->msg);
+    if (!j->e)
+      j->e = kc_cache_bundle_get(x->c, x->rep->items[j->i].key, &j->m,
+                                 j->msg);
+  }
+  close(fd);
+  waitpid(pid, NULL, 0);
+}
+
+/* Runs n builds, up to x->jobs at once in forked processes. Processes, not
+ * threads: kc_gpu_build forks, and forking from a multi-threaded process is
+ * unsafe under sanitizers and with allocators other than glibc's. A job no
+ * process reported on (it crashed, or fork failed) runs here. */
+static void run_jobs(wctx *x, job *jobs, size_t n) {
+  size_t np = n < (size_t)x->jobs ? n : (size_t)x->jobs;
+  pid_t pids[KC_MAX_BUILD_JOBS];
+  int fds[KC_MAX_BUILD_JOBS];
+  for (size_t k = 0; k < n; k++) { /* "not reported" until a process does */
+    jobs[k].e = KC_INTERNAL;
+    jobs[k].msg[0] = '\0';
+  }
+  fflush(NULL);
+  for (size_t p = 0; np > 1 && p < np; p++) {
+    int fd[2];
+    pids[p] = -1;
+    if (pipe(fd) != 0)
+      continue;
+    pids[p] = fork();
+    if (pids[p] == 0) {
+      close(fd[0]);
+      build_proc(x, jobs, n, p, np, fd[1]);
+    }
+    close(fd[1]);
+    fds[p] = fd[0];
+    if (pids[p] < 0)
+      close(fd[0]);
+  }
+  for (size_t p = 0; np > 1 && p < np; p++)
+    if (pids[p] > 0)
+      collect(x, jobs, n, fds[p], pids[p]);
+  for (size_t k = 0; k < n; k++)
+    if (jobs[k].e == KC_INTERNAL && !jobs[k].msg[0])
+      run_job(x, &jobs[k]);
+}
+
+/* Upload, release, record: on the calling thread. */
+static void finish_job(wctx *x, job *j) {
+  if (j->e) {
+    kc_manifest_free(j->m);
+    failed(x, j->i, deadline_passed(x) ? KC_DEADLINE : j->e, j->msg);
+  } else {
+    upload(x, j->i, j->m);
+    ready(x, j->i, KC_WARM_BUILT, j->m);
+  }
+  if (j->leased && x->server_ok)
+    kc_client_lease_release(x->c, x->rep->items[j->i].key, j->token, NULL);
+  j->m = NULL;
+}
+
+static void build_all(wctx *x, job *jobs, size_t n) {
+  if (!n)
+    return;
+  run_jobs(x, jobs, n);
+  for (size_t k = 0; k < n; k++)
+    finish_job(x, &jobs[k]);
+}
+
+/* What to do with item i: 1 when this warmer must build it (j filled),
+ * 0 when it was fetched, failed, or another builder holds its lease. */
+static int claim(wctx *x, size_t i, int was_waiting, job *j) {
+  char e2[KC_ERRBUF_SIZE];
+  kc_lease_state st;
+  int ttl = x->o->lease_ttl_s > 0 ? x->o->lease_ttl_s : 300;
+  memset(j, 0, sizeof *j);
+  j->i = i;
+  if (!x->server_ok || x->remote_bad[i])
+    return 1;
+  int retry_s = 1;
+  kc_err e = kc_client_lease_take(x->c, x->rep->items[i].key, ttl, &st,
+                                  j->token, &retry_s, e2);
+  if (is_down(e)) {
+    server_down(x, e2);
+    return 1;
+  }
+  if (e) { /* e.g. a read-only token: build for ourselves */
+    snprintf(x->rep->items[i].message, KC_ERRBUF_SIZE, "lease: %.450s", e2);
+    warn(x, e2);
+    x->remote_bad[i] = 1;
+    return 1;
+  }
+  if (st == KC_LEASE_HELD) { /* ask again when the holder's lease ends */
+    x->waiting[i] = 1;
+    x->retry_at[i] = kc_now_ms() + (int64_t)retry_s * 1000;
+    return 0;
+  }
+  if (st == KC_LEASE_GRANTED) {
+    j->leased = 1;
+    return 1;
+  }
+  e = fetch_one(x, i, was_waiting ? KC_WARM_WAITED : KC_WARM_HIT_REMOTE, e2);
+  if (e && deadline_passed(x)) {
+    failed(x, i, KC_DEADLINE, e2);
+    return 0;
+  }
+  if (e) { /* present but unusable: never used, rebuilt here */
+    x->remote_bad[i] = 1;
+    snprintf(x->rep->items[i].message, KC_ERRBUF_SIZE, "%s", e2);
+  }
+  return e != KC_OK;
+}
+
+/* Claims up to x->jobs keys, builds them at once, repeats: leases are taken
+ * just before building, so concurrent warmers split the remaining keys. */
+static void claim_and_build(wctx *x, int waiting_round) {
+  job jobs[KC_MAX_BUILD_JOBS];
+  size_t n = 0;
+  for (size_t i = 0; i < x->rep->n_items; i++) {
+    if (!x->pending[i] || x->waiting[i] != waiting_round ||
+        (waiting_round && kc_now_ms() < x->retry_at[i]))
+      continue;
+    if (deadline_passed(x))
+      break;
+    if (x->o->no_build) { /* never claims, so never waits either */
+      failed(x, i, KC_NOT_FOUND, "not cached, and --no-build");
+      continue;
+    }
+    if (!claim(x, i, waiting_round, &jobs[n]))
+      continue;
+    x->waiting[i] = 0;
+    if (++n == (size_t)x->jobs) {
+      build_all(x, jobs, n);
+      n = 0;
+    }
+  }
+  build_all(x, jobs, n);
+}
+
+static void phase_build(wctx *x) { claim_and_build(x, 0); }
+
+/* ---- phase 4: wait for other builders ---- */
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+static size_t n_waiting(const wctx *x) {
+  size_t n = 0;
+  for (size_t i = 0; i < x->rep->n_items; i++)
+    n += x->pending[i] && x->waiting[i];
+  return n;
+}
+
+/* Polls with one lookup per round for all waiting keys (a startup storm of
+ * replicas costs one request each per round, backing off to 2 s); a key
+ * whose holder's lease has run out is claimed again: built here if the
+ * holder died, fetched if it just finished. */
+static void phase_wait(wctx *x) {
+  double poll = x->o->poll_s > 0 ? x->o->poll_s : 0.2;
+  x->fetched_as = KC_WARM_WAITED;
+  while (n_waiting(x) && !deadline_passed(x)) {
+    double left = seconds_left(x);
+    sleep_s(x->c->deadline_ms && left < poll ? left : poll);
+    if (x->server_ok)
+      phase_remote(x, 1);
+    claim_and_build(x, 1);
+    if (poll < 2.0)
+      poll = poll * 1.5 < 2.0 ? poll * 1.5 : 2.0;
+  }
+}
+
+/* ---- the whole ---- */
+
+static void materialize_all(wctx *x) {
+  char dir[PATH_MAX], label[256], e2[KC_ERRBUF_SIZE];
+  for (size_t i = 0; i < x->rep->n_items; i++) {
+    kc_warm_item *it = &x->rep->items[i];
+    if (!x->ms[i])
+      continue;
+    kc_bucket_label(&it->bucket, label, sizeof label);
+    snprintf(dir, sizeof dir, "%s/%s/%s", x->o->out_dir, it->arch, label);
+    kc_err e = kc_materialize(x->c, x->ms[i], dir, e2);
+    if (e) {
+      it->status = KC_WARM_FAILED;
+      it->err = e;
+      snprintf(it->message, sizeof it->message, "materialize: %.450s", e2);
+    }
+  }
+}
+
+static kc_err summarize(wctx *x, char *err) {
+  kc_warm_report *r = x->rep;
+  kc_err first = KC_OK;
+  size_t n_failed = 0;
+  for (size_t i = 0; i < r->n_items; i++) {
+    kc_warm_item *it = &r->items[i];
+    if (x->pending[i]) { /* the deadline passed before its turn */
+      it->status = KC_WARM_FAILED;
+      it->err = KC_DEADLINE;
+      snprintf(it->message, sizeof it->message, "the deadline passed");
+    }
+    r->counts[it->status]++;
+    if (it->status != KC_WARM_FAILED)
+      r->bytes += it->bytes;
+    else if (!n_failed++)
+      first = it->err;
+  }
+  r->seconds = since(x);
+  if (first)
+    kc_errf(err, first, "%zu of %zu bundles not ready (first: %s)", n_failed,
+            r->n_items, kc_strerror(first));
+  return first;
+}
+
+static kc_err setup(wctx *x, char *err) {
+  size_t n = 0;
+  kc_err e = kc_warm_keys(x->w, x->o->archs, x->o->n_archs, &x->fields, &n,
+                          err);
+  if (e)
+    return e;
+  x->rep->items = calloc(n + 1, sizeof *x->rep->items);
+  x->ms = calloc(n + 1, sizeof *x->ms);
+  x->pending = calloc(n + 1, 1);
+  x->remote_bad = calloc(n + 1, 1);
+  x->waiting = calloc(n + 1, 1);
+  x->retry_at = calloc(n + 1, sizeof *x->retry_at);
+  if (!x->rep->items || !x->ms || !x->pending || !x->remote_bad ||
+      !x->waiting || !x->retry_at)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  x->rep->n_items = n;
+  for (size_t i = 0; !e && i < n; i++) {
+    kc_warm_item *it = &x->rep->items[i];
+    it->bucket = x->fields[i].bucket;
+    memcpy(it->arch, x->fields[i].arch, sizeof it->arch);
+    x->pending[i] = 1;
+    e = kc_key_compute(&x->fields[i], it->key, err);
+  }
+  return e;
+}
+
+static void teardown(wctx *x) {
+  for (size_t i = 0; x->ms && i < x->rep->n_items; i++)
+    kc_manifest_free(x->ms[i]);
+  free(x->ms);
+  free(x->fields);
+  free(x->pending);
+  free(x->remote_bad);
+  free(x->waiting);
+  free(x->retry_at);
+  x->c->deadline_ms = 0;
+}
+
+static int build_jobs(const kc_warm_opts *o) {
+  long n = o->build_jobs > 0 ? o->build_jobs : sysconf(_SC_NPROCESSORS_ONLN);
+  if (n < 1)
+    n = 1;
+  if (n > (o->build_jobs > 0 ? KC_MAX_BUILD_JOBS : 8))
+    n = o->build_jobs > 0 ? KC_MAX_BUILD_JOBS : 8;
+  return (int)n;
+}
+
+kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
+               kc_warm_report *report, char *err) {
+  kc_warm_opts none = {0};
+  wctx x = {.c = c, .w = w, .o = o ? o : &none, .rep = report,
+            .server_ok = kc_client_has_server(c), .t0 = kc_now_ms(),
+            .fetched_as = KC_WARM_HIT_REMOTE};
+  x.jobs = build_jobs(x.o);
+  memset(report, 0, sizeof *report);
+  memcpy(report->model, w->model_hash, sizeof report->model);
+  if (x.o->deadline_s > 0)
+    c->deadline_ms = x.t0 + (int64_t)(x.o->deadline_s * 1000);
+  kc_err e = setup(&x, err);
+  if (!e) {
+    phase_local(&x);
+    if (x.server_ok)
+      phase_remote(&x, 0);
+    phase_build(&x);
+    phase_wait(&x);
+    if (x.o->out_dir)
+      materialize_all(&x);
+    e = summarize(&x, err);
+  }
+  teardown(&x);
+  return e;
+}
+
+void kc_warm_report_free(kc_warm_report *r) {
+  if (!r)
+    return;
+  free(r->items);
+  r->items = NULL;
+  r->n_items = 0;
+}

@@ -1,0 +1,1173 @@
+/* test_client.c: libkcache and the kcache CLI. Unit tests (keys, the local
+ * cache, materialize and path safety, CLI usage errors) and end-to-end tests
+ * against the real kcached (tests/testsrv.h): cold warm, warm from the
+ * server, server down, corrupt blobs (local, and served by a fake server),
+ * concurrent warmers and leases, the deadline, path traversal in a served
+ * manifest. NVRTC really compiles (tests/kernels); without it those tests
+ * skip, unless CI=true, where they fail. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <curl/curl.h>
+
+#include "kc_gpu.h"
+#include "kcache.h"
+#include "testsrv.h"
+
+#ifndef KC_TEST_KERNELS
+#define KC_TEST_KERNELS "tests/kernels"
+#endif
+#ifndef KCACHE_BIN
+#define KCACHE_BIN "kcache"
+#endif
+
+#define MODEL "287e43e0540bf56af64cfcac0c9a5ab81409756e1cb5e27fab7e5d82d2f8cb5c"
+
+/* ---- fixtures and helpers ---- */
+
+typedef struct fx {
+  char dir[256];   /* temporary root */
+  char cache[300]; /* dir/cache */
+  char out[300];   /* dir/out */
+  kc_testsrv srv;
+  int have_srv;
+} fx;
+
+static int fx_setup(void **state) {
+  fx *f = calloc(1, sizeof *f);
+  const char *tmp = getenv("TMPDIR");
+  snprintf(f->dir, sizeof f->dir, "%s/kcache-client-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
+  assert_non_null(mkdtemp(f->dir));
+  snprintf(f->cache, sizeof f->cache, "%s/cache", f->dir);
+  snprintf(f->out, sizeof f->out, "%s/out", f->dir);
+  *state = f;
+  return 0;
+}
+
+static void rmtree(const char *p) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", p);
+  if (system(cmd) != 0)
+    fprintf(stderr, "cannot remove %s\n", p);
+}
+
+static int fx_teardown(void **state) {
+  fx *f = *state;
+  if (f->have_srv)
+    kc_testsrv_cleanup(&f->srv);
+  rmtree(f->dir);
+  free(f);
+  return 0;
+}
+
+static void start_server(fx *f) {
+  assert_int_equal(kc_testsrv_start(&f->srv, NULL), 0);
+  f->have_srv = 1;
+}
+
+static void need_nvrtc(void) {
+  char v[16], err[KC_ERRBUF_SIZE] = "";
+  if (kc_gpu_nvrtc_version(v, err) == KC_OK)
+    return;
+  const char *ci = getenv("CI");
+  if (ci && strcmp(ci, "true") == 0)
+    fail_msg("CI=true and NVRTC is missing: %s", err);
+  print_message("skipped: %s\n", err);
+  skip();
+}
+
+static void write_text(const char *path, const char *fmt, ...) {
+  FILE *fp = fopen(path, "w");
+  assert_non_null(fp);
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(fp, fmt, ap);
+  va_end(ap);
+  fclose(fp);
+}
+
+/* A small warmup: `kernel` (tests/kernels/<kernel>.cu, entry `entry`) for
+ * batch 1 and 4 on sm_80. Written to dir/<name>.json. toolchain_extra is
+ * spliced into the toolchain object (may be ""). */
+static kc_warmup *warmup_for(fx *f, const char *name, const char *kernel,
+                             const char *entry, const char *toolchain_extra) {
+  char path[400], err[KC_ERRBUF_SIZE];
+  snprintf(path, sizeof path, "%s/%s.json", f->dir, name);
+  write_text(path,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
+             "\"hash\":\"%s\"},\"archs\":[\"sm_80\"],\"toolchain\":{\"app\":"
+             "\"test\"%s},\"kernels\":[{\"name\":\"%s\",\"source\":"
+             "\"%s/%s.cu\",\"entries\":[\"%s\"]}],\"buckets\":[{\"batch\":1},"
+             "{\"batch\":4}]}",
+             MODEL, toolchain_extra, kernel, KC_TEST_KERNELS, kernel, entry);
+  kc_warmup *w = NULL;
+  kc_err e = kc_warmup_load(path, &w, err);
+  if (e)
+    fail_msg("warmup: %s", err);
+  return w;
+}
+
+static kc_client *client_for(const char *cache, const char *url) {
+  char err[KC_ERRBUF_SIZE];
+  kc_client *c = NULL;
+  kc_client_opts o = {.url = url, .cache_dir = cache, .timeout_ms = 20000,
+                      .connect_timeout_ms = 1000};
+  kc_err e = kc_client_new(&o, &c, err);
+  if (e)
+    fail_msg("kc_client_new: %s", err);
+  return c;
+}
+
+static size_t count(const kc_warm_report *r, kc_warm_status s) {
+  return r->counts[s];
+}
+
+/* Runs the kcache CLI; returns its exit status, stdout+stderr in out. */
+static int run_cli(char *out, size_t out_size, const char *fmt, ...) {
+  char args[2048], cmd[2600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  /* The caller's server settings must not leak into the tests. */
+  snprintf(cmd, sizeof cmd,
+           "env -u KCACHE_URL -u KCACHE_TOKEN -u KCACHE_CACERT %s %s 2>&1",
+           KCACHE_BIN, args);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = out ? fread(out, 1, out_size - 1, p) : 0;
+  if (out)
+    out[n] = '\0';
+  else {
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {
+    }
+  }
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* ---- unit: keys ---- */
+
+static void test_keys_pinned(void **state) {
+  fx *f = *state;
+  /* A pinned NVRTC version: keys are computable without a toolkit. */
+  kc_warmup *w = warmup_for(f, "k", "saxpy", "saxpy",
+                            ",\"nvrtc\":\"13.0\",\"cuda\":\"13.0\"");
+  kc_key_fields *k = NULL;
+  size_t n = 0;
+  char err[KC_ERRBUF_SIZE], k0[65], k1[65];
+  assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
+  assert_int_equal(n, 2);
+  assert_string_equal(k[0].arch, "sm_80");
+  assert_int_equal(k[1].bucket.dims[0].value, 4);
+  assert_int_equal(kc_key_compute(&k[0], k0, err), KC_OK);
+  assert_int_equal(kc_key_compute(&k[1], k1, err), KC_OK);
+  assert_string_not_equal(k0, k1);
+  char b0[65];
+  memcpy(b0, k[0].build, sizeof b0);
+  free(k);
+  /* --arch overrides; two archs per bucket, bucket-major. */
+  const char *archs[] = {"sm_90a", "sm_86"};
+  assert_int_equal(kc_warm_keys(w, archs, 2, &k, &n, err), KC_OK);
+  assert_int_equal(n, 4);
+  assert_string_equal(k[0].arch, "sm_90a");
+  assert_string_equal(k[1].arch, "sm_86");
+  assert_string_equal(k[0].build, b0); /* same builder inputs */
+  free(k);
+  kc_warmup_free(w);
+  /* Other options: another build hash. */
+  kc_warmup *w2 = warmup_for(f, "k2", "saxpy", "scale",
+                             ",\"nvrtc\":\"13.0\",\"cuda\":\"13.0\"");
+  assert_int_equal(kc_warm_keys(w2, NULL, 0, &k, &n, err), KC_OK);
+  assert_string_not_equal(k[0].build, b0);
+  free(k);
+  kc_warmup_free(w2);
+}
+
+static void test_keys_nvrtc_version(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  char v[16], err[KC_ERRBUF_SIZE];
+  kc_key_fields *k = NULL;
+  size_t n = 0;
+  assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_OK);
+  kc_warmup *w = warmup_for(f, "k", "saxpy", "saxpy", "");
+  assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
+  int seen = 0;
+  for (size_t i = 0; i < k[0].n_tools; i++)
+    if (!strcmp(k[0].tools[i].name, "nvrtc") ||
+        !strcmp(k[0].tools[i].name, "cuda"))
+      seen += !strcmp(k[0].tools[i].value, v);
+  assert_int_equal(seen, 2);
+  free(k);
+  kc_warmup_free(w);
+}
+
+static void test_bucket_label_and_hash(void **state) {
+  fx *f = *state;
+  kc_bucket b = {.n = 2};
+  strcpy(b.dims[0].name, "seq");
+  b.dims[0].value = 1024;
+  strcpy(b.dims[1].name, "batch");
+  b.dims[1].value = 8;
+  char label[64], p1[400], p2[400], h1[65], h2[65], err[KC_ERRBUF_SIZE];
+  kc_bucket_label(&b, label, sizeof label);
+  assert_string_equal(label, "batch=8,seq=1024");
+  snprintf(p1, sizeof p1, "%s/a.bin", f->dir);
+  snprintf(p2, sizeof p2, "%s/b.bin", f->dir);
+  write_text(p1, "weights");
+  write_text(p2, "config");
+  const char *ab[] = {p1, p2}, *ba[] = {p2, p1};
+  assert_int_equal(kc_model_hash(ab, 2, h1, err), KC_OK);
+  assert_int_equal(kc_model_hash(ba, 2, h2, err), KC_OK);
+  assert_true(kc_is_hex64(h1));
+  assert_string_not_equal(h1, h2);
+}
+
+/* ---- unit: local cache, materialize, path safety ---- */
+
+static kc_manifest *manifest_of(kc_client *c, const char *const *paths,
+                                const char *const *texts, size_t n) {
+  char err[KC_ERRBUF_SIZE], d[65];
+  kc_manifest *m = kc_manifest_new();
+  strcpy(m->fields.model, MODEL);
+  memset(m->fields.build, 'b', 64);
+  strcpy(m->fields.arch, "sm_80");
+  m->fields.bucket.n = 1;
+  strcpy(m->fields.bucket.dims[0].name, "batch");
+  m->fields.bucket.dims[0].value = 2;
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(
+        kc_cache_blob_put(c, texts[i], strlen(texts[i]), d, err), KC_OK);
+    assert_int_equal(kc_manifest_add_file(m, paths[i], d, strlen(texts[i]),
+                                          KC_KIND_FILE, NULL, 0, err),
+                     KC_OK);
+  }
+  if (kc_manifest_seal(m, err))
+    fail_msg("seal: %s", err);
+  return m;
+}
+
+static void test_local_cache(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE], p[PATH_MAX];
+  kc_client *c = client_for(f->cache, NULL);
+  const char *paths[] = {"a.txt", "sub/b.txt"}, *texts[] = {"alpha", "beta"};
+  kc_manifest *m = manifest_of(c, paths, texts, 2), *got = NULL;
+  assert_int_equal(kc_cache_bundle_get(c, m->key, &got, err), KC_NOT_FOUND);
+  assert_int_equal(kc_cache_bundle_put(c, m, err), KC_OK);
+  assert_int_equal(kc_cache_bundle_get(c, m->key, &got, err), KC_OK);
+  assert_true(kc_manifest_equal(m, got));
+  kc_manifest_free(got);
+  /* A blob damaged on disk: detected, removed, never served. */
+  kc_cache_blob_path(c, m->files[0].sha256, p, sizeof p);
+  write_text(p, "alphX");
+  assert_int_equal(kc_cache_bundle_get(c, m->key, &got, err), KC_CORRUPT);
+  assert_null(got);
+  assert_int_not_equal(access(p, F_OK), 0);
+  void *data = NULL;
+  size_t len = 0;
+  assert_int_equal(kc_bundle_file_bytes(c, m, "a.txt", &data, &len, err),
+                   KC_NOT_FOUND);
+  assert_int_equal(kc_bundle_file_bytes(c, m, "sub/b.txt", &data, &len, err),
+                   KC_OK);
+  assert_int_equal(len, 4);
+  assert_memory_equal(data, "beta", 4);
+  free(data);
+  kc_manifest_free(m);
+  kc_client_free(c);
+}
+
+static void test_materialize(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE], p[PATH_MAX], *text = NULL;
+  kc_client *c = client_for(f->cache, NULL);
+  const char *paths[] = {"x/y/z.cubin", "top.ptx"}, *texts[] = {"zz", "tt"};
+  kc_manifest *m = manifest_of(c, paths, texts, 2);
+  assert_int_equal(kc_materialize(c, m, f->out, err), KC_OK);
+  snprintf(p, sizeof p, "%s/x/y/z.cubin", f->out);
+  assert_int_equal(kc_read_file(p, &text, NULL, err), KC_OK);
+  assert_string_equal(text, "zz");
+  free(text);
+  /* Again over existing files: replaced, not an error. */
+  assert_int_equal(kc_materialize(c, m, f->out, err), KC_OK);
+  kc_manifest_free(m);
+  kc_client_free(c);
+}
+
+static void test_materialize_never_escapes(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE], outside[400], link[400], p[PATH_MAX];
+  kc_client *c = client_for(f->cache, NULL);
+  snprintf(outside, sizeof outside, "%s/outside", f->dir);
+  assert_int_equal(mkdir(outside, 0755), 0);
+  assert_int_equal(mkdir(f->out, 0755), 0);
+  /* A symlink planted in the target directory must not be followed. */
+  snprintf(link, sizeof link, "%s/sub", f->out);
+  assert_int_equal(symlink(outside, link), 0);
+  const char *paths[] = {"sub/evil.txt"}, *texts[] = {"pwned"};
+  kc_manifest *m = manifest_of(c, paths, texts, 1);
+  assert_int_equal(kc_materialize(c, m, f->out, err), KC_UNSAFE_PATH);
+  snprintf(p, sizeof p, "%s/evil.txt", outside);
+  assert_int_not_equal(access(p, F_OK), 0);
+  /* A path that escaped validation (set after sealing) is still refused. */
+  free(m->files[0].path);
+  m->files[0].path = strdup("../escape.txt");
+  assert_int_not_equal(kc_materialize(c, m, f->out, err), KC_OK);
+  snprintf(p, sizeof p, "%s/escape.txt", f->dir);
+  assert_int_not_equal(access(p, F_OK), 0);
+  kc_manifest_free(m);
+  kc_client_free(c);
+}
+
+/* ---- unit: CLI ---- */
+
+static void test_cli_usage(void **state) {
+  (void)state;
+  char out[8192];
+  assert_int_equal(run_cli(out, sizeof out, ""), 2);
+  assert_int_equal(run_cli(out, sizeof out, "--help"), 0);
+  assert_non_null(strstr(out, "exit status"));
+  assert_int_equal(run_cli(out, sizeof out, "nosuchcommand"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "warm"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "warm --help"), 0);
+  assert_non_null(strstr(out, "--deadline"));
+  assert_int_equal(run_cli(out, sizeof out, "warm x.json --deadline abc"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "warm x.json --arch sm_8"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "warm a.json b.json"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "pull onlykey"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "pull notakey dir"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "hash"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "stat --bogus"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "stat"), 2);
+  assert_non_null(strstr(out, "KCACHE_URL"));
+  for (const char *const *cmd = (const char *const[]){
+           "push", "pull", "get", "put", "key", "ls", "stat", "hash",
+           "verify", NULL};
+       *cmd; cmd++)
+    assert_int_equal(run_cli(out, sizeof out, "%s --help", *cmd), 0);
+}
+
+static void test_cli_key_hash(void **state) {
+  fx *f = *state;
+  char out[8192], p[400];
+  snprintf(p, sizeof p, "%s/fields.json", f->dir);
+  write_text(p,
+             "{\"model\":\"%s\",\"bucket\":{\"batch\":8,\"seq\":1024},"
+             "\"arch\":\"sm_90a\",\"toolchain\":{\"cuda\":\"13.0\","
+             "\"nvrtc\":\"13.0\"},\"build\":\"%s\"}",
+             MODEL, MODEL);
+  assert_int_equal(run_cli(out, sizeof out, "key %s", p), 0);
+  out[64] = '\0';
+  assert_true(kc_is_hex64(out));
+  write_text(p, "{\"model\":\"%s\",\"arch\":\"sm_9\"}", MODEL);
+  assert_int_equal(run_cli(out, sizeof out, "key %s", p), 1);
+  assert_int_equal(run_cli(out, sizeof out, "hash %s", p), 0);
+}
+
+/* Manifest errors name their field, in the library and in the CLI. */
+static void test_manifest_errors(void **state) {
+  fx *f = *state;
+  char out[8192], p[400];
+  snprintf(p, sizeof p, "%s/bad.json", f->dir);
+  write_text(p,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
+             "\"hash\":\"%s\"},\"archs\":[\"sm_8x\"],\"kernels\":[{\"name\":"
+             "\"a\",\"source\":\"a.cu\",\"entries\":[\"a\"]}],\"buckets\":"
+             "[{\"batch\":1}]}",
+             MODEL);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --cache-dir %s", p,
+                           f->cache),
+                   1);
+  assert_non_null(strstr(out, "archs[0]"));
+  write_text(p,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
+             "\"hash\":\"nothex\"},\"kernels\":[],\"buckets\":[]}");
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --cache-dir %s", p,
+                           f->cache),
+                   1);
+  assert_non_null(strstr(out, "model.hash"));
+}
+
+
+/* Tokens do not cross a network in clear by accident. */
+static void test_plaintext_token(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE];
+  kc_client *c = NULL;
+  kc_client_opts o = {.url = "http://kcache.example:8080", .token = "t",
+                      .cache_dir = f->cache};
+  assert_int_equal(kc_client_new(&o, &c, err), KC_EINVAL);
+  assert_non_null(strstr(err, "in clear"));
+  o.allow_plaintext = 1;
+  assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
+  kc_client_free(c);
+  o.allow_plaintext = 0;
+  o.url = "http://127.0.0.1:8080";
+  assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
+  kc_client_free(c);
+  o.url = "https://kcache.example";
+  assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
+  kc_client_free(c);
+}
+
+/* verify without a GPU: a clean error, exit 1; with one, it loads. */
+static void test_cli_verify(void **state) {
+  fx *f = *state;
+  char out[8192], p[400], err[KC_ERRBUF_SIZE];
+  kc_gpu_info gi;
+  kc_warmup_free(warmup_for(f, "w", "saxpy", "saxpy", ""));
+  snprintf(p, sizeof p, "%s/w.json", f->dir);
+  int rc = run_cli(out, sizeof out, "verify %s --cache-dir %s", p, f->cache);
+  if (kc_gpu_detect(&gi, err) != KC_OK) {
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "kcache verify: "));
+    return;
+  }
+  need_nvrtc();
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --cache-dir %s --arch %s"
+                           " --quiet", p, f->cache, gi.devices[0].arch), 0);
+  rc = run_cli(out, sizeof out, "verify %s --cache-dir %s --arch %s", p,
+               f->cache, gi.devices[0].arch);
+  print_message("%s", out);
+  assert_int_equal(rc, 0);
+}
+
+/* ---- warmup without a server ---- */
+
+static void test_warm_offline(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  char err[KC_ERRBUF_SIZE], p[PATH_MAX];
+  kc_client *c = client_for(f->cache, NULL);
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
+  kc_warm_report r;
+  kc_warm_opts o = {.out_dir = f->out};
+  assert_int_equal(kc_warm(c, w, &o, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_BUILT), 2);
+  assert_int_equal(r.items[0].uploaded, 0);
+  snprintf(p, sizeof p, "%s/sm_80/batch=4/saxpy.cubin", f->out);
+  assert_int_equal(access(p, F_OK), 0);
+  kc_warm_report_free(&r);
+  /* What a service does at run time: bucket -> bundle -> cubin bytes. */
+  kc_manifest *m = NULL;
+  void *img = NULL;
+  size_t len = 0;
+  assert_int_equal(kc_warm_bundle(c, w, &w->buckets[1], "sm_80", &m, err),
+                   KC_OK);
+  assert_int_equal(kc_bundle_file_bytes(c, m, "saxpy.cubin", &img, &len, err),
+                   KC_OK);
+  assert_true(len > 4 && !memcmp(img, "\177ELF", 4));
+  free(img);
+  kc_manifest_free(m);
+  assert_int_equal(kc_warm_bundle(c, w, &w->buckets[1], "sm_86", &m, err),
+                   KC_NOT_FOUND);
+  /* Second run: the local cache. */
+  assert_int_equal(kc_warm(c, w, &o, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_HIT_LOCAL), 2);
+  char *json = NULL;
+  assert_int_equal(kc_warm_report_json(&r, &json, err), KC_OK);
+  assert_non_null(strstr(json, "\"hit-local\": 2"));
+  free(json);
+  kc_warm_report_free(&r);
+  kc_warmup_free(w);
+  kc_client_free(c);
+}
+
+static void test_warm_build_failure(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  char err[KC_ERRBUF_SIZE], out[8192], p[400];
+  kc_client *c = client_for(f->cache, NULL);
+  kc_warmup *w = warmup_for(f, "broken", "broken", "broken", "");
+  kc_warm_report r;
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_BUILD_FAILED);
+  assert_int_equal(count(&r, KC_WARM_FAILED), 2);
+  assert_non_null(strstr(r.items[0].message, "undeclared_thing"));
+  kc_warm_report_free(&r);
+  kc_warmup_free(w);
+  kc_client_free(c);
+  /* Exit status by policy: the service starts anyway unless --strict. */
+  snprintf(p, sizeof p, "%s/broken.json", f->dir);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --cache-dir %s --quiet",
+                           p, f->cache),
+                   0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --cache-dir %s --quiet --strict", p,
+                           f->cache),
+                   1);
+}
+
+static void test_warm_command_builder(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE], p[400], *text = NULL;
+  snprintf(p, sizeof p, "%s/cmd.json", f->dir);
+  write_text(p,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
+             "\"hash\":\"%s\"},\"archs\":[\"sm_90a\"],\"builder\":{"
+             "\"command\":[\"sh\",\"-c\",\"mkdir -p {out}/d && echo "
+             "{batch},{arch} > {out}/d/info.txt\"],\"timeout_s\":30},"
+             "\"buckets\":[{\"batch\":3}]}",
+             MODEL);
+  kc_warmup *w = NULL;
+  assert_int_equal(kc_warmup_load(p, &w, err), KC_OK);
+  kc_client *c = client_for(f->cache, NULL);
+  kc_warm_report r;
+  kc_warm_opts o = {.out_dir = f->out};
+  assert_int_equal(kc_warm(c, w, &o, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_BUILT), 1);
+  snprintf(p, sizeof p, "%s/sm_90a/batch=3/d/info.txt", f->out);
+  assert_int_equal(kc_read_file(p, &text, NULL, err), KC_OK);
+  assert_string_equal(text, "3,sm_90a\n");
+  free(text);
+  kc_warm_report_free(&r);
+  kc_warmup_free(w);
+  kc_client_free(c);
+}
+
+/* ---- end to end against kcached ---- */
+
+static void blobs_equal(const char *cache_a, const char *cache_b) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "diff -r '%s/blobs' '%s/blobs' >/dev/null",
+           cache_a, cache_b);
+  assert_int_equal(system(cmd), 0);
+}
+
+static void test_cold_then_remote(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  start_server(f);
+  char err[KC_ERRBUF_SIZE], cache2[400];
+  kc_client *c = client_for(f->cache, f->srv.url);
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
+  kc_warm_report r;
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_BUILT), 2);
+  assert_true(r.items[0].uploaded && r.items[1].uploaded);
+  assert_int_equal(r.server_down, 0);
+  kc_warm_report_free(&r);
+  kc_client_free(c);
+  /* An empty local cache: everything from the server, nothing built. */
+  snprintf(cache2, sizeof cache2, "%s/cache2", f->dir);
+  c = client_for(cache2, f->srv.url);
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_HIT_REMOTE), 2);
+  assert_int_equal(count(&r, KC_WARM_BUILT), 0);
+  assert_true(r.bytes_fetched > 0);
+  kc_warm_report_free(&r);
+  blobs_equal(f->cache, cache2);
+  /* A blob damaged in the local cache is noticed and fetched again. */
+  kc_key_fields *k = NULL;
+  size_t n = 0;
+  char key[65], p[PATH_MAX];
+  kc_manifest *m = NULL;
+  assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
+  kc_key_compute(&k[0], key, err);
+  free(k);
+  assert_int_equal(kc_cache_bundle_get(c, key, &m, err), KC_OK);
+  kc_cache_blob_path(c, m->files[0].sha256, p, sizeof p);
+  FILE *fp = fopen(p, "r+b");
+  assert_non_null(fp);
+  fputc(0xff, fp);
+  fclose(fp);
+  kc_manifest_free(m);
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_HIT_REMOTE), 1);
+  assert_int_equal(count(&r, KC_WARM_HIT_LOCAL), 1);
+  kc_warm_report_free(&r);
+  blobs_equal(f->cache, cache2);
+  kc_warmup_free(w);
+  kc_client_free(c);
+}
+
+static void test_cli_roundtrip(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  start_server(f);
+  char out[16384], p[700], key[65], dir[300];
+  snprintf(p, sizeof p, "%s/w.json", f->dir);
+  kc_warmup_free(warmup_for(f, "w", "saxpy", "saxpy", ""));
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --cache-dir %s --json --quiet",
+                           p, f->srv.url, f->cache),
+                   0);
+  assert_non_null(strstr(out, "\"built\": 2"));
+  char *k = strstr(out, "\"key\": \"");
+  assert_non_null(k);
+  memcpy(key, k + 8, 64);
+  key[64] = '\0';
+  snprintf(dir, sizeof dir, "%s/pulled", f->dir);
+  assert_int_equal(run_cli(out, sizeof out, "pull %s %s --url %s "
+                           "--cache-dir %s/c2", key, dir, f->srv.url, f->dir),
+                   0);
+  snprintf(p, sizeof p, "%s/saxpy.cubin", dir);
+  assert_int_equal(access(p, F_OK), 0);
+  /* push of the pulled directory: identical bundle, accepted. */
+  assert_int_equal(run_cli(out, sizeof out, "push %s --url %s --cache-dir "
+                           "%s/c3", dir, f->srv.url, f->dir),
+                   0);
+  assert_memory_equal(out, key, 64);
+  assert_int_equal(run_cli(out, sizeof out, "put %s --url %s", p, f->srv.url),
+                   0);
+  char digest[65];
+  memcpy(digest, out, 64);
+  digest[64] = '\0';
+  assert_int_equal(run_cli(NULL, 0, "get %s -o %s/got --url %s", digest,
+                           f->dir, f->srv.url),
+                   0);
+  assert_int_equal(run_cli(out, sizeof out, "ls %s --url %s", MODEL,
+                           f->srv.url),
+                   0);
+  assert_non_null(strstr(out, key));
+  assert_int_equal(run_cli(out, sizeof out, "stat --url %s", f->srv.url), 0);
+}
+
+static void test_server_down(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  char err[KC_ERRBUF_SIZE], out[8192], p[400];
+  /* Port 1 on loopback: nothing listens; connect fails at once. */
+  kc_client *c = client_for(f->cache, "http://127.0.0.1:1");
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
+  kc_warm_report r;
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_BUILT), 2);
+  assert_int_equal(r.server_down, 1);
+  assert_non_null(strstr(r.warning, "unreachable"));
+  kc_warm_report_free(&r);
+  kc_warmup_free(w);
+  kc_client_free(c);
+  /* CLI: all ready, so exit 0 even with --strict; the warning is shown. */
+  snprintf(p, sizeof p, "%s/w.json", f->dir);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url http://127.0.0.1:1 --cache-dir "
+                           "%s/c2 --strict --quiet",
+                           p, f->dir),
+                   0);
+  assert_non_null(strstr(out, "warning"));
+  /* --no-build with the server down: nothing ready; --strict fails. */
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url http://127.0.0.1:1 --cache-dir "
+                           "%s/c3 --strict --no-build --quiet",
+                           p, f->dir),
+                   1);
+}
+
+/* Two warmers at once on an empty cache (two processes, as two replicas
+ * would be): each key is built once. */
+static size_t json_count(const char *json, const char *name) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\": ", name);
+  const char *at = strstr(json, pat);
+  assert_non_null(at);
+  return (size_t)atoi(at + strlen(pat));
+}
+
+static void test_two_warmers(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  start_server(f);
+  char cmd[2][1200], out[2][16384], p[400];
+  FILE *pp[2];
+  kc_warmup_free(warmup_for(f, "w", "saxpy", "saxpy", ""));
+  snprintf(p, sizeof p, "%s/w.json", f->dir);
+  for (int i = 0; i < 2; i++) {
+    snprintf(cmd[i], sizeof cmd[i],
+             "%s warm %s --url %s --cache-dir %s/c%d --json --quiet "
+             "--deadline 60 2>/dev/null",
+             KCACHE_BIN, p, f->srv.url, f->dir, i);
+    pp[i] = popen(cmd[i], "r");
+    assert_non_null(pp[i]);
+  }
+  size_t built = 0;
+  for (int i = 0; i < 2; i++) {
+    size_t n = fread(out[i], 1, sizeof out[i] - 1, pp[i]);
+    out[i][n] = '\0';
+    assert_int_equal(pclose(pp[i]), 0);
+    assert_int_equal(json_count(out[i], "failed"), 0);
+    built += json_count(out[i], "built");
+  }
+  assert_int_equal(built, 2); /* 2 keys, each built once fleet-wide */
+  char c0[400], c1[400];
+  snprintf(c0, sizeof c0, "%s/c0", f->dir);
+  snprintf(c1, sizeof c1, "%s/c1", f->dir);
+  blobs_equal(c0, c1);
+}
+
+/* The deadline bounds a hung build and a lease nobody finishes. */
+static void test_deadline(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  start_server(f);
+  char err[KC_ERRBUF_SIZE], token[KC_LEASE_TOKEN_MAX];
+  kc_client *c = client_for(f->cache, f->srv.url);
+  kc_warmup *w = warmup_for(f, "slow", "slow", "slow", "");
+  kc_warm_report r;
+  kc_warm_opts o = {.deadline_s = 1.5};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  kc_err e = kc_warm(c, w, &o, &r, err);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) +
+                (t1.tv_nsec - t0.tv_nsec) / 1e9;
+  assert_true(e == KC_DEADLINE || e == KC_TIMEOUT);
+  assert_int_equal(count(&r, KC_WARM_FAILED), 2);
+  assert_true(secs < 4.0);
+  kc_warm_report_free(&r);
+  kc_warmup_free(w);
+  /* Someone else holds the lease of every key and never finishes. */
+  w = warmup_for(f, "w", "saxpy", "saxpy", "");
+  kc_key_fields *k = NULL;
+  size_t n = 0;
+  assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
+  kc_client *other = client_for(f->cache, f->srv.url);
+  for (size_t i = 0; i < n; i++) {
+    char key[65];
+    kc_lease_state st;
+    kc_key_compute(&k[i], key, err);
+    assert_int_equal(
+        kc_client_lease_take(other, key, 60, &st, token, NULL, err), KC_OK);
+    assert_int_equal(st, KC_LEASE_GRANTED);
+  }
+  free(k);
+  o.deadline_s = 1.0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  e = kc_warm(c, w, &o, &r, err);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  secs = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+  assert_int_equal(e, KC_DEADLINE);
+  assert_int_equal(count(&r, KC_WARM_FAILED), 2);
+  assert_int_equal(count(&r, KC_WARM_BUILT), 0);
+  assert_true(secs < 3.0);
+  kc_warm_report_free(&r);
+  kc_client_free(other);
+  kc_warmup_free(w);
+  kc_client_free(c);
+}
+
+
+/* Reads at most 64 MiB of a file (the test store is small). */
+static char *slurp(const char *path, size_t *len) {
+  char *buf = NULL, err[KC_ERRBUF_SIZE];
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_true(st.st_size < (64 << 20));
+  assert_int_equal(kc_read_file(path, &buf, len, err), KC_OK);
+  return buf;
+}
+
+/* A blob whose stored bytes were flipped inside kcached's LMDB file: the
+ * server serves them, the client detects it, never uses them, rebuilds. */
+static void test_server_blob_flipped(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  start_server(f);
+  char err[KC_ERRBUF_SIZE], key[65], p[PATH_MAX], cache2[400];
+  kc_client *c = client_for(f->cache, f->srv.url);
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
+  kc_warm_report r;
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  memcpy(key, r.items[0].key, sizeof key);
+  kc_warm_report_free(&r);
+  kc_manifest *m = NULL;
+  assert_int_equal(kc_cache_bundle_get(c, key, &m, err), KC_OK);
+  size_t blen = 0, dlen = 0;
+  kc_cache_blob_path(c, m->files[0].sha256, p, sizeof p);
+  char *blob = slurp(p, &blen);
+  kc_manifest_free(m);
+  kc_client_free(c);
+  /* Stop the server, flip a byte of the stored value, start again. */
+  assert_int_equal(kc_testsrv_stop(&f->srv), 0);
+  snprintf(p, sizeof p, "%s/data.mdb", f->srv.data);
+  char *db = slurp(p, &dlen);
+  char *at = memmem(db, dlen, blob, blen);
+  assert_non_null(at);
+  at[blen / 2] ^= 0x5a;
+  assert_int_equal(kc_write_file_atomic(p, db, dlen, err), KC_OK);
+  free(db);
+  free(blob);
+  assert_int_equal(kc_testsrv_restart(&f->srv), 0);
+  snprintf(cache2, sizeof cache2, "%s/cache2", f->dir);
+  c = client_for(cache2, f->srv.url);
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  for (size_t i = 0; i < r.n_items; i++) {
+    if (strcmp(r.items[i].key, key) != 0)
+      continue;
+    assert_int_equal(r.items[i].status, KC_WARM_BUILT);
+    assert_int_equal(r.items[i].uploaded, 0);
+    assert_non_null(strstr(r.items[i].message, "hash"));
+  }
+  assert_int_equal(count(&r, KC_WARM_HIT_REMOTE), 1);
+  kc_warm_report_free(&r);
+  /* What the local cache holds hashes right. */
+  assert_int_equal(kc_cache_bundle_get(c, key, &m, err), KC_OK);
+  kc_manifest_free(m);
+  kc_client_free(c);
+  kc_warmup_free(w);
+}
+
+/* Makes a token with `kcached token ROLE NAME`; appends its line to file. */
+static void make_token(const char *role, const char *name, const char *file,
+                       char *token, size_t size) {
+  char cmd[600], line[512];
+  snprintf(cmd, sizeof cmd, "%s token %s %s 2>/dev/null", kc_testsrv_bin(),
+           role, name);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  FILE *out = fopen(file, "a");
+  assert_non_null(out);
+  while (fgets(line, sizeof line, p)) {
+    line[strcspn(line, "\n")] = '\0';
+    if (line[0] == '#' || !line[0])
+      continue;
+    if (!strchr(line, ' '))
+      snprintf(token, size, "%.200s", line);
+    else
+      fprintf(out, "%s\n", line);
+  }
+  fclose(out);
+  assert_int_equal(pclose(p), 0);
+  assert_true(token[0] != '\0');
+}
+
+/* Tokens: write uploads; read fetches but builds for itself; none is 401
+ * and still builds locally, with a warning. */
+static void test_tokens(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  char err[KC_ERRBUF_SIZE], tokens[400], wtok[256] = "", rtok[256] = "";
+  snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
+  make_token("write", "ci", tokens, wtok, sizeof wtok);
+  make_token("read", "svc", tokens, rtok, sizeof rtok);
+  assert_int_equal(kc_testsrv_init(&f->srv), 0);
+  const char *args[] = {"--tokens", tokens, NULL};
+  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
+  f->have_srv = 1;
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
+  kc_warmup *w2 = warmup_for(f, "w2", "batch8", "fill8", "");
+  struct { const char *tok, *cache; } who[] = {
+      {NULL, "none"}, {rtok, "read"}, {wtok, "write"}};
+  kc_warm_report r;
+  for (int k = 0; k < 3; k++) {
+    char cache[400];
+    kc_client *c = NULL;
+    snprintf(cache, sizeof cache, "%s/%s", f->dir, who[k].cache);
+    kc_client_opts o = {.url = f->srv.url, .token = who[k].tok,
+                        .cache_dir = cache};
+    assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
+    assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+    assert_int_equal(count(&r, KC_WARM_BUILT), 2);
+    assert_int_equal(r.items[0].uploaded, k == 2);
+    if (k < 2)
+      assert_non_null(strstr(r.warning, "refused"));
+    kc_warm_report_free(&r);
+    kc_client_free(c);
+  }
+  /* The read token now fetches what the write token stored. */
+  char cache[400];
+  kc_client *c = NULL;
+  snprintf(cache, sizeof cache, "%s/read2", f->dir);
+  kc_client_opts o = {.url = f->srv.url, .token = rtok, .cache_dir = cache};
+  assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_HIT_REMOTE), 2);
+  kc_warm_report_free(&r);
+  /* batch8.cu compiles only for batch=8: bucket 1 fails, reported. */
+  assert_int_equal(kc_warm(c, w2, NULL, &r, err), KC_BUILD_FAILED);
+  assert_int_equal(count(&r, KC_WARM_FAILED), 2);
+  kc_warm_report_free(&r);
+  kc_client_free(c);
+  kc_warmup_free(w);
+  kc_warmup_free(w2);
+}
+
+
+/* HTTPS: the server's certificate is checked against --cacert. */
+static void test_https(void **state) {
+  fx *f = *state;
+  char cmd[1200], cert[400], key[400], err[KC_ERRBUF_SIZE];
+  snprintf(cert, sizeof cert, "%s/cert.pem", f->dir);
+  snprintf(key, sizeof key, "%s/key.pem", f->dir);
+  snprintf(cmd, sizeof cmd,
+           "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "
+           "/CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 -keyout %s "
+           "-out %s >/dev/null 2>&1",
+           key, cert);
+  if (system(cmd) != 0) {
+    print_message("skipped: openssl cannot make a certificate\n");
+    skip();
+  }
+  const char *args[] = {"--tls-cert", cert, "--tls-key", key, NULL};
+  assert_int_equal(kc_testsrv_init(&f->srv), 0);
+  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
+  f->have_srv = 1;
+  assert_memory_equal(f->srv.url, "https://", 8);
+  kc_client *c = NULL;
+  char *json = NULL;
+  kc_client_opts o = {.url = f->srv.url, .cacert = cert,
+                      .cache_dir = f->cache};
+  assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
+  assert_int_equal(kc_client_stats(c, &json, err), KC_OK);
+  free(json);
+  kc_client_free(c);
+  o.cacert = NULL; /* the system's CAs do not know this certificate */
+  assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
+  assert_int_not_equal(kc_client_stats(c, &json, err), KC_OK);
+  kc_client_free(c);
+}
+
+/* ---- a fake kcached that lies: wrong blob bytes, unsafe manifests ---- */
+
+typedef struct fake {
+  int fd;
+  int port;
+  char url[64];
+  pthread_t thread;
+  const char *lookup_body; /* answer to POST /v1/lookup */
+  const char *bundle_body; /* answer to GET /v1/bundles/... */
+  const char *blob_body;   /* answer to GET /v1/blobs/... */
+  int stop;
+} fake;
+
+static void fake_reply(int c, int status, const char *body) {
+  char head[256];
+  int n = snprintf(head, sizeof head,
+                   "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nContent-Type: "
+                   "application/json\r\nConnection: close\r\n\r\n",
+                   status, strlen(body));
+  if (write(c, head, (size_t)n) < 0 || write(c, body, strlen(body)) < 0)
+    return;
+}
+
+/* Reads the request head (and ignores any body: we close afterwards). */
+static void fake_serve(fake *s, int c) {
+  char req[8192] = "";
+  size_t n = 0;
+  while (n < sizeof req - 1 && !strstr(req, "\r\n\r\n")) {
+    ssize_t r = read(c, req + n, sizeof req - 1 - n);
+    if (r <= 0)
+      break;
+    n += (size_t)r;
+    req[n] = '\0';
+  }
+  req[n] = '\0';
+  if (!strncmp(req, "POST /v1/lookup", 15) && s->lookup_body)
+    fake_reply(c, 200, s->lookup_body);
+  else if (!strncmp(req, "GET /v1/bundles/", 16) && s->bundle_body)
+    fake_reply(c, 200, s->bundle_body);
+  else if (!strncmp(req, "GET /v1/blobs/", 14) && s->blob_body)
+    fake_reply(c, 200, s->blob_body);
+  else
+    fake_reply(c, 500, "{\"error\":\"internal\",\"message\":\"fake\"}");
+  shutdown(c, SHUT_WR);
+  while (read(c, req, sizeof req) > 0) {
+  }
+}
+
+static void *fake_main(void *arg) {
+  fake *s = arg;
+  for (;;) {
+    int c = accept(s->fd, NULL, NULL);
+    if (c < 0 || __atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) {
+      if (c >= 0)
+        close(c);
+      return NULL;
+    }
+    fake_serve(s, c);
+    close(c);
+  }
+}
+
+static void fake_start(fake *s) {
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  s->fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(s->fd >= 0);
+  assert_int_equal(bind(s->fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(s->fd, 16), 0);
+  getsockname(s->fd, (struct sockaddr *)&a, &len);
+  s->port = ntohs(a.sin_port);
+  snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", s->port);
+  assert_int_equal(pthread_create(&s->thread, NULL, fake_main, s), 0);
+}
+
+static void fake_stop(fake *s) {
+  __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
+  /* Wake accept() with a connection of our own. */
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)s->port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (connect(c, (struct sockaddr *)&a, sizeof a) != 0)
+    fprintf(stderr, "fake_stop: connect: %s\n", strerror(errno));
+  close(c);
+  pthread_join(s->thread, NULL);
+  close(s->fd);
+}
+
+/* The manifest JSON for key fields k[0] with one file. */
+static char *fake_manifest(const kc_key_fields *k, const char *path,
+                           const char *content, char *key_out) {
+  char err[KC_ERRBUF_SIZE], d[65], *json = NULL;
+  kc_manifest *m = kc_manifest_new();
+  m->fields = *k;
+  kc_sha256_hex(content, strlen(content), d);
+  assert_int_equal(kc_manifest_add_file(m, "placeholder.cubin", d,
+                                        strlen(content), KC_KIND_CUBIN, NULL,
+                                        0, err),
+                   KC_OK);
+  assert_int_equal(kc_manifest_seal(m, err), KC_OK);
+  assert_int_equal(kc_manifest_to_json(m, &json, err), KC_OK);
+  strcpy(key_out, m->key);
+  kc_manifest_free(m);
+  /* Swap the path in the text: the fake may serve what we may not build. */
+  char *at = strstr(json, "placeholder.cubin");
+  size_t need = strlen(json) + strlen(path) + 1;
+  char *out = malloc(need);
+  snprintf(out, need, "%.*s%s%s", (int)(at - json), json, path,
+           at + strlen("placeholder.cubin"));
+  free(json);
+  return out;
+}
+
+static char *lookup_of(const char *key, const char *manifest) {
+  size_t need = strlen(manifest) + 200;
+  char *s = malloc(need);
+  snprintf(s, need, "{\"found\":{\"%s\":%s},\"missing\":[]}", key, manifest);
+  return s;
+}
+
+/* A served blob whose bytes do not hash to its name is never used: the key
+ * is rebuilt locally (and the lying server gets no upload). */
+static void test_served_blob_corrupt(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  char err[KC_ERRBUF_SIZE], key[65];
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
+  kc_key_fields *k = NULL;
+  size_t n = 0;
+  assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
+  char *man = fake_manifest(&k[0], "saxpy.cubin", "the real bytes", key);
+  char *look = lookup_of(key, man);
+  fake s = {.lookup_body = look, .bundle_body = man,
+            .blob_body = "the wrong bytes"};
+  fake_start(&s);
+  kc_client *c = client_for(f->cache, s.url);
+  char d[65];
+  kc_sha256_hex("the real bytes", 14, d);
+  void *data = NULL;
+  size_t len = 0;
+  assert_int_equal(kc_client_blob_get(c, d, &data, &len, err),
+                   KC_DIGEST_MISMATCH);
+  kc_warm_report r;
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  assert_string_equal(r.items[0].key, key);
+  assert_int_equal(r.items[0].status, KC_WARM_BUILT);
+  assert_int_equal(r.items[0].uploaded, 0);
+  char bp[PATH_MAX];
+  kc_cache_blob_path(c, d, bp, sizeof bp);
+  assert_int_not_equal(access(bp, F_OK), 0); /* the lie never landed */
+  kc_warm_report_free(&r);
+  kc_client_free(c);
+  fake_stop(&s);
+  free(look);
+  free(man);
+  free(k);
+  kc_warmup_free(w);
+}
+
+/* A served manifest with a path-traversal file path is refused. */
+static void test_served_path_traversal(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE], key[65], outside[400];
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy",
+                            ",\"nvrtc\":\"13.0\",\"cuda\":\"13.0\"");
+  kc_key_fields *k = NULL;
+  size_t n = 0;
+  assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
+  char *man = fake_manifest(&k[0], "../../evil.cubin", "payload", key);
+  char *look = lookup_of(key, man);
+  fake s = {.lookup_body = look, .bundle_body = man, .blob_body = "payload"};
+  fake_start(&s);
+  kc_client *c = client_for(f->cache, s.url);
+  kc_manifest *m = NULL;
+  kc_err ge = kc_client_bundle_get(c, key, &m, err);
+  if (ge != KC_BAD_MANIFEST)
+    fail_msg("bundle_get: %s (%s)", kc_err_name(ge), err);
+  assert_non_null(strstr(err, "files[0].path"));
+  assert_null(m);
+  kc_warm_report r;
+  kc_warm_opts o = {.no_build = 1, .out_dir = f->out};
+  assert_int_not_equal(kc_warm(c, w, &o, &r, err), KC_OK);
+  assert_int_equal(r.items[0].status, KC_WARM_FAILED);
+  snprintf(outside, sizeof outside, "%s/evil.cubin", f->dir);
+  assert_int_not_equal(access(outside, F_OK), 0);
+  kc_warm_report_free(&r);
+  kc_client_free(c);
+  fake_stop(&s);
+  free(look);
+  free(man);
+  free(k);
+  kc_warmup_free(w);
+}
+
+int main(void) {
+  /* Commands run without --cache-dir must not touch ~/.cache. */
+  char home_cache[256];
+  const char *tmp = getenv("TMPDIR");
+  snprintf(home_cache, sizeof home_cache, "%s/kcache-default-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(home_cache))
+    return 1;
+  setenv("KCACHE_DIR", home_cache, 1);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+#define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
+  const struct CMUnitTest tests[] = {
+      T(test_keys_pinned),
+      T(test_keys_nvrtc_version),
+      T(test_bucket_label_and_hash),
+      T(test_local_cache),
+      T(test_materialize),
+      T(test_materialize_never_escapes),
+      T(test_cli_usage),
+      T(test_cli_key_hash),
+      T(test_manifest_errors),
+      T(test_plaintext_token),
+      T(test_cli_verify),
+      T(test_warm_offline),
+      T(test_warm_build_failure),
+      T(test_warm_command_builder),
+      T(test_cold_then_remote),
+      T(test_cli_roundtrip),
+      T(test_server_down),
+      T(test_two_warmers),
+      T(test_deadline),
+      T(test_server_blob_flipped),
+      T(test_tokens),
+      T(test_https),
+      T(test_served_blob_corrupt),
+      T(test_served_path_traversal),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  curl_global_cleanup();
+  rmtree(home_cache);
+  return rc;
+}
