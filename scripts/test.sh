@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh: installs what is needed, builds kcache twice (normal, and with
-# ASan+UBSan) and runs every test of both builds with ctest.
+# ASan+UBSan), runs every test of both builds with ctest, then the unit and
+# integration tests of the normal build again under Valgrind's memcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -22,4 +23,6 @@ for dir in build build-san; do
   echo "== ctest ($dir)"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 900 || status=1
 done
+echo "== valgrind (build)"
+./scripts/valgrind.sh build || status=1
 exit $status

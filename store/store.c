@@ -187,17 +187,33 @@ static kc_err make_dir(const char *dir, char *err) {
   return kc_errf(err, KC_IO, "cannot create %s: %s", dir, strerror(errno));
 }
 
-static kc_err open_env(kc_store *s, const kc_store_opts *o, char *err) {
+static int try_open(kc_store *s, const kc_store_opts *o, uint64_t map_size) {
   int rc = mdb_env_create(&s->env);
   if (rc)
-    return kcs_mdb_err(rc, "mdb_env_create", err);
-  s->map_size = derive_map_size(o);
-  mdb_env_set_mapsize(s->env, (size_t)s->map_size);
+    return rc;
+  mdb_env_set_mapsize(s->env, (size_t)map_size);
   mdb_env_set_maxdbs(s->env, 8);
   mdb_env_set_maxreaders(s->env, o->max_readers ? o->max_readers : 512);
   /* NOTLS: a read transaction lives with a request, which may move between
    * libmicrohttpd's threads; NORDAHEAD: blob reads are random. */
   rc = mdb_env_open(s->env, s->dir, MDB_NOTLS | MDB_NORDAHEAD, 0640);
+  if (rc) {
+    mdb_env_close(s->env); /* a failed open leaves a handle to discard */
+    s->env = NULL;
+  }
+  return rc;
+}
+
+static kc_err open_env(kc_store *s, const kc_store_opts *o, char *err) {
+  uint64_t want = derive_map_size(o);
+  int rc = try_open(s, o, want);
+  /* A default map is only address space; where that is limited (ulimit -v,
+   * valgrind: mmap says ENOMEM or EINVAL), halve it rather than refuse to
+   * start. */
+  for (uint64_t m = want / 2;
+       (rc == ENOMEM || rc == EINVAL) && !o->map_size && m >= GiB;
+       m /= 2)
+    rc = try_open(s, o, m);
   if (rc)
     return kc_errf(err, kcs_mdb_err(rc, "", NULL),
                    "cannot open the store in %s: %s", s->dir,

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# valgrind.sh: runs the unit and integration test binaries of a build under
+# Valgrind's memcheck (kcached too: the integration tests start it through a
+# wrapper), then fails if any process reported an error or a definite leak.
+# Tests that run NVRTC (gpu, client) are left out: its JIT is not ours.
+#   usage: scripts/valgrind.sh [BUILD_DIR]   (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=$(cd "${1:-build}" && pwd)
+logs=$(mktemp -d "${TMPDIR:-/tmp}/kcache-vg-XXXXXX")
+trap 'rm -rf "$logs"' EXIT
+vg=(valgrind -q --error-exitcode=99 --leak-check=full
+    --errors-for-leak-kinds=definite --show-leak-kinds=definite
+    --suppressions=tests/valgrind/kcache.supp --log-file="$logs/%p.log")
+
+# kcached started by tests/testsrv.c runs under memcheck too.
+wrapper="$logs/kcached"
+printf '#!/bin/sh\nexec %s %q "$@"\n' "${vg[*]}" "$build/server/kcached" >"$wrapper"
+chmod +x "$wrapper"
+export KCACHED_BIN=$wrapper
+
+status=0
+run() { # name, command...
+  local name=$1; shift
+  local t0=$SECONDS
+  if "${vg[@]}" "$@" >"$logs/$name.out" 2>&1; then
+    echo "valgrind: $name passed ($((SECONDS - t0)) s)"
+  else
+    echo "valgrind: $name FAILED ($((SECONDS - t0)) s)"; tail -30 "$logs/$name.out"; status=1
+  fi
+}
+run error "$build/tests/test_error"
+run schema "$build/tests/test_schema" tests
+# The 256 MiB blob test is slow under memcheck and only exercises LMDB.
+KC_TEST_SKIP=test_large_blob_256mib run store "$build/tests/test_store"
+run server "$build/tests/test_server"
+
+# Every process's log: an error summary above 0 or a definite leak fails.
+bad=$(grep -lE 'ERROR SUMMARY: [1-9]|definitely lost: [1-9]' "$logs"/*.log 2>/dev/null || true)
+if [ -n "$bad" ]; then
+  for f in $bad; do echo "== $f"; head -60 "$f"; done
+  status=1
+fi
+n=$(ls "$logs"/*.log 2>/dev/null | wc -l)
+echo "valgrind: $n processes checked, $([ $status = 0 ] && echo 'no errors' || echo 'errors above')"
+exit $status
