@@ -11,7 +11,7 @@ logs=$(mktemp -d "${TMPDIR:-/tmp}/kcache-vg-XXXXXX")
 trap 'rm -rf "$logs"' EXIT
 vg=(valgrind -q --error-exitcode=99 --leak-check=full
     --errors-for-leak-kinds=definite --show-leak-kinds=definite
-    --suppressions=tests/valgrind/kcache.supp --log-file="$logs/%p.log")
+    --log-file="$logs/%p.log")
 
 # kcached started by tests/testsrv.c runs under memcheck too.
 wrapper="$logs/kcached"
