@@ -172,6 +172,25 @@ kc_err kc_store_bundle_put(kc_store *s, const kc_manifest *m, int *created,
 
 /* ---- delete ---- */
 
+/* Releases a stored manifest's blobs. A manifest that no longer parses (a
+ * damaged page) cannot say which blobs it held: they stay, and the bundle's
+ * records still go, so one bad bundle never blocks eviction or a delete. */
+static kc_err unref_blobs(kc_store *s, MDB_txn *txn, const MDB_val *jv,
+                          int drop_blobs, char *err) {
+  kc_manifest *m = NULL;
+  if (kc_manifest_parse(jv->mv_data, jv->mv_size, &m, NULL))
+    return KC_OK;
+  size_t n = 0;
+  const char **d = distinct_digests(m, &n);
+  int64_t now = kcs_now();
+  kc_err e = d ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  for (size_t i = 0; !e && i < n; i++)
+    e = kcs_blob_unref(s, txn, d[i], now, drop_blobs, err);
+  free(d);
+  kc_manifest_free(m);
+  return e;
+}
+
 kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
                        int drop_blobs, char *err) {
   MDB_val k = kcs_hex_val(key), jv, mv;
@@ -184,19 +203,7 @@ kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
     return kcs_mdb_err(rc ? rc : MDB_CORRUPTED, "reading a bundle", err);
   kcs_bundle_meta bm;
   memcpy(&bm, mv.mv_data, sizeof bm);
-  kc_manifest *m = NULL;
-  kc_err e = kc_manifest_parse(jv.mv_data, jv.mv_size, &m, err);
-  if (e)
-    return kc_errf(err, KC_CORRUPT, "bundle %s: stored manifest unreadable",
-                   key);
-  size_t n = 0;
-  const char **d = distinct_digests(m, &n);
-  int64_t now = kcs_now();
-  e = d ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
-  for (size_t i = 0; !e && i < n; i++)
-    e = kcs_blob_unref(s, txn, d[i], now, drop_blobs, err);
-  free(d);
-  kc_manifest_free(m);
+  kc_err e = unref_blobs(s, txn, &jv, drop_blobs, err);
   unsigned char mk[2 * KC_HEX_LEN], lk[8 + KC_HEX_LEN];
   model_key(mk, bm.model, key);
   kcs_time_key(lk, bm.last_used, key);

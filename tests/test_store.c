@@ -2554,6 +2554,34 @@ static void test_verify_detects_corruption(void **state) {
   free(p);
 }
 
+/* A stored manifest damaged on disk must not wedge the store: deleting it
+ * (and so evicting it) still removes its records. */
+static void test_delete_damaged_manifest(void **state) {
+  fx *f = *state;
+  kc_store *s = open_store(f->dir, 0, 16 * 1024 * 1024, 0);
+  char hex[KC_HEX_LEN + 1];
+  const size_t n = 5000;
+  uint8_t *p = make_bytes(n, 151, hex);
+  int created;
+  OK(kc_store_blob_put(s, hex, p, n, &created, errbuf));
+  kc_manifest *m = make_manifest(M1, 1, 1, &hex, (uint64_t[]){n});
+  put_bundle(s, m, 1);
+  char *json = manifest_json(m);
+  kc_store_close(s);
+  assert_true(flip_pattern_in_dir(f->dir, (const uint8_t *)json,
+                                  strlen(json)) >= 1);
+  s = open_store(f->dir, 0, 16 * 1024 * 1024, 0);
+  EXPECT(kc_store_verify(s, errbuf), KC_CORRUPT);
+  OK(kc_store_bundle_delete(s, m->key, errbuf));
+  assert_false(bundle_present(s, m->key));
+  kc_store_stats st = get_stats(s);
+  assert_int_equal(st.bundles, 0);
+  kc_store_close(s);
+  free(json);
+  kc_manifest_free(m);
+  free(p);
+}
+
 /* ======================================================================= */
 /* bad input                                                                */
 
@@ -2675,6 +2703,7 @@ int main(void) {
       T(test_bundle_size_mismatch),
       T(test_large_blob_256mib),
       T(test_verify_detects_corruption),
+      T(test_delete_damaged_manifest),
       T(test_bad_digests),
   };
 #undef T
