@@ -108,12 +108,15 @@ static char *trim(char *s) {
 
 static kc_err read_tokens(FILE *f, const char *path, kcd_token **out,
                           size_t *n_out, char *err) {
-  char line[1024];
+  /* getline, not a fixed buffer: a long line read in pieces would let the
+   * tail of a comment count as a token line (found by tests/fuzz). */
+  char *line = NULL;
+  size_t line_cap = 0;
   kcd_token *v = NULL;
   size_t n = 0, cap = 0;
   unsigned lineno = 0;
   kc_err e = KC_OK;
-  while (!e && fgets(line, sizeof line, f)) {
+  while (!e && getline(&line, &line_cap, f) >= 0) {
     lineno++;
     char *s = trim(line);
     if (*s == '\0' || *s == '#')
@@ -131,6 +134,7 @@ static kc_err read_tokens(FILE *f, const char *path, kcd_token **out,
     if (!e)
       n++;
   }
+  free(line);
   if (e) {
     free(v);
     return e;

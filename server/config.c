@@ -143,6 +143,9 @@ static int set_max_conns(kcd_config *c, const char *v) {
 static int set_shutdown(kcd_config *c, const char *v) {
   return set_uint(&c->shutdown_s, v, 0, 3600);
 }
+static int set_store_wait(kcd_config *c, const char *v) {
+  return set_uint(&c->store_wait_s, v, 0, 86400);
+}
 static int set_lease_ttl(kcd_config *c, const char *v) {
   return parse_u64(v, 7 * 86400, &c->lease_max_ttl_s) || !c->lease_max_ttl_s
              ? -1
@@ -201,6 +204,11 @@ static const opt opts[] = {
     {"shutdown-timeout", "SECONDS", "KCACHED_SHUTDOWN_TIMEOUT",
      "on SIGTERM, wait this long for in-flight requests (default 10)",
      set_shutdown},
+    {"store-wait", "SECONDS", "KCACHED_STORE_WAIT",
+     "when the store cannot be opened at start, keep retrying this long "
+     "(serving /healthz, 503 on /readyz) before exiting 3 (default 0: exit "
+     "at once)",
+     set_store_wait},
     {"lease-max-ttl", "SECONDS", "KCACHED_LEASE_MAX_TTL",
      "longest lease a builder may ask for (default 3600)", set_lease_ttl},
     {"metrics-role", "ROLE", "KCACHED_METRICS_ROLE",
@@ -230,7 +238,9 @@ static void usage(FILE *f) {
           "Subcommand:\n  token ROLE NAME              print a new random token "
           "and its token-file line\n\n"
           "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP re-reads the token "
-          "file.\n",
+          "file.\n"
+          "Exit status: 0 stopped by a signal; 1 could not start; 2 bad "
+          "option or token file; 3 the store could not be opened.\n",
           "--help", "--version");
 }
 

@@ -169,6 +169,7 @@ typedef struct kcd_config {
   unsigned timeout_s;      /* idle connection timeout */
   unsigned max_conns;
   unsigned shutdown_s;     /* grace for in-flight requests at SIGTERM */
+  unsigned store_wait_s;   /* retry opening the store this long at start */
   kcd_role metrics_role;   /* role /metrics needs (default none) */
   uint64_t lease_max_ttl_s;
 } kcd_config;

@@ -20,6 +20,7 @@
 
 #define GC_EVERY_S 60
 #define STORE_RETRY_S 5
+#define EXIT_STORE 3 /* the store could not be opened */
 #define MAX_LEASES 65536
 
 static int read_pem(const char *path, char **out) {
@@ -52,18 +53,20 @@ static void free_tls(kcd_state *st) {
   free(st->tls_cert_pem);
 }
 
-static void open_store(kcd_state *st) {
+/* 0 when the store is open; the error names the directory either way. */
+static int open_store(kcd_state *st, int will_retry) {
   kc_store_opts o = {.dir = st->cfg.data_dir, .max_bytes = st->cfg.max_bytes};
   char err[KC_ERRBUF_SIZE] = "";
   kc_store *s = NULL;
   kc_err e = kc_store_open(&o, &s, err);
   if (e) {
-    kcd_log(st, "error", "cannot open the store in %s: %s (%s); retrying",
-            st->cfg.data_dir, *err ? err : kc_strerror(e), kc_err_name(e));
-    return;
+    kcd_log(st, "error", "%s (%s)%s", *err ? err : kc_strerror(e),
+            kc_err_name(e), will_retry ? "; retrying" : "");
+    return -1;
   }
   atomic_store(&st->store, s);
   kcd_log(st, "info", "store open in %s", st->cfg.data_dir);
+  return 0;
 }
 
 /* Written to a temporary name first: a reader never sees half a number. */
@@ -91,16 +94,23 @@ static void reload_tokens(kcd_state *st) {
           kcd_auth_count(&st->auth), st->cfg.tokens);
 }
 
-static void maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
+/* Housekeeping once a second; EXIT_STORE when the store could not be
+ * opened within --store-wait. */
+static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   int64_t now = kcd_unix_now();
   kcd_lease_sweep(st->leases, kcd_now_us() / 1000);
   kc_store *s = atomic_load(&st->store);
   if (!s) {
+    if (now - st->started >= (int64_t)st->cfg.store_wait_s) {
+      kcd_log(st, "error", "no store after %u s (--store-wait): exiting",
+              st->cfg.store_wait_s);
+      return EXIT_STORE;
+    }
     if (now - *last_open >= STORE_RETRY_S) {
       *last_open = now;
-      open_store(st);
+      open_store(st, 1);
     }
-    return;
+    return 0;
   }
   kc_err e = kc_store_flush(s);
   if (e)
@@ -111,22 +121,26 @@ static void maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
     if ((e = kc_store_gc(s, now, err)))
       kcd_log(st, "error", "gc: %s", *err ? err : kc_strerror(e));
   }
+  return 0;
 }
 
-/* Runs until SIGTERM or SIGINT. */
-static void serve(kcd_state *st, const sigset_t *set) {
+/* Runs until SIGTERM or SIGINT (0), or maintain gives up (its code). */
+static int serve(kcd_state *st, const sigset_t *set) {
   int64_t last_gc = kcd_unix_now(), last_open = last_gc;
   for (;;) {
     struct timespec tick = {1, 0};
     int sig = sigtimedwait(set, NULL, &tick);
     if (sig == SIGTERM || sig == SIGINT) {
       kcd_log(st, "info", "%s: stopping", strsignal(sig));
-      return;
+      return 0;
     }
-    if (sig == SIGHUP)
+    if (sig == SIGHUP) {
       reload_tokens(st);
-    else
-      maintain(st, &last_gc, &last_open);
+      continue;
+    }
+    int rc = maintain(st, &last_gc, &last_open);
+    if (rc)
+      return rc;
   }
 }
 
@@ -191,7 +205,11 @@ static int start(kcd_state *st, sigset_t *set) {
   pthread_sigmask(SIG_BLOCK, set, NULL);
   signal(SIGPIPE, SIG_IGN);
   st->started = kcd_unix_now();
-  open_store(st);
+  /* Fail fast by default: a wrong path or permission is for the operator
+   * (systemd, Kubernetes) to see; --store-wait is for volumes that appear
+   * late. */
+  if (open_store(st, st->cfg.store_wait_s > 0) && !st->cfg.store_wait_s)
+    return EXIT_STORE;
   unsigned port = 0;
   if (kcd_http_start(st, &port, err)) {
     kcd_log(st, "error", "%s", err);
@@ -218,7 +236,7 @@ static int run(kcd_state *st) {
   sigset_t set;
   int rc = start(st, &set);
   if (rc == 0) {
-    serve(st, &set);
+    rc = serve(st, &set);
     shut_down(st);
   }
   cleanup(st);

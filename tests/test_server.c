@@ -1501,7 +1501,7 @@ static void t_readyz_not_open(void **state) {
   FILE *f = fopen(file, "w");
   fputs("x", f);
   fclose(f);
-  const char *const args[] = {"--data-dir", file, NULL};
+  const char *const args[] = {"--data-dir", file, "--store-wait", "60", NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   resp r = http(&t, "/healthz", (req){0});
   assert_int_equal(r.status, 200);
@@ -1524,6 +1524,25 @@ static int run_kcached(const char *args, char *out, size_t cap) {
   snprintf(cmd, sizeof cmd, "env -u KCACHED_THREADS %s %s 2>&1",
            kc_testsrv_bin(), args);
   return run_sh(cmd, out, cap);
+}
+
+/* Without --store-wait, a data directory that cannot hold a store stops
+ * kcached at once: exit 3 and a message naming the path. */
+static void t_store_unopenable_exits(void **state) {
+  (void)state;
+  static char out[4096];
+  char dir[] = "/tmp/kcd-unopenable-XXXXXX", args[512];
+  assert_non_null(mkdtemp(dir));
+  char file[300];
+  snprintf(file, sizeof file, "%s/not-a-dir", dir);
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fclose(f);
+  snprintf(args, sizeof args, "--listen 127.0.0.1:0 --data-dir %s", file);
+  assert_int_equal(run_kcached(args, out, sizeof out), 3);
+  assert_non_null(strstr(out, file));
+  unlink(file);
+  rmdir(dir);
 }
 
 static void t_flags(void **state) {
@@ -1764,6 +1783,7 @@ int main(void) {
       cmocka_unit_test(t_sighup_reload),
       cmocka_unit_test(t_tls),
       cmocka_unit_test(t_readyz_not_open),
+      cmocka_unit_test(t_store_unopenable_exits),
       cmocka_unit_test(t_flags),
       cmocka_unit_test(t_refuse_plaintext),
       cmocka_unit_test(t_token_command),
