@@ -1,0 +1,220 @@
+/* fuzz_router.c: libFuzzer target for kcached's request router (routes.c):
+ * kcd_route_find (path matching and the {param} copy into a bounded buffer),
+ * kcd_route_op / kcd_route_allow (method dispatch and the 405 Allow list),
+ * and kcd_json_object (the strict JSON bodies of POST /v1/lookup and
+ * POST /v1/leases/{key}).
+ *
+ * Input: "METHOD PATH\nBODY" (a request line without the version; a first
+ * line without a space is a GET of that path). The query string is not
+ * here: libmicrohttpd splits it off and parses it before kcached sees the
+ * path (kcd_query is MHD_lookup_connection_value), so no code of ours parses
+ * one. The results are checked against a reference table written from
+ * DESIGN.md's API, independent of routes.c. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_common.h"
+#include "kcd.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  fz_init_jansson();
+  return 0;
+}
+
+/* DESIGN.md, "HTTP API (v1)". */
+static const struct ref_route {
+  const char *path; /* exact, or prefix when param */
+  kcd_route_id id;
+  int param;
+  const char *methods; /* space-separated */
+} ref[] = {
+    {"/healthz", KCD_R_HEALTHZ, 0, "GET HEAD"},
+    {"/readyz", KCD_R_READYZ, 0, "GET HEAD"},
+    {"/metrics", KCD_R_METRICS, 0, "GET HEAD"},
+    {"/v1/stats", KCD_R_STATS, 0, "GET HEAD"},
+    {"/v1/lookup", KCD_R_LOOKUP, 0, "POST"},
+    {"/v1/blobs/", KCD_R_BLOBS, 1, "GET HEAD PUT"},
+    {"/v1/bundles/", KCD_R_BUNDLES, 1, "GET HEAD PUT DELETE"},
+    {"/v1/models/", KCD_R_MODELS, 1, "GET HEAD"},
+    {"/v1/leases/", KCD_R_LEASES, 1, "POST DELETE"},
+};
+
+/* http.c's method_of is static; the same mapping. */
+static kcd_method method_of(const char *m) {
+  static const char *const names[] = {"GET", "HEAD", "PUT", "POST", "DELETE"};
+  for (int i = 0; i < KCD_M_OTHER; i++)
+    if (strcmp(m, names[i]) == 0)
+      return (kcd_method)i;
+  return KCD_M_OTHER;
+}
+
+/* 1 if `word` is one of the items of a list separated by `seps`. */
+static int in_list(const char *list, const char *word, const char *seps) {
+  size_t n = strlen(word);
+  for (const char *p = list; *p;) {
+    p += strspn(p, seps);
+    size_t k = strcspn(p, seps);
+    if (k == n && strncmp(p, word, n) == 0)
+      return 1;
+    p += k;
+  }
+  return 0;
+}
+
+static int is_hex64(const char *s) {
+  size_t i = 0;
+  for (; s[i]; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+      return 0;
+  return i == 64;
+}
+
+static void check_route(const char *path, size_t cap) {
+  /* Exactly cap bytes, so that a write past it is an ASan report. */
+  char *param = malloc(cap);
+  FZ_CHECK(param, "malloc");
+  memset(param, 'Z', cap);
+  const kcd_route *rt = kcd_route_find(path, param, cap);
+  FZ_CHECK(memchr(param, '\0', cap), "param not NUL-terminated (cap %zu)", cap);
+
+  const struct ref_route *want = NULL;
+  for (size_t i = 0; i < sizeof ref / sizeof ref[0] && !want; i++) {
+    size_t n = strlen(ref[i].path);
+    if (ref[i].param ? strncmp(path, ref[i].path, n) == 0
+                     : strcmp(path, ref[i].path) == 0)
+      want = &ref[i];
+  }
+  if (!want) {
+    FZ_CHECK(rt == NULL, "'%s' routed to %s; DESIGN.md has no such route",
+             path, kcd_route_name(rt->id));
+    FZ_CHECK(param[0] == '\0', "no route but param '%s'", param);
+    free(param);
+    return;
+  }
+  FZ_CHECK(rt != NULL, "'%s' not routed; DESIGN.md routes it to %s", path,
+           kcd_route_name(want->id));
+  FZ_CHECK(rt->id == want->id, "'%s' routed to %s, not %s", path,
+           kcd_route_name(rt->id), kcd_route_name(want->id));
+  FZ_CHECK((rt->param != KCD_P_NONE) == want->param, "param kind of %s",
+           path);
+  FZ_CHECK(strcmp(kcd_route_allow(rt->id), rt->allow) == 0, "Allow of %s",
+           kcd_route_name(rt->id));
+  FZ_CHECK(strcmp(kcd_route_name(rt->id), "other") != 0, "route name");
+
+  if (want->param) {
+    const char *tail = path + strlen(want->path);
+    size_t tl = strlen(tail), pl = strlen(param);
+    FZ_CHECK(pl == (tl < cap - 1 ? tl : cap - 1),
+             "param of '%s' is %zu bytes (cap %zu)", path, pl, cap);
+    FZ_CHECK(strncmp(param, tail, pl) == 0, "param is not the path's tail");
+    /* http.c accepts the param only if it is a SHA-256; a truncated one
+     * never is (kcd.h) as long as cap - 1 > 64: true of http.c's 96, not of
+     * caps of 65 or less, where 64 hex digits can be the cut of a longer
+     * tail. */
+    if (cap > 65)
+      FZ_CHECK(kc_is_hex64(param) == is_hex64(tail),
+               "hex64 check of param '%s' (tail '%s', cap %zu)", param, tail,
+               cap);
+  } else {
+    FZ_CHECK(param[0] == '\0', "param '%s' on a route without one", param);
+  }
+
+  /* Every method: an op iff DESIGN.md lists it, and the Allow header of a
+   * 405 names exactly those. */
+  for (int m = 0; m < KCD_N_METHODS; m++) {
+    const kcd_op *op = kcd_route_op(rt, (kcd_method)m);
+    const char *name = kcd_method_name((kcd_method)m);
+    int listed = m != KCD_M_OTHER && in_list(want->methods, name, " ");
+    FZ_CHECK(!!op == listed, "%s %s: op %p, DESIGN.md %s", name, want->path,
+             (const void *)op, listed ? "lists it" : "does not");
+    FZ_CHECK(in_list(rt->allow, name, ", ") == listed, "Allow '%s' and %s",
+             rt->allow, name);
+    if (!op)
+      continue;
+    FZ_CHECK(op->method == (kcd_method)m, "op of another method");
+    FZ_CHECK(op->finish, "op without finish");
+    FZ_CHECK(op->role <= KCD_ROLE_ADMIN, "role %d", (int)op->role);
+    FZ_CHECK(op->body != KCD_BODY_STREAM || (op->begin && op->data),
+             "stream op without begin/data");
+  }
+  free(param);
+}
+
+static void check_body(const kcd_route *rt, const char *body, size_t len) {
+  static const char *const lookup[] = {"keys", NULL};
+  static const char *const lease[] = {"holder", "ttl_s", NULL};
+  const char *const *allowed =
+      rt && rt->id == KCD_R_LEASES ? lease : lookup;
+  kcd_req r;
+  memset(&r, 0, sizeof r);
+  char *copy = NULL;
+  if (len) { /* exactly len bytes, no NUL, like http.c's body buffer */
+    copy = malloc(len);
+    FZ_CHECK(copy, "malloc");
+    memcpy(copy, body, len);
+  }
+  r.body = copy;
+  r.body_len = len;
+  char err[KC_ERRBUF_SIZE];
+  json_t *j = (json_t *)&r; /* must be reset */
+  fz_err_reset(err);
+  kc_err e = kcd_json_object(&r, allowed, &j, err);
+  if (e) {
+    FZ_CHECK(j == NULL, "error but *out set");
+    fz_err_ok(err, 0, "kcd_json_object");
+    FZ_CHECK(e == KC_BAD_JSON || e == KC_EINVAL, "code %d", (int)e);
+  } else {
+    FZ_CHECK(json_is_object(j), "not an object");
+    const char *k;
+    json_t *v;
+    json_object_foreach(j, k, v) {
+      (void)v;
+      size_t i = 0;
+      while (allowed[i] && strcmp(allowed[i], k))
+        i++;
+      FZ_CHECK(allowed[i], "field '%s' not allowed but accepted", k);
+    }
+    json_decref(j);
+  }
+  free(copy);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  const char *in = (const char *)data;
+  const char *nl = memchr(in, '\n', size);
+  size_t line_len = nl ? (size_t)(nl - in) : size;
+  const char *sp = memchr(in, ' ', line_len);
+  char method[16] = "GET";
+  const char *p = in;
+  size_t plen = line_len;
+  if (sp) {
+    size_t ml = (size_t)(sp - in);
+    /* kcd_req.method_str is 16 bytes; longer methods are OTHER anyway */
+    snprintf(method, sizeof method, "%.*s", (int)(ml < 15 ? ml : 15), in);
+    p = sp + 1;
+    plen = line_len - ml - 1;
+  }
+  /* MHD hands over a C string: the path ends at a NUL. */
+  char *path = malloc(plen + 1);
+  FZ_CHECK(path, "malloc");
+  memcpy(path, p, plen);
+  path[plen] = '\0';
+
+  check_route(path, 96); /* sizeof kcd_req.param */
+  check_route(path, 1 + size % 97);
+
+  char param[96];
+  const kcd_route *rt = kcd_route_find(path, param, sizeof param);
+  const kcd_op *op = rt ? kcd_route_op(rt, method_of(method)) : NULL;
+  (void)op;
+  if (nl)
+    check_body(rt, nl + 1, size - line_len - 1);
+  free(path);
+  return 0;
+}
