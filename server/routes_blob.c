@@ -19,6 +19,7 @@ kc_err kcd_blob_put_begin(kcd_req *r, char *err) {
   kc_store *s = store_of(r);
   /* Content-addressed: a held blob is these bytes already; skip the body. */
   if (kc_store_blob_has(s, r->param, NULL) == KC_OK) {
+    kc_store_blob_touch(s, r->param); /* kept for the manifest to come */
     r->blob_present = 1;
     r->discard = 1;
     return KC_OK;

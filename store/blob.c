@@ -157,7 +157,7 @@ static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
   if (e)
     return e;
   if (kc_store_blob_has(s, src->digest, NULL) == KC_OK) {
-    /* Held already. A stream source is still drained by the caller. */
+    kc_store_blob_touch(s, src->digest); /* its manifest is on its way */
     return KC_OK;
   }
   if (s->max_bytes && src->len > s->max_bytes)
@@ -310,6 +310,45 @@ void kc_store_upload_abort(kc_store_upload *u) {
 
 /* ---- references ---- */
 
+int kcs_blob_touched(kc_store *s, const char *digest, int64_t now) {
+  return kcs_uses_last(&s->touched, digest) > now - KCS_UPLOAD_WINDOW_S;
+}
+
+/* An orphan offered again starts its upload window and grace anew. */
+static kc_err retouch_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  const char *digest = ud;
+  kcs_blob_meta bm;
+  kc_err e = get_meta(txn, s, digest, &bm);
+  if (e || bm.refs > 0)
+    return e == KC_NOT_FOUND ? KC_OK : e;
+  unsigned char old[8 + KC_HEX_LEN], neu[8 + KC_HEX_LEN];
+  kcs_time_key(old, bm.orphan_since, digest);
+  bm.orphan_since = kcs_now();
+  kcs_time_key(neu, bm.orphan_since, digest);
+  MDB_val ov = {sizeof old, old}, nv = {sizeof neu, neu}, empty = {0, ""};
+  MDB_val k = kcs_hex_val(digest), v = {sizeof bm, &bm};
+  if ((e = kcs_del(txn, s->orphans, &ov, err)) ||
+      (e = kcs_put(txn, s->orphans, &nv, &empty, 0, err)))
+    return e;
+  return kcs_put(txn, s->blobmeta, &k, &v, 0, err);
+}
+
+void kc_store_blob_touch(kc_store *s, const char *digest) {
+  if (check_digest(digest, NULL))
+    return;
+  int64_t now = kcs_now();
+  kcs_uses_record(&s->touched, digest, now);
+  kcs_blob_meta bm = {0};
+  kc_store_read *r;
+  if (kc_store_read_begin(s, &r))
+    return;
+  kc_err e = get_meta(r->txn, s, digest, &bm);
+  kc_store_read_end(r);
+  /* Rare (an unreferenced blob offered again), so a write is affordable. */
+  if (!e && bm.refs == 0 && bm.orphan_since < now - 60)
+    kcs_write(s, retouch_op, (void *)digest, NULL);
+}
+
 kc_err kcs_blob_drop(kc_store *s, MDB_txn *txn, const char *digest,
                      const kcs_blob_meta *bm, char *err) {
   MDB_val k = kcs_hex_val(digest);
@@ -332,7 +371,9 @@ kc_err kcs_blob_unref(kc_store *s, MDB_txn *txn, const char *digest,
     return KC_OK; /* nothing to release */
   if (e)
     return kc_errf(err, e, "blob %s: unreadable metadata", digest);
-  if (drop_now && bm.refs <= 1) { /* eviction frees the bytes at once */
+  /* Eviction frees the bytes at once, unless a client just offered the blob
+   * for a manifest still to come: that one becomes an orphan instead. */
+  if (drop_now && bm.refs <= 1 && !kcs_blob_touched(s, digest, now)) {
     if (!(e = kcs_blob_drop(s, txn, digest, &bm, err)))
       atomic_fetch_add(&s->evicted_blobs, 1);
     return e;

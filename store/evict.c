@@ -6,9 +6,7 @@
 #include "store_internal.h"
 
 #define EVICT_BATCH 512 /* bundles or blobs removed per write transaction */
-/* Eviction spares blobs that became orphans this recently: a client uploads
- * its blobs first and its manifest last, and they are in between. */
-#define UPLOAD_WINDOW_S 600
+
 
 static int64_t time_of(const unsigned char *k) {
   uint64_t u = 0;
@@ -56,6 +54,7 @@ static kc_err flush_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
 }
 
 kc_err kc_store_flush(kc_store *s) {
+  kcs_uses_prune(&s->touched, kcs_now() - KCS_UPLOAD_WINDOW_S);
   uses_ctx c = {0};
   c.n = kcs_uses_take(&s->uses, &c.u);
   kc_err e = c.n ? kcs_write(s, flush_op, &c, NULL) : KC_OK;
@@ -125,7 +124,7 @@ static kc_err evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
       continue;
     }
     /* then unreferenced blobs, oldest first */
-    int r = drop_orphan(s, txn, kcs_now() - UPLOAD_WINDOW_S, &e, err);
+    int r = drop_orphan(s, txn, kcs_now() - KCS_UPLOAD_WINDOW_S, &e, err);
     if (r < 0)
       return e;
     if (r == 0) {

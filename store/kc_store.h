@@ -72,6 +72,11 @@ kc_err kc_store_bundle_get(kc_store_read *r, const char *key,
 
 /* 0/KC_OK if held (and *size set when size != NULL), KC_NOT_FOUND if not. */
 kc_err kc_store_blob_has(kc_store *s, const char *digest, uint64_t *size);
+/* A client offered a blob the store holds (a PUT answered "already
+ * present"): for the next 10 minutes eviction spares it as it spares a fresh
+ * upload, so the manifest that follows finds it. Kept in memory (an orphan's
+ * upload window is also moved on disk). A put of a held blob does this. */
+void kc_store_blob_touch(kc_store *s, const char *digest);
 /* Stores bytes under their digest; KC_DIGEST_MISMATCH (nothing stored) when
  * they do not hash to it. *created: 1 new, 0 already present. */
 kc_err kc_store_blob_put(kc_store *s, const char *digest, const void *data,

@@ -242,8 +242,9 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
   if (s->low_pct > s->high_pct)
     s->low_pct = s->high_pct;
   pthread_mutex_init(&s->pool_lock, NULL);
-  kc_err e = kcs_uses_init(&s->uses) ? kc_errf(err, KC_NOMEM, "out of memory")
-                                     : make_dir(s->dir, err);
+  kc_err e = kcs_uses_init(&s->uses) || kcs_uses_init(&s->touched)
+                 ? kc_errf(err, KC_NOMEM, "out of memory")
+                 : make_dir(s->dir, err);
   if (!e)
     e = open_env(s, opts, err);
   if (e) {
@@ -264,6 +265,7 @@ void kc_store_close(kc_store *s) {
     mdb_env_close(s->env);
   }
   kcs_uses_destroy(&s->uses);
+  kcs_uses_destroy(&s->touched);
   pthread_mutex_destroy(&s->pool_lock);
   free(s->dir);
   free(s);

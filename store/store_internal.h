@@ -25,6 +25,9 @@
 #include "kc_store.h"
 
 #define KCS_LAYOUT 1
+/* Eviction spares a blob uploaded or offered (a PUT answered "already
+ * present") this recently: its manifest is on its way. */
+#define KCS_UPLOAD_WINDOW_S 600
 #define KCS_POOL_MAX 64 /* reset read transactions kept for reuse */
 
 typedef struct kcs_blob_meta {
@@ -63,6 +66,7 @@ struct kc_store {
   uint64_t max_bytes, map_size, grace_s;
   int high_pct, low_pct;
   kcs_uses uses;
+  kcs_uses touched; /* blobs offered again by clients, by digest (memory) */
   pthread_mutex_t pool_lock;
   MDB_txn *pool[KCS_POOL_MAX]; /* reset read transactions */
   size_t n_pool;
@@ -127,5 +131,11 @@ void kcs_uses_destroy(kcs_uses *u);
 void kcs_uses_record(kcs_uses *u, const char *key, int64_t now);
 /* Takes the table's contents (caller frees *out), leaving it empty. */
 size_t kcs_uses_take(kcs_uses *u, kcs_use **out);
+/* The last time recorded for key; 0 when none. */
+int64_t kcs_uses_last(kcs_uses *u, const char *key);
+/* Forgets entries recorded before `before`. */
+void kcs_uses_prune(kcs_uses *u, int64_t before);
+/* blob.c: 1 if a client offered this blob within the upload window. */
+int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);
 
 #endif

@@ -81,3 +81,20 @@ size_t kcs_uses_take(kcs_uses *u, kcs_use **out) {
   pthread_mutex_unlock(&u->lock);
   return n;
 }
+
+int64_t kcs_uses_last(kcs_uses *u, const char *key) {
+  pthread_mutex_lock(&u->lock);
+  const kcs_use *s = u->slots ? probe(u->slots, u->cap, key) : NULL;
+  int64_t t = s && s->used ? s->last_used : 0;
+  pthread_mutex_unlock(&u->lock);
+  return t;
+}
+
+void kcs_uses_prune(kcs_uses *u, int64_t before) {
+  kcs_use *all;
+  size_t n = kcs_uses_take(u, &all);
+  for (size_t i = 0; i < n; i++)
+    if (all[i].last_used >= before)
+      kcs_uses_record(u, all[i].key, all[i].last_used);
+  free(all);
+}

@@ -1494,6 +1494,38 @@ static void test_blob_larger_than_limit(void **state) {
   kc_store_close(s);
 }
 
+/* A client uploads blobs first (a shared one answered "already present"),
+ * then the manifest: eviction in between must not take the shared blob,
+ * even when the bundle that held it is evicted. */
+static void test_eviction_spares_offered_blob(void **state) {
+  fx *f = *state;
+  kc_store *s = open_store(f->dir, 4 * EV_BLOB, 0, 3600);
+  char sh[KC_HEX_LEN + 1], b0[KC_HEX_LEN + 1], nb[KC_HEX_LEN + 1];
+  put_seed(s, 4096, 170, sh);
+  kc_manifest *a = bundle_with_blob(s, M1, 1, EV_BLOB, 171, sh, 4096, b0);
+  /* The client offers the shared blob again: already present. */
+  uint8_t *p = make_bytes(4096, 170, sh);
+  int created = -1;
+  OK(kc_store_blob_put(s, sh, p, 4096, &created, errbuf));
+  assert_int_equal(created, 0);
+  /* Everything is evicted before its manifest arrives. */
+  OK(kc_store_evict(s, 0, errbuf));
+  assert_false(bundle_present(s, a->key));
+  assert_false(blob_present(s, b0));
+  assert_true(blob_present(s, sh));
+  put_seed(s, EV_BLOB, 172, nb);
+  char d[2][KC_HEX_LEN + 1];
+  strcpy(d[0], sh);
+  strcpy(d[1], nb);
+  kc_manifest *m = make_manifest(M1, 2, 2, d, (uint64_t[]){4096, EV_BLOB});
+  put_bundle(s, m, 1);
+  OK(kc_store_verify(s, errbuf));
+  free(p);
+  kc_manifest_free(m);
+  kc_manifest_free(a);
+  kc_store_close(s);
+}
+
 /* Unreferenced blobs go after the LRU bundles only, and a blob that became
  * unreferenced minutes ago (an upload whose manifest is on its way) is
  * spared by eviction; gc collects it after the grace period. */
@@ -2704,6 +2736,7 @@ int main(void) {
       T(test_large_blob_256mib),
       T(test_verify_detects_corruption),
       T(test_delete_damaged_manifest),
+      T(test_eviction_spares_offered_blob),
       T(test_bad_digests),
   };
 #undef T
