@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: installs what is needed, builds kcache twice (normal, and with
 # ASan+UBSan), runs every test of both builds with ctest, then the unit and
-# integration tests of the normal build again under Valgrind's memcheck.
+# integration tests of the normal build again under Valgrind's memcheck, and
+# every fuzz target for FUZZ_SECONDS (default 60) after replaying its corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -25,4 +26,6 @@ for dir in build build-san; do
 done
 echo "== valgrind (build)"
 ./scripts/valgrind.sh build || status=1
+echo "== fuzz"
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}" ./scripts/fuzz.sh || status=1
 exit $status
