@@ -42,7 +42,9 @@ const char *kc_warm_status_name(kc_warm_status s) {
 
 /* ---- keys ---- */
 
-static kc_err pin_nvrtc(kc_key_fields *f, const kc_warmup *w, char *err) {
+/* cache: where the NVRTC version is remembered (NULL: load NVRTC to ask). */
+static kc_err pin_nvrtc(kc_key_fields *f, const kc_warmup *w,
+                        const char *cache, char *err) {
   char ver[16] = "", e2[KC_ERRBUF_SIZE];
   const char *pinned = NULL, *cuda = NULL;
   for (size_t i = 0; i < w->n_tools; i++) {
@@ -51,7 +53,7 @@ static kc_err pin_nvrtc(kc_key_fields *f, const kc_warmup *w, char *err) {
     if (!strcmp(w->tools[i].name, "cuda"))
       cuda = w->tools[i].value;
   }
-  if (!pinned && kc_gpu_nvrtc_version(ver, e2) != KC_OK)
+  if (!pinned && kc_gpu_nvrtc_version_cached(cache, ver, e2) != KC_OK)
     return kc_errf(err, KC_NO_NVRTC,
                    "%s; the NVRTC version is part of every key: install the "
                    "toolkit, or pin \"nvrtc\" and \"cuda\" in the manifest's "
@@ -109,7 +111,8 @@ static kc_err resolve_archs(const kc_warmup *w, const char *const *archs,
   return KC_OK;
 }
 
-static kc_err base_fields(const kc_warmup *w, kc_key_fields *f, char *err) {
+static kc_err base_fields(const kc_warmup *w, const char *nvrtc_cache,
+                          kc_key_fields *f, char *err) {
   memset(f, 0, sizeof *f);
   memcpy(f->model, w->model_hash, sizeof f->model);
   for (size_t i = 0; i < w->n_tools; i++)
@@ -117,13 +120,18 @@ static kc_err base_fields(const kc_warmup *w, kc_key_fields *f, char *err) {
   f->n_tools = w->n_tools;
   kc_err e = kc_build_hash(w, f->build, err);
   if (!e && w->n_kernels)
-    e = pin_nvrtc(f, w, err);
+    e = pin_nvrtc(f, w, nvrtc_cache, err);
   return e;
 }
 
-kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
-                    size_t n_archs, kc_key_fields **fields, size_t *n,
-                    char *err) {
+/* <cache dir>/nvrtc-version: the NVRTC version of this host's toolkit. */
+static void nvrtc_cache_of(const kc_client *c, char out[PATH_MAX]) {
+  snprintf(out, PATH_MAX, "%s/nvrtc-version", c->cache_dir);
+}
+
+static kc_err warm_keys(const kc_warmup *w, const char *nvrtc_cache,
+                        const char *const *archs, size_t n_archs,
+                        kc_key_fields **fields, size_t *n, char *err) {
   char (*av)[KC_ARCH_MAX + 1] = NULL;
   size_t na = 0;
   kc_key_fields base;
@@ -132,7 +140,7 @@ kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
   kc_err e = resolve_archs(w, archs, n_archs, &av, &na, err);
   if (e)
     return e;
-  if (!(e = base_fields(w, &base, err)) &&
+  if (!(e = base_fields(w, nvrtc_cache, &base, err)) &&
       !(*fields = calloc(w->n_buckets * na + 1, sizeof **fields)))
     e = kc_errf(err, KC_NOMEM, "out of memory");
   for (size_t b = 0; !e && b < w->n_buckets; b++) {
@@ -157,6 +165,12 @@ kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
   return KC_OK;
 }
 
+kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
+                    size_t n_archs, kc_key_fields **fields, size_t *n,
+                    char *err) {
+  return warm_keys(w, NULL, archs, n_archs, fields, n, err);
+}
+
 kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w,
                       const kc_bucket *bucket, const char *arch,
                       kc_manifest **out, char *err) {
@@ -165,7 +179,9 @@ kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w,
   *out = NULL;
   if (!kc_arch_valid(arch))
     return kc_errf(err, KC_EINVAL, "arch: not a valid target");
-  kc_err e = base_fields(w, &f, err);
+  char cache[PATH_MAX];
+  nvrtc_cache_of(c, cache);
+  kc_err e = base_fields(w, cache, &f, err);
   if (e)
     return e;
   f.bucket = *bucket;
@@ -659,8 +675,10 @@ static kc_err summarize(wctx *x, char *err) {
 
 static kc_err setup(wctx *x, char *err) {
   size_t n = 0;
-  kc_err e = kc_warm_keys(x->w, x->o->archs, x->o->n_archs, &x->fields, &n,
-                          err);
+  char cache[PATH_MAX];
+  nvrtc_cache_of(x->c, cache);
+  kc_err e = warm_keys(x->w, cache, x->o->archs, x->o->n_archs, &x->fields,
+                       &n, err);
   if (e)
     return e;
   x->rep->items = calloc(n + 1, sizeof *x->rep->items);

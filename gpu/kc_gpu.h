@@ -55,6 +55,14 @@ int kc_gpu_arch_runs_on(const char *arch, int cc_major, int cc_minor);
  * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the loader path. KC_NO_NVRTC
  * names every place searched. out must hold 16 bytes. */
 kc_err kc_gpu_nvrtc_version(char out[16], char *err);
+/* The same, remembered in cache_file (NULL: not remembered) under the
+ * identity (path, device, inode, size, mtime) of the library file the search
+ * tries first: a host whose toolkit did not change learns "13.0" without
+ * loading a 100 MB library (about 50 ms of every warmup that builds
+ * nothing). Loads it when that file changed, when only the loader path finds
+ * NVRTC, or when the cache cannot be read; a write failure is ignored. */
+kc_err kc_gpu_nvrtc_version_cached(const char *cache_file, char out[16],
+                                   char *err);
 
 typedef struct kc_gpu_build_req {
   const char *name;         /* program name, for the log ("gemm.cu") */

@@ -1,6 +1,8 @@
 /* nvrtc.c: finding and loading libnvrtc with dlopen, its version, and one
  * compile in the calling process (kc_gpu_build runs that in a child). */
 #include <dlfcn.h>
+#include <inttypes.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,16 +146,100 @@ void kcg_nvrtc_close(kcg_nvrtc *api) {
     api->lib = NULL;
 }
 
-kc_err kc_gpu_nvrtc_version(char out[16], char *err) {
+/* Loads NVRTC, asks its version; path: the file that loaded. */
+static kc_err load_version(char out[16], char path[512], char *err) {
   kcg_nvrtc api;
   kc_err rc = kcg_nvrtc_open(&api, err);
   if (rc != KC_OK)
     return rc;
   int major = 0, minor = 0;
   nvrtcResult r = api.Version(&major, &minor);
+  snprintf(path, 512, "%s", api.path);
   kcg_nvrtc_close(&api);
   if (r != KCG_NVRTC_SUCCESS)
     return kc_errf(err, KC_NO_NVRTC, "nvrtcVersion failed (%d)", r);
   snprintf(out, 16, "%d.%d", major, minor);
   return KC_OK;
+}
+
+kc_err kc_gpu_nvrtc_version(char out[16], char *err) {
+  char path[512];
+  return load_version(out, path, err);
+}
+
+/* ---- The remembered version ---- */
+
+/* The file kcg_nvrtc_open would try first, when it names one (the loader
+ * path's own search cannot be predicted without loading). -1: none. */
+static int first_file(char out[512]) {
+  const char *forced = getenv("KCACHE_NVRTC"), *home = getenv("CUDA_HOME");
+  if (forced && *forced) {
+    snprintf(out, 512, "%s", forced);
+    return strchr(forced, '/') && access(forced, F_OK) == 0 ? 0 : -1;
+  }
+  const char *dirs[2] = {home && *home ? home : NULL, "/usr/local/cuda"};
+  for (size_t d = 0; d < 2; d++)
+    for (size_t i = 0; dirs[d] && i < N_FILES; i++) {
+      snprintf(out, 512, "%s/lib64/%s", dirs[d], nvrtc_files[i]);
+      if (access(out, F_OK) == 0)
+        return 0;
+    }
+  return -1;
+}
+
+/* "path dev inode size mtime": changes whenever the library file does. */
+static int identity(const char *path, char *out, size_t cap) {
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return -1;
+  snprintf(out, cap, "%s %ju %ju %jd %jd.%09ld", path, (uintmax_t)st.st_dev,
+           (uintmax_t)st.st_ino, (intmax_t)st.st_size,
+           (intmax_t)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  return 0;
+}
+
+/* The cache file holds one line: identity, a tab, the version. */
+static int read_cached(const char *file, const char *id, char out[16]) {
+  char line[1024];
+  FILE *f = fopen(file, "re");
+  if (!f)
+    return -1;
+  int ok = fgets(line, sizeof line, f) != NULL;
+  fclose(f);
+  size_t n = strlen(id);
+  if (!ok || strncmp(line, id, n) != 0 || line[n] != '\t')
+    return -1;
+  const char *v = line + n + 1;
+  size_t vn = strcspn(v, "\n");
+  if (vn == 0 || vn >= 16)
+    return -1;
+  memcpy(out, v, vn);
+  out[vn] = '\0';
+  return 0;
+}
+
+/* Written whole or not at all (rename); a failure only costs the next load. */
+static void write_cached(const char *file, const char *id, const char *ver) {
+  char tmp[1100];
+  snprintf(tmp, sizeof tmp, "%s.%ld.tmp", file, (long)getpid());
+  FILE *f = fopen(tmp, "we");
+  if (!f)
+    return;
+  int ok = fprintf(f, "%s\t%s\n", id, ver) > 0;
+  if (fclose(f) != 0 || !ok || rename(tmp, file) != 0)
+    unlink(tmp);
+}
+
+kc_err kc_gpu_nvrtc_version_cached(const char *cache_file, char out[16],
+                                   char *err) {
+  char first[512], id[800] = "", loaded[512];
+  int known = cache_file && first_file(first) == 0 &&
+              identity(first, id, sizeof id) == 0;
+  if (known && read_cached(cache_file, id, out) == 0)
+    return KC_OK;
+  kc_err e = load_version(out, loaded, err);
+  /* Remembered only when the file that loaded is the one predicted. */
+  if (!e && known && strcmp(loaded, first) == 0)
+    write_cached(cache_file, id, out);
+  return e;
 }

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cmocka.h>
@@ -546,6 +548,59 @@ static void test_nvrtc_crash(void **state) {
   kc_gpu_build_out_free(&out);
 }
 
+static void copy_file(const char *from, const char *to) {
+  char *data = NULL;
+  size_t len = 0;
+  assert_int_equal(kc_read_file(from, &data, &len, NULL), KC_OK);
+  FILE *f = fopen(to, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(data, 1, len, f), len);
+  fclose(f);
+  free(data);
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* The remembered version is used while the library file stays the same and
+ * asked again once it changes. A copy of the fake NVRTC (99.9) stands in for
+ * the toolkit, so that the test can change it. */
+static void test_nvrtc_version_cached(void **state) {
+  (void)state;
+  char dir[] = "/tmp/kc-gpu-cache-XXXXXX", lib[64], cache[64], v[16];
+  char *text = NULL, err[KC_ERRBUF_SIZE] = "";
+  assert_non_null(mkdtemp(dir));
+  snprintf(lib, sizeof lib, "%s/libnvrtc.so", dir);
+  snprintf(cache, sizeof cache, "%s/nvrtc-version", dir);
+  copy_file(KC_FAKE_NVRTC, lib);
+  setenv("KCACHE_NVRTC", lib, 1);
+  assert_int_equal(kc_gpu_nvrtc_version_cached(cache, v, err), KC_OK);
+  assert_string_equal(v, "99.9");
+  assert_int_equal(kc_read_file(cache, &text, NULL, NULL), KC_OK);
+  assert_contains(text, "\t99.9\n");
+  /* Remembered: a forged entry for the same file is believed. */
+  char *tab = strchr(text, '\t');
+  memcpy(tab + 1, "77.7", 4);
+  write_text(cache, text);
+  assert_int_equal(kc_gpu_nvrtc_version_cached(cache, v, err), KC_OK);
+  assert_string_equal(v, "77.7");
+  /* Another file (a new mtime): NVRTC is asked again. */
+  struct timespec t[2] = {{0, UTIME_OMIT}, {1000000000, 0}};
+  assert_int_equal(utimensat(AT_FDCWD, lib, t, 0), 0);
+  assert_int_equal(kc_gpu_nvrtc_version_cached(cache, v, err), KC_OK);
+  assert_string_equal(v, "99.9");
+  assert_int_equal(kc_gpu_nvrtc_version_cached(NULL, v, err), KC_OK);
+  assert_string_equal(v, "99.9");
+  free(text);
+  unlink(cache);
+  unlink(lib);
+  rmdir(dir);
+}
+
 static void test_nvrtc_too_old(void **state) {
   (void)state;
   setenv("KCACHE_NVRTC", KC_OLD_NVRTC, 1);
@@ -714,6 +769,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_nvrtc_forced_missing, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_crash, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_version_cached, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_too_old, env_setup,
                                       env_teardown),
