@@ -194,9 +194,17 @@ struct kcd_state {
   struct MHD_Daemon *mhd;
   char *tls_cert_pem, *tls_key_pem; /* read once at start */
   int64_t started; /* unix seconds */
+  kcd_logbuf *logbuf; /* NULL: every line written at once */
 };
 
 /* ---- log (log.c) ---- */
+
+typedef struct kcd_logbuf kcd_logbuf; /* buffered access lines */
+kcd_logbuf *kcd_logbuf_new(void);
+/* Writes what is left, frees. NULL: nothing. */
+void kcd_logbuf_free(kcd_logbuf *b);
+/* Writes the buffered access lines now (the maintenance tick, once a second). */
+void kcd_log_flush(const kcd_state *st);
 
 void kcd_log(const kcd_state *st, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -1,8 +1,13 @@
 /* log.c: kcached's log lines on stderr, text or JSON: messages and one access
- * line per request. Each line is one write(2), so lines from worker threads
- * never interleave. Paths and messages are escaped: they come from clients,
- * and a newline in a URL must not forge a log line. */
+ * line per request. Lines are written whole, so lines from worker threads
+ * never interleave. Access lines are many and small: they are gathered and
+ * written 64 KiB at a time, and within a second by kcd_log_flush (like
+ * nginx's access_log buffer=64k flush=1s); any other line flushes them first,
+ * so the log keeps its order. Paths and messages are escaped: they come from
+ * clients, and a newline in a URL must not forge a log line. */
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,10 +70,77 @@ static void put_raw(char *buf, size_t cap, size_t *pos, const char *fmt, ...) {
     *pos = *pos + (size_t)n < cap ? *pos + (size_t)n : cap - 1;
 }
 
-static void emit(char *buf, size_t pos) {
+#define ACCESS_BUF (64 * 1024)
+
+struct kcd_logbuf {
+  pthread_mutex_t lock;
+  size_t len;
+  char data[ACCESS_BUF];
+};
+
+static void write_all(const char *p, size_t n) {
+  while (n) {
+    ssize_t w = write(STDERR_FILENO, p, n);
+    if (w <= 0)
+      return; /* nowhere to report a failing log */
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+kcd_logbuf *kcd_logbuf_new(void) {
+  kcd_logbuf *b = calloc(1, sizeof *b);
+  if (b)
+    pthread_mutex_init(&b->lock, NULL);
+  return b;
+}
+
+void kcd_logbuf_free(kcd_logbuf *b) {
+  if (!b)
+    return;
+  write_all(b->data, b->len);
+  pthread_mutex_destroy(&b->lock);
+  free(b);
+}
+
+void kcd_log_flush(const kcd_state *st) {
+  kcd_logbuf *b = st ? st->logbuf : NULL;
+  if (!b)
+    return;
+  pthread_mutex_lock(&b->lock);
+  write_all(b->data, b->len);
+  b->len = 0;
+  pthread_mutex_unlock(&b->lock);
+}
+
+/* A message line: written at once, after the access lines before it. */
+static void emit(const kcd_state *st, char *buf, size_t pos) {
   buf[pos++] = '\n';
-  ssize_t w = write(STDERR_FILENO, buf, pos);
-  (void)w; /* nowhere to report a failing log */
+  kcd_logbuf *b = st ? st->logbuf : NULL;
+  if (b)
+    pthread_mutex_lock(&b->lock);
+  if (b && b->len) {
+    write_all(b->data, b->len);
+    b->len = 0;
+  }
+  write_all(buf, pos);
+  if (b)
+    pthread_mutex_unlock(&b->lock);
+}
+
+static void emit_access(const kcd_state *st, char *buf, size_t pos) {
+  kcd_logbuf *b = st->logbuf;
+  buf[pos++] = '\n';
+  if (!b)
+    return write_all(buf, pos);
+  pthread_mutex_lock(&b->lock);
+  if (b->len + pos > sizeof b->data) {
+    write_all(b->data, b->len);
+    b->len = 0;
+  }
+  memcpy(b->data + b->len, buf, pos);
+  b->len += pos;
+  pthread_mutex_unlock(&b->lock);
 }
 
 void kcd_vlog(const kcd_state *st, const char *level, const char *fmt,
@@ -89,7 +161,7 @@ void kcd_vlog(const kcd_state *st, const char *level, const char *fmt,
     for (const char *s = msg; *s && pos + 4 < sizeof buf; s++)
       buf[pos++] = ((unsigned char)*s < 0x20) ? '?' : *s;
   }
-  emit(buf, pos);
+  emit(st, buf, pos);
 }
 
 void kcd_log(const kcd_state *st, const char *level, const char *fmt, ...) {
@@ -139,5 +211,5 @@ void kcd_log_access(const kcd_state *st, const kcd_access *a) {
     access_json(buf, sizeof buf, &pos, ts, a);
   else
     access_text(buf, sizeof buf, &pos, ts, a);
-  emit(buf, pos);
+  emit_access(st, buf, pos);
 }

@@ -98,6 +98,7 @@ static void reload_tokens(kcd_state *st) {
  * opened within --store-wait. */
 static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   int64_t now = kcd_unix_now();
+  kcd_log_flush(st);
   kcd_lease_sweep(st->leases, kcd_now_us() / 1000);
   kc_store *s = atomic_load(&st->store);
   if (!s) {
@@ -187,6 +188,7 @@ static void announce(kcd_state *st, unsigned port) {
 
 static int start(kcd_state *st, sigset_t *set) {
   char err[KC_ERRBUF_SIZE] = "";
+  st->logbuf = kcd_logbuf_new(); /* NULL: lines are written one by one */
   if (kcd_auth_init(&st->auth))
     return 1;
   if (kcd_auth_load(&st->auth, st->cfg.tokens, err)) {
@@ -230,6 +232,9 @@ static void cleanup(kcd_state *st) {
   kcd_leases_free(st->leases);
   kcd_auth_destroy(&st->auth);
   free_tls(st);
+  kcd_logbuf *b = st->logbuf;
+  st->logbuf = NULL; /* the lines that follow are written at once */
+  kcd_logbuf_free(b);
 }
 
 static int run(kcd_state *st) {
