@@ -34,6 +34,7 @@ run schema "$build/tests/test_schema" tests
 # The 256 MiB blob test is slow under memcheck and only exercises LMDB.
 KC_TEST_SKIP=test_large_blob_256mib run store "$build/tests/test_store"
 run server "$build/tests/test_server"
+run s3 "$build/tests/test_s3"
 
 # Every process's log: an error summary above 0 or a definite leak fails.
 bad=$(grep -lE 'ERROR SUMMARY: [1-9]|definitely lost: [1-9]' "$logs"/*.log 2>/dev/null || true)
