@@ -55,12 +55,13 @@ int kc_gpu_arch_runs_on(const char *arch, int cc_major, int cc_minor);
  * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the loader path. KC_NO_NVRTC
  * names every place searched. out must hold 16 bytes. */
 kc_err kc_gpu_nvrtc_version(char out[16], char *err);
-/* The same, remembered in cache_file (NULL: not remembered) under the
- * identity (path, device, inode, size, mtime) of the library file the search
- * tries first: a host whose toolkit did not change learns "13.0" without
- * loading a 100 MB library (about 50 ms of every warmup that builds
- * nothing). Loads it when that file changed, when only the loader path finds
- * NVRTC, or when the cache cannot be read; a write failure is ignored. */
+/* The same without loading a 100 MB library when it can (about 50 ms of
+ * every warmup that builds nothing), for computing keys: the file the search
+ * tries first, when NVIDIA named it libnvrtc.so.MAJOR.MINOR.PATCH, says
+ * MAJOR.MINOR; else the answer remembered in cache_file (NULL: none) under
+ * that file's identity (path, device, inode, size, mtime); else NVRTC is
+ * loaded and asked (and the answer remembered; a write failure is ignored).
+ * A build always asks the NVRTC it loads (kc_gpu_nvrtc_version). */
 kc_err kc_gpu_nvrtc_version_cached(const char *cache_file, char out[16],
                                    char *err);
 

@@ -2,6 +2,7 @@
  * compile in the calling process (kc_gpu_build runs that in a child). */
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -230,11 +231,31 @@ static void write_cached(const char *file, const char *id, const char *ver) {
     unlink(tmp);
 }
 
+/* NVIDIA names the library file libnvrtc.so.MAJOR.MINOR.PATCH (the toolkit's
+ * lib64, behind the libnvrtc.so and .so.MAJOR links), and nvrtcVersion
+ * answers MAJOR.MINOR: the name tells without loading 100 MB. */
+static int version_from_name(const char *path, char out[16]) {
+  char real[PATH_MAX];
+  unsigned major, minor, patch;
+  char tail;
+  if (!realpath(path, real))
+    return -1;
+  const char *base = strrchr(real, '/');
+  base = base ? base + 1 : real;
+  if (sscanf(base, "libnvrtc.so.%u.%u.%u%c", &major, &minor, &patch,
+             &tail) != 3 || major > 999 || minor > 999)
+    return -1;
+  snprintf(out, 16, "%u.%u", major, minor);
+  return 0;
+}
+
 kc_err kc_gpu_nvrtc_version_cached(const char *cache_file, char out[16],
                                    char *err) {
   char first[512], id[800] = "", loaded[512];
-  int known = cache_file && first_file(first) == 0 &&
-              identity(first, id, sizeof id) == 0;
+  int found = first_file(first) == 0;
+  if (found && version_from_name(first, out) == 0)
+    return KC_OK;
+  int known = cache_file && found && identity(first, id, sizeof id) == 0;
   if (known && read_cached(cache_file, id, out) == 0)
     return KC_OK;
   kc_err e = load_version(out, loaded, err);

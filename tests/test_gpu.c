@@ -601,6 +601,28 @@ static void test_nvrtc_version_cached(void **state) {
   rmdir(dir);
 }
 
+/* NVIDIA's file name says the version: the copy named 42.7 is believed
+ * (the fake itself would answer 99.9), and only when the search's first file
+ * resolves to such a name. */
+static void test_nvrtc_version_from_name(void **state) {
+  (void)state;
+  char dir[] = "/tmp/kc-gpu-name-XXXXXX", real[64], link[64], v[16];
+  char err[KC_ERRBUF_SIZE] = "";
+  assert_non_null(mkdtemp(dir));
+  snprintf(real, sizeof real, "%s/libnvrtc.so.42.7.1", dir);
+  snprintf(link, sizeof link, "%s/libnvrtc.so", dir);
+  copy_file(KC_FAKE_NVRTC, real);
+  assert_int_equal(symlink("libnvrtc.so.42.7.1", link), 0);
+  setenv("KCACHE_NVRTC", link, 1);
+  assert_int_equal(kc_gpu_nvrtc_version_cached(NULL, v, err), KC_OK);
+  assert_string_equal(v, "42.7");
+  assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_OK);
+  assert_string_equal(v, "99.9"); /* a build asks the library itself */
+  unlink(link);
+  unlink(real);
+  rmdir(dir);
+}
+
 static void test_nvrtc_too_old(void **state) {
   (void)state;
   setenv("KCACHE_NVRTC", KC_OLD_NVRTC, 1);
@@ -771,6 +793,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_nvrtc_crash, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_version_cached, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_version_from_name, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_too_old, env_setup,
                                       env_teardown),
