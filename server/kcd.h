@@ -194,7 +194,7 @@ struct kcd_state {
   struct MHD_Daemon *mhd;
   char *tls_cert_pem, *tls_key_pem; /* read once at start */
   int64_t started; /* unix seconds */
-  kcd_logbuf *logbuf; /* NULL: every line written at once */
+  struct kcd_logbuf *logbuf; /* NULL: every line written at once */
 };
 
 /* ---- log (log.c) ---- */
