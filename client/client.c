@@ -273,11 +273,17 @@ static char *lookup_body(const char *const *keys, size_t n) {
 }
 
 /* found[i] from the answer; a manifest that fails validation stays NULL:
- * the caller rebuilds rather than trusting it. */
+ * the caller rebuilds rather than trusting it. refused[i] (when not NULL)
+ * says why, so that a report can tell "the server lied" from "missing". */
 static kc_err lookup_parse(const kc_http_resp *r, const char *const *keys,
-                           size_t n, kc_manifest **found, char *err) {
-  json_t *root = json_loadb(r->body ? r->body : "", r->len, 0, NULL);
+                           size_t n, kc_manifest **found, kc_err *refused,
+                           char *err) {
+  json_error_t je;
+  json_t *root = json_loadb(r->body ? r->body : "", r->len, 0, &je);
   json_t *f = json_object_get(root, "found");
+  if (!root)
+    return kc_errf(err, KC_PROTOCOL, "lookup: the answer is not JSON (%s)",
+                   je.text);
   if (!json_is_object(f)) {
     json_decref(root);
     return kc_errf(err, KC_PROTOCOL, "lookup: no \"found\" object in answer");
@@ -286,20 +292,26 @@ static kc_err lookup_parse(const kc_http_resp *r, const char *const *keys,
     json_t *m = json_object_get(f, keys[i]);
     if (!m)
       continue;
-    char *s = json_dumps(m, JSON_COMPACT);
-    if (s)
-      served_manifest(keys[i], s, strlen(s), &found[i], NULL);
+    /* Not an object (a number, a string): not dumpable, and no manifest. */
+    char *s = json_is_object(m) ? json_dumps(m, JSON_COMPACT) : NULL;
+    kc_err e = s ? served_manifest(keys[i], s, strlen(s), &found[i], NULL)
+                 : KC_BAD_MANIFEST;
+    if (refused)
+      refused[i] = e;
     free(s);
   }
   json_decref(root);
   return KC_OK;
 }
 
-kc_err kc_client_lookup(kc_client *c, const char *const *keys, size_t n,
-                        kc_manifest **found, char *err) {
+kc_err kc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
+                         kc_manifest **found, kc_err *refused, char *err) {
   kc_http_resp r;
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
     found[i] = NULL;
+    if (refused)
+      refused[i] = KC_OK;
+  }
   if (n > KC_LOOKUP_MAX)
     return kc_errf(err, KC_EINVAL, "lookup: %zu keys, at most %d", n,
                    KC_LOOKUP_MAX);
@@ -311,11 +323,16 @@ kc_err kc_client_lookup(kc_client *c, const char *const *keys, size_t n,
   if (e)
     return e;
   if (r.status == 200)
-    e = lookup_parse(&r, keys, n, found, err);
+    e = lookup_parse(&r, keys, n, found, refused, err);
   else
     e = kc_http_error(&r, "/v1/lookup", err);
   kc_http_resp_free(&r);
   return e;
+}
+
+kc_err kc_client_lookup(kc_client *c, const char *const *keys, size_t n,
+                        kc_manifest **found, char *err) {
+  return kc_lookup_checked(c, keys, n, found, NULL, err);
 }
 
 /* ---- leases ---- */

@@ -47,6 +47,13 @@ void kc_http_setup(kc_client *c, CURL *h, long timeout_ms);
  * has passed. */
 long kc_http_budget_ms(const kc_client *c);
 
+/* ---- client.c ---- */
+
+/* kc_client_lookup, and refused[i] (may be NULL): why the manifest served
+ * for keys[i] was refused (KC_OK: none served, or a valid one). */
+kc_err kc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
+                         kc_manifest **found, kc_err *refused, char *err);
+
 /* ---- fetch.c: parallel verified blob downloads into the cache ---- */
 
 /* Fetches each digest (those already cached are skipped) with up to

@@ -63,6 +63,14 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   char e2[KC_ERRBUF_SIZE];
   x->idx = idx;
   x->got = 0;
+  /* A passed deadline leaves no budget, and a timeout of 0 is libcurl's
+   * "no limit": a transfer started now would wait on a stalled server
+   * forever. */
+  long budget = kc_http_budget_ms(r->c);
+  if (budget <= 0) {
+    fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", r->digests[idx]);
+    return -1;
+  }
   int fd = kc_cache_tmp(r->c, x->tmp, e2);
   if (fd < 0 || !(x->f = fdopen(fd, "wb"))) {
     if (fd >= 0)
@@ -74,7 +82,7 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   snprintf(x->url, sizeof x->url, "%s/v1/blobs/%s", r->c->url,
            r->digests[idx]);
   curl_easy_reset(x->h);
-  kc_http_setup(r->c, x->h, kc_http_budget_ms(r->c));
+  kc_http_setup(r->c, x->h, budget);
   curl_easy_setopt(x->h, CURLOPT_URL, x->url);
   curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_data);
   curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
@@ -85,6 +93,10 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   return 0;
 }
 
+static int deadline_passed(const kc_client *c) {
+  return c->deadline_ms && kc_now_ms() >= c->deadline_ms;
+}
+
 /* Verifies and renames a finished transfer. */
 static void finish(fetch_run *r, xfer *x, CURLcode rc) {
   const char *digest = r->digests[x->idx];
@@ -93,7 +105,9 @@ static void finish(fetch_run *r, xfer *x, CURLcode rc) {
   curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &status);
   int bad = fclose(x->f) != 0;
   x->f = NULL;
-  if (rc != CURLE_OK)
+  if (rc == CURLE_OPERATION_TIMEDOUT && deadline_passed(r->c))
+    fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", digest);
+  else if (rc != CURLE_OK)
     fail(r, rc == CURLE_OPERATION_TIMEDOUT ? KC_TIMEOUT : KC_UNAVAILABLE,
          "GET blob %s: %s", digest,
          x->ebuf[0] ? x->ebuf : curl_easy_strerror(rc));

@@ -27,6 +27,8 @@ typedef struct wctx {
   char *waiting;     /* another builder holds the lease */
   int64_t *retry_at; /* waiting: when its lease may have lapsed (ms) */
   kc_warm_status fetched_as; /* what a served bundle counts as now */
+  kc_err remote_err; /* why the last lookup failed (KC_OK: it did not) */
+  char remote_why[KC_ERRBUF_SIZE];
   int server_ok;
   int jobs;          /* concurrent builds */
   int64_t t0;
@@ -277,6 +279,26 @@ static int is_down(kc_err e) {
   return e == KC_UNAVAILABLE || e == KC_TIMEOUT || e == KC_NOT_READY;
 }
 
+/* Why the server's copy of item i was not used (a refused manifest, a
+ * failed fetch): kept so that the item, failed or built here, says so. */
+static void note(wctx *x, size_t i, kc_err e, const char *why) {
+  kc_warm_item *it = &x->rep->items[i];
+  it->err = e;
+  snprintf(it->message, sizeof it->message, "%s", why);
+}
+
+/* The server problem behind item i not being ready: its own note, else the
+ * lookup's failure; KC_OK when the server simply lacks it. */
+static kc_err remote_cause(const wctx *x, size_t i, const char **why) {
+  const kc_warm_item *it = &x->rep->items[i];
+  if (it->err) {
+    *why = it->message;
+    return it->err;
+  }
+  *why = x->remote_why;
+  return x->remote_err;
+}
+
 /* ---- phase 1: local cache ---- */
 
 static void phase_local(wctx *x) {
@@ -321,30 +343,62 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
     if (all && kc_cache_bundle_put(x->c, found[k], NULL) == KC_OK) {
       ready(x, idx[k], x->fetched_as, found[k]);
       found[k] = NULL;
-    } else if (e == KC_DIGEST_MISMATCH) {
-      x->remote_bad[idx[k]] = 1; /* never used; rebuilt below */
-      snprintf(x->rep->items[idx[k]].message, KC_ERRBUF_SIZE, "%s", e2);
+      continue;
     }
+    if (e == KC_DIGEST_MISMATCH)
+      x->remote_bad[idx[k]] = 1; /* never used; rebuilt below */
+    if (e)
+      note(x, idx[k], e, e2);
+  }
+}
+
+/* A lookup that failed: remembered for the report of every key it left
+ * pending (one warning, not one line per key). */
+static void lookup_failed(wctx *x, kc_err e, const char *why) {
+  x->remote_err = e;
+  snprintf(x->remote_why, sizeof x->remote_why, "%s", why);
+  if (is_down(e))
+    server_down(x, why);
+  else if (e == KC_DEADLINE && !x->rep->warning[0])
+    snprintf(x->rep->warning, sizeof x->rep->warning,
+             "kcached did not answer before the deadline (%.400s)", why);
+  else
+    warn(x, why);
+}
+
+/* Served manifests that failed validation: never used, and said so. */
+static void note_refused(wctx *x, const kc_err *refused, size_t *idx,
+                         size_t n) {
+  char why[KC_ERRBUF_SIZE];
+  for (size_t k = 0; k < n; k++) {
+    if (!refused[k])
+      continue;
+    snprintf(why, sizeof why, "the server's manifest was refused: %s",
+             kc_strerror(refused[k]));
+    note(x, idx[k], refused[k], why);
   }
 }
 
 static void lookup_chunk(wctx *x, size_t *idx, size_t n) {
   const char **keys = calloc(n, sizeof *keys);
   kc_manifest **found = calloc(n, sizeof *found);
+  kc_err *refused = calloc(n, sizeof *refused);
   char e2[KC_ERRBUF_SIZE] = "";
-  if (keys && found) {
+  if (keys && found && refused) {
     for (size_t k = 0; k < n; k++)
       keys[k] = x->rep->items[idx[k]].key;
-    kc_err e = kc_client_lookup(x->c, keys, n, found, e2);
-    if (is_down(e))
-      server_down(x, e2);
-    else if (e)
-      warn(x, e2);
-    else
+    kc_err e = kc_lookup_checked(x->c, keys, n, found, refused, e2);
+    if (e) {
+      lookup_failed(x, e, e2);
+    } else {
+      x->remote_err = KC_OK;
+      note_refused(x, refused, idx, n);
       fetch_found(x, found, idx, n);
+    }
   }
   for (size_t k = 0; found && k < n; k++)
     kc_manifest_free(found[k]);
+  free(refused);
   free(found);
   free(keys);
 }
@@ -570,6 +624,20 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
   return e != KC_OK;
 }
 
+/* Fetch only: the key fails, with the server's failure when there was one
+ * (a stalled, reset or garbled answer is not "missing"). */
+static void fail_no_build(wctx *x, size_t i) {
+  char msg[KC_ERRBUF_SIZE];
+  const char *why = "";
+  kc_err e = remote_cause(x, i, &why);
+  if (!e) {
+    failed(x, i, KC_NOT_FOUND, "not cached, and --no-build");
+    return;
+  }
+  snprintf(msg, sizeof msg, "not fetched (%.450s), and --no-build", why);
+  failed(x, i, e, msg);
+}
+
 /* Claims up to x->jobs keys, builds them at once, repeats: leases are taken
  * just before building, so concurrent warmers split the remaining keys. */
 static void claim_and_build(wctx *x, int waiting_round) {
@@ -582,7 +650,7 @@ static void claim_and_build(wctx *x, int waiting_round) {
     if (deadline_passed(x))
       break;
     if (x->o->no_build) { /* never claims, so never waits either */
-      failed(x, i, KC_NOT_FOUND, "not cached, and --no-build");
+      fail_no_build(x, i);
       continue;
     }
     if (!claim(x, i, waiting_round, &jobs[n]))
@@ -649,17 +717,32 @@ static void materialize_all(wctx *x) {
   }
 }
 
+/* A key still pending at the end: the deadline passed; with what the
+ * server did meanwhile, if anything. */
+static void fail_deadline(wctx *x, size_t i) {
+  kc_warm_item *it = &x->rep->items[i];
+  char msg[KC_ERRBUF_SIZE];
+  const char *why = "";
+  kc_err e = remote_cause(x, i, &why);
+  if (e && e != KC_DEADLINE)
+    snprintf(msg, sizeof msg, "the deadline passed (earlier: %.440s)", why);
+  else if (e == KC_DEADLINE)
+    snprintf(msg, sizeof msg, "the deadline passed (%.460s)", why);
+  else
+    snprintf(msg, sizeof msg, "the deadline passed");
+  it->status = KC_WARM_FAILED;
+  it->err = KC_DEADLINE;
+  memcpy(it->message, msg, sizeof it->message);
+}
+
 static kc_err summarize(wctx *x, char *err) {
   kc_warm_report *r = x->rep;
   kc_err first = KC_OK;
   size_t n_failed = 0;
   for (size_t i = 0; i < r->n_items; i++) {
     kc_warm_item *it = &r->items[i];
-    if (x->pending[i]) { /* the deadline passed before its turn */
-      it->status = KC_WARM_FAILED;
-      it->err = KC_DEADLINE;
-      snprintf(it->message, sizeof it->message, "the deadline passed");
-    }
+    if (x->pending[i]) /* the deadline passed before its turn */
+      fail_deadline(x, i);
     r->counts[it->status]++;
     if (it->status != KC_WARM_FAILED)
       r->bytes += it->bytes;

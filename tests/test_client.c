@@ -3,8 +3,10 @@
  * against the real kcached (tests/testsrv.h): cold warm, warm from the
  * server, server down, corrupt blobs (local, and served by a fake server),
  * concurrent warmers and leases, the deadline, path traversal in a served
- * manifest. NVRTC really compiles (tests/kernels); without it those tests
- * skip, unless CI=true, where they fail. */
+ * manifest, and a fake server that stalls, resets connections or answers
+ * garbage (the deadline holds, the report says what failed). NVRTC really
+ * compiles (tests/kernels); without it those tests skip, unless CI=true,
+ * where they fail. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -933,7 +936,18 @@ static void test_https(void **state) {
   kc_client_free(c);
 }
 
-/* ---- a fake kcached that lies: wrong blob bytes, unsafe manifests ---- */
+/* ---- a fake kcached that lies: wrong blob bytes, unsafe manifests, and
+ * faults: stalls, resets, garbage ---- */
+
+/* How the fake misbehaves on a route instead of answering. */
+typedef enum fault {
+  FAULT_NONE,    /* answers (the route's body, or a 500) */
+  FAULT_STALL,   /* reads the request, then never answers */
+  FAULT_RESET,   /* reads the request, then closes with RST (SO_LINGER 0) */
+  FAULT_GARBAGE, /* answers bytes that are not HTTP */
+  FAULT_SHORT,   /* 200 with a Content-Length above the bytes sent, close */
+  FAULT_HTML     /* 500 with an HTML body (a proxy's error page) */
+} fault;
 
 typedef struct fake {
   int fd;
@@ -943,6 +957,8 @@ typedef struct fake {
   const char *lookup_body; /* answer to POST /v1/lookup */
   const char *bundle_body; /* answer to GET /v1/bundles/... */
   const char *blob_body;   /* answer to GET /v1/blobs/... */
+  fault lookup_fault;      /* instead of answering POST /v1/lookup */
+  fault blob_fault;        /* instead of answering GET /v1/blobs/... */
   int stop;
 } fake;
 
@@ -954,6 +970,34 @@ static void fake_reply(int c, int status, const char *body) {
                    status, strlen(body));
   if (write(c, head, (size_t)n) < 0 || write(c, body, strlen(body)) < 0)
     return;
+}
+
+/* Misbehaves on connection c, whose request head has been read. */
+static void fake_fault(int c, fault f) {
+  static const char garbage[] = "\x16\x03\x01\xff\xfeSSH-2.0 not http\r\n\r\n";
+  static const char short_head[] =
+      "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n"
+      "\r\nthe first few bytes";
+  static const char html[] =
+      "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/html\r\n"
+      "Content-Length: 46\r\nConnection: close\r\n\r\n"
+      "<html><body>502 Bad Gateway</body></html>\n\n\n\n\n";
+  const char *out = f == FAULT_GARBAGE ? garbage
+                    : f == FAULT_SHORT ? short_head
+                    : f == FAULT_HTML  ? html
+                                       : NULL;
+  if (f == FAULT_STALL) { /* until the client gives up (or 10 s) */
+    char sink[4096];
+    struct timeval tv = {10, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    while (read(c, sink, sizeof sink) > 0) {
+    }
+  } else if (f == FAULT_RESET) {
+    struct linger l = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  } else if (out && write(c, out, strlen(out)) < 0) {
+    return;
+  }
 }
 
 /* Reads the request head (and ignores any body: we close afterwards). */
@@ -968,7 +1012,16 @@ static void fake_serve(fake *s, int c) {
     req[n] = '\0';
   }
   req[n] = '\0';
-  if (!strncmp(req, "POST /v1/lookup", 15) && s->lookup_body)
+  fault f = !strncmp(req, "POST /v1/lookup", 15) ? s->lookup_fault
+            : !strncmp(req, "GET /v1/blobs/", 14) ? s->blob_fault
+                                                   : FAULT_NONE;
+  if (f == FAULT_STALL || f == FAULT_RESET) {
+    fake_fault(c, f);
+    return; /* no orderly close: the caller's close() is the reset */
+  }
+  if (f != FAULT_NONE)
+    fake_fault(c, f);
+  else if (!strncmp(req, "POST /v1/lookup", 15) && s->lookup_body)
     fake_reply(c, 200, s->lookup_body);
   else if (!strncmp(req, "GET /v1/bundles/", 16) && s->bundle_body)
     fake_reply(c, 200, s->bundle_body);
@@ -1129,6 +1182,244 @@ static void test_served_path_traversal(void **state) {
   kc_warmup_free(w);
 }
 
+/* ---- faults: a server that stalls, resets, or answers garbage ---- */
+
+#define FAULT_DEADLINE_S 2.0
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* Nothing a misbehaving server sent reached the disk: no blob, no bundle, no
+ * temporary file left behind, nothing materialized. */
+static void assert_nothing_landed(const char *cache, const char *out) {
+  char cmd[2400];
+  snprintf(cmd, sizeof cmd,
+           "test -z \"$(find '%s/blobs' '%s/bundles' '%s/tmp' '%s' -type f "
+           "2>/dev/null)\"",
+           cache, cache, cache, out);
+  if (system(cmd) != 0) {
+    snprintf(cmd, sizeof cmd, "find '%s' '%s' -type f >&2", cache, out);
+    if (system(cmd) != 0)
+      fprintf(stderr, "find failed\n");
+    fail_msg("files landed from a misbehaving server");
+  }
+}
+
+/* One fetch-only warm of w against the fake s into a fresh cache and out
+ * directory (named by tag), timed: it must end within the deadline (plus
+ * slack) and report every key. Returns kc_warm's code. */
+static kc_err warm_faulty(fx *f, fake *s, const kc_warmup *w, const char *tag,
+                          int parallel, kc_warm_report *r, double *secs) {
+  char err[KC_ERRBUF_SIZE] = "", cache[400], out[400];
+  snprintf(cache, sizeof cache, "%s/cache-%s", f->dir, tag);
+  snprintf(out, sizeof out, "%s/out-%s", f->dir, tag);
+  kc_client *c = NULL;
+  kc_client_opts co = {.url = s->url, .cache_dir = cache,
+                       .timeout_ms = 20000, .connect_timeout_ms = 1000,
+                       .parallel = parallel};
+  assert_int_equal(kc_client_new(&co, &c, err), KC_OK);
+  kc_warm_opts o = {.no_build = 1, .deadline_s = FAULT_DEADLINE_S,
+                    .out_dir = out};
+  double t0 = now_s();
+  kc_err e = kc_warm(c, w, &o, r, err);
+  *secs = now_s() - t0;
+  print_message("%-14s %.2f s  %s: %s\n", tag, *secs, kc_err_name(e), err);
+  for (size_t i = 0; i < r->n_items; i++)
+    print_message("  %.12s %s: %s\n", r->items[i].key,
+                  kc_warm_status_name(r->items[i].status),
+                  r->items[i].message);
+  assert_true(*secs < FAULT_DEADLINE_S + 2.0);
+  assert_int_equal(r->n_items, 2);
+  kc_client_free(c);
+  assert_nothing_landed(cache, out);
+  return e;
+}
+
+/* Every key failed, each with a message saying why. */
+static void assert_all_failed(const kc_warm_report *r) {
+  assert_int_equal(count(r, KC_WARM_FAILED), r->n_items);
+  for (size_t i = 0; i < r->n_items; i++) {
+    assert_int_not_equal(r->items[i].err, KC_OK);
+    assert_true(r->items[i].message[0] != '\0');
+  }
+}
+
+/* Keys computable without a toolkit (pinned NVRTC), and their key strings. */
+static kc_warmup *fault_warmup(fx *f, kc_key_fields **k, char keys[2][65]) {
+  char err[KC_ERRBUF_SIZE];
+  size_t n = 0;
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy",
+                            ",\"nvrtc\":\"13.0\",\"cuda\":\"13.0\"");
+  assert_int_equal(kc_warm_keys(w, NULL, 0, k, &n, err), KC_OK);
+  assert_int_equal(n, 2);
+  for (size_t i = 0; i < 2; i++)
+    assert_int_equal(kc_key_compute(&(*k)[i], keys[i], err), KC_OK);
+  return w;
+}
+
+/* The lookup stalls, resets, or answers garbage: the warm reports every key
+ * failed within the deadline. */
+static void test_fault_lookup(void **state) {
+  fx *f = *state;
+  char keys[2][65], wrong[1024];
+  kc_key_fields *k = NULL;
+  kc_warmup *w = fault_warmup(f, &k, keys);
+  /* Valid JSON, wrong types: a manifest that is not one, a number. */
+  snprintf(wrong, sizeof wrong,
+           "{\"found\":{\"%s\":{\"schema\":7,\"key\":[],\"files\":\"x\"},"
+           "\"%s\":42},\"missing\":\"none\"}",
+           keys[0], keys[1]);
+  struct {
+    const char *tag;
+    fault fault;
+    const char *body;
+  } cases[] = {
+      {"lookup-stall", FAULT_STALL, NULL},
+      {"lookup-reset", FAULT_RESET, NULL},
+      {"lookup-garbage", FAULT_GARBAGE, NULL},
+      {"lookup-html500", FAULT_HTML, NULL},
+      {"lookup-badjson", FAULT_NONE, "{\"found\": {\"a\": [1, 2,"},
+      {"lookup-types", FAULT_NONE, wrong},
+      {"lookup-array", FAULT_NONE, "{\"found\":[1,2],\"missing\":{}}"},
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
+    fake s = {.lookup_fault = cases[t].fault, .lookup_body = cases[t].body};
+    kc_warm_report r;
+    double secs;
+    fake_start(&s);
+    kc_err e = warm_faulty(f, &s, w, cases[t].tag, 0, &r, &secs);
+    fake_stop(&s);
+    assert_int_not_equal(e, KC_OK);
+    assert_all_failed(&r);
+    for (size_t i = 0; i < r.n_items; i++) /* a failure, not a miss */
+      assert_null(strstr(r.items[i].message, "not cached"));
+    if (cases[t].fault == FAULT_STALL) { /* the deadline, not a timeout */
+      assert_int_equal(e, KC_DEADLINE);
+      assert_true(secs > FAULT_DEADLINE_S - 0.5);
+    } else { /* a broken answer is known at once, not by the deadline */
+      assert_true(secs < FAULT_DEADLINE_S - 0.5);
+    }
+    kc_warm_report_free(&r);
+  }
+  free(k);
+  kc_warmup_free(w);
+}
+
+/* A good lookup answer, then the blob GET stalls, resets, answers garbage,
+ * is cut short, or is an HTML 500: the key fails, its bytes never land. */
+static void test_fault_blob(void **state) {
+  fx *f = *state;
+  char keys[2][65], key[65];
+  kc_key_fields *k = NULL;
+  kc_warmup *w = fault_warmup(f, &k, keys);
+  char *man = fake_manifest(&k[0], "saxpy.cubin", "the real bytes", key);
+  char *look = lookup_of(key, man);
+  assert_string_equal(key, keys[0]);
+  struct {
+    const char *tag;
+    fault fault;
+  } cases[] = {
+      {"blob-stall", FAULT_STALL},     {"blob-reset", FAULT_RESET},
+      {"blob-garbage", FAULT_GARBAGE}, {"blob-short", FAULT_SHORT},
+      {"blob-html500", FAULT_HTML},
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
+    fake s = {.lookup_body = look, .bundle_body = man,
+              .blob_fault = cases[t].fault};
+    kc_warm_report r;
+    double secs;
+    fake_start(&s);
+    kc_err e = warm_faulty(f, &s, w, cases[t].tag, 0, &r, &secs);
+    fake_stop(&s);
+    assert_int_not_equal(e, KC_OK);
+    assert_all_failed(&r);
+    if (cases[t].fault == FAULT_STALL)
+      assert_true(secs > FAULT_DEADLINE_S - 0.5);
+    else
+      assert_true(secs < FAULT_DEADLINE_S - 0.5);
+    /* The found key says what went wrong with its blob. */
+    assert_null(strstr(r.items[0].message, "not cached"));
+    kc_warm_report_free(&r);
+  }
+  free(look);
+  free(man);
+  free(k);
+  kc_warmup_free(w);
+}
+
+/* Blobs fetched one at a time from a server that stalls: the transfer that
+ * would start after the deadline must not start without a time limit. */
+static void test_fault_blob_stall_serial(void **state) {
+  fx *f = *state;
+  char keys[2][65], key0[65], key1[65], look[16384];
+  kc_key_fields *k = NULL;
+  kc_warmup *w = fault_warmup(f, &k, keys);
+  char *m0 = fake_manifest(&k[0], "saxpy.cubin", "bytes zero", key0);
+  char *m1 = fake_manifest(&k[1], "saxpy.cubin", "bytes one", key1);
+  snprintf(look, sizeof look,
+           "{\"found\":{\"%s\":%s,\"%s\":%s},\"missing\":[]}", key0, m0, key1,
+           m1);
+  fake s = {.lookup_body = look, .blob_fault = FAULT_STALL};
+  kc_warm_report r;
+  double secs;
+  fake_start(&s);
+  kc_err e = warm_faulty(f, &s, w, "blob-serial", 1, &r, &secs);
+  fake_stop(&s);
+  assert_int_equal(e, KC_DEADLINE);
+  assert_all_failed(&r);
+  kc_warm_report_free(&r);
+  free(m0);
+  free(m1);
+  free(k);
+  kc_warmup_free(w);
+}
+
+/* Building allowed: a server whose blob GETs reset is no reason to stay
+ * cold. Every key is built here, nothing is uploaded, the report warns. */
+static void test_fault_fallback_build(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  char err[KC_ERRBUF_SIZE], key[65], d[65], p[PATH_MAX];
+  size_t n = 0;
+  kc_key_fields *k = NULL;
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
+  assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
+  char *man = fake_manifest(&k[0], "saxpy.cubin", "the real bytes", key);
+  char *look = lookup_of(key, man);
+  fake s = {.lookup_body = look, .bundle_body = man,
+            .blob_fault = FAULT_RESET};
+  fake_start(&s);
+  kc_client *c = client_for(f->cache, s.url);
+  kc_warm_report r;
+  kc_warm_opts o = {.deadline_s = 60, .out_dir = f->out};
+  double t0 = now_s();
+  assert_int_equal(kc_warm(c, w, &o, &r, err), KC_OK);
+  print_message("fallback-build %.2f s  warning: %s\n", now_s() - t0,
+                r.warning);
+  assert_int_equal(count(&r, KC_WARM_BUILT), 2);
+  assert_int_equal(r.items[0].uploaded + r.items[1].uploaded, 0);
+  assert_true(r.warning[0] != '\0');
+  snprintf(p, sizeof p, "%s/sm_80/batch=1/saxpy.cubin", f->out);
+  char *img = NULL;
+  size_t len = 0;
+  assert_int_equal(kc_read_file(p, &img, &len, err), KC_OK);
+  assert_true(len > 4 && !memcmp(img, "\177ELF", 4)); /* ours, not served */
+  free(img);
+  kc_sha256_hex("the real bytes", 14, d);
+  kc_cache_blob_path(c, d, p, sizeof p);
+  assert_int_not_equal(access(p, F_OK), 0);
+  kc_warm_report_free(&r);
+  kc_client_free(c);
+  fake_stop(&s);
+  free(look);
+  free(man);
+  free(k);
+  kc_warmup_free(w);
+}
+
 int main(void) {
   /* Commands run without --cache-dir must not touch ~/.cache. */
   char home_cache[256];
@@ -1165,6 +1456,10 @@ int main(void) {
       T(test_https),
       T(test_served_blob_corrupt),
       T(test_served_path_traversal),
+      T(test_fault_lookup),
+      T(test_fault_blob),
+      T(test_fault_blob_stall_serial),
+      T(test_fault_fallback_build),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();
