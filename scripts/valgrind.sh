@@ -8,14 +8,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=$(cd "${1:-build}" && pwd)
 logs=$(mktemp -d "${TMPDIR:-/tmp}/kcache-vg-XXXXXX")
+chmod 1777 "$logs" # the reliability test runs kcached as nobody too
 trap 'rm -rf "$logs"' EXIT
 vg=(valgrind -q --error-exitcode=99 --leak-check=full
-    --errors-for-leak-kinds=definite --show-leak-kinds=definite
-    --log-file="$logs/%p.log")
+    --errors-for-leak-kinds=definite --show-leak-kinds=definite)
 
-# kcached started by tests/testsrv.c runs under memcheck too.
+# kcached started by tests/testsrv.c runs under memcheck too. Its log has a
+# name of its own: valgrind already made "<pid>.log" for the forked child
+# that execs it (as root, which a kcached run as nobody cannot reopen).
 wrapper="$logs/kcached"
-printf '#!/bin/sh\nexec %s %q "$@"\n' "${vg[*]}" "$build/server/kcached" >"$wrapper"
+printf '#!/bin/sh\nexec %s --log-file=%q %q "$@"\n' "${vg[*]}" \
+  "$logs/kcached-%p.log" "$build/server/kcached" >"$wrapper"
 chmod +x "$wrapper"
 export KCACHED_BIN=$wrapper
 
@@ -23,7 +26,7 @@ status=0
 run() { # name, command...
   local name=$1; shift
   local t0=$SECONDS
-  if "${vg[@]}" "$@" >"$logs/$name.out" 2>&1; then
+  if "${vg[@]}" --log-file="$logs/%p.log" "$@" >"$logs/$name.out" 2>&1; then
     echo "valgrind: $name passed ($((SECONDS - t0)) s)"
   else
     echo "valgrind: $name FAILED ($((SECONDS - t0)) s)"; tail -30 "$logs/$name.out"; status=1
@@ -35,6 +38,7 @@ run schema "$build/tests/test_schema" tests
 KC_TEST_SKIP=test_large_blob_256mib run store "$build/tests/test_store"
 run server "$build/tests/test_server"
 run s3 "$build/tests/test_s3"
+KC_RELIABILITY_ITERS=3 run reliability "$build/tests/test_reliability"
 
 # Every process's log: an error summary above 0 or a definite leak fails.
 bad=$(grep -lE 'ERROR SUMMARY: [1-9]|definitely lost: [1-9]' "$logs"/*.log 2>/dev/null || true)

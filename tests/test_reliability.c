@@ -1023,7 +1023,9 @@ static void t_too_large(void **state) {
 static void t_half_body(void **state) {
   (void)state;
   kc_testsrv t = {0};
-  const char *const args[] = {"--max-blob-bytes", "8M", NULL};
+  /* A short idle timeout bounds how long a connection whose close the
+   * server has not noticed yet can hold its spool file. */
+  const char *const args[] = {"--max-blob-bytes", "8M", "--timeout", "3", NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   int fds0 = count_fds(t.pid);
   size_t max = 4u << 20;
@@ -1074,7 +1076,7 @@ static void t_half_body(void **state) {
   free(json);
   /* Nothing of it is visible, and the server let go of the connections. */
   int fds = -1;
-  for (int i = 0; i < 100; i++) {
+  for (int i = 0; i < 200; i++) { /* 10 s: past the idle timeout */
     sleep_ms(50);
     if ((fds = count_fds(t.pid)) <= fds0 + 1)
       break;
