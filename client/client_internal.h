@@ -23,6 +23,7 @@ struct kc_client {
   CURLM *multi;          /* parallel blob fetches; pools connections */
   struct curl_slist *hdrs; /* Authorization, no Expect: 100-continue */
   int64_t deadline_ms;   /* monotonic; 0: none (set by kc_warm) */
+  long request_cap_ms;   /* > 0: one request's most (kc_warm's lookup) */
 };
 
 /* ---- http.c ---- */

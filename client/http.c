@@ -49,6 +49,8 @@ int64_t kc_now_ms(void) {
 
 long kc_http_budget_ms(const kc_client *c) {
   long t = c->timeout_ms;
+  if (c->request_cap_ms > 0 && c->request_cap_ms < t)
+    t = c->request_cap_ms;
   if (c->deadline_ms) {
     int64_t left = c->deadline_ms - kc_now_ms();
     if (left <= 0)

@@ -379,6 +379,16 @@ static void note_refused(wctx *x, const kc_err *refused, size_t *idx,
   }
 }
 
+/* A stalled kcached must not eat the whole deadline: the lookup gets half
+ * of what is left (a second at least), so that when it does not answer, the
+ * local builds still have the other half. */
+static long lookup_cap_ms(const wctx *x) {
+  if (!x->c->deadline_ms)
+    return 0;
+  int64_t half = (x->c->deadline_ms - kc_now_ms()) / 2;
+  return half > 1000 ? (long)half : 1000;
+}
+
 static void lookup_chunk(wctx *x, size_t *idx, size_t n) {
   const char **keys = calloc(n, sizeof *keys);
   kc_manifest **found = calloc(n, sizeof *found);
@@ -387,7 +397,9 @@ static void lookup_chunk(wctx *x, size_t *idx, size_t n) {
   if (keys && found && refused) {
     for (size_t k = 0; k < n; k++)
       keys[k] = x->rep->items[idx[k]].key;
+    x->c->request_cap_ms = lookup_cap_ms(x);
     kc_err e = kc_lookup_checked(x->c, keys, n, found, refused, e2);
+    x->c->request_cap_ms = 0;
     if (e) {
       lookup_failed(x, e, e2);
     } else {
