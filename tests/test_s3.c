@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,18 +25,11 @@
 #include <curl/curl.h>
 
 #include "kcs3.h"
+#include "testrgw.h"
 
-#ifndef KC_SOURCE_DIR
-#error "KC_SOURCE_DIR must name the source tree (for scripts/ceph-rgw.sh)"
-#endif
+/* ---- the RGW (tests/testrgw.h) ---- */
 
-/* ---- the RGW ---- */
-
-static char g_dir[256];       /* the cluster's directory, when we started it */
-static char g_endpoint[128];
-static char g_region[64];
-static char g_access[128];
-static char g_secret[128];
+static kc_testrgw g_rgw;
 static char g_bucket[64];
 
 static double now_s(void) {
@@ -46,91 +38,12 @@ static double now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* Runs scripts/ceph-rgw.sh CMD g_dir; its exit status (-1: not run). The
- * watchdog stops the cluster if this process dies before rgw_down. */
-static int run_script(const char *cmd) {
-  char script[512], owner[32];
-  snprintf(script, sizeof script, "%s/scripts/ceph-rgw.sh", KC_SOURCE_DIR);
-  snprintf(owner, sizeof owner, "%ld", (long)getpid());
-  pid_t pid = fork();
-  if (pid < 0)
-    return -1;
-  if (pid == 0) {
-    setenv("KCACHE_RGW_OWNER_PID", owner, 1);
-    execl("/bin/bash", "bash", script, cmd, g_dir, (char *)NULL);
-    _exit(127);
-  }
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    ;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* Reads `export NAME=VALUE` lines. 0 when every value we need was there. */
-static int read_env(const char *path) {
-  char line[512];
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return -1;
-  struct { const char *name; char *dst; size_t cap; } want[] = {
-      {"KCACHE_S3_ENDPOINT", g_endpoint, sizeof g_endpoint},
-      {"KCACHE_S3_REGION", g_region, sizeof g_region},
-      {"AWS_ACCESS_KEY_ID", g_access, sizeof g_access},
-      {"AWS_SECRET_ACCESS_KEY", g_secret, sizeof g_secret}};
-  while (fgets(line, sizeof line, f)) {
-    line[strcspn(line, "\r\n")] = '\0';
-    const char *l = strncmp(line, "export ", 7) == 0 ? line + 7 : line;
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-      size_t n = strlen(want[i].name);
-      if (strncmp(l, want[i].name, n) == 0 && l[n] == '=')
-        snprintf(want[i].dst, want[i].cap, "%s", l + n + 1);
-    }
-  }
-  fclose(f);
-  return g_endpoint[0] && g_region[0] && g_access[0] && g_secret[0] ? 0 : -1;
-}
-
-/* 0 up, 77 cannot be installed here, -1 failed. */
-static int rgw_up(void) {
-  const char *given = getenv("KC_TEST_S3_ENV");
-  if (given && given[0])
-    return read_env(given) == 0 ? 0 : -1;
-  const char *tmp = getenv("TMPDIR");
-  snprintf(g_dir, sizeof g_dir, "%s/kcache-s3-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-  if (!mkdtemp(g_dir)) {
-    g_dir[0] = '\0';
-    return -1;
-  }
-  double t0 = now_s();
-  int rc = run_script("start");
-  if (rc == 77)
-    return 77;
-  if (rc != 0)
-    return -1;
-  fprintf(stderr, "test_s3: RGW up in %.1f s\n", now_s() - t0);
-  char env[300];
-  snprintf(env, sizeof env, "%s/env", g_dir);
-  return read_env(env) == 0 ? 0 : -1;
-}
-
-static void rgw_down(void) {
-  if (!g_dir[0])
-    return;
-  double t0 = now_s();
-  run_script("stop");
-  fprintf(stderr, "test_s3: RGW stopped in %.1f s\n", now_s() - t0);
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "test_s3: could not remove %s\n", g_dir);
-}
-
 /* ---- helpers ---- */
 
 static kcs3 *open_with(const char *bucket, const char *secret,
                        unsigned max_keys) {
-  kcs3_opts o = {.endpoint = g_endpoint, .bucket = bucket, .region = g_region,
-                 .path_style = 1, .access_key = g_access,
+  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = bucket, .region = g_rgw.region,
+                 .path_style = 1, .access_key = g_rgw.access,
                  .secret_key = secret, .list_max_keys = max_keys};
   kcs3 *c = NULL;
   char err[KC_ERRBUF_SIZE] = "";
@@ -140,7 +53,7 @@ static kcs3 *open_with(const char *bucket, const char *secret,
   return c;
 }
 
-static kcs3 *open_rgw(void) { return open_with(g_bucket, g_secret, 0); }
+static kcs3 *open_rgw(void) { return open_with(g_bucket, g_rgw.secret, 0); }
 
 static void put_ok(kcs3 *c, const char *key, const char *text, char *etag) {
   char err[KC_ERRBUF_SIZE] = "";
@@ -300,7 +213,7 @@ static void test_not_found(void **state) {
   assert_int_equal(kcs3_delete(c, "nf/missing", err), KC_OK);
   kcs3_close(c);
   /* a bucket that does not exist says so */
-  c = open_with("kcache-no-such-bucket", g_secret, 0);
+  c = open_with("kcache-no-such-bucket", g_rgw.secret, 0);
   assert_int_equal(kcs3_get(c, "x", 100, &data, &len, NULL, err),
                    KC_NOT_FOUND);
   assert_non_null(strstr(err, "NoSuchBucket"));
@@ -356,7 +269,7 @@ static int on_entry(const kcs3_entry *e, void *ud) {
 
 static void test_list_pages(void **state) {
   (void)state;
-  kcs3 *c = open_with(g_bucket, g_secret, 2); /* 2 keys a page */
+  kcs3 *c = open_with(g_bucket, g_rgw.secret, 2); /* 2 keys a page */
   char err[KC_ERRBUF_SIZE] = "";
   const char *keys[] = {"ls/a", "ls/b", "ls/c/d", "ls/e", "ls/f"};
   for (size_t i = 0; i < 5; i++)
@@ -412,12 +325,12 @@ static void test_payload_sha(void **state) {
 static void test_virtual_host(void **state) {
   (void)state;
   char ep[160], err[KC_ERRBUF_SIZE] = "";
-  const char *port = strrchr(g_endpoint, ':');
+  const char *port = strrchr(g_rgw.endpoint, ':');
   assert_non_null(port);
   snprintf(ep, sizeof ep, "http://localhost%s", port);
-  kcs3_opts o = {.endpoint = ep, .bucket = g_bucket, .region = g_region,
-                 .path_style = 0, .access_key = g_access,
-                 .secret_key = g_secret};
+  kcs3_opts o = {.endpoint = ep, .bucket = g_bucket, .region = g_rgw.region,
+                 .path_style = 0, .access_key = g_rgw.access,
+                 .secret_key = g_rgw.secret};
   kcs3 *c = NULL;
   assert_int_equal(kcs3_open(&o, &c, err), KC_OK);
   put_ok(c, "vh/x", "virtual", NULL);
@@ -439,7 +352,7 @@ static void test_wrong_secret(void **state) {
   assert_non_null(strstr(err, "SignatureDoesNotMatch"));
   assert_non_null(strstr(err, "403"));
   assert_null(strstr(err, bad));
-  assert_null(strstr(err, g_secret));
+  assert_null(strstr(err, g_rgw.secret));
   kcs3_close(c);
 }
 
@@ -731,24 +644,14 @@ int main(void) {
       cmocka_unit_test(test_wrong_secret),
   };
   int fails = cmocka_run_group_tests_name("s3_offline", offline, NULL, NULL);
-  const char *ci = getenv("CI");
-  int in_ci = ci && (strcmp(ci, "true") == 0 || strcmp(ci, "1") == 0);
-  int skipped = 0;
-  int up = rgw_up();
-  if (up == 0) {
+  int up = kc_testrgw_up(&g_rgw, "test_s3");
+  if (up == 0)
     fails += cmocka_run_group_tests_name("s3_rgw", rgw, rgw_setup, NULL);
-  } else if (up == 77 && !in_ci) {
-    fprintf(stderr, "test_s3: no Ceph RGW here (packages cannot be "
-                    "installed): RGW tests skipped\n");
-    skipped = 1;
-  } else {
-    fprintf(stderr, "test_s3: the Ceph RGW did not start%s\n",
-            up == 77 ? " (CI=true: a missing RGW is a failure)" : "");
+  else if (up != 77)
     fails++;
-  }
-  rgw_down();
+  kc_testrgw_down(&g_rgw);
   curl_global_cleanup();
   if (fails)
     return 1;
-  return skipped ? 77 : 0;
+  return up == 77 ? 77 : 0;
 }
