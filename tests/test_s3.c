@@ -647,11 +647,6 @@ int main(void) {
   int up = kc_testrgw_up(&g_rgw, "test_s3");
   if (up == 0)
     fails += cmocka_run_group_tests_name("s3_rgw", rgw, rgw_setup, NULL);
-  else if (up != 77)
-    fails++;
-  kc_testrgw_down(&g_rgw);
   curl_global_cleanup();
-  if (fails)
-    return 1;
-  return up == 77 ? 77 : 0;
+  return kc_testrgw_finish(&g_rgw, up, fails);
 }

@@ -139,3 +139,10 @@ void kc_testrgw_down(kc_testrgw *r) {
   r->dir[0] = '\0';
   r->owned = 0;
 }
+
+int kc_testrgw_finish(kc_testrgw *r, int up, int fails) {
+  kc_testrgw_down(r);
+  if (fails || (up != 0 && up != 77))
+    return 1;
+  return up == 77 ? 77 : 0;
+}

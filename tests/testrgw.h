@@ -35,5 +35,9 @@ int kc_testrgw_gateway_start(kc_testrgw *r);
 /* Stops the cluster and removes its directory when it was started here;
  * nothing otherwise. Safe to call twice. */
 void kc_testrgw_down(kc_testrgw *r);
+/* The end of a test's main: kc_testrgw_down, then the exit status from
+ * what kc_testrgw_up said (`up`) and the failed cases: 1 when any failed or
+ * the RGW did not start, 77 when the RGW part was skipped, else 0. */
+int kc_testrgw_finish(kc_testrgw *r, int up, int fails);
 
 #endif
