@@ -154,6 +154,34 @@ static int set_lease_ttl(kcd_config *c, const char *v) {
 static int set_metrics_role(kcd_config *c, const char *v) {
   return kcd_role_parse(v, &c->metrics_role);
 }
+static int set_s3_endpoint(kcd_config *c, const char *v) {
+  c->s3_endpoint = *v ? v : NULL;
+  return 0;
+}
+static int set_s3_bucket(kcd_config *c, const char *v) {
+  c->s3_bucket = *v ? v : NULL;
+  return 0;
+}
+static int set_s3_prefix(kcd_config *c, const char *v) {
+  /* no leading or trailing slash, no empty segment */
+  if (!*v || v[0] == '/' || v[strlen(v) - 1] == '/' || strstr(v, "//"))
+    return -1;
+  c->s3_prefix = v;
+  return 0;
+}
+static int set_s3_region(kcd_config *c, const char *v) {
+  return *v ? (c->s3_region = v, 0) : -1;
+}
+static int set_s3_path_style(kcd_config *c, const char *v) {
+  return parse_bool(v ? v : "1", &c->s3_path_style);
+}
+static int set_s3_credentials(kcd_config *c, const char *v) {
+  c->s3_credentials = *v ? v : NULL;
+  return 0;
+}
+static int set_s3_parallel(kcd_config *c, const char *v) {
+  return set_uint(&c->s3_parallel, v, 1, 64);
+}
 static int set_log_format(kcd_config *c, const char *v) {
   if (strcmp(v, "text") == 0)
     c->log_format = KCD_LOG_TEXT;
@@ -216,6 +244,27 @@ static const opt opts[] = {
      set_metrics_role},
     {"log-format", "text|json", "KCACHED_LOG_FORMAT",
      "log lines on stderr (default text)", set_log_format},
+    {"s3-endpoint", "URL", "KCACHED_S3_ENDPOINT",
+     "durable tier: an S3-compatible endpoint (https://s3.amazonaws.com, "
+     "http://rgw:7480); bundles are written through to it and read through "
+     "from it. Credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
+     "(AWS_SESSION_TOKEN) or --s3-credentials",
+     set_s3_endpoint},
+    {"s3-bucket", "NAME", "KCACHED_S3_BUCKET",
+     "the bucket every replica shares (with --s3-endpoint)", set_s3_bucket},
+    {"s3-prefix", "PREFIX", "KCACHED_S3_PREFIX",
+     "object keys start with PREFIX/ (default kcache)", set_s3_prefix},
+    {"s3-region", "REGION", "KCACHED_S3_REGION",
+     "SigV4 region (default us-east-1)", set_s3_region},
+    {"s3-path-style", NULL, "KCACHED_S3_PATH_STYLE",
+     "ENDPOINT/BUCKET/KEY URLs (Ceph RGW, MinIO) instead of BUCKET.HOST/KEY",
+     set_s3_path_style},
+    {"s3-credentials", "FILE", "KCACHED_S3_CREDENTIALS",
+     "AWS shared-credentials file ([default] or $AWS_PROFILE: "
+     "aws_access_key_id, aws_secret_access_key, aws_session_token)",
+     set_s3_credentials},
+    {"s3-parallel", "N", "KCACHED_S3_PARALLEL",
+     "S3 requests at once for read-through (default 16)", set_s3_parallel},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -334,6 +383,10 @@ int kcd_host_is_loopback(const char *host) {
 int kcd_config_check(const kcd_config *c) {
   if (!c->tls_cert != !c->tls_key) {
     fprintf(stderr, "kcached: --tls-cert and --tls-key go together\n");
+    return 2;
+  }
+  if (!c->s3_endpoint != !c->s3_bucket) {
+    fprintf(stderr, "kcached: --s3-endpoint and --s3-bucket go together\n");
     return 2;
   }
   if (kcd_host_is_loopback(c->host))

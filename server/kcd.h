@@ -172,6 +172,11 @@ typedef struct kcd_config {
   unsigned store_wait_s;   /* retry opening the store this long at start */
   kcd_role metrics_role;   /* role /metrics needs (default none) */
   uint64_t lease_max_ttl_s;
+  /* the durable tier (s3cfg.c); endpoint NULL: none */
+  const char *s3_endpoint, *s3_bucket, *s3_prefix, *s3_region;
+  const char *s3_credentials; /* AWS shared-credentials file, or NULL */
+  int s3_path_style;
+  unsigned s3_parallel;
 } kcd_config;
 
 /* Parses flags over KCACHED_* environment variables over defaults. Returns 0
@@ -195,7 +200,20 @@ struct kcd_state {
   char *tls_cert_pem, *tls_key_pem; /* read once at start */
   int64_t started; /* unix seconds */
   struct kcd_logbuf *logbuf; /* NULL: every line written at once */
+  struct kcd_s3 *s3;         /* NULL: no durable tier */
 };
+
+/* ---- the durable tier's settings (s3cfg.c) ---- */
+
+/* Fills st->s3 from the --s3-* flags and the credentials (the file of
+ * --s3-credentials, else AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+ * AWS_SESSION_TOKEN); 0 ok (also without --s3-endpoint), 2 with a message on
+ * stderr. Secrets are never logged. */
+int kcd_s3_setup(kcd_state *st);
+/* The store's view of it; NULL without a tier. */
+const kc_store_s3 *kcd_s3_opts(const kcd_state *st);
+/* Wipes the secrets. */
+void kcd_s3_free(kcd_state *st);
 
 /* ---- log (log.c) ---- */
 
@@ -305,6 +323,11 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
 int kcd_reply_error_json(kcd_req *r, kc_err e, const char *msg, json_t *extra,
                          const char *const *headers);
 int kcd_reply_error(kcd_req *r, kc_err e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A miss after the durable tier was asked (its answer e, its sentence in
+ * err): KC_NOT_FOUND with the sentence fmt, plus why S3 could not say when
+ * it failed, written into err. */
+kc_err kcd_miss(kc_err e, char *err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Serializes a jansson value (stolen). */
 int kcd_reply_json(kcd_req *r, int status, json_t *json,

@@ -55,7 +55,8 @@ static void free_tls(kcd_state *st) {
 
 /* 0 when the store is open; the error names the directory either way. */
 static int open_store(kcd_state *st, int will_retry) {
-  kc_store_opts o = {.dir = st->cfg.data_dir, .max_bytes = st->cfg.max_bytes};
+  kc_store_opts o = {.dir = st->cfg.data_dir, .max_bytes = st->cfg.max_bytes,
+                     .s3 = kcd_s3_opts(st)};
   char err[KC_ERRBUF_SIZE] = "";
   kc_store *s = NULL;
   kc_err e = kc_store_open(&o, &s, err);
@@ -180,6 +181,9 @@ static void announce(kcd_state *st, unsigned port) {
   else
     kcd_log(st, "info", "%zu tokens from %s", kcd_auth_count(&st->auth),
             c->tokens);
+  if (c->s3_endpoint)
+    kcd_log(st, "info", "durable tier: s3 %s bucket %s prefix %s/", c->s3_endpoint,
+            c->s3_bucket, c->s3_prefix ? c->s3_prefix : "kcache");
   char status[128];
   snprintf(status, sizeof status, "READY=1\nSTATUS=listening on port %u",
            port);
@@ -197,6 +201,9 @@ static int start(kcd_state *st, sigset_t *set) {
   }
   if (load_tls(st))
     return 2;
+  int rc = kcd_s3_setup(st);
+  if (rc)
+    return rc;
   if (!(st->leases = kcd_leases_new(MAX_LEASES)))
     return 1;
   sigemptyset(set);
@@ -229,6 +236,7 @@ static int start(kcd_state *st, sigset_t *set) {
 static void cleanup(kcd_state *st) {
   kcd_http_stop(st);
   kc_store_close(atomic_exchange(&st->store, NULL));
+  kcd_s3_free(st);
   kcd_leases_free(st->leases);
   kcd_auth_destroy(&st->auth);
   free_tls(st);
@@ -252,7 +260,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "token") == 0)
     return kcd_token_command(argc - 1, argv + 1);
   kcd_state *st = calloc(1, sizeof *st);
-  if (!st)
+  if (!st || kc_store_global_init())
     return 1;
   int rc = kcd_config_parse(&st->cfg, argc, argv);
   if (rc == 0)

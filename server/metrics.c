@@ -136,6 +136,52 @@ static void render_store(FILE *f, kcd_state *st) {
           ss.gc_blobs);
 }
 
+static void render_s3_histogram(FILE *f, const kc_store_tier_stats *t) {
+  const char *n = "kcached_s3_request_duration_seconds";
+  fprintf(f, "# HELP %s S3 requests of the durable tier.\n# TYPE %s histogram\n",
+          n, n);
+  uint64_t cum = 0;
+  for (int b = 0; b < KC_STORE_S3_BUCKETS; b++) {
+    cum += t->duration[b];
+    fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", n, t->bounds_s[b],
+            (unsigned long long)cum);
+  }
+  cum += t->duration[KC_STORE_S3_BUCKETS];
+  fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", n, (unsigned long long)cum);
+  fprintf(f, "%s_sum %.6f\n%s_count %llu\n", n,
+          (double)t->duration_us_sum / 1e6, n, (unsigned long long)cum);
+}
+
+static void render_s3(FILE *f, kcd_state *st) {
+  kc_store *s = atomic_load(&st->store);
+  kc_store_tier_stats t;
+  if (!st->s3 || !s || kc_store_tier_stats_get(s, &t) != KC_OK)
+    return;
+  gauge(f, "kcached_s3_up", "1 when the last S3 request reached S3.",
+        (uint64_t)t.up);
+  fprintf(f, "# HELP kcached_s3_conditional_writes 1 when S3 honours "
+          "If-None-Match, 0 when not, -1 not known yet.\n# TYPE "
+          "kcached_s3_conditional_writes gauge\nkcached_s3_conditional_writes "
+          "%d\n", t.conditional);
+  gauge(f, "kcached_s3_queue_depth",
+        "Write-through entries not yet in S3 (kept in LMDB).", t.queue_depth);
+  counter(f, "kcached_s3_uploaded_total", "Write-through entries done.",
+          t.uploaded);
+  counter(f, "kcached_s3_requests_total", "S3 requests.", t.requests);
+  counter(f, "kcached_s3_errors_total", "S3 requests that failed.", t.errors);
+  counter(f, "kcached_s3_corrupt_total",
+          "Objects in S3 that failed verification (deleted, not served).",
+          t.rt_corrupt);
+  fputs("# HELP kcached_s3_read_through_total Misses asked of S3, by "
+        "outcome.\n# TYPE kcached_s3_read_through_total counter\n", f);
+  const char *names[] = {"hit", "miss", "corrupt", "error"};
+  uint64_t v[] = {t.rt_hit, t.rt_miss, t.rt_corrupt, t.rt_error};
+  for (int i = 0; i < 4; i++)
+    fprintf(f, "kcached_s3_read_through_total{result=\"%s\"} %llu\n",
+            names[i], (unsigned long long)v[i]);
+  render_s3_histogram(f, &t);
+}
+
 static void render_self(FILE *f, kcd_metrics *m) {
   counter(f, "kcached_received_bytes_total", "Request body bytes received.",
           GET(m->bytes_in));
@@ -164,6 +210,7 @@ char *kcd_metrics_render(kcd_state *st, size_t *len) {
   render_histogram(f, &st->metrics);
   render_self(f, &st->metrics);
   render_store(f, st);
+  render_s3(f, st);
   gauge(f, "kcached_start_time_seconds", "Unix time kcached started.",
         (uint64_t)st->started);
   if (fclose(f) != 0) {

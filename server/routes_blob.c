@@ -82,20 +82,37 @@ static int not_modified(kcd_req *r) {
   return strcmp(inm, "*") == 0 || strstr(inm, tag) != NULL;
 }
 
+/* Begins r->read and finds the blob; a miss asks the durable tier once. */
+static kc_err read_blob(kcd_req *r, const void **data, size_t *len,
+                        char *err) {
+  for (int fetched = 0;; fetched = 1) {
+    kc_err e = kc_store_read_begin(store_of(r), &r->read);
+    if (e)
+      return kc_errf(err, e, "cannot begin a read of the store");
+    e = kc_store_blob_get(r->read, r->param, data, len);
+    if (!e)
+      return KC_OK;
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    if (e != KC_NOT_FOUND)
+      return kc_errf(err, e, "cannot read blob %s", r->param);
+    if (fetched)
+      return kc_errf(err, e, "no blob %s", r->param);
+    e = kc_store_fetch_blob(store_of(r), r->param, err);
+    if (e == KC_CORRUPT)
+      return e;
+    if (e) /* not in S3 either, or S3 unreachable: a miss */
+      return kcd_miss(e, err, "no blob %s", r->param);
+  }
+}
+
 int kcd_blob_get(kcd_req *r) {
   const void *data = NULL;
   size_t len = 0;
-  kc_err e = kc_store_read_begin(store_of(r), &r->read);
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err e = read_blob(r, &data, &len, err);
   if (e)
-    return kcd_reply_error(r, e, "cannot begin a read of the store");
-  e = kc_store_blob_get(r->read, r->param, &data, &len);
-  if (e) {
-    kc_store_read_end(r->read);
-    r->read = NULL;
-    if (e == KC_NOT_FOUND)
-      return kcd_reply_error(r, e, "no blob %s", r->param);
-    return kcd_reply_error(r, e, "cannot read blob %s", r->param);
-  }
+    return kcd_reply_error_json(r, e, err, NULL, NULL);
   char etag[ETAG_SIZE];
   etag_of(r, etag);
   /* Content-addressed bytes never change: caches may keep them forever. */

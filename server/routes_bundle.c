@@ -9,20 +9,37 @@
 
 static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store); }
 
+/* Begins r->read and finds the bundle; a miss asks the durable tier once. */
+static kc_err read_bundle(kcd_req *r, const char **json, size_t *len,
+                          char *err) {
+  for (int fetched = 0;; fetched = 1) {
+    kc_err e = kc_store_read_begin(store_of(r), &r->read);
+    if (e)
+      return kc_errf(err, e, "cannot begin a read of the store");
+    e = kc_store_bundle_get(r->read, r->param, json, len);
+    if (!e)
+      return KC_OK;
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    if (e != KC_NOT_FOUND)
+      return kc_errf(err, e, "cannot read bundle %s", r->param);
+    if (fetched)
+      return kc_errf(err, e, "no bundle %s", r->param);
+    e = kc_store_fetch_bundle(store_of(r), r->param, err);
+    if (e == KC_CORRUPT)
+      return e;
+    if (e)
+      return kcd_miss(e, err, "no bundle %s", r->param);
+  }
+}
+
 int kcd_bundle_get(kcd_req *r) {
   const char *json = NULL;
   size_t len = 0;
-  kc_err e = kc_store_read_begin(store_of(r), &r->read);
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err e = read_bundle(r, &json, &len, err);
   if (e)
-    return kcd_reply_error(r, e, "cannot begin a read of the store");
-  e = kc_store_bundle_get(r->read, r->param, &json, &len);
-  if (e) {
-    kc_store_read_end(r->read);
-    r->read = NULL;
-    if (e == KC_NOT_FOUND)
-      return kcd_reply_error(r, e, "no bundle %s", r->param);
-    return kcd_reply_error(r, e, "cannot read bundle %s", r->param);
-  }
+    return kcd_reply_error_json(r, e, err, NULL, NULL);
   return kcd_reply(r, 200, "application/json", json, len, KCD_MEM_PERSISTENT,
                    NULL);
 }
@@ -155,8 +172,24 @@ static kc_err lookup_write(kc_store_read *rd, const char **keys, size_t n,
   return KC_OK;
 }
 
+/* Keys the store lacks are asked of the durable tier, in parallel, first. */
+static void lookup_fetch(kc_store *s, const char **keys, size_t n) {
+  const char **miss = malloc((n ? n : 1) * sizeof *miss);
+  kc_err *res = malloc((n ? n : 1) * sizeof *res);
+  size_t m = 0;
+  for (size_t i = 0; miss && res && i < n; i++)
+    if (kc_store_bundle_has(s, keys[i]) == KC_NOT_FOUND)
+      miss[m++] = keys[i];
+  if (m)
+    kc_store_fetch_bundles(s, miss, m, res);
+  free(miss);
+  free(res);
+}
+
 static int lookup_reply(kcd_req *r, const char **keys, size_t n) {
   kc_store_read *rd = NULL;
+  if (r->st->s3)
+    lookup_fetch(store_of(r), keys, n);
   kc_err e = kc_store_read_begin(store_of(r), &rd);
   if (e)
     return kcd_reply_error(r, e, "cannot begin a read of the store");
@@ -212,7 +245,12 @@ int kcd_models_get(kcd_req *r) {
   json_t *list = json_array();
   if (!list)
     return kcd_reply_error(r, KC_NOMEM, "out of memory");
-  kc_err e = kc_store_model_list(store_of(r), r->param, model_entry, list);
+  char err[KC_ERRBUF_SIZE] = "";
+  /* A replica lists what the bucket holds, not only what it has seen. */
+  kc_err e = kc_store_fetch_model(store_of(r), r->param, err);
+  if (e)
+    kcd_log(r->st, "warn", "listing model %s in S3: %s", r->param, err);
+  e = kc_store_model_list(store_of(r), r->param, model_entry, list);
   if (e && e != KC_NOT_FOUND) {
     json_decref(list);
     return kcd_reply_error(r, e, "cannot list model %s", r->param);

@@ -68,10 +68,28 @@ static int reply_leased(kcd_req *r, const kcd_lease_info *info) {
   return kcd_reply_error_json(r, KC_LEASED, msg, extra, h);
 }
 
+/* The local lease first (cheap, and single-flight within this replica), then
+ * the one in the bucket that every replica sees. */
+static kc_err acquire(kcd_req *r, const lease_req *q, kcd_lease_info *info) {
+  kc_err e = kcd_lease_acquire(r->st->leases, r->param, q->holder,
+                               q->ttl_s * 1000, kcd_now_us() / 1000, info);
+  if (e || !r->st->s3)
+    return e;
+  uint64_t remaining = 0;
+  e = kc_store_lease_acquire(atomic_load(&r->st->store), r->param, q->holder,
+                             info->token, q->ttl_s * 1000, info->holder,
+                             &remaining, NULL);
+  if (e == KC_LEASED) {
+    kcd_lease_release(r->st->leases, r->param, info->token,
+                      kcd_now_us() / 1000);
+    info->remaining_ms = remaining;
+  }
+  return e;
+}
+
 static int grant(kcd_req *r, const lease_req *q) {
   kcd_lease_info info;
-  kc_err e = kcd_lease_acquire(r->st->leases, r->param, q->holder,
-                               q->ttl_s * 1000, kcd_now_us() / 1000, &info);
+  kc_err e = acquire(r, q, &info);
   if (e == KC_LEASED)
     return reply_leased(r, &info);
   if (e == KC_BUSY)
@@ -94,7 +112,9 @@ int kcd_lease_post(kcd_req *r) {
   if (e) {
     ret = kcd_reply_error_json(r, e, err, NULL, NULL);
   } else if (kc_store_bundle_has(atomic_load(&r->st->store), r->param) ==
-             KC_OK) {
+                 KC_OK ||
+             kc_store_fetch_bundle(atomic_load(&r->st->store), r->param,
+                                   NULL) == KC_OK) {
     atomic_fetch_add(&r->st->metrics.leases_present, 1);
     ret = kcd_reply_json(r, 200, json_pack("{ss}", "status", "present"), NULL);
   } else {
@@ -111,6 +131,8 @@ int kcd_lease_delete(kcd_req *r) {
                            "lease: the ?lease=<token> query is missing");
   kc_err e = kcd_lease_release(r->st->leases, r->param, token,
                                kcd_now_us() / 1000);
+  if (!e && r->st->s3)
+    kc_store_lease_release(atomic_load(&r->st->store), r->param, token);
   if (e == KC_NOT_FOUND)
     return kcd_reply_error(r, e, "no live lease on %s", r->param);
   if (e == KC_FORBIDDEN)

@@ -77,6 +77,7 @@ typedef struct blob_src {
   int verify;   /* hash while copying (fd sources not hashed yet) */
   int consumed; /* a pipe was read: it cannot be read again */
   int created;
+  int from_tier; /* fetched from S3: not queued for it again */
 } blob_src;
 
 static kc_err read_full(blob_src *src, unsigned char *dst, kc_sha256 *h,
@@ -146,6 +147,9 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
       (e = kcs_put(txn, s->orphans, &okv, &empty, 0, err)) ||
       (e = kcs_bytes_add(txn, s, (int64_t)src->len, err)))
     return e;
+  if (!src->from_tier &&
+      (e = kcs_queue_add(s, txn, KCS_Q_BLOB, src->digest, NULL, err)))
+    return e;
   src->created = 1;
   return KC_OK;
 }
@@ -168,6 +172,8 @@ static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
   if ((e = kcs_maybe_evict(s, src->len, err)))
     return e;
   e = kcs_write(s, put_op, src, err);
+  if (!e && src->created && !src->from_tier)
+    kcs_tier_kick(s);
   if (!e && created)
     *created = src->created;
   return e;
@@ -206,7 +212,10 @@ struct kc_store_upload {
   size_t len;
   int fd; /* the spool file once over SPOOL_MEM; -1 before */
   uint64_t size;
+  int from_tier;
 };
+
+void kcs_upload_from_tier(kc_store_upload *u) { u->from_tier = 1; }
 
 kc_err kc_store_upload_begin(kc_store *s, kc_store_upload **out, char *err) {
   kc_store_upload *u = calloc(1, sizeof *u);
@@ -291,7 +300,7 @@ kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
     /* Hashed as it arrived: copied into the map without hashing again. */
     const void *mem = u->fd >= 0 ? NULL : u->buf ? (void *)u->buf : "";
     blob_src src = {.digest = digest, .mem = mem, .fd = u->fd, .seekable = 1,
-                    .len = u->size};
+                    .len = u->size, .from_tier = u->from_tier};
     e = put_src(u->s, &src, created, err);
   }
   kc_store_upload_abort(u);

@@ -1,6 +1,7 @@
 /* bundle.c: bundles (key -> canonical manifest), write-once, with their
  * blobs' refcounts, the per-model index and the LRU index changed in the same
  * write transaction as the manifest itself. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +50,7 @@ typedef struct put_ctx {
   char **missing;
   size_t n_missing;
   int created;
+  int queue; /* for the durable tier (not when fetched from it) */
 } put_ctx;
 
 /* A file's size must be its blob's: a listing's bytes and a client's size
@@ -133,13 +135,23 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
     e = check_sizes(s, txn, c->m, err);
   for (size_t i = 0; !e && i < c->n_digests; i++)
     e = kcs_blob_ref(s, txn, c->digests[i], err);
-  if (!e && !(e = put_records(s, txn, c, err)))
+  if (!e)
+    e = put_records(s, txn, c, err);
+  if (!e && c->queue)
+    e = kcs_queue_add(s, txn, KCS_Q_BUNDLE, c->m->key, NULL, err);
+  if (!e)
     c->created = 1;
   return e;
 }
 
 kc_err kc_store_bundle_put(kc_store *s, const kc_manifest *m, int *created,
                            char ***missing, size_t *n_missing, char *err) {
+  return kcs_bundle_put(s, m, 1, created, missing, n_missing, err);
+}
+
+kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int queue,
+                      int *created, char ***missing, size_t *n_missing,
+                      char *err) {
   if (created)
     *created = 0;
   if (missing)
@@ -149,7 +161,7 @@ kc_err kc_store_bundle_put(kc_store *s, const kc_manifest *m, int *created,
   kc_err e = kc_manifest_check_key(m, err);
   if (e)
     return e;
-  put_ctx c = {.m = m};
+  put_ctx c = {.m = m, .queue = queue};
   if ((e = kc_manifest_to_json(m, (char **)&c.json, err)))
     return e;
   c.json_len = strlen(c.json);
@@ -163,6 +175,8 @@ kc_err kc_store_bundle_put(kc_store *s, const kc_manifest *m, int *created,
   } else {
     kc_store_strv_free(c.missing, c.n_missing);
   }
+  if (!e && c.created && queue)
+    kcs_tier_kick(s);
   if (!e && created)
     *created = c.created;
   free((char *)c.json);
@@ -210,19 +224,37 @@ kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
   MDB_val mkv = {sizeof mk, mk}, lkv = {sizeof lk, lk};
   if (e || (e = kcs_del(txn, s->models, &mkv, err)) ||
       (e = kcs_del(txn, s->lru, &lkv, err)) ||
+      (e = kcs_queue_unpend(s, txn, key, err)) ||
       (e = kcs_del(txn, s->bundlemeta, &k, err)))
     return e;
   return kcs_del(txn, s->bundles, &k, err);
 }
 
+/* A delete reaches the durable tier too: else a read-through brings the
+ * bundle back. */
 static kc_err delete_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
-  return kcs_bundle_drop(s, txn, ud, 0, err);
+  const char *key = ud;
+  MDB_val k = kcs_hex_val(key), mv;
+  char model[KC_HEX_LEN + 1] = "";
+  if (mdb_get(txn, s->bundlemeta, &k, &mv) == 0 &&
+      mv.mv_size == sizeof(kcs_bundle_meta)) {
+    memcpy(model, (const char *)mv.mv_data + offsetof(kcs_bundle_meta, model),
+           KC_HEX_LEN);
+    model[KC_HEX_LEN] = '\0';
+  }
+  kc_err e = kcs_bundle_drop(s, txn, key, 0, err);
+  if (!e && *model)
+    e = kcs_queue_add(s, txn, KCS_Q_DELETE, key, model, err);
+  return e;
 }
 
 kc_err kc_store_bundle_delete(kc_store *s, const char *key, char *err) {
   if (!kc_is_hex64(key))
     return kc_errf(err, KC_BAD_KEY, "a key is 64 lowercase hex digits");
-  return kcs_write(s, delete_op, (void *)key, err);
+  kc_err e = kcs_write(s, delete_op, (void *)key, err);
+  if (!e)
+    kcs_tier_kick(s);
+  return e;
 }
 
 /* ---- reads ---- */

@@ -86,11 +86,35 @@ static int first_of(MDB_txn *txn, MDB_dbi dbi, char hex[KC_HEX_LEN + 1],
   return rc == 0 && k.mv_size == 8 + KC_HEX_LEN ? 0 : -1;
 }
 
+/* The least recently used bundle whose only copy is not waiting for the
+ * durable tier's queue (a bundle not yet in S3 must stay). */
+static int first_evictable(kc_store *s, MDB_txn *txn,
+                           char key[KC_HEX_LEN + 1]) {
+  MDB_cursor *cur;
+  MDB_val k, v;
+  if (mdb_cursor_open(txn, s->lru, &cur))
+    return -1;
+  int found = -1;
+  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (k.mv_size != 8 + KC_HEX_LEN)
+      continue;
+    memcpy(key, (char *)k.mv_data + 8, KC_HEX_LEN);
+    key[KC_HEX_LEN] = '\0';
+    if (!kcs_queue_pending(s, txn, key)) {
+      found = 0;
+      break;
+    }
+  }
+  mdb_cursor_close(cur);
+  return found;
+}
+
 /* Drops the oldest orphan blob. 1 dropped, 0 none left, <0 error in *e. */
 static int drop_orphan(kc_store *s, MDB_txn *txn, int64_t older_than,
                        kc_err *e, char *err) {
   char digest[KC_HEX_LEN + 1];
-  int64_t since;
+  int64_t since = 0;
   if (first_of(txn, s->orphans, digest, &since) || since >= older_than)
     return 0;
   MDB_val k = kcs_hex_val(digest), v;
@@ -116,8 +140,7 @@ static kc_err evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
       return e;
     }
     char key[KC_HEX_LEN + 1];
-    int64_t t;
-    if (first_of(txn, s->lru, key, &t) == 0) { /* LRU bundles first */
+    if (first_evictable(s, txn, key) == 0) { /* LRU bundles first */
       if ((e = kcs_bundle_drop(s, txn, key, 1, err)))
         return e;
       atomic_fetch_add(&s->evicted_bundles, 1);

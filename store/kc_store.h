@@ -32,6 +32,27 @@
 
 typedef struct kc_store kc_store;
 
+/* The durable tier: an S3-compatible bucket shared by several stores (one per
+ * kcached replica; DESIGN.md, Scale-out). Layout under prefix:
+ *   P/blobs/<sha256>          the blob's bytes
+ *   P/bundles/<key>           the canonical manifest
+ *   P/models/<model>/<key>    empty: lists a model's bundles
+ *   P/leases/<key>            {"holder","token","expires_ms"}: a build lease
+ * Strings are copied at open; the secret is wiped at close. */
+typedef struct kc_store_s3 {
+  const char *endpoint, *bucket, *region; /* region NULL: us-east-1 */
+  const char *prefix;    /* NULL or "": "kcache" */
+  int path_style;
+  const char *access_key, *secret_key, *session_token;
+  unsigned parallel;     /* S3 requests at once for read-through; 0: 16 */
+  uint64_t max_object_bytes; /* largest blob read through; 0: 4 GiB */
+  /* Where the tier says what happens in the background (queue errors, a
+   * corrupt object, conditional writes missing); level "info", "warn" or
+   * "error". May be NULL. Called from the tier's threads. */
+  void (*log)(void *ud, const char *level, const char *msg);
+  void *log_ud;
+} kc_store_s3;
+
 typedef struct kc_store_opts {
   const char *dir;        /* created if missing */
   uint64_t max_bytes;     /* byte limit of blob data; 0: none */
@@ -41,7 +62,12 @@ typedef struct kc_store_opts {
   unsigned max_readers;   /* 0: 512 */
   int high_water_pct;     /* eviction starts above this % of max_bytes; 0: 95 */
   int low_water_pct;      /* and stops below this %; 0: 85 */
+  const kc_store_s3 *s3;  /* NULL: no durable tier */
 } kc_store_opts;
+
+/* Process-wide set-up of the libraries the durable tier uses (libcurl's
+ * global init): once, in main, before any thread starts. */
+kc_err kc_store_global_init(void);
 
 /* Opens (creating if needed) the store in opts->dir. *out owned by caller. */
 kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err);
@@ -169,5 +195,71 @@ kc_err kc_store_gc(kc_store *s, int64_t now, char *err);
 /* Re-hashes every blob and re-validates every bundle (its blobs present).
  * Returns KC_CORRUPT with the first problem in err. */
 kc_err kc_store_verify(kc_store *s, char *err);
+
+/* ---- The durable tier (opts->s3; tier.c, tier_read.c, tier_lease.c) ----
+ *
+ * Write-through: a blob or bundle put that creates something, and a bundle
+ * delete, add an entry to a queue kept in LMDB in the same transaction, so
+ * the queue survives a crash exactly as the data does. One background thread
+ * uploads the entries in order (a bundle's blobs were queued before it, so no
+ * replica finds a manifest whose blobs are missing), retrying with backoff
+ * (100 ms doubling to 30 s) while S3 fails; eviction skips bundles still
+ * queued. Blobs and manifests are written with If-None-Match: * (a 412 means
+ * another replica was first: for a blob the same bytes; for a manifest S3's
+ * copy wins and a different local one is logged).
+ *
+ * Read-through (the fetch functions): an object found in S3 is verified (a
+ * blob against its digest, a manifest against its key and its blobs) and
+ * stored in LMDB under the usual limits, without being queued again. A
+ * corrupt object is deleted from the bucket, counted and never stored
+ * (KC_CORRUPT). Concurrent fetches of one object share one request. After a
+ * failure to reach S3, fetches answer KC_UNAVAILABLE at once for 2 s rather
+ * than make every miss wait for a timeout.
+ *
+ * Threads: any. Without a tier every fetch is KC_NOT_FOUND and every lease
+ * call KC_OK. */
+
+/* Makes the blob local from S3 when the store lacks it. KC_OK: held now;
+ * KC_NOT_FOUND: S3 lacks it too (or no tier); KC_CORRUPT; KC_UNAVAILABLE. */
+kc_err kc_store_fetch_blob(kc_store *s, const char *digest, char *err);
+/* The same for a bundle: its manifest and every blob it names. */
+kc_err kc_store_fetch_bundle(kc_store *s, const char *key, char *err);
+/* fetch_bundle for n keys, at most opts->s3->parallel at once; results[i]
+ * gets each key's answer. */
+void kc_store_fetch_bundles(kc_store *s, const char *const *keys, size_t n,
+                            kc_err *results);
+/* Fetches the bundles of model that S3 lists and the store lacks, so that
+ * kc_store_model_list shows them. KC_OK also when S3 lists none. */
+kc_err kc_store_fetch_model(kc_store *s, const char *model, char *err);
+
+#define KC_STORE_HOLDER_MAX 128
+/* A build lease in the bucket, shared by every replica: created with
+ * If-None-Match: *, an expired one taken over with If-Match on its ETag.
+ * KC_OK: granted (also where S3 cannot be reached or ignores conditional
+ * writes: then leases hold per replica only, and the tier logs it);
+ * KC_LEASED: another holder (held_by, *remaining_ms until it expires).
+ * token: the local lease's token, kept in the object so release can check. */
+kc_err kc_store_lease_acquire(kc_store *s, const char *key, const char *holder,
+                              const char *token, uint64_t ttl_ms,
+                              char held_by[KC_STORE_HOLDER_MAX + 1],
+                              uint64_t *remaining_ms, char *err);
+/* Deletes the lease object when it still carries token. */
+void kc_store_lease_release(kc_store *s, const char *key, const char *token);
+
+#define KC_STORE_S3_BUCKETS 12 /* request-duration histogram bounds */
+typedef struct kc_store_tier_stats {
+  int enabled;
+  int up;           /* the last S3 request reached S3 */
+  int conditional;  /* If-None-Match honoured: 1 yes, 0 no, -1 not known yet */
+  uint64_t queue_depth;
+  uint64_t uploaded;   /* queue entries done */
+  uint64_t requests, errors;
+  uint64_t rt_hit, rt_miss, rt_corrupt, rt_error; /* read-through outcomes */
+  double bounds_s[KC_STORE_S3_BUCKETS];
+  uint64_t duration[KC_STORE_S3_BUCKETS + 1]; /* per bucket, not cumulative */
+  uint64_t duration_us_sum;
+} kc_store_tier_stats;
+
+kc_err kc_store_tier_stats_get(kc_store *s, kc_store_tier_stats *out);
 
 #endif

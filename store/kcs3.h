@@ -37,6 +37,7 @@
 #ifndef KCS3_H
 #define KCS3_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,6 +72,10 @@ typedef struct kcs3_opts {
   unsigned list_max_keys;    /* keys per ListObjectsV2 page; 0: the server's
                                 default (1000). Tests set 2 to exercise
                                 continuation tokens. */
+  /* NULL, or a flag another thread may set: a request in progress then
+   * stops within about a second (KC_IO), so a closing kcached does not wait
+   * out a long upload's timeout. Borrowed: it must outlive the handle. */
+  const _Atomic int *abort_flag;
 } kcs3_opts;
 
 /* Checks the options and makes a handle (no request is sent). *out owned by

@@ -33,6 +33,7 @@ struct kcs3 {
   char sigv4[96];    /* "aws:amz:REGION:s3" */
   long connect_ms, timeout_ms;
   unsigned list_max_keys;
+  const _Atomic int *abort_flag;
   char curlerr[CURL_ERROR_SIZE];
 };
 
@@ -464,9 +465,22 @@ static struct curl_slist *build_headers(const kcs3 *c, const kcs3_req *q,
   return l;
 }
 
+/* libcurl calls this about once a second, and more often while bytes move. */
+static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut,
+                       curl_off_t un) {
+  (void)dt, (void)dn, (void)ut, (void)un;
+  const _Atomic int *flag = ud;
+  return atomic_load(flag) ? 1 : 0;
+}
+
 static void set_common(kcs3 *c, const char *url, struct curl_slist *hdrs,
                        kcs3_resp *r) {
   CURL *h = c->h;
+  if (c->abort_flag) {
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, (void *)c->abort_flag);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+  }
   curl_easy_setopt(h, CURLOPT_URL, url);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, c->curlerr);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM */
@@ -735,6 +749,7 @@ kc_err kcs3_open(const kcs3_opts *o, kcs3 **out, char *err) {
   c->connect_ms = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 3000;
   c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 30000;
   c->list_max_keys = o->list_max_keys;
+  c->abort_flag = o->abort_flag;
   *out = c;
   return KC_OK;
 }

@@ -150,7 +150,8 @@ static kc_err open_dbis(kc_store *s, char *err) {
       {"blobs", &s->blobs},           {"blobmeta", &s->blobmeta},
       {"orphans", &s->orphans},       {"bundles", &s->bundles},
       {"bundlemeta", &s->bundlemeta}, {"models", &s->models},
-      {"lru", &s->lru},               {"meta", &s->meta}};
+      {"lru", &s->lru},               {"meta", &s->meta},
+      {"s3queue", &s->s3queue},       {"s3pend", &s->s3pend}};
   MDB_txn *txn;
   int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
   if (rc)
@@ -192,7 +193,7 @@ static int try_open(kc_store *s, const kc_store_opts *o, uint64_t map_size) {
   if (rc)
     return rc;
   mdb_env_set_mapsize(s->env, (size_t)map_size);
-  mdb_env_set_maxdbs(s->env, 8);
+  mdb_env_set_maxdbs(s->env, 10);
   mdb_env_set_maxreaders(s->env, o->max_readers ? o->max_readers : 512);
   /* NOTLS: a read transaction lives with a request, which may move between
    * libmicrohttpd's threads; NORDAHEAD: blob reads are random. */
@@ -247,6 +248,8 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
                  : make_dir(s->dir, err);
   if (!e)
     e = open_env(s, opts, err);
+  if (!e && opts->s3)
+    e = kcs_tier_open(s, opts->s3, err);
   if (e) {
     kc_store_close(s);
     return e;
@@ -258,6 +261,7 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
 void kc_store_close(kc_store *s) {
   if (!s)
     return;
+  kcs_tier_close(s); /* its worker reads the store */
   if (s->env) {
     kc_store_flush(s);
     for (size_t i = 0; i < s->n_pool; i++)

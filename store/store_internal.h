@@ -12,6 +12,7 @@
  *   models    model key -> "" : the per-model index
  *   lru       be64(last_used) key -> "" : bundles, least recently used first
  *   meta      "bytes_used" -> u64, "layout" -> u32
+ *   s3queue, s3pend: the durable tier's upload queue (tier.h)
  * Records are host-endian structs (an LMDB file is not portable across
  * architectures anyway); be64 prefixes make LMDB's byte order the time order.
  */
@@ -59,9 +60,13 @@ typedef struct kcs_uses {
   size_t cap, n; /* open addressing; cap a power of two, n <= cap / 2 */
 } kcs_uses;
 
+typedef struct kcs_tier kcs_tier;
+
 struct kc_store {
   MDB_env *env;
   MDB_dbi blobs, blobmeta, orphans, bundles, bundlemeta, models, lru, meta;
+  MDB_dbi s3queue, s3pend;
+  kcs_tier *tier; /* NULL: no durable tier */
   char *dir;
   uint64_t max_bytes, map_size, grace_s;
   int high_pct, low_pct;
@@ -135,6 +140,27 @@ size_t kcs_uses_take(kcs_uses *u, kcs_use **out);
 int64_t kcs_uses_last(kcs_uses *u, const char *key);
 /* Forgets entries recorded before `before`. */
 void kcs_uses_prune(kcs_uses *u, int64_t before);
+enum { KCS_Q_BLOB = 'b', KCS_Q_BUNDLE = 'm', KCS_Q_DELETE = 'x' };
+/* tier.c: the upload queue. Each adds inside the caller's write transaction
+ * (nothing without a tier). A bundle entry also marks the bundle pending;
+ * model is the bundle's model for a delete entry, else NULL. */
+kc_err kcs_queue_add(kc_store *s, MDB_txn *txn, char kind, const char *key,
+                     const char *model, char *err);
+/* 1 if the bundle's manifest waits in the queue (eviction skips it). */
+int kcs_queue_pending(kc_store *s, MDB_txn *txn, const char *key);
+kc_err kcs_queue_unpend(kc_store *s, MDB_txn *txn, const char *key,
+                        char *err);
+/* Wakes the worker after a commit that queued something. */
+void kcs_tier_kick(kc_store *s);
+kc_err kcs_tier_open(kc_store *s, const kc_store_s3 *o, char *err);
+void kcs_tier_close(kc_store *s);
+/* blob.c: an upload filled from S3 is not queued again. */
+void kcs_upload_from_tier(kc_store_upload *u);
+/* bundle.c: kc_store_bundle_put, queued for S3 or not. */
+kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int queue,
+                      int *created, char ***missing, size_t *n_missing,
+                      char *err);
+
 /* blob.c: 1 if a client offered this blob within the upload window. */
 int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);
 

@@ -1,0 +1,69 @@
+/* tier.h: what tier.c (queue, worker, stats), tier_read.c (read-through) and
+ * tier_lease.c (leases in the bucket) share. Internal to store/.
+ *
+ * The queue lives in two named databases of the store:
+ *   s3queue  be64(seq) -> kind (1 byte) + key (64 hex) [+ model (64 hex)]
+ *   s3pend   bundle key -> "" : bundles whose manifest is not in S3 yet
+ *            (eviction skips them: their only copy is here)
+ */
+#ifndef KC_TIER_H
+#define KC_TIER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "kcs3.h"
+#include "store_internal.h"
+
+typedef struct kcs_flight kcs_flight; /* tier_read.c: one fetch in progress */
+
+struct kcs_tier {
+  kc_store *s;
+  kcs3_opts o;   /* strings owned (secret wiped at close) */
+  char *prefix;
+  unsigned parallel;
+  uint64_t max_object;
+  void (*log)(void *ud, const char *level, const char *msg);
+  void *log_ud;
+  /* the queue worker */
+  _Atomic int stop;
+  pthread_t worker;
+  int started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* kicked by puts, and by close */
+  int kicked;
+  kcs3 *wh;          /* the worker's own handle */
+  /* handles for read-through and leases */
+  pthread_mutex_t pool_mu;
+  pthread_cond_t pool_cv;
+  kcs3 **idle;
+  size_t n_idle, n_made;
+  /* fetches in progress (tier_read.c) */
+  pthread_mutex_t fl_mu;
+  pthread_cond_t fl_cv;
+  kcs_flight *flights;
+  /* state and counters */
+  _Atomic uint64_t down_until_ms; /* fetches fail fast until then */
+  _Atomic int up, conditional;
+  _Atomic uint64_t uploaded, requests, errors;
+  _Atomic uint64_t rt_hit, rt_miss, rt_corrupt, rt_error;
+  _Atomic uint64_t dur[KC_STORE_S3_BUCKETS + 1], dur_sum_us;
+};
+
+uint64_t kcs_mono_ms(void);
+void kcs_tier_logf(kcs_tier *t, const char *level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* "PREFIX/KIND/hex" (kind "blobs", "bundles", "leases") into out. */
+void kcs_tier_obj(const kcs_tier *t, char out[KCS3_KEY_MAX + 1],
+                  const char *kind, const char *hex);
+/* Counts a request that began at t0_us (kcs_tier_now_us) and ended with e;
+ * marks S3 up, or down for 2 s when e says it could not be reached. Returns
+ * e. */
+uint64_t kcs_tier_now_us(void);
+kc_err kcs_tier_done(kcs_tier *t, uint64_t t0_us, kc_err e);
+/* A handle from the pool (blocks while `parallel` are in use); NULL when one
+ * cannot be made. Give it back with kcs_tier_put_handle. */
+kcs3 *kcs_tier_handle(kcs_tier *t);
+void kcs_tier_put_handle(kcs_tier *t, kcs3 *h);
+
+#endif

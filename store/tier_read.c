@@ -1,0 +1,310 @@
+/* tier_read.c: read-through from the durable tier: a miss in LMDB is fetched
+ * from S3, verified (blobs against their digest while they stream, manifests
+ * against their key) and stored, never queued back. One fetch per object at a
+ * time: later askers wait for the first one's answer. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tier.h"
+
+#define MAX_MANIFEST (4u << 20)
+
+struct kcs_flight {
+  kcs_flight *next;
+  char kind;
+  char hex[KC_HEX_LEN + 1];
+  int done, waiters;
+  kc_err result;
+  char err[KC_ERRBUF_SIZE];
+};
+
+typedef kc_err (*fetch_fn)(kcs_tier *t, const char *hex, char *err);
+
+static kcs_flight *flight_find(kcs_tier *t, char kind, const char *hex) {
+  for (kcs_flight *f = t->flights; f; f = f->next)
+    if (f->kind == kind && strcmp(f->hex, hex) == 0)
+      return f;
+  return NULL;
+}
+
+static kc_err flight_wait(kcs_tier *t, kcs_flight *f, char *err) {
+  f->waiters++;
+  while (!f->done)
+    pthread_cond_wait(&t->fl_cv, &t->fl_mu);
+  kc_err e = f->result;
+  if (err && e)
+    memcpy(err, f->err, KC_ERRBUF_SIZE);
+  if (--f->waiters == 0)
+    free(f); /* the leader unlinked it when done */
+  pthread_mutex_unlock(&t->fl_mu);
+  return e;
+}
+
+static void flight_end(kcs_tier *t, kcs_flight *f, kc_err e, const char *err) {
+  pthread_mutex_lock(&t->fl_mu);
+  for (kcs_flight **pp = &t->flights; *pp; pp = &(*pp)->next)
+    if (*pp == f) {
+      *pp = f->next;
+      break;
+    }
+  f->done = 1;
+  f->result = e;
+  if (err)
+    memcpy(f->err, err, KC_ERRBUF_SIZE);
+  int free_now = f->waiters == 0;
+  pthread_cond_broadcast(&t->fl_cv);
+  pthread_mutex_unlock(&t->fl_mu);
+  if (free_now)
+    free(f);
+}
+
+/* Runs fn once for (kind, hex) however many threads ask at once. */
+static kc_err single_flight(kcs_tier *t, char kind, const char *hex,
+                            fetch_fn fn, char *err) {
+  pthread_mutex_lock(&t->fl_mu);
+  kcs_flight *f = flight_find(t, kind, hex);
+  if (f)
+    return flight_wait(t, f, err); /* unlocks */
+  f = calloc(1, sizeof *f);
+  if (f) {
+    f->kind = kind;
+    memcpy(f->hex, hex, KC_HEX_LEN + 1);
+    f->next = t->flights;
+    t->flights = f;
+  }
+  pthread_mutex_unlock(&t->fl_mu);
+  if (!f)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  char ferr[KC_ERRBUF_SIZE] = "";
+  kc_err e = fn(t, hex, ferr);
+  flight_end(t, f, e, ferr);
+  if (err && e)
+    memcpy(err, ferr, KC_ERRBUF_SIZE);
+  return e;
+}
+
+/* Counts the outcome of one fetch from S3. */
+static kc_err outcome(kcs_tier *t, kc_err e) {
+  if (!e)
+    atomic_fetch_add(&t->rt_hit, 1);
+  else if (e == KC_NOT_FOUND)
+    atomic_fetch_add(&t->rt_miss, 1);
+  else if (e != KC_CORRUPT)
+    atomic_fetch_add(&t->rt_error, 1);
+  return e;
+}
+
+/* A bad object in the bucket: never stored; deleted so that the next upload
+ * of the right bytes (a PUT with If-None-Match) is not refused by it. */
+static kc_err corrupt(kcs_tier *t, kcs3 *h, const char *obj, char *err) {
+  char why[KC_ERRBUF_SIZE];
+  snprintf(why, sizeof why, "%s", err ? err : "");
+  atomic_fetch_add(&t->rt_corrupt, 1);
+  uint64_t t0 = kcs_tier_now_us();
+  kc_err de = kcs_tier_done(t, t0, kcs3_delete(h, obj, NULL));
+  kcs_tier_logf(t, "error", "S3 object %s is corrupt (%s); not served, %s",
+                obj, why, de ? "and deleting it failed" : "deleted");
+  return kc_errf(err, KC_CORRUPT, "S3's copy %s failed verification (%s); "
+                 "not served", obj, why);
+}
+
+static kc_err to_upload(const void *data, size_t len, void *ud) {
+  return kc_store_upload_write(ud, data, len, NULL);
+}
+
+static kc_err get_blob(kcs_tier *t, const char *digest, char *err) {
+  if (kc_store_blob_has(t->s, digest, NULL) == KC_OK)
+    return KC_OK; /* a put or an earlier fetch got it meanwhile */
+  kc_store_upload *u;
+  kc_err e = kc_store_upload_begin(t->s, &u, err);
+  if (e)
+    return e;
+  kcs_upload_from_tier(u);
+  kcs3 *h = kcs_tier_handle(t);
+  if (!h) {
+    kc_store_upload_abort(u);
+    return kc_errf(err, KC_NOMEM, "cannot make an S3 handle");
+  }
+  char obj[KCS3_KEY_MAX + 1];
+  kcs_tier_obj(t, obj, "blobs", digest);
+  uint64_t t0 = kcs_tier_now_us();
+  e = kcs_tier_done(t, t0, kcs3_get_stream(h, obj, t->max_object, to_upload,
+                                           u, NULL, NULL, err));
+  if (e)
+    kc_store_upload_abort(u);
+  else if ((e = kc_store_upload_commit(u, digest, NULL, err)) ==
+           KC_DIGEST_MISMATCH)
+    e = corrupt(t, h, obj, err); /* commit verified the digest */
+  kcs_tier_put_handle(t, h);
+  return outcome(t, e);
+}
+
+static kc_err check_manifest(const char *key, const char *data, size_t len,
+                             kc_manifest **m, char *err) {
+  kc_err e = kc_manifest_parse(data, len, m, err);
+  if (!e && strcmp((*m)->key, key) != 0)
+    e = kc_errf(err, KC_KEY_MISMATCH, "it holds the manifest of %s",
+                (*m)->key);
+  return e;
+}
+
+static kc_err get_manifest(kcs_tier *t, const char *key, kc_manifest **m,
+                           char *err) {
+  kcs3 *h = kcs_tier_handle(t);
+  if (!h)
+    return kc_errf(err, KC_NOMEM, "cannot make an S3 handle");
+  char obj[KCS3_KEY_MAX + 1];
+  kcs_tier_obj(t, obj, "bundles", key);
+  void *data = NULL;
+  size_t len = 0;
+  uint64_t t0 = kcs_tier_now_us();
+  kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, MAX_MANIFEST, &data, &len,
+                                           NULL, err));
+  if (!e && check_manifest(key, data, len, m, err))
+    e = corrupt(t, h, obj, err);
+  free(data);
+  kcs_tier_put_handle(t, h);
+  return e;
+}
+
+static kc_err get_bundle(kcs_tier *t, const char *key, char *err) {
+  if (kc_store_bundle_has(t->s, key) == KC_OK)
+    return KC_OK;
+  kc_manifest *m = NULL;
+  kc_err e = get_manifest(t, key, &m, err);
+  for (size_t i = 0; !e && i < m->n_files; i++) {
+    e = kc_store_fetch_blob(t->s, m->files[i].sha256, err);
+    if (e == KC_NOT_FOUND)
+      kc_errf(err, e, "S3 holds bundle %s but not its blob %s", key,
+              m->files[i].sha256);
+  }
+  if (!e)
+    e = kcs_bundle_put(t->s, m, 0, NULL, NULL, NULL, err);
+  kc_manifest_free(m);
+  return outcome(t, e);
+}
+
+/* S3 failed a moment ago: answer at once instead of waiting for it again. */
+static kc_err down(kcs_tier *t, char *err) {
+  if (kcs_mono_ms() >= atomic_load(&t->down_until_ms))
+    return KC_OK;
+  atomic_fetch_add(&t->rt_error, 1);
+  return kc_errf(err, KC_UNAVAILABLE, "S3 cannot be reached (retrying in the "
+                 "background)");
+}
+
+kc_err kc_store_fetch_blob(kc_store *s, const char *digest, char *err) {
+  kcs_tier *t = s->tier;
+  if (!t || !kc_is_hex64(digest))
+    return kc_errf(err, KC_NOT_FOUND, "no blob %s", digest);
+  kc_err e = down(t, err);
+  return e ? e : single_flight(t, KCS_Q_BLOB, digest, get_blob, err);
+}
+
+kc_err kc_store_fetch_bundle(kc_store *s, const char *key, char *err) {
+  kcs_tier *t = s->tier;
+  if (!t || !kc_is_hex64(key))
+    return kc_errf(err, KC_NOT_FOUND, "no bundle %s", key);
+  kc_err e = down(t, err);
+  return e ? e : single_flight(t, KCS_Q_BUNDLE, key, get_bundle, err);
+}
+
+/* ---- many at once ---- */
+
+typedef struct many {
+  kc_store *s;
+  const char *const *keys;
+  kc_err *results;
+  size_t n;
+  _Atomic size_t next;
+} many;
+
+static void *many_main(void *ud) {
+  many *m = ud;
+  for (size_t i; (i = atomic_fetch_add(&m->next, 1)) < m->n;)
+    m->results[i] = kc_store_fetch_bundle(m->s, m->keys[i], NULL);
+  return NULL;
+}
+
+void kc_store_fetch_bundles(kc_store *s, const char *const *keys, size_t n,
+                            kc_err *results) {
+  many m = {.s = s, .keys = keys, .results = results, .n = n};
+  size_t n_threads = s->tier ? s->tier->parallel : 1;
+  if (n_threads > n)
+    n_threads = n;
+  pthread_t th[64];
+  if (n_threads > 64)
+    n_threads = 64;
+  size_t started = 0;
+  /* this thread is one of the fetchers */
+  while (started + 1 < n_threads &&
+         pthread_create(&th[started], NULL, many_main, &m) == 0)
+    started++;
+  many_main(&m);
+  for (size_t i = 0; i < started; i++)
+    pthread_join(th[i], NULL);
+}
+
+/* ---- a model's listing ---- */
+
+typedef struct listed {
+  kc_store *s;
+  size_t skip; /* bytes of "PREFIX/models/MODEL/" */
+  char **keys;
+  size_t n, cap;
+} listed;
+
+static int on_listed(const kcs3_entry *e, void *ud) {
+  listed *l = ud;
+  const char *key = e->key + l->skip;
+  if (strlen(e->key) <= l->skip || !kc_is_hex64(key) ||
+      kc_store_bundle_has(l->s, key) == KC_OK)
+    return 0;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 64;
+    char **k = realloc(l->keys, cap * sizeof *k);
+    if (!k)
+      return 1;
+    l->keys = k;
+    l->cap = cap;
+  }
+  return (l->keys[l->n] = strdup(key)) ? (l->n++, 0) : 1;
+}
+
+static kc_err list_model(kcs_tier *t, const char *model, listed *l,
+                         char *err) {
+  kcs3 *h = kcs_tier_handle(t);
+  if (!h)
+    return kc_errf(err, KC_NOMEM, "cannot make an S3 handle");
+  char pre[KCS3_KEY_MAX + 1];
+  snprintf(pre, sizeof pre, "%s/models/%s/", t->prefix, model);
+  l->skip = strlen(pre);
+  uint64_t t0 = kcs_tier_now_us();
+  kc_err e = kcs_tier_done(t, t0, kcs3_list(h, pre, on_listed, l, err));
+  kcs_tier_put_handle(t, h);
+  return e;
+}
+
+kc_err kc_store_fetch_model(kc_store *s, const char *model, char *err) {
+  kcs_tier *t = s->tier;
+  if (!t || !kc_is_hex64(model))
+    return KC_OK;
+  listed l = {.s = s};
+  kc_err e = down(t, err);
+  if (!e)
+    e = list_model(t, model, &l, err);
+  kc_err *res = l.n ? calloc(l.n, sizeof *res) : NULL;
+  if (!e && l.n && !res)
+    e = kc_errf(err, KC_NOMEM, "out of memory");
+  if (!e && l.n)
+    kc_store_fetch_bundles(s, (const char *const *)l.keys, l.n, res);
+  for (size_t i = 0; !e && i < l.n; i++)
+    if (res[i] && res[i] != KC_NOT_FOUND)
+      e = kc_errf(err, res[i], "fetching bundle %s of model %s from S3",
+                  l.keys[i], model);
+  kc_store_strv_free(l.keys, l.n);
+  free(res);
+  return e;
+}
