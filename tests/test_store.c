@@ -2696,8 +2696,64 @@ static int name_matches(const char *list, const char *name) {
   return hit;
 }
 
+/* ---- the durable tier with S3 unreachable (the Ceph-backed cases are in
+ * test_scaleout) ---- */
+
+static kc_store *open_unreachable_tier(const char *dir, uint64_t max_bytes) {
+  kc_store_s3 s3 = {.endpoint = "http://127.0.0.1:1", .bucket = "kcache-test",
+                    .path_style = 1, .access_key = "AK", .secret_key = "SK"};
+  kc_store_opts o = {.dir = dir, .max_bytes = max_bytes, .s3 = &s3};
+  kc_store *s = NULL;
+  OK(kc_store_open(&o, &s, errbuf)); /* S3 is not contacted to open */
+  return s;
+}
+
+static uint64_t queue_depth(kc_store *s) {
+  kc_store_tier_stats t;
+  OK(kc_store_tier_stats_get(s, &t));
+  assert_int_equal(t.enabled, 1);
+  return t.queue_depth;
+}
+
+/* Writes are acknowledged and queued while S3 is down; the queue survives a
+ * restart; eviction never drops a bundle whose only copy is local; reads of
+ * what is absent answer at once; leases fall back to this replica alone. */
+static void test_tier_queue_when_s3_down(void **state) {
+  fx *f = *state;
+  kc_store *s = open_unreachable_tier(f->dir, 3 * EV_BLOB);
+  kc_manifest *m[4];
+  for (int i = 0; i < 4; i++)
+    m[i] = bundle_with_blob(s, M1, (uint64_t)i + 1, EV_BLOB, 300 + (uint64_t)i,
+                            NULL, 0, NULL);
+  assert_int_equal(queue_depth(s), 8); /* 4 blobs, 4 manifests */
+  OK(kc_store_evict(s, 0, errbuf));
+  for (int i = 0; i < 4; i++)
+    assert_true(bundle_present(s, m[i]->key));
+  assert_int_equal(get_stats(s).evicted_bundles, 0);
+  /* a delete is queued too (for the bucket's copy) */
+  OK(kc_store_bundle_delete(s, m[3]->key, errbuf));
+  assert_int_equal(queue_depth(s), 9);
+  char held[KC_STORE_HOLDER_MAX + 1] = "";
+  uint64_t left = 0;
+  OK(kc_store_lease_acquire(s, m[0]->key, "me", "tok", 60000, held, &left,
+                            errbuf));
+  kc_err e = kc_store_fetch_blob(s, Z64, errbuf);
+  assert_true(e == KC_UNAVAILABLE || e == KC_TIMEOUT);
+  kc_store_close(s);
+
+  s = open_unreachable_tier(f->dir, 3 * EV_BLOB);
+  assert_int_equal(queue_depth(s), 9);
+  for (int i = 0; i < 3; i++)
+    assert_true(bundle_present(s, m[i]->key));
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  for (int i = 0; i < 4; i++)
+    kc_manifest_free(m[i]);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
+  kc_store_global_init();
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
       T(test_open_creates_dir_and_empty_stats),
@@ -2736,6 +2792,7 @@ int main(void) {
       T(test_delete_damaged_manifest),
       T(test_eviction_spares_offered_blob),
       T(test_bad_digests),
+      T(test_tier_queue_when_s3_down),
   };
 #undef T
   /* KC_TEST_FILTER / KC_TEST_SKIP: comma-separated globs of test names. */
