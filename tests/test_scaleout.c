@@ -1,0 +1,1056 @@
+/* test_scaleout.c: two kcached replicas over one S3 bucket (DESIGN.md,
+ * Scale-out; issue 7), against a real single-node Ceph RGW (tests/testrgw.h).
+ *
+ * Replicas A and B run with separate data directories on one bucket; each
+ * case has its own --s3-prefix. Cases:
+ *   through:  write-through (blobs, manifest, model marker in the bucket)
+ *             and read-through on B: GET bundle and blob, POST /v1/lookup,
+ *             GET /v1/models/{model} for a model B never saw
+ *   leases:   a lease held through A is refused through B (409 naming the
+ *             holder) until A releases it; an expired one is taken over
+ *   kill:     radosgw stopped, bundles put through A (acknowledged, queued),
+ *             A SIGKILLed, restarted (the queue is still there), radosgw
+ *             back: the queue drains and nothing acknowledged is missing
+ *             from the bucket; then uploads from 4 threads and a SIGKILL
+ *             at once, with the same check
+ *   s3_down:  radosgw stopped: both replicas serve what they hold, writes
+ *             queue, misses answer 404 within 5 s, /readyz stays 200, the
+ *             metrics say S3 is down; radosgw back: the queue drains and B
+ *             serves what was written meanwhile
+ *   corrupt:  a blob and a manifest changed in the bucket are detected by B,
+ *             never served, counted, and deleted from the bucket
+ *   creds:    credentials from --s3-credentials (an AWS shared-credentials
+ *             file) instead of the environment
+ *   bad config (no RGW needed): --s3-bucket without --s3-endpoint and the
+ *             reverse, no credentials, an unreadable credentials file: exit
+ *             2 with a message. No kcached log ever holds the secret.
+ *
+ * Exit 77 (ctest: skipped) where the Ceph packages cannot be installed,
+ * unless CI=true; KC_TEST_S3_ENV=FILE uses a running RGW (testrgw.h).
+ * KC_SCALEOUT_ONLY=PATTERN runs the matching cases alone (t_kill, t_*s3*).
+ * Timing: RGW start ~7 s; the cases ~40 s, most of it waiting for the
+ * write-through queue's backoff after radosgw comes back.
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "kc_schema.h"
+#include "kcs3.h"
+#include "testrgw.h"
+#include "testsrv.h"
+
+#define DRAIN_MS 60000   /* the queue's backoff tops out at 30 s */
+#define PROMPT_MS 5000   /* a miss while S3 is down */
+
+static kc_testrgw g_rgw;
+static char g_bucket[64];
+static kcs3 *g_s3;           /* the test's own view of the bucket */
+static kc_testsrv g_a, g_b;  /* the replicas of the running case */
+static char g_prefix[64];    /* the running case's --s3-prefix */
+
+static long mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The last bytes of a replica's log, for failure messages. */
+static void show_log(const kc_testsrv *t, const char *name) {
+  FILE *f = fopen(t->log, "r");
+  if (!f)
+    return;
+  char buf[4001];
+  fseek(f, 0, SEEK_END);
+  long end = ftell(f);
+  fseek(f, end > 4000 ? end - 4000 : 0, SEEK_SET);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  fprintf(stderr, "---- kcached %s log (%s), last %zu bytes ----\n%s\n", name,
+          t->log, n, buf);
+}
+
+#define REQUIRE(cond, ...)                                                     \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      show_log(&g_a, "A");                                                     \
+      show_log(&g_b, "B");                                                     \
+      fail_msg(__VA_ARGS__);                                                   \
+    }                                                                          \
+  } while (0)
+
+/* ---- HTTP: a body collected with open_memstream ---- */
+
+typedef struct reply {
+  CURLcode rc;
+  long code;
+  char *body; /* NUL-terminated, malloc'd */
+  size_t len;
+  long retry_after; /* -1: no header */
+  long ms;          /* how long it took */
+} reply;
+
+static void reply_free(reply *r) {
+  free(r->body);
+  r->body = NULL;
+}
+
+/* One request; h NULL: a fresh handle. Safe in any thread (no asserts). */
+static reply call(CURL *h, const char *base, const char *method,
+                  const char *path, const void *body, size_t len) {
+  reply r = {.retry_after = -1};
+  CURL *c = h ? h : curl_easy_init();
+  FILE *mem = open_memstream(&r.body, &r.len);
+  if (!c || !mem) {
+    r.rc = CURLE_OUT_OF_MEMORY;
+    if (mem)
+      fclose(mem);
+    if (!h && c)
+      curl_easy_cleanup(c);
+    return r;
+  }
+  if (h)
+    curl_easy_reset(c);
+  char url[512];
+  snprintf(url, sizeof url, "%s%s", base, path);
+  struct curl_slist *hdr = curl_slist_append(NULL, "Expect:");
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, mem); /* curl's fwrite */
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 60000L);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+  if (strcmp(method, "HEAD") == 0)
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  else
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  if (body) {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+  }
+  long t0 = mono_ms();
+  r.rc = curl_easy_perform(c);
+  r.ms = mono_ms() - t0;
+  if (r.rc == CURLE_OK) {
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.code);
+    struct curl_header *ra = NULL;
+    if (curl_easy_header(c, "Retry-After", 0, CURLH_HEADER, -1, &ra) ==
+        CURLHE_OK)
+      r.retry_after = atol(ra->value);
+  }
+  fclose(mem); /* sets r.body and r.len */
+  curl_slist_free_all(hdr);
+  if (!h)
+    curl_easy_cleanup(c);
+  return r;
+}
+
+static reply get(const kc_testsrv *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static reply get(const kc_testsrv *t, const char *fmt, ...) {
+  char path[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(path, sizeof path, fmt, ap);
+  va_end(ap);
+  return call(NULL, t->url, "GET", path, NULL, 0);
+}
+
+/* The JSON error code of a reply ("" when it has none). */
+static const char *error_code(const reply *r, char out[64]) {
+  json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
+  snprintf(out, 64, "%s",
+           json_string_value(json_object_get(j, "error"))
+               ? json_string_value(json_object_get(j, "error"))
+               : "");
+  json_decref(j);
+  return out;
+}
+
+/* A sample from /metrics: `series` is the name with its labels, exactly as
+ * the server writes it. -1 when absent. */
+static double metric(const kc_testsrv *t, const char *series) {
+  reply r = get(t, "/metrics");
+  double v = -1;
+  size_t n = strlen(series);
+  for (char *line = r.body; r.code == 200 && line && *line;) {
+    char *nl = strchr(line, '\n');
+    if (strncmp(line, series, n) == 0 && line[n] == ' ') {
+      v = strtod(line + n + 1, NULL);
+      break;
+    }
+    line = nl ? nl + 1 : NULL;
+  }
+  reply_free(&r);
+  return v;
+}
+
+/* Waits until the replica's write-through queue is empty; the ms it took. */
+static long drain(const kc_testsrv *t, const char *name) {
+  long t0 = mono_ms();
+  double depth = -1;
+  while (mono_ms() - t0 < DRAIN_MS) {
+    depth = metric(t, "kcached_s3_queue_depth");
+    if (depth == 0)
+      return mono_ms() - t0;
+    usleep(100000);
+  }
+  REQUIRE(0, "replica %s: kcached_s3_queue_depth still %g after %d ms", name,
+          depth, DRAIN_MS);
+  return -1;
+}
+
+/* ---- the replicas ---- */
+
+/* Starts g_a and g_b on prefix (and extra args for both). */
+static void start_pair(const char *prefix, const char *const *extra) {
+  snprintf(g_prefix, sizeof g_prefix, "%s", prefix);
+  const char *args[KC_TESTSRV_MAX_ARGS] = {
+      "--s3-endpoint", g_rgw.endpoint, "--s3-bucket", g_bucket,
+      "--s3-prefix",   g_prefix,       "--s3-region", g_rgw.region,
+      "--s3-path-style"};
+  size_t n = 9;
+  for (size_t i = 0; extra && extra[i]; i++)
+    args[n++] = extra[i];
+  args[n] = NULL;
+  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
+  REQUIRE(kc_testsrv_start(&g_b, args) == 0, "replica B did not start");
+}
+
+/* 1 when a kcached log holds the secret. */
+static int log_has_secret(const kc_testsrv *t) {
+  FILE *f = t->log[0] ? fopen(t->log, "r") : NULL;
+  if (!f)
+    return 0;
+  char *text = NULL;
+  size_t len = 0;
+  int found = getdelim(&text, &len, '\0', f) > 0 && strstr(text, g_rgw.secret);
+  free(text);
+  fclose(f);
+  return found;
+}
+
+/* After each case: both replicas stop cleanly, no secret in their logs;
+ * radosgw up again (a failed case may have left it stopped). */
+static int case_teardown(void **state) {
+  (void)state;
+  int rc = 0;
+  kc_testsrv *both[] = {&g_a, &g_b};
+  for (int i = 0; i < 2; i++) {
+    /* a clean exit on SIGTERM (sanitizers and valgrind report through it) */
+    int st = kc_testsrv_stop(both[i]);
+    if (st != 0 && st != -1) {
+      fprintf(stderr, "replica %s exited %d on SIGTERM\n", i ? "B" : "A", st);
+      show_log(both[i], i ? "B" : "A");
+      rc = -1;
+    }
+    if (log_has_secret(both[i])) {
+      fprintf(stderr, "the S3 secret appears in %s\n", both[i]->log);
+      rc = -1;
+    }
+  }
+  kc_testsrv_cleanup(&g_a);
+  kc_testsrv_cleanup(&g_b);
+  memset(&g_a, 0, sizeof g_a);
+  memset(&g_b, 0, sizeof g_b);
+  setenv("AWS_ACCESS_KEY_ID", g_rgw.access, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", g_rgw.secret, 1);
+  if (kc_testrgw_gateway_start(&g_rgw) != 0) {
+    fprintf(stderr, "radosgw did not come back\n");
+    rc = -1;
+  }
+  return rc;
+}
+
+/* ---- bundles ---- */
+
+#define MAX_FILES 3
+
+typedef struct bundle {
+  char model[65];
+  char key[65];
+  char *json; /* canonical manifest */
+  size_t n;
+  char digest[MAX_FILES][65];
+  size_t size[MAX_FILES];
+  uint64_t seed[MAX_FILES]; /* the bytes: fill(seed, size) */
+} bundle;
+
+/* Deterministic bytes for a seed (splitmix64). */
+static unsigned char *fill(uint64_t seed, size_t n) {
+  unsigned char *p = malloc(n ? n : 1);
+  if (!p)
+    abort();
+  uint64_t x = seed;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    memcpy(p + i, &z, n - i < 8 ? n - i : 8);
+  }
+  return p;
+}
+
+static void model_of(const char *name, char out[65]) {
+  kc_sha256_hex(name, strlen(name), out);
+}
+
+/* Describes a bundle of model (a name, hashed) with n files of the given
+ * sizes; contents from seed. 0 ok (no asserts: threads call it). */
+static int bundle_make(bundle *b, const char *model_name, uint64_t seed,
+                       size_t n, const size_t *sizes) {
+  memset(b, 0, sizeof *b);
+  model_of(model_name, b->model);
+  b->n = n;
+  kc_manifest *m = kc_manifest_new();
+  char err[KC_ERRBUF_SIZE] = "";
+  int rc = -1;
+  if (!m)
+    return -1;
+  kc_key_fields *f = &m->fields;
+  memcpy(f->model, b->model, 65);
+  kc_sha256_hex("scaleout build", 14, f->build);
+  snprintf(f->arch, sizeof f->arch, "sm_80");
+  f->bucket.n = 2;
+  snprintf(f->bucket.dims[0].name, sizeof f->bucket.dims[0].name, "seq");
+  f->bucket.dims[0].value = seed;
+  snprintf(f->bucket.dims[1].name, sizeof f->bucket.dims[1].name, "batch");
+  f->bucket.dims[1].value = 8;
+  if (kc_key_set_tool(f, "nvrtc", "13.0", err) != KC_OK)
+    goto out;
+  for (size_t i = 0; i < n; i++) {
+    b->size[i] = sizes[i];
+    b->seed[i] = seed * 16 + i;
+    unsigned char *bytes = fill(b->seed[i], sizes[i]);
+    kc_sha256_hex(bytes, sizes[i], b->digest[i]);
+    free(bytes);
+    char path[40];
+    snprintf(path, sizeof path, "lib/part%zu.cubin", i);
+    const char *entry = "kern";
+    if (kc_manifest_add_file(m, path, b->digest[i], sizes[i], KC_KIND_CUBIN,
+                             &entry, 1, err) != KC_OK)
+      goto out;
+  }
+  if (kc_manifest_seal(m, err) != KC_OK ||
+      kc_manifest_to_json(m, &b->json, err) != KC_OK)
+    goto out;
+  memcpy(b->key, m->key, 65);
+  rc = 0;
+out:
+  if (rc)
+    fprintf(stderr, "bundle_make: %s\n", err);
+  kc_manifest_free(m);
+  return rc;
+}
+
+static void bundle_free(bundle *b) {
+  free(b->json);
+  b->json = NULL;
+}
+
+/* PUTs the blobs then the manifest on h. The manifest's status, or 0 when a
+ * transfer failed or a blob was refused; *blobs_acked counts blob 200/201s.
+ * No asserts (threads call it). */
+static long bundle_put(CURL *h, const char *base, const bundle *b,
+                       size_t *blobs_acked) {
+  char path[128];
+  for (size_t i = 0; i < b->n; i++) {
+    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    snprintf(path, sizeof path, "/v1/blobs/%s", b->digest[i]);
+    reply r = call(h, base, "PUT", path, bytes, b->size[i]);
+    free(bytes);
+    long code = r.rc == CURLE_OK ? r.code : 0;
+    reply_free(&r);
+    if (code != 200 && code != 201)
+      return 0;
+    if (blobs_acked)
+      ++*blobs_acked;
+  }
+  snprintf(path, sizeof path, "/v1/bundles/%s", b->key);
+  reply r = call(h, base, "PUT", path, b->json, strlen(b->json));
+  long code = r.rc == CURLE_OK ? r.code : 0;
+  reply_free(&r);
+  return code;
+}
+
+/* Makes and PUTs a bundle through t: it must be acknowledged with 201. */
+static void bundle_new(bundle *b, const kc_testsrv *t, const char *model_name,
+                       uint64_t seed, size_t n, const size_t *sizes) {
+  assert_int_equal(bundle_make(b, model_name, seed, n, sizes), 0);
+  long code = bundle_put(NULL, t->url, b, NULL);
+  REQUIRE(code == 201, "PUT bundle %s: %ld (want 201)", b->key, code);
+}
+
+/* 0 when t serves the bundle exactly (manifest bytes and every blob), else
+ * the first status that was not 200 (or -1: wrong bytes). */
+static long serves(const kc_testsrv *t, const bundle *b) {
+  reply r = get(t, "/v1/bundles/%s", b->key);
+  long bad = r.code != 200                         ? (r.code ? r.code : -2)
+             : strcmp(r.body, b->json) != 0 ? -1
+                                                   : 0;
+  reply_free(&r);
+  for (size_t i = 0; i < b->n && !bad; i++) {
+    r = get(t, "/v1/blobs/%s", b->digest[i]);
+    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    if (r.code != 200)
+      bad = r.code ? r.code : -2;
+    else if (r.len != b->size[i] || memcmp(r.body, bytes, r.len) != 0)
+      bad = -1;
+    free(bytes);
+    reply_free(&r);
+  }
+  return bad;
+}
+
+/* ---- the bucket ---- */
+
+/* The object key of a kind ("blobs", "bundles", "leases", "models/<m>"). */
+static void obj_key(char out[KCS3_KEY_MAX + 1], const char *kind,
+                    const char *hex) {
+  snprintf(out, KCS3_KEY_MAX + 1, "%s/%s/%s", g_prefix, kind, hex);
+}
+
+static kc_err obj_head(const char *kind, const char *hex) {
+  char k[KCS3_KEY_MAX + 1], err[KC_ERRBUF_SIZE] = "";
+  obj_key(k, kind, hex);
+  kc_err e = kcs3_head(g_s3, k, NULL, NULL, err);
+  if (e != KC_OK && e != KC_NOT_FOUND)
+    fprintf(stderr, "HEAD %s: %s\n", k, err);
+  return e;
+}
+
+/* Every object a bundle leaves in the bucket: its blobs, the manifest (the
+ * canonical bytes), the model's marker. 0, or -1 with a message. */
+static int in_bucket(const bundle *b) {
+  char k[KCS3_KEY_MAX + 1], err[KC_ERRBUF_SIZE] = "", models[100];
+  for (size_t i = 0; i < b->n; i++)
+    if (obj_head("blobs", b->digest[i]) != KC_OK) {
+      fprintf(stderr, "bucket lacks blob %s of %s\n", b->digest[i], b->key);
+      return -1;
+    }
+  obj_key(k, "bundles", b->key);
+  void *data = NULL;
+  size_t len = 0;
+  kc_err e = kcs3_get(g_s3, k, 1 << 20, &data, &len, NULL, err);
+  int same = e == KC_OK && len == strlen(b->json) &&
+             memcmp(data, b->json, len) == 0;
+  free(data);
+  if (!same) {
+    fprintf(stderr, "bucket: %s: %s\n", k,
+            e == KC_OK ? "not the canonical manifest" : err);
+    return -1;
+  }
+  snprintf(models, sizeof models, "models/%s", b->model);
+  if (obj_head(models, b->key) != KC_OK) {
+    fprintf(stderr, "bucket lacks %s/%s/%s\n", g_prefix, models, b->key);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- 1. write-through, read-through ---- */
+
+static void t_through(void **state) {
+  (void)state;
+  start_pair("through", NULL);
+  bundle k1, k2, k3;
+  const size_t two[] = {4096, 100 * 1024 + 3}, one[] = {777};
+  bundle_new(&k1, &g_a, "through-m1", 1, 2, two);
+  bundle_new(&k2, &g_a, "through-m1", 2, 1, one);
+  bundle_new(&k3, &g_a, "through-m2", 3, 1, one);
+  long ms = drain(&g_a, "A");
+  printf("through: A's queue drained %ld ms after the last PUT\n", ms);
+  assert_int_equal(in_bucket(&k1), 0);
+  assert_int_equal(in_bucket(&k2), 0);
+  assert_int_equal(in_bucket(&k3), 0);
+  assert_true(metric(&g_a, "kcached_s3_uploaded_total") >= 3 + 4);
+
+  /* A model B never saw: listed from the bucket. */
+  reply r = get(&g_b, "/v1/models/%s", k3.model);
+  REQUIRE(r.code == 200, "B: GET /v1/models (never seen): %ld %s", r.code,
+          r.body);
+  json_t *j = json_loadb(r.body, r.len, 0, NULL);
+  json_t *list = json_object_get(j, "bundles");
+  REQUIRE(json_array_size(list) == 1, "B lists: %s", r.body);
+  assert_string_equal(
+      json_string_value(json_object_get(json_array_get(list, 0), "key")),
+      k3.key);
+  json_decref(j);
+  reply_free(&r);
+
+  /* A lookup on B reads through: k2 found, an unknown key missing. */
+  char unknown[65], body[300];
+  kc_sha256_hex("nobody built this", 17, unknown);
+  snprintf(body, sizeof body, "{\"keys\":[\"%s\",\"%s\"]}", k2.key, unknown);
+  r = call(NULL, g_b.url, "POST", "/v1/lookup", body, strlen(body));
+  REQUIRE(r.code == 200, "B: lookup: %ld %s", r.code, r.body);
+  j = json_loadb(r.body, r.len, 0, NULL);
+  json_t *want = json_loads(k2.json, 0, NULL);
+  REQUIRE(json_equal(json_object_get(json_object_get(j, "found"), k2.key),
+                     want),
+          "B: lookup does not find k2 as uploaded: %s", r.body);
+  json_t *missing = json_object_get(j, "missing");
+  REQUIRE(json_array_size(missing) == 1 &&
+              strcmp(json_string_value(json_array_get(missing, 0)), unknown) ==
+                  0,
+          "B: lookup's missing: %s", r.body);
+  json_decref(want);
+  json_decref(j);
+  reply_free(&r);
+
+  /* GET bundle and blobs on B: the same bytes. */
+  long s1 = serves(&g_b, &k1), s2 = serves(&g_b, &k2);
+  REQUIRE(s1 == 0 && s2 == 0, "B does not serve k1 (%ld) or k2 (%ld)", s1, s2);
+  /* The model's listing on B: both bundles of m1. */
+  r = get(&g_b, "/v1/models/%s", k1.model);
+  j = json_loadb(r.body, r.len, 0, NULL);
+  REQUIRE(json_array_size(json_object_get(j, "bundles")) == 2, "B lists m1: %s",
+          r.body);
+  json_decref(j);
+  reply_free(&r);
+  printf("through: read-through on B: hits %g, misses %g\n",
+         metric(&g_b, "kcached_s3_read_through_total{result=\"hit\"}"),
+         metric(&g_b, "kcached_s3_read_through_total{result=\"miss\"}"));
+  assert_true(metric(&g_b, "kcached_s3_read_through_total{result=\"hit\"}") >=
+              1);
+  assert_int_equal(metric(&g_a, "kcached_s3_up"), 1);
+  assert_int_equal(metric(&g_a, "kcached_s3_conditional_writes"), 1);
+  assert_true(metric(&g_a, "kcached_s3_requests_total") > 0);
+  assert_true(metric(&g_a, "kcached_s3_request_duration_seconds_count") > 0);
+  bundle_free(&k1);
+  bundle_free(&k2);
+  bundle_free(&k3);
+}
+
+/* ---- 2. leases across replicas ---- */
+
+static reply lease(const kc_testsrv *t, const char *key, const char *holder,
+                   int ttl_s) {
+  char path[128], body[128];
+  snprintf(path, sizeof path, "/v1/leases/%s", key);
+  snprintf(body, sizeof body, "{\"holder\":\"%s\",\"ttl_s\":%d}", holder, ttl_s);
+  return call(NULL, t->url, "POST", path, body, strlen(body));
+}
+
+/* The lease must be granted (201); its token into tok. */
+static void take(const kc_testsrv *t, const char *key, const char *holder,
+                 int ttl_s, char tok[128]) {
+  reply r = lease(t, key, holder, ttl_s);
+  REQUIRE(r.code == 201, "lease for %s: %ld %s (want 201)", holder, r.code,
+          r.body);
+  json_t *j = json_loadb(r.body, r.len, 0, NULL);
+  const char *v = json_string_value(json_object_get(j, "lease"));
+  snprintf(tok, 128, "%s", v ? v : "");
+  json_decref(j);
+  reply_free(&r);
+  REQUIRE(strlen(tok) >= 16, "lease token '%s'", tok);
+}
+
+/* The lease must be refused: 409 leased naming holder, with Retry-After. */
+static void refused(const kc_testsrv *t, const char *key, const char *holder) {
+  char code[64];
+  reply r = lease(t, key, "someone-else", 60);
+  REQUIRE(r.code == 409 && strcmp(error_code(&r, code), "leased") == 0,
+          "want 409 leased, got %ld %s", r.code, r.body);
+  json_t *j = json_loadb(r.body, r.len, 0, NULL);
+  const char *h = json_string_value(json_object_get(j, "holder"));
+  REQUIRE(h && strcmp(h, holder) == 0, "409 names holder %s, want %s",
+          h ? h : "(none)", holder);
+  json_decref(j);
+  REQUIRE(r.retry_after >= 1 && r.retry_after <= 60, "409 Retry-After %ld",
+          r.retry_after);
+  reply_free(&r);
+}
+
+static void release(const kc_testsrv *t, const char *key, const char *tok) {
+  char path[256];
+  snprintf(path, sizeof path, "/v1/leases/%s?lease=%s", key, tok);
+  reply r = call(NULL, t->url, "DELETE", path, NULL, 0);
+  REQUIRE(r.code == 204, "release: %ld %s (want 204)", r.code, r.body);
+  reply_free(&r);
+}
+
+static void t_leases(void **state) {
+  (void)state;
+  start_pair("leases", NULL);
+  char key[65], tok[128], k[KCS3_KEY_MAX + 1];
+  kc_sha256_hex("lease across replicas", 21, key);
+  take(&g_a, key, "a", 60, tok);
+  obj_key(k, "leases", key);
+  assert_int_equal(kcs3_head(g_s3, k, NULL, NULL, NULL), KC_OK);
+  refused(&g_b, key, "a");
+  release(&g_a, key, tok);
+  take(&g_b, key, "b", 60, tok);
+  refused(&g_a, key, "b");
+  release(&g_b, key, tok);
+  assert_int_equal(kcs3_head(g_s3, k, NULL, NULL, NULL), KC_NOT_FOUND);
+
+  /* An expired lease is taken over through the other replica. */
+  kc_sha256_hex("lease that expires", 18, key);
+  take(&g_a, key, "a", 1, tok);
+  refused(&g_b, key, "a");
+  usleep(2500 * 1000);
+  take(&g_b, key, "b", 60, tok);
+  refused(&g_a, key, "b");
+}
+
+/* ---- 3. SIGKILL with a queue ---- */
+
+static void rgw_stop(void) {
+  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
+}
+
+static void rgw_start(void) {
+  REQUIRE(kc_testrgw_gateway_start(&g_rgw) == 0, "rgw-start failed");
+}
+
+/* Every bundle in the bucket whole, and served by B. */
+static void check_all(bundle *v, size_t n, const char *what) {
+  for (size_t i = 0; i < n; i++) {
+    REQUIRE(in_bucket(&v[i]) == 0, "%s: acknowledged bundle %zu (%s) is not "
+            "whole in the bucket", what, i, v[i].key);
+    long s = serves(&g_b, &v[i]);
+    REQUIRE(s == 0, "%s: B does not serve acknowledged bundle %s: %ld", what,
+            v[i].key, s);
+  }
+}
+
+typedef struct uploader {
+  pthread_mutex_t mu;
+  atomic_int stop;
+  const char *url;
+  bundle acked[4096];
+  size_t n_acked;
+  char blobs[8192][65]; /* acknowledged blobs, bundle or not */
+  size_t n_blobs;
+} uploader;
+
+typedef struct worker {
+  uploader *u;
+  int id;
+} worker;
+
+static void *upload_main(void *arg) {
+  worker *w = arg;
+  uploader *u = w->u;
+  CURL *h = curl_easy_init();
+  for (uint64_t i = 0; h && !atomic_load(&u->stop) && i < 1000; i++) {
+    bundle b;
+    const size_t sizes[] = {512 + (size_t)(i % 7) * 300, 4096};
+    if (bundle_make(&b, "kill-concurrent", (uint64_t)w->id * 100000 + i, 2,
+                    sizes))
+      break;
+    size_t blobs = 0;
+    long code = bundle_put(h, u->url, &b, &blobs);
+    pthread_mutex_lock(&u->mu);
+    for (size_t k = 0; k < blobs && u->n_blobs < 8192; k++)
+      memcpy(u->blobs[u->n_blobs++], b.digest[k], 65);
+    if ((code == 201 || code == 200) && u->n_acked < 4096)
+      u->acked[u->n_acked++] = b;
+    else
+      bundle_free(&b);
+    pthread_mutex_unlock(&u->mu);
+  }
+  curl_easy_cleanup(h);
+  return NULL;
+}
+
+static size_t acked_now(uploader *u) {
+  pthread_mutex_lock(&u->mu);
+  size_t n = u->n_acked;
+  pthread_mutex_unlock(&u->mu);
+  return n;
+}
+
+static void t_kill(void **state) {
+  (void)state;
+  start_pair("kill", NULL);
+  enum { N = 20 };
+  bundle v[N];
+  const size_t sizes[] = {300, 2048};
+
+  /* Round 1: S3 down, N bundles acknowledged, SIGKILL, restart. */
+  rgw_stop();
+  for (int i = 0; i < N; i++)
+    bundle_new(&v[i], &g_a, "kill-queued", (uint64_t)i + 1, 2, sizes);
+  reply r = get(&g_a, "/readyz");
+  REQUIRE(r.code == 200, "A: /readyz with S3 down: %ld", r.code);
+  reply_free(&r);
+  double depth = metric(&g_a, "kcached_s3_queue_depth");
+  REQUIRE(depth >= N, "A: queue depth %g after %d bundles with S3 down", depth,
+          N);
+  kc_testsrv_kill(&g_a);
+  REQUIRE(kc_testsrv_restart(&g_a) == 0, "A did not restart (S3 down)");
+  double after = metric(&g_a, "kcached_s3_queue_depth");
+  REQUIRE(after == depth, "A: queue depth %g before SIGKILL, %g after restart",
+          depth, after);
+  rgw_start();
+  long ms = drain(&g_a, "A");
+  printf("kill: %d bundles queued with S3 down (depth %g), SIGKILL, restart "
+         "(depth %g), radosgw back: drained in %ld ms\n", N, depth, after, ms);
+  check_all(v, N, "kill, S3 down");
+  for (int i = 0; i < N; i++)
+    bundle_free(&v[i]);
+
+  /* Round 2: S3 up, 4 uploaders, SIGKILL soon after the first ack. */
+  uploader *u = calloc(1, sizeof *u);
+  assert_non_null(u);
+  pthread_mutex_init(&u->mu, NULL);
+  u->url = g_a.url;
+  pthread_t th[4];
+  worker w[4];
+  for (int i = 0; i < 4; i++) {
+    w[i] = (worker){u, i};
+    assert_int_equal(pthread_create(&th[i], NULL, upload_main, &w[i]), 0);
+  }
+  for (long t0 = mono_ms(); acked_now(u) == 0 && mono_ms() - t0 < 30000;)
+    usleep(5000);
+  usleep(150000);
+  double depth2 = metric(&g_a, "kcached_s3_queue_depth");
+  kc_testsrv_kill(&g_a);
+  atomic_store(&u->stop, 1);
+  for (int i = 0; i < 4; i++)
+    pthread_join(th[i], NULL);
+  REQUIRE(u->n_acked > 0, "no bundle acknowledged before the kill");
+  REQUIRE(kc_testsrv_restart(&g_a) == 0, "A did not restart");
+  ms = drain(&g_a, "A");
+  for (size_t i = 0; i < u->n_blobs; i++)
+    REQUIRE(obj_head("blobs", u->blobs[i]) == KC_OK,
+            "acknowledged blob %s is not in the bucket", u->blobs[i]);
+  check_all(u->acked, u->n_acked, "kill, concurrent");
+  printf("kill: 4 uploaders, SIGKILL with queue depth %g: %zu bundles and %zu "
+         "blobs acknowledged, all in the bucket after a %ld ms drain\n",
+         depth2, u->n_acked, u->n_blobs, ms);
+  for (size_t i = 0; i < u->n_acked; i++)
+    bundle_free(&u->acked[i]);
+  pthread_mutex_destroy(&u->mu);
+  free(u);
+}
+
+/* ---- 4. S3 down ---- */
+
+/* GET of something the replica lacks while S3 is down: 404, promptly. */
+static void expect_prompt_404(const kc_testsrv *t, const char *name,
+                              const char *path) {
+  reply r = call(NULL, t->url, "GET", path, NULL, 0);
+  REQUIRE(r.code == 404 && r.ms < PROMPT_MS,
+          "%s: GET %s with S3 down: %ld after %ld ms (want 404 in < %d ms): %s",
+          name, path, r.code, r.ms, PROMPT_MS, r.body);
+  reply_free(&r);
+}
+
+static void t_s3_down(void **state) {
+  (void)state;
+  start_pair("down", NULL);
+  bundle x1, x2, x3;
+  const size_t sizes[] = {4096, 1000};
+  bundle_new(&x1, &g_a, "down-m", 1, 2, sizes);
+  bundle_new(&x2, &g_a, "down-m", 2, 2, sizes);
+  drain(&g_a, "A");
+  REQUIRE(serves(&g_b, &x1) == 0, "B does not read x1 through");
+
+  rgw_stop();
+  /* What each holds, each serves. */
+  REQUIRE(serves(&g_a, &x1) == 0 && serves(&g_a, &x2) == 0,
+          "A with S3 down does not serve what it holds");
+  REQUIRE(serves(&g_b, &x1) == 0, "B with S3 down does not serve x1");
+  /* Writes queue. */
+  bundle_new(&x3, &g_a, "down-m", 3, 2, sizes);
+  REQUIRE(serves(&g_a, &x3) == 0, "A does not serve x3");
+  double depth = metric(&g_a, "kcached_s3_queue_depth");
+  REQUIRE(depth > 0, "A: queue depth %g after a write with S3 down", depth);
+  /* Misses answer 404 at once, on both. */
+  char path[200], unknown[65];
+  kc_sha256_hex("down: nobody has this", 21, unknown);
+  for (int i = 0; i < 3; i++) {
+    const kc_testsrv *t = i == 1 ? &g_a : &g_b;
+    const char *name = i == 1 ? "A" : "B";
+    snprintf(path, sizeof path, "/v1/bundles/%s", unknown);
+    expect_prompt_404(t, name, path);
+    snprintf(path, sizeof path, "/v1/blobs/%s", unknown);
+    expect_prompt_404(t, name, path);
+  }
+  snprintf(path, sizeof path, "/v1/bundles/%s", x3.key); /* only A has it */
+  expect_prompt_404(&g_b, "B", path);
+  snprintf(path, sizeof path, "/v1/blobs/%s", x3.digest[0]);
+  expect_prompt_404(&g_b, "B", path);
+  char body[300];
+  snprintf(body, sizeof body, "{\"keys\":[\"%s\",\"%s\"]}", x1.key, x2.key);
+  reply r = call(NULL, g_b.url, "POST", "/v1/lookup", body, strlen(body));
+  REQUIRE(r.code == 200 && r.ms < PROMPT_MS,
+          "B: lookup with S3 down: %ld after %ld ms", r.code, r.ms);
+  json_t *j = json_loadb(r.body, r.len, 0, NULL);
+  REQUIRE(json_object_get(json_object_get(j, "found"), x1.key) &&
+              json_array_size(json_object_get(j, "missing")) == 1,
+          "B: lookup with S3 down: %s", r.body);
+  json_decref(j);
+  reply_free(&r);
+  /* Ready, and the metrics say what is going on. */
+  for (int i = 0; i < 2; i++) {
+    r = get(i ? &g_b : &g_a, "/readyz");
+    REQUIRE(r.code == 200, "%s: /readyz with S3 down: %ld",
+            i ? "B" : "A", r.code);
+    reply_free(&r);
+  }
+  double errors = metric(&g_a, "kcached_s3_errors_total");
+  REQUIRE(errors > 0, "A: kcached_s3_errors_total %g with S3 down", errors);
+  REQUIRE(metric(&g_a, "kcached_s3_up") == 0, "A: kcached_s3_up %g with S3 down",
+          metric(&g_a, "kcached_s3_up"));
+  printf("s3 down: A queue depth %g, errors %g; B errors %g, read-through "
+         "errors %g\n", depth, errors, metric(&g_b, "kcached_s3_errors_total"),
+         metric(&g_b, "kcached_s3_read_through_total{result=\"error\"}"));
+
+  rgw_start();
+  long ms = drain(&g_a, "A");
+  assert_int_equal(in_bucket(&x3), 0);
+  /* B may still fail fast for a moment after its last failure. */
+  long t0 = mono_ms(), s;
+  while ((s = serves(&g_b, &x3)) != 0 && mono_ms() - t0 < 5000)
+    usleep(200000);
+  REQUIRE(s == 0, "B does not serve x3 after S3 came back: %ld", s);
+  printf("s3 down: radosgw back: A drained in %ld ms; B served x3 after %ld "
+         "ms more\n", ms, mono_ms() - t0);
+  assert_int_equal(metric(&g_a, "kcached_s3_up"), 1);
+  bundle_free(&x1);
+  bundle_free(&x2);
+  bundle_free(&x3);
+}
+
+/* ---- 5. corrupt objects ---- */
+
+static void t_corrupt(void **state) {
+  (void)state;
+  start_pair("corrupt", NULL);
+  bundle b, c;
+  const size_t sizes[] = {4096};
+  bundle_new(&b, &g_a, "corrupt-m", 1, 1, sizes);
+  bundle_new(&c, &g_a, "corrupt-m", 2, 1, (const size_t[]){5000});
+  drain(&g_a, "A");
+
+  /* The blob: same length, one byte flipped. */
+  char k[KCS3_KEY_MAX + 1], err[KC_ERRBUF_SIZE] = "", code[64];
+  unsigned char *bad = fill(b.seed[0], 4096);
+  bad[1234] ^= 0x20;
+  obj_key(k, "blobs", b.digest[0]);
+  assert_int_equal(kcs3_put(g_s3, k, bad, 4096, NULL, NULL, err), KC_OK);
+  reply r = get(&g_b, "/v1/blobs/%s", b.digest[0]);
+  REQUIRE(r.code == 500 && strcmp(error_code(&r, code), "corrupt") == 0,
+          "B: GET of a corrupt blob: %ld %.200s (want 500 corrupt)", r.code,
+          r.code == 200 ? "(the bytes)" : r.body);
+  assert_null(memmem(r.body, r.len, bad + 1024, 512));
+  printf("corrupt blob: B answered %ld %s\n", r.code, r.body);
+  reply_free(&r);
+  assert_int_equal(metric(&g_b, "kcached_s3_corrupt_total"), 1);
+  assert_int_equal(
+      metric(&g_b, "kcached_s3_read_through_total{result=\"corrupt\"}"), 1);
+  assert_int_equal(obj_head("blobs", b.digest[0]), KC_NOT_FOUND);
+  r = get(&g_b, "/v1/blobs/%s", b.digest[0]);
+  REQUIRE(r.code == 404, "B: GET of the deleted corrupt blob: %ld", r.code);
+  reply_free(&r);
+  /* The bundle that names it is not served whole either. */
+  r = get(&g_b, "/v1/bundles/%s", b.key);
+  REQUIRE(r.code != 200, "B serves bundle %s without its blob", b.key);
+  reply_free(&r);
+  /* A still has the good bytes. */
+  assert_int_equal(serves(&g_a, &b), 0);
+  free(bad);
+
+  /* A manifest replaced by another valid one that does not match its key. */
+  obj_key(k, "bundles", c.key);
+  assert_int_equal(kcs3_put(g_s3, k, b.json, strlen(b.json), NULL, NULL, err),
+                   KC_OK);
+  r = get(&g_b, "/v1/bundles/%s", c.key);
+  REQUIRE(r.code == 500 && strcmp(error_code(&r, code), "corrupt") == 0,
+          "B: GET of a manifest under the wrong key: %ld %s (want 500 corrupt)",
+          r.code, r.body);
+  printf("corrupt manifest: B answered %ld %s\n", r.code, r.body);
+  assert_null(strstr(r.body, "\"files\"")); /* an error, not a manifest */
+  reply_free(&r);
+  assert_int_equal(metric(&g_b, "kcached_s3_corrupt_total"), 2);
+  assert_int_equal(obj_head("bundles", c.key), KC_NOT_FOUND);
+  bundle_free(&b);
+  bundle_free(&c);
+}
+
+/* ---- 6. credentials from a file ---- */
+
+static void t_credentials_file(void **state) {
+  (void)state;
+  char creds[512];
+  assert_int_equal(kc_testsrv_init(&g_a), 0);
+  snprintf(creds, sizeof creds, "%s/credentials", g_a.dir);
+  FILE *f = fopen(creds, "w");
+  assert_non_null(f);
+  fprintf(f, "# kcache test\n[other]\naws_access_key_id = WRONG\n"
+             "aws_secret_access_key = wrong\n\n[default]\n"
+             "aws_access_key_id = %s\naws_secret_access_key=%s\n",
+          g_rgw.access, g_rgw.secret);
+  fclose(f);
+  unsetenv("AWS_ACCESS_KEY_ID");
+  unsetenv("AWS_SECRET_ACCESS_KEY");
+  const char *extra[] = {"--s3-credentials", creds, NULL};
+  start_pair("creds", extra); /* case_teardown sets them again */
+  bundle b;
+  bundle_new(&b, &g_a, "creds-m", 1, 1, (const size_t[]){100});
+  drain(&g_a, "A");
+  assert_int_equal(in_bucket(&b), 0);
+  assert_int_equal(serves(&g_b, &b), 0);
+  bundle_free(&b);
+}
+
+/* ---- bad configuration (no RGW) ---- */
+
+/* Runs kcached with args and env (NULL-terminated); its exit status (-2:
+ * still running after 15 s: killed) and its output in *out. */
+static int run_kcached(const char *const *args, char *const *env, char **out) {
+  char dir[] = "/tmp/kcache-badcfg-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char log[64], data[64];
+  snprintf(log, sizeof log, "%s/log", dir);
+  snprintf(data, sizeof data, "%s/data", dir);
+  const char *argv[40] = {kc_testsrv_bin(), "--listen", "127.0.0.1:0",
+                          "--data-dir", data};
+  size_t n = 5;
+  for (size_t i = 0; args[i] && n < 39; i++)
+    argv[n++] = args[i];
+  argv[n] = NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid;
+  assert_int_equal(posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv,
+                               env),
+                   0);
+  posix_spawn_file_actions_destroy(&fa);
+  int st = 0, rc = -2;
+  for (long t0 = mono_ms(); mono_ms() - t0 < 15000; usleep(20 * 1000))
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      break;
+    }
+  if (rc == -2) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+  }
+  FILE *f = fopen(log, "r");
+  size_t len = 0;
+  *out = NULL;
+  if (!f || getdelim(out, &len, '\0', f) < 0) {
+    free(*out);
+    *out = strdup("");
+  }
+  if (f)
+    fclose(f);
+  char cmd[80];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", dir);
+  return rc;
+}
+
+static void expect_exit2(const char *const *args, char *const *env,
+                         const char *names, const char *secret) {
+  char *out;
+  int rc = run_kcached(args, env, &out);
+  printf("bad config (%s): exit %d: %.*s\n", names, rc,
+         (int)strcspn(out, "\n"), out);
+  if (rc != 2 || !strstr(out, names) || (secret && strstr(out, secret)))
+    fail_msg("want exit 2 naming %s (and no secret); got %d: %s", names, rc,
+             out);
+  free(out);
+}
+
+static void t_bad_config(void **state) {
+  (void)state;
+  const char *secret = "kcache-test-secret-never-logged-0123";
+  char ak[80], sk[80], path[4096];
+  snprintf(ak, sizeof ak, "AWS_ACCESS_KEY_ID=AKIATESTKEY");
+  snprintf(sk, sizeof sk, "AWS_SECRET_ACCESS_KEY=%s", secret);
+  /* PATH only: a valgrind wrapper (scripts/valgrind.sh) finds valgrind */
+  snprintf(path, sizeof path, "PATH=%s",
+           getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+  char *with[] = {path, ak, sk, NULL}, *without[] = {path, NULL};
+  const char *no_endpoint[] = {"--s3-bucket", "kc-bucket", NULL};
+  expect_exit2(no_endpoint, with, "--s3-endpoint", secret);
+  const char *no_bucket[] = {"--s3-endpoint", "http://127.0.0.1:1", NULL};
+  expect_exit2(no_bucket, with, "--s3-bucket", secret);
+  const char *both[] = {"--s3-endpoint", "http://127.0.0.1:1", "--s3-bucket",
+                        "kc-bucket", "--s3-path-style", NULL};
+  expect_exit2(both, without, "AWS_ACCESS_KEY_ID", NULL);
+  const char *no_file[] = {"--s3-endpoint", "http://127.0.0.1:1",
+                           "--s3-bucket", "kc-bucket", "--s3-credentials",
+                           "/nonexistent/kcache-credentials", NULL};
+  expect_exit2(no_file, without, "/nonexistent/kcache-credentials", NULL);
+}
+
+/* ---- main ---- */
+
+static int rgw_group_setup(void **state) {
+  (void)state;
+  char err[KC_ERRBUF_SIZE] = "";
+  snprintf(g_bucket, sizeof g_bucket, "kcache-scaleout-%ld", (long)getpid());
+  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = g_bucket,
+                 .region = g_rgw.region, .path_style = 1,
+                 .access_key = g_rgw.access, .secret_key = g_rgw.secret};
+  if (kcs3_open(&o, &g_s3, err) != KC_OK ||
+      kcs3_bucket_create(g_s3, err) != KC_OK) {
+    fprintf(stderr, "bucket %s: %s\n", g_bucket, err);
+    return -1;
+  }
+  /* the replicas take their credentials from the environment */
+  setenv("AWS_ACCESS_KEY_ID", g_rgw.access, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", g_rgw.secret, 1);
+  return 0;
+}
+
+static int rgw_group_teardown(void **state) {
+  (void)state;
+  kcs3_close(g_s3);
+  g_s3 = NULL;
+  return 0;
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  curl_global_init(CURL_GLOBAL_ALL);
+  unsetenv("AWS_ACCESS_KEY_ID");
+  unsetenv("AWS_SECRET_ACCESS_KEY");
+  const char *only = getenv("KC_SCALEOUT_ONLY"); /* e.g. t_corrupt, or t_* */
+  if (only && *only)
+    cmocka_set_test_filter(only);
+  const struct CMUnitTest offline[] = {cmocka_unit_test(t_bad_config)};
+#define CASE(f) cmocka_unit_test_teardown(f, case_teardown)
+  const struct CMUnitTest rgw[] = {
+      CASE(t_through), CASE(t_leases),  CASE(t_corrupt),
+      CASE(t_credentials_file), CASE(t_s3_down), CASE(t_kill),
+  };
+  int fails = cmocka_run_group_tests_name("scaleout_config", offline, NULL,
+                                          NULL);
+  int up = kc_testrgw_up(&g_rgw, "test_scaleout");
+  if (up == 0)
+    fails += cmocka_run_group_tests_name("scaleout_rgw", rgw, rgw_group_setup,
+                                         rgw_group_teardown);
+  curl_global_cleanup();
+  return kc_testrgw_finish(&g_rgw, up, fails);
+}
