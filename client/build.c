@@ -137,7 +137,9 @@ static kc_err build_kernel(kc_client *c, const kc_kernel *k,
   return e;
 }
 
-/* The key names the NVRTC that built it; a pinned version must be ours. */
+/* The key names the NVRTC that built it: a version pinned in the manifest,
+ * or one learnt without loading NVRTC (kc_gpu_nvrtc_version_cached: a file
+ * name, a remembered answer, install metadata), must be the loaded one's. */
 static int nvrtc_matches(const kc_key_fields *f, const char *ver) {
   for (size_t i = 0; i < f->n_tools; i++)
     if (!strcmp(f->tools[i].name, "nvrtc"))
@@ -153,8 +155,10 @@ static kc_err build_nvrtc(kc_client *c, const kc_warmup *w,
   kc_err e = kc_gpu_nvrtc_version(ver, err);
   if (!e && !nvrtc_matches(f, ver))
     e = kc_errf(err, KC_BUILD_FAILED,
-                "the manifest pins another NVRTC than this host's %s: a "
-                "build here would be stored under the wrong key", ver);
+                "the key names another NVRTC than the %s this host loads "
+                "(pinned in the manifest, or the toolkit's version metadata "
+                "disagrees with its library): a build here would be stored "
+                "under the wrong key", ver);
   for (size_t i = 0; !e && i < w->n_kernels; i++) {
     double left = seconds > 0 ? seconds - (kc_now_ms() - t0) / 1000.0 : 0;
     if (seconds > 0 && left <= 0)

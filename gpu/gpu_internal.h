@@ -62,6 +62,12 @@ typedef struct kcg_nvrtc {
 kc_err kcg_nvrtc_open(kcg_nvrtc *api, char *err);
 void kcg_nvrtc_close(kcg_nvrtc *api);
 
+/* NVRTC's MAJOR.MINOR ("13.0") from NVIDIA's install metadata describing the
+ * library file at real (symlinks resolved): a toolkit's version.json or a
+ * wheel's nvidia_cuda_nvrtc*.dist-info, found only at the few places
+ * nvrtc_meta.c names. Nothing is loaded. 0, or -1 when none applies. */
+int kcg_nvrtc_meta_version(const char *real, char out[16]);
+
 /* KC_EINVAL for a request kc_gpu_build cannot run (checked before forking). */
 kc_err kcg_build_req_check(const kc_gpu_build_req *req, char *err);
 

@@ -55,13 +55,23 @@ int kc_gpu_arch_runs_on(const char *arch, int cc_major, int cc_minor);
  * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the loader path. KC_NO_NVRTC
  * names every place searched. out must hold 16 bytes. */
 kc_err kc_gpu_nvrtc_version(char out[16], char *err);
-/* The same without loading a 100 MB library when it can (about 50 ms of
- * every warmup that builds nothing), for computing keys: the file the search
- * tries first, when NVIDIA named it libnvrtc.so.MAJOR.MINOR.PATCH, says
- * MAJOR.MINOR; else the answer remembered in cache_file (NULL: none) under
- * that file's identity (path, device, inode, size, mtime); else NVRTC is
- * loaded and asked (and the answer remembered; a write failure is ignored).
- * A build always asks the NVRTC it loads (kc_gpu_nvrtc_version). */
+/* The same without loading a 100 MB library when it can (about 40 ms of
+ * every warmup that builds nothing), for computing keys. The file the search
+ * tries first ($KCACHE_NVRTC, else $CUDA_HOME/lib64 or /usr/local/cuda/lib64;
+ * symlinks resolved) is asked, in this order:
+ *  1. its name, when NVIDIA named it libnvrtc.so.MAJOR.MINOR.PATCH;
+ *  2. the answer remembered in cache_file (NULL: none) under that file's
+ *     identity (path, device, inode, size, mtime);
+ *  3. NVIDIA's install metadata about it (nvrtc_meta.c): the toolkit's
+ *     version.json, or a nvidia_cuda_nvrtc*.dist-info whose RECORD lists the
+ *     file, next to its lib/ directory;
+ *  4. else NVRTC is loaded and asked (and the answer remembered; a write
+ *     failure is ignored).
+ * Only MAJOR.MINOR is answered, as kc_gpu_nvrtc_version does. The answer is
+ * for keys only: a build always asks the NVRTC it loads
+ * (kc_gpu_nvrtc_version) and refuses a key naming another version, so a
+ * library replaced by hand under stale metadata fails its builds instead of
+ * storing them under a wrong key. */
 kc_err kc_gpu_nvrtc_version_cached(const char *cache_file, char out[16],
                                    char *err);
 

@@ -233,13 +233,11 @@ static void write_cached(const char *file, const char *id, const char *ver) {
 
 /* NVIDIA names the library file libnvrtc.so.MAJOR.MINOR.PATCH (the toolkit's
  * lib64, behind the libnvrtc.so and .so.MAJOR links), and nvrtcVersion
- * answers MAJOR.MINOR: the name tells without loading 100 MB. */
-static int version_from_name(const char *path, char out[16]) {
-  char real[PATH_MAX];
+ * answers MAJOR.MINOR: the name tells without loading 100 MB. real: the
+ * file's path with symlinks resolved. */
+static int version_from_name(const char *real, char out[16]) {
   unsigned major, minor, patch;
   char tail;
-  if (!realpath(path, real))
-    return -1;
   const char *base = strrchr(real, '/');
   base = base ? base + 1 : real;
   if (sscanf(base, "libnvrtc.so.%u.%u.%u%c", &major, &minor, &patch,
@@ -249,14 +247,25 @@ static int version_from_name(const char *path, char out[16]) {
   return 0;
 }
 
+/* The answers that need no load, cheapest and surest first (kc_gpu.h). */
+static int version_without_load(const char *first, const char *cache_file,
+                                const char *id, char out[16]) {
+  char real[PATH_MAX];
+  if (!realpath(first, real))
+    return -1;
+  if (version_from_name(real, out) == 0)
+    return 0;
+  if (id[0] && read_cached(cache_file, id, out) == 0)
+    return 0;
+  return kcg_nvrtc_meta_version(real, out);
+}
+
 kc_err kc_gpu_nvrtc_version_cached(const char *cache_file, char out[16],
                                    char *err) {
   char first[512], id[800] = "", loaded[512];
   int found = first_file(first) == 0;
-  if (found && version_from_name(first, out) == 0)
-    return KC_OK;
   int known = cache_file && found && identity(first, id, sizeof id) == 0;
-  if (known && read_cached(cache_file, id, out) == 0)
+  if (found && version_without_load(first, cache_file, id, out) == 0)
     return KC_OK;
   kc_err e = load_version(out, loaded, err);
   /* Remembered only when the file that loaded is the one predicted. */

@@ -11,8 +11,9 @@ target_link_libraries(test_client PRIVATE kc_client kc_testsrv
   PkgConfig::CMOCKA PkgConfig::CURL Threads::Threads)
 target_compile_definitions(test_client PRIVATE
   KC_TEST_KERNELS="${CMAKE_CURRENT_LIST_DIR}/kernels"
-  KCACHE_BIN="$<TARGET_FILE:kcache>")
-add_dependencies(test_client kcache)
+  KCACHE_BIN="$<TARGET_FILE:kcache>"
+  KC_FAKE_NVRTC="$<TARGET_FILE:gpu_fake_nvrtc>")
+add_dependencies(test_client kcache gpu_fake_nvrtc)
 add_test(NAME client COMMAND test_client)
 # A dozen NVRTC builds and a few servers; the sanitizer build is slower.
 set_tests_properties(client PROPERTIES TIMEOUT 300)

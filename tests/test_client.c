@@ -517,6 +517,56 @@ static void test_warm_build_failure(void **state) {
                    1);
 }
 
+/* Keys may take NVRTC's version from install metadata without loading the
+ * library (kc_gpu_nvrtc_version_cached); a build asks the NVRTC it loads.
+ * When they disagree (a library replaced by hand under an old version.json)
+ * the build refuses: its output would be stored under a key naming another
+ * NVRTC. The library is a copy of the gpu tests' fake NVRTC (99.9). */
+static void test_warm_stale_metadata(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE], lib[400], *data = NULL;
+  size_t len = 0;
+  const char *old = getenv("KCACHE_NVRTC");
+  char *saved = old ? strdup(old) : NULL;
+  snprintf(lib, sizeof lib, "%s/tk", f->dir);
+  assert_int_equal(mkdir(lib, 0755), 0);
+  snprintf(lib, sizeof lib, "%s/tk/version.json", f->dir);
+  write_text(lib, "{\"cuda_nvrtc\": {\"version\": \"13.7.0\"}}");
+  snprintf(lib, sizeof lib, "%s/tk/lib64", f->dir);
+  assert_int_equal(mkdir(lib, 0755), 0);
+  snprintf(lib, sizeof lib, "%s/tk/lib64/libnvrtc.so.13", f->dir);
+  assert_int_equal(kc_read_file(KC_FAKE_NVRTC, &data, &len, NULL), KC_OK);
+  FILE *fp = fopen(lib, "wb");
+  assert_non_null(fp);
+  assert_int_equal(fwrite(data, 1, len, fp), len);
+  fclose(fp);
+  free(data);
+  setenv("KCACHE_NVRTC", lib, 1);
+  kc_client *c = client_for(f->cache, NULL);
+  kc_warmup *w = warmup_for(f, "stale", "saxpy", "saxpy", "");
+  kc_key_fields *k = NULL;
+  size_t n = 0;
+  assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
+  int named = 0;
+  for (size_t i = 0; i < k[0].n_tools; i++)
+    named += !strcmp(k[0].tools[i].name, "nvrtc") &&
+             !strcmp(k[0].tools[i].value, "13.7");
+  assert_int_equal(named, 1); /* from version.json, nothing loaded */
+  free(k);
+  kc_warm_report r;
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_BUILD_FAILED);
+  assert_int_equal(count(&r, KC_WARM_FAILED), 2);
+  assert_non_null(strstr(r.items[0].message, "another NVRTC than the 99.9"));
+  kc_warm_report_free(&r);
+  kc_warmup_free(w);
+  kc_client_free(c);
+  if (saved)
+    setenv("KCACHE_NVRTC", saved, 1);
+  else
+    unsetenv("KCACHE_NVRTC");
+  free(saved);
+}
+
 static void test_warm_command_builder(void **state) {
   fx *f = *state;
   char err[KC_ERRBUF_SIZE], p[400], *text = NULL;
@@ -1470,6 +1520,7 @@ int main(void) {
       T(test_cli_verify),
       T(test_warm_offline),
       T(test_warm_build_failure),
+      T(test_warm_stale_metadata),
       T(test_warm_command_builder),
       T(test_cold_then_remote),
       T(test_cli_roundtrip),

@@ -15,8 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -623,6 +625,183 @@ static void test_nvrtc_version_from_name(void **state) {
   rmdir(dir);
 }
 
+/* ---- NVRTC's version from install metadata ---- */
+
+/* A fake toolkit tree under a temporary directory, removed afterwards. */
+typedef struct fake_tree {
+  char root[32];
+} fake_tree;
+
+static void tree_init(fake_tree *t) {
+  snprintf(t->root, sizeof t->root, "/tmp/kc-gpu-meta-XXXXXX");
+  assert_non_null(mkdtemp(t->root));
+}
+
+/* <root>/<rel>, its parent directories made. */
+static const char *tree_path(fake_tree *t, const char *rel, char out[512]) {
+  snprintf(out, 512, "%s/%s", t->root, rel);
+  for (char *p = out + strlen(t->root) + 1; (p = strchr(p, '/')); p++) {
+    *p = '\0';
+    assert_true(mkdir(out, 0755) == 0 || errno == EEXIST);
+    *p = '/';
+  }
+  return out;
+}
+
+static void tree_text(fake_tree *t, const char *rel, const char *text) {
+  char path[512];
+  write_text(tree_path(t, rel, path), text);
+}
+
+static void tree_link(fake_tree *t, const char *rel, const char *target) {
+  char path[512];
+  assert_int_equal(symlink(target, tree_path(t, rel, path)), 0);
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag,
+                    struct FTW *ftw) {
+  (void)st, (void)ftw;
+  return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+static void tree_free(fake_tree *t) {
+  assert_int_equal(nftw(t->root, rm_entry, 16, FTW_DEPTH | FTW_PHYS), 0);
+}
+
+/* A library file that dlopen refuses: an answer with it loaded nothing. */
+#define NOT_AN_ELF "not an ELF: a fast path must not dlopen this\n"
+
+/* version_cached's answer with $KCACHE_NVRTC at <root>/<rel>. */
+static kc_err cached_at(fake_tree *t, const char *rel, const char *cache,
+                        char v[16]) {
+  char path[512], err[KC_ERRBUF_SIZE] = "";
+  snprintf(path, sizeof path, "%s/%s", t->root, rel);
+  setenv("KCACHE_NVRTC", path, 1);
+  v[0] = '\0';
+  return kc_gpu_nvrtc_version_cached(cache, v, err);
+}
+
+static const char toolkit_json[] =
+    "{\"cuda\": {\"name\": \"CUDA SDK\", \"version\": \"13.6.0\"},\n"
+    " \"cuda_nvrtc\": {\"name\": \"CUDA NVRTC\", \"version\": \"13.7.88\"}}\n";
+
+/* A runfile toolkit: lib64 -> targets/x86_64-linux/lib, version.json at the
+ * top. Found through $KCACHE_NVRTC and through $CUDA_HOME alike, and the
+ * library (not loadable) is never loaded; nothing is remembered. */
+static void test_nvrtc_meta_version_json(void **state) {
+  (void)state;
+  fake_tree t;
+  char v[16], cache[512], err[KC_ERRBUF_SIZE] = "";
+  tree_init(&t);
+  tree_text(&t, "cuda/targets/x86_64-linux/lib/libnvrtc.so.13", NOT_AN_ELF);
+  tree_link(&t, "cuda/lib64", "targets/x86_64-linux/lib");
+  tree_text(&t, "cuda/version.json", toolkit_json);
+  tree_path(&t, "nvrtc-version", cache);
+  assert_int_equal(cached_at(&t, "cuda/lib64/libnvrtc.so.13", cache, v),
+                   KC_OK);
+  assert_string_equal(v, "13.7"); /* MAJOR.MINOR of cuda_nvrtc's, not cuda's */
+  assert_int_equal(access(cache, F_OK), -1);
+  assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_NO_NVRTC); /* no ELF */
+  unsetenv("KCACHE_NVRTC");
+  setenv("CUDA_HOME", tree_path(&t, "cuda", cache), 1);
+  assert_int_equal(kc_gpu_nvrtc_version_cached(NULL, v, err), KC_OK);
+  assert_string_equal(v, "13.7");
+  tree_free(&t);
+}
+
+/* A wheel's RECORD line for the library: name and size must match. */
+static void write_record(fake_tree *t, const char *dist, const char *lib,
+                         long size) {
+  char rel[256], text[512];
+  snprintf(rel, sizeof rel, "%s/RECORD", dist);
+  snprintf(text, sizeof text,
+           "nvidia/cu13/include/nvrtc.h,sha256=x,44887\n"
+           "%s,sha256=x,%ld\n%s/RECORD,,\n", lib, size, dist);
+  tree_text(t, rel, text);
+}
+
+/* A pip-assembled toolkit (this kind of /usr/local/cuda): lib/ with a
+ * dist-info/ beside it holding the cu13 wheel and, as a decoy, the cu12
+ * wheel (its RECORD lists libnvrtc.so.12); then a plain site-packages. */
+static void test_nvrtc_meta_dist_info(void **state) {
+  (void)state;
+  fake_tree t;
+  char v[16];
+  long size = (long)strlen(NOT_AN_ELF);
+  tree_init(&t);
+  tree_text(&t, "cuda/lib/libnvrtc.so.13", NOT_AN_ELF);
+  tree_link(&t, "cuda/lib/libnvrtc.so", "libnvrtc.so.13");
+  tree_link(&t, "cuda/lib64", "lib");
+  write_record(&t, "cuda/dist-info/nvidia_cuda_nvrtc_cu12-12.4.127.dist-info",
+               "nvidia/cuda_nvrtc/lib/libnvrtc.so.12", size);
+  write_record(&t, "cuda/dist-info/nvidia_cuda_nvrtc-13.8.1.dist-info",
+               "nvidia/cu13/lib/libnvrtc.so.13", size);
+  assert_int_equal(cached_at(&t, "cuda/lib64/libnvrtc.so", NULL, v), KC_OK);
+  assert_string_equal(v, "13.8");
+  /* A RECORD of another size is another file: not believed, so loaded. */
+  write_record(&t, "cuda/dist-info/nvidia_cuda_nvrtc-13.8.1.dist-info",
+               "nvidia/cu13/lib/libnvrtc.so.13", size + 1);
+  assert_int_equal(cached_at(&t, "cuda/lib64/libnvrtc.so", NULL, v),
+                   KC_NO_NVRTC);
+  /* site-packages: <site>/nvidia/cu13/lib, the dist-info in <site>. */
+  tree_text(&t, "site/nvidia/cu13/lib/libnvrtc.so.13", NOT_AN_ELF);
+  write_record(&t, "site/nvidia_cuda_nvrtc-13.9.0.dist-info",
+               "nvidia/cu13/lib/libnvrtc.so.13", size);
+  assert_int_equal(cached_at(&t, "site/nvidia/cu13/lib/libnvrtc.so.13", NULL,
+                             v), KC_OK);
+  assert_string_equal(v, "13.9");
+  tree_free(&t);
+}
+
+/* Metadata that cannot be read, or that contradicts the file's name, is
+ * passed over: version.json malformed -> the dist-info; neither usable ->
+ * the library (a copy of the fake, 99.9) is loaded and remembered; and a
+ * remembered answer comes before metadata. */
+static void test_nvrtc_meta_fallback(void **state) {
+  (void)state;
+  static const char *const bad_json[] = {
+      "{\"cuda_nvrtc\": {\"version\": \"13.0", "[1, 2]", "",
+      "{\"cuda_nvrtc\": {\"version\": 13.0}}",
+      "{\"cuda_nvrtc\": {\"version\": \"v13\"}}",
+      "{\"cuda_nvrtc\": {\"version\": \"13.0000.1\"}}",
+      "{\"cuda_nvrtc\": \"13.0.88\"}"};
+  fake_tree t;
+  char v[16], cache[512], lib[512], rel[] = "cuda/lib64/libnvrtc.so.13";
+  tree_init(&t);
+  copy_file(KC_FAKE_NVRTC, tree_path(&t, rel, lib));
+  write_record(&t, "cuda/nvidia_cuda_nvrtc-13.8.1.dist-info",
+               "nvidia/cu13/lib/libnvrtc.so.13", 0);
+  for (size_t i = 0; i < sizeof bad_json / sizeof *bad_json; i++) {
+    tree_text(&t, "cuda/version.json", bad_json[i]);
+    assert_int_equal(cached_at(&t, rel, NULL, v), KC_OK);
+    assert_string_equal(v, "99.9"); /* the dist-info's size is not the copy's */
+  }
+  struct stat st;
+  assert_int_equal(stat(lib, &st), 0);
+  write_record(&t, "cuda/nvidia_cuda_nvrtc-13.8.1.dist-info",
+               "nvidia/cu13/lib/libnvrtc.so.13", (long)st.st_size);
+  assert_int_equal(cached_at(&t, rel, NULL, v), KC_OK);
+  assert_string_equal(v, "13.8"); /* malformed version.json, then dist-info */
+  /* libnvrtc.so.13 is NVRTC 13.x: metadata saying 12.4 is not believed. */
+  tree_text(&t, "cuda/version.json",
+            "{\"cuda_nvrtc\": {\"version\": \"12.4.131\"}}");
+  tree_link(&t, "cuda/lib64/libnvrtc.so", "libnvrtc.so.13");
+  tree_path(&t, "nvrtc-version", cache);
+  assert_int_equal(cached_at(&t, "cuda/lib64/libnvrtc.so", cache, v), KC_OK);
+  assert_string_equal(v, "13.8");
+  tree_text(&t, "cuda/nvidia_cuda_nvrtc-13.8.1.dist-info/RECORD", "");
+  assert_int_equal(cached_at(&t, "cuda/lib64/libnvrtc.so", cache, v), KC_OK);
+  assert_string_equal(v, "99.9"); /* loaded, and remembered */
+  assert_int_equal(access(cache, F_OK), 0);
+  tree_text(&t, "cuda/version.json",
+            "{\"cuda_nvrtc\": {\"version\": \"13.2.0\"}}");
+  assert_int_equal(cached_at(&t, "cuda/lib64/libnvrtc.so", cache, v), KC_OK);
+  assert_string_equal(v, "99.9"); /* the remembered answer comes first */
+  assert_int_equal(cached_at(&t, "cuda/lib64/libnvrtc.so", NULL, v), KC_OK);
+  assert_string_equal(v, "13.2");
+  tree_free(&t);
+}
+
 static void test_nvrtc_too_old(void **state) {
   (void)state;
   setenv("KCACHE_NVRTC", KC_OLD_NVRTC, 1);
@@ -795,6 +974,12 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_nvrtc_version_cached, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_version_from_name, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_meta_version_json,
+                                      env_setup, env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_meta_dist_info, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_meta_fallback, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_too_old, env_setup,
                                       env_teardown),

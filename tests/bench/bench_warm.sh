@@ -61,7 +61,12 @@
 # Both ratio targets sit at their edges here: a warm's in-process time (the
 # report's seconds) was about 105-155 ms of its 260-310 ms; the rest is
 # process start (shared libraries, OpenSSL init, and about 40 ms to dlopen
-# libnvrtc, which even an all-hit warm does) and exit.
+# libnvrtc, which even an all-hit warm did) and exit.
+# Since NVRTC's version (a key field) comes from the toolkit's install
+# metadata without loading libnvrtc (gpu/nvrtc_meta.c), on the same container
+# (load average 2.5-6), two runs of BENCH_RUNS=5: warm from kcached 66 ms and
+# 84 ms (in-process 16-21 ms), curl 54 ms and 59 ms: 1.20x and 1.42x; the
+# code before it, between them: 133 ms (in-process 63 ms), curl 58 ms, 2.29x.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
