@@ -130,8 +130,9 @@ void kc_testrgw_down(kc_testrgw *r) {
   if (!r->dir[0] || !r->owned)
     return;
   double t0 = now_s();
-  run_script(r, "stop");
-  fprintf(stderr, "RGW stopped in %.1f s\n", now_s() - t0);
+  run_script(r, "stop"); /* also after a failed start: it cleans up */
+  if (r->endpoint[0])
+    fprintf(stderr, "RGW stopped in %.1f s\n", now_s() - t0);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
   if (system(cmd) != 0)
