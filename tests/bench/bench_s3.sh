@@ -28,7 +28,7 @@
 # <= 1.2x) of the medians, and a Markdown table with the command line. A
 # missed target prints MISSED, and exits 1 only with BENCH_STRICT=1.
 #
-# Usage: tests/bench/bench_s3.sh [path/to/kcached]
+# Usage: tests/bench/bench_s3.sh [path/to/kcached (default build/server/kcached)]
 #   env: BENCH_N (200) BENCH_ROUNDS (3) BENCH_STRICT (0) KCACHED
 #        KC_TEST_S3_ENV=FILE: use a running RGW (FILE: its env file from
 #        ceph-rgw.sh) instead of starting one
@@ -39,15 +39,9 @@
 # by PID; the temporary directory is removed.
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-kcached=${1:-${KCACHED:-}}
-if [ -z "$kcached" ]; then
-  for c in "$root/build/server/kcached" "$root/build-server/server/kcached"; do
-    [ -x "$c" ] && kcached=$c && break
-  done
-fi
-[ -n "$kcached" ] && [ -x "$kcached" ] || { echo "bench_s3: no kcached binary (give its path)" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/../.." && pwd)
+kcached=${1:-${KCACHED:-$root/build/server/kcached}}
+[ -x "$kcached" ] || { echo "bench_s3: no kcached at $kcached (give its path)" >&2; exit 2; }
 grep -q -- --s3-endpoint <<<"$("$kcached" --help 2>&1 || true)" ||
   { echo "bench_s3: $kcached has no S3 tier (--s3-endpoint)" >&2; exit 2; }
 for tool in curl python3 sha256sum; do
