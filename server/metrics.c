@@ -173,7 +173,8 @@ static void render_s3(FILE *f, kcd_state *st) {
           "Objects in S3 that failed verification (deleted, not served).",
           t.rt_corrupt);
   fputs("# HELP kcached_s3_read_through_total Misses asked of S3, by "
-        "outcome.\n# TYPE kcached_s3_read_through_total counter\n", f);
+        "outcome (error: S3 failed, or was skipped for 2 s after it "
+        "did).\n# TYPE kcached_s3_read_through_total counter\n", f);
   const char *names[] = {"hit", "miss", "corrupt", "error"};
   uint64_t v[] = {t.rt_hit, t.rt_miss, t.rt_corrupt, t.rt_error};
   for (int i = 0; i < 4; i++)

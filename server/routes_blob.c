@@ -2,6 +2,7 @@
  * it arrives, never held whole in memory) and GET/HEAD served zero-copy from
  * LMDB's map inside a read transaction that ends when the response is sent. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kcd.h"
@@ -82,9 +83,11 @@ static int not_modified(kcd_req *r) {
   return strcmp(inm, "*") == 0 || strstr(inm, tag) != NULL;
 }
 
-/* Begins r->read and finds the blob; a miss asks the durable tier once. */
+/* Begins r->read and finds the blob; a miss asks the durable tier once. A
+ * small blob fetched from it comes back in *heap (malloc'd) instead: served
+ * before the store's commit. */
 static kc_err read_blob(kcd_req *r, const void **data, size_t *len,
-                        char *err) {
+                        void **heap, char *err) {
   for (int fetched = 0;; fetched = 1) {
     kc_err e = kc_store_read_begin(store_of(r), &r->read);
     if (e)
@@ -98,7 +101,11 @@ static kc_err read_blob(kcd_req *r, const void **data, size_t *len,
       return kc_errf(err, e, "cannot read blob %s", r->param);
     if (fetched)
       return kc_errf(err, e, "no blob %s", r->param);
-    e = kc_store_fetch_blob(store_of(r), r->param, err);
+    e = kc_store_fetch_blob_copy(store_of(r), r->param, heap, len, err);
+    if (!e && *heap) {
+      *data = *heap;
+      return KC_OK;
+    }
     if (e == KC_CORRUPT)
       return e;
     if (e) /* not in S3 either, or S3 unreachable: a miss */
@@ -108,9 +115,10 @@ static kc_err read_blob(kcd_req *r, const void **data, size_t *len,
 
 int kcd_blob_get(kcd_req *r) {
   const void *data = NULL;
+  void *heap = NULL;
   size_t len = 0;
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = read_blob(r, &data, &len, err);
+  kc_err e = read_blob(r, &data, &len, &heap, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   char etag[ETAG_SIZE];
@@ -121,8 +129,12 @@ int kcd_blob_get(kcd_req *r) {
   if (not_modified(r)) {
     kc_store_read_end(r->read);
     r->read = NULL;
+    free(heap);
     return kcd_reply(r, 304, NULL, "", 0, KCD_MEM_PERSISTENT, h);
   }
+  if (heap) /* fetched from S3 just now */
+    return kcd_reply(r, 200, "application/octet-stream", heap, len,
+                     KCD_MEM_FREE, h);
   /* The bytes stay in LMDB's map; r->read ends in the completion callback,
    * after MHD sent them. */
   return kcd_reply(r, 200, "application/octet-stream", data, len,

@@ -213,6 +213,7 @@ struct kc_store_upload {
   int fd; /* the spool file once over SPOOL_MEM; -1 before */
   uint64_t size;
   int from_tier;
+  int verified; /* kcs_upload_verify passed: commit does not hash again */
 };
 
 void kcs_upload_from_tier(kc_store_upload *u) { u->from_tier = 1; }
@@ -287,8 +288,8 @@ uint64_t kc_store_upload_size(const kc_store_upload *u) {
   return u ? u->size : 0;
 }
 
-kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
-                              int *created, char *err) {
+kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
+                         const void **mem, char *err) {
   char got[KC_HEX_LEN + 1];
   kc_err e = check_digest(digest, err);
   if (!e && (e = kc_sha256_final(u->h, got)))
@@ -296,6 +297,15 @@ kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
   if (!e && strcmp(got, digest) != 0)
     e = kc_errf(err, KC_DIGEST_MISMATCH, "the content hashes to %s, not %s",
                 got, digest);
+  u->verified = !e;
+  if (mem)
+    *mem = u->fd >= 0 ? NULL : u->buf ? (void *)u->buf : "";
+  return e;
+}
+
+kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
+                              int *created, char *err) {
+  kc_err e = u->verified ? KC_OK : kcs_upload_verify(u, digest, NULL, err);
   if (!e) {
     /* Hashed as it arrived: copied into the map without hashing again. */
     const void *mem = u->fd >= 0 ? NULL : u->buf ? (void *)u->buf : "";
@@ -304,6 +314,45 @@ kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
     e = put_src(u->s, &src, created, err);
   }
   kc_store_upload_abort(u);
+  return e;
+}
+
+typedef struct batch {
+  blob_src *src;
+  size_t n;
+} batch;
+
+static kc_err batch_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  batch *b = ud;
+  for (size_t i = 0; i < b->n; i++) {
+    kc_err e = put_op(s, txn, &b->src[i], err);
+    if (e)
+      return e;
+  }
+  return KC_OK;
+}
+
+kc_err kcs_upload_commit_batch(kc_store *s, kc_store_upload *const *u,
+                               const char *const *digests, size_t n,
+                               char *err) {
+  batch b = {calloc(n ? n : 1, sizeof *b.src), n};
+  uint64_t total = 0;
+  kc_err e = b.src ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  for (size_t i = 0; !e && i < n; i++) {
+    if (!u[i]->verified || u[i]->fd >= 0)
+      e = kc_errf(err, KC_EINVAL, "a batch takes verified in-memory uploads");
+    b.src[i] = (blob_src){.digest = digests[i],
+                          .mem = u[i]->buf ? (void *)u[i]->buf : "",
+                          .fd = -1, .len = u[i]->size, .from_tier = 1};
+    total += u[i]->size;
+  }
+  if (!e)
+    e = kcs_maybe_evict(s, total, err);
+  if (!e)
+    e = kcs_write(s, batch_op, &b, err);
+  free(b.src);
+  for (size_t i = 0; i < n; i++)
+    kc_store_upload_abort(u[i]);
   return e;
 }
 

@@ -222,6 +222,14 @@ kc_err kc_store_verify(kc_store *s, char *err);
 /* Makes the blob local from S3 when the store lacks it. KC_OK: held now;
  * KC_NOT_FOUND: S3 lacks it too (or no tier); KC_CORRUPT; KC_UNAVAILABLE. */
 kc_err kc_store_fetch_blob(kc_store *s, const char *digest, char *err);
+/* The same, and for a blob of at most 1 MiB fetched by this call, its
+ * verified bytes in *data (malloc'd, the caller frees; NULL otherwise: read
+ * the store then). Those bytes are answered before the store's commit, which
+ * follows on the tier's fill thread (the bucket holds the durable copy, so
+ * the client does not wait for LMDB's sync); other askers of the same blob
+ * wait for that commit. */
+kc_err kc_store_fetch_blob_copy(kc_store *s, const char *digest, void **data,
+                                size_t *len, char *err);
 /* The same for a bundle: its manifest and every blob it names. */
 kc_err kc_store_fetch_bundle(kc_store *s, const char *key, char *err);
 /* fetch_bundle for n keys, at most opts->s3->parallel at once; results[i]

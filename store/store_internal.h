@@ -156,6 +156,17 @@ kc_err kcs_tier_open(kc_store *s, const kc_store_s3 *o, char *err);
 void kcs_tier_close(kc_store *s);
 /* blob.c: an upload filled from S3 is not queued again. */
 void kcs_upload_from_tier(kc_store_upload *u);
+/* blob.c: checks the bytes against digest now (commit then skips it);
+ * *mem: the bytes when they are all in memory, else NULL (valid until commit
+ * or abort). */
+kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
+                         const void **mem, char *err);
+/* blob.c: stores n verified in-memory uploads (fetched from S3: not queued)
+ * in one transaction, so one sync serves them all; frees them. KC_OK, or an
+ * error and none stored. */
+kc_err kcs_upload_commit_batch(kc_store *s, kc_store_upload *const *u,
+                               const char *const *digests, size_t n,
+                               char *err);
 /* bundle.c: kc_store_bundle_put, queued for S3 or not. */
 kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int queue,
                       int *created, char ***missing, size_t *n_missing,

@@ -462,6 +462,9 @@ static void init_sync(kcs_tier *t) {
   pthread_cond_init(&t->pool_cv, NULL);
   pthread_mutex_init(&t->fl_mu, NULL);
   pthread_cond_init(&t->fl_cv, NULL);
+  pthread_mutex_init(&t->fill_mu, NULL);
+  pthread_cond_init(&t->fill_cv, NULL);
+  t->fills_tail = &t->fills;
 }
 
 kc_err kcs_tier_open(kc_store *s, const kc_store_s3 *o, char *err) {
@@ -482,6 +485,8 @@ kc_err kcs_tier_open(kc_store *s, const kc_store_s3 *o, char *err) {
   if (!e && pthread_create(&t->worker, NULL, worker_main, t))
     e = kc_errf(err, KC_NOMEM, "cannot start the S3 queue's thread");
   t->started = !e;
+  if (!e && kcs_filler_start(t))
+    e = kc_errf(err, KC_NOMEM, "cannot start the S3 fill thread");
   return e;
 }
 
@@ -493,6 +498,7 @@ void kcs_tier_close(kc_store *s) {
   kcs_tier_kick(s);
   if (t->started)
     pthread_join(t->worker, NULL);
+  kcs_filler_stop(t);
   kcs3_close(t->wh);
   for (size_t i = 0; i < t->n_idle; i++)
     kcs3_close(t->idle[i]);
@@ -505,6 +511,8 @@ void kcs_tier_close(kc_store *s) {
   pthread_cond_destroy(&t->pool_cv);
   pthread_mutex_destroy(&t->fl_mu);
   pthread_cond_destroy(&t->fl_cv);
+  pthread_mutex_destroy(&t->fill_mu);
+  pthread_cond_destroy(&t->fill_cv);
   free(t);
   s->tier = NULL;
 }

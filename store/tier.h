@@ -16,6 +16,7 @@
 #include "store_internal.h"
 
 typedef struct kcs_flight kcs_flight; /* tier_read.c: one fetch in progress */
+typedef struct kcs_fill kcs_fill;     /* tier_read.c: a fetched blob to commit */
 
 struct kcs_tier {
   kc_store *s;
@@ -42,6 +43,13 @@ struct kcs_tier {
   pthread_mutex_t fl_mu;
   pthread_cond_t fl_cv;
   kcs_flight *flights;
+  /* fetched blobs committed after they were served (tier_read.c) */
+  pthread_t filler;
+  int filler_started;
+  _Atomic int fill_stop;
+  pthread_mutex_t fill_mu;
+  pthread_cond_t fill_cv;
+  kcs_fill *fills, **fills_tail;
   /* state and counters */
   _Atomic uint64_t down_until_ms; /* fetches fail fast until then */
   _Atomic int up, conditional;
@@ -65,5 +73,10 @@ kc_err kcs_tier_done(kcs_tier *t, uint64_t t0_us, kc_err e);
  * cannot be made. Give it back with kcs_tier_put_handle. */
 kcs3 *kcs_tier_handle(kcs_tier *t);
 void kcs_tier_put_handle(kcs_tier *t, kcs3 *h);
+
+/* tier_read.c: the thread that commits served fills; stop commits what is
+ * left, then joins. */
+int kcs_filler_start(kcs_tier *t);
+void kcs_filler_stop(kcs_tier *t);
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tier.h"
 
@@ -20,7 +21,24 @@ struct kcs_flight {
   char err[KC_ERRBUF_SIZE];
 };
 
-typedef kc_err (*fetch_fn)(kcs_tier *t, const char *hex, char *err);
+struct kcs_fill {
+  kcs_fill *next;
+  kc_store_upload *u;
+  char digest[KC_HEX_LEN + 1];
+  kcs_flight *f;
+};
+
+/* One fetch: where a blob's bytes go (data NULL: only into the store), and
+ * whether the flight ends later, on the fill thread. */
+typedef struct fetch_ctx {
+  kcs_flight *f;
+  int deferred;
+  void **data;
+  size_t *len;
+} fetch_ctx;
+
+typedef kc_err (*fetch_fn)(kcs_tier *t, const char *hex, fetch_ctx *c,
+                           char *err);
 
 static kcs_flight *flight_find(kcs_tier *t, char kind, const char *hex) {
   for (kcs_flight *f = t->flights; f; f = f->next)
@@ -62,7 +80,7 @@ static void flight_end(kcs_tier *t, kcs_flight *f, kc_err e, const char *err) {
 
 /* Runs fn once for (kind, hex) however many threads ask at once. */
 static kc_err single_flight(kcs_tier *t, char kind, const char *hex,
-                            fetch_fn fn, char *err) {
+                            fetch_fn fn, fetch_ctx *c, char *err) {
   pthread_mutex_lock(&t->fl_mu);
   kcs_flight *f = flight_find(t, kind, hex);
   if (f)
@@ -78,8 +96,10 @@ static kc_err single_flight(kcs_tier *t, char kind, const char *hex,
   if (!f)
     return kc_errf(err, KC_NOMEM, "out of memory");
   char ferr[KC_ERRBUF_SIZE] = "";
-  kc_err e = fn(t, hex, ferr);
-  flight_end(t, f, e, ferr);
+  c->f = f;
+  kc_err e = fn(t, hex, c, ferr);
+  if (!c->deferred)
+    flight_end(t, f, e, ferr);
   if (err && e)
     memcpy(err, ferr, KC_ERRBUF_SIZE);
   return e;
@@ -114,7 +134,134 @@ static kc_err to_upload(const void *data, size_t len, void *ud) {
   return kc_store_upload_write(ud, data, len, NULL);
 }
 
-static kc_err get_blob(kcs_tier *t, const char *digest, char *err) {
+/* ---- fills committed after the answer ---- */
+
+#define FILL_BATCH 64
+#define FILL_GATHER_MS 10 /* fills gathered into one transaction (one sync) */
+
+/* Takes up to FILL_BATCH fills (fill_mu held). */
+static size_t take_fills(kcs_tier *t, kcs_fill **out) {
+  size_t n = 0;
+  while (t->fills && n < FILL_BATCH) {
+    out[n++] = t->fills;
+    t->fills = t->fills->next;
+  }
+  if (!t->fills)
+    t->fills_tail = &t->fills;
+  return n;
+}
+
+static void commit_fills(kcs_tier *t, kcs_fill **x, size_t n) {
+  kc_store_upload *u[FILL_BATCH];
+  const char *d[FILL_BATCH];
+  for (size_t i = 0; i < n; i++) {
+    u[i] = x[i]->u;
+    d[i] = x[i]->digest;
+  }
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err e = kcs_upload_commit_batch(t->s, u, d, n, err);
+  if (e)
+    kcs_tier_logf(t, "warn", "storing %zu blobs fetched from S3: %s", n, err);
+  for (size_t i = 0; i < n; i++) {
+    flight_end(t, x[i]->f, e, err);
+    free(x[i]);
+  }
+}
+
+/* Waits a moment after the first fill so that those arriving meanwhile
+ * share its transaction: one sync for many small blobs. */
+static void gather(kcs_tier *t) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += FILL_GATHER_MS * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  while (!atomic_load(&t->fill_stop) &&
+         pthread_cond_timedwait(&t->fill_cv, &t->fill_mu, &ts) == 0)
+    ;
+}
+
+static void *filler_main(void *ud) {
+  kcs_tier *t = ud;
+  kcs_fill *x[FILL_BATCH];
+  pthread_mutex_lock(&t->fill_mu);
+  for (;;) {
+    while (!t->fills && !atomic_load(&t->fill_stop))
+      pthread_cond_wait(&t->fill_cv, &t->fill_mu);
+    if (!t->fills)
+      break; /* stopping, and nothing left */
+    gather(t);
+    size_t n = take_fills(t, x);
+    pthread_mutex_unlock(&t->fill_mu);
+    commit_fills(t, x, n);
+    pthread_mutex_lock(&t->fill_mu);
+  }
+  pthread_mutex_unlock(&t->fill_mu);
+  return NULL;
+}
+
+int kcs_filler_start(kcs_tier *t) {
+  if (pthread_create(&t->filler, NULL, filler_main, t))
+    return -1;
+  t->filler_started = 1;
+  return 0;
+}
+
+void kcs_filler_stop(kcs_tier *t) {
+  if (!t->filler_started)
+    return;
+  pthread_mutex_lock(&t->fill_mu);
+  atomic_store(&t->fill_stop, 1);
+  pthread_cond_signal(&t->fill_cv);
+  pthread_mutex_unlock(&t->fill_mu);
+  pthread_join(t->filler, NULL);
+}
+
+/* Hands a verified in-memory blob to the caller now and to the fill thread
+ * to commit; the flight ends there. KC_OK, or NOMEM (then commit here). */
+static kc_err serve_then_fill(kcs_tier *t, kc_store_upload *u,
+                              const char *digest, const void *mem,
+                              fetch_ctx *c) {
+  size_t len = (size_t)kc_store_upload_size(u);
+  kcs_fill *x = malloc(sizeof *x);
+  void *copy = malloc(len ? len : 1);
+  if (!x || !copy) {
+    free(x);
+    free(copy);
+    return KC_NOMEM;
+  }
+  memcpy(copy, mem, len);
+  *c->data = copy;
+  *c->len = len;
+  *x = (kcs_fill){.u = u, .f = c->f};
+  memcpy(x->digest, digest, KC_HEX_LEN + 1);
+  c->deferred = 1;
+  pthread_mutex_lock(&t->fill_mu);
+  *t->fills_tail = x;
+  t->fills_tail = &x->next;
+  pthread_cond_signal(&t->fill_cv);
+  pthread_mutex_unlock(&t->fill_mu);
+  return KC_OK;
+}
+
+/* The fetched bytes: verified, then stored (or served first, then stored). */
+static kc_err keep_blob(kcs_tier *t, kc_store_upload *u, const char *digest,
+                        fetch_ctx *c, char *err) {
+  const void *mem = NULL;
+  kc_err e = kcs_upload_verify(u, digest, &mem, err);
+  if (e) {
+    kc_store_upload_abort(u);
+    return e;
+  }
+  if (c->data && mem && serve_then_fill(t, u, digest, mem, c) == KC_OK)
+    return KC_OK;
+  return kc_store_upload_commit(u, digest, NULL, err);
+}
+
+static kc_err get_blob(kcs_tier *t, const char *digest, fetch_ctx *c,
+                       char *err) {
   if (kc_store_blob_has(t->s, digest, NULL) == KC_OK)
     return KC_OK; /* a put or an earlier fetch got it meanwhile */
   kc_store_upload *u;
@@ -134,9 +281,8 @@ static kc_err get_blob(kcs_tier *t, const char *digest, char *err) {
                                            u, NULL, NULL, err));
   if (e)
     kc_store_upload_abort(u);
-  else if ((e = kc_store_upload_commit(u, digest, NULL, err)) ==
-           KC_DIGEST_MISMATCH)
-    e = corrupt(t, h, obj, err); /* commit verified the digest */
+  else if ((e = keep_blob(t, u, digest, c, err)) == KC_DIGEST_MISMATCH)
+    e = corrupt(t, h, obj, err);
   kcs_tier_put_handle(t, h);
   return outcome(t, e);
 }
@@ -169,7 +315,9 @@ static kc_err get_manifest(kcs_tier *t, const char *key, kc_manifest **m,
   return e;
 }
 
-static kc_err get_bundle(kcs_tier *t, const char *key, char *err) {
+static kc_err get_bundle(kcs_tier *t, const char *key, fetch_ctx *c,
+                         char *err) {
+  (void)c;
   if (kc_store_bundle_has(t->s, key) == KC_OK)
     return KC_OK;
   kc_manifest *m = NULL;
@@ -195,12 +343,20 @@ static kc_err down(kcs_tier *t, char *err) {
                  "background)");
 }
 
-kc_err kc_store_fetch_blob(kc_store *s, const char *digest, char *err) {
+kc_err kc_store_fetch_blob_copy(kc_store *s, const char *digest, void **data,
+                                size_t *len, char *err) {
   kcs_tier *t = s->tier;
+  if (data)
+    *data = NULL;
   if (!t || !kc_is_hex64(digest))
     return kc_errf(err, KC_NOT_FOUND, "no blob %s", digest);
   kc_err e = down(t, err);
-  return e ? e : single_flight(t, KCS_Q_BLOB, digest, get_blob, err);
+  fetch_ctx c = {.data = data, .len = len};
+  return e ? e : single_flight(t, KCS_Q_BLOB, digest, get_blob, &c, err);
+}
+
+kc_err kc_store_fetch_blob(kc_store *s, const char *digest, char *err) {
+  return kc_store_fetch_blob_copy(s, digest, NULL, NULL, err);
 }
 
 kc_err kc_store_fetch_bundle(kc_store *s, const char *key, char *err) {
@@ -208,7 +364,8 @@ kc_err kc_store_fetch_bundle(kc_store *s, const char *key, char *err) {
   if (!t || !kc_is_hex64(key))
     return kc_errf(err, KC_NOT_FOUND, "no bundle %s", key);
   kc_err e = down(t, err);
-  return e ? e : single_flight(t, KCS_Q_BUNDLE, key, get_bundle, err);
+  fetch_ctx c = {0};
+  return e ? e : single_flight(t, KCS_Q_BUNDLE, key, get_bundle, &c, err);
 }
 
 /* ---- many at once ---- */

@@ -766,8 +766,23 @@ static void t_s3_down(void **state) {
   bundle_new(&x2, &g_a, "down-m", 2, 2, sizes);
   drain(&g_a, "A");
   REQUIRE(serves(&g_b, &x1) == 0, "B does not read x1 through");
+  /* A blob alone read through: served from memory before B's commit; it
+   * must be in B's store all the same once S3 is gone. */
+  char bpath[120];
+  snprintf(bpath, sizeof bpath, "/v1/blobs/%s", x2.digest[0]);
+  unsigned char *want = fill(x2.seed[0], x2.size[0]);
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1)
+      rgw_stop();
+    reply br = get(&g_b, bpath);
+    REQUIRE(br.code == 200 && br.len == x2.size[0] &&
+                memcmp(br.body, want, br.len) == 0,
+            "B: blob of x2 %s S3: %ld, %zu bytes", pass ? "without" : "from",
+            br.code, br.len);
+    reply_free(&br);
+  }
+  free(want);
 
-  rgw_stop();
   /* What each holds, each serves. */
   REQUIRE(serves(&g_a, &x1) == 0 && serves(&g_a, &x2) == 0,
           "A with S3 down does not serve what it holds");
