@@ -209,7 +209,7 @@ struct kc_store_upload {
   kc_store *s;
   kc_sha256 *h;
   unsigned char *buf; /* the first SPOOL_MEM bytes, until spilled */
-  size_t len;
+  size_t len, cap;
   int fd; /* the spool file once over SPOOL_MEM; -1 before */
   uint64_t size;
   int from_tier;
@@ -247,6 +247,7 @@ static kc_err spill(kc_store_upload *u, char *err) {
   }
   free(u->buf);
   u->buf = NULL;
+  u->cap = 0;
   return KC_OK;
 }
 
@@ -266,6 +267,23 @@ static kc_err spool_write(kc_store_upload *u, const void *data, size_t len,
   return KC_OK;
 }
 
+/* Doubling from 16 KiB: a small blob's buffer comes from the heap, not from
+ * an mmap and its page faults per upload (SPOOL_MEM is over malloc's mmap
+ * threshold). */
+static int grow(kc_store_upload *u, size_t need) {
+  size_t cap = u->cap ? u->cap : 16384;
+  while (cap < need)
+    cap *= 2;
+  if (cap > SPOOL_MEM)
+    cap = SPOOL_MEM;
+  unsigned char *b = realloc(u->buf, cap);
+  if (!b)
+    return -1;
+  u->buf = b;
+  u->cap = cap;
+  return 0;
+}
+
 kc_err kc_store_upload_write(kc_store_upload *u, const void *data, size_t len,
                              char *err) {
   kc_err e = kc_sha256_update(u->h, data, len);
@@ -273,7 +291,7 @@ kc_err kc_store_upload_write(kc_store_upload *u, const void *data, size_t len,
     return kc_errf(err, e, "hashing an upload");
   u->size += len;
   if (u->fd < 0 && u->len + len <= SPOOL_MEM) {
-    if (!u->buf && !(u->buf = malloc(SPOOL_MEM)))
+    if (u->len + len > u->cap && grow(u, u->len + len))
       return kc_errf(err, KC_NOMEM, "out of memory");
     memcpy(u->buf + u->len, data, len);
     u->len += len;

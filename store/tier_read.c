@@ -239,9 +239,10 @@ static kc_err serve_then_fill(kcs_tier *t, kc_store_upload *u,
   memcpy(x->digest, digest, KC_HEX_LEN + 1);
   c->deferred = 1;
   pthread_mutex_lock(&t->fill_mu);
+  if (!t->fills) /* else the filler is gathering: no need to wake it */
+    pthread_cond_signal(&t->fill_cv);
   *t->fills_tail = x;
   t->fills_tail = &x->next;
-  pthread_cond_signal(&t->fill_cv);
   pthread_mutex_unlock(&t->fill_mu);
   return KC_OK;
 }
