@@ -389,6 +389,11 @@ int kcd_config_check(const kcd_config *c) {
     fprintf(stderr, "kcached: --s3-endpoint and --s3-bucket go together\n");
     return 2;
   }
+  if (c->s3_endpoint && c->max_blob_bytes > (5ull << 30)) {
+    fprintf(stderr, "kcached: --max-blob-bytes over 5G with --s3-endpoint: "
+            "S3 takes at most 5 GiB in one PUT\n");
+    return 2;
+  }
   if (kcd_host_is_loopback(c->host))
     return 0;
   if (!c->tokens) {

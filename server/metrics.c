@@ -167,6 +167,9 @@ static void render_s3(FILE *f, kcd_state *st) {
         "Write-through entries not yet in S3 (kept in LMDB).", t.queue_depth);
   counter(f, "kcached_s3_uploaded_total", "Write-through entries done.",
           t.uploaded);
+  counter(f, "kcached_s3_parked_total",
+          "Write-through entries S3 refused 8 times, set aside until the "
+          "next start.", t.parked);
   counter(f, "kcached_s3_requests_total", "S3 requests.", t.requests);
   counter(f, "kcached_s3_errors_total", "S3 requests that failed.", t.errors);
   counter(f, "kcached_s3_corrupt_total",

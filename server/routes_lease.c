@@ -131,8 +131,13 @@ int kcd_lease_delete(kcd_req *r) {
                            "lease: the ?lease=<token> query is missing");
   kc_err e = kcd_lease_release(r->st->leases, r->param, token,
                                kcd_now_us() / 1000);
-  if (!e && r->st->s3)
-    kc_store_lease_release(atomic_load(&r->st->store), r->param, token);
+  /* Granted here or through another replica (a load balancer need not send
+   * the release where the lease came from): the bucket's copy decides. */
+  kc_err se = r->st->s3 ? kc_store_lease_release(atomic_load(&r->st->store),
+                                                 r->param, token)
+                        : KC_NOT_FOUND;
+  if (e == KC_NOT_FOUND && (se == KC_OK || se == KC_FORBIDDEN))
+    e = se;
   if (e == KC_NOT_FOUND)
     return kcd_reply_error(r, e, "no live lease on %s", r->param);
   if (e == KC_FORBIDDEN)

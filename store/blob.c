@@ -161,7 +161,8 @@ static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
   if (e)
     return e;
   if (kc_store_blob_has(s, src->digest, NULL) == KC_OK) {
-    kc_store_blob_touch(s, src->digest); /* its manifest is on its way */
+    if (!src->from_tier)
+      kc_store_blob_touch(s, src->digest); /* its manifest is on its way */
     return KC_OK;
   }
   if (s->max_bytes && src->len > s->max_bytes)
@@ -409,6 +410,10 @@ static kc_err retouch_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   return kcs_put(txn, s->blobmeta, &k, &v, 0, err);
 }
 
+static kc_err requeue_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  return kcs_queue_add(s, txn, KCS_Q_BLOB, ud, NULL, err);
+}
+
 void kc_store_blob_touch(kc_store *s, const char *digest) {
   if (check_digest(digest, NULL))
     return;
@@ -423,6 +428,10 @@ void kc_store_blob_touch(kc_store *s, const char *digest) {
   /* Rare (an unreferenced blob offered again), so a write is affordable. */
   if (!e && bm.refs == 0 && bm.orphan_since < now - 60)
     kcs_write(s, retouch_op, (void *)digest, NULL);
+  /* A client offers it because a reader missed it: make sure the bucket has
+   * it too (If-None-Match makes that one cheap request when it does). */
+  if (!e && s->tier && kcs_write(s, requeue_op, (void *)digest, NULL) == KC_OK)
+    kcs_tier_kick(s);
 }
 
 kc_err kcs_blob_drop(kc_store *s, MDB_txn *txn, const char *digest,

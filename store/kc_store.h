@@ -204,15 +204,22 @@ kc_err kc_store_verify(kc_store *s, char *err);
  * uploads the entries in order (a bundle's blobs were queued before it, so no
  * replica finds a manifest whose blobs are missing), retrying with backoff
  * (100 ms doubling to 30 s) while S3 fails; eviction skips bundles still
- * queued. Blobs and manifests are written with If-None-Match: * (a 412 means
- * another replica was first: for a blob the same bytes; for a manifest S3's
- * copy wins and a different local one is logged).
+ * queued. An entry S3 refuses 8 times for a reason retrying does not cure
+ * (a 4xx) is set aside until the next open, so the rest goes on. Blobs and
+ * manifests are written with If-None-Match: * (a 412 means another replica
+ * was first: for a blob the same bytes; for a manifest S3's copy wins and a
+ * different local one is logged). Before a manifest, each of its blobs is
+ * checked with a HEAD and uploaded when missing (blobs held before the tier
+ * was configured, or removed from the bucket since); a blob a client offers
+ * again (kc_store_blob_touch) is queued again for the same reason.
  *
  * Read-through (the fetch functions): an object found in S3 is verified (a
  * blob against its digest, a manifest against its key and its blobs) and
  * stored in LMDB under the usual limits, without being queued again. A
- * corrupt object is deleted from the bucket, counted and never stored
- * (KC_CORRUPT). Concurrent fetches of one object share one request. After a
+ * corrupt object (a blob whose bytes do not hash to its name, a manifest
+ * under another key) is deleted from the bucket, counted and never stored
+ * (KC_CORRUPT); a manifest this version cannot parse is a miss, left in
+ * place (a newer replica may read it). Concurrent fetches of one object share one request. After a
  * failure to reach S3, fetches answer KC_UNAVAILABLE at once for 2 s rather
  * than make every miss wait for a timeout.
  *
@@ -251,8 +258,13 @@ kc_err kc_store_lease_acquire(kc_store *s, const char *key, const char *holder,
                               const char *token, uint64_t ttl_ms,
                               char held_by[KC_STORE_HOLDER_MAX + 1],
                               uint64_t *remaining_ms, char *err);
-/* Deletes the lease object when it still carries token. */
-void kc_store_lease_release(kc_store *s, const char *key, const char *token);
+/* Ends the lease in the bucket when it still carries token (by replacing it
+ * with an expired one, on its ETag), unless the bundle built under it still
+ * waits in this store's upload queue: then it runs out by itself. KC_OK,
+ * KC_FORBIDDEN (another token holds it), KC_NOT_FOUND (none live, or no
+ * tier), or the S3 error. For a release that reaches a replica other than
+ * the one that granted the lease. */
+kc_err kc_store_lease_release(kc_store *s, const char *key, const char *token);
 
 #define KC_STORE_S3_BUCKETS 12 /* request-duration histogram bounds */
 typedef struct kc_store_tier_stats {
@@ -261,6 +273,7 @@ typedef struct kc_store_tier_stats {
   int conditional;  /* If-None-Match honoured: 1 yes, 0 no, -1 not known yet */
   uint64_t queue_depth;
   uint64_t uploaded;   /* queue entries done */
+  uint64_t parked;     /* entries S3 refused for good, set aside (since open) */
   uint64_t requests, errors;
   uint64_t rt_hit, rt_miss, rt_corrupt, rt_error; /* read-through outcomes */
   double bounds_s[KC_STORE_S3_BUCKETS];

@@ -487,6 +487,10 @@ static void set_common(kcs3 *c, const char *url, struct curl_slist *hdrs,
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, c->connect_ms);
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, c->timeout_ms);
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  /* a stalled transfer ends after 30 s under 1 KiB/s, whatever timeout_ms
+   * allows (the queue's uploads hold an LMDB read meanwhile) */
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 30L);
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L); /* a redirect is an error */
   curl_easy_setopt(h, CURLOPT_AWS_SIGV4, c->sigv4);

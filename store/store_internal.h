@@ -12,7 +12,7 @@
  *   models    model key -> "" : the per-model index
  *   lru       be64(last_used) key -> "" : bundles, least recently used first
  *   meta      "bytes_used" -> u64, "layout" -> u32
- *   s3queue, s3pend: the durable tier's upload queue (tier.h)
+ *   s3queue, s3pend, s3dead: the durable tier's upload queue (tier.h)
  * Records are host-endian structs (an LMDB file is not portable across
  * architectures anyway); be64 prefixes make LMDB's byte order the time order.
  */
@@ -65,7 +65,7 @@ typedef struct kcs_tier kcs_tier;
 struct kc_store {
   MDB_env *env;
   MDB_dbi blobs, blobmeta, orphans, bundles, bundlemeta, models, lru, meta;
-  MDB_dbi s3queue, s3pend;
+  MDB_dbi s3queue, s3pend, s3dead;
   kcs_tier *tier; /* NULL: no durable tier */
   char *dir;
   uint64_t max_bytes, map_size, grace_s;

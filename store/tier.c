@@ -152,11 +152,13 @@ kc_err kcs_queue_add(kc_store *s, MDB_txn *txn, char kind, const char *key,
   MDB_val k = {8, sk}, v = {1 + KC_HEX_LEN * (model ? 2u : 1u), val};
   if ((e = kcs_put(txn, s->s3queue, &k, &v, 0, err)) || kind != KCS_Q_BUNDLE)
     return e;
-  MDB_val pk = kcs_hex_val(key), empty = {0, ""};
-  return kcs_put(txn, s->s3pend, &pk, &empty, 0, err);
+  MDB_val pk = kcs_hex_val(key), sv = {8, sk};
+  return kcs_put(txn, s->s3pend, &pk, &sv, 0, err);
 }
 
 int kcs_queue_pending(kc_store *s, MDB_txn *txn, const char *key) {
+  if (!s->tier)
+    return 0; /* the tier was switched off: nothing will drain the queue */
   MDB_val k = kcs_hex_val(key), v;
   return mdb_get(txn, s->s3pend, &k, &v) == 0;
 }
@@ -214,6 +216,16 @@ static int queue_first(kc_store *s, entry *out) {
   return found;
 }
 
+/* Clears the bundle's pending mark if this entry is its latest. */
+static kc_err unpend_if_latest(kc_store *s, MDB_txn *txn, const entry *en,
+                               char *err) {
+  MDB_val k = kcs_hex_val(en->key), v;
+  if (mdb_get(txn, s->s3pend, &k, &v) || v.mv_size != 8 ||
+      be64_get(v.mv_data) != en->seq)
+    return KC_OK;
+  return kcs_del(txn, s->s3pend, &k, err);
+}
+
 static kc_err pop_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   const entry *en = ud;
   unsigned char sk[8];
@@ -221,7 +233,52 @@ static kc_err pop_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   MDB_val k = {8, sk};
   kc_err e = kcs_del(txn, s->s3queue, &k, err);
   if (!e && en->kind == KCS_Q_BUNDLE)
-    e = kcs_queue_unpend(s, txn, en->key, err);
+    e = unpend_if_latest(s, txn, en, err);
+  return e;
+}
+
+/* Sets an entry S3 keeps refusing aside (its bundle stays pending). */
+static kc_err park_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  const entry *en = ud;
+  unsigned char sk[8];
+  be64_put(sk, en->seq);
+  MDB_val k = {8, sk}, v;
+  int rc = mdb_get(txn, s->s3queue, &k, &v);
+  if (rc)
+    return kcs_mdb_err(rc, "reading the S3 queue", err);
+  MDB_val copy = v; /* the put below may move pages: write before delete */
+  kc_err e = kcs_put(txn, s->s3dead, &k, &copy, 0, err);
+  return e ? e : kcs_del(txn, s->s3queue, &k, err);
+}
+
+/* At start: what was set aside goes to the end of the queue again. */
+static kc_err unpark_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  (void)ud;
+  MDB_cursor *cur;
+  MDB_val k, v;
+  int rc = mdb_cursor_open(txn, s->s3dead, &cur);
+  if (rc)
+    return kcs_mdb_err(rc, "reading parked S3 entries", err);
+  kc_err e = KC_OK;
+  while (!e && (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0) {
+    unsigned char val[1 + 2 * KC_HEX_LEN];
+    size_t n = v.mv_size < sizeof val ? v.mv_size : sizeof val;
+    memcpy(val, v.mv_data, n);
+    uint64_t seq = 0;
+    if (!(e = next_seq(s, txn, &seq, err))) {
+      unsigned char sk[8];
+      be64_put(sk, seq);
+      MDB_val nk = {8, sk}, nv = {n, val};
+      if (!(e = kcs_put(txn, s->s3queue, &nk, &nv, 0, err)) &&
+          val[0] == KCS_Q_BUNDLE && n >= 1 + KC_HEX_LEN) {
+        MDB_val pk = {KC_HEX_LEN, val + 1}, sv = {8, sk};
+        e = kcs_put(txn, s->s3pend, &pk, &sv, 0, err);
+      }
+    }
+    if (!e && mdb_cursor_del(cur, 0))
+      e = kc_errf(err, KC_IO, "moving parked S3 entries back");
+  }
+  mdb_cursor_close(cur);
   return e;
 }
 
@@ -231,20 +288,45 @@ static kc_err put_obj(kcs_tier *t, const char *obj, const void *data,
   return kcs_tier_done(t, t0, kcs3_put(t->wh, obj, data, len, po, NULL, err));
 }
 
-static kc_err upload_blob(kcs_tier *t, kc_store_read *r, const entry *en,
-                          char *err) {
+static kc_err put_blob(kcs_tier *t, kc_store_read *r, const char *digest,
+                       char *err) {
   const void *data;
   size_t len;
-  kc_err e = kc_store_blob_get(r, en->key, &data, &len);
+  kc_err e = kc_store_blob_get(r, digest, &data, &len);
   if (e == KC_NOT_FOUND)
     return KC_OK; /* collected as garbage since: nothing to keep */
   if (e)
-    return kc_errf(err, e, "reading blob %s", en->key);
+    return kc_errf(err, e, "reading blob %s", digest);
   char obj[KCS3_KEY_MAX + 1];
-  kcs_tier_obj(t, obj, "blobs", en->key);
-  kcs3_put_opts po = {.if_none_match = 1, .sha256_hex = en->key};
+  kcs_tier_obj(t, obj, "blobs", digest);
+  kcs3_put_opts po = {.if_none_match = 1, .sha256_hex = digest};
   e = put_obj(t, obj, data, len, &po, err);
   return e == KC_CONFLICT ? KC_OK : e; /* the same bytes are there */
+}
+
+static kc_err upload_blob(kcs_tier *t, kc_store_read *r, const entry *en,
+                          char *err) {
+  return put_blob(t, r, en->key, err);
+}
+
+/* Before a manifest goes up, every blob it names must be in the bucket: they
+ * were queued before it, but a blob stored before the tier was configured,
+ * or one a lifecycle rule or a corrupt copy's removal took away since, was
+ * not. A HEAD each (cheap: they are there nearly always). */
+static kc_err ensure_blobs(kcs_tier *t, kc_store_read *r, const MDB_val *jv,
+                           char *err) {
+  kc_manifest *m = NULL;
+  kc_err e = kc_manifest_parse(jv->mv_data, jv->mv_size, &m, err);
+  for (size_t i = 0; !e && i < m->n_files; i++) {
+    char obj[KCS3_KEY_MAX + 1];
+    kcs_tier_obj(t, obj, "blobs", m->files[i].sha256);
+    uint64_t t0 = kcs_tier_now_us();
+    e = kcs_tier_done(t, t0, kcs3_head(t->wh, obj, NULL, NULL, err));
+    if (e == KC_NOT_FOUND)
+      e = put_blob(t, r, m->files[i].sha256, err);
+  }
+  kc_manifest_free(m);
+  return e;
 }
 
 /* S3 already holds a manifest under this key: the first writer won. */
@@ -276,7 +358,9 @@ static kc_err upload_bundle(kcs_tier *t, kc_store_read *r, const entry *en,
   char obj[KCS3_KEY_MAX + 1], model[KC_HEX_LEN + 1];
   kcs_tier_obj(t, obj, "bundles", en->key);
   kcs3_put_opts po = {.if_none_match = 1, .content_type = "application/json"};
-  kc_err e = put_obj(t, obj, jv.mv_data, jv.mv_size, &po, err);
+  kc_err e = ensure_blobs(t, r, &jv, err);
+  if (!e)
+    e = put_obj(t, obj, jv.mv_data, jv.mv_size, &po, err);
   if (e == KC_CONFLICT)
     e = manifest_exists(t, obj, &jv, err);
   if (e)
@@ -320,8 +404,8 @@ static kc_err upload_one(kcs_tier *t, const entry *en, char *err) {
 
 /* ---- the worker: the loop ---- */
 
-/* Waits up to ms, or until kicked or stopping. */
-static void wait_ms(kcs_tier *t, uint64_t ms) {
+/* Waits up to ms, or until stopping, or (kickable) a put queued something. */
+static void wait_ms(kcs_tier *t, uint64_t ms, int kickable) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   ts.tv_sec += (time_t)(ms / 1000);
@@ -331,10 +415,11 @@ static void wait_ms(kcs_tier *t, uint64_t ms) {
     ts.tv_nsec -= 1000000000L;
   }
   pthread_mutex_lock(&t->mu);
-  while (!t->kicked && !atomic_load(&t->stop) &&
+  while (!(kickable && t->kicked) && !atomic_load(&t->stop) &&
          pthread_cond_timedwait(&t->cv, &t->mu, &ts) == 0)
     ;
-  t->kicked = 0;
+  if (kickable)
+    t->kicked = 0;
   pthread_mutex_unlock(&t->mu);
 }
 
@@ -361,37 +446,63 @@ static kc_err probe_conditional(kcs_tier *t, char *err) {
   return KC_OK;
 }
 
-static kc_err step(kcs_tier *t, int *idle, char *err) {
+/* An entry S3 refused this many times for a reason retrying will not cure
+ * (a 4xx other than the conditional ones) is set aside. */
+#define PARK_AFTER 8
+
+/* Counts failures of the entry at the head; parks it when they say so. */
+static void count_failure(kcs_tier *t, const entry *en, kc_err e,
+                          const char *why, uint64_t *seq, int *fails) {
+  if (kcs3_retryable(e) || e == KC_NOMEM || e == KC_STORE_FULL) {
+    *fails = 0; /* S3 or the store is unwell, not this entry */
+    return;
+  }
+  *fails = en->seq == *seq ? *fails + 1 : 1;
+  *seq = en->seq;
+  if (*fails < PARK_AFTER || kcs_write(t->s, park_op, (void *)en, NULL))
+    return;
+  atomic_fetch_add(&t->parked, 1);
+  kcs_tier_logf(t, "error", "S3 refused queue entry %c %s %d times (%s); set "
+                "aside until the next start, the rest of the queue goes on",
+                en->kind, en->key, *fails, why);
+  *fails = 0;
+}
+
+static kc_err step(kcs_tier *t, entry *en, int *idle, char *err) {
   *idle = 0;
+  en->seq = 0;
   if (atomic_load(&t->conditional) < 0)
     return probe_conditional(t, err);
-  entry en;
-  int found = queue_first(t->s, &en);
+  int found = queue_first(t->s, en);
   if (found < 0)
     return kc_errf(err, KC_IO, "cannot read the S3 queue");
   if (found == 0) {
     *idle = 1;
     return KC_OK;
   }
-  kc_err e = upload_one(t, &en, err);
-  if (!e && !(e = kcs_write(t->s, pop_op, &en, err)))
+  kc_err e = upload_one(t, en, err);
+  if (!e && !(e = kcs_write(t->s, pop_op, en, err)))
     atomic_fetch_add(&t->uploaded, 1);
   return e;
 }
 
 static void *worker_main(void *ud) {
   kcs_tier *t = ud;
-  uint64_t backoff = 0;
+  uint64_t backoff = 0, fail_seq = 0;
+  int fails = 0;
   while (!atomic_load(&t->stop)) {
     char err[KC_ERRBUF_SIZE] = "";
     int idle;
-    kc_err e = step(t, &idle, err);
+    entry en;
+    kc_err e = step(t, &en, &idle, err);
     if (!e) {
       backoff = 0;
       if (idle)
-        wait_ms(t, 1000);
+        wait_ms(t, 1000, 1);
       continue;
     }
+    if (en.seq)
+      count_failure(t, &en, e, err, &fail_seq, &fails);
     if (atomic_load(&t->stop))
       break;
     /* every failure waits and tries the same entry again: order matters */
@@ -404,7 +515,7 @@ static void *worker_main(void *ud) {
     kcs_tier_logf(t, backoff >= BACKOFF_MAX_MS ? "error" : "warn",
                   "S3 write-through: %s (%s); retrying in %llu ms", err,
                   kc_strerror(e), (unsigned long long)wait);
-    wait_ms(t, wait);
+    wait_ms(t, wait, 0); /* new puts do not cut a backoff short */
   }
   return NULL;
 }
@@ -482,6 +593,8 @@ kc_err kcs_tier_open(kc_store *s, const kc_store_s3 *o, char *err) {
     wo.timeout_ms = WORKER_TIMEOUT_MS;
     e = kcs3_open(&wo, &t->wh, err); /* checks every option */
   }
+  if (!e)
+    e = kcs_write(s, unpark_op, NULL, err);
   if (!e && pthread_create(&t->worker, NULL, worker_main, t))
     e = kc_errf(err, KC_NOMEM, "cannot start the S3 queue's thread");
   t->started = !e;
@@ -526,6 +639,7 @@ kc_err kc_store_tier_stats_get(kc_store *s, kc_store_tier_stats *out) {
   out->up = atomic_load(&t->up);
   out->conditional = atomic_load(&t->conditional);
   out->uploaded = atomic_load(&t->uploaded);
+  out->parked = atomic_load(&t->parked);
   out->requests = atomic_load(&t->requests);
   out->errors = atomic_load(&t->errors);
   out->rt_hit = atomic_load(&t->rt_hit);

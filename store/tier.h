@@ -3,8 +3,13 @@
  *
  * The queue lives in two named databases of the store:
  *   s3queue  be64(seq) -> kind (1 byte) + key (64 hex) [+ model (64 hex)]
- *   s3pend   bundle key -> "" : bundles whose manifest is not in S3 yet
- *            (eviction skips them: their only copy is here)
+ *   s3pend   bundle key -> be64(seq of its latest bundle entry): bundles
+ *            whose manifest is not in S3 yet (eviction skips them: their
+ *            only copy is here); cleared by that entry alone, so a delete
+ *            and a new put of the key keep it pending
+ *   s3dead   entries S3 refused for good (KC_PROTOCOL and the like, 8
+ *            times): set aside so the rest of the queue moves; queued again
+ *            at the next start (after the operator fixed what was wrong)
  */
 #ifndef KC_TIER_H
 #define KC_TIER_H
@@ -53,7 +58,7 @@ struct kcs_tier {
   /* state and counters */
   _Atomic uint64_t down_until_ms; /* fetches fail fast until then */
   _Atomic int up, conditional;
-  _Atomic uint64_t uploaded, requests, errors;
+  _Atomic uint64_t uploaded, requests, errors, parked;
   _Atomic uint64_t rt_hit, rt_miss, rt_corrupt, rt_error;
   _Atomic uint64_t dur[KC_STORE_S3_BUCKETS + 1], dur_sum_us;
 };

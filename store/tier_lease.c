@@ -72,11 +72,18 @@ static kc_err lease_put(kcs_tier *t, kcs3 *h, const char *obj,
                        kcs3_put(h, obj, body, strlen(body), &po, NULL, err));
 }
 
-/* Create, or take over an expired lease; a few rounds when others race. */
+/* Create, or take over an expired lease; a few rounds when others race
+ * (412, or AWS's 409 ConditionalRequestConflict). Rounds used up: someone
+ * else is winning, so not granted. */
 static kc_err lease_take(kcs_tier *t, kcs3 *h, const char *obj,
                          const char *body, lease_obj *cur, char *err) {
   kc_err e = lease_put(t, h, obj, body, NULL, err);
-  for (int round = 0; e == KC_CONFLICT && round < 4; round++) {
+  for (int round = 0; e == KC_CONFLICT || e == KC_BUSY; round++) {
+    if (round == 4) {
+      if (!*cur->holder)
+        snprintf(cur->holder, sizeof cur->holder, "another replica");
+      return KC_LEASED;
+    }
     e = lease_get(t, h, obj, cur, err);
     if (e == KC_NOT_FOUND) { /* released meanwhile */
       e = lease_put(t, h, obj, body, NULL, err);
@@ -109,7 +116,8 @@ kc_err kc_store_lease_acquire(kc_store *s, const char *key, const char *holder,
   free(body);
   if (e == KC_LEASED) {
     snprintf(held_by, KC_STORE_HOLDER_MAX + 1, "%s", cur.holder);
-    *remaining_ms = (uint64_t)(cur.expires_ms - unix_ms());
+    int64_t left = cur.expires_ms - unix_ms();
+    *remaining_ms = left > 0 ? (uint64_t)left : 0;
     return kc_errf(err, KC_LEASED, "%s holds the lease of %s", cur.holder,
                    key);
   }
@@ -119,21 +127,41 @@ kc_err kc_store_lease_acquire(kc_store *s, const char *key, const char *holder,
   return KC_OK;
 }
 
-void kc_store_lease_release(kc_store *s, const char *key, const char *token) {
+/* 1 while the bundle waits in this store's upload queue. */
+static int still_queued(kc_store *s, const char *key) {
+  kc_store_read *r;
+  if (kc_store_read_begin(s, &r))
+    return 0;
+  int q = kcs_queue_pending(s, r->txn, key);
+  kc_store_read_end(r);
+  return q;
+}
+
+kc_err kc_store_lease_release(kc_store *s, const char *key,
+                              const char *token) {
   kcs_tier *t = s->tier;
   if (!t || atomic_load(&t->conditional) == 0 ||
       kcs_mono_ms() < atomic_load(&t->down_until_ms))
-    return;
+    return KC_NOT_FOUND;
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "leases", key);
   kcs3 *h = kcs_tier_handle(t);
   lease_obj cur = {0};
-  /* Ours and not about to expire: S3 has no conditional DELETE, so a lease
-   * that expired and was taken over must not be deleted by its old owner. */
-  if (h && lease_get(t, h, obj, &cur, NULL) == KC_OK &&
-      strcmp(cur.token, token) == 0 && cur.expires_ms > unix_ms() + 1000) {
-    uint64_t t0 = kcs_tier_now_us();
-    kcs_tier_done(t, t0, kcs3_delete(h, obj, NULL));
+  kc_err e = h ? lease_get(t, h, obj, &cur, NULL) : KC_NOMEM;
+  if (!e && strcmp(cur.token, token) != 0)
+    e = KC_FORBIDDEN;
+  else if (!e && cur.expires_ms <= unix_ms())
+    e = KC_NOT_FOUND;
+  /* The bundle built under it is not in the bucket yet: other replicas
+   * would not find it, so the lease stays until it expires (they find the
+   * bundle by then). Else the lease is replaced by an expired one, on its
+   * ETag: S3 has no conditional DELETE, and a plain one could remove a lease
+   * someone took over meanwhile. */
+  if (!e && !still_queued(s, key)) {
+    char *body = lease_json(cur.holder, cur.token, 0);
+    e = body ? lease_put(t, h, obj, body, cur.etag, NULL) : KC_NOMEM;
+    free(body);
   }
   kcs_tier_put_handle(t, h);
+  return e;
 }

@@ -309,8 +309,16 @@ static kc_err get_manifest(kcs_tier *t, const char *key, kc_manifest **m,
   uint64_t t0 = kcs_tier_now_us();
   kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, MAX_MANIFEST, &data, &len,
                                            NULL, err));
-  if (!e && check_manifest(key, data, len, m, err))
+  if (!e && (e = check_manifest(key, data, len, m, err)) == KC_KEY_MISMATCH) {
     e = corrupt(t, h, obj, err);
+  } else if (e && e != KC_NOMEM && data) {
+    /* A manifest this version cannot read (a newer one, or damage): not
+     * served, not deleted (a newer replica may use it); a miss here. */
+    char why[KC_ERRBUF_SIZE];
+    snprintf(why, sizeof why, "%s", err ? err : "");
+    e = kc_errf(err, KC_NOT_FOUND, "S3's manifest %s cannot be read here: %s",
+                obj, why);
+  }
   free(data);
   kcs_tier_put_handle(t, h);
   return e;
