@@ -82,7 +82,9 @@ typedef struct kcd_leases kcd_leases;
 #define KCD_HOLDER_MAX 128     /* holder names, bytes without the NUL */
 
 typedef struct kcd_lease_info {
-  char token[KCD_LEASE_TOKEN_LEN + 1]; /* granted: the new token */
+  char token[KCD_LEASE_TOKEN_LEN + 1]; /* granted: the new token; refused:
+                                          the holder's (for the S3 tier's
+                                          check; never sent) */
   char holder[KCD_HOLDER_MAX + 1];     /* refused: who holds it */
   uint64_t remaining_ms;               /* until expiry */
 } kcd_lease_info;

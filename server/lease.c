@@ -120,6 +120,7 @@ kc_err kcd_lease_acquire(kcd_leases *l, const char *key, const char *holder,
   kc_err e;
   if (*pp) {
     memcpy(info->holder, (*pp)->holder, sizeof info->holder);
+    memcpy(info->token, (*pp)->token, sizeof info->token);
     info->remaining_ms = (*pp)->expires_ms - now_ms;
     e = KC_LEASED;
   } else {

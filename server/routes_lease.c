@@ -73,6 +73,15 @@ static int reply_leased(kcd_req *r, const kcd_lease_info *info) {
 static kc_err acquire(kcd_req *r, const lease_req *q, kcd_lease_info *info) {
   kc_err e = kcd_lease_acquire(r->st->leases, r->param, q->holder,
                                q->ttl_s * 1000, kcd_now_us() / 1000, info);
+  /* Our record of a lease its holder released through another replica: the
+   * bucket says it ended, so forget it and grant. */
+  if (e == KC_LEASED && r->st->s3 &&
+      kc_store_lease_ended(atomic_load(&r->st->store), r->param,
+                           info->token) &&
+      kcd_lease_release(r->st->leases, r->param, info->token,
+                        kcd_now_us() / 1000) == KC_OK)
+    e = kcd_lease_acquire(r->st->leases, r->param, q->holder, q->ttl_s * 1000,
+                          kcd_now_us() / 1000, info);
   if (e || !r->st->s3)
     return e;
   uint64_t remaining = 0;
@@ -132,11 +141,12 @@ int kcd_lease_delete(kcd_req *r) {
   kc_err e = kcd_lease_release(r->st->leases, r->param, token,
                                kcd_now_us() / 1000);
   /* Granted here or through another replica (a load balancer need not send
-   * the release where the lease came from): the bucket's copy decides. */
+   * the release where the lease came from): the bucket's copy decides, and
+   * a local record that disagrees is another replica's stale grant. */
   kc_err se = r->st->s3 ? kc_store_lease_release(atomic_load(&r->st->store),
                                                  r->param, token)
                         : KC_NOT_FOUND;
-  if (e == KC_NOT_FOUND && (se == KC_OK || se == KC_FORBIDDEN))
+  if (se == KC_OK || (e == KC_NOT_FOUND && se == KC_FORBIDDEN))
     e = se;
   if (e == KC_NOT_FOUND)
     return kcd_reply_error(r, e, "no live lease on %s", r->param);

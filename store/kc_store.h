@@ -265,6 +265,10 @@ kc_err kc_store_lease_acquire(kc_store *s, const char *key, const char *holder,
  * tier), or the S3 error. For a release that reaches a replica other than
  * the one that granted the lease. */
 kc_err kc_store_lease_release(kc_store *s, const char *key, const char *token);
+/* 1 when the bucket's lease of key carries token and has run out (it was
+ * released through another replica, or expired): the replica that granted
+ * it may forget its own record. 0 otherwise, or when S3 cannot say. */
+int kc_store_lease_ended(kc_store *s, const char *key, const char *token);
 
 #define KC_STORE_S3_BUCKETS 12 /* request-duration histogram bounds */
 typedef struct kc_store_tier_stats {

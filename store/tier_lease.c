@@ -165,3 +165,18 @@ kc_err kc_store_lease_release(kc_store *s, const char *key,
   kcs_tier_put_handle(t, h);
   return e;
 }
+
+int kc_store_lease_ended(kc_store *s, const char *key, const char *token) {
+  kcs_tier *t = s->tier;
+  if (!t || atomic_load(&t->conditional) == 0 ||
+      kcs_mono_ms() < atomic_load(&t->down_until_ms))
+    return 0;
+  char obj[KCS3_KEY_MAX + 1];
+  kcs_tier_obj(t, obj, "leases", key);
+  kcs3 *h = kcs_tier_handle(t);
+  lease_obj cur = {0};
+  int ended = h && lease_get(t, h, obj, &cur, NULL) == KC_OK &&
+              strcmp(cur.token, token) == 0 && cur.expires_ms <= unix_ms();
+  kcs_tier_put_handle(t, h);
+  return ended;
+}

@@ -634,6 +634,10 @@ static void t_leases(void **state) {
   release(&g_a, key, tok);
   assert_int_equal(kcs3_head(g_s3, k, NULL, NULL, NULL), KC_OK);
   take(&g_a, key, "a2", 60, tok);
+  /* and the other way round: B granted nothing, A's record goes when the
+   * bucket says its lease ended */
+  release(&g_b, key, tok);
+  take(&g_a, key, "a3", 60, tok);
   release(&g_a, key, tok);
 
   /* An expired lease is taken over through the other replica. */
