@@ -244,41 +244,62 @@ static kc_err park_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   be64_put(sk, en->seq);
   MDB_val k = {8, sk}, v;
   int rc = mdb_get(txn, s->s3queue, &k, &v);
-  if (rc)
-    return kcs_mdb_err(rc, "reading the S3 queue", err);
-  MDB_val copy = v; /* the put below may move pages: write before delete */
+  if (rc || v.mv_size > 1 + 2 * KC_HEX_LEN)
+    return kcs_mdb_err(rc ? rc : MDB_CORRUPTED, "reading the S3 queue", err);
+  /* a value read in a write txn lives only until the next update: copy it */
+  unsigned char val[1 + 2 * KC_HEX_LEN];
+  memcpy(val, v.mv_data, v.mv_size);
+  MDB_val copy = {v.mv_size, val};
   kc_err e = kcs_put(txn, s->s3dead, &k, &copy, 0, err);
   return e ? e : kcs_del(txn, s->s3queue, &k, err);
+}
+
+/* The first parked entry, copied: 1 found, 0 none, -1 error. */
+static int first_parked(kc_store *s, MDB_txn *txn, unsigned char key[8],
+                        unsigned char *val, size_t *n) {
+  MDB_cursor *cur;
+  MDB_val k, v;
+  if (mdb_cursor_open(txn, s->s3dead, &cur))
+    return -1;
+  int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+  int found = rc == MDB_NOTFOUND ? 0 : rc ? -1 : 1;
+  if (found == 1 && (k.mv_size != 8 || v.mv_size > *n))
+    found = -1;
+  if (found == 1) {
+    memcpy(key, k.mv_data, 8);
+    memcpy(val, v.mv_data, v.mv_size);
+    *n = v.mv_size;
+  }
+  mdb_cursor_close(cur);
+  return found;
 }
 
 /* At start: what was set aside goes to the end of the queue again. */
 static kc_err unpark_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   (void)ud;
-  MDB_cursor *cur;
-  MDB_val k, v;
-  int rc = mdb_cursor_open(txn, s->s3dead, &cur);
-  if (rc)
-    return kcs_mdb_err(rc, "reading parked S3 entries", err);
+  unsigned char dk[8], val[1 + 2 * KC_HEX_LEN];
+  size_t n = sizeof val;
   kc_err e = KC_OK;
-  while (!e && (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0) {
-    unsigned char val[1 + 2 * KC_HEX_LEN];
-    size_t n = v.mv_size < sizeof val ? v.mv_size : sizeof val;
-    memcpy(val, v.mv_data, n);
+  int found;
+  while (!e && (found = first_parked(s, txn, dk, val, &n)) == 1) {
     uint64_t seq = 0;
-    if (!(e = next_seq(s, txn, &seq, err))) {
-      unsigned char sk[8];
-      be64_put(sk, seq);
-      MDB_val nk = {8, sk}, nv = {n, val};
-      if (!(e = kcs_put(txn, s->s3queue, &nk, &nv, 0, err)) &&
-          val[0] == KCS_Q_BUNDLE && n >= 1 + KC_HEX_LEN) {
-        MDB_val pk = {KC_HEX_LEN, val + 1}, sv = {8, sk};
-        e = kcs_put(txn, s->s3pend, &pk, &sv, 0, err);
-      }
+    unsigned char sk[8];
+    MDB_val oldk = {8, dk};
+    if ((e = next_seq(s, txn, &seq, err)))
+      break;
+    be64_put(sk, seq);
+    MDB_val nk = {8, sk}, nv = {n, val};
+    if (!(e = kcs_put(txn, s->s3queue, &nk, &nv, 0, err)) &&
+        val[0] == KCS_Q_BUNDLE && n >= 1 + KC_HEX_LEN) {
+      MDB_val pk = {KC_HEX_LEN, val + 1}, sv = {8, sk};
+      e = kcs_put(txn, s->s3pend, &pk, &sv, 0, err);
     }
-    if (!e && mdb_cursor_del(cur, 0))
-      e = kc_errf(err, KC_IO, "moving parked S3 entries back");
+    if (!e)
+      e = kcs_del(txn, s->s3dead, &oldk, err);
+    n = sizeof val;
   }
-  mdb_cursor_close(cur);
+  if (!e && found < 0)
+    e = kc_errf(err, KC_IO, "reading parked S3 entries");
   return e;
 }
 
