@@ -94,22 +94,33 @@ static void render_requests(FILE *f, kcd_metrics *m) {
       }
 }
 
-static void render_histogram(FILE *f, kcd_metrics *m) {
-  const char *n = "kcached_request_duration_seconds";
-  fprintf(f,
-          "# HELP %s Time from request headers to the response sent.\n"
-          "# TYPE %s histogram\n",
-          n, n);
+/* A histogram from per-bucket counts (n bounds in seconds, then +Inf). */
+static void histogram(FILE *f, const char *name, const char *help,
+                      const double *bounds_s, const uint64_t *counts, int n,
+                      uint64_t sum_us) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
   uint64_t cum = 0;
-  for (int b = 0; b < KCD_N_BUCKETS; b++) {
-    cum += GET(m->duration[b]);
-    fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", n, (double)bounds_us[b] / 1e6,
+  for (int b = 0; b < n; b++) {
+    cum += counts[b];
+    fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, bounds_s[b],
             (unsigned long long)cum);
   }
-  cum += GET(m->duration[KCD_N_BUCKETS]);
-  fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", n, (unsigned long long)cum);
-  fprintf(f, "%s_sum %.6f\n%s_count %llu\n", n,
-          (double)GET(m->duration_us_sum) / 1e6, n, (unsigned long long)cum);
+  cum += counts[n];
+  fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+  fprintf(f, "%s_sum %.6f\n%s_count %llu\n", name, (double)sum_us / 1e6,
+          name, (unsigned long long)cum);
+}
+
+static void render_histogram(FILE *f, kcd_metrics *m) {
+  double bounds[KCD_N_BUCKETS];
+  uint64_t counts[KCD_N_BUCKETS + 1];
+  for (int b = 0; b < KCD_N_BUCKETS; b++)
+    bounds[b] = (double)bounds_us[b] / 1e6;
+  for (int b = 0; b <= KCD_N_BUCKETS; b++)
+    counts[b] = GET(m->duration[b]);
+  histogram(f, "kcached_request_duration_seconds",
+            "Time from request headers to the response sent.", bounds, counts,
+            KCD_N_BUCKETS, GET(m->duration_us_sum));
 }
 
 static void render_store(FILE *f, kcd_state *st) {
@@ -134,22 +145,6 @@ static void render_store(FILE *f, kcd_state *st) {
   counter(f, "kcached_evicted_blobs_total", "Blobs evicted.", ss.evicted_blobs);
   counter(f, "kcached_gc_blobs_total", "Unreferenced blobs collected.",
           ss.gc_blobs);
-}
-
-static void render_s3_histogram(FILE *f, const kc_store_tier_stats *t) {
-  const char *n = "kcached_s3_request_duration_seconds";
-  fprintf(f, "# HELP %s S3 requests of the durable tier.\n# TYPE %s histogram\n",
-          n, n);
-  uint64_t cum = 0;
-  for (int b = 0; b < KC_STORE_S3_BUCKETS; b++) {
-    cum += t->duration[b];
-    fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", n, t->bounds_s[b],
-            (unsigned long long)cum);
-  }
-  cum += t->duration[KC_STORE_S3_BUCKETS];
-  fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", n, (unsigned long long)cum);
-  fprintf(f, "%s_sum %.6f\n%s_count %llu\n", n,
-          (double)t->duration_us_sum / 1e6, n, (unsigned long long)cum);
 }
 
 static void render_s3(FILE *f, kcd_state *st) {
@@ -183,7 +178,9 @@ static void render_s3(FILE *f, kcd_state *st) {
   for (int i = 0; i < 4; i++)
     fprintf(f, "kcached_s3_read_through_total{result=\"%s\"} %llu\n",
             names[i], (unsigned long long)v[i]);
-  render_s3_histogram(f, &t);
+  histogram(f, "kcached_s3_request_duration_seconds",
+            "S3 requests of the durable tier.", t.bounds_s, t.duration,
+            KC_STORE_S3_BUCKETS, t.duration_us_sum);
 }
 
 static void render_self(FILE *f, kcd_metrics *m) {

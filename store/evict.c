@@ -9,10 +9,7 @@
 
 
 static int64_t time_of(const unsigned char *k) {
-  uint64_t u = 0;
-  for (int i = 0; i < 8; i++)
-    u = (u << 8) | k[i];
-  return (int64_t)u;
+  return (int64_t)kcs_be64_get(k);
 }
 
 /* ---- flush ---- */

@@ -29,11 +29,21 @@ MDB_val kcs_hex_val(const char *hex) {
   return v;
 }
 
+void kcs_be64_put(unsigned char out[8], uint64_t v) {
+  for (int i = 7; i >= 0; i--, v >>= 8)
+    out[i] = (unsigned char)(v & 0xff);
+}
+
+uint64_t kcs_be64_get(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = v << 8 | p[i];
+  return v;
+}
+
 void kcs_time_key(unsigned char out[8 + KC_HEX_LEN], int64_t t,
                   const char *hex) {
-  uint64_t u = t < 0 ? 0 : (uint64_t)t;
-  for (int i = 7; i >= 0; i--, u >>= 8)
-    out[i] = (unsigned char)(u & 0xff);
+  kcs_be64_put(out, t < 0 ? 0 : (uint64_t)t);
   memcpy(out + 8, hex, KC_HEX_LEN);
 }
 

@@ -104,8 +104,11 @@ kc_err kcs_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *k, char *err);
 kc_err kcs_bytes_get(MDB_txn *txn, kc_store *s, uint64_t *out);
 kc_err kcs_bytes_add(MDB_txn *txn, kc_store *s, int64_t delta, char *err);
 
-/* 64-byte keys (hex without NUL) and be64 + hex composite keys. */
+/* 64-byte keys (hex without NUL) and be64 + hex composite keys. Big-endian
+ * numbers sort in LMDB's byte order. */
 MDB_val kcs_hex_val(const char *hex);
+void kcs_be64_put(unsigned char out[8], uint64_t v);
+uint64_t kcs_be64_get(const unsigned char *p);
 void kcs_time_key(unsigned char out[8 + KC_HEX_LEN], int64_t t,
                   const char *hex);
 

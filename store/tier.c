@@ -109,18 +109,6 @@ void kcs_tier_put_handle(kcs_tier *t, kcs3 *h) {
 
 /* ---- the queue (in the caller's write transaction) ---- */
 
-static void be64_put(unsigned char out[8], uint64_t v) {
-  for (int i = 7; i >= 0; i--, v >>= 8)
-    out[i] = (unsigned char)(v & 0xff);
-}
-
-static uint64_t be64_get(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++)
-    v = v << 8 | p[i];
-  return v;
-}
-
 static kc_err next_seq(kc_store *s, MDB_txn *txn, uint64_t *seq, char *err) {
   MDB_cursor *cur;
   MDB_val k, v;
@@ -131,7 +119,7 @@ static kc_err next_seq(kc_store *s, MDB_txn *txn, uint64_t *seq, char *err) {
   mdb_cursor_close(cur);
   if (rc && rc != MDB_NOTFOUND)
     return kcs_mdb_err(rc, "reading the S3 queue", err);
-  *seq = rc == 0 && k.mv_size == 8 ? be64_get(k.mv_data) + 1 : 1;
+  *seq = rc == 0 && k.mv_size == 8 ? kcs_be64_get(k.mv_data) + 1 : 1;
   return KC_OK;
 }
 
@@ -144,7 +132,7 @@ kc_err kcs_queue_add(kc_store *s, MDB_txn *txn, char kind, const char *key,
   if (e)
     return e;
   unsigned char sk[8], val[1 + 2 * KC_HEX_LEN];
-  be64_put(sk, seq);
+  kcs_be64_put(sk, seq);
   val[0] = (unsigned char)kind;
   memcpy(val + 1, key, KC_HEX_LEN);
   if (model)
@@ -203,7 +191,7 @@ static int queue_first(kc_store *s, entry *out) {
       found = -1;
     if (found == 1) {
       memset(out, 0, sizeof *out);
-      out->seq = be64_get(k.mv_data);
+      out->seq = kcs_be64_get(k.mv_data);
       out->kind = *(const char *)v.mv_data;
       memcpy(out->key, (const char *)v.mv_data + 1, KC_HEX_LEN);
       if (v.mv_size >= 1 + 2 * KC_HEX_LEN)
@@ -221,7 +209,7 @@ static kc_err unpend_if_latest(kc_store *s, MDB_txn *txn, const entry *en,
                                char *err) {
   MDB_val k = kcs_hex_val(en->key), v;
   if (mdb_get(txn, s->s3pend, &k, &v) || v.mv_size != 8 ||
-      be64_get(v.mv_data) != en->seq)
+      kcs_be64_get(v.mv_data) != en->seq)
     return KC_OK;
   return kcs_del(txn, s->s3pend, &k, err);
 }
@@ -229,7 +217,7 @@ static kc_err unpend_if_latest(kc_store *s, MDB_txn *txn, const entry *en,
 static kc_err pop_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   const entry *en = ud;
   unsigned char sk[8];
-  be64_put(sk, en->seq);
+  kcs_be64_put(sk, en->seq);
   MDB_val k = {8, sk};
   kc_err e = kcs_del(txn, s->s3queue, &k, err);
   if (!e && en->kind == KCS_Q_BUNDLE)
@@ -241,7 +229,7 @@ static kc_err pop_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
 static kc_err park_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   const entry *en = ud;
   unsigned char sk[8];
-  be64_put(sk, en->seq);
+  kcs_be64_put(sk, en->seq);
   MDB_val k = {8, sk}, v;
   int rc = mdb_get(txn, s->s3queue, &k, &v);
   if (rc || v.mv_size > 1 + 2 * KC_HEX_LEN)
@@ -287,7 +275,7 @@ static kc_err unpark_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
     MDB_val oldk = {8, dk};
     if ((e = next_seq(s, txn, &seq, err)))
       break;
-    be64_put(sk, seq);
+    kcs_be64_put(sk, seq);
     MDB_val nk = {8, sk}, nv = {n, val};
     if (!(e = kcs_put(txn, s->s3queue, &nk, &nv, 0, err)) &&
         val[0] == KCS_Q_BUNDLE && n >= 1 + KC_HEX_LEN) {
@@ -323,11 +311,6 @@ static kc_err put_blob(kcs_tier *t, kc_store_read *r, const char *digest,
   kcs3_put_opts po = {.if_none_match = 1, .sha256_hex = digest};
   e = put_obj(t, obj, data, len, &po, err);
   return e == KC_CONFLICT ? KC_OK : e; /* the same bytes are there */
-}
-
-static kc_err upload_blob(kcs_tier *t, kc_store_read *r, const entry *en,
-                          char *err) {
-  return put_blob(t, r, en->key, err);
 }
 
 /* Before a manifest goes up, every blob it names must be in the bucket: they
@@ -413,7 +396,7 @@ static kc_err upload_one(kcs_tier *t, const entry *en, char *err) {
   if (e)
     return kc_errf(err, e, "beginning a read for the S3 queue");
   if (en->kind == KCS_Q_BLOB)
-    e = upload_blob(t, r, en, err);
+    e = put_blob(t, r, en->key, err);
   else if (en->kind == KCS_Q_BUNDLE)
     e = upload_bundle(t, r, en, err);
   else

@@ -28,6 +28,13 @@ static int64_t unix_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Leases go through the bucket: a tier that honours conditional writes (or
+ * has not been probed yet) and that answered lately. */
+static int shared(kcs_tier *t) {
+  return t && atomic_load(&t->conditional) != 0 &&
+         kcs_mono_ms() >= atomic_load(&t->down_until_ms);
+}
+
 static char *lease_json(const char *holder, const char *token, int64_t exp) {
   json_t *o = json_pack("{sssssI}", "holder", holder, "token", token,
                         "expires_ms", (json_int_t)exp);
@@ -103,8 +110,7 @@ kc_err kc_store_lease_acquire(kc_store *s, const char *key, const char *holder,
                               char held_by[KC_STORE_HOLDER_MAX + 1],
                               uint64_t *remaining_ms, char *err) {
   kcs_tier *t = s->tier;
-  if (!t || atomic_load(&t->conditional) == 0 ||
-      kcs_mono_ms() < atomic_load(&t->down_until_ms))
+  if (!shared(t))
     return KC_OK; /* per replica only */
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "leases", key);
@@ -140,8 +146,7 @@ static int still_queued(kc_store *s, const char *key) {
 kc_err kc_store_lease_release(kc_store *s, const char *key,
                               const char *token) {
   kcs_tier *t = s->tier;
-  if (!t || atomic_load(&t->conditional) == 0 ||
-      kcs_mono_ms() < atomic_load(&t->down_until_ms))
+  if (!shared(t))
     return KC_NOT_FOUND;
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "leases", key);
@@ -168,8 +173,7 @@ kc_err kc_store_lease_release(kc_store *s, const char *key,
 
 int kc_store_lease_ended(kc_store *s, const char *key, const char *token) {
   kcs_tier *t = s->tier;
-  if (!t || atomic_load(&t->conditional) == 0 ||
-      kcs_mono_ms() < atomic_load(&t->down_until_ms))
+  if (!shared(t))
     return 0;
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "leases", key);
