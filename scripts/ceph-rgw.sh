@@ -120,7 +120,7 @@ our_pid() {
   pid=$(cat "$f")
   [[ $pid =~ ^[0-9]+$ ]] || return 1
   [ -r "/proc/$pid/cmdline" ] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$DIR/ceph.conf" || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -F -- "$DIR/ceph.conf" >/dev/null || return 1
   echo "$pid"
 }
 
@@ -205,7 +205,7 @@ start_osd() {
     { tail -20 "$DIR/log/setup.log" >&2; die "ceph-osd --mkfs failed"; }
   ceph-osd -c "$DIR/ceph.conf" -i 0 >>"$DIR/log/setup.log" 2>&1 ||
     die "ceph-osd did not start (see $DIR/log/osd.0.log)"
-  osd_up() { ceph_ osd dump 2>/dev/null | grep -q '^osd\.0 up'; }
+  osd_up() { ceph_ osd dump 2>/dev/null | grep '^osd\.0 up' >/dev/null; }
   wait_for "osd.0" "$DIR/log/osd.0.log" osd_up || exit 1
 }
 
@@ -333,7 +333,7 @@ cmd_stop() {
   if [ -s "$DIR/run/watchdog.pid" ]; then
     w=$(cat "$DIR/run/watchdog.pid")
     if [[ $w =~ ^[0-9]+$ ]] && [ "$w" != "$$" ] && [ "$w" != "$PPID" ] &&
-       tr '\0' ' ' <"/proc/$w/cmdline" 2>/dev/null | grep -qF "ceph-rgw"; then
+       tr '\0' ' ' <"/proc/$w/cmdline" 2>/dev/null | grep -F "ceph-rgw" >/dev/null; then
       kill -TERM "$w" 2>/dev/null || true
     fi
     rm -f "$DIR/run/watchdog.pid"

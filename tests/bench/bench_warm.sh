@@ -88,7 +88,7 @@ fi
 for tool in curl python3 timeout; do
   command -v "$tool" >/dev/null || { echo "bench_warm: $tool not found" >&2; exit 2; }
 done
-curl --help all 2>/dev/null | grep -q -- '--no-progress-meter' ||
+curl --help all 2>/dev/null | grep -- '--no-progress-meter' >/dev/null ||
   { echo "bench_warm: curl has no --parallel/--no-progress-meter (7.67 or later needed)" >&2; exit 2; }
 
 manifest=${BENCH_MANIFEST:-$root/deploy/examples/demo-mlp/warmup.json}
