@@ -86,6 +86,10 @@ void kcs3_close(kcs3 *c);
 
 /* 1 when an error is worth retrying later (UNAVAILABLE, TIMEOUT, IO, BUSY). */
 int kcs3_retryable(kc_err e);
+/* 1 when the last answer on c refused the bucket as a whole rather than one
+ * object: 401 or 403 (credentials, a policy) or 404 NoSuchBucket. A queue
+ * waits such a failure out instead of setting the entry aside. */
+int kcs3_refuses_bucket(const kcs3 *c);
 
 /* ---- Objects. `key` is the object key (<= KCS3_KEY_MAX bytes, not empty);
  * any bytes are encoded for the URL here. ---- */
@@ -161,5 +165,7 @@ kc_err kcs3_list(kcs3 *c, const char *prefix, kcs3_list_cb cb, void *ud,
 /* Creates the bucket (with a LocationConstraint outside us-east-1); one that
  * this account already owns is KC_OK. For tests and first-time setup. */
 kc_err kcs3_bucket_create(kcs3 *c, char *err);
+/* Deletes the (empty) bucket. For tests. */
+kc_err kcs3_bucket_delete(kcs3 *c, char *err);
 
 #endif

@@ -35,6 +35,7 @@ struct kcs3 {
   unsigned list_max_keys;
   const _Atomic int *abort_flag;
   char curlerr[CURL_ERROR_SIZE];
+  int refused_bucket; /* the last answer: see kcs3_refuses_bucket */
 };
 
 /* ---- small helpers ---- */
@@ -616,6 +617,7 @@ static kc_err perform(kcs3 *c, const kcs3_req *q, kcs3_resp *r, char *err) {
   kcs3_src src = {q->body, q->body_len, 0};
   int fail = 0;
   memset(r, 0, sizeof *r);
+  c->refused_bucket = 0;
   r->body.max = q->max_body ? q->max_body : KCS3_ERRBODY_MAX;
   r->body.h = c->h;
   r->body.sink = q->sink;
@@ -646,6 +648,9 @@ static kc_err perform(kcs3 *c, const kcs3_req *q, kcs3_resp *r, char *err) {
   if (rc != CURLE_OK)
     return transport_error(c, q, r, rc, err);
   read_answer(c, r);
+  c->refused_bucket = r->status == 401 || r->status == 403 ||
+                      (r->status == 404 &&
+                       strcmp(r->s3.code, "NoSuchBucket") == 0);
   kc_err e = status_to_kc(r->status, &r->s3);
   return e == KC_OK ? KC_OK : http_error(c, q, r, e, err);
 }
@@ -774,6 +779,10 @@ void kcs3_close(kcs3 *c) {
 
 int kcs3_retryable(kc_err e) {
   return e == KC_UNAVAILABLE || e == KC_TIMEOUT || e == KC_IO || e == KC_BUSY;
+}
+
+int kcs3_refuses_bucket(const kcs3 *c) {
+  return c && c->refused_bucket;
 }
 
 /* ---- objects ---- */
@@ -1090,6 +1099,14 @@ kc_err kcs3_bucket_create(kcs3 *c, char *err) {
   if (e == KC_PROTOCOL && r.status == 409 &&
       strcmp(r.s3.code, "BucketAlreadyOwnedByYou") == 0)
     e = KC_OK;
+  resp_free(&r);
+  return e;
+}
+
+kc_err kcs3_bucket_delete(kcs3 *c, char *err) {
+  kcs3_resp r;
+  kcs3_req q = {.op = "DELETE", .method = "DELETE"};
+  kc_err e = perform(c, &q, &r, err);
   resp_free(&r);
   return e;
 }

@@ -454,10 +454,14 @@ static kc_err probe_conditional(kcs_tier *t, char *err) {
  * (a 4xx other than the conditional ones) is set aside. */
 #define PARK_AFTER 8
 
-/* Counts failures of the entry at the head; parks it when they say so. */
+/* Counts failures of the entry at the head; parks it when they say so. A
+ * refusal of the whole bucket (credentials revoked, a policy, the bucket
+ * deleted) is not this entry's fault: setting entries aside one by one would
+ * empty the queue into s3dead while nothing reaches S3. */
 static void count_failure(kcs_tier *t, const entry *en, kc_err e,
                           const char *why, uint64_t *seq, int *fails) {
-  if (kcs3_retryable(e) || e == KC_NOMEM || e == KC_STORE_FULL) {
+  if (kcs3_retryable(e) || e == KC_NOMEM || e == KC_STORE_FULL ||
+      kcs3_refuses_bucket(t->wh)) {
     *fails = 0; /* S3 or the store is unwell, not this entry */
     return;
   }

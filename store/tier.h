@@ -8,8 +8,9 @@
  *            only copy is here); cleared by that entry alone, so a delete
  *            and a new put of the key keep it pending
  *   s3dead   entries S3 refused for good (KC_PROTOCOL and the like, 8
- *            times): set aside so the rest of the queue moves; queued again
- *            at the next start (after the operator fixed what was wrong)
+ *            times, not a refusal of the whole bucket): set aside so the
+ *            rest of the queue moves; queued again at the next start (after
+ *            the operator fixed what was wrong)
  */
 #ifndef KC_TIER_H
 #define KC_TIER_H

@@ -21,6 +21,9 @@
  *             never served, counted, and deleted from the bucket
  *   creds:    credentials from --s3-credentials (an AWS shared-credentials
  *             file) instead of the environment
+ *   gone:     the bucket deleted under A: writes queue, past the 8 refusals
+ *             that set one entry aside none is, and the queue drains into
+ *             the bucket made again, without a restart
  *   bad config (no RGW needed): --s3-bucket without --s3-endpoint and the
  *             reverse, no credentials, an unreadable credentials file: exit
  *             2 with a message. No kcached log ever holds the secret.
@@ -568,6 +571,88 @@ static void t_tier_added(void **state) {
   bundle_free(&y);
 }
 
+/* ---- the bucket deleted under a running replica ---- */
+
+static kcs3 *g_main_s3; /* g_s3 while t_bucket_gone points it elsewhere */
+
+/* Lines of a replica's log that contain needle. */
+static int log_count(const kc_testsrv *t, const char *needle) {
+  FILE *f = fopen(t->log, "r");
+  char line[4096];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f))
+    n += strstr(line, needle) != NULL;
+  if (f)
+    fclose(f);
+  return n;
+}
+
+static int on_key(const kcs3_entry *e, void *ud) {
+  char err[KC_ERRBUF_SIZE] = "";
+  if (kcs3_delete(ud, e->key, err) != KC_OK)
+    fprintf(stderr, "DELETE %s: %s\n", e->key, err);
+  return 0;
+}
+
+static void empty_and_delete(kcs3 *c) {
+  char err[KC_ERRBUF_SIZE] = "";
+  REQUIRE(kcs3_list(c, NULL, on_key, c, err) == KC_OK, "LIST: %s", err);
+  REQUIRE(kcs3_bucket_delete(c, err) == KC_OK, "DELETE bucket: %s", err);
+}
+
+/* S3 refusing the whole bucket (here: it was deleted; equally a revoked key
+ * or a policy) is not a reason to set queue entries aside: they wait past
+ * the 8 refusals that would park one entry, and reach the bucket once it
+ * is back, without a restart. */
+static void t_bucket_gone(void **state) {
+  (void)state;
+  char bucket[80], err[KC_ERRBUF_SIZE] = "";
+  snprintf(bucket, sizeof bucket, "%s-gone", g_bucket);
+  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = bucket,
+                 .region = g_rgw.region, .path_style = 1,
+                 .access_key = g_rgw.access, .secret_key = g_rgw.secret};
+  kcs3 *gone = NULL;
+  REQUIRE(kcs3_open(&o, &gone, err) == KC_OK, "%s", err);
+  g_main_s3 = g_s3; /* in_bucket() looks at g_s3; the teardown puts it back */
+  g_s3 = gone;
+  REQUIRE(kcs3_bucket_create(gone, err) == KC_OK, "%s", err);
+  snprintf(g_prefix, sizeof g_prefix, "gone");
+  const char *args[] = {"--s3-endpoint", g_rgw.endpoint, "--s3-bucket",
+                        bucket, "--s3-prefix", g_prefix, "--s3-region",
+                        g_rgw.region, "--s3-path-style", NULL};
+  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
+  bundle x, y;
+  bundle_new(&x, &g_a, "gone-1", 21, 1, (const size_t[]){3000});
+  drain(&g_a, "A");
+  empty_and_delete(gone);
+  int failed0 = log_count(&g_a, "S3 write-through: ");
+  bundle_new(&y, &g_a, "gone-2", 22, 2, (const size_t[]){5000, 6000});
+  long t0 = mono_ms();
+  while (log_count(&g_a, "S3 write-through: ") < failed0 + 9 &&
+         mono_ms() - t0 < DRAIN_MS)
+    usleep(200000);
+  REQUIRE(log_count(&g_a, "S3 write-through: ") >= failed0 + 9,
+          "A did not retry 9 times in %d ms", DRAIN_MS);
+  assert_true(metric(&g_a, "kcached_s3_parked_total") == 0);
+  assert_true(metric(&g_a, "kcached_s3_queue_depth") >= 3); /* y: 2 blobs + 1 */
+  assert_int_equal(log_count(&g_a, "set aside"), 0);
+  REQUIRE(kcs3_bucket_create(gone, err) == KC_OK, "%s", err);
+  drain(&g_a, "A");
+  assert_int_equal(in_bucket(&y), 0);
+  bundle_free(&x);
+  bundle_free(&y);
+  empty_and_delete(gone);
+}
+
+static int gone_teardown(void **state) {
+  if (g_main_s3) {
+    kcs3_close(g_s3);
+    g_s3 = g_main_s3;
+    g_main_s3 = NULL;
+  }
+  return case_teardown(state);
+}
+
 /* ---- 2. leases across replicas ---- */
 
 static reply lease(const kc_testsrv *t, const char *key, const char *holder,
@@ -1097,6 +1182,7 @@ int main(void) {
       CASE(t_through), CASE(t_leases),  CASE(t_corrupt),
       CASE(t_credentials_file), CASE(t_s3_down), CASE(t_kill),
       CASE(t_tier_added),
+      cmocka_unit_test_teardown(t_bucket_gone, gone_teardown),
   };
   int fails = cmocka_run_group_tests_name("scaleout_config", offline, NULL,
                                           NULL);
