@@ -454,26 +454,27 @@ static kc_err probe_conditional(kcs_tier *t, char *err) {
  * (a 4xx other than the conditional ones) is set aside. */
 #define PARK_AFTER 8
 
-/* Counts failures of the entry at the head; parks it when they say so. A
- * refusal of the whole bucket (credentials revoked, a policy, the bucket
- * deleted) is not this entry's fault: setting entries aside one by one would
- * empty the queue into s3dead while nothing reaches S3. */
-static void count_failure(kcs_tier *t, const entry *en, kc_err e,
-                          const char *why, uint64_t *seq, int *fails) {
+/* Counts failures of the entry at the head; parks it when they say so (1:
+ * parked). A refusal of the whole bucket (credentials revoked, a policy, the
+ * bucket deleted) is not this entry's fault: setting entries aside one by
+ * one would empty the queue into s3dead while nothing reaches S3. */
+static int count_failure(kcs_tier *t, const entry *en, kc_err e,
+                         const char *why, uint64_t *seq, int *fails) {
   if (kcs3_retryable(e) || e == KC_NOMEM || e == KC_STORE_FULL ||
       kcs3_refuses_bucket(t->wh)) {
     *fails = 0; /* S3 or the store is unwell, not this entry */
-    return;
+    return 0;
   }
   *fails = en->seq == *seq ? *fails + 1 : 1;
   *seq = en->seq;
   if (*fails < PARK_AFTER || kcs_write(t->s, park_op, (void *)en, NULL))
-    return;
+    return 0;
   atomic_fetch_add(&t->parked, 1);
   kcs_tier_logf(t, "error", "S3 refused queue entry %c %s %d times (%s); set "
                 "aside until the next start, the rest of the queue goes on",
                 en->kind, en->key, *fails, why);
   *fails = 0;
+  return 1;
 }
 
 static kc_err step(kcs_tier *t, entry *en, int *idle, char *err) {
@@ -509,8 +510,10 @@ static void *worker_main(void *ud) {
         wait_ms(t, 1000, 1);
       continue;
     }
-    if (en.seq)
-      count_failure(t, &en, e, err, &fail_seq, &fails);
+    if (en.seq && count_failure(t, &en, e, err, &fail_seq, &fails)) {
+      backoff = 0; /* that entry is aside: the next one starts afresh */
+      continue;
+    }
     if (atomic_load(&t->stop))
       break;
     /* every failure waits and tries the same entry again: order matters */

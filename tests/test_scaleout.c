@@ -24,6 +24,9 @@
  *   gone:     the bucket deleted under A: writes queue, past the 8 refusals
  *             that set one entry aside none is, and the queue drains into
  *             the bucket made again, without a restart
+ *   parked:   a queued blob rotted in LMDB: S3 refuses it; after 8 refusals
+ *             it is set aside and counted, the blob after it goes up, and
+ *             the next start queues it again
  *   bad config (no RGW needed): --s3-bucket without --s3-endpoint and the
  *             reverse, no credentials, an unreadable credentials file: exit
  *             2 with a message. No kcached log ever holds the secret.
@@ -31,8 +34,8 @@
  * Exit 77 (ctest: skipped) where the Ceph packages cannot be installed,
  * unless CI=true; KC_TEST_S3_ENV=FILE uses a running RGW (testrgw.h).
  * KC_SCALEOUT_ONLY=PATTERN runs the matching cases alone (t_kill, t_*s3*).
- * Timing: RGW start ~7 s; the cases ~40 s, most of it waiting for the
- * write-through queue's backoff after radosgw comes back.
+ * Timing: RGW start ~7 s; the cases ~60 s, most of it waiting out the
+ * write-through queue's backoff (radosgw back, the bucket back, 8 refusals).
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -571,6 +574,14 @@ static void t_tier_added(void **state) {
   bundle_free(&y);
 }
 
+static void rgw_stop(void) {
+  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
+}
+
+static void rgw_start(void) {
+  REQUIRE(kc_testrgw_gateway_start(&g_rgw) == 0, "rgw-start failed");
+}
+
 /* ---- the bucket deleted under a running replica ---- */
 
 static kcs3 *g_main_s3; /* g_s3 while t_bucket_gone points it elsewhere */
@@ -651,6 +662,77 @@ static int gone_teardown(void **state) {
     g_main_s3 = NULL;
   }
   return case_teardown(state);
+}
+
+/* ---- an entry S3 refuses for good ---- */
+
+/* Flips a byte in every copy of needle in a file: how many it changed. */
+static int rot_in_file(const char *path, const unsigned char *needle,
+                       size_t n) {
+  FILE *f = fopen(path, "r+b");
+  REQUIRE(f, "cannot open %s", path);
+  char *text = NULL;
+  size_t len = 0, cap = 0;
+  FILE *m = open_memstream(&text, &cap);
+  char buf[65536];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, f)) > 0)
+    fwrite(buf, 1, got, m);
+  fclose(m);
+  len = cap;
+  int copies = 0;
+  for (char *p = text; (p = memmem(p, len - (size_t)(p - text), needle, n));
+       p += n) {
+    fseek(f, (long)(p - text) + (long)n / 2, SEEK_SET);
+    fputc(p[n / 2] ^ 0x40, f);
+    copies++;
+  }
+  fclose(f);
+  free(text);
+  return copies;
+}
+
+/* A blob whose bytes rotted in LMDB while queued: S3 refuses the upload
+ * (its x-amz-content-sha256 is the digest) 8 times; the entry is set aside
+ * and counted, the blob queued after it still goes up; the next start
+ * queues it again. */
+static void t_parked(void **state) {
+  (void)state;
+  snprintf(g_prefix, sizeof g_prefix, "parked");
+  const char *args[] = {"--s3-endpoint", g_rgw.endpoint, "--s3-bucket",
+                        g_bucket, "--s3-prefix", g_prefix, "--s3-region",
+                        g_rgw.region, "--s3-path-style", NULL};
+  rgw_stop(); /* so both blobs wait in the queue */
+  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
+  bundle x;
+  assert_int_equal(bundle_make(&x, "parked", 41, 2,
+                               (const size_t[]){4096, 4096}), 0);
+  for (size_t i = 0; i < 2; i++) {
+    char path[128];
+    unsigned char *bytes = fill(x.seed[i], x.size[i]);
+    snprintf(path, sizeof path, "/v1/blobs/%s", x.digest[i]);
+    reply r = call(NULL, g_a.url, "PUT", path, bytes, x.size[i]);
+    REQUIRE(r.code == 201, "PUT blob %zu: %ld", i, r.code);
+    reply_free(&r);
+    free(bytes);
+  }
+  assert_int_equal(kc_testsrv_stop(&g_a), 0);
+  char mdb[600];
+  snprintf(mdb, sizeof mdb, "%s/data.mdb", g_a.data);
+  unsigned char *bytes = fill(x.seed[0], x.size[0]);
+  REQUIRE(rot_in_file(mdb, bytes, x.size[0]) >= 1, "blob 0 not in %s", mdb);
+  free(bytes);
+  rgw_start();
+  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not restart");
+  drain(&g_a, "A");
+  assert_true(metric(&g_a, "kcached_s3_parked_total") == 1);
+  assert_int_equal(log_count(&g_a, "set aside"), 1);
+  assert_int_equal(obj_head("blobs", x.digest[0]), KC_NOT_FOUND);
+  assert_int_equal(obj_head("blobs", x.digest[1]), KC_OK);
+  assert_int_equal(kc_testsrv_stop(&g_a), 0);
+  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not restart");
+  assert_true(metric(&g_a, "kcached_s3_queue_depth") == 1);
+  bundle_free(&x);
 }
 
 /* ---- 2. leases across replicas ---- */
@@ -735,14 +817,6 @@ static void t_leases(void **state) {
 }
 
 /* ---- 3. SIGKILL with a queue ---- */
-
-static void rgw_stop(void) {
-  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
-}
-
-static void rgw_start(void) {
-  REQUIRE(kc_testrgw_gateway_start(&g_rgw) == 0, "rgw-start failed");
-}
 
 /* Every bundle in the bucket whole, and served by B. */
 static void check_all(bundle *v, size_t n, const char *what) {
@@ -1183,6 +1257,7 @@ int main(void) {
       CASE(t_credentials_file), CASE(t_s3_down), CASE(t_kill),
       CASE(t_tier_added),
       cmocka_unit_test_teardown(t_bucket_gone, gone_teardown),
+      CASE(t_parked),
   };
   int fails = cmocka_run_group_tests_name("scaleout_config", offline, NULL,
                                           NULL);
