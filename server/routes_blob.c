@@ -18,14 +18,24 @@ static void etag_of(const kcd_req *r, char out[ETAG_SIZE]) {
 
 kc_err kcd_blob_put_begin(kcd_req *r, char *err) {
   kc_store *s = store_of(r);
-  /* Content-addressed: a held blob is these bytes already; skip the body. */
-  if (kc_store_blob_has(s, r->param, NULL) == KC_OK) {
+  char why[KC_ERRBUF_SIZE] = "";
+  /* Content-addressed: a held blob is these bytes already; skip the body.
+   * Unless the held copy rotted (GETs serve it unhashed and clients refuse
+   * it): then this upload replaces it. One hash of the held copy per offer. */
+  if (kc_store_blob_has(s, r->param, NULL) == KC_OK &&
+      kc_store_blob_check(s, r->param, why) != KC_CORRUPT) {
     kc_store_blob_touch(s, r->param); /* kept for the manifest to come */
     r->blob_present = 1;
     r->discard = 1;
     return KC_OK;
   }
-  return kc_store_upload_begin(s, &r->upload, err);
+  kc_err e = kc_store_upload_begin(s, &r->upload, err);
+  if (!e && why[0]) {
+    kcd_log(r->st, "warn", "%s; this upload replaces it", why);
+    atomic_fetch_add(&r->st->metrics.blobs_repaired, 1);
+    kc_store_upload_repair(r->upload);
+  }
+  return e;
 }
 
 kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err) {

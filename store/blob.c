@@ -48,6 +48,37 @@ kc_err kc_store_blob_has(kc_store *s, const char *digest, uint64_t *size) {
   return e;
 }
 
+/* Hashes the held copy: KC_OK when it hashes to its name, KC_CORRUPT when
+ * not, KC_NOT_FOUND when none is held. */
+static kc_err check_held(MDB_txn *txn, kc_store *s, const char *digest,
+                         char *err) {
+  MDB_val k = kcs_hex_val(digest), v;
+  int rc = mdb_get(txn, s->blobs, &k, &v);
+  if (rc == MDB_NOTFOUND)
+    return KC_NOT_FOUND;
+  if (rc)
+    return kcs_mdb_err(rc, "reading a blob", err);
+  char got[KC_HEX_LEN + 1];
+  kc_err e = kc_sha256_hex(v.mv_data, v.mv_size, got);
+  if (e)
+    return kc_errf(err, e, "hashing blob %s", digest);
+  if (strcmp(got, digest) != 0)
+    return kc_errf(err, KC_CORRUPT, "the held copy of blob %s hashes to %s",
+                   digest, got);
+  return KC_OK;
+}
+
+kc_err kc_store_blob_check(kc_store *s, const char *digest, char *err) {
+  kc_err e = check_digest(digest, err);
+  kc_store_read *r = NULL;
+  if (!e && (e = kc_store_read_begin(s, &r)))
+    kc_errf(err, e, "cannot begin a read of the store");
+  if (!e)
+    e = check_held(r->txn, s, digest, err);
+  kc_store_read_end(r);
+  return e;
+}
+
 kc_err kc_store_blob_get(kc_store_read *r, const char *digest,
                          const void **data, size_t *len) {
   if (check_digest(digest, NULL))
@@ -78,6 +109,7 @@ typedef struct blob_src {
   int consumed; /* a pipe was read: it cannot be read again */
   int created;
   int from_tier; /* fetched from S3: not queued for it again */
+  int repair;    /* may overwrite a held copy that fails its hash */
 } blob_src;
 
 static kc_err read_full(blob_src *src, unsigned char *dst, kc_sha256 *h,
@@ -124,10 +156,39 @@ static kc_err fill(blob_src *src, void *dst, char *err) {
   return e;
 }
 
+/* A held copy that no longer hashes to its name (bit rot) is overwritten by
+ * the verified bytes of a new upload; a sound one is left alone. */
+static kc_err repair_op(kc_store *s, MDB_txn *txn, blob_src *src,
+                        kcs_blob_meta *bm, char *err) {
+  src->created = 0;
+  kc_err e = check_held(txn, s, src->digest, NULL);
+  if (e != KC_CORRUPT)
+    return e; /* sound (repaired meanwhile), or unreadable: e says */
+  MDB_val k = kcs_hex_val(src->digest), v = {(size_t)src->len, NULL};
+  if ((e = kcs_put(txn, s->blobs, &k, &v, MDB_RESERVE, err)) ||
+      (e = fill(src, v.mv_data, err)))
+    return e;
+  if (bm->size != src->len) {
+    MDB_val mv = {sizeof *bm, bm};
+    int64_t delta = (int64_t)src->len - (int64_t)bm->size;
+    bm->size = src->len;
+    if ((e = kcs_put(txn, s->blobmeta, &k, &mv, 0, err)) ||
+        (e = kcs_bytes_add(txn, s, delta, err)))
+      return e;
+  }
+  if (!src->from_tier &&
+      (e = kcs_queue_add(s, txn, KCS_Q_BLOB, src->digest, NULL, err)))
+    return e;
+  src->created = 1;
+  return KC_OK;
+}
+
 static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   blob_src *src = ud;
   kcs_blob_meta bm;
   kc_err e = get_meta(txn, s, src->digest, &bm);
+  if (e == KC_OK && src->repair)
+    return repair_op(s, txn, src, &bm, err);
   if (e != KC_NOT_FOUND) {
     src->created = 0; /* already held (or unreadable: e says) */
     return e;
@@ -160,7 +221,7 @@ static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
   kc_err e = check_digest(src->digest, err);
   if (e)
     return e;
-  if (kc_store_blob_has(s, src->digest, NULL) == KC_OK) {
+  if (!src->repair && kc_store_blob_has(s, src->digest, NULL) == KC_OK) {
     if (!src->from_tier)
       kc_store_blob_touch(s, src->digest); /* its manifest is on its way */
     return KC_OK;
@@ -215,9 +276,12 @@ struct kc_store_upload {
   uint64_t size;
   int from_tier;
   int verified; /* kcs_upload_verify passed: commit does not hash again */
+  int repair;   /* kc_store_upload_repair */
 };
 
 void kcs_upload_from_tier(kc_store_upload *u) { u->from_tier = 1; }
+
+void kc_store_upload_repair(kc_store_upload *u) { u->repair = 1; }
 
 kc_err kc_store_upload_begin(kc_store *s, kc_store_upload **out, char *err) {
   kc_store_upload *u = calloc(1, sizeof *u);
@@ -329,7 +393,8 @@ kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
     /* Hashed as it arrived: copied into the map without hashing again. */
     const void *mem = u->fd >= 0 ? NULL : u->buf ? (void *)u->buf : "";
     blob_src src = {.digest = digest, .mem = mem, .fd = u->fd, .seekable = 1,
-                    .len = u->size, .from_tier = u->from_tier};
+                    .len = u->size, .from_tier = u->from_tier,
+                    .repair = u->repair};
     e = put_src(u->s, &src, created, err);
   }
   kc_store_upload_abort(u);

@@ -98,6 +98,10 @@ kc_err kc_store_bundle_get(kc_store_read *r, const char *key,
 
 /* 0/KC_OK if held (and *size set when size != NULL), KC_NOT_FOUND if not. */
 kc_err kc_store_blob_has(kc_store *s, const char *digest, uint64_t *size);
+/* Hashes the held copy (GETs serve it unhashed, zero-copy): KC_OK when it
+ * hashes to its name, KC_CORRUPT (err names the hash) when the bytes rotted,
+ * KC_NOT_FOUND when none is held. */
+kc_err kc_store_blob_check(kc_store *s, const char *digest, char *err);
 /* A client offered a blob the store holds (a PUT answered "already
  * present"): for the next 10 minutes eviction spares it as it spares a fresh
  * upload, so the manifest that follows finds it. Kept in memory (an orphan's
@@ -131,6 +135,10 @@ kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
                               int *created, char *err);
 /* Drops an upload (client went away). NULL: nothing. */
 void kc_store_upload_abort(kc_store_upload *u);
+/* Lets the commit overwrite a held copy of the blob that fails its hash
+ * (*created 1 then); a sound held copy is kept (*created 0). For an upload
+ * of a blob kc_store_blob_check found corrupt. */
+void kc_store_upload_repair(kc_store_upload *u);
 
 /* ---- Bundles ---- */
 

@@ -233,3 +233,40 @@ void kc_testsrv_cleanup(kc_testsrv *t) {
   free_args(t);
   t->dir[0] = '\0';
 }
+
+/* Reads a whole file into memory (malloc'd); NULL on error. */
+static char *slurp(FILE *f, size_t *len) {
+  char *text = NULL;
+  FILE *m = open_memstream(&text, len);
+  char buf[65536];
+  size_t got;
+  while (m && (got = fread(buf, 1, sizeof buf, f)) > 0)
+    fwrite(buf, 1, got, m);
+  if (!m || ferror(f) || fclose(m) != 0) {
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
+int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/data.mdb", t->data);
+  FILE *f = fopen(path, "r+b");
+  size_t len = 0;
+  char *text = f ? slurp(f, &len) : NULL;
+  int copies = text ? 0 : -1;
+  for (char *p = text; n && p && (p = memmem(p, len - (size_t)(p - text),
+                                              needle, n)); p += n) {
+    if (fseek(f, (long)(p - text) + (long)(n / 2), SEEK_SET) != 0 ||
+        fputc(p[n / 2] ^ 0x40, f) == EOF) {
+      copies = -1;
+      break;
+    }
+    copies++;
+  }
+  if (f && fclose(f) != 0)
+    copies = -1;
+  free(text);
+  return copies;
+}

@@ -10,6 +10,7 @@
 #ifndef KC_TESTSRV_H
 #define KC_TESTSRV_H
 
+#include <stddef.h>
 #include <sys/types.h>
 
 #define KC_TESTSRV_MAX_ARGS 32
@@ -45,5 +46,9 @@ int kc_testsrv_restart(kc_testsrv *t);
 void kc_testsrv_cleanup(kc_testsrv *t);
 /* The kcached binary used. */
 const char *kc_testsrv_bin(void);
+/* Bit rot, for a stopped server: flips one byte in every copy of the n bytes
+ * at needle in DIR/data/data.mdb. The number of copies changed, -1 when the
+ * file cannot be read or written. */
+int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n);
 
 #endif
