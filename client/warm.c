@@ -23,7 +23,7 @@ typedef struct wctx {
   kc_key_fields *fields;
   kc_manifest **ms;  /* ready bundles, per item */
   char *pending;     /* 1 while an item is neither ready nor failed */
-  char *remote_bad;  /* the server's copy failed verification */
+  char *remote_bad;  /* the server's copy failed verification: BAD_* */
   char *waiting;     /* another builder holds the lease */
   int64_t *retry_at; /* waiting: when its lease may have lapsed (ms) */
   kc_warm_status fetched_as; /* what a served bundle counts as now */
@@ -34,6 +34,11 @@ typedef struct wctx {
   int64_t t0;
   size_t done;
 } wctx;
+
+/* Why an item's copy on the server is not used. BAD_BLOB: a blob it served
+ * did not hash to its name; after the rebuild the blobs are offered back,
+ * which makes kcached replace a copy that rotted on its disk. */
+enum { BAD_NONE, BAD_OTHER, BAD_BLOB };
 
 static const char *const status_names[KC_WARM_N_STATUS] = {
     "hit-local", "hit-remote", "built", "waited", "failed"};
@@ -346,7 +351,7 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
       continue;
     }
     if (e == KC_DIGEST_MISMATCH)
-      x->remote_bad[idx[k]] = 1; /* never used; rebuilt below */
+      x->remote_bad[idx[k]] = BAD_BLOB; /* never used; rebuilt below */
     if (e)
       note(x, idx[k], e, e2);
   }
@@ -456,10 +461,34 @@ static kc_err fetch_one(wctx *x, size_t i, kc_warm_status s, char *err) {
   return KC_OK;
 }
 
+/* The rebuilt bundle's blobs go back to a server that served one of them
+ * corrupt (its manifest stays: the server holds one for the key). */
+static void offer_blobs(wctx *x, const kc_manifest *m) {
+  char e2[KC_ERRBUF_SIZE], why[KC_ERRBUF_SIZE + 64];
+  kc_err e = KC_OK;
+  for (size_t j = 0; !e && j < m->n_files; j++) {
+    void *data = NULL;
+    size_t len = 0;
+    e = kc_cache_blob_read(x->c, m->files[j].sha256, &data, &len, e2);
+    if (!e)
+      e = kc_client_blob_put(x->c, data, len, NULL, e2);
+    free(data);
+  }
+  snprintf(why, sizeof why, "offering a bundle's blobs back: %s", e2);
+  if (is_down(e))
+    server_down(x, e2);
+  else if (e)
+    warn(x, why);
+}
+
 static void upload(wctx *x, size_t i, const kc_manifest *m) {
   char e2[KC_ERRBUF_SIZE];
   kc_warm_item *it = &x->rep->items[i];
-  if (x->o->no_upload || !x->server_ok || x->remote_bad[i])
+  if (x->o->no_upload || !x->server_ok)
+    return;
+  if (x->remote_bad[i] == BAD_BLOB)
+    offer_blobs(x, m);
+  if (x->remote_bad[i])
     return;
   kc_err e = kc_client_push(x->c, m, e2);
   if (!e)
@@ -612,7 +641,7 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
   if (e) { /* e.g. a read-only token: build for ourselves */
     snprintf(x->rep->items[i].message, KC_ERRBUF_SIZE, "lease: %.450s", e2);
     warn(x, e2);
-    x->remote_bad[i] = 1;
+    x->remote_bad[i] = BAD_OTHER;
     return 1;
   }
   if (st == KC_LEASE_HELD) { /* ask again when the holder's lease ends */
@@ -630,7 +659,7 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
     return 0;
   }
   if (e) { /* present but unusable: never used, rebuilt here */
-    x->remote_bad[i] = 1;
+    x->remote_bad[i] = e == KC_DIGEST_MISMATCH ? BAD_BLOB : BAD_OTHER;
     snprintf(x->rep->items[i].message, KC_ERRBUF_SIZE, "%s", e2);
   }
   return e != KC_OK;

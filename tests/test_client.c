@@ -827,12 +827,14 @@ static char *slurp(const char *path, size_t *len) {
 }
 
 /* A blob whose stored bytes were flipped inside kcached's LMDB file: the
- * server serves them, the client detects it, never uses them, rebuilds. */
+ * server serves them, the client detects it, never uses them, rebuilds, and
+ * offers the rebuilt blobs back, which repairs the server's copy: the next
+ * warm from an empty cache uses the server's bundle again. */
 static void test_server_blob_flipped(void **state) {
   fx *f = *state;
   need_nvrtc();
   start_server(f);
-  char err[KC_ERRBUF_SIZE], key[65], p[PATH_MAX], cache2[400];
+  char err[KC_ERRBUF_SIZE], key[65], p[PATH_MAX], cache2[400], d[65];
   kc_client *c = client_for(f->cache, f->srv.url);
   kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
   kc_warm_report r;
@@ -843,6 +845,7 @@ static void test_server_blob_flipped(void **state) {
   assert_int_equal(kc_cache_bundle_get(c, key, &m, err), KC_OK);
   size_t blen = 0, dlen = 0;
   kc_cache_blob_path(c, m->files[0].sha256, p, sizeof p);
+  memcpy(d, m->files[0].sha256, sizeof d);
   char *blob = slurp(p, &blen);
   kc_manifest_free(m);
   kc_client_free(c);
@@ -872,6 +875,17 @@ static void test_server_blob_flipped(void **state) {
   /* What the local cache holds hashes right. */
   assert_int_equal(kc_cache_bundle_get(c, key, &m, err), KC_OK);
   kc_manifest_free(m);
+  /* The server's copy was repaired by the blobs offered back. */
+  void *data = NULL;
+  size_t len = 0;
+  assert_int_equal(kc_client_blob_get(c, d, &data, &len, err), KC_OK);
+  free(data);
+  kc_client_free(c);
+  snprintf(cache2, sizeof cache2, "%s/cache3", f->dir);
+  c = client_for(cache2, f->srv.url);
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_HIT_REMOTE), r.n_items);
+  kc_warm_report_free(&r);
   kc_client_free(c);
   kc_warmup_free(w);
 }
@@ -1159,7 +1173,7 @@ static char *lookup_of(const char *key, const char *manifest) {
 }
 
 /* A served blob whose bytes do not hash to its name is never used: the key
- * is rebuilt locally (and the lying server gets no upload). */
+ * is rebuilt locally (and the lying server gets no manifest). */
 static void test_served_blob_corrupt(void **state) {
   fx *f = *state;
   need_nvrtc();
