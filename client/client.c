@@ -206,6 +206,34 @@ kc_err kc_client_blob_put(kc_client *c, const void *data, size_t len,
   return e;
 }
 
+/* A copy of l with one more header; NULL when out of memory. */
+static struct curl_slist *with_header(const struct curl_slist *l,
+                                      const char *h) {
+  struct curl_slist *n = NULL, *t;
+  for (; l; l = l->next) {
+    if (!(t = curl_slist_append(n, l->data)))
+      break;
+    n = t;
+  }
+  if (!l && (t = curl_slist_append(n, h)))
+    return t;
+  curl_slist_free_all(n);
+  return NULL;
+}
+
+kc_err kc_client_blob_repair(kc_client *c, const void *data, size_t len,
+                             char *err) {
+  struct curl_slist *saved = c->hdrs;
+  struct curl_slist *l = with_header(saved, "X-Kcache-Repair: 1");
+  if (!l)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  c->hdrs = l; /* kc_http_do sends c->hdrs */
+  kc_err e = kc_client_blob_put(c, data, len, NULL, err);
+  c->hdrs = saved;
+  curl_slist_free_all(l);
+  return e;
+}
+
 /* ---- bundles ---- */
 
 /* A served manifest: parsed with every rule (paths included) and bound to

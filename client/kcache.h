@@ -86,6 +86,11 @@ kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
  * Stored or already present are both KC_OK. */
 kc_err kc_client_blob_put(kc_client *c, const void *data, size_t len,
                           char digest_out[KC_HEX_LEN + 1], char *err);
+/* The same PUT with X-Kcache-Repair: 1, for a blob this server served
+ * corrupt: kcached hashes its held copy and, when it rotted, stores these
+ * (verified) bytes in its place. */
+kc_err kc_client_blob_repair(kc_client *c, const void *data, size_t len,
+                             char *err);
 
 /* ---- Bundles ---- */
 

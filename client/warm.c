@@ -464,21 +464,22 @@ static kc_err fetch_one(wctx *x, size_t i, kc_warm_status s, char *err) {
 /* The rebuilt bundle's blobs go back to a server that served one of them
  * corrupt (its manifest stays: the server holds one for the key). */
 static void offer_blobs(wctx *x, const kc_manifest *m) {
-  char e2[KC_ERRBUF_SIZE], why[KC_ERRBUF_SIZE + 64];
+  char e2[KC_ERRBUF_SIZE] = "", why[KC_ERRBUF_SIZE + 64];
   kc_err e = KC_OK;
   for (size_t j = 0; !e && j < m->n_files; j++) {
     void *data = NULL;
     size_t len = 0;
     e = kc_cache_blob_read(x->c, m->files[j].sha256, &data, &len, e2);
     if (!e)
-      e = kc_client_blob_put(x->c, data, len, NULL, e2);
+      e = kc_client_blob_repair(x->c, data, len, e2);
     free(data);
   }
-  snprintf(why, sizeof why, "offering a bundle's blobs back: %s", e2);
-  if (is_down(e))
+  if (is_down(e)) {
     server_down(x, e2);
-  else if (e)
+  } else if (e) {
+    snprintf(why, sizeof why, "offering a bundle's blobs back: %s", e2);
     warn(x, why);
+  }
 }
 
 static void upload(wctx *x, size_t i, const kc_manifest *m) {

@@ -141,7 +141,7 @@ typedef struct kcd_metrics {
   _Atomic uint64_t duration_us_sum;
   _Atomic uint64_t leases_granted, leases_refused, leases_present;
   _Atomic uint64_t uploads_aborted;
-  _Atomic uint64_t blobs_repaired; /* corrupt held copies an upload replaced */
+  _Atomic uint64_t blobs_corrupt; /* repair offers that found the copy bad */
   _Atomic int64_t in_flight; /* requests begun and not completed */
 } kcd_metrics;
 

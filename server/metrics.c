@@ -198,8 +198,9 @@ static void render_self(FILE *f, kcd_metrics *m) {
   counter(f, "kcached_uploads_aborted_total",
           "Uploads dropped (client gone, error).", GET(m->uploads_aborted));
   counter(f, "kcached_blobs_corrupt_total",
-          "Held blobs found not to hash to their name when offered again "
-          "(the offer's bytes replace them).", GET(m->blobs_repaired));
+          "Repair offers (X-Kcache-Repair) that found the held copy not "
+          "hashing to its name; the offer's verified bytes replace it.",
+          GET(m->blobs_corrupt));
   int64_t inflight = atomic_load(&m->in_flight);
   gauge(f, "kcached_requests_in_flight", "Requests being served.",
         inflight > 0 ? (uint64_t)inflight : 0);

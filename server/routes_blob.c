@@ -16,23 +16,31 @@ static void etag_of(const kcd_req *r, char out[ETAG_SIZE]) {
   snprintf(out, ETAG_SIZE, "\"%.64s\"", r->param);
 }
 
+/* X-Kcache-Repair: 1: the client got this blob from us and it failed its
+ * hash (GETs serve the held copy unhashed). */
+static int repair_asked(kcd_req *r) {
+  const char *v = kcd_header(r, "X-Kcache-Repair");
+  return v && strcmp(v, "1") == 0;
+}
+
 kc_err kcd_blob_put_begin(kcd_req *r, char *err) {
   kc_store *s = store_of(r);
   char why[KC_ERRBUF_SIZE] = "";
-  /* Content-addressed: a held blob is these bytes already; skip the body.
-   * Unless the held copy rotted (GETs serve it unhashed and clients refuse
-   * it): then this upload replaces it. One hash of the held copy per offer. */
-  if (kc_store_blob_has(s, r->param, NULL) == KC_OK &&
-      kc_store_blob_check(s, r->param, why) != KC_CORRUPT) {
+  kc_err held = kc_store_blob_has(s, r->param, NULL);
+  /* Only an offer that says so pays for hashing the held copy. */
+  if (held == KC_OK && repair_asked(r))
+    held = kc_store_blob_check(s, r->param, why);
+  /* Content-addressed: a held blob is these bytes already; skip the body. */
+  if (held == KC_OK) {
     kc_store_blob_touch(s, r->param); /* kept for the manifest to come */
     r->blob_present = 1;
     r->discard = 1;
     return KC_OK;
   }
   kc_err e = kc_store_upload_begin(s, &r->upload, err);
-  if (!e && why[0]) {
-    kcd_log(r->st, "warn", "%s; this upload replaces it", why);
-    atomic_fetch_add(&r->st->metrics.blobs_repaired, 1);
+  if (!e && held == KC_CORRUPT) { /* this upload, once verified, replaces it */
+    kcd_log(r->st, "warn", "%s; taking the upload offered to replace it", why);
+    atomic_fetch_add(&r->st->metrics.blobs_corrupt, 1);
     kc_store_upload_repair(r->upload);
   }
   return e;

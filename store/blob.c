@@ -156,15 +156,13 @@ static kc_err fill(blob_src *src, void *dst, char *err) {
   return e;
 }
 
-/* A held copy that no longer hashes to its name (bit rot) is overwritten by
- * the verified bytes of a new upload; a sound one is left alone. */
+/* The held copy is overwritten by the upload's bytes, verified against the
+ * digest already: harmless if it was sound, a repair if it rotted. (Without
+ * MDB_WRITEMAP LMDB writes new pages: readers keep the old snapshot.) */
 static kc_err repair_op(kc_store *s, MDB_txn *txn, blob_src *src,
                         kcs_blob_meta *bm, char *err) {
-  src->created = 0;
-  kc_err e = check_held(txn, s, src->digest, NULL);
-  if (e != KC_CORRUPT)
-    return e; /* sound (repaired meanwhile), or unreadable: e says */
   MDB_val k = kcs_hex_val(src->digest), v = {(size_t)src->len, NULL};
+  kc_err e;
   if ((e = kcs_put(txn, s->blobs, &k, &v, MDB_RESERVE, err)) ||
       (e = fill(src, v.mv_data, err)))
     return e;
@@ -231,9 +229,12 @@ static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
                    "the store's limit of %llu bytes",
                    (unsigned long long)src->len,
                    (unsigned long long)s->max_bytes);
-  if ((e = kcs_maybe_evict(s, src->len, err)))
+  /* a repair takes the place of the held copy: no room to make */
+  if (!src->repair && (e = kcs_maybe_evict(s, src->len, err)))
     return e;
   e = kcs_write(s, put_op, src, err);
+  if (!e && src->repair)
+    kc_store_blob_touch(s, src->digest); /* an orphan's window starts anew */
   if (!e && src->created && !src->from_tier)
     kcs_tier_kick(s);
   if (!e && created)

@@ -135,9 +135,9 @@ kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
                               int *created, char *err);
 /* Drops an upload (client went away). NULL: nothing. */
 void kc_store_upload_abort(kc_store_upload *u);
-/* Lets the commit overwrite a held copy of the blob that fails its hash
- * (*created 1 then); a sound held copy is kept (*created 0). For an upload
- * of a blob kc_store_blob_check found corrupt. */
+/* Lets the commit overwrite a held copy of the blob (*created 1 then) with
+ * the upload's bytes, verified against the digest first. For an upload of a
+ * blob kc_store_blob_check found corrupt. */
 void kc_store_upload_repair(kc_store_upload *u);
 
 /* ---- Bundles ---- */

@@ -87,9 +87,13 @@ void kcs3_close(kcs3 *c);
 /* 1 when an error is worth retrying later (UNAVAILABLE, TIMEOUT, IO, BUSY). */
 int kcs3_retryable(kc_err e);
 /* 1 when the last answer on c refused the bucket as a whole rather than one
- * object: 401 or 403 (credentials, a policy) or 404 NoSuchBucket. A queue
- * waits such a failure out instead of setting the entry aside. */
+ * object: 401, 403 (credentials, a policy), a redirect (wrong region or
+ * endpoint), NoSuchBucket, an expired or invalid token or key. A queue waits
+ * such a failure out instead of setting the entry aside. */
 int kcs3_refuses_bucket(const kcs3 *c);
+/* Makes kcs3_refuses_bucket 0 until the next answer: for a caller whose next
+ * failure may come before any request is sent. */
+void kcs3_forget_answer(kcs3 *c);
 
 /* ---- Objects. `key` is the object key (<= KCS3_KEY_MAX bytes, not empty);
  * any bytes are encoded for the URL here. ---- */

@@ -599,6 +599,22 @@ static kc_err transport_error(const kcs3 *c, const kcs3_req *q,
                  c->curlerr[0] ? c->curlerr : curl_easy_strerror(rc));
 }
 
+/* An answer about the bucket or the credentials, not about one object. */
+static int refuses_bucket(const kcs3_resp *r) {
+  static const char *const codes[] = {
+      "NoSuchBucket", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
+      "InvalidAccessKeyId", "SignatureDoesNotMatch",
+      "AuthorizationHeaderMalformed", "PermanentRedirect",
+      "TemporaryRedirect", "AccountProblem"};
+  if (r->status == 401 || r->status == 403 || r->status == 301 ||
+      r->status == 307)
+    return 1;
+  for (size_t i = 0; i < sizeof codes / sizeof *codes; i++)
+    if (strcmp(r->s3.code, codes[i]) == 0)
+      return 1;
+  return 0;
+}
+
 static void read_answer(kcs3 *c, kcs3_resp *r) {
   struct curl_header *hd = NULL;
   curl_easy_getinfo(c->h, CURLINFO_RESPONSE_CODE, &r->status);
@@ -648,9 +664,7 @@ static kc_err perform(kcs3 *c, const kcs3_req *q, kcs3_resp *r, char *err) {
   if (rc != CURLE_OK)
     return transport_error(c, q, r, rc, err);
   read_answer(c, r);
-  c->refused_bucket = r->status == 401 || r->status == 403 ||
-                      (r->status == 404 &&
-                       strcmp(r->s3.code, "NoSuchBucket") == 0);
+  c->refused_bucket = refuses_bucket(r);
   kc_err e = status_to_kc(r->status, &r->s3);
   return e == KC_OK ? KC_OK : http_error(c, q, r, e, err);
 }
@@ -783,6 +797,11 @@ int kcs3_retryable(kc_err e) {
 
 int kcs3_refuses_bucket(const kcs3 *c) {
   return c && c->refused_bucket;
+}
+
+void kcs3_forget_answer(kcs3 *c) {
+  if (c)
+    c->refused_bucket = 0;
 }
 
 /* ---- objects ---- */

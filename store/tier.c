@@ -489,6 +489,7 @@ static kc_err step(kcs_tier *t, entry *en, int *idle, char *err) {
     *idle = 1;
     return KC_OK;
   }
+  kcs3_forget_answer(t->wh); /* upload_one may fail before asking S3 */
   kc_err e = upload_one(t, en, err);
   if (!e && !(e = kcs_write(t->s, pop_op, en, err)))
     atomic_fetch_add(&t->uploaded, 1);

@@ -696,7 +696,15 @@ static void t_parked(void **state) {
   free(bytes);
   rgw_start();
   REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not restart");
+  long t0 = mono_ms();
+  while (metric(&g_a, "kcached_s3_parked_total") < 1 &&
+         mono_ms() - t0 < DRAIN_MS)
+    usleep(50000);
+  /* the next entry goes at once, not after the parked one's backoff */
+  t0 = mono_ms();
   drain(&g_a, "A");
+  REQUIRE(mono_ms() - t0 < 3000, "blob 1 went up %ld ms after the park",
+          mono_ms() - t0);
   assert_true(metric(&g_a, "kcached_s3_parked_total") == 1);
   assert_int_equal(log_count(&g_a, "set aside"), 1);
   assert_int_equal(obj_head("blobs", x.digest[0]), KC_NOT_FOUND);
