@@ -28,8 +28,14 @@
 # <= 1.2x) of the medians, and a Markdown table with the command line. A
 # missed target prints MISSED, and exits 1 only with BENCH_STRICT=1.
 #
+# Placement (BENCH_PIN=1, the default, with 2+ CPUs and taskset): the Ceph
+# daemons (mon, OSD, radosgw) on the last CPU, the replicas and every curl on
+# the others, as a bucket is another machine in production. Sharing two CPUs
+# unpinned, each request's three wakeups (curl, kcached, radosgw) queue
+# behind the others' threads; BENCH_PIN=0 measures that too.
+#
 # Usage: tests/bench/bench_s3.sh [path/to/kcached (default build/server/kcached)]
-#   env: BENCH_N (200) BENCH_ROUNDS (3) BENCH_STRICT (0) KCACHED
+#   env: BENCH_N (200) BENCH_ROUNDS (3) BENCH_STRICT (0) BENCH_PIN (1) KCACHED
 #        KC_TEST_S3_ENV=FILE: use a running RGW (FILE: its env file from
 #        ceph-rgw.sh) instead of starting one
 # Needs: a kcached built with the S3 tier, curl >= 7.75 (--aws-sigv4),
@@ -44,7 +50,7 @@ kcached=${1:-${KCACHED:-$root/build/server/kcached}}
 [ -x "$kcached" ] || { echo "bench_s3: no kcached at $kcached (give its path)" >&2; exit 2; }
 grep -q -- --s3-endpoint <<<"$("$kcached" --help 2>&1 || true)" ||
   { echo "bench_s3: $kcached has no S3 tier (--s3-endpoint)" >&2; exit 2; }
-for tool in curl python3 sha256sum; do
+for tool in curl python3 sha256sum pgrep; do
   command -v "$tool" >/dev/null || { echo "bench_s3: $tool not found" >&2; exit 2; }
 done
 grep -q -- '--aws-sigv4' <<<"$(curl --help all 2>/dev/null || true)" ||
@@ -52,6 +58,7 @@ grep -q -- '--aws-sigv4' <<<"$(curl --help all 2>/dev/null || true)" ||
 
 n=${BENCH_N:-200}
 rounds=${BENCH_ROUNDS:-3}
+pin=${BENCH_PIN:-1}
 strict=${BENCH_STRICT:-0}
 for v in n rounds; do
   case ${!v} in '' | *[!0-9]*) echo "bench_s3: $v must be a positive integer" >&2; exit 2 ;; esac
@@ -60,10 +67,14 @@ done
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kcache-bench-s3-XXXXXX")
 rgw_dir="" apid="" bpid=""
+ceph_pids=() near=()
 cleanup() {
   local p
   for p in "$apid" "$bpid"; do
     [ -n "$p" ] && kill "$p" 2>/dev/null && wait "$p" 2>/dev/null || true
+  done
+  for p in "${ceph_pids[@]}"; do # a running RGW given to us: as it was
+    taskset -a -p -c "$all_cpus" "$p" >/dev/null 2>&1 || true
   done
   [ -n "$rgw_dir" ] && KCACHE_RGW_OWNER_PID='' bash "$root/scripts/ceph-rgw.sh" stop "$rgw_dir" >/dev/null 2>&1 || true
   rm -rf "$tmp"
@@ -98,6 +109,20 @@ else
 fi
 # shellcheck disable=SC1090
 . "$envfile"
+
+# ---- placement: Ceph on the last CPU, the rest of us on the others ----
+ncpu=$(nproc)
+all_cpus=0-$((ncpu - 1))
+placement="unpinned"
+if [ "$pin" = 1 ] && [ "$ncpu" -ge 2 ] && command -v taskset >/dev/null; then
+  mapfile -t ceph_pids < <(pgrep -f -- "$(dirname "$envfile")/ceph.conf" || true)
+  [ ${#ceph_pids[@]} -gt 0 ] || die "no Ceph process found to pin"
+  for p in "${ceph_pids[@]}"; do
+    taskset -a -p -c "$((ncpu - 1))" "$p" >/dev/null || die "taskset $p failed"
+  done
+  near=(taskset -c "0-$((ncpu - 2))")
+  placement="Ceph daemons on CPU $((ncpu - 1)), replicas and curl on CPU 0-$((ncpu - 2))"
+fi
 export AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
 endpoint=$KCACHE_S3_ENDPOINT
 region=$KCACHE_S3_REGION
@@ -116,7 +141,7 @@ code=$("${s3curl[@]}" -s -o "$tmp/mb.out" -w '%{http_code}' -X PUT "$endpoint/$b
 # ---- the replicas ----
 start_replica() { # name -> sets ${name}pid, ${name}url
   local r=$1 port=""
-  "$kcached" --listen 127.0.0.1:0 --port-file "$tmp/port-$r" --data-dir "$tmp/data-$r" \
+  "${near[@]}" "$kcached" --listen 127.0.0.1:0 --port-file "$tmp/port-$r" --data-dir "$tmp/data-$r" \
     --s3-endpoint "$endpoint" --s3-bucket "$bucket" --s3-prefix "$prefix" \
     --s3-region "$region" --s3-path-style >>"$tmp/kcached-$r.log" 2>&1 &
   eval "${r}pid=$!"
@@ -158,7 +183,7 @@ series() {
   urls=("$@")
   local co=()
   for t in "${urls[@]}"; do co+=(-o /dev/null "$t"); done
-  "${args[@]}" -s -w '%{http_code} %{time_total}\n' "${co[@]}" >"$tmp/series.raw" ||
+  "${near[@]}" "${args[@]}" -s -w '%{http_code} %{time_total}\n' "${co[@]}" >"$tmp/series.raw" ||
     die "$label: curl failed"
   [ "$(wc -l <"$tmp/series.raw")" = "${#urls[@]}" ] || die "$label: $(wc -l <"$tmp/series.raw") answers for ${#urls[@]} requests"
   awk -v l="$label" '$1 != 200 {printf "bench_s3: %s: request %d answered %s\n", l, NR, $1; bad = 1}
@@ -234,12 +259,13 @@ samples=$(wc -l <"$tmp/lmdb.s")
 
 cmdline="tests/bench/bench_s3.sh"
 [ "$rounds" = 3 ] || cmdline="BENCH_ROUNDS=$rounds $cmdline"
+[ "$pin" = 1 ] || cmdline="BENCH_PIN=$pin $cmdline"
 [ "$n" = 200 ] || cmdline="BENCH_N=$n $cmdline"
 rgw_ver=$(radosgw --version 2>/dev/null | awk '{print $3}' || echo "?")
 per_round=$(printf '%s; ' "${round_lines[@]}")
 
 echo
-echo "4 KiB blob GET, $n sequential requests per series x $rounds rounds ($samples samples each), one keep-alive curl per series; Ceph RGW $rgw_ver (one OSD on memstore, loopback); $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $(curl --version | head -n1 | cut -d' ' -f1-2)"
+echo "4 KiB blob GET, $n sequential requests per series x $rounds rounds ($samples samples each), one keep-alive curl per series; Ceph RGW $rgw_ver (one OSD on memstore, loopback); $(nproc) CPUs ($placement), load average $(cut -d' ' -f1-3 /proc/loadavg); $(curl --version | head -n1 | cut -d' ' -f1-2)"
 echo
 echo "| series | median | p90 |"
 echo "|---|---|---|"
