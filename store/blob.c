@@ -156,29 +156,38 @@ static kc_err fill(blob_src *src, void *dst, char *err) {
   return e;
 }
 
+/* The bytes into the space LMDB reserves for the value. */
+static kc_err write_value(kc_store *s, MDB_txn *txn, blob_src *src,
+                          char *err) {
+  MDB_val k = kcs_hex_val(src->digest), v = {(size_t)src->len, NULL};
+  kc_err e = kcs_put(txn, s->blobs, &k, &v, MDB_RESERVE, err);
+  return e ? e : fill(src, v.mv_data, err);
+}
+
+/* Written: queued for the durable tier (unless it came from there). */
+static kc_err written(kc_store *s, MDB_txn *txn, blob_src *src, char *err) {
+  kc_err e = KC_OK;
+  if (!src->from_tier)
+    e = kcs_queue_add(s, txn, KCS_Q_BLOB, src->digest, NULL, err);
+  src->created = !e;
+  return e;
+}
+
 /* The held copy is overwritten by the upload's bytes, verified against the
  * digest already: harmless if it was sound, a repair if it rotted. (Without
  * MDB_WRITEMAP LMDB writes new pages: readers keep the old snapshot.) */
 static kc_err repair_op(kc_store *s, MDB_txn *txn, blob_src *src,
                         kcs_blob_meta *bm, char *err) {
-  MDB_val k = kcs_hex_val(src->digest), v = {(size_t)src->len, NULL};
-  kc_err e;
-  if ((e = kcs_put(txn, s->blobs, &k, &v, MDB_RESERVE, err)) ||
-      (e = fill(src, v.mv_data, err)))
-    return e;
-  if (bm->size != src->len) {
+  MDB_val k = kcs_hex_val(src->digest);
+  kc_err e = write_value(s, txn, src, err);
+  if (!e && bm->size != src->len) {
     MDB_val mv = {sizeof *bm, bm};
     int64_t delta = (int64_t)src->len - (int64_t)bm->size;
     bm->size = src->len;
-    if ((e = kcs_put(txn, s->blobmeta, &k, &mv, 0, err)) ||
-        (e = kcs_bytes_add(txn, s, delta, err)))
-      return e;
+    if (!(e = kcs_put(txn, s->blobmeta, &k, &mv, 0, err)))
+      e = kcs_bytes_add(txn, s, delta, err);
   }
-  if (!src->from_tier &&
-      (e = kcs_queue_add(s, txn, KCS_Q_BLOB, src->digest, NULL, err)))
-    return e;
-  src->created = 1;
-  return KC_OK;
+  return e ? e : written(s, txn, src, err);
 }
 
 static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
@@ -191,14 +200,11 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
     src->created = 0; /* already held (or unreadable: e says) */
     return e;
   }
-  MDB_val k = kcs_hex_val(src->digest), v = {(size_t)src->len, NULL};
-  if ((e = kcs_put(txn, s->blobs, &k, &v, MDB_RESERVE, err)))
-    return e;
-  if ((e = fill(src, v.mv_data, err)))
+  if ((e = write_value(s, txn, src, err)))
     return e;
   int64_t now = kcs_now();
   bm = (kcs_blob_meta){src->len, 0, now, now};
-  MDB_val mv = {sizeof bm, &bm};
+  MDB_val k = kcs_hex_val(src->digest), mv = {sizeof bm, &bm};
   unsigned char ok[8 + KC_HEX_LEN];
   kcs_time_key(ok, now, src->digest);
   MDB_val okv = {sizeof ok, ok}, empty = {0, ""};
@@ -206,11 +212,7 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
       (e = kcs_put(txn, s->orphans, &okv, &empty, 0, err)) ||
       (e = kcs_bytes_add(txn, s, (int64_t)src->len, err)))
     return e;
-  if (!src->from_tier &&
-      (e = kcs_queue_add(s, txn, KCS_Q_BLOB, src->digest, NULL, err)))
-    return e;
-  src->created = 1;
-  return KC_OK;
+  return written(s, txn, src, err);
 }
 
 static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
