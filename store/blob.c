@@ -374,6 +374,11 @@ uint64_t kc_store_upload_size(const kc_store_upload *u) {
   return u ? u->size : 0;
 }
 
+/* The upload's bytes when they are all in memory, else NULL. */
+static const void *upload_mem(const kc_store_upload *u) {
+  return u->fd >= 0 ? NULL : u->buf ? (const void *)u->buf : "";
+}
+
 kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
                          const void **mem, char *err) {
   char got[KC_HEX_LEN + 1];
@@ -385,7 +390,7 @@ kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
                 got, digest);
   u->verified = !e;
   if (mem)
-    *mem = u->fd >= 0 ? NULL : u->buf ? (void *)u->buf : "";
+    *mem = upload_mem(u);
   return e;
 }
 
@@ -394,9 +399,8 @@ kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
   kc_err e = u->verified ? KC_OK : kcs_upload_verify(u, digest, NULL, err);
   if (!e) {
     /* Hashed as it arrived: copied into the map without hashing again. */
-    const void *mem = u->fd >= 0 ? NULL : u->buf ? (void *)u->buf : "";
-    blob_src src = {.digest = digest, .mem = mem, .fd = u->fd, .seekable = 1,
-                    .len = u->size, .from_tier = u->from_tier,
+    blob_src src = {.digest = digest, .mem = upload_mem(u), .fd = u->fd,
+                    .seekable = 1, .len = u->size, .from_tier = u->from_tier,
                     .repair = u->repair};
     e = put_src(u->s, &src, created, err);
   }
@@ -428,8 +432,7 @@ kc_err kcs_upload_commit_batch(kc_store *s, kc_store_upload *const *u,
   for (size_t i = 0; !e && i < n; i++) {
     if (!u[i]->verified || u[i]->fd >= 0)
       e = kc_errf(err, KC_EINVAL, "a batch takes verified in-memory uploads");
-    b.src[i] = (blob_src){.digest = digests[i],
-                          .mem = u[i]->buf ? (void *)u[i]->buf : "",
+    b.src[i] = (blob_src){.digest = digests[i], .mem = upload_mem(u[i]),
                           .fd = -1, .len = u[i]->size, .from_tier = 1};
     total += u[i]->size;
   }
@@ -478,14 +481,24 @@ static kc_err retouch_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   return kcs_put(txn, s->blobmeta, &k, &v, 0, err);
 }
 
-static kc_err requeue_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
-  return kcs_queue_add(s, txn, KCS_Q_BLOB, ud, NULL, err);
+typedef struct touch {
+  const char *digest;
+  int retouch, requeue;
+} touch;
+
+static kc_err touch_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  const touch *t = ud;
+  kc_err e = t->retouch ? retouch_op(s, txn, (void *)t->digest, err) : KC_OK;
+  if (!e && t->requeue)
+    e = kcs_queue_add(s, txn, KCS_Q_BLOB, t->digest, NULL, err);
+  return e;
 }
 
 void kc_store_blob_touch(kc_store *s, const char *digest) {
   if (check_digest(digest, NULL))
     return;
   int64_t now = kcs_now();
+  int offered = kcs_blob_touched(s, digest, now); /* within the window */
   kcs_uses_record(&s->touched, digest, now);
   kcs_blob_meta bm = {0};
   kc_store_read *r;
@@ -493,12 +506,14 @@ void kc_store_blob_touch(kc_store *s, const char *digest) {
     return;
   kc_err e = get_meta(r->txn, s, digest, &bm);
   kc_store_read_end(r);
-  /* Rare (an unreferenced blob offered again), so a write is affordable. */
-  if (!e && bm.refs == 0 && bm.orphan_since < now - 60)
-    kcs_write(s, retouch_op, (void *)digest, NULL);
-  /* A client offers it because a reader missed it: make sure the bucket has
-   * it too (If-None-Match makes that one cheap request when it does). */
-  if (!e && s->tier && kcs_write(s, requeue_op, (void *)digest, NULL) == KC_OK)
+  /* Both rare, so one write is affordable: an unreferenced blob offered
+   * again; and, once per upload window, a blob offered because a reader
+   * missed it, which the bucket should hold too (If-None-Match makes that
+   * one cheap request when it does). Not a write per duplicate PUT. */
+  touch t = {digest, !e && bm.refs == 0 && bm.orphan_since < now - 60,
+             !e && s->tier && !offered};
+  if ((t.retouch || t.requeue) && kcs_write(s, touch_op, &t, NULL) == KC_OK &&
+      t.requeue)
     kcs_tier_kick(s);
 }
 
