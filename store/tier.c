@@ -270,19 +270,13 @@ static kc_err unpark_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   kc_err e = KC_OK;
   int found;
   while (!e && (found = first_parked(s, txn, dk, val, &n)) == 1) {
-    uint64_t seq = 0;
-    unsigned char sk[8];
     MDB_val oldk = {8, dk};
-    if ((e = next_seq(s, txn, &seq, err)))
-      break;
-    kcs_be64_put(sk, seq);
-    MDB_val nk = {8, sk}, nv = {n, val};
-    if (!(e = kcs_put(txn, s->s3queue, &nk, &nv, 0, err)) &&
-        val[0] == KCS_Q_BUNDLE && n >= 1 + KC_HEX_LEN) {
-      MDB_val pk = {KC_HEX_LEN, val + 1}, sv = {8, sk};
-      e = kcs_put(txn, s->s3pend, &pk, &sv, 0, err);
-    }
-    if (!e)
+    const char *key = (const char *)val + 1;
+    if (n < 1 + KC_HEX_LEN)
+      e = kc_errf(err, KC_IO, "a parked S3 entry is cut short");
+    else if (!(e = kcs_queue_add(s, txn, (char)val[0], key,
+                                 n == sizeof val ? key + KC_HEX_LEN : NULL,
+                                 err)))
       e = kcs_del(txn, s->s3dead, &oldk, err);
     n = sizeof val;
   }
