@@ -219,7 +219,8 @@ kc_err kc_store_verify(kc_store *s, char *err);
  * different local one is logged). Before a manifest, each of its blobs is
  * checked with a HEAD and uploaded when missing (blobs held before the tier
  * was configured, or removed from the bucket since); a blob a client offers
- * again (kc_store_blob_touch) is queued again for the same reason.
+ * again (kc_store_blob_touch) is queued again for the same reason, once per
+ * 10-minute upload window.
  *
  * Read-through (the fetch functions): an object found in S3 is verified (a
  * blob against its digest, a manifest against its key and its blobs) and
