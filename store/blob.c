@@ -358,6 +358,8 @@ kc_err kc_store_upload_write(kc_store_upload *u, const void *data, size_t len,
   if (e)
     return kc_errf(err, e, "hashing an upload");
   u->size += len;
+  if (len == 0) /* memcpy's pointers must be valid even for 0 bytes */
+    return KC_OK;
   if (u->fd < 0 && u->len + len <= SPOOL_MEM) {
     if (u->len + len > u->cap && grow(u, u->len + len))
       return kc_errf(err, KC_NOMEM, "out of memory");

@@ -182,7 +182,8 @@ static size_t on_read(char *dst, size_t size, size_t n, void *ud) {
   size_t left = s->len - s->off, want = size * n;
   if (want > left)
     want = left;
-  memcpy(dst, s->p + s->off, want);
+  if (want) /* an empty body may have no pointer */
+    memcpy(dst, s->p + s->off, want);
   s->off += want;
   return want;
 }
