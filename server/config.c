@@ -109,6 +109,9 @@ static int set_max_blob(kcd_config *c, const char *v) {
 static int set_max_json(kcd_config *c, const char *v) {
   return parse_size(v, &c->max_json_bytes) || c->max_json_bytes < 1024 ? -1 : 0;
 }
+static int set_scrub_rate(kcd_config *c, const char *v) {
+  return parse_size(v, &c->scrub_rate);
+}
 static int set_tokens(kcd_config *c, const char *v) {
   c->tokens = *v ? v : NULL;
   return 0;
@@ -208,6 +211,11 @@ static const opt opts[] = {
     {"max-blob-bytes", "SIZE", "KCACHED_MAX_BLOB_BYTES",
      "largest blob accepted (default 1G); larger uploads get 413",
      set_max_blob},
+    {"scrub-rate", "SIZE", "KCACHED_SCRUB_RATE",
+     "bytes per second the scrub re-hashes: a blob that no longer hashes to "
+     "its name (bit rot) is removed with the bundles naming it, so it is "
+     "never served (default 8M; 0: off)",
+     set_scrub_rate},
     {"max-json-bytes", "SIZE", "KCACHED_MAX_JSON_BYTES",
      "largest manifest, lookup or lease body (default 4M)", set_max_json},
     {"tokens", "FILE", "KCACHED_TOKENS",
@@ -300,6 +308,7 @@ static void defaults(kcd_config *c) {
   c->data_dir = "./kcache-data";
   c->max_blob_bytes = 1ull << 30;
   c->max_json_bytes = 4ull << 20;
+  c->scrub_rate = 8ull << 20;
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   c->threads = n > 0 ? (unsigned)n : 1;
   c->timeout_s = 30;

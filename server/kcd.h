@@ -175,6 +175,7 @@ typedef struct kcd_config {
   unsigned store_wait_s;   /* retry opening the store this long at start */
   kcd_role metrics_role;   /* role /metrics needs (default none) */
   uint64_t lease_max_ttl_s;
+  uint64_t scrub_rate;     /* bytes hashed per second by the scrub; 0 off */
   /* the durable tier (s3cfg.c); endpoint NULL: none */
   const char *s3_endpoint, *s3_bucket, *s3_prefix, *s3_region;
   const char *s3_credentials; /* AWS shared-credentials file, or NULL */
@@ -204,6 +205,8 @@ struct kcd_state {
   int64_t started; /* unix seconds */
   struct kcd_logbuf *logbuf; /* NULL: every line written at once */
   struct kcd_s3 *s3;         /* NULL: no durable tier */
+  kc_store_scrub scrub;      /* where the scrub goes on (main thread only) */
+  int64_t scrub_credit;      /* bytes it may hash now; < 0 after a big blob */
 };
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */

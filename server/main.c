@@ -95,6 +95,32 @@ static void reload_tokens(kcd_state *st) {
           kcd_auth_count(&st->auth), st->cfg.tokens);
 }
 
+/* A second's share of the scrub: --scrub-rate bytes, less what a blob
+ * larger than that overdrew before. */
+static void scrub(kcd_state *st, kc_store *s) {
+  int64_t rate = (int64_t)st->cfg.scrub_rate;
+  if (rate <= 0)
+    return;
+  st->scrub_credit = st->scrub_credit + rate > rate ? rate
+                                                    : st->scrub_credit + rate;
+  while (st->scrub_credit > 0) {
+    char err[KC_ERRBUF_SIZE] = "";
+    kc_store_scrub *sc = &st->scrub;
+    kc_err e = kc_store_scrub_step(s, sc, (uint64_t)st->scrub_credit, err);
+    st->scrub_credit -= (int64_t)sc->cost;
+    if (e) {
+      kcd_log(st, "error", "scrub: %s", *err ? err : kc_strerror(e));
+      return;
+    }
+    if (sc->removed)
+      kcd_log(st, "warn", "scrub: blob %s no longer hashes to its name (bit "
+              "rot); removed it and the %zu bundles naming it", sc->bad,
+              sc->bundles);
+    if (!sc->bad[0])
+      return; /* the second's budget is spent, or a pass ended */
+  }
+}
+
 /* Housekeeping once a second; EXIT_STORE when the store could not be
  * opened within --store-wait. */
 static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
@@ -123,6 +149,7 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
     if ((e = kc_store_gc(s, now, err)))
       kcd_log(st, "error", "gc: %s", *err ? err : kc_strerror(e));
   }
+  scrub(st, s);
   return 0;
 }
 

@@ -145,6 +145,14 @@ static void render_store(FILE *f, kcd_state *st) {
   counter(f, "kcached_evicted_blobs_total", "Blobs evicted.", ss.evicted_blobs);
   counter(f, "kcached_gc_blobs_total", "Unreferenced blobs collected.",
           ss.gc_blobs);
+  counter(f, "kcached_scrub_bytes_total", "Blob bytes the scrub re-hashed.",
+          ss.scrub_bytes);
+  counter(f, "kcached_scrub_passes_total",
+          "Scrub passes over every blob completed.", ss.scrub_passes);
+  counter(f, "kcached_scrub_corrupt_total",
+          "Blobs the scrub found not hashing to their name; removed with the "
+          "bundles naming them.",
+          ss.scrub_corrupt);
 }
 
 static void render_s3(FILE *f, kcd_state *st) {

@@ -48,10 +48,8 @@ kc_err kc_store_blob_has(kc_store *s, const char *digest, uint64_t *size) {
   return e;
 }
 
-/* Hashes the held copy: KC_OK when it hashes to its name, KC_CORRUPT when
- * not, KC_NOT_FOUND when none is held. */
-static kc_err check_held(MDB_txn *txn, kc_store *s, const char *digest,
-                         char *err) {
+kc_err kcs_blob_check(MDB_txn *txn, kc_store *s, const char *digest,
+                      char *err) {
   MDB_val k = kcs_hex_val(digest), v;
   int rc = mdb_get(txn, s->blobs, &k, &v);
   if (rc == MDB_NOTFOUND)
@@ -74,7 +72,7 @@ kc_err kc_store_blob_check(kc_store *s, const char *digest, char *err) {
   if (!e && (e = kc_store_read_begin(s, &r)))
     kc_errf(err, e, "cannot begin a read of the store");
   if (!e)
-    e = check_held(r->txn, s, digest, err);
+    e = kcs_blob_check(r->txn, s, digest, err);
   kc_store_read_end(r);
   return e;
 }
@@ -531,6 +529,17 @@ kc_err kcs_blob_drop(kc_store *s, MDB_txn *txn, const char *digest,
       (bm->refs == 0 && (e = kcs_del(txn, s->orphans, &okv, err))))
     return e;
   return kcs_bytes_add(txn, s, -(int64_t)bm->size, err);
+}
+
+kc_err kcs_blob_remove(kc_store *s, MDB_txn *txn, const char *digest,
+                       char *err) {
+  kcs_blob_meta bm;
+  kc_err e = get_meta(txn, s, digest, &bm);
+  if (e == KC_NOT_FOUND)
+    return KC_OK;
+  if (e)
+    return kc_errf(err, e, "blob %s: unreadable metadata", digest);
+  return kcs_blob_drop(s, txn, digest, &bm, err);
 }
 
 kc_err kcs_blob_unref(kc_store *s, MDB_txn *txn, const char *digest,

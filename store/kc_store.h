@@ -187,6 +187,7 @@ typedef struct kc_store_stats {
   uint64_t bundles;
   uint64_t hits, misses;  /* bundle gets since open */
   uint64_t evicted_bundles, evicted_blobs, gc_blobs; /* since open */
+  uint64_t scrub_bytes, scrub_passes, scrub_corrupt;  /* since open */
 } kc_store_stats;
 
 kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out);
@@ -203,6 +204,29 @@ kc_err kc_store_gc(kc_store *s, int64_t now, char *err);
 /* Re-hashes every blob and re-validates every bundle (its blobs present).
  * Returns KC_CORRUPT with the first problem in err. */
 kc_err kc_store_verify(kc_store *s, char *err);
+
+/* The scrub (scrub.c). GETs serve blobs from the map without hashing them,
+ * so bytes that rot on the disk would be served until a client noticed. The
+ * scrub hashes the blobs in digest order, a budget at a time, resuming where
+ * its last step stopped, and removes a blob that no longer hashes to its name
+ * together with every bundle naming it, in one transaction: no client is
+ * served those bytes again; the next one rebuilds the bundle (or, with the
+ * durable tier, reads it through from S3, verified). The blob is not removed
+ * when a repair (kc_store_upload_repair) replaced its bytes in between. */
+typedef struct kc_store_scrub {
+  char next[KC_HEX_LEN + 1]; /* the next blob to hash; "": the first */
+  uint64_t cost;             /* what the last step spent of its budget */
+  char bad[KC_HEX_LEN + 1];  /* the corrupt blob the last step found, or "" */
+  int removed;               /* it was removed (not repaired meanwhile) */
+  size_t bundles;            /* bundles removed with it */
+} kc_store_scrub;
+/* One step: hashes blobs from sc->next until budget is spent (a blob costs
+ * its size, at least 4 KiB), the last blob is hashed (the pass ends, and the
+ * next step starts again at the first), or a corrupt one is found (sc->bad;
+ * removed in a write transaction). Start from a zeroed kc_store_scrub; one
+ * thread at a time per kc_store_scrub. */
+kc_err kc_store_scrub_step(kc_store *s, kc_store_scrub *sc, uint64_t budget,
+                           char *err);
 
 /* ---- The durable tier (opts->s3; tier.c, tier_read.c, tier_lease.c) ----
  *

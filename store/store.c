@@ -357,5 +357,8 @@ kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out) {
   out->evicted_bundles = atomic_load(&s->evicted_bundles);
   out->evicted_blobs = atomic_load(&s->evicted_blobs);
   out->gc_blobs = atomic_load(&s->gc_blobs);
+  out->scrub_bytes = atomic_load(&s->scrub_bytes);
+  out->scrub_passes = atomic_load(&s->scrub_passes);
+  out->scrub_corrupt = atomic_load(&s->scrub_corrupt);
   return e;
 }

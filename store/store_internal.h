@@ -76,6 +76,7 @@ struct kc_store {
   MDB_txn *pool[KCS_POOL_MAX]; /* reset read transactions */
   size_t n_pool;
   _Atomic uint64_t hits, misses, evicted_bundles, evicted_blobs, gc_blobs;
+  _Atomic uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* scrub.c */
 };
 
 struct kc_store_read {
@@ -122,6 +123,13 @@ kc_err kcs_blob_ref(kc_store *s, MDB_txn *txn, const char *digest, char *err);
 /* blob.c: deletes a blob and its metadata and orphan entry; frees its bytes. */
 kc_err kcs_blob_drop(kc_store *s, MDB_txn *txn, const char *digest,
                      const kcs_blob_meta *bm, char *err);
+/* blob.c: the same by digest (its metadata read here); KC_OK if absent. */
+kc_err kcs_blob_remove(kc_store *s, MDB_txn *txn, const char *digest,
+                       char *err);
+/* blob.c: hashes the held copy: KC_OK when it hashes to its name,
+ * KC_CORRUPT (err names the hash) when not, KC_NOT_FOUND when none is held. */
+kc_err kcs_blob_check(MDB_txn *txn, kc_store *s, const char *digest,
+                      char *err);
 /* bundle.c: deletes a bundle, its index entries and its blob references. */
 kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
                        int drop_blobs, char *err);

@@ -673,9 +673,11 @@ static int gone_teardown(void **state) {
 static void t_parked(void **state) {
   (void)state;
   snprintf(g_prefix, sizeof g_prefix, "parked");
+  /* the scrub off: it would remove the rotted blob before S3 refused it */
   const char *args[] = {"--s3-endpoint", g_rgw.endpoint, "--s3-bucket",
                         g_bucket, "--s3-prefix", g_prefix, "--s3-region",
-                        g_rgw.region, "--s3-path-style", NULL};
+                        g_rgw.region, "--s3-path-style", "--scrub-rate", "0",
+                        NULL};
   rgw_stop(); /* so both blobs wait in the queue */
   REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
   bundle x;
@@ -713,6 +715,35 @@ static void t_parked(void **state) {
   REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not restart");
   assert_true(metric(&g_a, "kcached_s3_queue_depth") == 1);
   bundle_free(&x);
+}
+
+/* A blob that rots in a replica's LMDB after it reached the bucket: the
+ * scrub removes the local copy and its bundle (not the bucket's), and the
+ * next GET reads both through from S3, verified: served right again. */
+static void t_scrub_heals(void **state) {
+  (void)state;
+  start_pair("scrubheal", NULL);
+  bundle b;
+  bundle_new(&b, &g_a, "scrub-m", 3, 1, (const size_t[]){4096});
+  drain(&g_a, "A");
+  assert_int_equal(kc_testsrv_stop(&g_a), 0);
+  unsigned char *bytes = fill(b.seed[0], b.size[0]);
+  REQUIRE(kc_testsrv_rot(&g_a, bytes, b.size[0]) >= 1, "blob not found");
+  free(bytes);
+  REQUIRE(kc_testsrv_restart(&g_a) == 0, "replica A did not restart");
+  long t0 = mono_ms();
+  while (metric(&g_a, "kcached_scrub_corrupt_total") < 1 &&
+         mono_ms() - t0 < 10000)
+    usleep(50000);
+  assert_true(metric(&g_a, "kcached_scrub_corrupt_total") == 1);
+  assert_true(metric(&g_a, "kcached_store_bundles") == 0);
+  assert_int_equal(obj_head("blobs", b.digest[0]), KC_OK);
+  assert_int_equal(obj_head("bundles", b.key), KC_OK);
+  REQUIRE(serves(&g_a, &b) == 0, "A does not serve the bundle back from S3");
+  assert_true(metric(&g_a, "kcached_store_bundles") == 1);
+  assert_true(
+      metric(&g_a, "kcached_s3_read_through_total{result=\"hit\"}") >= 2);
+  bundle_free(&b);
 }
 
 /* ---- 2. leases across replicas ---- */
@@ -1237,7 +1268,7 @@ int main(void) {
       CASE(t_credentials_file), CASE(t_s3_down), CASE(t_kill),
       CASE(t_tier_added),
       cmocka_unit_test_teardown(t_bucket_gone, gone_teardown),
-      CASE(t_parked),
+      CASE(t_parked), CASE(t_scrub_heals),
   };
   int fails = cmocka_run_group_tests_name("scaleout_config", offline, NULL,
                                           NULL);

@@ -1399,7 +1399,9 @@ static long put_repair(const kc_testsrv *t, const void *p, size_t n,
 static void t_blob_rot_repaired(void **state) {
   (void)state;
   kc_testsrv t = {0};
-  assert_int_equal(kc_testsrv_start(&t, NULL), 0);
+  /* the scrub off: it would remove the rotted blob before the client */
+  const char *const args[] = {"--scrub-rate", "0", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
   char blob[20000], d[65], key[65], path[128];
   fill_random(blob, sizeof blob, 62);
   assert_int_equal(put_blob(&t, NULL, blob, sizeof blob, d), 201);
@@ -1422,6 +1424,48 @@ static void t_blob_rot_repaired(void **state) {
   assert_int_equal(put_repair(&t, blob, sizeof blob, d), 201);
   assert_int_equal(put_repair(&t, blob, sizeof blob, d), 200); /* sound */
   assert_int_equal(metric(&t, "kcached_blobs_corrupt_total"), 2);
+  check_kept(&t, d, blob, sizeof blob, key, json);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+  free(json);
+}
+
+/* The scrub (default --scrub-rate) finds a rotted blob by itself and removes
+ * it with the bundle naming it: neither is served; the next upload stays. */
+static void t_scrub_removes_rotted(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  assert_int_equal(kc_testsrv_start(&t, NULL), 0);
+  char blob[3000], d[65], key[65], path[128];
+  char *json = store_bundle(&t, NULL, MODEL_A, 64, 64, key);
+  fill_random(blob, sizeof blob, 64 * 7 + 1); /* store_bundle's 2nd blob */
+  assert_int_equal(put_blob(&t, NULL, blob, sizeof blob, d), 200);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  assert_true(kc_testsrv_rot(&t, blob, sizeof blob) >= 1);
+  assert_int_equal(kc_testsrv_restart(&t), 0);
+  long found = 0;
+  for (int i = 0; i < 500 && found == 0; i++) {
+    if ((found = metric(&t, "kcached_scrub_corrupt_total")) == 0)
+      sleep_ms(20);
+  }
+  assert_int_equal(found, 1);
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  resp r = http(&t, path, (req){0});
+  assert_int_equal(r.status, 404);
+  resp_free(&r);
+  snprintf(path, sizeof path, "/v1/bundles/%s", key);
+  r = http(&t, path, (req){0});
+  assert_int_equal(r.status, 404);
+  resp_free(&r);
+  /* The client's rebuild uploads both again; the scrub leaves them. */
+  free(json);
+  json = store_bundle(&t, NULL, MODEL_A, 64, 64, key);
+  long passes = metric(&t, "kcached_scrub_passes_total");
+  for (int i = 0; i < 500 && metric(&t, "kcached_scrub_passes_total") <
+                                 passes + 2; i++)
+    sleep_ms(20);
+  assert_true(metric(&t, "kcached_scrub_passes_total") >= passes + 2);
+  assert_int_equal(metric(&t, "kcached_scrub_corrupt_total"), 1);
   check_kept(&t, d, blob, sizeof blob, key, json);
   assert_int_equal(kc_testsrv_stop(&t), 0);
   kc_testsrv_cleanup(&t);
@@ -1835,6 +1879,7 @@ int main(void) {
       cmocka_unit_test(t_metrics_role),
       cmocka_unit_test(t_restart_keeps_data),
       cmocka_unit_test(t_blob_rot_repaired),
+      cmocka_unit_test(t_scrub_removes_rotted),
       cmocka_unit_test(t_sighup_reload),
       cmocka_unit_test(t_tls),
       cmocka_unit_test(t_readyz_not_open),

@@ -2586,6 +2586,83 @@ static void test_verify_detects_corruption(void **state) {
   free(p);
 }
 
+/* The scrub walks every blob once per pass, a budget at a time, and removes
+ * a rotted blob with exactly the bundles naming it; the store verifies after. */
+static void test_scrub_removes_rotted(void **state) {
+  fx *f = *state;
+  kc_store *s = open_store(f->dir, 0, 16 * 1024 * 1024, 0);
+  char hex[3][KC_HEX_LEN + 1];
+  uint64_t sz[3] = {6000, 7000, 9000};
+  uint8_t *p[3];
+  int created;
+  for (int i = 0; i < 3; i++) {
+    p[i] = make_bytes(sz[i], 160 + (uint64_t)i, hex[i]);
+    OK(kc_store_blob_put(s, hex[i], p[i], sz[i], &created, errbuf));
+  }
+  /* b1 names blobs 0 and 1, b2 blob 1, b3 blob 2 */
+  kc_manifest *b1 = make_manifest(M1, 1, 2, hex, sz);
+  kc_manifest *b2 = make_manifest(M1, 2, 1, &hex[1], &sz[1]);
+  kc_manifest *b3 = make_manifest(M2, 1, 1, &hex[2], &sz[2]);
+  put_bundle(s, b1, 1);
+  put_bundle(s, b2, 1);
+  put_bundle(s, b3, 1);
+
+  /* A budget of 1 byte hashes one blob a step: three steps are one pass. */
+  kc_store_scrub sc = {0};
+  uint64_t spent = 0;
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(get_stats(s).scrub_passes, 0);
+    OK(kc_store_scrub_step(s, &sc, 1, errbuf));
+    assert_string_equal(sc.bad, "");
+    assert_true(sc.cost == sz[0] || sc.cost == sz[1] || sc.cost == sz[2]);
+    spent += sc.cost;
+  }
+  assert_int_equal(spent, sz[0] + sz[1] + sz[2]);
+  kc_store_stats st = get_stats(s);
+  assert_int_equal(st.scrub_passes, 1);
+  assert_int_equal(st.scrub_bytes, sz[0] + sz[1] + sz[2]);
+  assert_string_equal(sc.next, "");
+  kc_store_close(s);
+
+  assert_true(flip_pattern_in_dir(f->dir, p[1], sz[1]) >= 1);
+  s = open_store(f->dir, 0, 16 * 1024 * 1024, 0);
+  EXPECT(kc_store_verify(s, errbuf), KC_CORRUPT);
+  memset(&sc, 0, sizeof sc);
+  OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
+  assert_string_equal(sc.bad, hex[1]);
+  assert_int_equal(sc.removed, 1);
+  assert_int_equal(sc.bundles, 2);
+  assert_false(bundle_present(s, b1->key));
+  assert_false(bundle_present(s, b2->key));
+  assert_true(bundle_present(s, b3->key));
+  assert_false(blob_present(s, hex[1]));
+  assert_true(blob_present(s, hex[0])); /* an orphan now: gc's to collect */
+  assert_true(blob_present(s, hex[2]));
+  OK(kc_store_verify(s, errbuf));
+  assert_int_equal(get_stats(s).scrub_corrupt, 1);
+  /* The pass goes on after the removed blob and finds nothing more. */
+  while (sc.next[0]) {
+    OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
+    assert_string_equal(sc.bad, "");
+  }
+  assert_int_equal(get_stats(s).scrub_corrupt, 1);
+
+  /* The client's next upload of the blob is a new one, and stays. */
+  OK(kc_store_blob_put(s, hex[1], p[1], sz[1], &created, errbuf));
+  assert_int_equal(created, 1);
+  put_bundle(s, b2, 1);
+  memset(&sc, 0, sizeof sc);
+  OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
+  assert_string_equal(sc.bad, "");
+  assert_true(bundle_present(s, b2->key));
+  kc_store_close(s);
+  for (int i = 0; i < 3; i++)
+    free(p[i]);
+  kc_manifest_free(b1);
+  kc_manifest_free(b2);
+  kc_manifest_free(b3);
+}
+
 /* A stored manifest damaged on disk must not wedge the store: deleting it
  * (and so evicting it) still removes its records. */
 static void test_delete_damaged_manifest(void **state) {
@@ -2797,6 +2874,7 @@ int main(void) {
       T(test_bundle_size_mismatch),
       T(test_large_blob_256mib),
       T(test_verify_detects_corruption),
+      T(test_scrub_removes_rotted),
       T(test_delete_damaged_manifest),
       T(test_eviction_spares_offered_blob),
       T(test_bad_digests),
