@@ -110,7 +110,9 @@ static int set_max_json(kcd_config *c, const char *v) {
   return parse_size(v, &c->max_json_bytes) || c->max_json_bytes < 1024 ? -1 : 0;
 }
 static int set_scrub_rate(kcd_config *c, const char *v) {
-  return parse_size(v, &c->scrub_rate);
+  /* at most 1T: the credit arithmetic stays far from int64's limits */
+  return parse_size(v, &c->scrub_rate) || c->scrub_rate > (1ull << 40) ? -1
+                                                                         : 0;
 }
 static int set_tokens(kcd_config *c, const char *v) {
   c->tokens = *v ? v : NULL;

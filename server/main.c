@@ -108,8 +108,10 @@ static void scrub(kcd_state *st, kc_store *s) {
     kc_store_scrub *sc = &st->scrub;
     kc_err e = kc_store_scrub_step(s, sc, (uint64_t)st->scrub_credit, err);
     st->scrub_credit -= (int64_t)sc->cost;
-    if (e) {
-      kcd_log(st, "error", "scrub: %s", *err ? err : kc_strerror(e));
+    if (e) { /* a damaged tree fails the same way again: wait a minute */
+      kcd_log(st, "error", "scrub: %s; trying again in a minute",
+              *err ? err : kc_strerror(e));
+      st->scrub_credit = -60 * rate;
       return;
     }
     if (sc->removed)

@@ -219,12 +219,16 @@ typedef struct kc_store_scrub {
   char bad[KC_HEX_LEN + 1];  /* the corrupt blob the last step found, or "" */
   int removed;               /* it was removed (not repaired meanwhile) */
   size_t bundles;            /* bundles removed with it */
+  int loaded;                /* next was read from the store (first step) */
+  int64_t saved;             /* when next was last written to the store */
 } kc_store_scrub;
 /* One step: hashes blobs from sc->next until budget is spent (a blob costs
  * its size, at least 4 KiB), the last blob is hashed (the pass ends, and the
  * next step starts again at the first), or a corrupt one is found (sc->bad;
- * removed in a write transaction). Start from a zeroed kc_store_scrub; one
- * thread at a time per kc_store_scrub. */
+ * removed in a write transaction). Start from a zeroed kc_store_scrub: the
+ * first step resumes where an earlier process stopped (the position is
+ * written to the store every 5 minutes). One thread at a time per
+ * kc_store_scrub. */
 kc_err kc_store_scrub_step(kc_store *s, kc_store_scrub *sc, uint64_t budget,
                            char *err);
 

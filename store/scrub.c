@@ -9,6 +9,45 @@
 #include "store_internal.h"
 
 #define MIN_COST 4096 /* a tiny blob still costs a cursor step and a hash */
+#define SAVE_EVERY_S 300 /* how often the position is written to meta */
+
+static MDB_val next_name(void) {
+  MDB_val k = {10, (void *)"scrub_next"};
+  return k;
+}
+
+/* Where an earlier process stopped: a pass of a large store outlasts the
+ * time between restarts, and starting each at the first blob would never
+ * reach the last ones. */
+static void load_pos(kc_store *s, kc_store_scrub *sc) {
+  kc_store_read *r;
+  MDB_val k = next_name(), v;
+  sc->loaded = 1;
+  if (kc_store_read_begin(s, &r))
+    return;
+  if (mdb_get(r->txn, s->meta, &k, &v) == 0 && v.mv_size == KC_HEX_LEN) {
+    memcpy(sc->next, v.mv_data, KC_HEX_LEN);
+    sc->next[KC_HEX_LEN] = '\0';
+    if (!kc_is_hex64(sc->next))
+      sc->next[0] = '\0';
+  }
+  kc_store_read_end(r);
+}
+
+static kc_err save_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  const char *next = ud;
+  MDB_val k = next_name(), v = {strlen(next), (void *)next};
+  return kcs_put(txn, s->meta, &k, &v, 0, err);
+}
+
+/* Advisory: a position not saved only costs hashing some blobs again. */
+static void save_pos(kc_store *s, kc_store_scrub *sc) {
+  int64_t now = kcs_now();
+  if (now - sc->saved < SAVE_EVERY_S)
+    return;
+  sc->saved = now;
+  kcs_write(s, save_op, sc->next, NULL);
+}
 
 /* Positions cur at the first blob at or after `from` ("": the first). */
 static int seek(MDB_cursor *cur, const char *from, MDB_val *k, MDB_val *v) {
@@ -98,7 +137,8 @@ static kc_err naming_bundles(kc_store *s, MDB_txn *txn, const char *digest,
   if (mdb_cursor_open(txn, s->bundles, &cur))
     return kc_errf(err, KC_IO, "cannot walk the bundles");
   kc_err e = KC_OK;
-  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !e && rc == 0;
+  int rc;
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !e && rc == 0;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     if (!names_blob(&v, digest))
       continue;
@@ -113,6 +153,8 @@ static kc_err naming_bundles(kc_store *s, MDB_txn *txn, const char *digest,
     }
     key_hex(&k, (*keys)[(*n)++]);
   }
+  if (!e && rc != MDB_NOTFOUND) /* a walk cut short would miss bundles */
+    e = kcs_mdb_err(rc, "walking the bundles", err);
   mdb_cursor_close(cur);
   return e;
 }
@@ -147,11 +189,17 @@ kc_err kc_store_scrub_step(kc_store *s, kc_store_scrub *sc, uint64_t budget,
   sc->bad[0] = '\0';
   sc->bundles = 0;
   sc->removed = 0;
+  if (!sc->loaded)
+    load_pos(s, sc);
   kc_err e = hash_some(s, sc, budget, err);
+  if (!e)
+    save_pos(s, sc);
   if (e || !*sc->bad)
     return e;
-  if ((e = kcs_write(s, remove_op, sc, err)))
+  if ((e = kcs_write(s, remove_op, sc, err))) {
+    memcpy(sc->next, sc->bad, sizeof sc->next); /* try it again next step */
     return e;
+  }
   if (sc->removed)
     atomic_fetch_add(&s->scrub_corrupt, 1);
   return KC_OK;

@@ -11,7 +11,8 @@
  *   bundlemeta key -> bundle_meta (bytes, created, last_used, hits, model)
  *   models    model key -> "" : the per-model index
  *   lru       be64(last_used) key -> "" : bundles, least recently used first
- *   meta      "bytes_used" -> u64, "layout" -> u32
+ *   meta      "bytes_used" -> u64, "layout" -> u32, "scrub_next" -> 64 hex
+ *             (where the scrub goes on; scrub.c)
  *   s3queue, s3pend, s3dead: the durable tier's upload queue (tier.h)
  * Records are host-endian structs (an LMDB file is not portable across
  * architectures anyway); be64 prefixes make LMDB's byte order the time order.

@@ -1651,12 +1651,14 @@ static void t_flags(void **state) {
                          "--max-bytes", "--max-blob-bytes", "--tokens",
                          "--threads", "--log-format", "--tls-cert",
                          "--tls-key", "--allow-plaintext", "KCACHED_LISTEN",
-                         "KCACHED_DATA_DIR", "KCACHED_THREADS", "token ROLE"};
+                         "KCACHED_DATA_DIR", "KCACHED_THREADS", "token ROLE",
+                         "--scrub-rate", "KCACHED_SCRUB_RATE"};
   for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
     assert_non_null(strstr(out, flags[i]));
   const char *bad[] = {"--bogus", "--threads 0", "--threads x",
                        "--log-format xml", "--listen nocolon",
                        "--max-bytes 12Q", "--listen 127.0.0.1:99999",
+                       "--scrub-rate 2T", "--scrub-rate -1",
                        "stray-argument", "--tokens /nonexistent/tokens "
                                          "--listen 127.0.0.1:0"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

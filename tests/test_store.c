@@ -2610,9 +2610,12 @@ static void test_scrub_removes_rotted(void **state) {
   /* A budget of 1 byte hashes one blob a step: three steps are one pass. */
   kc_store_scrub sc = {0};
   uint64_t spent = 0;
+  char pos1[KC_HEX_LEN + 1] = ""; /* where the first step left off (saved) */
   for (int i = 0; i < 3; i++) {
     assert_int_equal(get_stats(s).scrub_passes, 0);
     OK(kc_store_scrub_step(s, &sc, 1, errbuf));
+    if (i == 0)
+      strcpy(pos1, sc.next);
     assert_string_equal(sc.bad, "");
     assert_true(sc.cost == sz[0] || sc.cost == sz[1] || sc.cost == sz[2]);
     spent += sc.cost;
@@ -2627,8 +2630,17 @@ static void test_scrub_removes_rotted(void **state) {
   assert_true(flip_pattern_in_dir(f->dir, p[1], sz[1]) >= 1);
   s = open_store(f->dir, 0, 16 * 1024 * 1024, 0);
   EXPECT(kc_store_verify(s, errbuf), KC_CORRUPT);
+  /* A new scrub (a restart) goes on at the saved position. */
+  int at = -1;
+  for (int i = 0; i < 3; i++)
+    at = strcmp(hex[i], pos1) == 0 ? i : at;
+  assert_true(at >= 0);
   memset(&sc, 0, sizeof sc);
-  OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
+  OK(kc_store_scrub_step(s, &sc, 1, errbuf));
+  assert_int_equal(sc.cost, sz[at]);
+  assert_string_equal(sc.bad, at == 1 ? hex[1] : "");
+  for (int i = 0; i < 4 && !sc.removed; i++)
+    OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
   assert_string_equal(sc.bad, hex[1]);
   assert_int_equal(sc.removed, 1);
   assert_int_equal(sc.bundles, 2);
