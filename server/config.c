@@ -216,7 +216,7 @@ static const opt opts[] = {
     {"scrub-rate", "SIZE", "KCACHED_SCRUB_RATE",
      "bytes per second the scrub re-hashes: a blob that no longer hashes to "
      "its name (bit rot) is removed with the bundles naming it, so it is "
-     "never served (default 8M; 0: off)",
+     "not served again (default 8M; 0: off)",
      set_scrub_rate},
     {"max-json-bytes", "SIZE", "KCACHED_MAX_JSON_BYTES",
      "largest manifest, lookup or lease body (default 4M)", set_max_json},

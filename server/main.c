@@ -101,8 +101,8 @@ static void scrub(kcd_state *st, kc_store *s) {
   int64_t rate = (int64_t)st->cfg.scrub_rate;
   if (rate <= 0)
     return;
-  st->scrub_credit = st->scrub_credit + rate > rate ? rate
-                                                    : st->scrub_credit + rate;
+  /* unspent credit does not pile up; a debt is paid off first */
+  st->scrub_credit = st->scrub_credit > 0 ? rate : st->scrub_credit + rate;
   while (st->scrub_credit > 0) {
     char err[KC_ERRBUF_SIZE] = "";
     kc_store_scrub *sc = &st->scrub;

@@ -209,10 +209,11 @@ kc_err kc_store_verify(kc_store *s, char *err);
  * so bytes that rot on the disk would be served until a client noticed. The
  * scrub hashes the blobs in digest order, a budget at a time, resuming where
  * its last step stopped, and removes a blob that no longer hashes to its name
- * together with every bundle naming it, in one transaction: no client is
- * served those bytes again; the next one rebuilds the bundle (or, with the
- * durable tier, reads it through from S3, verified). The blob is not removed
- * when a repair (kc_store_upload_repair) replaced its bytes in between. */
+ * together with every bundle naming it, in one transaction: no read that
+ * begins after it gets those bytes; the next client rebuilds the bundle
+ * (or, with the durable tier, reads it through from S3, verified). The blob
+ * is not removed when a repair (kc_store_upload_repair) replaced its bytes
+ * in between. */
 typedef struct kc_store_scrub {
   char next[KC_HEX_LEN + 1]; /* the next blob to hash; "": the first */
   uint64_t cost;             /* what the last step spent of its budget */
