@@ -135,9 +135,7 @@ static void req_begin(kcd_req *r) {
     return kcd_set_early(r, KC_METHOD,
                          "%.16s is not allowed here; allowed: %s",
                          r->method_str, rt->allow);
-  kcd_role need = rt->id == KCD_R_METRICS ? r->st->cfg.metrics_role
-                                          : r->op->role;
-  if (authorize(r, need))
+  if (authorize(r, kcd_route_role(rt, r->op, r->st)))
     return;
   check_param(r, rt->param);
   if (r->early)

@@ -173,6 +173,9 @@ struct kcd_route {
 const kcd_route *kcd_route_find(const char *url, char *param, size_t cap);
 /* The method's operation on a route; NULL: 405. */
 const kcd_op *kcd_route_op(const kcd_route *rt, kcd_method m);
+/* The least role op needs: op->role, or --metrics-role on /metrics. */
+kcd_role kcd_route_role(const kcd_route *rt, const kcd_op *op,
+                        const kcd_state *st);
 /* The route's name from the table ("other" for KCD_R_OTHER). */
 const char *kcd_route_name(kcd_route_id id);
 /* "GET", ..., "OTHER", and a request's method string to its kcd_method. */

@@ -1,7 +1,7 @@
 /* routes.c: the route table of DESIGN.md's HTTP API: for each route its id,
  * name (metrics and messages), path, Allow list, and per method the role, body
- * kind and handler. Path matching, route and method names, and the strict
- * JSON bodies the handlers parse. The table is the one list of routes:
+ * kind and handler. Path matching, the role a request needs, route and
+ * method names, and the strict JSON bodies the handlers parse. The table is the one list of routes:
  * http.c dispatches through it, reply.c takes a 405's Allow from it and
  * metrics.c its route names. */
 #include <stdio.h>
@@ -21,7 +21,7 @@ static const kcd_op healthz_ops[] = {
 static const kcd_op readyz_ops[] = {
     {KCD_M_GET, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_readyz},
     {KCD_M_HEAD, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_readyz}};
-/* /metrics: the role comes from --metrics-role (http.c). */
+/* /metrics: the role comes from --metrics-role (kcd_route_role). */
 static const kcd_op metrics_ops[] = {
     {KCD_M_GET, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_metrics_get},
     {KCD_M_HEAD, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_metrics_get}};
@@ -98,6 +98,12 @@ const kcd_op *kcd_route_op(const kcd_route *rt, kcd_method m) {
     if (rt->ops[i].method == m)
       return &rt->ops[i];
   return NULL;
+}
+
+kcd_role kcd_route_role(const kcd_route *rt, const kcd_op *op,
+                        const kcd_state *st) {
+  /* Who may scrape /metrics is the operator's choice. */
+  return rt->id == KCD_R_METRICS ? st->cfg.metrics_role : op->role;
 }
 
 const char *kcd_route_name(kcd_route_id id) {

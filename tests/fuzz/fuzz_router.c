@@ -1,8 +1,8 @@
 /* fuzz_router.c: libFuzzer target for kcached's request router (routes.c):
  * kcd_route_find (path matching and the {param} copy into a bounded buffer),
  * kcd_route_op (method dispatch) and the route's Allow list of a 405,
- * kcd_route_name / kcd_method_of (the table's names), and kcd_json_object (the strict JSON bodies of POST /v1/lookup and
- * POST /v1/leases/{key}).
+ * kcd_route_name / kcd_method_of (the table's names), and kcd_json_object
+ * (the strict JSON bodies of POST /v1/lookup and POST /v1/leases/{key}).
  *
  * Input: "METHOD PATH\nBODY" (a request line without the version; a first
  * line without a space is a GET of that path). The query string is not
