@@ -1,7 +1,12 @@
 /* http.c: the libmicrohttpd glue: the access handler that turns MHD's calls
  * into route decisions, body delivery and one answer; the completion callback
  * that frees each request (ending zero-copy reads, aborting unfinished
- * uploads) and logs it; response helpers; daemon start and stop.
+ * uploads), counts and logs it; the request accessors handlers may call
+ * (kcd_header, kcd_query); daemon start and stop.
+ *
+ * A request flows: on_request -> the route table (routes.c: route, op, role)
+ * -> the op's handler (routes_*.c) -> an answer (reply.c). http.c knows the
+ * handlers only through the table's begin/data/finish pointers.
  *
  * MHD calls the handler first with the headers only, then once per piece of
  * body, then once more with no data. Answering on the first call makes MHD
@@ -37,14 +42,6 @@
 #define CONN_MEMORY (32 * 1024)
 #define NOTSENT_LOWAT (64 * 1024)
 
-static kcd_method method_of(const char *m) {
-  static const char *const names[] = {"GET", "HEAD", "PUT", "POST", "DELETE"};
-  for (int i = 0; i < KCD_M_OTHER; i++)
-    if (strcmp(m, names[i]) == 0)
-      return (kcd_method)i;
-  return KCD_M_OTHER;
-}
-
 const char *kcd_header(kcd_req *r, const char *name) {
   return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
 }
@@ -53,131 +50,7 @@ const char *kcd_query(kcd_req *r, const char *name) {
   return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
 }
 
-/* ---- responses ---- */
-
-static struct MHD_Response *make_response(const void *data, size_t len,
-                                          enum kcd_mem mem) {
-  if (mem == KCD_MEM_FREE)
-    return MHD_create_response_from_buffer_with_free_callback(
-        len, (void *)data, free);
-  return MHD_create_response_from_buffer(
-      len, (void *)data,
-      mem == KCD_MEM_PERSISTENT ? MHD_RESPMEM_PERSISTENT : MHD_RESPMEM_MUST_COPY);
-}
-
-int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
-              size_t len, enum kcd_mem mem, const char *const *headers) {
-  struct MHD_Response *resp = make_response(data, len, mem);
-  if (!resp) {
-    if (mem == KCD_MEM_FREE)
-      free((void *)data);
-    return MHD_NO;
-  }
-  if (ctype)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-  for (size_t i = 0; headers && headers[i] && headers[i + 1]; i += 2)
-    MHD_add_response_header(resp, headers[i], headers[i + 1]);
-  enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
-  MHD_destroy_response(resp);
-  r->status = status;
-  r->queued = 1;
-  int bodyless = r->method == KCD_M_HEAD || status == 204 || status == 304;
-  r->bytes_out = bodyless ? 0 : len;
-  return ret;
-}
-
-int kcd_reply_json(kcd_req *r, int status, json_t *json,
-                   const char *const *headers) {
-  char *text = json ? json_dumps(json, JSON_COMPACT) : NULL;
-  json_decref(json);
-  if (!text)
-    return MHD_NO;
-  return kcd_reply(r, status, "application/json", text, strlen(text),
-                   KCD_MEM_FREE, headers);
-}
-
-/* Messages quote client input; jansson refuses invalid UTF-8 and logs must
- * stay one line, so keep them to printable ASCII. */
-static void sanitize(char *s) {
-  for (; *s; s++)
-    if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)
-      *s = '?';
-}
-
-/* Adds the headers an error status implies to the caller's list. */
-static void error_headers(const kcd_req *r, kc_err e, const char *const *in,
-                          const char **out, size_t cap) {
-  size_t n = 0;
-  for (size_t i = 0; in && in[i] && in[i + 1] && n + 4 < cap; i += 2) {
-    out[n++] = in[i];
-    out[n++] = in[i + 1];
-  }
-  if (e == KC_UNAUTHORIZED) {
-    out[n++] = MHD_HTTP_HEADER_WWW_AUTHENTICATE;
-    out[n++] = "Bearer realm=\"kcache\"";
-  } else if (e == KC_METHOD && r->op == NULL && r->route != KCD_R_OTHER) {
-    out[n++] = MHD_HTTP_HEADER_ALLOW;
-    out[n++] = kcd_route_allow(r->route);
-  } else if ((e == KC_BUSY || e == KC_NOT_READY) && !in) {
-    out[n++] = MHD_HTTP_HEADER_RETRY_AFTER;
-    out[n++] = e == KC_BUSY ? "1" : "5";
-  }
-  out[n] = NULL;
-}
-
-int kcd_reply_error_json(kcd_req *r, kc_err e, const char *msg, json_t *extra,
-                         const char *const *headers) {
-  char m[KC_ERRBUF_SIZE];
-  snprintf(m, sizeof m, "%s", msg && *msg ? msg : kc_strerror(e));
-  sanitize(m);
-  json_t *o = extra ? extra : json_object();
-  if (!o)
-    return MHD_NO;
-  json_object_set_new(o, "error", json_string(kc_err_code(e)));
-  json_object_set_new(o, "message", json_string(m));
-  const char *h[20];
-  error_headers(r, e, headers, h, sizeof h / sizeof *h);
-  return kcd_reply_json(r, kc_err_http_status(e), o, h);
-}
-
-int kcd_reply_error(kcd_req *r, kc_err e, const char *fmt, ...) {
-  char m[KC_ERRBUF_SIZE];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(m, sizeof m, fmt, ap);
-  va_end(ap);
-  return kcd_reply_error_json(r, e, m, NULL, NULL);
-}
-
-kc_err kcd_miss(kc_err e, char *err, const char *fmt, ...) {
-  char m[KC_ERRBUF_SIZE], why[KC_ERRBUF_SIZE];
-  snprintf(why, sizeof why, "%s", err);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(m, sizeof m, fmt, ap);
-  va_end(ap);
-  if (e == KC_NOT_FOUND || !*why)
-    return kc_errf(err, KC_NOT_FOUND, "%s", m);
-  return kc_errf(err, KC_NOT_FOUND, "%s (and S3 could not say: %s)", m, why);
-}
-
-static int reply_early(kcd_req *r) {
-  return kcd_reply_error_json(r, r->early_err, r->early_msg, NULL, NULL);
-}
-
 /* ---- request life ---- */
-
-static void set_early(kcd_req *r, kc_err e, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_early(kcd_req *r, kc_err e, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(r->early_msg, sizeof r->early_msg, fmt, ap);
-  va_end(ap);
-  r->early = 1;
-  r->early_err = e;
-}
 
 static void read_length(kcd_req *r) {
   const char *cl = kcd_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -200,7 +73,7 @@ static kcd_req *req_new(kcd_state *st, struct MHD_Connection *conn,
   r->st = st;
   r->conn = conn;
   r->t0_us = kcd_now_us();
-  r->method = method_of(method);
+  r->method = kcd_method_of(method);
   snprintf(r->method_str, sizeof r->method_str, "%s", method);
   snprintf(r->path, sizeof r->path, "%s", url);
   snprintf(r->token_name, sizeof r->token_name, "-");
@@ -216,14 +89,14 @@ static int authorize(kcd_req *r, kcd_role need) {
   kcd_authn a = kcd_auth_check(&r->st->auth, kcd_header(r, "Authorization"),
                                &r->role, r->token_name);
   if (a == KCD_AUTHN_ANON)
-    set_early(r, KC_UNAUTHORIZED, "this route needs a token "
-                                  "(Authorization: Bearer <token>)");
+    kcd_set_early(r, KC_UNAUTHORIZED, "this route needs a token "
+                                      "(Authorization: Bearer <token>)");
   else if (a == KCD_AUTHN_BAD)
-    set_early(r, KC_UNAUTHORIZED, "the token is not valid");
+    kcd_set_early(r, KC_UNAUTHORIZED, "the token is not valid");
   else if (r->role < need)
-    set_early(r, KC_FORBIDDEN, "token '%s' has role %s; %s %s needs %s",
-              r->token_name, kcd_role_name(r->role), r->method_str,
-              kcd_route_name(r->route), kcd_role_name(need));
+    kcd_set_early(r, KC_FORBIDDEN, "token '%s' has role %s; %s %s needs %s",
+                  r->token_name, kcd_role_name(r->role), r->method_str,
+                  r->rt->name, kcd_role_name(need));
   return r->early;
 }
 
@@ -231,9 +104,9 @@ static void check_param(kcd_req *r, kcd_param p) {
   static const char *const what[] = {"", "digest", "key", "model"};
   if (p == KCD_P_NONE || kc_is_hex64(r->param))
     return;
-  set_early(r, p == KCD_P_DIGEST ? KC_BAD_DIGEST : KC_BAD_KEY,
-            "%s '%.80s' is not 64 lowercase hex digits (a SHA-256)", what[p],
-            r->param);
+  kcd_set_early(r, p == KCD_P_DIGEST ? KC_BAD_DIGEST : KC_BAD_KEY,
+                "%s '%.80s' is not 64 lowercase hex digits (a SHA-256)",
+                what[p], r->param);
 }
 
 static uint64_t body_limit(const kcd_req *r) {
@@ -245,34 +118,35 @@ static uint64_t body_limit(const kcd_req *r) {
 static void check_body(kcd_req *r) {
   uint64_t lim = body_limit(r);
   if (r->content_length != UINT64_MAX && r->content_length > lim)
-    set_early(r, KC_TOO_LARGE, "a body of %llu bytes is over the limit of %llu",
-              (unsigned long long)r->content_length, (unsigned long long)lim);
+    kcd_set_early(r, KC_TOO_LARGE,
+                  "a body of %llu bytes is over the limit of %llu",
+                  (unsigned long long)r->content_length,
+                  (unsigned long long)lim);
 }
 
 /* Everything decided from the headers: route, method, token, path, store. */
 static void req_begin(kcd_req *r) {
   const kcd_route *rt = kcd_route_find(r->path, r->param, sizeof r->param);
   if (!rt)
-    return set_early(r, KC_NOT_FOUND, "no route for %.200s", r->path);
-  r->route = rt->id;
+    return kcd_set_early(r, KC_NOT_FOUND, "no route for %.200s", r->path);
+  r->rt = rt;
   r->op = kcd_route_op(rt, r->method);
   if (!r->op)
-    return set_early(r, KC_METHOD, "%.16s is not allowed here; allowed: %s",
-                     r->method_str, rt->allow);
-  kcd_role need = rt->id == KCD_R_METRICS ? r->st->cfg.metrics_role
-                                          : r->op->role;
-  if (authorize(r, need))
+    return kcd_set_early(r, KC_METHOD,
+                         "%.16s is not allowed here; allowed: %s",
+                         r->method_str, rt->allow);
+  if (authorize(r, kcd_route_role(rt, r->op, r->st)))
     return;
   check_param(r, rt->param);
   if (r->early)
     return;
   if (r->op->needs_store && !atomic_load(&r->st->store))
-    return set_early(r, KC_NOT_READY, "the store is not open yet");
+    return kcd_set_early(r, KC_NOT_READY, "the store is not open yet");
   check_body(r);
   char err[KC_ERRBUF_SIZE] = "";
   kc_err e = !r->early && r->op->begin ? r->op->begin(r, err) : KC_OK;
   if (e)
-    set_early(r, e, "%s", err);
+    kcd_set_early(r, e, "%s", err);
 }
 
 static int expects_continue(kcd_req *r) {
@@ -294,7 +168,7 @@ static int first_call(kcd_req *r) {
   req_begin(r);
   if (r->early) {
     if (answer_now(r))
-      return reply_early(r);
+      return kcd_reply_early(r);
     r->discard = 1;
     return MHD_YES;
   }
@@ -329,7 +203,7 @@ static kc_err append_json(kcd_req *r, const char *p, size_t n, char *err) {
 /* Drops body bytes after an early error, within DISCARD_MAX. */
 static int drop(kcd_req *r) {
   if (r->bytes_in - r->drop_from > DISCARD_MAX)
-    return reply_early(r);
+    return kcd_reply_early(r);
   return MHD_YES;
 }
 
@@ -352,7 +226,7 @@ static int body_piece(kcd_req *r, const char *p, size_t n) {
   }
   if (!e)
     return MHD_YES;
-  set_early(r, e, "%s", err);
+  kcd_set_early(r, e, "%s", err);
   r->discard = 1;
   r->drop_from = r->bytes_in;
   return drop(r);
@@ -360,7 +234,7 @@ static int body_piece(kcd_req *r, const char *p, size_t n) {
 
 static int last_call(kcd_req *r) {
   if (r->early)
-    return reply_early(r);
+    return kcd_reply_early(r);
   return r->op->finish(r);
 }
 
@@ -416,7 +290,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
   kc_store_read_end(r->read); /* the zero-copy response is sent (or dead) */
   int status = r->status ? r->status : 499; /* nginx's "client closed" */
   uint64_t us = kcd_now_us() - r->t0_us;
-  kcd_metrics_observe(&st->metrics, r->route, r->method, status, r->bytes_in,
+  kcd_route_id id = r->rt ? r->rt->id : KCD_R_OTHER;
+  kcd_metrics_observe(&st->metrics, id, r->method, status, r->bytes_in,
                       r->bytes_out, us);
   char remote[INET6_ADDRSTRLEN];
   remote_of(conn, remote, sizeof remote);

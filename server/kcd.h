@@ -1,12 +1,19 @@
-/* kcd.h: kcached's internal interfaces: the configuration, the daemon state
- * (one struct, passed to every handler), the per-request context and the
- * entry points of each part (http, routes, auth, leases, metrics, log).
+/* kcd.h: kcached's internal interfaces, one section per .c file: the
+ * configuration, the daemon state (one struct, passed to every handler), the
+ * per-request context and the entry points of each part.
+ *
+ * A request flows one way: main.c starts http.c (libmicrohttpd glue), which
+ * finds the route and method in the table (routes.c), checks the token
+ * (auth.c) and calls the handler (routes_*.c); the handler answers through
+ * reply.c. Handlers call back into http.c only through the request accessors
+ * kcd_header and kcd_query; http.c knows handlers only through the table.
+ * When the request completes, http.c counts it (metrics.c) and logs it
+ * (log.c).
  *
  * Threads: the state is shared by every libmicrohttpd worker thread and the
  * main thread; its parts are either immutable after start (cfg), atomic
  * (metrics, store pointer) or lock their own data (auth, leases). A kcd_req is
- * used by one thread at a time (the connection's worker).
- */
+ * used by one thread at a time (the connection's worker). */
 #ifndef KCD_H
 #define KCD_H
 
@@ -25,6 +32,9 @@
 struct MHD_Daemon;
 struct MHD_Connection;
 typedef struct kcd_state kcd_state;
+typedef struct kcd_req kcd_req;
+typedef struct kcd_op kcd_op;
+typedef struct kcd_route kcd_route;
 
 /* ---- roles and tokens (auth.c) ---- */
 
@@ -104,9 +114,9 @@ size_t kcd_lease_sweep(kcd_leases *l, uint64_t now_ms);
 /* Leases held (expired ones included until the next sweep). */
 size_t kcd_lease_count(kcd_leases *l);
 
-/* ---- metrics (metrics.c) ---- */
+/* ---- the route table (routes.c) ---- */
 
-/* Routes as metrics and the access log name them. */
+/* Routes, as the table, metrics and messages know them. */
 typedef enum kcd_route_id {
   KCD_R_OTHER,
   KCD_R_HEALTHZ,
@@ -131,6 +141,54 @@ typedef enum kcd_method {
   KCD_N_METHODS
 } kcd_method;
 
+typedef enum kcd_body { KCD_BODY_NONE, KCD_BODY_JSON, KCD_BODY_STREAM } kcd_body;
+typedef enum kcd_param { KCD_P_NONE, KCD_P_DIGEST, KCD_P_KEY, KCD_P_MODEL } kcd_param;
+
+/* One method of one route. */
+struct kcd_op {
+  kcd_method method;
+  kcd_role role;    /* least role it needs */
+  int needs_store;  /* 503 not_ready without a store */
+  kcd_body body;
+  /* Stream bodies: on the first call (may set r->early / return an error),
+   * then for every piece. */
+  kc_err (*begin)(kcd_req *r, char *err);
+  kc_err (*data)(kcd_req *r, const char *p, size_t n, char *err);
+  /* The last call: queue a response, return its MHD result. */
+  int (*finish)(kcd_req *r);
+};
+
+struct kcd_route {
+  kcd_route_id id;
+  const char *name; /* in metrics and messages: "blobs", "healthz", ... */
+  const char *path; /* exact, or a prefix ending in '/' followed by param */
+  kcd_param param;
+  const char *allow; /* the Allow header of a 405 */
+  const kcd_op *ops;
+  size_t n_ops;
+};
+
+/* Finds the route of a path (NULL: unknown) and copies its param, truncated
+ * to cap - 1 bytes (then never valid hex64). */
+const kcd_route *kcd_route_find(const char *url, char *param, size_t cap);
+/* The method's operation on a route; NULL: 405. */
+const kcd_op *kcd_route_op(const kcd_route *rt, kcd_method m);
+/* The least role op needs: op->role, or --metrics-role on /metrics. */
+kcd_role kcd_route_role(const kcd_route *rt, const kcd_op *op,
+                        const kcd_state *st);
+/* The route's name from the table ("other" for KCD_R_OTHER). */
+const char *kcd_route_name(kcd_route_id id);
+/* "GET", ..., "OTHER", and a request's method string to its kcd_method. */
+const char *kcd_method_name(kcd_method m);
+kcd_method kcd_method_of(const char *method);
+
+/* Parses a body as one JSON object whose fields are all in `allowed`
+ * (NULL-terminated); the error names the first unknown field. */
+kc_err kcd_json_object(const kcd_req *r, const char *const *allowed,
+                       json_t **out, char *err);
+
+/* ---- metrics (metrics.c) ---- */
+
 #define KCD_N_STATUS 20 /* distinct statuses counted, the last is "other" */
 #define KCD_N_BUCKETS 16 /* request-duration histogram bounds, +Inf apart */
 
@@ -145,10 +203,8 @@ typedef struct kcd_metrics {
   _Atomic int64_t in_flight; /* requests begun and not completed */
 } kcd_metrics;
 
-const char *kcd_route_name(kcd_route_id r);
 /* Prometheus text of every metric; malloc'd, *len set. NULL: no memory. */
 char *kcd_metrics_render(kcd_state *st, size_t *len);
-const char *kcd_method_name(kcd_method m);
 void kcd_metrics_observe(kcd_metrics *m, kcd_route_id r, kcd_method meth,
                          int status, uint64_t in, uint64_t out, uint64_t us);
 
@@ -192,7 +248,7 @@ int kcd_config_check(const kcd_config *c);
 /* 1 if host is a loopback address (127/8, ::1, localhost). */
 int kcd_host_is_loopback(const char *host);
 
-/* ---- the daemon ---- */
+/* ---- the daemon's state (main.c fills it) ---- */
 
 struct kcd_state {
   kcd_config cfg;
@@ -242,22 +298,19 @@ typedef struct kcd_access {
 } kcd_access;
 void kcd_log_access(const kcd_state *st, const kcd_access *a);
 
-/* ---- clocks ---- */
+/* ---- clocks (log.c) ---- */
 
 uint64_t kcd_now_us(void);  /* monotonic */
 int64_t kcd_unix_now(void); /* wall clock, seconds */
 
 /* ---- requests (http.c) ---- */
 
-typedef struct kcd_req kcd_req;
-typedef struct kcd_op kcd_op;
-
 /* What the handler of a route sees. Pointers live until the request ends. */
 struct kcd_req {
   kcd_state *st;
   struct MHD_Connection *conn;
-  const kcd_op *op;
-  kcd_route_id route;
+  const kcd_route *rt; /* the matched route; NULL: none (404) */
+  const kcd_op *op;    /* its operation for the method; NULL: none (405) */
   kcd_method method;
   char method_str[16];
   char path[256];               /* for the log; truncated */
@@ -285,59 +338,7 @@ struct kcd_req {
   int blob_present;
 };
 
-typedef enum kcd_body { KCD_BODY_NONE, KCD_BODY_JSON, KCD_BODY_STREAM } kcd_body;
-typedef enum kcd_param { KCD_P_NONE, KCD_P_DIGEST, KCD_P_KEY, KCD_P_MODEL } kcd_param;
-
-/* One method of one route. */
-struct kcd_op {
-  kcd_method method;
-  kcd_role role;    /* least role it needs */
-  int needs_store;  /* 503 not_ready without a store */
-  kcd_body body;
-  /* Stream bodies: on the first call (may set r->early / return an error),
-   * then for every piece. */
-  kc_err (*begin)(kcd_req *r, char *err);
-  kc_err (*data)(kcd_req *r, const char *p, size_t n, char *err);
-  /* The last call: queue a response, return its MHD result. */
-  int (*finish)(kcd_req *r);
-};
-
-typedef struct kcd_route {
-  kcd_route_id id;
-  const char *path; /* exact, or a prefix ending in '/' followed by param */
-  kcd_param param;
-  const char *allow; /* the Allow header of a 405 */
-  const kcd_op *ops;
-  size_t n_ops;
-} kcd_route;
-
-/* routes.c: finds the route of a path (NULL: unknown) and copies its param,
- * truncated to cap - 1 bytes (then never valid hex64). */
-const kcd_route *kcd_route_find(const char *url, char *param, size_t cap);
-/* The method's operation on a route; NULL: 405. */
-const kcd_op *kcd_route_op(const kcd_route *rt, kcd_method m);
-/* The Allow header value of a route. */
-const char *kcd_route_allow(kcd_route_id id);
-
-/* Response helpers: each queues the response and returns the MHD result.
- * headers: NULL, or name, value, ..., NULL. */
-enum kcd_mem { KCD_MEM_COPY, KCD_MEM_PERSISTENT, KCD_MEM_FREE };
-int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
-              size_t len, enum kcd_mem mem, const char *const *headers);
-/* {"error":code,"message":msg} with extra fields of `extra` (stolen, may be
- * NULL); msg NULL: kc_strerror(e). */
-int kcd_reply_error_json(kcd_req *r, kc_err e, const char *msg, json_t *extra,
-                         const char *const *headers);
-int kcd_reply_error(kcd_req *r, kc_err e, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* A miss after the durable tier was asked (its answer e, its sentence in
- * err): KC_NOT_FOUND with the sentence fmt, plus why S3 could not say when
- * it failed, written into err. */
-kc_err kcd_miss(kc_err e, char *err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Serializes a jansson value (stolen). */
-int kcd_reply_json(kcd_req *r, int status, json_t *json,
-                   const char *const *headers);
+/* Request accessors: a request header, a query argument; NULL: absent. */
 const char *kcd_header(kcd_req *r, const char *name);
 const char *kcd_query(kcd_req *r, const char *name);
 
@@ -349,28 +350,62 @@ void kcd_http_stop(kcd_state *st);
 /* 1 if this libmicrohttpd was built with TLS (GnuTLS). */
 int kcd_tls_supported(void);
 
-/* ---- JSON bodies (routes_json.c) ---- */
+/* ---- replies (reply.c) ---- */
 
-/* Parses a body as one JSON object whose fields are all in `allowed`
- * (NULL-terminated); the error names the first unknown field. */
-kc_err kcd_json_object(const kcd_req *r, const char *const *allowed,
-                       json_t **out, char *err);
+/* Response helpers: each queues the response and returns the MHD result.
+ * headers: NULL, or name, value, ..., NULL. */
+enum kcd_mem { KCD_MEM_COPY, KCD_MEM_PERSISTENT, KCD_MEM_FREE };
+int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
+              size_t len, enum kcd_mem mem, const char *const *headers);
+/* Serializes a jansson value (stolen). */
+int kcd_reply_json(kcd_req *r, int status, json_t *json,
+                   const char *const *headers);
+/* {"error":code,"message":msg} with extra fields of `extra` (stolen, may be
+ * NULL); msg NULL: kc_strerror(e). Adds WWW-Authenticate to a 401, the
+ * route's Allow to a 405, Retry-After to a 503 without caller headers. */
+int kcd_reply_error_json(kcd_req *r, kc_err e, const char *msg, json_t *extra,
+                         const char *const *headers);
+int kcd_reply_error(kcd_req *r, kc_err e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A miss after the durable tier was asked (its answer e, its sentence in
+ * err): KC_NOT_FOUND with the sentence fmt, plus why S3 could not say when
+ * it failed, written into err. */
+kc_err kcd_miss(kc_err e, char *err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* An error decided before the body was read: kcd_set_early records it in
+ * r->early*, kcd_reply_early answers it (http.c calls it once the body was
+ * read or dropped, or at once when there is none to wait for). */
+void kcd_set_early(kcd_req *r, kc_err e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int kcd_reply_early(kcd_req *r);
 
-/* ---- handlers (routes_*.c): finish functions queue one response ---- */
+/* Handlers (routes_*.c): the functions of the route table; each finish
+ * function queues one response through reply.c. */
+
+/* ---- operator routes (routes_ops.c) ---- */
 
 int kcd_healthz(kcd_req *r);
 int kcd_readyz(kcd_req *r);
-int kcd_metrics_get(kcd_req *r);
+int kcd_metrics_get(kcd_req *r); /* --metrics-role decides who may */
 int kcd_stats_get(kcd_req *r);
+
+/* ---- blobs (routes_blob.c) ---- */
+
 kc_err kcd_blob_put_begin(kcd_req *r, char *err);
 kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err);
 int kcd_blob_put(kcd_req *r);
 int kcd_blob_get(kcd_req *r); /* GET and HEAD */
+
+/* ---- bundles, lookup, models (routes_bundle.c) ---- */
+
 int kcd_bundle_get(kcd_req *r);
 int kcd_bundle_put(kcd_req *r);
 int kcd_bundle_delete(kcd_req *r);
 int kcd_lookup(kcd_req *r);
 int kcd_models_get(kcd_req *r);
+
+/* ---- leases (routes_lease.c) ---- */
+
 int kcd_lease_post(kcd_req *r);
 int kcd_lease_delete(kcd_req *r);
 

@@ -1,6 +1,7 @@
 /* metrics.c: request counters and the duration histogram (relaxed atomics:
  * they are statistics, not synchronization), rendered for GET /metrics in the
- * Prometheus text format together with the store's own figures. */
+ * Prometheus text format together with the store's own figures. Counters are
+ * indexed by route id; the names come from the route table (routes.c). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -15,24 +16,6 @@ static const int statuses[KCD_N_STATUS - 1] = {
 static const uint64_t bounds_us[KCD_N_BUCKETS] = {
     100,    250,    500,    1000,    2500,    5000,    10000,   25000,
     50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000};
-
-static const char *const route_names[KCD_N_ROUTES] = {
-    [KCD_R_OTHER] = "other",     [KCD_R_HEALTHZ] = "healthz",
-    [KCD_R_READYZ] = "readyz",   [KCD_R_METRICS] = "metrics",
-    [KCD_R_STATS] = "stats",     [KCD_R_BLOBS] = "blobs",
-    [KCD_R_BUNDLES] = "bundles", [KCD_R_LOOKUP] = "lookup",
-    [KCD_R_MODELS] = "models",   [KCD_R_LEASES] = "leases"};
-
-static const char *const method_names[KCD_N_METHODS] = {
-    "GET", "HEAD", "PUT", "POST", "DELETE", "OTHER"};
-
-const char *kcd_route_name(kcd_route_id r) {
-  return (unsigned)r < KCD_N_ROUTES ? route_names[r] : "other";
-}
-
-const char *kcd_method_name(kcd_method m) {
-  return (unsigned)m < KCD_N_METHODS ? method_names[m] : "OTHER";
-}
 
 static size_t status_index(int status) {
   for (size_t i = 0; i < KCD_N_STATUS - 1; i++)
@@ -90,7 +73,8 @@ static void render_requests(FILE *f, kcd_metrics *m) {
         fprintf(f,
                 "kcached_requests_total{route=\"%s\",method=\"%s\","
                 "status=\"%s\"} %llu\n",
-                route_names[r], method_names[me], st, (unsigned long long)v);
+                kcd_route_name((kcd_route_id)r),
+                kcd_method_name((kcd_method)me), st, (unsigned long long)v);
       }
 }
 

@@ -1,6 +1,9 @@
-/* routes.c: the route table of DESIGN.md's HTTP API (path, methods, role,
- * body kind, handler), path matching, strict JSON bodies, and the small
- * routes: /healthz, /readyz, /metrics, /v1/stats. */
+/* routes.c: the route table of DESIGN.md's HTTP API: for each route its id,
+ * name (metrics and messages), path, Allow list, and per method the role, body
+ * kind and handler. Path matching, the role a request needs, route and
+ * method names, and the strict JSON bodies the handlers parse. The table is the one list of routes:
+ * http.c dispatches through it, reply.c takes a 405's Allow from it and
+ * metrics.c its route names. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +21,7 @@ static const kcd_op healthz_ops[] = {
 static const kcd_op readyz_ops[] = {
     {KCD_M_GET, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_readyz},
     {KCD_M_HEAD, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_readyz}};
-/* /metrics: the role comes from --metrics-role (http.c). */
+/* /metrics: the role comes from --metrics-role (kcd_route_role). */
 static const kcd_op metrics_ops[] = {
     {KCD_M_GET, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_metrics_get},
     {KCD_M_HEAD, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_metrics_get}};
@@ -45,26 +48,39 @@ static const kcd_op lease_ops[] = {
     {KCD_M_DELETE, W, 0, KCD_BODY_NONE, NULL, NULL, kcd_lease_delete}};
 
 #define OPS(a) a, sizeof a / sizeof a[0]
+/* Entries sit at their id, so that an id finds its route (and name) at once;
+ * the slot of KCD_R_OTHER stays empty (path NULL). */
+#define ROUTE(id, ...) [id] = {id, __VA_ARGS__}
 
-/* Order matters only for prefixes; none is a prefix of another. */
-static const kcd_route routes[] = {
-    {KCD_R_HEALTHZ, "/healthz", KCD_P_NONE, "GET, HEAD", OPS(healthz_ops)},
-    {KCD_R_READYZ, "/readyz", KCD_P_NONE, "GET, HEAD", OPS(readyz_ops)},
-    {KCD_R_METRICS, "/metrics", KCD_P_NONE, "GET, HEAD", OPS(metrics_ops)},
-    {KCD_R_STATS, "/v1/stats", KCD_P_NONE, "GET, HEAD", OPS(stats_ops)},
-    {KCD_R_LOOKUP, "/v1/lookup", KCD_P_NONE, "POST", OPS(lookup_ops)},
-    {KCD_R_BLOBS, "/v1/blobs/", KCD_P_DIGEST, "GET, HEAD, PUT", OPS(blob_ops)},
-    {KCD_R_BUNDLES, "/v1/bundles/", KCD_P_KEY, "GET, HEAD, PUT, DELETE",
-     OPS(bundle_ops)},
-    {KCD_R_MODELS, "/v1/models/", KCD_P_MODEL, "GET, HEAD", OPS(models_ops)},
-    {KCD_R_LEASES, "/v1/leases/", KCD_P_KEY, "POST, DELETE", OPS(lease_ops)},
+/* DESIGN.md's HTTP API. No path is a prefix of another, so the order in which
+ * kcd_route_find tries them does not matter. */
+static const kcd_route routes[KCD_N_ROUTES] = {
+    ROUTE(KCD_R_HEALTHZ, "healthz", "/healthz", KCD_P_NONE, "GET, HEAD",
+          OPS(healthz_ops)),
+    ROUTE(KCD_R_READYZ, "readyz", "/readyz", KCD_P_NONE, "GET, HEAD",
+          OPS(readyz_ops)),
+    ROUTE(KCD_R_METRICS, "metrics", "/metrics", KCD_P_NONE, "GET, HEAD",
+          OPS(metrics_ops)),
+    ROUTE(KCD_R_STATS, "stats", "/v1/stats", KCD_P_NONE, "GET, HEAD",
+          OPS(stats_ops)),
+    ROUTE(KCD_R_BLOBS, "blobs", "/v1/blobs/", KCD_P_DIGEST, "GET, HEAD, PUT",
+          OPS(blob_ops)),
+    ROUTE(KCD_R_BUNDLES, "bundles", "/v1/bundles/", KCD_P_KEY,
+          "GET, HEAD, PUT, DELETE", OPS(bundle_ops)),
+    ROUTE(KCD_R_LOOKUP, "lookup", "/v1/lookup", KCD_P_NONE, "POST",
+          OPS(lookup_ops)),
+    ROUTE(KCD_R_MODELS, "models", "/v1/models/", KCD_P_MODEL, "GET, HEAD",
+          OPS(models_ops)),
+    ROUTE(KCD_R_LEASES, "leases", "/v1/leases/", KCD_P_KEY, "POST, DELETE",
+          OPS(lease_ops)),
 };
-#define N_ROUTES (sizeof routes / sizeof routes[0])
 
 const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
   param[0] = '\0';
-  for (size_t i = 0; i < N_ROUTES; i++) {
+  for (size_t i = 0; i < KCD_N_ROUTES; i++) {
     const kcd_route *rt = &routes[i];
+    if (!rt->path)
+      continue;
     size_t n = strlen(rt->path);
     if (rt->param == KCD_P_NONE) {
       if (strcmp(url, rt->path) == 0)
@@ -84,12 +100,35 @@ const kcd_op *kcd_route_op(const kcd_route *rt, kcd_method m) {
   return NULL;
 }
 
-const char *kcd_route_allow(kcd_route_id id) {
-  for (size_t i = 0; i < N_ROUTES; i++)
-    if (routes[i].id == id)
-      return routes[i].allow;
-  return "";
+kcd_role kcd_route_role(const kcd_route *rt, const kcd_op *op,
+                        const kcd_state *st) {
+  /* Who may scrape /metrics is the operator's choice. */
+  return rt->id == KCD_R_METRICS ? st->cfg.metrics_role : op->role;
 }
+
+const char *kcd_route_name(kcd_route_id id) {
+  if ((unsigned)id < KCD_N_ROUTES && routes[id].name)
+    return routes[id].name;
+  return "other";
+}
+
+static const char *const method_names[KCD_N_METHODS] = {
+    [KCD_M_GET] = "GET",       [KCD_M_HEAD] = "HEAD",
+    [KCD_M_PUT] = "PUT",       [KCD_M_POST] = "POST",
+    [KCD_M_DELETE] = "DELETE", [KCD_M_OTHER] = "OTHER"};
+
+const char *kcd_method_name(kcd_method m) {
+  return (unsigned)m < KCD_N_METHODS ? method_names[m] : "OTHER";
+}
+
+kcd_method kcd_method_of(const char *m) {
+  for (int i = 0; i < KCD_M_OTHER; i++)
+    if (strcmp(m, method_names[i]) == 0)
+      return (kcd_method)i;
+  return KCD_M_OTHER;
+}
+
+/* ---- JSON bodies ---- */
 
 kc_err kcd_json_object(const kcd_req *r, const char *const *allowed,
                        json_t **out, char *err) {
@@ -119,45 +158,4 @@ kc_err kcd_json_object(const kcd_req *r, const char *const *allowed,
   }
   *out = j;
   return KC_OK;
-}
-
-/* ---- small routes ---- */
-
-static int reply_status(kcd_req *r, int code, const char *status) {
-  return kcd_reply_json(r, code, json_pack("{ss}", "status", status), NULL);
-}
-
-int kcd_healthz(kcd_req *r) { return reply_status(r, 200, "ok"); }
-
-int kcd_readyz(kcd_req *r) {
-  if (!atomic_load(&r->st->store))
-    return kcd_reply_error_json(r, KC_NOT_READY, NULL, NULL, NULL);
-  return reply_status(r, 200, "ready");
-}
-
-int kcd_metrics_get(kcd_req *r) {
-  size_t len = 0;
-  char *text = kcd_metrics_render(r->st, &len);
-  if (!text)
-    return kcd_reply_error(r, KC_NOMEM, "out of memory");
-  return kcd_reply(r, 200, "text/plain; version=0.0.4; charset=utf-8", text,
-                   len, KCD_MEM_FREE, NULL);
-}
-
-int kcd_stats_get(kcd_req *r) {
-  kc_store_stats s;
-  kc_err e = kc_store_stats_get(atomic_load(&r->st->store), &s);
-  if (e)
-    return kcd_reply_error(r, e, "cannot read the store's figures");
-  json_t *o = json_pack(
-      "{sI sI sI sI sI sI sI sI sI sI sI sI sI}", "bytes_used",
-      (json_int_t)s.bytes_used, "max_bytes", (json_int_t)s.max_bytes,
-      "map_size", (json_int_t)s.map_size, "map_used", (json_int_t)s.map_used,
-      "blobs", (json_int_t)s.blobs, "bundles", (json_int_t)s.bundles, "hits",
-      (json_int_t)s.hits, "misses", (json_int_t)s.misses, "evicted_bundles",
-      (json_int_t)s.evicted_bundles, "evicted_blobs",
-      (json_int_t)s.evicted_blobs, "gc_blobs", (json_int_t)s.gc_blobs,
-      "leases", (json_int_t)kcd_lease_count(r->st->leases), "uptime_s",
-      (json_int_t)(kcd_unix_now() - r->st->started));
-  return kcd_reply_json(r, 200, o, NULL);
 }

@@ -1,0 +1,141 @@
+/* reply.c: how a request is answered. Every answer goes through kcd_reply,
+ * which queues one libmicrohttpd response on the request's connection and
+ * records its status and size for the access log and metrics (http.c reads
+ * them when the request completes). Above it: JSON bodies, error bodies with
+ * the headers their status implies (WWW-Authenticate, Allow, Retry-After),
+ * and early answers: errors decided before the body was read, answered once
+ * http.c has read or dropped it.
+ *
+ * Handlers (routes_*.c) and http.c call in here; nothing here calls back into
+ * http.c or a handler. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "kcd.h"
+
+static struct MHD_Response *make_response(const void *data, size_t len,
+                                          enum kcd_mem mem) {
+  if (mem == KCD_MEM_FREE)
+    return MHD_create_response_from_buffer_with_free_callback(
+        len, (void *)data, free);
+  return MHD_create_response_from_buffer(
+      len, (void *)data,
+      mem == KCD_MEM_PERSISTENT ? MHD_RESPMEM_PERSISTENT : MHD_RESPMEM_MUST_COPY);
+}
+
+int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
+              size_t len, enum kcd_mem mem, const char *const *headers) {
+  struct MHD_Response *resp = make_response(data, len, mem);
+  if (!resp) {
+    if (mem == KCD_MEM_FREE)
+      free((void *)data);
+    return MHD_NO;
+  }
+  if (ctype)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+  for (size_t i = 0; headers && headers[i] && headers[i + 1]; i += 2)
+    MHD_add_response_header(resp, headers[i], headers[i + 1]);
+  enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
+  MHD_destroy_response(resp);
+  r->status = status;
+  r->queued = 1;
+  int bodyless = r->method == KCD_M_HEAD || status == 204 || status == 304;
+  r->bytes_out = bodyless ? 0 : len;
+  return ret;
+}
+
+int kcd_reply_json(kcd_req *r, int status, json_t *json,
+                   const char *const *headers) {
+  char *text = json ? json_dumps(json, JSON_COMPACT) : NULL;
+  json_decref(json);
+  if (!text)
+    return MHD_NO;
+  return kcd_reply(r, status, "application/json", text, strlen(text),
+                   KCD_MEM_FREE, headers);
+}
+
+/* ---- errors ---- */
+
+/* Messages quote client input; jansson refuses invalid UTF-8 and logs must
+ * stay one line, so keep them to printable ASCII. */
+static void sanitize(char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e)
+      *s = '?';
+}
+
+/* Adds the headers an error status implies to the caller's list. A 405 names
+ * the methods of the matched route (r->rt), from the route table. */
+static void error_headers(const kcd_req *r, kc_err e, const char *const *in,
+                          const char **out, size_t cap) {
+  size_t n = 0;
+  for (size_t i = 0; in && in[i] && in[i + 1] && n + 4 < cap; i += 2) {
+    out[n++] = in[i];
+    out[n++] = in[i + 1];
+  }
+  if (e == KC_UNAUTHORIZED) {
+    out[n++] = MHD_HTTP_HEADER_WWW_AUTHENTICATE;
+    out[n++] = "Bearer realm=\"kcache\"";
+  } else if (e == KC_METHOD && r->op == NULL && r->rt) {
+    out[n++] = MHD_HTTP_HEADER_ALLOW;
+    out[n++] = r->rt->allow;
+  } else if ((e == KC_BUSY || e == KC_NOT_READY) && !in) {
+    out[n++] = MHD_HTTP_HEADER_RETRY_AFTER;
+    out[n++] = e == KC_BUSY ? "1" : "5";
+  }
+  out[n] = NULL;
+}
+
+int kcd_reply_error_json(kcd_req *r, kc_err e, const char *msg, json_t *extra,
+                         const char *const *headers) {
+  char m[KC_ERRBUF_SIZE];
+  snprintf(m, sizeof m, "%s", msg && *msg ? msg : kc_strerror(e));
+  sanitize(m);
+  json_t *o = extra ? extra : json_object();
+  if (!o)
+    return MHD_NO;
+  json_object_set_new(o, "error", json_string(kc_err_code(e)));
+  json_object_set_new(o, "message", json_string(m));
+  const char *h[20];
+  error_headers(r, e, headers, h, sizeof h / sizeof *h);
+  return kcd_reply_json(r, kc_err_http_status(e), o, h);
+}
+
+int kcd_reply_error(kcd_req *r, kc_err e, const char *fmt, ...) {
+  char m[KC_ERRBUF_SIZE];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m, sizeof m, fmt, ap);
+  va_end(ap);
+  return kcd_reply_error_json(r, e, m, NULL, NULL);
+}
+
+kc_err kcd_miss(kc_err e, char *err, const char *fmt, ...) {
+  char m[KC_ERRBUF_SIZE], why[KC_ERRBUF_SIZE];
+  snprintf(why, sizeof why, "%s", err);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m, sizeof m, fmt, ap);
+  va_end(ap);
+  if (e == KC_NOT_FOUND || !*why)
+    return kc_errf(err, KC_NOT_FOUND, "%s", m);
+  return kc_errf(err, KC_NOT_FOUND, "%s (and S3 could not say: %s)", m, why);
+}
+
+/* ---- early answers ---- */
+
+void kcd_set_early(kcd_req *r, kc_err e, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->early_msg, sizeof r->early_msg, fmt, ap);
+  va_end(ap);
+  r->early = 1;
+  r->early_err = e;
+}
+
+int kcd_reply_early(kcd_req *r) {
+  return kcd_reply_error_json(r, r->early_err, r->early_msg, NULL, NULL);
+}

@@ -1,0 +1,45 @@
+/* routes_ops.c: the operator's routes: GET/HEAD /healthz (the process
+ * answers), /readyz (the store is open), /metrics (Prometheus text, rendered
+ * by metrics.c) and /v1/stats (the store's figures as JSON). */
+#include <stdatomic.h>
+
+#include "kcd.h"
+
+static int reply_status(kcd_req *r, int code, const char *status) {
+  return kcd_reply_json(r, code, json_pack("{ss}", "status", status), NULL);
+}
+
+int kcd_healthz(kcd_req *r) { return reply_status(r, 200, "ok"); }
+
+int kcd_readyz(kcd_req *r) {
+  if (!atomic_load(&r->st->store))
+    return kcd_reply_error_json(r, KC_NOT_READY, NULL, NULL, NULL);
+  return reply_status(r, 200, "ready");
+}
+
+int kcd_metrics_get(kcd_req *r) {
+  size_t len = 0;
+  char *text = kcd_metrics_render(r->st, &len);
+  if (!text)
+    return kcd_reply_error(r, KC_NOMEM, "out of memory");
+  return kcd_reply(r, 200, "text/plain; version=0.0.4; charset=utf-8", text,
+                   len, KCD_MEM_FREE, NULL);
+}
+
+int kcd_stats_get(kcd_req *r) {
+  kc_store_stats s;
+  kc_err e = kc_store_stats_get(atomic_load(&r->st->store), &s);
+  if (e)
+    return kcd_reply_error(r, e, "cannot read the store's figures");
+  json_t *o = json_pack(
+      "{sI sI sI sI sI sI sI sI sI sI sI sI sI}", "bytes_used",
+      (json_int_t)s.bytes_used, "max_bytes", (json_int_t)s.max_bytes,
+      "map_size", (json_int_t)s.map_size, "map_used", (json_int_t)s.map_used,
+      "blobs", (json_int_t)s.blobs, "bundles", (json_int_t)s.bundles, "hits",
+      (json_int_t)s.hits, "misses", (json_int_t)s.misses, "evicted_bundles",
+      (json_int_t)s.evicted_bundles, "evicted_blobs",
+      (json_int_t)s.evicted_blobs, "gc_blobs", (json_int_t)s.gc_blobs,
+      "leases", (json_int_t)kcd_lease_count(r->st->leases), "uptime_s",
+      (json_int_t)(kcd_unix_now() - r->st->started));
+  return kcd_reply_json(r, 200, o, NULL);
+}
