@@ -1,4 +1,4 @@
-/* main.c: the kcache CLI: process-wide setup (curl_global_init, which the
+/* cli_main.c: the kcache CLI: process-wide setup (curl_global_init, which the
  * library leaves to its caller), command dispatch, shared option handling. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,7 +32,7 @@ static const char usage_text[] =
     "exit status: 0 ok; 1 the operation failed (warm: with --strict, some\n"
     "bundle is not ready); 2 usage error.\n";
 
-int cli_fail(const char *cmd, int code, const char *fmt, ...) {
+int kcli_fail(const char *cmd, int code, const char *fmt, ...) {
   va_list ap;
   fprintf(stderr, "kcache %s: ", cmd);
   va_start(ap, fmt);
@@ -42,12 +42,12 @@ int cli_fail(const char *cmd, int code, const char *fmt, ...) {
   return code;
 }
 
-int cli_usage(const char *cmd, const char *usage) {
+int kcli_usage(const char *cmd, const char *usage) {
   fprintf(stderr, "%s(kcache %s --help for more)\n", usage, cmd);
-  return KC_EXIT_USAGE;
+  return KCLI_EXIT_USAGE;
 }
 
-void cli_common_env(cli_common *g) {
+void kcli_common_env(kcli_common *g) {
   memset(g, 0, sizeof *g);
   g->url = getenv("KCACHE_URL");
   g->token = getenv("KCACHE_TOKEN");
@@ -56,7 +56,7 @@ void cli_common_env(cli_common *g) {
   g->allow_plaintext = pt && !strcmp(pt, "1");
 }
 
-int cli_common_opt(cli_common *g, int opt, const char *arg) {
+int kcli_common_opt(kcli_common *g, int opt, const char *arg) {
   switch (opt) {
   case 1000: g->url = arg; return 1;
   case 1001: g->token = arg; return 1;
@@ -75,23 +75,23 @@ int cli_common_opt(cli_common *g, int opt, const char *arg) {
   }
 }
 
-kc_client *cli_client(const cli_common *g) {
+kc_client *kcli_client(const kcli_common *g) {
   char err[KC_ERRBUF_SIZE];
   kc_client *c = NULL;
   kc_client_opts o = {.url = g->url, .token = g->token, .cacert = g->cacert,
                       .cache_dir = g->cache_dir, .parallel = g->parallel,
                       .allow_plaintext = g->allow_plaintext};
   if (kc_client_new(&o, &c, err) != KC_OK) {
-    cli_fail("client", KC_EXIT_FAIL, "%s", err);
+    kcli_fail("client", KCLI_EXIT_FAIL, "%s", err);
     return NULL;
   }
   return c;
 }
 
-int cli_need_url(const cli_common *g, const char *cmd) {
+int kcli_need_url(const kcli_common *g, const char *cmd) {
   if (g->url && *g->url)
-    return KC_EXIT_OK;
-  return cli_fail(cmd, KC_EXIT_USAGE,
+    return KCLI_EXIT_OK;
+  return kcli_fail(cmd, KCLI_EXIT_USAGE,
                   "no server: give --url or set KCACHE_URL");
 }
 
@@ -101,34 +101,34 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"warm", cmd_warm}, {"push", cmd_push}, {"pull", cmd_pull},
-    {"get", cmd_get},   {"put", cmd_put},   {"key", cmd_key},
-    {"ls", cmd_ls},     {"stat", cmd_stat}, {"hash", cmd_hash},
-    {"verify", cmd_verify}};
+    {"warm", kcli_cmd_warm}, {"push", kcli_cmd_push}, {"pull", kcli_cmd_pull},
+    {"get", kcli_cmd_get},   {"put", kcli_cmd_put},   {"key", kcli_cmd_key},
+    {"ls", kcli_cmd_ls},     {"stat", kcli_cmd_stat}, {"hash", kcli_cmd_hash},
+    {"verify", kcli_cmd_verify}};
 
 int main(int argc, char **argv) {
   if (argc < 2) {
     fputs(usage_text, stderr);
-    return KC_EXIT_USAGE;
+    return KCLI_EXIT_USAGE;
   }
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
       !strcmp(argv[1], "help")) {
     fputs(usage_text, stdout);
-    return KC_EXIT_OK;
+    return KCLI_EXIT_OK;
   }
   if (!strcmp(argv[1], "--version")) {
     printf("kcache %s\n", KC_CLIENT_VERSION);
-    return KC_EXIT_OK;
+    return KCLI_EXIT_OK;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
     if (strcmp(argv[1], commands[i].name))
       continue;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-      return cli_fail(argv[1], KC_EXIT_FAIL, "curl_global_init failed");
+      return kcli_fail(argv[1], KCLI_EXIT_FAIL, "curl_global_init failed");
     int rc = commands[i].fn(argc - 1, argv + 1);
     curl_global_cleanup();
     return rc;
   }
   fprintf(stderr, "kcache: unknown command '%s'\n\n%s", argv[1], usage_text);
-  return KC_EXIT_USAGE;
+  return KCLI_EXIT_USAGE;
 }
