@@ -59,8 +59,7 @@ static json_t *command_files(const kc_warmup *w) {
   return o;
 }
 
-kc_err kcc_build_hash(const kc_warmup *w, char out[KC_HEX_LEN + 1],
-                     char *err) {
+kc_err kcc_build_hash(const kc_warmup *w, char out[KC_HEX_LEN + 1], char *err) {
   json_t *root;
   kc_err e = KC_OK;
   if (w->n_command) {
@@ -292,7 +291,7 @@ static kc_err build_command(kc_client *c, const kc_warmup *w,
 }
 
 kc_err kcc_build_key(kc_client *c, const kc_warmup *w, const kc_key_fields *f,
-                    double seconds, kc_manifest **out, char *err) {
+                     double seconds, kc_manifest **out, char *err) {
   *out = NULL;
   if (w->n_command)
     return build_command(c, w, f, seconds, out, err);

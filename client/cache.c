@@ -77,7 +77,7 @@ kc_err kc_cache_blob_put_file(kc_client *c, const char *path,
 }
 
 kc_err kcc_cache_blob_read(kc_client *c, const char *digest, void **data,
-                          size_t *len, char *err) {
+                           size_t *len, char *err) {
   char p[PATH_MAX], d[KC_HEX_LEN + 1];
   char *buf = NULL;
   size_t n = 0;

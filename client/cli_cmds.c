@@ -26,18 +26,20 @@ typedef struct cmd_spec {
  * or the exit code (-1 for --help, which exits 0). */
 static int parse(const cmd_spec *s, int argc, char **argv, kcli_common *g,
                  const char **extra, int *first) {
-  static const struct option lo[] = {
-      {"output", required_argument, NULL, 'o'},
-      {"fields", required_argument, NULL, 'f'},
-      {"json", no_argument, NULL, 'j'},
-      CLI_COMMON_OPTS,
-      {NULL, 0, NULL, 0}};
-  int opt;
-  kcli_common_env(g);
+  static const struct option own[] = {{"output", required_argument, NULL, 'o'},
+                                      {"fields", required_argument, NULL, 'f'},
+                                      {"json", no_argument, NULL, 'j'},
+                                      {NULL, 0, NULL, 0}};
+  struct option lo[KCLI_LONGOPTS_MAX];
+  int opt, rc = kcli_common_init(g, s->name);
+  if (rc)
+    return rc;
+  kcli_long_options(own, lo);
   optind = 0;
   while ((opt = getopt_long(argc, argv, "ho:", lo, NULL)) != -1) {
     if (opt == 'h') {
-      printf("%s\n%s\noptions:\n" CLI_COMMON_HELP, s->usage, s->help);
+      printf("%s\n%s\noptions:\n", s->usage, s->help);
+      kcli_common_help(stdout);
       return -1;
     }
     if ((opt == 'o' || opt == 'f' || opt == 'j') && extra)
@@ -53,13 +55,32 @@ static int parse(const cmd_spec *s, int argc, char **argv, kcli_common *g,
 }
 
 #define PARSE_OR_RETURN(spec, extra)                                           \
-  kcli_common g;                                                                \
+  kcli_common g;                                                               \
   int first = 0;                                                               \
   int prc_ = parse(&spec, argc, argv, &g, extra, &first);                      \
   if (prc_)                                                                    \
-    return prc_ < 0 ? KCLI_EXIT_OK : prc_;                                       \
-  if ((spec).needs_url && kcli_need_url(&g, (spec).name))                       \
+    return prc_ < 0 ? KCLI_EXIT_OK : prc_;                                     \
+  if ((spec).needs_url && kcli_need_url(&g, (spec).name))                      \
     return KCLI_EXIT_USAGE;
+
+/* Messages name their file once: kc_read_file's names it already, a
+ * parser's does not (it only sees the text), so parse errors are named
+ * here. */
+static kc_err named(kc_err e, const char *path, const char *inner,
+                    char *err) {
+  return e ? kc_errf(err, e, "%s: %s", path, inner) : KC_OK;
+}
+
+/* Key fields from a JSON file. */
+static kc_err read_fields(const char *path, kc_key_fields *f, char *err) {
+  char *json = NULL, inner[KC_ERRBUF_SIZE];
+  size_t len = 0;
+  kc_err e = kc_read_file(path, &json, &len, err);
+  if (!e)
+    e = named(kc_key_fields_parse(json, len, f, inner), path, inner, err);
+  free(json);
+  return e;
+}
 
 /* ---- push ---- */
 
@@ -74,12 +95,12 @@ static const cmd_spec push_spec = {
 /* The manifest in DIR, its files re-hashed and cached. */
 static kc_err push_manifest(kc_client *c, const char *dir, kc_manifest **out,
                             char *err) {
-  char p[PATH_MAX], *json = NULL;
+  char p[PATH_MAX], *json = NULL, inner[KC_ERRBUF_SIZE];
   size_t len = 0;
   snprintf(p, sizeof p, "%s/" BUNDLE_FILE, dir);
   kc_err e = kc_read_file(p, &json, &len, err);
   if (!e)
-    e = kc_manifest_parse(json, len, out, err);
+    e = named(kc_manifest_parse(json, len, out, inner), p, inner, err);
   free(json);
   for (size_t i = 0; !e && i < (*out)->n_files; i++) {
     char d[KC_HEX_LEN + 1];
@@ -96,7 +117,7 @@ static kc_err push_manifest(kc_client *c, const char *dir, kc_manifest **out,
 int kcli_cmd_push(int argc, char **argv) {
   const char *fields_path = NULL;
   PARSE_OR_RETURN(push_spec, &fields_path);
-  char err[KC_ERRBUF_SIZE], *json = NULL;
+  char err[KC_ERRBUF_SIZE];
   kc_manifest *m = NULL;
   kc_key_fields f;
   kc_client *c = kcli_client(&g);
@@ -104,9 +125,7 @@ int kcli_cmd_push(int argc, char **argv) {
     return KCLI_EXIT_FAIL;
   kc_err e = KC_OK;
   if (fields_path) {
-    e = kc_read_file(fields_path, &json, NULL, err);
-    if (!e)
-      e = kc_key_fields_parse(json, strlen(json), &f, err);
+    e = read_fields(fields_path, &f, err);
     if (!e)
       e = kc_bundle_from_dir(c, argv[first], BUNDLE_FILE, &f, &m, err);
   } else {
@@ -116,7 +135,6 @@ int kcli_cmd_push(int argc, char **argv) {
     e = kc_client_push(c, m, err);
   if (!e)
     printf("%s\n", m->key);
-  free(json);
   kc_manifest_free(m);
   kc_client_free(c);
   return e ? kcli_fail("push", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
@@ -171,7 +189,8 @@ int kcli_cmd_get(int argc, char **argv) {
   void *data = NULL;
   size_t len = 0;
   if (!kc_is_hex64(argv[first]))
-    return kcli_fail("get", KCLI_EXIT_USAGE, "DIGEST: must be 64 lowercase hex");
+    return kcli_fail("get", KCLI_EXIT_USAGE,
+                     "DIGEST: must be 64 lowercase hex");
   kc_client *c = kcli_client(&g);
   if (!c)
     return KCLI_EXIT_FAIL;
@@ -221,24 +240,21 @@ static const cmd_spec key_spec = {
 int kcli_cmd_key(int argc, char **argv) {
   const char *json_flag = NULL;
   PARSE_OR_RETURN(key_spec, &json_flag);
-  char err[KC_ERRBUF_SIZE], key[KC_HEX_LEN + 1], *json = NULL, *canon = NULL;
-  size_t len = 0;
+  char err[KC_ERRBUF_SIZE], inner[KC_ERRBUF_SIZE], key[KC_HEX_LEN + 1];
+  char *canon = NULL;
   kc_key_fields f;
-  kc_err e = kc_read_file(argv[first], &json, &len, err);
+  const char *path = argv[first];
+  kc_err e = read_fields(path, &f, err);
   if (!e)
-    e = kc_key_fields_parse(json, len, &f, err);
-  if (!e)
-    e = kc_key_compute(&f, key, err);
+    e = named(kc_key_compute(&f, key, inner), path, inner, err);
   if (!e && json_flag)
-    e = kc_key_canonical(&f, &canon, err);
+    e = named(kc_key_canonical(&f, &canon, inner), path, inner, err);
   if (!e)
     printf("%s\n", key);
   if (canon)
     printf("%s\n", canon);
-  free(json);
   free(canon);
-  return e ? kcli_fail("key", KCLI_EXIT_FAIL, "%s: %s", argv[first], err)
-           : KCLI_EXIT_OK;
+  return e ? kcli_fail("key", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
 }
 
 static const cmd_spec hash_spec = {

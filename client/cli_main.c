@@ -1,15 +1,15 @@
 /* cli_main.c: the kcache CLI: process-wide setup (curl_global_init, which the
- * library leaves to its caller), command dispatch, shared option handling. */
+ * library leaves to its caller), command dispatch, --help, error lines.
+ * The options every command takes are in cli_options.c. */
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <curl/curl.h>
 
 #include "cli.h"
 
-static const char usage_text[] =
+static const char usage_head[] =
     "usage: kcache COMMAND [OPTIONS] [ARGS]\n"
     "\n"
     "commands:\n"
@@ -26,11 +26,18 @@ static const char usage_text[] =
     "  verify MANIFEST  load every cubin of a model on this host's GPU\n"
     "\n"
     "`kcache COMMAND --help` for a command's options. Every command takes\n"
-    "--url, --token, --cacert (or KCACHE_URL, KCACHE_TOKEN, KCACHE_CACERT)\n"
-    "and --cache-dir (KCACHE_DIR).\n"
+    "these (an option wins over its environment variable):\n";
+
+static const char usage_tail[] =
     "\n"
     "exit status: 0 ok; 1 the operation failed (warm: with --strict, some\n"
     "bundle is not ready); 2 usage error.\n";
+
+static void usage(FILE *f) {
+  fputs(usage_head, f);
+  kcli_common_help(f);
+  fputs(usage_tail, f);
+}
 
 int kcli_fail(const char *cmd, int code, const char *fmt, ...) {
   va_list ap;
@@ -47,73 +54,26 @@ int kcli_usage(const char *cmd, const char *usage) {
   return KCLI_EXIT_USAGE;
 }
 
-void kcli_common_env(kcli_common *g) {
-  memset(g, 0, sizeof *g);
-  g->url = getenv("KCACHE_URL");
-  g->token = getenv("KCACHE_TOKEN");
-  g->cacert = getenv("KCACHE_CACERT");
-  const char *pt = getenv("KCACHE_ALLOW_PLAINTEXT");
-  g->allow_plaintext = pt && !strcmp(pt, "1");
-}
-
-int kcli_common_opt(kcli_common *g, int opt, const char *arg) {
-  switch (opt) {
-  case 1000: g->url = arg; return 1;
-  case 1001: g->token = arg; return 1;
-  case 1002: g->cacert = arg; return 1;
-  case 1003: g->cache_dir = arg; return 1;
-  case 1005: g->allow_plaintext = 1; return 1;
-  case 1004: {
-    char *end;
-    long n = strtol(arg, &end, 10);
-    if (*end || n < 1 || n > 256)
-      return -1;
-    g->parallel = (int)n;
-    return 1;
-  }
-  default: return 0;
-  }
-}
-
-kc_client *kcli_client(const kcli_common *g) {
-  char err[KC_ERRBUF_SIZE];
-  kc_client *c = NULL;
-  kc_client_opts o = {.url = g->url, .token = g->token, .cacert = g->cacert,
-                      .cache_dir = g->cache_dir, .parallel = g->parallel,
-                      .allow_plaintext = g->allow_plaintext};
-  if (kc_client_new(&o, &c, err) != KC_OK) {
-    kcli_fail("client", KCLI_EXIT_FAIL, "%s", err);
-    return NULL;
-  }
-  return c;
-}
-
-int kcli_need_url(const kcli_common *g, const char *cmd) {
-  if (g->url && *g->url)
-    return KCLI_EXIT_OK;
-  return kcli_fail(cmd, KCLI_EXIT_USAGE,
-                  "no server: give --url or set KCACHE_URL");
-}
-
 typedef struct command {
   const char *name;
   int (*fn)(int, char **);
 } command;
 
 static const command commands[] = {
-    {"warm", kcli_cmd_warm}, {"push", kcli_cmd_push}, {"pull", kcli_cmd_pull},
-    {"get", kcli_cmd_get},   {"put", kcli_cmd_put},   {"key", kcli_cmd_key},
-    {"ls", kcli_cmd_ls},     {"stat", kcli_cmd_stat}, {"hash", kcli_cmd_hash},
-    {"verify", kcli_cmd_verify}};
+    {"warm", kcli_cmd_warm}, {"push", kcli_cmd_push},
+    {"pull", kcli_cmd_pull}, {"get", kcli_cmd_get},
+    {"put", kcli_cmd_put},   {"key", kcli_cmd_key},
+    {"ls", kcli_cmd_ls},     {"stat", kcli_cmd_stat},
+    {"hash", kcli_cmd_hash}, {"verify", kcli_cmd_verify}};
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fputs(usage_text, stderr);
+    usage(stderr);
     return KCLI_EXIT_USAGE;
   }
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
       !strcmp(argv[1], "help")) {
-    fputs(usage_text, stdout);
+    usage(stdout);
     return KCLI_EXIT_OK;
   }
   if (!strcmp(argv[1], "--version")) {
@@ -129,6 +89,7 @@ int main(int argc, char **argv) {
     curl_global_cleanup();
     return rc;
   }
-  fprintf(stderr, "kcache: unknown command '%s'\n\n%s", argv[1], usage_text);
+  fprintf(stderr, "kcache: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
   return KCLI_EXIT_USAGE;
 }

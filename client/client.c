@@ -11,6 +11,9 @@
 
 #include "client_internal.h"
 
+/* The default kcache.h documents for o->cache_dir NULL, and the one place
+ * the library reads the environment (the CLI passes its --cache-dir or
+ * KCACHE_DIR in o->cache_dir). */
 static kc_err default_cache_dir(char **out, char *err) {
   const char *env = getenv("KCACHE_DIR");
   const char *home = getenv("HOME");
@@ -333,7 +336,7 @@ static kc_err lookup_parse(const kcc_http_resp *r, const char *const *keys,
 }
 
 kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
-                         kc_manifest **found, kc_err *refused, char *err) {
+                          kc_manifest **found, kc_err *refused, char *err) {
   kcc_http_resp r;
   for (size_t i = 0; i < n; i++) {
     found[i] = NULL;

@@ -39,7 +39,7 @@ void kcc_http_resp_free(kcc_http_resp *r);
 /* One request on c->easy; body may be NULL. Transport errors are
  * KC_UNAVAILABLE / KC_TIMEOUT; any HTTP status is KC_OK (check r->status). */
 kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
-                  const void *body, size_t len, kcc_http_resp *r, char *err);
+                   const void *body, size_t len, kcc_http_resp *r, char *err);
 /* Error answer -> kc_err and its message ("server: <message>"). */
 kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err);
 /* Applies the handle's common options (TLS, auth, timeouts). */
@@ -53,7 +53,7 @@ long kcc_http_budget_ms(const kc_client *c);
 /* kc_client_lookup, and refused[i] (may be NULL): why the manifest served
  * for keys[i] was refused (KC_OK: none served, or a valid one). */
 kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
-                         kc_manifest **found, kc_err *refused, char *err);
+                          kc_manifest **found, kc_err *refused, char *err);
 
 /* ---- fetch.c: parallel verified blob downloads into the cache ---- */
 
@@ -63,7 +63,7 @@ kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
  * to 1 for each digest now cached. Returns the first failure. *fetched gets
  * the bytes received (may be NULL). */
 kc_err kcc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
-                      char *ok, uint64_t *fetched, char *err);
+                       char *ok, uint64_t *fetched, char *err);
 
 /* ---- cache.c ---- */
 
@@ -73,7 +73,7 @@ int kcc_cache_tmp(const kc_client *c, char *path, char *err);
 /* Loads a blob file verified against digest into memory. A mismatch deletes
  * the file (KC_CORRUPT). */
 kc_err kcc_cache_blob_read(kc_client *c, const char *digest, void **data,
-                          size_t *len, char *err);
+                           size_t *len, char *err);
 
 /* ---- files.c ---- */
 
@@ -90,7 +90,7 @@ char *kcc_strdup0(const char *s);
 /* Builds one key (fields f, index in w's buckets: bucket) into a sealed
  * manifest whose blobs are in the local cache. seconds bounds the build. */
 kc_err kcc_build_key(kc_client *c, const kc_warmup *w, const kc_key_fields *f,
-                    double seconds, kc_manifest **out, char *err);
+                     double seconds, kc_manifest **out, char *err);
 /* The builder-input hash for the "build" key field. */
 kc_err kcc_build_hash(const kc_warmup *w, char out[KC_HEX_LEN + 1], char *err);
 

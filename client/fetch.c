@@ -188,7 +188,7 @@ static kc_err run(fetch_run *r, xfer *xs, int nx) {
 }
 
 kc_err kcc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
-                      char *ok, uint64_t *fetched, char *err) {
+                       char *ok, uint64_t *fetched, char *err) {
   if (!c->url)
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");
   int nx = c->parallel < (int)n ? c->parallel : (int)n;

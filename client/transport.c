@@ -104,7 +104,7 @@ static kc_err curl_error(kc_client *c, CURLcode rc, const char *method,
 }
 
 kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
-                  const void *body, size_t len, kcc_http_resp *r, char *err) {
+                   const void *body, size_t len, kcc_http_resp *r, char *err) {
   memset(r, 0, sizeof *r);
   if (!c->url)
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");

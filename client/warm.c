@@ -515,7 +515,7 @@ typedef struct job {
 /* Builds into the local cache. */
 static void run_job(wctx *x, job *j) {
   j->e = kcc_build_key(x->c, x->w, &x->fields[j->i], seconds_left(x), &j->m,
-                      j->msg);
+                       j->msg);
   if (!j->e && strcmp(j->m->key, x->rep->items[j->i].key) != 0)
     j->e = kc_errf(j->msg, KC_INTERNAL, "built bundle's key differs");
   if (!j->e)
@@ -850,8 +850,12 @@ static int build_jobs(const kc_warm_opts *o) {
 kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
                kc_warm_report *report, char *err) {
   kc_warm_opts none = {0};
-  wctx x = {.c = c, .w = w, .o = o ? o : &none, .rep = report,
-            .server_ok = kc_client_has_server(c), .t0 = kcc_now_ms(),
+  wctx x = {.c = c,
+            .w = w,
+            .o = o ? o : &none,
+            .rep = report,
+            .server_ok = kc_client_has_server(c),
+            .t0 = kcc_now_ms(),
             .fetched_as = KC_WARM_HIT_REMOTE};
   x.jobs = build_jobs(x.o);
   memset(report, 0, sizeof *report);
