@@ -9,8 +9,7 @@
 
 /* Exit codes (documented in `kcache --help`). */
 #define KCLI_EXIT_OK 0
-#define KCLI_EXIT_FAIL                                                         \
-  1 /* the operation failed; warm --strict: not all ready */
+#define KCLI_EXIT_FAIL 1  /* failed; warm --strict: not all ready */
 #define KCLI_EXIT_USAGE 2 /* bad command line */
 
 /* Options every command takes (cli_options.c has their table: flag,

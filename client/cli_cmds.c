@@ -26,10 +26,11 @@ typedef struct cmd_spec {
  * or the exit code (-1 for --help, which exits 0). */
 static int parse(const cmd_spec *s, int argc, char **argv, kcli_common *g,
                  const char **extra, int *first) {
-  static const struct option own[] = {{"output", required_argument, NULL, 'o'},
-                                      {"fields", required_argument, NULL, 'f'},
-                                      {"json", no_argument, NULL, 'j'},
-                                      {NULL, 0, NULL, 0}};
+  static const struct option own[] = {
+      {"output", required_argument, NULL, 'o'},
+      {"fields", required_argument, NULL, 'f'},
+      {"json", no_argument, NULL, 'j'},
+      {NULL, 0, NULL, 0}};
   struct option lo[KCLI_LONGOPTS_MAX];
   int opt, rc = kcli_common_init(g, s->name);
   if (rc)

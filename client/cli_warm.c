@@ -85,8 +85,7 @@ static int warm_opt(warm_args *a, int opt, const char *arg) {
     a->o.build_jobs = (int)n;
     return 0;
   }
-  default:
-    return kcli_common_opt(&a->g, opt, arg) == 1 ? 0 : -1;
+  default: return kcli_common_opt(&a->g, opt, arg) == 1 ? 0 : -1;
   }
 }
 
