@@ -22,13 +22,13 @@ static void bundle_path(const kc_client *c, const char *key, char *out,
   snprintf(out, out_size, "%s/bundles/%s.json", c->cache_dir, key);
 }
 
-int kc_cache_blob_has(const kc_client *c, const char *digest) {
+int kcc_cache_blob_has(const kc_client *c, const char *digest) {
   char p[PATH_MAX];
   kc_cache_blob_path(c, digest, p, sizeof p);
   return access(p, F_OK) == 0;
 }
 
-int kc_cache_tmp(const kc_client *c, char *path, char *err) {
+int kcc_cache_tmp(const kc_client *c, char *path, char *err) {
   snprintf(path, PATH_MAX, "%s/tmp/part-XXXXXX", c->cache_dir);
   int fd = mkstemp(path);
   if (fd < 0)
@@ -53,7 +53,7 @@ kc_err kc_cache_blob_put(kc_client *c, const void *data, size_t len,
     return kc_errf(err, e, "sha256: %s", kc_strerror(e));
   if (digest_out)
     memcpy(digest_out, d, sizeof d);
-  if (kc_cache_blob_has(c, d))
+  if (kcc_cache_blob_has(c, d))
     return KC_OK; /* content-addressed: same name, same bytes */
   if ((e = blob_dir(c, d, err)))
     return e;
@@ -76,8 +76,8 @@ kc_err kc_cache_blob_put_file(kc_client *c, const char *path,
   return e;
 }
 
-kc_err kc_cache_blob_read(kc_client *c, const char *digest, void **data,
-                          size_t *len, char *err) {
+kc_err kcc_cache_blob_read(kc_client *c, const char *digest, void **data,
+                           size_t *len, char *err) {
   char p[PATH_MAX], d[KC_HEX_LEN + 1];
   char *buf = NULL;
   size_t n = 0;

@@ -1,68 +1,65 @@
 /* cli.h: what the kcache CLI's files share: common options, exit codes. */
-#ifndef KC_CLI_H
-#define KC_CLI_H
+#ifndef KCLI_H
+#define KCLI_H
 
 #include <getopt.h>
+#include <stdio.h>
 
 #include "kcache.h"
 
 /* Exit codes (documented in `kcache --help`). */
-#define KC_EXIT_OK 0
-#define KC_EXIT_FAIL 1  /* the operation failed; warm --strict: not all ready */
-#define KC_EXIT_USAGE 2 /* bad command line */
+#define KCLI_EXIT_OK 0
+#define KCLI_EXIT_FAIL 1  /* failed; warm --strict: not all ready */
+#define KCLI_EXIT_USAGE 2 /* bad command line */
 
-/* Options every command takes; flags win over the environment. */
-typedef struct cli_common {
-  const char *url;    /* --url, KCACHE_URL */
-  const char *token;  /* --token, KCACHE_TOKEN */
-  const char *cacert; /* --cacert, KCACHE_CACERT */
+/* Options every command takes (cli_options.c has their table: flag,
+ * environment variable, help); flags win over the environment. The strings
+ * point into argv or the environment. */
+typedef struct kcli_common {
+  const char *url;       /* --url, KCACHE_URL */
+  const char *token;     /* --token, KCACHE_TOKEN */
+  const char *cacert;    /* --cacert, KCACHE_CACERT */
   const char *cache_dir; /* --cache-dir, KCACHE_DIR */
-  int parallel;       /* --parallel */
-  int allow_plaintext; /* --allow-plaintext, KCACHE_ALLOW_PLAINTEXT=1 */
-} cli_common;
+  int parallel;          /* --parallel */
+  int allow_plaintext;   /* --allow-plaintext, KCACHE_ALLOW_PLAINTEXT=1 */
+} kcli_common;
 
-/* Long options of cli_common, ids >= 1000; CLI_COMMON_OPTS entries. */
-#define CLI_COMMON_OPTS                                                        \
-  {"url", required_argument, NULL, 1000},                                      \
-      {"token", required_argument, NULL, 1001},                                \
-      {"cacert", required_argument, NULL, 1002},                               \
-      {"cache-dir", required_argument, NULL, 1003},                            \
-      {"parallel", required_argument, NULL, 1004},                             \
-      {"allow-plaintext", no_argument, NULL, 1005},                            \
-      {"help", no_argument, NULL, 'h'}
+/* Long-option ids of the common options start here; a command's own
+ * options use ids (or letters) below it. */
+#define KCLI_OPT_BASE 1000
+/* Entries kcli_long_options may write: own options, common ones, --help
+ * and the terminator. */
+#define KCLI_LONGOPTS_MAX 32
 
-#define CLI_COMMON_HELP                                                        \
-  "  --url URL        kcached address (KCACHE_URL)\n"                          \
-  "  --token TOKEN    bearer token (KCACHE_TOKEN)\n"                           \
-  "  --cacert FILE    CA bundle for https (KCACHE_CACERT)\n"                   \
-  "  --cache-dir DIR  local cache (KCACHE_DIR, default ~/.cache/kcache)\n"     \
-  "  --parallel N     concurrent transfers (default 8)\n"                      \
-  "  --allow-plaintext  send the token over http:// beyond loopback\n"        \
-  "                   (KCACHE_ALLOW_PLAINTEXT=1)\n"                           \
-  "  -h, --help       this text\n"
-
-/* Handles a common option (opt id, optarg); 1 if it was one, -1 on a bad
+/* *g from the environment; KCLI_EXIT_OK, or KCLI_EXIT_USAGE (said on
+ * stderr) when a variable has a bad value. */
+int kcli_common_init(kcli_common *g, const char *cmd);
+/* lo (KCLI_LONGOPTS_MAX entries) = own (terminated by a zero entry; may be
+ * NULL), then the common options, --help ('h') and a zero entry. */
+void kcli_long_options(const struct option *own, struct option *lo);
+/* Handles a common option (getopt id, optarg); 1 if it was one, -1 on a bad
  * value, 0 if not common. */
-int cli_common_opt(cli_common *g, int opt, const char *arg);
-void cli_common_env(cli_common *g);
+int kcli_common_opt(kcli_common *g, int id, const char *arg);
+/* The common options' help lines, as "  --flag ARG   help (VARIABLE)". */
+void kcli_common_help(FILE *f);
 /* Makes the client; prints the error and returns NULL on failure. */
-kc_client *cli_client(const cli_common *g);
-/* KC_EXIT_OK when a server URL is set, else says so: KC_EXIT_USAGE. */
-int cli_need_url(const cli_common *g, const char *cmd);
+kc_client *kcli_client(const kcli_common *g);
+/* KCLI_EXIT_OK when a server URL is set, else says so: KCLI_EXIT_USAGE. */
+int kcli_need_url(const kcli_common *g, const char *cmd);
 /* "kcache CMD: message" on stderr; returns code. */
-int cli_fail(const char *cmd, int code, const char *fmt, ...)
+int kcli_fail(const char *cmd, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int cli_usage(const char *cmd, const char *usage);
+int kcli_usage(const char *cmd, const char *usage);
 
-int cmd_warm(int argc, char **argv);
-int cmd_push(int argc, char **argv);
-int cmd_pull(int argc, char **argv);
-int cmd_get(int argc, char **argv);
-int cmd_put(int argc, char **argv);
-int cmd_key(int argc, char **argv);
-int cmd_ls(int argc, char **argv);
-int cmd_stat(int argc, char **argv);
-int cmd_hash(int argc, char **argv);
-int cmd_verify(int argc, char **argv);
+int kcli_cmd_warm(int argc, char **argv);
+int kcli_cmd_push(int argc, char **argv);
+int kcli_cmd_pull(int argc, char **argv);
+int kcli_cmd_get(int argc, char **argv);
+int kcli_cmd_put(int argc, char **argv);
+int kcli_cmd_key(int argc, char **argv);
+int kcli_cmd_ls(int argc, char **argv);
+int kcli_cmd_stat(int argc, char **argv);
+int kcli_cmd_hash(int argc, char **argv);
+int kcli_cmd_verify(int argc, char **argv);
 
 #endif

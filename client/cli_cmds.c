@@ -24,42 +24,64 @@ typedef struct cmd_spec {
 /* Parses the common options and an optional extra one ('o' with an
  * argument, 'f' fields). Returns 0 and sets *first to the first positional,
  * or the exit code (-1 for --help, which exits 0). */
-static int parse(const cmd_spec *s, int argc, char **argv, cli_common *g,
+static int parse(const cmd_spec *s, int argc, char **argv, kcli_common *g,
                  const char **extra, int *first) {
-  static const struct option lo[] = {
+  static const struct option own[] = {
       {"output", required_argument, NULL, 'o'},
       {"fields", required_argument, NULL, 'f'},
       {"json", no_argument, NULL, 'j'},
-      CLI_COMMON_OPTS,
       {NULL, 0, NULL, 0}};
-  int opt;
-  cli_common_env(g);
+  struct option lo[KCLI_LONGOPTS_MAX];
+  int opt, rc = kcli_common_init(g, s->name);
+  if (rc)
+    return rc;
+  kcli_long_options(own, lo);
   optind = 0;
   while ((opt = getopt_long(argc, argv, "ho:", lo, NULL)) != -1) {
     if (opt == 'h') {
-      printf("%s\n%s\noptions:\n" CLI_COMMON_HELP, s->usage, s->help);
+      printf("%s\n%s\noptions:\n", s->usage, s->help);
+      kcli_common_help(stdout);
       return -1;
     }
     if ((opt == 'o' || opt == 'f' || opt == 'j') && extra)
       *extra = opt == 'j' ? "json" : optarg;
-    else if (opt == '?' || cli_common_opt(g, opt, optarg) != 1)
-      return cli_usage(s->name, s->usage);
+    else if (opt == '?' || kcli_common_opt(g, opt, optarg) != 1)
+      return kcli_usage(s->name, s->usage);
   }
   int n = argc - optind;
   if (n < s->min_args || (s->max_args >= 0 && n > s->max_args))
-    return cli_usage(s->name, s->usage);
+    return kcli_usage(s->name, s->usage);
   *first = optind;
   return 0;
 }
 
 #define PARSE_OR_RETURN(spec, extra)                                           \
-  cli_common g;                                                                \
+  kcli_common g;                                                               \
   int first = 0;                                                               \
   int prc_ = parse(&spec, argc, argv, &g, extra, &first);                      \
   if (prc_)                                                                    \
-    return prc_ < 0 ? KC_EXIT_OK : prc_;                                       \
-  if ((spec).needs_url && cli_need_url(&g, (spec).name))                       \
-    return KC_EXIT_USAGE;
+    return prc_ < 0 ? KCLI_EXIT_OK : prc_;                                     \
+  if ((spec).needs_url && kcli_need_url(&g, (spec).name))                      \
+    return KCLI_EXIT_USAGE;
+
+/* Messages name their file once: kc_read_file's names it already, a
+ * parser's does not (it only sees the text), so parse errors are named
+ * here. */
+static kc_err named(kc_err e, const char *path, const char *inner,
+                    char *err) {
+  return e ? kc_errf(err, e, "%s: %s", path, inner) : KC_OK;
+}
+
+/* Key fields from a JSON file. */
+static kc_err read_fields(const char *path, kc_key_fields *f, char *err) {
+  char *json = NULL, inner[KC_ERRBUF_SIZE];
+  size_t len = 0;
+  kc_err e = kc_read_file(path, &json, &len, err);
+  if (!e)
+    e = named(kc_key_fields_parse(json, len, f, inner), path, inner, err);
+  free(json);
+  return e;
+}
 
 /* ---- push ---- */
 
@@ -74,12 +96,12 @@ static const cmd_spec push_spec = {
 /* The manifest in DIR, its files re-hashed and cached. */
 static kc_err push_manifest(kc_client *c, const char *dir, kc_manifest **out,
                             char *err) {
-  char p[PATH_MAX], *json = NULL;
+  char p[PATH_MAX], *json = NULL, inner[KC_ERRBUF_SIZE];
   size_t len = 0;
   snprintf(p, sizeof p, "%s/" BUNDLE_FILE, dir);
   kc_err e = kc_read_file(p, &json, &len, err);
   if (!e)
-    e = kc_manifest_parse(json, len, out, err);
+    e = named(kc_manifest_parse(json, len, out, inner), p, inner, err);
   free(json);
   for (size_t i = 0; !e && i < (*out)->n_files; i++) {
     char d[KC_HEX_LEN + 1];
@@ -93,20 +115,18 @@ static kc_err push_manifest(kc_client *c, const char *dir, kc_manifest **out,
   return e;
 }
 
-int cmd_push(int argc, char **argv) {
+int kcli_cmd_push(int argc, char **argv) {
   const char *fields_path = NULL;
   PARSE_OR_RETURN(push_spec, &fields_path);
-  char err[KC_ERRBUF_SIZE], *json = NULL;
+  char err[KC_ERRBUF_SIZE];
   kc_manifest *m = NULL;
   kc_key_fields f;
-  kc_client *c = cli_client(&g);
+  kc_client *c = kcli_client(&g);
   if (!c)
-    return KC_EXIT_FAIL;
+    return KCLI_EXIT_FAIL;
   kc_err e = KC_OK;
   if (fields_path) {
-    e = kc_read_file(fields_path, &json, NULL, err);
-    if (!e)
-      e = kc_key_fields_parse(json, strlen(json), &f, err);
+    e = read_fields(fields_path, &f, err);
     if (!e)
       e = kc_bundle_from_dir(c, argv[first], BUNDLE_FILE, &f, &m, err);
   } else {
@@ -116,10 +136,9 @@ int cmd_push(int argc, char **argv) {
     e = kc_client_push(c, m, err);
   if (!e)
     printf("%s\n", m->key);
-  free(json);
   kc_manifest_free(m);
   kc_client_free(c);
-  return e ? cli_fail("push", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+  return e ? kcli_fail("push", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
 }
 
 /* ---- pull ---- */
@@ -130,16 +149,16 @@ static const cmd_spec pull_spec = {
     "with its manifest as DIR/" BUNDLE_FILE ".\n",
     2, 2, 0};
 
-int cmd_pull(int argc, char **argv) {
+int kcli_cmd_pull(int argc, char **argv) {
   PARSE_OR_RETURN(pull_spec, NULL);
   char err[KC_ERRBUF_SIZE], p[PATH_MAX], *json = NULL;
   kc_manifest *m = NULL;
   const char *key = argv[first], *dir = argv[first + 1];
   if (!kc_is_hex64(key))
-    return cli_fail("pull", KC_EXIT_USAGE, "KEY: must be 64 lowercase hex");
-  kc_client *c = cli_client(&g);
+    return kcli_fail("pull", KCLI_EXIT_USAGE, "KEY: must be 64 lowercase hex");
+  kc_client *c = kcli_client(&g);
   if (!c)
-    return KC_EXIT_FAIL;
+    return KCLI_EXIT_FAIL;
   kc_err e = kc_client_pull(c, key, &m, err);
   if (!e)
     e = kc_materialize(c, m, dir, err);
@@ -153,7 +172,7 @@ int cmd_pull(int argc, char **argv) {
   free(json);
   kc_manifest_free(m);
   kc_client_free(c);
-  return e ? cli_fail("pull", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+  return e ? kcli_fail("pull", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
 }
 
 /* ---- get, put ---- */
@@ -164,17 +183,18 @@ static const cmd_spec get_spec = {
     "  -o, --output FILE\n",
     1, 1, 1};
 
-int cmd_get(int argc, char **argv) {
+int kcli_cmd_get(int argc, char **argv) {
   const char *out = NULL;
   PARSE_OR_RETURN(get_spec, &out);
   char err[KC_ERRBUF_SIZE];
   void *data = NULL;
   size_t len = 0;
   if (!kc_is_hex64(argv[first]))
-    return cli_fail("get", KC_EXIT_USAGE, "DIGEST: must be 64 lowercase hex");
-  kc_client *c = cli_client(&g);
+    return kcli_fail("get", KCLI_EXIT_USAGE,
+                     "DIGEST: must be 64 lowercase hex");
+  kc_client *c = kcli_client(&g);
   if (!c)
-    return KC_EXIT_FAIL;
+    return KCLI_EXIT_FAIL;
   kc_err e = kc_client_blob_get(c, argv[first], &data, &len, err);
   if (!e && out)
     e = kc_write_file_atomic(out, data, len, err);
@@ -182,19 +202,19 @@ int cmd_get(int argc, char **argv) {
     e = kc_errf(err, KC_IO, "stdout: %s", strerror(errno));
   free(data);
   kc_client_free(c);
-  return e ? cli_fail("get", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+  return e ? kcli_fail("get", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
 }
 
 static const cmd_spec put_spec = {
     "put", "usage: kcache put FILE...\n",
     "Upload files as blobs; prints \"<sha256>  <file>\" per file.\n", 1, -1, 1};
 
-int cmd_put(int argc, char **argv) {
+int kcli_cmd_put(int argc, char **argv) {
   PARSE_OR_RETURN(put_spec, NULL);
   char err[KC_ERRBUF_SIZE], d[KC_HEX_LEN + 1];
-  kc_client *c = cli_client(&g);
+  kc_client *c = kcli_client(&g);
   if (!c)
-    return KC_EXIT_FAIL;
+    return KCLI_EXIT_FAIL;
   kc_err e = KC_OK;
   for (int i = first; !e && i < argc; i++) {
     char *data = NULL;
@@ -207,7 +227,7 @@ int cmd_put(int argc, char **argv) {
     free(data);
   }
   kc_client_free(c);
-  return e ? cli_fail("put", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+  return e ? kcli_fail("put", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
 }
 
 /* ---- key, hash ---- */
@@ -218,27 +238,24 @@ static const cmd_spec key_spec = {
     "\"build\"};\n--json prints the canonical JSON it is the hash of, too.\n",
     1, 1, 0};
 
-int cmd_key(int argc, char **argv) {
+int kcli_cmd_key(int argc, char **argv) {
   const char *json_flag = NULL;
   PARSE_OR_RETURN(key_spec, &json_flag);
-  char err[KC_ERRBUF_SIZE], key[KC_HEX_LEN + 1], *json = NULL, *canon = NULL;
-  size_t len = 0;
+  char err[KC_ERRBUF_SIZE], inner[KC_ERRBUF_SIZE], key[KC_HEX_LEN + 1];
+  char *canon = NULL;
   kc_key_fields f;
-  kc_err e = kc_read_file(argv[first], &json, &len, err);
+  const char *path = argv[first];
+  kc_err e = read_fields(path, &f, err);
   if (!e)
-    e = kc_key_fields_parse(json, len, &f, err);
-  if (!e)
-    e = kc_key_compute(&f, key, err);
+    e = named(kc_key_compute(&f, key, inner), path, inner, err);
   if (!e && json_flag)
-    e = kc_key_canonical(&f, &canon, err);
+    e = named(kc_key_canonical(&f, &canon, inner), path, inner, err);
   if (!e)
     printf("%s\n", key);
   if (canon)
     printf("%s\n", canon);
-  free(json);
   free(canon);
-  return e ? cli_fail("key", KC_EXIT_FAIL, "%s: %s", argv[first], err)
-           : KC_EXIT_OK;
+  return e ? kcli_fail("key", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
 }
 
 static const cmd_spec hash_spec = {
@@ -247,15 +264,15 @@ static const cmd_spec hash_spec = {
     "lines \"<sha256>  <base name>\" of the files, in the order given.\n",
     1, -1, 0};
 
-int cmd_hash(int argc, char **argv) {
+int kcli_cmd_hash(int argc, char **argv) {
   PARSE_OR_RETURN(hash_spec, NULL);
   char err[KC_ERRBUF_SIZE], h[KC_HEX_LEN + 1];
   kc_err e = kc_model_hash((const char *const *)argv + first,
                            (size_t)(argc - first), h, err);
   if (e)
-    return cli_fail("hash", KC_EXIT_FAIL, "%s", err);
+    return kcli_fail("hash", KCLI_EXIT_FAIL, "%s", err);
   printf("%s\n", h);
-  return KC_EXIT_OK;
+  return KCLI_EXIT_OK;
 }
 
 /* ---- ls, stat ---- */
@@ -297,35 +314,35 @@ static void print_list(const char *body, int raw) {
   json_decref(root);
 }
 
-int cmd_ls(int argc, char **argv) {
+int kcli_cmd_ls(int argc, char **argv) {
   const char *json_flag = NULL;
   PARSE_OR_RETURN(ls_spec, &json_flag);
   char err[KC_ERRBUF_SIZE], *body = NULL;
-  kc_client *c = cli_client(&g);
+  kc_client *c = kcli_client(&g);
   if (!c)
-    return KC_EXIT_FAIL;
+    return KCLI_EXIT_FAIL;
   kc_err e = kc_client_model_list(c, argv[first], &body, err);
   if (!e)
     print_list(body, json_flag != NULL);
   free(body);
   kc_client_free(c);
-  return e ? cli_fail("ls", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+  return e ? kcli_fail("ls", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
 }
 
 static const cmd_spec stat_spec = {"stat", "usage: kcache stat\n",
                                    "Print the server's statistics (JSON).\n",
                                    0, 0, 1};
 
-int cmd_stat(int argc, char **argv) {
+int kcli_cmd_stat(int argc, char **argv) {
   PARSE_OR_RETURN(stat_spec, NULL);
   char err[KC_ERRBUF_SIZE], *body = NULL;
-  kc_client *c = cli_client(&g);
+  kc_client *c = kcli_client(&g);
   if (!c)
-    return KC_EXIT_FAIL;
+    return KCLI_EXIT_FAIL;
   kc_err e = kc_client_stats(c, &body, err);
   if (!e)
     puts(body);
   free(body);
   kc_client_free(c);
-  return e ? cli_fail("stat", KC_EXIT_FAIL, "%s", err) : KC_EXIT_OK;
+  return e ? kcli_fail("stat", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
 }

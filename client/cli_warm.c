@@ -27,13 +27,15 @@ static const char warm_help[] =
     "  --strict         exit 1 unless every bundle is ready\n"
     "  --quiet          no per-key lines, no progress bar\n"
     "  --jobs N         keys built at once (default: CPUs, at most 8)\n"
-    "\noptions for every command:\n" CLI_COMMON_HELP
+    "\noptions for every command:\n";
+
+static const char warm_tail[] =
     "\n"
     "exit status: 0 done (with --strict: every bundle ready); 1 warmup\n"
     "incomplete with --strict, or the manifest is invalid; 2 usage.\n";
 
 typedef struct warm_args {
-  cli_common g;
+  kcli_common g;
   kc_warm_opts o;
   char *archs_buf;
   const char *archs[64];
@@ -83,13 +85,13 @@ static int warm_opt(warm_args *a, int opt, const char *arg) {
     a->o.build_jobs = (int)n;
     return 0;
   }
-  default: return cli_common_opt(&a->g, opt, arg) == 1 ? 0 : -1;
+  default: return kcli_common_opt(&a->g, opt, arg) == 1 ? 0 : -1;
   }
 }
 
 /* 0 go on, else the exit code (help is 0 through -1). */
 static int warm_parse(warm_args *a, int argc, char **argv) {
-  static const struct option lo[] = {
+  static const struct option own[] = {
       {"arch", required_argument, NULL, 'a'},
       {"no-build", no_argument, NULL, 'n'},
       {"no-upload", no_argument, NULL, 'u'},
@@ -99,23 +101,26 @@ static int warm_parse(warm_args *a, int argc, char **argv) {
       {"strict", no_argument, NULL, 's'},
       {"quiet", no_argument, NULL, 'q'},
       {"jobs", required_argument, NULL, 'J'},
-      CLI_COMMON_OPTS,
       {NULL, 0, NULL, 0}};
+  struct option lo[KCLI_LONGOPTS_MAX];
   int opt;
+  kcli_long_options(own, lo);
   optind = 0;
   while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
     if (opt == 'h') {
       printf("%s%s", warm_usage, warm_help);
+      kcli_common_help(stdout);
+      fputs(warm_tail, stdout);
       return -1;
     }
     if (opt == '?' || warm_opt(a, opt, optarg) != 0) {
       if (opt != '?')
         fprintf(stderr, "kcache warm: invalid value '%s'\n", optarg);
-      return cli_usage("warm", warm_usage);
+      return kcli_usage("warm", warm_usage);
     }
   }
   if (argc - optind != 1)
-    return cli_usage("warm", warm_usage);
+    return kcli_usage("warm", warm_usage);
   a->manifest = argv[optind];
   return 0;
 }
@@ -135,7 +140,7 @@ static int warm_output(const warm_args *a, const kc_warm_report *r) {
   if (a->json) {
     char *s = NULL;
     if (kc_warm_report_json(r, &s, err) != KC_OK)
-      return cli_fail("warm", KC_EXIT_FAIL, "%s", err);
+      return kcli_fail("warm", KCLI_EXIT_FAIL, "%s", err);
     puts(s);
     free(s);
   }
@@ -146,33 +151,35 @@ static int warm_output(const warm_args *a, const kc_warm_report *r) {
   return 0;
 }
 
-int cmd_warm(int argc, char **argv) {
+int kcli_cmd_warm(int argc, char **argv) {
   warm_args a = {0};
   char err[KC_ERRBUF_SIZE] = "";
   kc_warmup *w = NULL;
   kc_warm_report rep = {0};
-  cli_common_env(&a.g);
-  int rc = warm_parse(&a, argc, argv);
+  int rc = kcli_common_init(&a.g, "warm");
+  if (!rc)
+    rc = warm_parse(&a, argc, argv);
   if (rc) {
     free(a.archs_buf);
-    return rc < 0 ? KC_EXIT_OK : rc;
+    return rc < 0 ? KCLI_EXIT_OK : rc;
   }
   if (!a.quiet && isatty(2))
     a.o.progress = on_progress;
   kc_client *c = NULL;
   kc_err e = kc_warmup_load(a.manifest, &w, err);
   if (e)
-    rc = cli_fail("warm", KC_EXIT_FAIL, "%s: %s", a.manifest, err);
-  else if (!(c = cli_client(&a.g)))
-    rc = KC_EXIT_FAIL;
+    /* kc_warmup_load's message names the file already */
+    rc = kcli_fail("warm", KCLI_EXIT_FAIL, "%s", err);
+  else if (!(c = kcli_client(&a.g)))
+    rc = KCLI_EXIT_FAIL;
   else {
     e = kc_warm(c, w, &a.o, &rep, err);
     if (e && rep.n_items == 0) /* nothing computed: the manifest or setup */
-      rc = cli_fail("warm", KC_EXIT_FAIL, "%s", err);
+      rc = kcli_fail("warm", KCLI_EXIT_FAIL, "%s", err);
     else
-      rc = warm_output(&a, &rep) ? KC_EXIT_FAIL
-           : e && a.strict       ? KC_EXIT_FAIL
-                                 : KC_EXIT_OK;
+      rc = warm_output(&a, &rep) ? KCLI_EXIT_FAIL
+           : e && a.strict       ? KCLI_EXIT_FAIL
+                                 : KCLI_EXIT_OK;
     if (e && rep.n_items && !a.strict)
       fprintf(stderr, "kcache warm: %s (not --strict: exit 0)\n", err);
   }
@@ -193,7 +200,7 @@ static const char verify_help[] =
     "else the manifest's, else the device's) whose arch runs on device N\n"
     "(default 0), take it from the local cache or the server and load each\n"
     "cubin and PTX file with cuModuleLoadData, resolving its entries.\n"
-    "Without a GPU: a clean error, exit 1.\n\noptions:\n" CLI_COMMON_HELP;
+    "Without a GPU: a clean error, exit 1.\n\noptions:\n";
 
 static int verify_bundle(kc_client *c, const kc_manifest *m, int dev,
                          size_t *n_ok) {
@@ -226,7 +233,7 @@ static int verify_run(kc_client *c, const kc_warmup *w, int dev,
   const char *arch = arch_opt ? arch_opt : d->arch;
   int own = arch_opt || !w->n_archs; /* else the manifest's archs */
   if (kc_warm_keys(w, own ? &arch : NULL, own ? 1 : 0, &f, &n, err) != KC_OK)
-    return cli_fail("verify", KC_EXIT_FAIL, "%s", err);
+    return kcli_fail("verify", KCLI_EXIT_FAIL, "%s", err);
   int bad = 0;
   for (size_t i = 0; i < n; i++) {
     kc_manifest *m = NULL;
@@ -246,47 +253,61 @@ static int verify_run(kc_client *c, const kc_warmup *w, int dev,
   printf("%zu files of %zu bundles loaded on %s (%s)\n", n_ok, n_bundles,
          d->name, d->arch);
   if (!n_bundles)
-    return cli_fail("verify", KC_EXIT_FAIL,
-                    "no bundle of this manifest runs on %s", d->arch);
-  return bad ? KC_EXIT_FAIL : KC_EXIT_OK;
+    return kcli_fail("verify", KCLI_EXIT_FAIL,
+                     "no bundle of this manifest runs on %s", d->arch);
+  return bad ? KCLI_EXIT_FAIL : KCLI_EXIT_OK;
 }
 
-int cmd_verify(int argc, char **argv) {
-  static const struct option lo[] = {
-      {"device", required_argument, NULL, 'd'},
-      {"arch", required_argument, NULL, 'a'}, CLI_COMMON_OPTS,
-      {NULL, 0, NULL, 0}};
-  cli_common g;
-  char err[KC_ERRBUF_SIZE];
-  int opt, dev = 0;
-  const char *arch = NULL;
-  cli_common_env(&g);
+/* 0 go on (argv[optind] is the manifest), -1 --help, else the exit code. */
+static int verify_parse(int argc, char **argv, kcli_common *g, int *dev,
+                        const char **arch) {
+  static const struct option own[] = {{"device", required_argument, NULL, 'd'},
+                                      {"arch", required_argument, NULL, 'a'},
+                                      {NULL, 0, NULL, 0}};
+  struct option lo[KCLI_LONGOPTS_MAX];
+  int opt, rc = kcli_common_init(g, "verify");
+  if (rc)
+    return rc;
+  kcli_long_options(own, lo);
   optind = 0;
   while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
     if (opt == 'h') {
       printf("%s%s", verify_usage, verify_help);
-      return KC_EXIT_OK;
+      kcli_common_help(stdout);
+      return -1;
     }
     if (opt == 'd')
-      dev = atoi(optarg);
+      *dev = atoi(optarg);
     else if (opt == 'a' && kc_arch_valid(optarg))
-      arch = optarg;
-    else if (opt == '?' || cli_common_opt(&g, opt, optarg) != 1)
-      return cli_usage("verify", verify_usage);
+      *arch = optarg;
+    else if (opt == '?' || kcli_common_opt(g, opt, optarg) != 1)
+      return kcli_usage("verify", verify_usage);
   }
-  if (argc - optind != 1 || dev < 0)
-    return cli_usage("verify", verify_usage);
+  if (argc - optind != 1 || *dev < 0)
+    return kcli_usage("verify", verify_usage);
+  return 0;
+}
+
+int kcli_cmd_verify(int argc, char **argv) {
+  kcli_common g;
+  char err[KC_ERRBUF_SIZE];
+  int dev = 0;
+  const char *arch = NULL;
+  int rc = verify_parse(argc, argv, &g, &dev, &arch);
+  if (rc)
+    return rc < 0 ? KCLI_EXIT_OK : rc;
   kc_gpu_info gi;
   if (kc_gpu_detect(&gi, err) != KC_OK)
-    return cli_fail("verify", KC_EXIT_FAIL, "%s", err);
+    return kcli_fail("verify", KCLI_EXIT_FAIL, "%s", err);
   if (dev >= gi.n_devices)
-    return cli_fail("verify", KC_EXIT_FAIL, "no device %d (%d found)", dev,
-                    gi.n_devices);
+    return kcli_fail("verify", KCLI_EXIT_FAIL, "no device %d (%d found)", dev,
+                     gi.n_devices);
   kc_warmup *w = NULL;
+  /* kc_warmup_load's message names the file already */
   if (kc_warmup_load(argv[optind], &w, err) != KC_OK)
-    return cli_fail("verify", KC_EXIT_FAIL, "%s: %s", argv[optind], err);
-  kc_client *c = cli_client(&g);
-  int rc = c ? verify_run(c, w, dev, &gi.devices[dev], arch) : KC_EXIT_FAIL;
+    return kcli_fail("verify", KCLI_EXIT_FAIL, "%s", err);
+  kc_client *c = kcli_client(&g);
+  rc = c ? verify_run(c, w, dev, &gi.devices[dev], arch) : KCLI_EXIT_FAIL;
   kc_client_free(c);
   kc_warmup_free(w);
   return rc;

@@ -11,6 +11,9 @@
 
 #include "client_internal.h"
 
+/* The default kcache.h documents for o->cache_dir NULL, and the one place
+ * the library reads the environment (the CLI passes its --cache-dir or
+ * KCACHE_DIR in o->cache_dir). */
 static kc_err default_cache_dir(char **out, char *err) {
   const char *env = getenv("KCACHE_DIR");
   const char *home = getenv("HOME");
@@ -28,11 +31,11 @@ static kc_err default_cache_dir(char **out, char *err) {
 
 static kc_err make_dirs(kc_client *c, char *err) {
   static const char *const sub[] = {"blobs", "bundles", "tmp"};
-  kc_err e = kc_mkdirs(c->cache_dir, err);
+  kc_err e = kcc_mkdirs(c->cache_dir, err);
   for (size_t i = 0; !e && i < 3; i++) {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/%s", c->cache_dir, sub[i]);
-    e = kc_mkdirs(p, err);
+    e = kcc_mkdirs(p, err);
   }
   return e;
 }
@@ -70,14 +73,14 @@ static char *default_holder(void) {
 
 static kc_err copy_opts(kc_client *c, const kc_client_opts *o, char *err) {
   const char *url = o && o->url && *o->url ? o->url : NULL;
-  c->url = kc_strdup0(url);
+  c->url = kcc_strdup0(url);
   if (c->url) {
     size_t n = strlen(c->url);
     while (n > 0 && c->url[n - 1] == '/')
       c->url[--n] = '\0';
   }
-  c->token = kc_strdup0(o && o->token && *o->token ? o->token : NULL);
-  c->cacert = kc_strdup0(o && o->cacert && *o->cacert ? o->cacert : NULL);
+  c->token = kcc_strdup0(o && o->token && *o->token ? o->token : NULL);
+  c->cacert = kcc_strdup0(o && o->cacert && *o->cacert ? o->cacert : NULL);
   c->holder = o && o->holder ? strdup(o->holder) : default_holder();
   c->connect_timeout_ms = o && o->connect_timeout_ms ? o->connect_timeout_ms
                                                        : 3000;
@@ -163,21 +166,21 @@ int kc_client_has_server(const kc_client *c) { return c->url != NULL; }
 kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
                           size_t *len, char *err) {
   char path[128], d[KC_HEX_LEN + 1];
-  kc_http_resp r;
+  kcc_http_resp r;
   if (!kc_is_hex64(digest))
     return kc_errf(err, KC_BAD_DIGEST, "digest: must be 64 lowercase hex");
   snprintf(path, sizeof path, "/v1/blobs/%s", digest);
-  kc_err e = kc_http_do(c, "GET", path, NULL, 0, &r, err);
+  kc_err e = kcc_http_do(c, "GET", path, NULL, 0, &r, err);
   if (e)
     return e;
   if (r.status != 200) {
-    e = kc_http_error(&r, path, err);
-    kc_http_resp_free(&r);
+    e = kcc_http_error(&r, path, err);
+    kcc_http_resp_free(&r);
     return e;
   }
   kc_sha256_hex(r.body ? r.body : "", r.len, d);
   if (strcmp(d, digest) != 0) {
-    kc_http_resp_free(&r);
+    kcc_http_resp_free(&r);
     return kc_errf(err, KC_DIGEST_MISMATCH,
                    "blob %s: the server sent bytes hashing to %s; discarded",
                    digest, d);
@@ -192,17 +195,17 @@ kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
 kc_err kc_client_blob_put(kc_client *c, const void *data, size_t len,
                           char digest_out[KC_HEX_LEN + 1], char *err) {
   char path[128], d[KC_HEX_LEN + 1];
-  kc_http_resp r;
+  kcc_http_resp r;
   kc_sha256_hex(data, len, d);
   if (digest_out)
     memcpy(digest_out, d, sizeof d);
   snprintf(path, sizeof path, "/v1/blobs/%s", d);
-  kc_err e = kc_http_do(c, "PUT", path, data ? data : "", len, &r, err);
+  kc_err e = kcc_http_do(c, "PUT", path, data ? data : "", len, &r, err);
   if (e)
     return e;
   if (r.status != 200 && r.status != 201)
-    e = kc_http_error(&r, path, err);
-  kc_http_resp_free(&r);
+    e = kcc_http_error(&r, path, err);
+  kcc_http_resp_free(&r);
   return e;
 }
 
@@ -227,7 +230,7 @@ kc_err kc_client_blob_repair(kc_client *c, const void *data, size_t len,
   struct curl_slist *l = with_header(saved, "X-Kcache-Repair: 1");
   if (!l)
     return kc_errf(err, KC_NOMEM, "out of memory");
-  c->hdrs = l; /* kc_http_do sends c->hdrs */
+  c->hdrs = l; /* kcc_http_do sends c->hdrs */
   kc_err e = kc_client_blob_put(c, data, len, NULL, err);
   c->hdrs = saved;
   curl_slist_free_all(l);
@@ -256,37 +259,37 @@ static kc_err served_manifest(const char *key, const char *json, size_t len,
 kc_err kc_client_bundle_get(kc_client *c, const char *key, kc_manifest **out,
                             char *err) {
   char path[128];
-  kc_http_resp r;
+  kcc_http_resp r;
   *out = NULL;
   if (!kc_is_hex64(key))
     return kc_errf(err, KC_BAD_KEY, "key: must be 64 lowercase hex digits");
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
-  kc_err e = kc_http_do(c, "GET", path, NULL, 0, &r, err);
+  kc_err e = kcc_http_do(c, "GET", path, NULL, 0, &r, err);
   if (e)
     return e;
   if (r.status == 200)
     e = served_manifest(key, r.body ? r.body : "", r.len, out, err);
   else
-    e = kc_http_error(&r, path, err);
-  kc_http_resp_free(&r);
+    e = kcc_http_error(&r, path, err);
+  kcc_http_resp_free(&r);
   return e;
 }
 
 kc_err kc_client_bundle_put(kc_client *c, const kc_manifest *m, char *err) {
   char path[128];
   char *json = NULL;
-  kc_http_resp r;
+  kcc_http_resp r;
   kc_err e = kc_manifest_to_json(m, &json, err);
   if (e)
     return e;
   snprintf(path, sizeof path, "/v1/bundles/%s", m->key);
-  e = kc_http_do(c, "PUT", path, json, strlen(json), &r, err);
+  e = kcc_http_do(c, "PUT", path, json, strlen(json), &r, err);
   free(json);
   if (e)
     return e;
   if (r.status != 200 && r.status != 201)
-    e = kc_http_error(&r, path, err);
-  kc_http_resp_free(&r);
+    e = kcc_http_error(&r, path, err);
+  kcc_http_resp_free(&r);
   return e;
 }
 
@@ -303,7 +306,7 @@ static char *lookup_body(const char *const *keys, size_t n) {
 /* found[i] from the answer; a manifest that fails validation stays NULL:
  * the caller rebuilds rather than trusting it. refused[i] (when not NULL)
  * says why, so that a report can tell "the server lied" from "missing". */
-static kc_err lookup_parse(const kc_http_resp *r, const char *const *keys,
+static kc_err lookup_parse(const kcc_http_resp *r, const char *const *keys,
                            size_t n, kc_manifest **found, kc_err *refused,
                            char *err) {
   json_error_t je;
@@ -332,9 +335,9 @@ static kc_err lookup_parse(const kc_http_resp *r, const char *const *keys,
   return KC_OK;
 }
 
-kc_err kc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
-                         kc_manifest **found, kc_err *refused, char *err) {
-  kc_http_resp r;
+kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
+                          kc_manifest **found, kc_err *refused, char *err) {
+  kcc_http_resp r;
   for (size_t i = 0; i < n; i++) {
     found[i] = NULL;
     if (refused)
@@ -346,26 +349,26 @@ kc_err kc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
   char *body = lookup_body(keys, n);
   if (!body)
     return kc_errf(err, KC_NOMEM, "out of memory");
-  kc_err e = kc_http_do(c, "POST", "/v1/lookup", body, strlen(body), &r, err);
+  kc_err e = kcc_http_do(c, "POST", "/v1/lookup", body, strlen(body), &r, err);
   free(body);
   if (e)
     return e;
   if (r.status == 200)
     e = lookup_parse(&r, keys, n, found, refused, err);
   else
-    e = kc_http_error(&r, "/v1/lookup", err);
-  kc_http_resp_free(&r);
+    e = kcc_http_error(&r, "/v1/lookup", err);
+  kcc_http_resp_free(&r);
   return e;
 }
 
 kc_err kc_client_lookup(kc_client *c, const char *const *keys, size_t n,
                         kc_manifest **found, char *err) {
-  return kc_lookup_checked(c, keys, n, found, NULL, err);
+  return kcc_lookup_checked(c, keys, n, found, NULL, err);
 }
 
 /* ---- leases ---- */
 
-static kc_err lease_granted(const kc_http_resp *r, char *token, char *err) {
+static kc_err lease_granted(const kcc_http_resp *r, char *token, char *err) {
   json_t *root = json_loadb(r->body ? r->body : "", r->len, 0, NULL);
   const char *t = json_string_value(json_object_get(root, "lease"));
   kc_err e = KC_OK;
@@ -382,7 +385,7 @@ kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
                             char token[KC_LEASE_TOKEN_MAX], int *retry_after_s,
                             char *err) {
   char path[128];
-  kc_http_resp r;
+  kcc_http_resp r;
   if (!kc_is_hex64(key))
     return kc_errf(err, KC_BAD_KEY, "key: must be 64 lowercase hex digits");
   json_t *b = json_pack("{ss si}", "holder", c->holder, "ttl_s",
@@ -392,7 +395,7 @@ kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
   if (!body)
     return kc_errf(err, KC_NOMEM, "out of memory");
   snprintf(path, sizeof path, "/v1/leases/%s", key);
-  kc_err e = kc_http_do(c, "POST", path, body, strlen(body), &r, err);
+  kc_err e = kcc_http_do(c, "POST", path, body, strlen(body), &r, err);
   free(body);
   if (e)
     return e;
@@ -406,27 +409,27 @@ kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
   } else if (r.status == 409) {
     *state = KC_LEASE_HELD;
   } else {
-    e = kc_http_error(&r, path, err);
+    e = kcc_http_error(&r, path, err);
   }
-  kc_http_resp_free(&r);
+  kcc_http_resp_free(&r);
   return e;
 }
 
 kc_err kc_client_lease_release(kc_client *c, const char *key,
                                const char *token, char *err) {
   char path[512];
-  kc_http_resp r;
+  kcc_http_resp r;
   char *esc = curl_easy_escape(c->easy, token, 0);
   if (!esc)
     return kc_errf(err, KC_NOMEM, "out of memory");
   snprintf(path, sizeof path, "/v1/leases/%s?lease=%s", key, esc);
   curl_free(esc);
-  kc_err e = kc_http_do(c, "DELETE", path, NULL, 0, &r, err);
+  kc_err e = kcc_http_do(c, "DELETE", path, NULL, 0, &r, err);
   if (e)
     return e;
   if (r.status != 204 && r.status != 200)
-    e = kc_http_error(&r, "DELETE lease", err);
-  kc_http_resp_free(&r);
+    e = kcc_http_error(&r, "DELETE lease", err);
+  kcc_http_resp_free(&r);
   return e;
 }
 
@@ -434,14 +437,14 @@ kc_err kc_client_lease_release(kc_client *c, const char *key,
 
 static kc_err get_json(kc_client *c, const char *path, char **json,
                        char *err) {
-  kc_http_resp r;
+  kcc_http_resp r;
   *json = NULL;
-  kc_err e = kc_http_do(c, "GET", path, NULL, 0, &r, err);
+  kc_err e = kcc_http_do(c, "GET", path, NULL, 0, &r, err);
   if (e)
     return e;
   if (r.status != 200) {
-    e = kc_http_error(&r, path, err);
-    kc_http_resp_free(&r);
+    e = kcc_http_error(&r, path, err);
+    kcc_http_resp_free(&r);
     return e;
   }
   *json = r.body ? r.body : strdup("");

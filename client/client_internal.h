@@ -1,6 +1,6 @@
 /* client_internal.h: what the files of libkcache share; never installed. */
-#ifndef KC_CLIENT_INTERNAL_H
-#define KC_CLIENT_INTERNAL_H
+#ifndef KCC_CLIENT_INTERNAL_H
+#define KCC_CLIENT_INTERNAL_H
 
 #include <limits.h>
 #include <stdint.h>
@@ -26,34 +26,34 @@ struct kc_client {
   long request_cap_ms;   /* > 0: one request's most (kc_warm's lookup) */
 };
 
-/* ---- http.c ---- */
+/* ---- transport.c ---- */
 
-typedef struct kc_http_resp {
+typedef struct kcc_http_resp {
   long status;
   char *body; /* malloc'd, NUL-terminated; may be NULL when empty */
   size_t len;
   int retry_after_s;
-} kc_http_resp;
+} kcc_http_resp;
 
-void kc_http_resp_free(kc_http_resp *r);
+void kcc_http_resp_free(kcc_http_resp *r);
 /* One request on c->easy; body may be NULL. Transport errors are
  * KC_UNAVAILABLE / KC_TIMEOUT; any HTTP status is KC_OK (check r->status). */
-kc_err kc_http_do(kc_client *c, const char *method, const char *path,
-                  const void *body, size_t len, kc_http_resp *r, char *err);
+kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
+                   const void *body, size_t len, kcc_http_resp *r, char *err);
 /* Error answer -> kc_err and its message ("server: <message>"). */
-kc_err kc_http_error(const kc_http_resp *r, const char *what, char *err);
+kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err);
 /* Applies the handle's common options (TLS, auth, timeouts). */
-void kc_http_setup(kc_client *c, CURL *h, long timeout_ms);
+void kcc_http_setup(kc_client *c, CURL *h, long timeout_ms);
 /* Milliseconds left before the deadline, capped to c->timeout_ms; 0 when it
  * has passed. */
-long kc_http_budget_ms(const kc_client *c);
+long kcc_http_budget_ms(const kc_client *c);
 
 /* ---- client.c ---- */
 
 /* kc_client_lookup, and refused[i] (may be NULL): why the manifest served
  * for keys[i] was refused (KC_OK: none served, or a valid one). */
-kc_err kc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
-                         kc_manifest **found, kc_err *refused, char *err);
+kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
+                          kc_manifest **found, kc_err *refused, char *err);
 
 /* ---- fetch.c: parallel verified blob downloads into the cache ---- */
 
@@ -62,36 +62,36 @@ kc_err kc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
  * renaming into place only when the hash matches. ok[i] (may be NULL) is set
  * to 1 for each digest now cached. Returns the first failure. *fetched gets
  * the bytes received (may be NULL). */
-kc_err kc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
-                      char *ok, uint64_t *fetched, char *err);
+kc_err kcc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
+                       char *ok, uint64_t *fetched, char *err);
 
 /* ---- cache.c ---- */
 
-int kc_cache_blob_has(const kc_client *c, const char *digest);
+int kcc_cache_blob_has(const kc_client *c, const char *digest);
 /* A temporary file in cache/tmp; path must hold PATH_MAX. fd or -1. */
-int kc_cache_tmp(const kc_client *c, char *path, char *err);
+int kcc_cache_tmp(const kc_client *c, char *path, char *err);
 /* Loads a blob file verified against digest into memory. A mismatch deletes
  * the file (KC_CORRUPT). */
-kc_err kc_cache_blob_read(kc_client *c, const char *digest, void **data,
-                          size_t *len, char *err);
+kc_err kcc_cache_blob_read(kc_client *c, const char *digest, void **data,
+                           size_t *len, char *err);
 
-/* ---- util.c ---- */
+/* ---- files.c ---- */
 
-int64_t kc_now_ms(void);
+int64_t kcc_now_ms(void);
 /* mkdir -p, mode 0755 (0700 for the cache root is set by the caller). */
-kc_err kc_mkdirs(const char *path, char *err);
+kc_err kcc_mkdirs(const char *path, char *err);
 /* Removes a directory tree (for tests and the command builder's scratch). */
-void kc_rmtree(const char *path);
+void kcc_rmtree(const char *path);
 /* strdup that tolerates NULL. */
-char *kc_strdup0(const char *s);
+char *kcc_strdup0(const char *s);
 
-/* ---- build.c ---- */
+/* ---- build_key.c ---- */
 
 /* Builds one key (fields f, index in w's buckets: bucket) into a sealed
  * manifest whose blobs are in the local cache. seconds bounds the build. */
-kc_err kc_build_key(kc_client *c, const kc_warmup *w, const kc_key_fields *f,
-                    double seconds, kc_manifest **out, char *err);
+kc_err kcc_build_key(kc_client *c, const kc_warmup *w, const kc_key_fields *f,
+                     double seconds, kc_manifest **out, char *err);
 /* The builder-input hash for the "build" key field. */
-kc_err kc_build_hash(const kc_warmup *w, char out[KC_HEX_LEN + 1], char *err);
+kc_err kcc_build_hash(const kc_warmup *w, char out[KC_HEX_LEN + 1], char *err);
 
 #endif

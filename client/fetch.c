@@ -66,12 +66,12 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   /* A passed deadline leaves no budget, and a timeout of 0 is libcurl's
    * "no limit": a transfer started now would wait on a stalled server
    * forever. */
-  long budget = kc_http_budget_ms(r->c);
+  long budget = kcc_http_budget_ms(r->c);
   if (budget <= 0) {
     fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", r->digests[idx]);
     return -1;
   }
-  int fd = kc_cache_tmp(r->c, x->tmp, e2);
+  int fd = kcc_cache_tmp(r->c, x->tmp, e2);
   if (fd < 0 || !(x->f = fdopen(fd, "wb"))) {
     if (fd >= 0)
       close(fd);
@@ -82,7 +82,7 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   snprintf(x->url, sizeof x->url, "%s/v1/blobs/%s", r->c->url,
            r->digests[idx]);
   curl_easy_reset(x->h);
-  kc_http_setup(r->c, x->h, budget);
+  kcc_http_setup(r->c, x->h, budget);
   curl_easy_setopt(x->h, CURLOPT_URL, x->url);
   curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_data);
   curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
@@ -94,7 +94,7 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
 }
 
 static int deadline_passed(const kc_client *c) {
-  return c->deadline_ms && kc_now_ms() >= c->deadline_ms;
+  return c->deadline_ms && kcc_now_ms() >= c->deadline_ms;
 }
 
 /* Verifies and renames a finished transfer. */
@@ -139,7 +139,7 @@ static void finish(fetch_run *r, xfer *x, CURLcode rc) {
 static size_t next_needed(fetch_run *r) {
   while (r->next < r->n) {
     size_t i = r->next++;
-    if (!kc_cache_blob_has(r->c, r->digests[i])) {
+    if (!kcc_cache_blob_has(r->c, r->digests[i])) {
       int dup = 0; /* a blob shared by two bundles is fetched once */
       for (size_t j = 0; j < i && !dup; j++)
         dup = !strcmp(r->digests[j], r->digests[i]);
@@ -187,8 +187,8 @@ static kc_err run(fetch_run *r, xfer *xs, int nx) {
   return r->first;
 }
 
-kc_err kc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
-                      char *ok, uint64_t *fetched, char *err) {
+kc_err kcc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
+                       char *ok, uint64_t *fetched, char *err) {
   if (!c->url)
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");
   int nx = c->parallel < (int)n ? c->parallel : (int)n;

@@ -125,7 +125,7 @@ static kc_err base_fields(const kc_warmup *w, const char *nvrtc_cache,
   for (size_t i = 0; i < w->n_tools; i++)
     f->tools[i] = w->tools[i];
   f->n_tools = w->n_tools;
-  kc_err e = kc_build_hash(w, f->build, err);
+  kc_err e = kcc_build_hash(w, f->build, err);
   if (!e && w->n_kernels)
     e = pin_nvrtc(f, w, nvrtc_cache, err);
   return e;
@@ -207,7 +207,7 @@ kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w,
 
 /* ---- bookkeeping ---- */
 
-static double since(const wctx *x) { return (kc_now_ms() - x->t0) / 1000.0; }
+static double since(const wctx *x) { return (kcc_now_ms() - x->t0) / 1000.0; }
 
 static uint64_t bundle_bytes(const kc_manifest *m) {
   uint64_t b = 0;
@@ -250,7 +250,7 @@ static void failed(wctx *x, size_t i, kc_err e, const char *msg) {
 }
 
 static int deadline_passed(const wctx *x) {
-  return x->c->deadline_ms && kc_now_ms() >= x->c->deadline_ms;
+  return x->c->deadline_ms && kcc_now_ms() >= x->c->deadline_ms;
 }
 
 /* 0: no deadline; else what is left, never 0 (a passed deadline must not
@@ -258,7 +258,7 @@ static int deadline_passed(const wctx *x) {
 static double seconds_left(const wctx *x) {
   if (!x->c->deadline_ms)
     return 0;
-  double s = (x->c->deadline_ms - kc_now_ms()) / 1000.0;
+  double s = (x->c->deadline_ms - kcc_now_ms()) / 1000.0;
   return s > 0.001 ? s : 0.001;
 }
 
@@ -334,7 +334,7 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
   for (size_t k = 0; k < n; k++)
     for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
       d[nd++] = found[k]->files[j].sha256;
-  kc_err e = kc_fetch_blobs(x->c, d, nd, NULL, &got, e2);
+  kc_err e = kcc_fetch_blobs(x->c, d, nd, NULL, &got, e2);
   free(d);
   x->rep->bytes_fetched += got;
   if (is_down(e))
@@ -344,7 +344,7 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
       continue;
     int all = 1;
     for (size_t j = 0; j < found[k]->n_files; j++)
-      all &= kc_cache_blob_has(x->c, found[k]->files[j].sha256);
+      all &= kcc_cache_blob_has(x->c, found[k]->files[j].sha256);
     if (all && kc_cache_bundle_put(x->c, found[k], NULL) == KC_OK) {
       ready(x, idx[k], x->fetched_as, found[k]);
       found[k] = NULL;
@@ -390,7 +390,7 @@ static void note_refused(wctx *x, const kc_err *refused, size_t *idx,
 static long lookup_cap_ms(const wctx *x) {
   if (!x->c->deadline_ms)
     return 0;
-  int64_t half = (x->c->deadline_ms - kc_now_ms()) / 2;
+  int64_t half = (x->c->deadline_ms - kcc_now_ms()) / 2;
   return half > 1000 ? (long)half : 1000;
 }
 
@@ -403,7 +403,7 @@ static void lookup_chunk(wctx *x, size_t *idx, size_t n) {
     for (size_t k = 0; k < n; k++)
       keys[k] = x->rep->items[idx[k]].key;
     x->c->request_cap_ms = lookup_cap_ms(x);
-    kc_err e = kc_lookup_checked(x->c, keys, n, found, refused, e2);
+    kc_err e = kcc_lookup_checked(x->c, keys, n, found, refused, e2);
     x->c->request_cap_ms = 0;
     if (e) {
       lookup_failed(x, e, e2);
@@ -448,7 +448,7 @@ static kc_err fetch_one(wctx *x, size_t i, kc_warm_status s, char *err) {
   for (size_t j = 0; !e && j < m->n_files; j++)
     d[j] = m->files[j].sha256;
   if (!e)
-    e = kc_fetch_blobs(x->c, d, m->n_files, NULL, &got, err);
+    e = kcc_fetch_blobs(x->c, d, m->n_files, NULL, &got, err);
   free(d);
   x->rep->bytes_fetched += got;
   if (!e)
@@ -469,7 +469,7 @@ static void offer_blobs(wctx *x, const kc_manifest *m) {
   for (size_t j = 0; !e && j < m->n_files; j++) {
     void *data = NULL;
     size_t len = 0;
-    e = kc_cache_blob_read(x->c, m->files[j].sha256, &data, &len, e2);
+    e = kcc_cache_blob_read(x->c, m->files[j].sha256, &data, &len, e2);
     if (!e)
       e = kc_client_blob_repair(x->c, data, len, e2);
     free(data);
@@ -514,8 +514,8 @@ typedef struct job {
 
 /* Builds into the local cache. */
 static void run_job(wctx *x, job *j) {
-  j->e = kc_build_key(x->c, x->w, &x->fields[j->i], seconds_left(x), &j->m,
-                      j->msg);
+  j->e = kcc_build_key(x->c, x->w, &x->fields[j->i], seconds_left(x), &j->m,
+                       j->msg);
   if (!j->e && strcmp(j->m->key, x->rep->items[j->i].key) != 0)
     j->e = kc_errf(j->msg, KC_INTERNAL, "built bundle's key differs");
   if (!j->e)
@@ -647,7 +647,7 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
   }
   if (st == KC_LEASE_HELD) { /* ask again when the holder's lease ends */
     x->waiting[i] = 1;
-    x->retry_at[i] = kc_now_ms() + (int64_t)retry_s * 1000;
+    x->retry_at[i] = kcc_now_ms() + (int64_t)retry_s * 1000;
     return 0;
   }
   if (st == KC_LEASE_GRANTED) {
@@ -687,7 +687,7 @@ static void claim_and_build(wctx *x, int waiting_round) {
   size_t n = 0;
   for (size_t i = 0; i < x->rep->n_items; i++) {
     if (!x->pending[i] || x->waiting[i] != waiting_round ||
-        (waiting_round && kc_now_ms() < x->retry_at[i]))
+        (waiting_round && kcc_now_ms() < x->retry_at[i]))
       continue;
     if (deadline_passed(x))
       break;
@@ -850,8 +850,12 @@ static int build_jobs(const kc_warm_opts *o) {
 kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
                kc_warm_report *report, char *err) {
   kc_warm_opts none = {0};
-  wctx x = {.c = c, .w = w, .o = o ? o : &none, .rep = report,
-            .server_ok = kc_client_has_server(c), .t0 = kc_now_ms(),
+  wctx x = {.c = c,
+            .w = w,
+            .o = o ? o : &none,
+            .rep = report,
+            .server_ok = kc_client_has_server(c),
+            .t0 = kcc_now_ms(),
             .fetched_as = KC_WARM_HIT_REMOTE};
   x.jobs = build_jobs(x.o);
   memset(report, 0, sizeof *report);

@@ -356,7 +356,9 @@ kc_err kc_warmup_load(const char *path, kc_warmup **out, char *err) {
     e = kci_err(inner, KC_NOMEM, "out of memory");
   free(dir);
   free(text);
-  /* Name the file too: a CI log may show several manifests. */
+  /* Name the file (a CI log may show several manifests), once: a read
+   * error from kc_read_file names it already, so only a parse error gets
+   * the prefix, and callers print err as it is. */
   if (e)
     return kci_err(err, e, "%s: %s", path, inner);
   return KC_OK;

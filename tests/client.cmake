@@ -7,7 +7,8 @@ if(NOT TARGET PkgConfig::CMOCKA)
 endif()
 
 add_executable(test_client ${CMAKE_CURRENT_LIST_DIR}/test_client.c)
-target_link_libraries(test_client PRIVATE kc_client kc_testsrv
+# kc_gpu and libcurl are used here directly (kc_client keeps them PRIVATE).
+target_link_libraries(test_client PRIVATE kc_client kc_gpu kc_testsrv
   PkgConfig::CMOCKA PkgConfig::CURL Threads::Threads)
 target_compile_definitions(test_client PRIVATE
   KC_TEST_KERNELS="${CMAKE_CURRENT_LIST_DIR}/kernels"

@@ -140,17 +140,16 @@ static size_t count(const kc_warm_report *r, kc_warm_status s) {
   return r->counts[s];
 }
 
-/* Runs the kcache CLI; returns its exit status, stdout+stderr in out. */
-static int run_cli(char *out, size_t out_size, const char *fmt, ...) {
+/* Runs the kcache CLI with env ("VAR=value ..." or "") before it; returns
+ * its exit status, stdout+stderr in out. */
+static int run_cliv(char *out, size_t out_size, const char *env,
+                    const char *fmt, va_list ap) {
   char args[2048], cmd[2600];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(args, sizeof args, fmt, ap);
-  va_end(ap);
   /* The caller's server settings must not leak into the tests. */
   snprintf(cmd, sizeof cmd,
-           "env -u KCACHE_URL -u KCACHE_TOKEN -u KCACHE_CACERT %s %s 2>&1",
-           KCACHE_BIN, args);
+           "env -u KCACHE_URL -u KCACHE_TOKEN -u KCACHE_CACERT %s %s %s 2>&1",
+           env, KCACHE_BIN, args);
   FILE *p = popen(cmd, "r");
   assert_non_null(p);
   size_t n = out ? fread(out, 1, out_size - 1, p) : 0;
@@ -163,6 +162,31 @@ static int run_cli(char *out, size_t out_size, const char *fmt, ...) {
   }
   int st = pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static int run_cli(char *out, size_t out_size, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = run_cliv(out, out_size, "", fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static int run_cli_env(char *out, size_t out_size, const char *env,
+                       const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = run_cliv(out, out_size, env, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* How many times needle occurs in s. */
+static int occurrences(const char *s, const char *needle) {
+  int n = 0;
+  for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+    n++;
+  return n;
 }
 
 /* ---- unit: keys ---- */
@@ -408,6 +432,84 @@ static void test_manifest_errors(void **state) {
   assert_non_null(strstr(out, "model.hash"));
 }
 
+
+/* A failing command names its file once, not "f: f: No such file". */
+static void test_cli_names_file_once(void **state) {
+  fx *f = *state;
+  char out[8192], missing[400], bad[400], dir[400], bundle[450];
+  snprintf(missing, sizeof missing, "%s/missing.json", f->dir);
+  snprintf(bad, sizeof bad, "%s/bad.json", f->dir);
+  snprintf(dir, sizeof dir, "%s/pushdir", f->dir);
+  snprintf(bundle, sizeof bundle, "%s/kcache-bundle.json", dir);
+  write_text(bad, "{");
+  assert_int_equal(mkdir(dir, 0755), 0);
+  write_text(bundle, "{");
+  const char *url = "--url http://127.0.0.1:1"; /* never reached */
+  struct {
+    char args[1400];
+    const char *file, *says;
+  } c[9];
+  size_t n = 0;
+#define CASE(file_, says_, ...)                                                \
+  (snprintf(c[n].args, sizeof c[n].args, __VA_ARGS__), c[n].file = file_,      \
+   c[n++].says = says_)
+  CASE(missing, "No such file", "warm %s", missing);
+  CASE(bad, "line 1", "warm %s", bad);
+  CASE(missing, "No such file", "key %s", missing);
+  CASE(bad, "line 1", "key %s", bad);
+  CASE(missing, "No such file", "hash %s", missing);
+  CASE(missing, "No such file", "put %s %s", missing, url);
+  CASE(missing, "No such file", "push %s --fields %s %s", dir, missing, url);
+  CASE(bad, "line 1", "push %s --fields %s %s", dir, bad, url);
+  CASE(bundle, "line 1", "push %s %s", dir, url);
+#undef CASE
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(run_cli(out, sizeof out, "%s", c[i].args), 1);
+    if (occurrences(out, c[i].file) != 1 || !strstr(out, c[i].says))
+      fail_msg("kcache %s: %s", c[i].args, out);
+  }
+}
+
+/* The common options come from one table: each flag and its variable reach
+ * the client, the flag wins, and --help lists both. */
+static void test_cli_env_and_flags(void **state) {
+  fx *f = *state;
+  char out[8192], env[700], from_env[400], from_flag[400], p[450];
+  snprintf(from_env, sizeof from_env, "%s/env-cache", f->dir);
+  snprintf(from_flag, sizeof from_flag, "%s/flag-cache", f->dir);
+  snprintf(env, sizeof env, "KCACHE_DIR=%s", from_env);
+  /* pull needs no server; the client makes its cache before it fails */
+  assert_int_equal(run_cli_env(out, sizeof out, env, "pull %s %s", MODEL,
+                               f->out),
+                   1);
+  snprintf(p, sizeof p, "%s/blobs", from_env);
+  assert_int_equal(access(p, F_OK), 0);
+  rmtree(from_env);
+  assert_int_equal(run_cli_env(out, sizeof out, env, "pull %s %s --cache-dir %s",
+                               MODEL, f->out, from_flag),
+                   1);
+  snprintf(p, sizeof p, "%s/blobs", from_flag);
+  assert_int_equal(access(p, F_OK), 0);
+  assert_int_not_equal(access(from_env, F_OK), 0);
+  /* a token in clear off loopback: refused unless the variable says 1 */
+  const char *tok = "KCACHE_URL=http://0.0.0.0:1 KCACHE_TOKEN=t";
+  assert_int_equal(run_cli_env(out, sizeof out, tok, "stat"), 1);
+  assert_non_null(strstr(out, "in clear"));
+  snprintf(env, sizeof env, "%s KCACHE_ALLOW_PLAINTEXT=1", tok);
+  assert_int_equal(run_cli_env(out, sizeof out, env, "stat"), 1);
+  assert_null(strstr(out, "in clear"));
+  assert_int_equal(run_cli_env(out, sizeof out, tok, "stat --allow-plaintext"),
+                   1);
+  assert_null(strstr(out, "in clear"));
+  assert_int_equal(run_cli(out, sizeof out, "stat --parallel 0"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "--help"), 0);
+  for (const char *const *v = (const char *const[]){
+           "--url", "KCACHE_URL", "KCACHE_TOKEN", "KCACHE_CACERT",
+           "--cache-dir", "KCACHE_DIR", "--parallel", "KCACHE_ALLOW_PLAINTEXT",
+           NULL};
+       *v; v++)
+    assert_non_null(strstr(out, *v));
+}
 
 /* Tokens do not cross a network in clear by accident. */
 static void test_plaintext_token(void **state) {
@@ -1515,6 +1617,8 @@ int main(void) {
       T(test_cli_usage),
       T(test_cli_key_hash),
       T(test_manifest_errors),
+      T(test_cli_names_file_once),
+      T(test_cli_env_and_flags),
       T(test_plaintext_token),
       T(test_cli_verify),
       T(test_warm_offline),

@@ -1,4 +1,4 @@
-/* util.c: small file-system helpers of libkcache: mkdir -p, atomic writes,
+/* files.c: small file-system helpers of libkcache: mkdir -p, atomic writes,
  * tree removal, bucket labels. */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,9 +11,9 @@
 
 #include "client_internal.h"
 
-char *kc_strdup0(const char *s) { return s ? strdup(s) : NULL; }
+char *kcc_strdup0(const char *s) { return s ? strdup(s) : NULL; }
 
-kc_err kc_mkdirs(const char *path, char *err) {
+kc_err kcc_mkdirs(const char *path, char *err) {
   char p[PATH_MAX];
   if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p)
     return kc_errf(err, KC_EINVAL, "%s: path too long", path);
@@ -84,7 +84,7 @@ static int rm_one(const char *p, const struct stat *st, int flag,
   return 0;
 }
 
-void kc_rmtree(const char *path) {
+void kcc_rmtree(const char *path) {
   nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 

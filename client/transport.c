@@ -1,4 +1,4 @@
-/* http.c: requests to kcached over one reused libcurl easy handle, and the
+/* transport.c: requests to kcached over one reused libcurl easy handle, and the
  * one place where libcurl errors and error answers become kc_err. */
 #include <stdlib.h>
 #include <string.h>
@@ -41,18 +41,18 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg) {
   return n;
 }
 
-int64_t kc_now_ms(void) {
+int64_t kcc_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-long kc_http_budget_ms(const kc_client *c) {
+long kcc_http_budget_ms(const kc_client *c) {
   long t = c->timeout_ms;
   if (c->request_cap_ms > 0 && c->request_cap_ms < t)
     t = c->request_cap_ms;
   if (c->deadline_ms) {
-    int64_t left = c->deadline_ms - kc_now_ms();
+    int64_t left = c->deadline_ms - kcc_now_ms();
     if (left <= 0)
       return 0;
     if (left < t)
@@ -61,7 +61,7 @@ long kc_http_budget_ms(const kc_client *c) {
   return t;
 }
 
-void kc_http_setup(kc_client *c, CURL *h, long timeout_ms) {
+void kcc_http_setup(kc_client *c, CURL *h, long timeout_ms) {
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* threads; no SIGALRM */
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, c->connect_timeout_ms);
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
@@ -82,7 +82,7 @@ static kc_err curl_error(kc_client *c, CURLcode rc, const char *method,
   const char *why = detail && *detail ? detail : curl_easy_strerror(rc);
   switch (rc) {
   case CURLE_OPERATION_TIMEDOUT:
-    if (c->deadline_ms && kc_now_ms() >= c->deadline_ms)
+    if (c->deadline_ms && kcc_now_ms() >= c->deadline_ms)
       return kc_errf(err, KC_DEADLINE, "%s %s: the deadline passed", method,
                      path);
     return kc_errf(err, KC_TIMEOUT, "%s %s%s: %s", method, c->url, path, why);
@@ -103,12 +103,12 @@ static kc_err curl_error(kc_client *c, CURLcode rc, const char *method,
   }
 }
 
-kc_err kc_http_do(kc_client *c, const char *method, const char *path,
-                  const void *body, size_t len, kc_http_resp *r, char *err) {
+kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
+                   const void *body, size_t len, kcc_http_resp *r, char *err) {
   memset(r, 0, sizeof *r);
   if (!c->url)
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");
-  long budget = kc_http_budget_ms(c);
+  long budget = kcc_http_budget_ms(c);
   if (budget <= 0)
     return kc_errf(err, KC_DEADLINE, "%s %s: the deadline passed", method,
                    path);
@@ -117,7 +117,7 @@ kc_err kc_http_do(kc_client *c, const char *method, const char *path,
     return kc_errf(err, KC_EINVAL, "URL too long");
   CURL *h = c->easy;
   curl_easy_reset(h); /* keeps the connection cache */
-  kc_http_setup(c, h, budget);
+  kcc_http_setup(c, h, budget);
   membuf b = {0};
   char ebuf[CURL_ERROR_SIZE] = "";
   curl_easy_setopt(h, CURLOPT_URL, url);
@@ -146,7 +146,7 @@ kc_err kc_http_do(kc_client *c, const char *method, const char *path,
   return KC_OK;
 }
 
-void kc_http_resp_free(kc_http_resp *r) {
+void kcc_http_resp_free(kcc_http_resp *r) {
   if (!r)
     return;
   free(r->body);
@@ -174,7 +174,7 @@ static kc_err code_of(const char *code, long status) {
   return KC_PROTOCOL;
 }
 
-kc_err kc_http_error(const kc_http_resp *r, const char *what, char *err) {
+kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err) {
   json_t *root = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
   const char *code = json_string_value(json_object_get(root, "error"));
   const char *msg = json_string_value(json_object_get(root, "message"));

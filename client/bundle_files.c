@@ -1,4 +1,4 @@
-/* bundle.c: bundles as files: materialize into a directory (never outside
+/* bundle_files.c: bundles as files: materialize into a directory (never outside
  * it), one file's bytes in memory, a bundle from a directory, push and pull. */
 #include <dirent.h>
 #include <errno.h>
@@ -79,7 +79,7 @@ static kc_err materialize_file(kc_client *c, int root, const kc_file *f,
   kc_err e = kc_path_validate(f->path, "path", err);
   if (e)
     return e;
-  if ((e = kc_cache_blob_read(c, f->sha256, &data, &len, err)))
+  if ((e = kcc_cache_blob_read(c, f->sha256, &data, &len, err)))
     return e;
   if (len != f->size) {
     free(data);
@@ -96,7 +96,7 @@ static kc_err materialize_file(kc_client *c, int root, const kc_file *f,
 
 kc_err kc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
                       char *err) {
-  kc_err e = kc_mkdirs(dir, err);
+  kc_err e = kcc_mkdirs(dir, err);
   if (e)
     return e;
   int root = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -113,7 +113,7 @@ kc_err kc_bundle_file_bytes(kc_client *c, const kc_manifest *m,
                             char *err) {
   for (size_t i = 0; i < m->n_files; i++)
     if (!strcmp(m->files[i].path, path))
-      return kc_cache_blob_read(c, m->files[i].sha256, data, len, err);
+      return kcc_cache_blob_read(c, m->files[i].sha256, data, len, err);
   return kc_errf(err, KC_NOT_FOUND, "bundle %.12s... has no file %s", m->key,
                  path);
 }
@@ -213,7 +213,7 @@ kc_err kc_client_push(kc_client *c, const kc_manifest *m, char *err) {
   for (size_t i = 0; !e && i < m->n_files; i++) {
     void *data = NULL;
     size_t len = 0;
-    e = kc_cache_blob_read(c, m->files[i].sha256, &data, &len, err);
+    e = kcc_cache_blob_read(c, m->files[i].sha256, &data, &len, err);
     if (!e)
       e = kc_client_blob_put(c, data, len, NULL, err);
     free(data);
@@ -229,7 +229,7 @@ static kc_err fetch_manifest_blobs(kc_client *c, const kc_manifest *m,
     return kc_errf(err, KC_NOMEM, "out of memory");
   for (size_t i = 0; i < m->n_files; i++)
     d[i] = m->files[i].sha256;
-  kc_err e = kc_fetch_blobs(c, d, m->n_files, NULL, fetched, err);
+  kc_err e = kcc_fetch_blobs(c, d, m->n_files, NULL, fetched, err);
   free(d);
   return e;
 }

@@ -1,4 +1,4 @@
-/* build.c: building a key locally: the NVRTC builder (one file per kernel,
+/* build_key.c: building a key locally: the NVRTC builder (one file per kernel,
  * the bucket as -D defines) or the command builder (any program, whose
  * output directory becomes the bundle), and the "build" key field, the hash
  * of everything a builder reads. */
@@ -59,8 +59,7 @@ static json_t *command_files(const kc_warmup *w) {
   return o;
 }
 
-kc_err kc_build_hash(const kc_warmup *w, char out[KC_HEX_LEN + 1],
-                     char *err) {
+kc_err kcc_build_hash(const kc_warmup *w, char out[KC_HEX_LEN + 1], char *err) {
   json_t *root;
   kc_err e = KC_OK;
   if (w->n_command) {
@@ -151,7 +150,7 @@ static kc_err build_nvrtc(kc_client *c, const kc_warmup *w,
                           const kc_key_fields *f, double seconds,
                           kc_manifest *m, char *err) {
   char ver[16] = "", builder[64];
-  int64_t t0 = kc_now_ms();
+  int64_t t0 = kcc_now_ms();
   kc_err e = kc_gpu_nvrtc_version(ver, err);
   if (!e && !nvrtc_matches(f, ver))
     e = kc_errf(err, KC_BUILD_FAILED,
@@ -160,14 +159,14 @@ static kc_err build_nvrtc(kc_client *c, const kc_warmup *w,
                 "disagrees with its library): a build here would be stored "
                 "under the wrong key", ver);
   for (size_t i = 0; !e && i < w->n_kernels; i++) {
-    double left = seconds > 0 ? seconds - (kc_now_ms() - t0) / 1000.0 : 0;
+    double left = seconds > 0 ? seconds - (kcc_now_ms() - t0) / 1000.0 : 0;
     if (seconds > 0 && left <= 0)
       return kc_errf(err, KC_DEADLINE, "the deadline passed while building");
     e = build_kernel(c, &w->kernels[i], f, timeout_of(w, left), m, err);
   }
   snprintf(builder, sizeof builder, "nvrtc %s", ver);
   if (!e)
-    set_producer(m, builder, (kc_now_ms() - t0) / 1000.0);
+    set_producer(m, builder, (kcc_now_ms() - t0) / 1000.0);
   return e;
 }
 
@@ -223,7 +222,7 @@ static void child(const kc_warmup *w, char **argv) {
 
 /* Waits for pid, killing its process group after timeout_s. */
 static kc_err wait_child(pid_t pid, int timeout_s, char *err) {
-  int64_t end = kc_now_ms() + (int64_t)timeout_s * 1000;
+  int64_t end = kcc_now_ms() + (int64_t)timeout_s * 1000;
   int st = 0;
   for (;;) {
     pid_t r = waitpid(pid, &st, WNOHANG);
@@ -231,7 +230,7 @@ static kc_err wait_child(pid_t pid, int timeout_s, char *err) {
       break;
     if (r < 0 && errno != EINTR)
       return kc_errf(err, KC_INTERNAL, "waitpid: %s", strerror(errno));
-    if (kc_now_ms() >= end) {
+    if (kcc_now_ms() >= end) {
       kill(-pid, SIGKILL);
       waitpid(pid, &st, 0);
       return kc_errf(err, KC_TIMEOUT, "builder command killed after %d s",
@@ -275,7 +274,7 @@ static kc_err build_command(kc_client *c, const kc_warmup *w,
                             const kc_key_fields *f, double seconds,
                             kc_manifest **out, char *err) {
   char dir[PATH_MAX];
-  int64_t t0 = kc_now_ms();
+  int64_t t0 = kcc_now_ms();
   snprintf(dir, sizeof dir, "%s/tmp/build-XXXXXX", c->cache_dir);
   if (!mkdtemp(dir))
     return kc_errf(err, KC_IO, "mkdtemp %s: %s", dir, strerror(errno));
@@ -284,15 +283,15 @@ static kc_err build_command(kc_client *c, const kc_warmup *w,
                 KC_NOT_FOUND)
     e = kc_errf(err, KC_BUILD_FAILED, "builder command left no file in {out}");
   if (!e) {
-    set_producer(*out, w->command[0], (kc_now_ms() - t0) / 1000.0);
+    set_producer(*out, w->command[0], (kcc_now_ms() - t0) / 1000.0);
     e = kc_manifest_seal(*out, err);
   }
-  kc_rmtree(dir);
+  kcc_rmtree(dir);
   return e;
 }
 
-kc_err kc_build_key(kc_client *c, const kc_warmup *w, const kc_key_fields *f,
-                    double seconds, kc_manifest **out, char *err) {
+kc_err kcc_build_key(kc_client *c, const kc_warmup *w, const kc_key_fields *f,
+                     double seconds, kc_manifest **out, char *err) {
   *out = NULL;
   if (w->n_command)
     return build_command(c, w, f, seconds, out, err);
