@@ -39,6 +39,7 @@ KC_TEST_SKIP=test_large_blob_256mib run store "$build/tests/test_store"
 run server "$build/tests/test_server"
 run s3 "$build/tests/test_s3"
 run scaleout "$build/tests/test_scaleout"
+run scaleout_once "$build/tests/test_scaleout_once"
 KC_RELIABILITY_ITERS=3 run reliability "$build/tests/test_reliability"
 
 # Every process's log: an error summary above 0 or a definite leak fails.

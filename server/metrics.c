@@ -170,6 +170,15 @@ static void render_s3(FILE *f, kcd_state *st) {
   for (int i = 0; i < 4; i++)
     fprintf(f, "kcached_s3_read_through_total{result=\"%s\"} %llu\n",
             names[i], (unsigned long long)v[i]);
+  fputs("# HELP kcached_s3_write_once_conflicts_total Bundle manifests that "
+        "met another replica's in the bucket: refused (a PUT answered 409, "
+        "the bucket's copy kept) or replaced (the upload queue found the "
+        "bucket's copy first; the local one gave way).\n# TYPE "
+        "kcached_s3_write_once_conflicts_total counter\n", f);
+  fprintf(f, "kcached_s3_write_once_conflicts_total{outcome=\"refused\"} "
+          "%llu\nkcached_s3_write_once_conflicts_total{outcome=\"replaced\"} "
+          "%llu\n", (unsigned long long)t.once_refused,
+          (unsigned long long)t.once_replaced);
   histogram(f, "kcached_s3_request_duration_seconds",
             "S3 requests of the durable tier.", t.bounds_s, t.duration,
             KC_STORE_S3_BUCKETS, t.duration_us_sum);

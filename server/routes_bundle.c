@@ -77,7 +77,8 @@ int kcd_bundle_put(kcd_req *r) {
   int created = 0;
   char **missing = NULL;
   size_t n_missing = 0;
-  e = kc_store_bundle_put(store_of(r), m, &created, &missing, &n_missing, err);
+  e = kc_store_bundle_put_once(store_of(r), m, &created, &missing, &n_missing,
+                               err);
   kc_manifest_free(m);
   if (e == KC_MISSING_BLOBS)
     return reply_missing(r, err, missing, n_missing);

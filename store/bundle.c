@@ -51,6 +51,7 @@ typedef struct put_ctx {
   size_t n_missing;
   int created;
   int queue; /* for the durable tier (not when fetched from it) */
+  int replace; /* a different bundle under the key goes (KCS_PUT_REPLACE) */
 } put_ctx;
 
 /* A file's size must be its blob's: a listing's bytes and a client's size
@@ -125,11 +126,16 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
     c->created = 0;
     if (v.mv_size == c->json_len && memcmp(v.mv_data, c->json, v.mv_size) == 0)
       return KC_OK;
-    return kc_errf(err, KC_CONFLICT, "a different bundle holds key %s",
-                   c->m->key);
-  }
-  if (rc != MDB_NOTFOUND)
+    if (!c->replace)
+      return kc_errf(err, KC_CONFLICT, "a different bundle holds key %s",
+                     c->m->key);
+    /* the bucket's copy won (tier_once.c): ours goes in this transaction */
+    kc_err de = kcs_bundle_drop(s, txn, c->m->key, 0, err);
+    if (de)
+      return de;
+  } else if (rc != MDB_NOTFOUND) {
     return kcs_mdb_err(rc, "reading a bundle", err);
+  }
   kc_err e = find_missing(s, txn, c, err);
   if (!e)
     e = check_sizes(s, txn, c->m, err);
@@ -146,10 +152,11 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
 
 kc_err kc_store_bundle_put(kc_store *s, const kc_manifest *m, int *created,
                            char ***missing, size_t *n_missing, char *err) {
-  return kcs_bundle_put(s, m, 1, created, missing, n_missing, err);
+  return kcs_bundle_put(s, m, KCS_PUT_QUEUE, created, missing, n_missing,
+                        err);
 }
 
-kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int queue,
+kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode,
                       int *created, char ***missing, size_t *n_missing,
                       char *err) {
   if (created)
@@ -161,7 +168,8 @@ kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int queue,
   kc_err e = kc_manifest_check_key(m, err);
   if (e)
     return e;
-  put_ctx c = {.m = m, .queue = queue};
+  put_ctx c = {.m = m, .queue = mode & KCS_PUT_QUEUE,
+               .replace = (mode & KCS_PUT_REPLACE) != 0};
   if ((e = kc_manifest_to_json(m, (char **)&c.json, err)))
     return e;
   c.json_len = strlen(c.json);
@@ -175,7 +183,7 @@ kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int queue,
   } else {
     kc_store_strv_free(c.missing, c.n_missing);
   }
-  if (!e && c.created && queue)
+  if (!e && c.created && c.queue)
     kcs_tier_kick(s);
   if (!e && created)
     *created = c.created;

@@ -244,8 +244,9 @@ kc_err kc_store_scrub_step(kc_store *s, kc_store_scrub *sc, uint64_t budget,
  * queued. An entry S3 refuses 8 times for a reason retrying does not cure
  * (a 4xx) is set aside until the next open, so the rest goes on. Blobs and
  * manifests are written with If-None-Match: * (a 412 means another replica
- * was first: for a blob the same bytes; for a manifest S3's copy wins and a
- * different local one is logged). Before a manifest, each of its blobs is
+ * was first: for a blob the same bytes; for a manifest S3's copy wins for
+ * every replica, and a different local one is replaced by it: see
+ * kc_store_bundle_put_once). Before a manifest, each of its blobs is
  * checked with a HEAD and uploaded when missing (blobs held before the tier
  * was configured, or removed from the bucket since); a blob a client offers
  * again (kc_store_blob_touch) is queued again for the same reason, once per
@@ -263,6 +264,20 @@ kc_err kc_store_scrub_step(kc_store *s, kc_store_scrub *sc, uint64_t budget,
  *
  * Threads: any. Without a tier every fetch is KC_NOT_FOUND and every lease
  * call KC_OK. */
+
+/* kc_store_bundle_put, write-once across replicas (tier_once.c). A key the
+ * store lacks is first read through from the bucket (not counted as a
+ * read-through): when the bucket holds a different manifest, KC_CONFLICT
+ * (err says the bucket's copy won) and the store now holds the bucket's
+ * copy, so this replica serves what the fleet built; the same manifest:
+ * *created 0. Absent from the bucket, or the bucket cannot be asked (S3
+ * down, an error): stored and queued as kc_store_bundle_put does; should the
+ * queue then find another manifest in the bucket, the bucket's replaces the
+ * local one (counted in once_replaced). Without a tier, or for a key held:
+ * kc_store_bundle_put. What every front end's bundle PUT calls. */
+kc_err kc_store_bundle_put_once(kc_store *s, const kc_manifest *m,
+                                int *created, char ***missing,
+                                size_t *n_missing, char *err);
 
 /* Makes the blob local from S3 when the store lacks it. KC_OK: held now;
  * KC_NOT_FOUND: S3 lacks it too (or no tier); KC_CORRUPT; KC_UNAVAILABLE. */
@@ -318,6 +333,10 @@ typedef struct kc_store_tier_stats {
   uint64_t parked;     /* entries S3 refused for good, set aside (since open) */
   uint64_t requests, errors;
   uint64_t rt_hit, rt_miss, rt_corrupt, rt_error; /* read-through outcomes */
+  /* Write-once across replicas (kc_store_bundle_put_once): PUTs refused
+   * because the bucket held another manifest; local bundles replaced by the
+   * bucket's after the queue found it there first. Since open. */
+  uint64_t once_refused, once_replaced;
   double bounds_s[KC_STORE_S3_BUCKETS];
   uint64_t duration[KC_STORE_S3_BUCKETS + 1]; /* per bucket, not cumulative */
   uint64_t duration_us_sum;

@@ -179,8 +179,12 @@ kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
 kc_err kcs_upload_commit_batch(kc_store *s, kc_store_upload *const *u,
                                const char *const *digests, size_t n,
                                char *err);
-/* bundle.c: kc_store_bundle_put, queued for S3 or not. */
-kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int queue,
+/* bundle.c: kc_store_bundle_put; `mode` 0 (fetched from S3: not queued) or
+ * a sum of: KCS_PUT_QUEUE queued for S3; KCS_PUT_REPLACE a different bundle
+ * held under the key is dropped in the same transaction instead of
+ * answering KC_CONFLICT (the bucket's copy won the write-once race). */
+enum { KCS_PUT_QUEUE = 1, KCS_PUT_REPLACE = 2 };
+kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode,
                       int *created, char ***missing, size_t *n_missing,
                       char *err);
 

@@ -327,23 +327,27 @@ static kc_err ensure_blobs(kcs_tier *t, kc_store_read *r, const MDB_val *jv,
   return e;
 }
 
-/* S3 already holds a manifest under this key: the first writer won. */
+/* S3 already holds a manifest under this key: the first writer won. A
+ * different one comes back in *theirs (malloc'd) for kcs_tier_adopt, which
+ * runs once the read of the local copy has ended. */
 static kc_err manifest_exists(kcs_tier *t, const char *obj, const MDB_val *jv,
-                              char *err) {
+                              void **theirs, size_t *theirs_len, char *err) {
   void *data = NULL;
   size_t len = 0;
   uint64_t t0 = kcs_tier_now_us();
-  kc_err e = kcs_tier_done(t, t0, kcs3_get(t->wh, obj, 1 << 20, &data, &len,
-                                           NULL, err));
-  if (!e && (len != jv->mv_size || memcmp(data, jv->mv_data, len) != 0))
-    kcs_tier_logf(t, "warn", "S3 holds a different manifest at %s; the "
-                  "bucket's copy wins for every replica", obj);
+  kc_err e = kcs_tier_done(t, t0, kcs3_get(t->wh, obj, KCS_MANIFEST_MAX,
+                                           &data, &len, NULL, err));
+  if (!e && (len != jv->mv_size || memcmp(data, jv->mv_data, len) != 0)) {
+    *theirs = data;
+    *theirs_len = len;
+    return KC_OK;
+  }
   free(data);
   return e;
 }
 
 static kc_err upload_bundle(kcs_tier *t, kc_store_read *r, const entry *en,
-                            char *err) {
+                            void **theirs, size_t *theirs_len, char *err) {
   MDB_val k = kcs_hex_val(en->key), jv, mv;
   int rc = mdb_get(r->txn, t->s->bundles, &k, &jv);
   if (rc == MDB_NOTFOUND)
@@ -360,7 +364,7 @@ static kc_err upload_bundle(kcs_tier *t, kc_store_read *r, const entry *en,
   if (!e)
     e = put_obj(t, obj, jv.mv_data, jv.mv_size, &po, err);
   if (e == KC_CONFLICT)
-    e = manifest_exists(t, obj, &jv, err);
+    e = manifest_exists(t, obj, &jv, theirs, theirs_len, err);
   if (e)
     return e;
   /* then the marker that lists it under its model */
@@ -389,14 +393,19 @@ static kc_err upload_one(kcs_tier *t, const entry *en, char *err) {
   kc_err e = kc_store_read_begin(t->s, &r);
   if (e)
     return kc_errf(err, e, "beginning a read for the S3 queue");
+  void *theirs = NULL; /* the bucket's manifest, when another replica won */
+  size_t theirs_len = 0;
   if (en->kind == KCS_Q_BLOB)
     e = put_blob(t, r, en->key, err);
   else if (en->kind == KCS_Q_BUNDLE)
-    e = upload_bundle(t, r, en, err);
+    e = upload_bundle(t, r, en, &theirs, &theirs_len, err);
   else
     kcs_tier_logf(t, "error", "S3 queue entry %llu has unknown kind %d; "
                   "dropped", (unsigned long long)en->seq, en->kind);
   kc_store_read_end(r); /* after the PUT: the bytes came from the map */
+  if (!e && theirs)
+    e = kcs_tier_adopt(t, en->key, theirs, theirs_len, err);
+  free(theirs);
   return e;
 }
 
@@ -652,6 +661,8 @@ kc_err kc_store_tier_stats_get(kc_store *s, kc_store_tier_stats *out) {
   out->rt_miss = atomic_load(&t->rt_miss);
   out->rt_corrupt = atomic_load(&t->rt_corrupt);
   out->rt_error = atomic_load(&t->rt_error);
+  out->once_refused = atomic_load(&t->once_refused);
+  out->once_replaced = atomic_load(&t->once_replaced);
   for (size_t i = 0; i < KC_STORE_S3_BUCKETS; i++)
     out->bounds_s[i] = g_bounds[i];
   for (size_t i = 0; i <= KC_STORE_S3_BUCKETS; i++)

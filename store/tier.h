@@ -21,6 +21,8 @@
 #include "kcs3.h"
 #include "store_internal.h"
 
+#define KCS_MANIFEST_MAX (4u << 20) /* the largest manifest read from S3 */
+
 typedef struct kcs_flight kcs_flight; /* tier_read.c: one fetch in progress */
 typedef struct kcs_fill kcs_fill;     /* tier_read.c: a fetched blob to commit */
 
@@ -61,6 +63,7 @@ struct kcs_tier {
   _Atomic int up, conditional;
   _Atomic uint64_t uploaded, requests, errors, parked;
   _Atomic uint64_t rt_hit, rt_miss, rt_corrupt, rt_error;
+  _Atomic uint64_t once_refused, once_replaced; /* tier_once.c */
   _Atomic uint64_t dur[KC_STORE_S3_BUCKETS + 1], dur_sum_us;
 };
 
@@ -79,6 +82,21 @@ kc_err kcs_tier_done(kcs_tier *t, uint64_t t0_us, kc_err e);
  * cannot be made. Give it back with kcs_tier_put_handle. */
 kcs3 *kcs_tier_handle(kcs_tier *t);
 void kcs_tier_put_handle(kcs_tier *t, kcs3 *h);
+
+/* tier_read.c: an object that failed verification: counted, logged, deleted
+ * from the bucket with h. Returns KC_CORRUPT (err says why). */
+kc_err kcs_tier_corrupt(kcs_tier *t, kcs3 *h, const char *obj, char *err);
+/* tier_read.c: kc_store_fetch_bundle; quiet (a bundle PUT's check) leaves
+ * the read-through counters alone. */
+kc_err kcs_tier_fetch_bundle(kc_store *s, const char *key, int quiet,
+                             char *err);
+/* tier_once.c: the queue's PUT of key's manifest found `data` (len bytes),
+ * a different manifest, in the bucket: another replica won the key. The
+ * bucket's copy replaces the local one (its blobs fetched first; one write
+ * transaction), logged and counted. KC_OK also when the bucket's copy cannot
+ * be parsed by this version (kept: logged). Runs on the worker thread (t->wh). */
+kc_err kcs_tier_adopt(kcs_tier *t, const char *key, const void *data,
+                      size_t len, char *err);
 
 /* tier_read.c: the thread that commits served fills; stop commits what is
  * left, then joins. */

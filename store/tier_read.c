@@ -10,8 +10,6 @@
 
 #include "tier.h"
 
-#define MAX_MANIFEST (4u << 20)
-
 struct kcs_flight {
   kcs_flight *next;
   char kind;
@@ -33,6 +31,7 @@ struct kcs_fill {
 typedef struct fetch_ctx {
   kcs_flight *f;
   int deferred;
+  int quiet; /* a bundle PUT's check (tier_once.c): not a read-through */
   void **data;
   size_t *len;
 } fetch_ctx;
@@ -118,7 +117,7 @@ static kc_err outcome(kcs_tier *t, kc_err e) {
 
 /* A bad object in the bucket: never stored; deleted so that the next upload
  * of the right bytes (a PUT with If-None-Match) is not refused by it. */
-static kc_err corrupt(kcs_tier *t, kcs3 *h, const char *obj, char *err) {
+kc_err kcs_tier_corrupt(kcs_tier *t, kcs3 *h, const char *obj, char *err) {
   char why[KC_ERRBUF_SIZE];
   snprintf(why, sizeof why, "%s", err ? err : "");
   atomic_fetch_add(&t->rt_corrupt, 1);
@@ -283,7 +282,7 @@ static kc_err get_blob(kcs_tier *t, const char *digest, fetch_ctx *c,
   if (e)
     kc_store_upload_abort(u);
   else if ((e = keep_blob(t, u, digest, c, err)) == KC_DIGEST_MISMATCH)
-    e = corrupt(t, h, obj, err);
+    e = kcs_tier_corrupt(t, h, obj, err);
   kcs_tier_put_handle(t, h);
   return outcome(t, e);
 }
@@ -307,10 +306,10 @@ static kc_err get_manifest(kcs_tier *t, const char *key, kc_manifest **m,
   void *data = NULL;
   size_t len = 0;
   uint64_t t0 = kcs_tier_now_us();
-  kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, MAX_MANIFEST, &data, &len,
+  kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, KCS_MANIFEST_MAX, &data, &len,
                                            NULL, err));
   if (!e && (e = check_manifest(key, data, len, m, err)) == KC_KEY_MISMATCH) {
-    e = corrupt(t, h, obj, err);
+    e = kcs_tier_corrupt(t, h, obj, err);
   } else if (e && e != KC_NOMEM && data) {
     /* A manifest this version cannot read (a newer one, or damage): not
      * served, not deleted (a newer replica may use it); a miss here. */
@@ -326,7 +325,6 @@ static kc_err get_manifest(kcs_tier *t, const char *key, kc_manifest **m,
 
 static kc_err get_bundle(kcs_tier *t, const char *key, fetch_ctx *c,
                          char *err) {
-  (void)c;
   if (kc_store_bundle_has(t->s, key) == KC_OK)
     return KC_OK;
   kc_manifest *m = NULL;
@@ -340,14 +338,16 @@ static kc_err get_bundle(kcs_tier *t, const char *key, fetch_ctx *c,
   if (!e)
     e = kcs_bundle_put(t->s, m, 0, NULL, NULL, NULL, err);
   kc_manifest_free(m);
-  return outcome(t, e);
+  return c->quiet ? e : outcome(t, e);
 }
 
-/* S3 failed a moment ago: answer at once instead of waiting for it again. */
-static kc_err down(kcs_tier *t, char *err) {
+/* S3 failed a moment ago: answer at once instead of waiting for it again
+ * (counted as a read-through error unless quiet). */
+static kc_err down(kcs_tier *t, int quiet, char *err) {
   if (kcs_mono_ms() >= atomic_load(&t->down_until_ms))
     return KC_OK;
-  atomic_fetch_add(&t->rt_error, 1);
+  if (!quiet)
+    atomic_fetch_add(&t->rt_error, 1);
   return kc_errf(err, KC_UNAVAILABLE, "S3 cannot be reached (retrying in the "
                  "background)");
 }
@@ -359,7 +359,7 @@ kc_err kc_store_fetch_blob_copy(kc_store *s, const char *digest, void **data,
     *data = NULL;
   if (!t || !kc_is_hex64(digest))
     return kc_errf(err, KC_NOT_FOUND, "no blob %s", digest);
-  kc_err e = down(t, err);
+  kc_err e = down(t, 0, err);
   fetch_ctx c = {.data = data, .len = len};
   return e ? e : single_flight(t, KCS_Q_BLOB, digest, get_blob, &c, err);
 }
@@ -368,13 +368,18 @@ kc_err kc_store_fetch_blob(kc_store *s, const char *digest, char *err) {
   return kc_store_fetch_blob_copy(s, digest, NULL, NULL, err);
 }
 
-kc_err kc_store_fetch_bundle(kc_store *s, const char *key, char *err) {
+kc_err kcs_tier_fetch_bundle(kc_store *s, const char *key, int quiet,
+                             char *err) {
   kcs_tier *t = s->tier;
   if (!t || !kc_is_hex64(key))
     return kc_errf(err, KC_NOT_FOUND, "no bundle %s", key);
-  kc_err e = down(t, err);
-  fetch_ctx c = {0};
+  kc_err e = down(t, quiet, err);
+  fetch_ctx c = {.quiet = quiet};
   return e ? e : single_flight(t, KCS_Q_BUNDLE, key, get_bundle, &c, err);
+}
+
+kc_err kc_store_fetch_bundle(kc_store *s, const char *key, char *err) {
+  return kcs_tier_fetch_bundle(s, key, 0, err);
 }
 
 /* ---- many at once ---- */
@@ -458,7 +463,7 @@ kc_err kc_store_fetch_model(kc_store *s, const char *model, char *err) {
   if (!t || !kc_is_hex64(model))
     return KC_OK;
   listed l = {.s = s};
-  kc_err e = down(t, err);
+  kc_err e = down(t, 0, err);
   if (!e)
     e = list_model(t, model, &l, err);
   kc_err *res = l.n ? calloc(l.n, sizeof *res) : NULL;

@@ -1,0 +1,481 @@
+/* test_scaleout_once.c: write-once across replicas (DESIGN.md, Scale-out;
+ * issue 14 item 16): two kcached replicas over one bucket of a real
+ * single-node Ceph RGW (tests/testrgw.h). One key names one manifest for
+ * the whole fleet, and the bucket decides which.
+ *
+ * Cases (each with its own --s3-prefix):
+ *   refused: A stores bundles K and K2 and drains into the bucket. B,
+ *            which never saw K, is offered a different manifest for it:
+ *            409 conflict, and B serves A's manifest and blobs at once;
+ *            the bucket keeps A's. B offered A's very manifest of K2: 200,
+ *            "created": false, as on A
+ *   race:    A stores K and drains; radosgw stopped; B (cut off from the
+ *            bucket) accepts a different manifest for K with 201 and serves
+ *            it; radosgw back: B's queue meets A's copy (412), and within a
+ *            few seconds of its drain B serves A's manifest and blobs,
+ *            counts the replacement and logs it; the bucket keeps A's
+ * Old code (before this): B answered 201 in both and went on serving its
+ * own manifest.
+ *
+ * Exit 77 (ctest: skipped) where the Ceph packages cannot be installed,
+ * unless CI=true; KC_TEST_S3_ENV=FILE uses a running RGW (testrgw.h).
+ * Timing: RGW start ~7 s; the cases ~20 s (the race waits for B's queue
+ * backoff after radosgw comes back).
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "kc_schema.h"
+#include "kcs3.h"
+#include "testrgw.h"
+#include "testsrv.h"
+
+#define DRAIN_MS 60000 /* the queue's backoff tops out at 30 s */
+#define SETTLE_MS 5000 /* after B's queue drained: B serves the bucket's */
+
+static kc_testrgw g_rgw;
+static char g_bucket[64];
+static kcs3 *g_s3;          /* the test's own view of the bucket */
+static kc_testsrv g_a, g_b; /* the replicas of the running case */
+static char g_prefix[64];   /* the running case's --s3-prefix */
+
+static long mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The last bytes of a replica's log, for failure messages. */
+static void show_log(const kc_testsrv *t, const char *name) {
+  FILE *f = t->log[0] ? fopen(t->log, "r") : NULL;
+  if (!f)
+    return;
+  char buf[4001];
+  fseek(f, 0, SEEK_END);
+  long end = ftell(f);
+  fseek(f, end > 4000 ? end - 4000 : 0, SEEK_SET);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  fprintf(stderr, "---- kcached %s log (%s) ----\n%s\n", name, t->log, buf);
+}
+
+#define REQUIRE(cond, ...)                                                     \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      show_log(&g_a, "A");                                                     \
+      show_log(&g_b, "B");                                                     \
+      fail_msg(__VA_ARGS__);                                                   \
+    }                                                                          \
+  } while (0)
+
+/* Lines of a replica's log that contain needle. */
+static int log_count(const kc_testsrv *t, const char *needle) {
+  FILE *f = fopen(t->log, "r");
+  char line[4096];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f))
+    n += strstr(line, needle) != NULL;
+  if (f)
+    fclose(f);
+  return n;
+}
+
+/* ---- HTTP ---- */
+
+typedef struct reply {
+  long code; /* 0: the transfer failed */
+  char *body; /* NUL-terminated, malloc'd */
+  size_t len;
+} reply;
+
+static void reply_free(reply *r) {
+  free(r->body);
+  r->body = NULL;
+}
+
+static reply call(const char *base, const char *method, const char *path,
+                  const void *body, size_t len) {
+  reply r = {0};
+  CURL *c = curl_easy_init();
+  FILE *mem = open_memstream(&r.body, &r.len);
+  assert_non_null(c);
+  assert_non_null(mem);
+  char url[512];
+  snprintf(url, sizeof url, "%s%s", base, path);
+  struct curl_slist *hdr = curl_slist_append(NULL, "Expect:");
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, mem);
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 60000L);
+  curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  if (body) {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+  }
+  if (curl_easy_perform(c) == CURLE_OK)
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.code);
+  fclose(mem);
+  curl_slist_free_all(hdr);
+  curl_easy_cleanup(c);
+  return r;
+}
+
+static reply get(const kc_testsrv *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static reply get(const kc_testsrv *t, const char *fmt, ...) {
+  char path[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(path, sizeof path, fmt, ap);
+  va_end(ap);
+  return call(t->url, "GET", path, NULL, 0);
+}
+
+/* A member of a JSON reply's top-level object, as text ("" when absent; a
+ * boolean as "true"/"false"). */
+static const char *member(const reply *r, const char *name, char out[64]) {
+  json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
+  json_t *v = json_object_get(j, name);
+  snprintf(out, 64, "%s", json_is_string(v) ? json_string_value(v)
+                          : json_is_true(v)  ? "true"
+                          : json_is_false(v) ? "false"
+                                             : "");
+  json_decref(j);
+  return out;
+}
+
+/* A sample of /metrics (`series` exactly as written, labels included); -1
+ * when absent. */
+static double metric(const kc_testsrv *t, const char *series) {
+  reply r = get(t, "/metrics");
+  double v = -1;
+  size_t n = strlen(series);
+  for (char *line = r.body; r.code == 200 && line && *line;) {
+    char *nl = strchr(line, '\n');
+    if (strncmp(line, series, n) == 0 && line[n] == ' ') {
+      v = strtod(line + n + 1, NULL);
+      break;
+    }
+    line = nl ? nl + 1 : NULL;
+  }
+  reply_free(&r);
+  return v;
+}
+
+#define REFUSED "kcached_s3_write_once_conflicts_total{outcome=\"refused\"}"
+#define REPLACED "kcached_s3_write_once_conflicts_total{outcome=\"replaced\"}"
+
+/* Waits until the replica's write-through queue is empty. */
+static void drain(const kc_testsrv *t, const char *name) {
+  long t0 = mono_ms();
+  double depth = -1;
+  while (mono_ms() - t0 < DRAIN_MS) {
+    if ((depth = metric(t, "kcached_s3_queue_depth")) == 0)
+      return;
+    usleep(100000);
+  }
+  REQUIRE(0, "replica %s: kcached_s3_queue_depth still %g after %d ms", name,
+          depth, DRAIN_MS);
+}
+
+/* ---- bundles ---- */
+
+#define NFILES 2
+
+typedef struct bundle {
+  char key[65];
+  char *json; /* canonical manifest */
+  char digest[NFILES][65];
+  size_t size[NFILES];
+  uint64_t seed[NFILES]; /* the bytes: fill(seed, size) */
+} bundle;
+
+/* Deterministic bytes for a seed (splitmix64). */
+static unsigned char *fill(uint64_t seed, size_t n) {
+  unsigned char *p = malloc(n ? n : 1);
+  assert_non_null(p);
+  uint64_t x = seed;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    memcpy(p + i, &z, n - i < 8 ? n - i : 8);
+  }
+  return p;
+}
+
+/* A bundle whose key depends on `seq` alone and whose kernels (two files)
+ * on `variant` too: two variants of one seq are two different manifests
+ * for one key, as two builders with different compilers would make. */
+static void bundle_make(bundle *b, unsigned seq, unsigned variant) {
+  memset(b, 0, sizeof *b);
+  kc_manifest *m = kc_manifest_new();
+  char err[KC_ERRBUF_SIZE] = "";
+  assert_non_null(m);
+  kc_key_fields *f = &m->fields;
+  kc_sha256_hex("once-model", 10, f->model);
+  kc_sha256_hex("once build", 10, f->build);
+  snprintf(f->arch, sizeof f->arch, "sm_90");
+  f->bucket.n = 1;
+  snprintf(f->bucket.dims[0].name, sizeof f->bucket.dims[0].name, "seq");
+  f->bucket.dims[0].value = seq;
+  assert_int_equal(kc_key_set_tool(f, "nvrtc", "13.0", err), KC_OK);
+  for (size_t i = 0; i < NFILES; i++) {
+    b->size[i] = 3000 + 1000 * i + variant;
+    b->seed[i] = (uint64_t)seq * 1000 + variant * 10 + i;
+    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    kc_sha256_hex(bytes, b->size[i], b->digest[i]);
+    free(bytes);
+    char path[40];
+    snprintf(path, sizeof path, "lib/part%zu.cubin", i);
+    const char *entry = "kern";
+    assert_int_equal(kc_manifest_add_file(m, path, b->digest[i], b->size[i],
+                                          KC_KIND_CUBIN, &entry, 1, err),
+                     KC_OK);
+  }
+  assert_int_equal(kc_manifest_seal(m, err), KC_OK);
+  assert_int_equal(kc_manifest_to_json(m, &b->json, err), KC_OK);
+  memcpy(b->key, m->key, 65);
+  kc_manifest_free(m);
+}
+
+/* PUTs the blobs (each must be taken), then the manifest: its reply. */
+static reply bundle_put(const kc_testsrv *t, const bundle *b) {
+  char path[128];
+  for (size_t i = 0; i < NFILES; i++) {
+    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    snprintf(path, sizeof path, "/v1/blobs/%s", b->digest[i]);
+    reply r = call(t->url, "PUT", path, bytes, b->size[i]);
+    free(bytes);
+    REQUIRE(r.code == 200 || r.code == 201, "PUT blob %s: %ld %s",
+            b->digest[i], r.code, r.body);
+    reply_free(&r);
+  }
+  snprintf(path, sizeof path, "/v1/bundles/%s", b->key);
+  return call(t->url, "PUT", path, b->json, strlen(b->json));
+}
+
+/* 0 when t serves the bundle exactly (manifest bytes and every blob), else
+ * the first status that was not 200 (or -1: other bytes). */
+static long serves(const kc_testsrv *t, const bundle *b) {
+  reply r = get(t, "/v1/bundles/%s", b->key);
+  long bad = r.code != 200 ? (r.code ? r.code : -2)
+             : strcmp(r.body, b->json) != 0 ? -1
+                                            : 0;
+  reply_free(&r);
+  for (size_t i = 0; i < NFILES && !bad; i++) {
+    r = get(t, "/v1/blobs/%s", b->digest[i]);
+    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    if (r.code != 200)
+      bad = r.code ? r.code : -2;
+    else if (r.len != b->size[i] || memcmp(r.body, bytes, r.len) != 0)
+      bad = -1;
+    free(bytes);
+    reply_free(&r);
+  }
+  return bad;
+}
+
+/* The bucket holds b's manifest, byte for byte. */
+static int bucket_holds(const bundle *b) {
+  char k[KCS3_KEY_MAX + 1], err[KC_ERRBUF_SIZE] = "";
+  snprintf(k, sizeof k, "%s/bundles/%s", g_prefix, b->key);
+  void *data = NULL;
+  size_t len = 0;
+  kc_err e = kcs3_get(g_s3, k, 1 << 20, &data, &len, NULL, err);
+  int same = e == KC_OK && len == strlen(b->json) &&
+             memcmp(data, b->json, len) == 0;
+  if (e)
+    fprintf(stderr, "GET %s: %s\n", k, err);
+  free(data);
+  return same;
+}
+
+/* ---- the replicas ---- */
+
+static void start_pair(const char *prefix) {
+  snprintf(g_prefix, sizeof g_prefix, "%s", prefix);
+  const char *args[] = {"--s3-endpoint", g_rgw.endpoint, "--s3-bucket",
+                        g_bucket,        "--s3-prefix",  g_prefix,
+                        "--s3-region",   g_rgw.region,   "--s3-path-style",
+                        NULL};
+  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
+  REQUIRE(kc_testsrv_start(&g_b, args) == 0, "replica B did not start");
+}
+
+/* After each case: both replicas stop cleanly; radosgw up again (a failed
+ * case may have left it stopped). */
+static int case_teardown(void **state) {
+  (void)state;
+  int rc = 0;
+  kc_testsrv *both[] = {&g_a, &g_b};
+  for (int i = 0; i < 2; i++) {
+    int st = kc_testsrv_stop(both[i]);
+    if (st != 0 && st != -1) {
+      fprintf(stderr, "replica %s exited %d on SIGTERM\n", i ? "B" : "A", st);
+      show_log(both[i], i ? "B" : "A");
+      rc = -1;
+    }
+    kc_testsrv_cleanup(both[i]);
+    memset(both[i], 0, sizeof *both[i]);
+  }
+  if (kc_testrgw_gateway_start(&g_rgw) != 0) {
+    fprintf(stderr, "radosgw did not come back\n");
+    rc = -1;
+  }
+  return rc;
+}
+
+/* ---- 1. B is offered a key the bucket already holds ---- */
+
+static void t_refused(void **state) {
+  (void)state;
+  start_pair("once-refused");
+  bundle same, k_a, k_b;
+  bundle_make(&same, 1, 0);
+  bundle_make(&k_a, 2, 0);
+  bundle_make(&k_b, 2, 1);
+  assert_string_equal(k_a.key, k_b.key);
+  assert_string_not_equal(k_a.json, k_b.json);
+  char v[64];
+  for (int i = 0; i < 2; i++) {
+    reply r = bundle_put(&g_a, i ? &k_a : &same);
+    REQUIRE(r.code == 201, "A: PUT bundle: %ld %s", r.code, r.body);
+    reply_free(&r);
+  }
+  drain(&g_a, "A");
+  REQUIRE(bucket_holds(&same) && bucket_holds(&k_a), "A's bundles not in S3");
+
+  /* Another manifest for A's key: refused, and A's is what B serves. */
+  reply r = bundle_put(&g_b, &k_b);
+  REQUIRE(r.code == 409 && strcmp(member(&r, "error", v), "conflict") == 0,
+          "B: PUT of a different manifest for a key in the bucket: %ld %s "
+          "(want 409 conflict)", r.code, r.body);
+  printf("refused: B answered %ld %s\n", r.code, r.body);
+  reply_free(&r);
+  long s = serves(&g_b, &k_a);
+  REQUIRE(s == 0, "B does not serve A's manifest after the 409: %ld", s);
+  REQUIRE(metric(&g_b, REFUSED) == 1, "B: %s %g (want 1)", REFUSED,
+          metric(&g_b, REFUSED));
+  drain(&g_b, "B"); /* B's blobs of k_b go up; its manifest never does */
+  REQUIRE(bucket_holds(&k_a), "the bucket lost A's manifest");
+  REQUIRE(serves(&g_b, &k_a) == 0 && serves(&g_a, &k_a) == 0,
+          "the replicas do not both serve A's manifest");
+  assert_true(metric(&g_b, REPLACED) == 0);
+  /* The same manifest: already present, as on A. */
+  r = bundle_put(&g_b, &same);
+  REQUIRE(r.code == 200 && strcmp(member(&r, "created", v), "false") == 0,
+          "B: PUT of the bucket's own manifest: %ld %s (want 200, created "
+          "false)", r.code, r.body);
+  reply_free(&r);
+  REQUIRE(serves(&g_b, &same) == 0, "B does not serve the bucket's manifest");
+  free(same.json);
+  free(k_a.json);
+  free(k_b.json);
+}
+
+/* ---- 2. B, cut off from the bucket, loses the race afterwards ---- */
+
+static void t_race(void **state) {
+  (void)state;
+  start_pair("once-race");
+  bundle k_a, k_b;
+  bundle_make(&k_a, 3, 0);
+  bundle_make(&k_b, 3, 1);
+  reply r = bundle_put(&g_a, &k_a);
+  REQUIRE(r.code == 201, "A: PUT bundle: %ld %s", r.code, r.body);
+  reply_free(&r);
+  drain(&g_a, "A");
+  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
+  /* The bucket cannot be asked: B decides alone (and serves its own). */
+  r = bundle_put(&g_b, &k_b);
+  REQUIRE(r.code == 201, "B with S3 down: PUT bundle: %ld %s (want 201)",
+          r.code, r.body);
+  reply_free(&r);
+  long s = serves(&g_b, &k_b);
+  REQUIRE(s == 0, "B with S3 down does not serve what it accepted: %ld", s);
+  REQUIRE(kc_testrgw_gateway_start(&g_rgw) == 0, "rgw-start failed");
+  long t0 = mono_ms();
+  drain(&g_b, "B");
+  long drained = mono_ms() - t0, t1 = mono_ms();
+  while ((s = serves(&g_b, &k_a)) != 0 && mono_ms() - t1 < SETTLE_MS)
+    usleep(100000);
+  REQUIRE(s == 0, "B still does not serve A's manifest %d ms after its queue "
+          "drained (%ld): two replicas answer one key differently",
+          SETTLE_MS, s);
+  printf("race: radosgw back; B's queue drained in %ld ms, B served A's "
+         "manifest %ld ms later\n", drained, mono_ms() - t1);
+  REQUIRE(bucket_holds(&k_a), "the bucket lost A's manifest");
+  REQUIRE(serves(&g_a, &k_a) == 0, "A does not serve its manifest");
+  REQUIRE(metric(&g_b, REPLACED) == 1, "B: %s %g (want 1)", REPLACED,
+          metric(&g_b, REPLACED));
+  REQUIRE(log_count(&g_b, "was replaced by it") == 1,
+          "B's log does not say its bundle was replaced");
+  /* and it stays so: a restart of B serves A's manifest from its store */
+  REQUIRE(kc_testsrv_stop(&g_b) == 0, "B did not stop");
+  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
+  REQUIRE(kc_testsrv_restart(&g_b) == 0, "B did not restart");
+  REQUIRE(serves(&g_b, &k_a) == 0, "B after a restart, S3 down, does not "
+          "serve A's manifest");
+  free(k_a.json);
+  free(k_b.json);
+}
+
+/* ---- main ---- */
+
+static int rgw_group_setup(void **state) {
+  (void)state;
+  char err[KC_ERRBUF_SIZE] = "";
+  snprintf(g_bucket, sizeof g_bucket, "kcache-once-%ld", (long)getpid());
+  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = g_bucket,
+                 .region = g_rgw.region, .path_style = 1,
+                 .access_key = g_rgw.access, .secret_key = g_rgw.secret};
+  if (kcs3_open(&o, &g_s3, err) != KC_OK ||
+      kcs3_bucket_create(g_s3, err) != KC_OK) {
+    fprintf(stderr, "bucket %s: %s\n", g_bucket, err);
+    return -1;
+  }
+  /* the replicas take their credentials from the environment */
+  setenv("AWS_ACCESS_KEY_ID", g_rgw.access, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", g_rgw.secret, 1);
+  return 0;
+}
+
+static int rgw_group_teardown(void **state) {
+  (void)state;
+  kcs3_close(g_s3);
+  g_s3 = NULL;
+  return 0;
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  curl_global_init(CURL_GLOBAL_ALL);
+  const struct CMUnitTest rgw[] = {
+      cmocka_unit_test_teardown(t_refused, case_teardown),
+      cmocka_unit_test_teardown(t_race, case_teardown),
+  };
+  int fails = 0;
+  int up = kc_testrgw_up(&g_rgw, "test_scaleout_once");
+  if (up == 0)
+    fails = cmocka_run_group_tests_name("scaleout_once", rgw,
+                                        rgw_group_setup, rgw_group_teardown);
+  curl_global_cleanup();
+  return kc_testrgw_finish(&g_rgw, up, fails);
+}
