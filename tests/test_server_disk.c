@@ -1,0 +1,294 @@
+/* test_server_disk.c: kcached at the edges of its disk (issue 14): a full
+ * disk answers 507 disk_full (small uploads at the commit, large ones while
+ * spooling), /readyz says 503 disk_full while reads still work, the state is
+ * logged once each way, and freeing space brings writes back; and a second
+ * kcached on a data directory another one serves refuses to start, naming
+ * the first one's pid.
+ *
+ * The disk test mounts a 16 MiB tmpfs (needs root, or CAP_SYS_ADMIN): where
+ * the mount fails it is skipped. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "kc_schema.h"
+#include "testsrv.h"
+
+/* ---- helpers ---- */
+
+typedef struct resp {
+  long status;
+  char *body;
+  size_t len;
+  CURLcode rc;
+} resp;
+
+static size_t on_body(char *p, size_t s, size_t n, void *ud) {
+  resp *r = ud;
+  char *nb = realloc(r->body, r->len + s * n + 1);
+  if (!nb)
+    return 0;
+  memcpy(nb + r->len, p, s * n);
+  r->body = nb;
+  r->len += s * n;
+  r->body[r->len] = '\0';
+  return s * n;
+}
+
+static resp http(const kc_testsrv *t, const char *method, const char *path,
+                 const void *body, size_t len) {
+  resp r = {0};
+  CURL *c = curl_easy_init();
+  char url[512];
+  snprintf(url, sizeof url, "%s%s", t->url, path);
+  struct curl_slist *h = curl_slist_append(NULL, "Expect:");
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+  curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  if (body) {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+  }
+  r.rc = curl_easy_perform(c);
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+  curl_slist_free_all(h);
+  curl_easy_cleanup(c);
+  return r;
+}
+
+/* The error code of a JSON error body, "" when none. */
+static const char *code_of(const resp *r, char out[64]) {
+  json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
+  const char *e = json_string_value(json_object_get(j, "error"));
+  snprintf(out, 64, "%s", e ? e : "");
+  json_decref(j);
+  return out;
+}
+
+/* Expects status (and, when code is not NULL, that error code). */
+#define EXPECT_HTTP(r, want, code)                                             \
+  do {                                                                         \
+    char c_[64];                                                               \
+    if ((r).status != (want) ||                                                \
+        ((code) && strcmp(code_of(&(r), c_), (code) ? (code) : "") != 0))     \
+      fail_msg("%s:%d: got %ld (curl %d) %s, want %d %s", __FILE__, __LINE__, \
+               (r).status, (int)(r).rc, (r).body ? (r).body : "", (want),     \
+               (code) ? (code) : "");                                          \
+  } while (0)
+
+static void fill_bytes(unsigned char *p, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    p[i] = (unsigned char)(x >> 24);
+  }
+}
+
+/* PUT /v1/blobs/<digest> of n bytes made from seed. */
+static resp put_blob(const kc_testsrv *t, size_t n, uint64_t seed,
+                     char hex[KC_HEX_LEN + 1]) {
+  unsigned char *p = malloc(n);
+  fill_bytes(p, n, seed);
+  assert_int_equal(kc_sha256_hex(p, n, hex), KC_OK);
+  char path[128];
+  snprintf(path, sizeof path, "/v1/blobs/%s", hex);
+  resp r = http(t, "PUT", path, p, n);
+  free(p);
+  return r;
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  char *buf = NULL;
+  size_t n = 0;
+  if (f) {
+    buf = malloc(1 << 22);
+    n = fread(buf, 1, (1 << 22) - 1, f);
+    fclose(f);
+  }
+  if (!buf)
+    buf = malloc(1);
+  buf[n] = '\0';
+  return buf;
+}
+
+/* Waits up to 5 s for text in the file; 1 when found. */
+static int wait_for_text(const char *path, const char *text, int times) {
+  for (int i = 0; i < 100; i++) {
+    char *s = slurp(path);
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, text)); p++)
+      n++;
+    free(s);
+    if (n >= times)
+      return 1;
+    usleep(50 * 1000);
+  }
+  return 0;
+}
+
+/* Writes zeros into path until the file system is full. */
+static void fill_disk(const char *path) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  static char zero[64 * 1024];
+  for (size_t chunk = sizeof zero; chunk >= 512; chunk /= 2)
+    while (write(fd, zero, chunk) == (ssize_t)chunk)
+      ;
+  close(fd);
+}
+
+/* ---- a full disk ---- */
+
+typedef struct disk_fx {
+  char mnt[300];
+  int mounted;
+  kc_testsrv t;
+} disk_fx;
+
+static void t_disk_full(void **state) {
+  (void)state;
+  disk_fx f = {0};
+  assert_int_equal(kc_testsrv_init(&f.t), 0);
+  snprintf(f.mnt, sizeof f.mnt, "%s/mnt", f.t.dir);
+  assert_int_equal(mkdir(f.mnt, 0700), 0);
+  if (mount("tmpfs", f.mnt, "tmpfs", 0, "size=16m") != 0) {
+    print_message("cannot mount a tmpfs (%s): skipped\n", strerror(errno));
+    kc_testsrv_cleanup(&f.t);
+    skip();
+  }
+  char data[400], filler[400];
+  snprintf(data, sizeof data, "%s/data", f.mnt);
+  snprintf(filler, sizeof filler, "%s/filler", f.mnt);
+  const char *args[] = {"--data-dir", data, NULL};
+  assert_int_equal(kc_testsrv_start(&f.t, args), 0);
+  char a[KC_HEX_LEN + 1], h[KC_HEX_LEN + 1], path[128];
+  resp r = put_blob(&f.t, 10000, 1, a);
+  EXPECT_HTTP(r, 201, NULL);
+  free(r.body);
+
+  fill_disk(filler);
+  r = put_blob(&f.t, 100 * 1024, 2, h); /* in memory, then the commit */
+  EXPECT_HTTP(r, 507, "disk_full");
+  free(r.body);
+  r = put_blob(&f.t, 3 * 1024 * 1024, 3, h); /* spooled to a file */
+  EXPECT_HTTP(r, 507, "disk_full");
+  free(r.body);
+  r = http(&f.t, "GET", "/readyz", NULL, 0);
+  EXPECT_HTTP(r, 503, "disk_full");
+  free(r.body);
+  r = http(&f.t, "GET", "/healthz", NULL, 0);
+  EXPECT_HTTP(r, 200, NULL);
+  free(r.body);
+  snprintf(path, sizeof path, "/v1/blobs/%s", a);
+  r = http(&f.t, "GET", path, NULL, 0); /* reads still work */
+  EXPECT_HTTP(r, 200, NULL);
+  assert_int_equal(r.len, 10000);
+  free(r.body);
+  assert_true(wait_for_text(f.t.log, "is full: writes fail", 1));
+
+  assert_int_equal(unlink(filler), 0); /* space freed */
+  r = put_blob(&f.t, 100 * 1024, 2, h);
+  EXPECT_HTTP(r, 201, NULL);
+  free(r.body);
+  r = http(&f.t, "GET", "/readyz", NULL, 0);
+  EXPECT_HTTP(r, 200, NULL);
+  free(r.body);
+  r = put_blob(&f.t, 3 * 1024 * 1024, 3, h);
+  EXPECT_HTTP(r, 201, NULL);
+  free(r.body);
+  assert_true(wait_for_text(f.t.log, "writes succeed again", 1));
+  /* logged once per change, not per failed request */
+  char *log = slurp(f.t.log);
+  const char *first = strstr(log, "is full: writes fail");
+  assert_non_null(first);
+  assert_null(strstr(first + 1, "is full: writes fail"));
+  free(log);
+
+  assert_int_equal(kc_testsrv_stop(&f.t), 0);
+  assert_int_equal(umount2(f.mnt, MNT_DETACH), 0);
+  kc_testsrv_cleanup(&f.t);
+}
+
+/* ---- two servers, one directory ---- */
+
+/* Runs kcached on data with its output in out; its exit status (20 s at
+ * most, then -1). */
+static int run_second(const char *data, const char *out) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(kc_testsrv_bin(), kc_testsrv_bin(), "--listen", "127.0.0.1:0",
+          "--data-dir", data, (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 400; i++) {
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    usleep(50 * 1000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
+static void t_two_servers_one_dir(void **state) {
+  (void)state;
+  kc_testsrv a = {0}, b = {0};
+  assert_int_equal(kc_testsrv_start(&a, NULL), 0);
+  char out[300], want[64];
+  snprintf(out, sizeof out, "%s/second.log", a.dir);
+  int rc = run_second(a.data, out);
+  char *log = slurp(out);
+  snprintf(want, sizeof want, "pid %ld", (long)a.pid);
+  if (rc != 3 || !strstr(log, want))
+    fail_msg("second kcached: exit %d, want 3 and \"%s\" in:\n%s", rc, want,
+             log);
+  free(log);
+  assert_int_equal(kc_testsrv_stop(&a), 0);
+  /* once the first is gone, the directory is free */
+  assert_int_equal(kc_testsrv_init(&b), 0);
+  const char *args[] = {"--data-dir", a.data, NULL};
+  assert_int_equal(kc_testsrv_start(&b, args), 0);
+  resp r = http(&b, "GET", "/readyz", NULL, 0);
+  EXPECT_HTTP(r, 200, NULL);
+  free(r.body);
+  kc_testsrv_stop(&b);
+  kc_testsrv_cleanup(&b);
+  kc_testsrv_cleanup(&a);
+}
+
+int main(void) {
+  curl_global_init(CURL_GLOBAL_ALL);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_disk_full),
+      cmocka_unit_test(t_two_servers_one_dir),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  curl_global_cleanup();
+  return rc;
+}
