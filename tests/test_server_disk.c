@@ -167,68 +167,81 @@ typedef struct disk_fx {
   kc_testsrv t;
 } disk_fx;
 
+/* Stops the server and unmounts, also after a failed assertion. */
+static int disk_teardown(void **state) {
+  disk_fx *f = *state;
+  kc_testsrv_stop(&f->t);
+  if (f->mounted)
+    umount2(f->mnt, MNT_DETACH);
+  kc_testsrv_cleanup(&f->t);
+  free(f);
+  return 0;
+}
+
+static int disk_setup(void **state) {
+  disk_fx *f = calloc(1, sizeof *f);
+  *state = f;
+  return f && kc_testsrv_init(&f->t) == 0 ? 0 : -1;
+}
+
 static void t_disk_full(void **state) {
-  (void)state;
-  disk_fx f = {0};
-  assert_int_equal(kc_testsrv_init(&f.t), 0);
-  snprintf(f.mnt, sizeof f.mnt, "%s/mnt", f.t.dir);
-  assert_int_equal(mkdir(f.mnt, 0700), 0);
-  if (mount("tmpfs", f.mnt, "tmpfs", 0, "size=16m") != 0) {
+  disk_fx *f = *state;
+  snprintf(f->mnt, sizeof f->mnt, "%s/mnt", f->t.dir);
+  assert_int_equal(mkdir(f->mnt, 0700), 0);
+  if (mount("tmpfs", f->mnt, "tmpfs", 0, "size=16m") != 0) {
     print_message("cannot mount a tmpfs (%s): skipped\n", strerror(errno));
-    kc_testsrv_cleanup(&f.t);
     skip();
   }
+  f->mounted = 1;
   char data[400], filler[400];
-  snprintf(data, sizeof data, "%s/data", f.mnt);
-  snprintf(filler, sizeof filler, "%s/filler", f.mnt);
+  snprintf(data, sizeof data, "%s/data", f->mnt);
+  snprintf(filler, sizeof filler, "%s/filler", f->mnt);
   const char *args[] = {"--data-dir", data, NULL};
-  assert_int_equal(kc_testsrv_start(&f.t, args), 0);
+  assert_int_equal(kc_testsrv_start(&f->t, args), 0);
   char a[KC_HEX_LEN + 1], h[KC_HEX_LEN + 1], path[128];
-  resp r = put_blob(&f.t, 10000, 1, a);
+  resp r = put_blob(&f->t, 10000, 1, a);
   EXPECT_HTTP(r, 201, NULL);
   free(r.body);
 
   fill_disk(filler);
-  r = put_blob(&f.t, 100 * 1024, 2, h); /* in memory, then the commit */
+  r = put_blob(&f->t, 100 * 1024, 2, h); /* in memory, then the commit */
   EXPECT_HTTP(r, 507, "disk_full");
   free(r.body);
-  r = put_blob(&f.t, 3 * 1024 * 1024, 3, h); /* spooled to a file */
+  r = put_blob(&f->t, 3 * 1024 * 1024, 3, h); /* spooled to a file */
   EXPECT_HTTP(r, 507, "disk_full");
   free(r.body);
-  r = http(&f.t, "GET", "/readyz", NULL, 0);
+  r = http(&f->t, "GET", "/readyz", NULL, 0);
   EXPECT_HTTP(r, 503, "disk_full");
   free(r.body);
-  r = http(&f.t, "GET", "/healthz", NULL, 0);
+  r = http(&f->t, "GET", "/healthz", NULL, 0);
   EXPECT_HTTP(r, 200, NULL);
   free(r.body);
   snprintf(path, sizeof path, "/v1/blobs/%s", a);
-  r = http(&f.t, "GET", path, NULL, 0); /* reads still work */
+  r = http(&f->t, "GET", path, NULL, 0); /* reads still work */
   EXPECT_HTTP(r, 200, NULL);
   assert_int_equal(r.len, 10000);
   free(r.body);
-  assert_true(wait_for_text(f.t.log, "is full: writes fail", 1));
+  assert_true(wait_for_text(f->t.log, "is full: writes fail", 1));
 
   assert_int_equal(unlink(filler), 0); /* space freed */
-  r = put_blob(&f.t, 100 * 1024, 2, h);
+  r = put_blob(&f->t, 100 * 1024, 2, h);
   EXPECT_HTTP(r, 201, NULL);
   free(r.body);
-  r = http(&f.t, "GET", "/readyz", NULL, 0);
+  r = http(&f->t, "GET", "/readyz", NULL, 0);
   EXPECT_HTTP(r, 200, NULL);
   free(r.body);
-  r = put_blob(&f.t, 3 * 1024 * 1024, 3, h);
+  r = put_blob(&f->t, 3 * 1024 * 1024, 3, h);
   EXPECT_HTTP(r, 201, NULL);
   free(r.body);
-  assert_true(wait_for_text(f.t.log, "writes succeed again", 1));
+  assert_true(wait_for_text(f->t.log, "writes succeed again", 1));
   /* logged once per change, not per failed request */
-  char *log = slurp(f.t.log);
+  char *log = slurp(f->t.log);
   const char *first = strstr(log, "is full: writes fail");
   assert_non_null(first);
   assert_null(strstr(first + 1, "is full: writes fail"));
   free(log);
 
-  assert_int_equal(kc_testsrv_stop(&f.t), 0);
-  assert_int_equal(umount2(f.mnt, MNT_DETACH), 0);
-  kc_testsrv_cleanup(&f.t);
+  assert_int_equal(kc_testsrv_stop(&f->t), 0);
 }
 
 /* ---- two servers, one directory ---- */
@@ -285,7 +298,7 @@ static void t_two_servers_one_dir(void **state) {
 int main(void) {
   curl_global_init(CURL_GLOBAL_ALL);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(t_disk_full),
+      cmocka_unit_test_setup_teardown(t_disk_full, disk_setup, disk_teardown),
       cmocka_unit_test(t_two_servers_one_dir),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

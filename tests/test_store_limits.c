@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -47,6 +48,7 @@ static char errbuf[KC_ERRBUF_SIZE];
 typedef struct fx {
   char tmp[256];
   char dir[300];
+  char mnt[280]; /* a tmpfs mounted by the test, unmounted at teardown */
 } fx;
 
 static int rm_entry(const char *p, const struct stat *st, int flag,
@@ -69,6 +71,8 @@ static int fx_setup(void **state) {
 
 static int fx_teardown(void **state) {
   fx *f = *state;
+  if (f->mnt[0])
+    umount2(f->mnt, MNT_DETACH);
   int rc = nftw(f->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
   free(f);
   return rc;
@@ -217,6 +221,69 @@ static void test_lowered_limit_recovers(void **state) {
   st = stats(s);
   assert_true(st.bytes_used <= limit / 4);
   put_bundle_blob(s, 200000, 100 * 1024);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+}
+
+/* ---- item 4: a full disk ---- */
+
+/* Writes zeros into path until the file system is full. */
+static void fill_disk(const char *path) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  setvbuf(f, NULL, _IONBF, 0);
+  static char zero[64 * 1024];
+  for (size_t chunk = sizeof zero; chunk >= 512; chunk /= 2)
+    while (fwrite(zero, 1, chunk, f) == chunk)
+      ;
+  fclose(f);
+}
+
+/* On a full 16 MiB tmpfs: writes fail with KC_DISK_FULL and set the flag;
+ * an eviction whose commit fails counts nothing; freeing space clears the
+ * flag at the next commit, and the counters then equal what was removed. */
+static void test_disk_full(void **state) {
+  fx *f = *state;
+  char *mnt = f->mnt, filler[300];
+  snprintf(f->mnt, sizeof f->mnt, "%s/mnt", f->tmp);
+  snprintf(filler, sizeof filler, "%s/filler", mnt);
+  assert_int_equal(mkdir(mnt, 0700), 0);
+  if (mount("tmpfs", mnt, "tmpfs", 0, "size=16m") != 0) {
+    print_message("cannot mount a tmpfs: skipped\n");
+    mnt[0] = '\0';
+    skip();
+  }
+  snprintf(f->dir, sizeof f->dir, "%s/store", mnt);
+  kc_store *s = open_store(f->dir, 0, 0);
+  for (uint64_t i = 0; i < 300; i++)
+    put_bundle_blob(s, i + 1, 2048);
+  kc_store_stats before = stats(s);
+  fill_disk(filler);
+  char d[KC_HEX_LEN + 1];
+  unsigned char p[100 * 1024] = {1};
+  assert_int_equal(kc_sha256_hex(p, sizeof p, d), KC_OK);
+  int created;
+  errbuf[0] = '\0';
+  assert_int_equal(kc_store_blob_put(s, d, p, sizeof p, &created, errbuf),
+                   KC_DISK_FULL);
+  assert_non_null(strstr(errbuf, "full"));
+  assert_true(stats(s).disk_full_since > 0);
+  assert_true(kc_store_disk_full_since(s) > 0);
+  kc_err e = kc_store_evict(s, 0, errbuf);
+  kc_store_stats st = stats(s);
+  print_message("evicting everything on a full disk: %s, %llu of %llu "
+                "bundles left\n", kc_err_name(e),
+                (unsigned long long)st.bundles,
+                (unsigned long long)before.bundles);
+  assert_int_equal(st.evicted_bundles, before.bundles - st.bundles);
+  assert_int_equal(st.evicted_blobs, before.blobs - st.blobs);
+  assert_int_equal(unlink(filler), 0);
+  OK(kc_store_blob_put(s, d, p, sizeof p, &created, errbuf));
+  assert_int_equal(stats(s).disk_full_since, 0);
+  OK(kc_store_evict(s, 0, errbuf));
+  st = stats(s);
+  assert_int_equal(st.bundles, 0);
+  assert_int_equal(st.evicted_bundles, before.bundles);
   OK(kc_store_verify(s, errbuf));
   kc_store_close(s);
 }
@@ -427,6 +494,7 @@ int main(void) {
   struct CMUnitTest all[] = {
       cmocka_unit_test_setup_teardown(test_lowered_limit_recovers, fx_setup,
                                       fx_teardown),
+      cmocka_unit_test_setup_teardown(test_disk_full, fx_setup, fx_teardown),
       cmocka_unit_test_setup_teardown(test_manifests_counted, fx_setup,
                                       fx_teardown),
       cmocka_unit_test_setup_teardown(test_manifests_evicted, fx_setup,
