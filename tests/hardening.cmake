@@ -2,7 +2,7 @@
 # test_store_limits (a lowered --max-bytes, manifests counted, the model
 # listing from the index, the directory lock) and test_server_disk (a full
 # disk on a small tmpfs: 507 disk_full, /readyz 503; two kcached on one
-# directory).
+# directory; the model listing from the index and from manifests).
 if(NOT TARGET PkgConfig::CMOCKA)
   pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
 endif()
@@ -22,7 +22,8 @@ set_tests_properties(store_limits PROPERTIES TIMEOUT 300)
 if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_server_disk.c)
   add_executable(test_server_disk ${CMAKE_CURRENT_LIST_DIR}/test_server_disk.c)
   target_link_libraries(test_server_disk PRIVATE kc_testsrv kc_schema
-                        PkgConfig::CMOCKA PkgConfig::CURL PkgConfig::JANSSON)
+                        PkgConfig::CMOCKA PkgConfig::CURL PkgConfig::JANSSON
+                        PkgConfig::LMDB)
   add_test(NAME server_disk COMMAND test_server_disk)
   # exit 77: the tmpfs could not be mounted (not root): skipped
   set_tests_properties(server_disk PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)

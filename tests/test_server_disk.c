@@ -6,7 +6,9 @@
  * the first one's pid.
  *
  * The disk test mounts a 16 MiB tmpfs (needs root, or CAP_SYS_ADMIN): where
- * the mount fails it is skipped. */
+ * the mount fails it is skipped. Also: the model listing of 128 bundles with
+ * large manifests answers the same from the index's key fields as from the
+ * manifests (a store written before the index held them), with timings. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -27,6 +29,7 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 #include <jansson.h>
+#include <lmdb.h>
 
 #include "kc_schema.h"
 #include "testsrv.h"
@@ -295,11 +298,134 @@ static void t_two_servers_one_dir(void **state) {
   kc_testsrv_cleanup(&a);
 }
 
+/* ---- the model listing ---- */
+
+#define M1 "5a7cc462c675f9d5693bae11d480f09c3c01ae53617500e6475623784622159c"
+#define B1 "e844adc60c72d254b27e713b88e72a8338fbb13944b1499c212495e376cd3d11"
+
+/* A manifest of 3000 files (~300 KB) naming one blob, bucket batch=b. */
+static char *big_manifest(uint64_t b, const char *blob, char key[65]) {
+  kc_manifest *m = kc_manifest_new();
+  kc_key_fields *k = &m->fields;
+  strcpy(k->model, M1);
+  strcpy(k->build, B1);
+  strcpy(k->arch, b % 2 ? "sm_90a" : "sm_80");
+  k->bucket.n = 1;
+  strcpy(k->bucket.dims[0].name, "batch");
+  k->bucket.dims[0].value = b;
+  k->n_tools = 1;
+  strcpy(k->tools[0].name, "cuda");
+  strcpy(k->tools[0].value, "13.0");
+  for (size_t i = 0; i < 3000; i++) {
+    char path[64];
+    const char *entries[] = {"a_kernel_entry_point_with_a_long_name"};
+    snprintf(path, sizeof path, "kernels/some/dir/f%06zu.cubin", i);
+    assert_int_equal(kc_manifest_add_file(m, path, blob, 100, KC_KIND_CUBIN,
+                                          entries, 1, NULL), KC_OK);
+  }
+  assert_int_equal(kc_manifest_seal(m, NULL), KC_OK);
+  char *json = NULL;
+  assert_int_equal(kc_manifest_to_json(m, &json, NULL), KC_OK);
+  strcpy(key, m->key);
+  kc_manifest_free(m);
+  return json;
+}
+
+/* The listing's bundles array, and how long the GET took (ms). */
+static json_t *list_models(const kc_testsrv *t, double *ms) {
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  resp r = http(t, "GET", "/v1/models/" M1, NULL, 0);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  *ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
+  EXPECT_HTTP(r, 200, NULL);
+  json_t *j = json_loadb(r.body, r.len, 0, NULL);
+  free(r.body);
+  json_t *list = json_incref(json_object_get(j, "bundles"));
+  json_decref(j);
+  assert_non_null(list);
+  return list;
+}
+
+/* Empties the model index's records, as a version before them wrote it. */
+static void empty_index(const char *data) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi models;
+  MDB_cursor *cur;
+  MDB_val k, v, empty = {0, ""};
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, data, 0, 0640), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+  assert_int_equal(mdb_dbi_open(txn, "models", 0, &models), 0);
+  assert_int_equal(mdb_cursor_open(txn, models, &cur), 0);
+  static unsigned char keys[256][128];
+  size_t n = 0;
+  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && n < 256;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+    memcpy(keys[n++], k.mv_data, 128);
+  mdb_cursor_close(cur);
+  for (size_t i = 0; i < n; i++) {
+    MDB_val key = {128, keys[i]};
+    assert_int_equal(mdb_put(txn, models, &key, &empty, 0), 0);
+  }
+  assert_int_equal(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+}
+
+static void t_model_listing(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  assert_int_equal(kc_testsrv_start(&t, NULL), 0);
+  char blob[KC_HEX_LEN + 1], key[65], path[128];
+  resp r = put_blob(&t, 100, 9, blob);
+  EXPECT_HTTP(r, 201, NULL);
+  free(r.body);
+  for (uint64_t i = 1; i <= 128; i++) {
+    char *json = big_manifest(i, blob, key);
+    snprintf(path, sizeof path, "/v1/bundles/%s", key);
+    r = http(&t, "PUT", path, json, strlen(json));
+    EXPECT_HTTP(r, 201, NULL);
+    free(r.body);
+    free(json);
+  }
+  double now_ms, old_ms;
+  json_t *now = list_models(&t, &now_ms);
+  assert_int_equal(json_array_size(now), 128);
+  size_t i;
+  json_t *e;
+  json_array_foreach(now, i, e) {
+    const char *arch = json_string_value(json_object_get(e, "arch"));
+    json_int_t batch = json_integer_value(
+        json_object_get(json_object_get(e, "bucket"), "batch"));
+    assert_true(batch >= 1 && batch <= 128);
+    assert_string_equal(arch, batch % 2 ? "sm_90a" : "sm_80");
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(e, "toolchain"), "cuda")), "13.0");
+    assert_int_equal(json_integer_value(json_object_get(e, "bytes")),
+                     3000 * 100);
+  }
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  empty_index(t.data); /* the listing now parses the manifests */
+  assert_int_equal(kc_testsrv_restart(&t), 0);
+  json_t *old = list_models(&t, &old_ms);
+  assert_true(json_equal(now, old)); /* the same answer either way */
+  print_message("bench: GET /v1/models of 128 bundles (~300 KB manifests): "
+                "%.1f ms from the index, %.1f ms parsing the manifests\n",
+                now_ms, old_ms);
+  json_decref(now);
+  json_decref(old);
+  kc_testsrv_stop(&t);
+  kc_testsrv_cleanup(&t);
+}
+
 int main(void) {
   curl_global_init(CURL_GLOBAL_ALL);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(t_disk_full, disk_setup, disk_teardown),
       cmocka_unit_test(t_two_servers_one_dir),
+      cmocka_unit_test(t_model_listing),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();
