@@ -45,7 +45,11 @@
   X(INTERNAL, 30, 500, "internal", "internal error")                           \
   X(BAD_TOKEN_FILE, 31, 500, "bad_token_file", "invalid token file")           \
   X(BUSY, 32, 503, "busy", "resource busy, try again")                         \
-  X(GPU, 33, 500, "cuda_error", "CUDA driver call failed")
+  X(GPU, 33, 500, "cuda_error", "CUDA driver call failed")                    \
+  X(DISK_FULL, 34, 507, "disk_full",                                           \
+    "the disk holding the store is full")                                      \
+  X(LOCKED, 35, 503, "locked",                                                 \
+    "another process serves this store directory")
 
 typedef enum kc_err {
 #define KC_ERR_ENUM_(name, num, http, code, msg) KC_##name = num,

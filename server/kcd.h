@@ -263,6 +263,7 @@ struct kcd_state {
   struct kcd_s3 *s3;         /* NULL: no durable tier */
   kc_store_scrub scrub;      /* where the scrub goes on (main thread only) */
   int64_t scrub_credit;      /* bytes it may hash now; < 0 after a big blob */
+  int disk_full_logged;      /* main.c: a full disk was logged (disk_watch) */
 };
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */

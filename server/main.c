@@ -123,6 +123,21 @@ static void scrub(kcd_state *st, kc_store *s) {
   }
 }
 
+/* A full disk is logged when writes start and stop failing for it, not once
+ * per failed request. */
+static void disk_watch(kcd_state *st, kc_store *s) {
+  int64_t since = kc_store_disk_full_since(s);
+  if (!since == !st->disk_full_logged)
+    return;
+  st->disk_full_logged = since != 0;
+  if (since)
+    kcd_log(st, "error", "the disk holding %s is full: writes fail (507 "
+            "disk_full) and /readyz answers 503 until space is freed",
+            st->cfg.data_dir);
+  else
+    kcd_log(st, "info", "writes succeed again in %s", st->cfg.data_dir);
+}
+
 /* Housekeeping once a second; EXIT_STORE when the store could not be
  * opened within --store-wait. */
 static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
@@ -145,6 +160,7 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   kc_err e = kc_store_flush(s);
   if (e)
     kcd_log(st, "error", "flushing last-use records: %s", kc_strerror(e));
+  disk_watch(st, s);
   if (now - *last_gc >= GC_EVERY_S) {
     char err[KC_ERRBUF_SIZE] = "";
     *last_gc = now;

@@ -225,10 +225,13 @@ int kcd_lookup(kcd_req *r) {
 
 /* ---- GET /v1/models/{model} ---- */
 
-/* One listing entry: the key fields worth showing, from the manifest. */
+/* One listing entry: the key fields worth showing, from the index's copy of
+ * the key fields (a manifest may be megabytes; older stores lack the copy). */
 static int model_entry(const kc_store_bundle_info *info, void *ud) {
   json_t *list = ud;
-  json_t *m = json_loadb(info->manifest, info->manifest_len, 0, NULL);
+  json_t *m = info->fields
+                  ? json_loadb(info->fields, info->fields_len, 0, NULL)
+                  : json_loadb(info->manifest, info->manifest_len, 0, NULL);
   json_t *o = json_pack(
       "{ss sO* sO* sO* sI sI sI sI}", "key", info->key, "bucket",
       json_object_get(m, "bucket"), "arch", json_object_get(m, "arch"),

@@ -11,9 +11,19 @@ static int reply_status(kcd_req *r, int code, const char *status) {
 
 int kcd_healthz(kcd_req *r) { return reply_status(r, 200, "ok"); }
 
+/* Not ready also while writes fail for lack of disk: a balancer then sends
+ * uploads elsewhere (reads still work here; /healthz stays 200). */
 int kcd_readyz(kcd_req *r) {
-  if (!atomic_load(&r->st->store))
+  kc_store *s = atomic_load(&r->st->store);
+  if (!s)
     return kcd_reply_error_json(r, KC_NOT_READY, NULL, NULL, NULL);
+  int64_t since = kc_store_disk_full_since(s);
+  if (since)
+    return kcd_reply_json(
+        r, 503, json_pack("{ss ss sI}", "error", kc_err_code(KC_DISK_FULL),
+                          "message", "the disk holding the store is full: "
+                          "writes fail, reads work", "since",
+                          (json_int_t)since), NULL);
   return reply_status(r, 200, "ready");
 }
 

@@ -300,15 +300,14 @@ kc_err kc_store_upload_begin(kc_store *s, kc_store_upload **out, char *err) {
 static kc_err spill(kc_store_upload *u, char *err) {
   u->fd = open(u->s->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (u->fd < 0)
-    return kc_errf(err, KC_IO, "cannot make a spool file in %s: %s",
-                   u->s->dir, strerror(errno));
+    return kcs_disk_err(u->s, errno, "making a spool file", err);
   size_t done = 0;
   while (done < u->len) {
     ssize_t n = write(u->fd, u->buf + done, u->len - done);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0)
-      return kc_errf(err, KC_IO, "spooling an upload: %s", strerror(errno));
+      return kcs_disk_err(u->s, errno, "spooling an upload", err);
     done += (size_t)n;
   }
   free(u->buf);
@@ -325,8 +324,7 @@ static kc_err spool_write(kc_store_upload *u, const void *data, size_t len,
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0)
-      return kc_errf(err, errno == ENOSPC ? KC_STORE_FULL : KC_IO,
-                     "spooling an upload: %s", strerror(errno));
+      return kcs_disk_err(u->s, errno, "spooling an upload", err);
     p += n;
     len -= (size_t)n;
   }
@@ -554,7 +552,7 @@ kc_err kcs_blob_unref(kc_store *s, MDB_txn *txn, const char *digest,
    * for a manifest still to come: that one becomes an orphan instead. */
   if (drop_now && bm.refs <= 1 && !kcs_blob_touched(s, digest, now)) {
     if (!(e = kcs_blob_drop(s, txn, digest, &bm, err)))
-      atomic_fetch_add(&s->evicted_blobs, 1);
+      s->txn_evicted_blobs++; /* counted if the transaction commits */
     return e;
   }
   if (bm.refs == 0)

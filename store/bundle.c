@@ -45,6 +45,7 @@ typedef struct put_ctx {
   const kc_manifest *m;
   const char *json;
   size_t json_len;
+  char *info; /* the canonical key JSON: the model index's record */
   const char **digests;
   size_t n_digests;
   char **missing;
@@ -107,14 +108,15 @@ static kc_err put_records(kc_store *s, MDB_txn *txn, put_ctx *c, char *err) {
   kcs_time_key(lk, now, m->key);
   MDB_val k = kcs_hex_val(m->key), jv = {c->json_len, (void *)c->json};
   MDB_val mv = {sizeof bm, &bm}, mkv = {sizeof mk, mk}, lkv = {sizeof lk, lk};
-  MDB_val empty = {0, ""};
+  MDB_val empty = {0, ""}, info = {strlen(c->info), c->info};
   kc_err e;
   if ((e = kcs_put(txn, s->bundles, &k, &jv, 0, err)) ||
       (e = kcs_put(txn, s->bundlemeta, &k, &mv, 0, err)) ||
-      (e = kcs_put(txn, s->models, &mkv, &empty, 0, err)) ||
+      (e = kcs_put(txn, s->models, &mkv, &info, 0, err)) ||
       (e = kcs_put(txn, s->lru, &lkv, &empty, 0, err)))
     return e;
-  return KC_OK;
+  /* what is held counts manifests too (a store can hold large ones) */
+  return kcs_bytes_add(txn, s, (int64_t)c->json_len, err);
 }
 
 static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
@@ -173,9 +175,11 @@ kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode,
   if ((e = kc_manifest_to_json(m, (char **)&c.json, err)))
     return e;
   c.json_len = strlen(c.json);
-  if (!(c.digests = distinct_digests(m, &c.n_digests)))
+  if ((e = kc_key_canonical(&m->fields, &c.info, err)))
+    c.info = NULL;
+  else if (!(c.digests = distinct_digests(m, &c.n_digests)))
     e = kc_errf(err, KC_NOMEM, "out of memory");
-  else
+  else if (!(e = kcs_maybe_evict(s, c.json_len, err)))
     e = kcs_write(s, put_op, &c, err);
   if (e == KC_MISSING_BLOBS && missing && n_missing) {
     *missing = c.missing;
@@ -188,6 +192,7 @@ kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode,
   if (!e && created)
     *created = c.created;
   free((char *)c.json);
+  free(c.info);
   free(c.digests);
   return e;
 }
@@ -225,7 +230,10 @@ kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
     return kcs_mdb_err(rc ? rc : MDB_CORRUPTED, "reading a bundle", err);
   kcs_bundle_meta bm;
   memcpy(&bm, mv.mv_data, sizeof bm);
+  int64_t json_len = (int64_t)jv.mv_size;
   kc_err e = unref_blobs(s, txn, &jv, drop_blobs, err);
+  if (!e)
+    e = kcs_bytes_add(txn, s, -json_len, err);
   unsigned char mk[2 * KC_HEX_LEN], lk[8 + KC_HEX_LEN];
   model_key(mk, bm.model, key);
   kcs_time_key(lk, bm.last_used, key);
@@ -302,9 +310,10 @@ kc_err kc_store_bundle_get(kc_store_read *r, const char *key,
   return KC_OK;
 }
 
-/* One index entry of the model listing: its metadata and manifest. */
+/* One index entry of the model listing: its metadata, its key fields (the
+ * index record; empty in stores written before it held them) and manifest. */
 static int list_one(kc_store *s, MDB_txn *txn, const char *key,
-                    kc_store_bundle_cb cb, void *ud) {
+                    const MDB_val *rec, kc_store_bundle_cb cb, void *ud) {
   MDB_val k = kcs_hex_val(key), mv, jv;
   if (mdb_get(txn, s->bundlemeta, &k, &mv) || mv.mv_size != sizeof(kcs_bundle_meta) ||
       mdb_get(txn, s->bundles, &k, &jv))
@@ -314,7 +323,9 @@ static int list_one(kc_store *s, MDB_txn *txn, const char *key,
   kc_store_bundle_info info = {.bytes = bm.bytes, .created = bm.created,
                                .last_used = bm.last_used, .hits = bm.hits,
                                .manifest = jv.mv_data,
-                               .manifest_len = jv.mv_size};
+                               .manifest_len = jv.mv_size,
+                               .fields = rec->mv_size ? rec->mv_data : NULL,
+                               .fields_len = rec->mv_size};
   memcpy(info.key, key, KC_HEX_LEN);
   info.key[KC_HEX_LEN] = '\0';
   return cb(&info, ud);
@@ -342,7 +353,7 @@ kc_err kc_store_model_list(kc_store *s, const char *model,
     char key[KC_HEX_LEN + 1];
     memcpy(key, (char *)k.mv_data + KC_HEX_LEN, KC_HEX_LEN);
     key[KC_HEX_LEN] = '\0';
-    if (list_one(s, r->txn, key, cb, ud))
+    if (list_one(s, r->txn, key, &v, cb, ud))
       break;
   }
   mdb_cursor_close(cur);

@@ -126,8 +126,8 @@ static int drop_orphan(kc_store *s, MDB_txn *txn, int64_t older_than,
 }
 
 /* Evicts at most `limit` items; *done when below target or nothing is left. */
-static kc_err evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
-                         size_t limit, int *done, char *err) {
+kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
+                      size_t limit, int *done, char *err) {
   kc_err e = KC_OK;
   uint64_t used;
   *done = 0;
@@ -140,7 +140,7 @@ static kc_err evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
     if (first_evictable(s, txn, key) == 0) { /* LRU bundles first */
       if ((e = kcs_bundle_drop(s, txn, key, 1, err)))
         return e;
-      atomic_fetch_add(&s->evicted_bundles, 1);
+      s->txn_evicted_bundles++; /* counted if the transaction commits */
       continue;
     }
     /* then unreferenced blobs, oldest first */
@@ -151,14 +151,14 @@ static kc_err evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
       *done = 1; /* nothing left to evict */
       return KC_OK;
     }
-    atomic_fetch_add(&s->evicted_blobs, 1);
+    s->txn_evicted_blobs++;
   }
   return KC_OK;
 }
 
 kc_err kcs_evict_txn(kc_store *s, MDB_txn *txn, uint64_t target, char *err) {
   int done;
-  return evict_some(s, txn, target, SIZE_MAX, &done, err);
+  return kcs_evict_some(s, txn, target, SIZE_MAX, &done, err);
 }
 
 typedef struct evict_ctx {
@@ -168,7 +168,7 @@ typedef struct evict_ctx {
 
 static kc_err evict_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   evict_ctx *c = ud;
-  return evict_some(s, txn, c->target, EVICT_BATCH, &c->done, err);
+  return kcs_evict_some(s, txn, c->target, EVICT_BATCH, &c->done, err);
 }
 
 kc_err kc_store_evict(kc_store *s, uint64_t target_bytes, char *err) {
@@ -212,7 +212,7 @@ static kc_err gc_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
       c->done = 1;
       return KC_OK;
     }
-    atomic_fetch_add(&s->gc_blobs, 1);
+    s->txn_gc_blobs++;
   }
   return KC_OK;
 }

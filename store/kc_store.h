@@ -16,6 +16,9 @@
  * recently used bundles, then old unreferenced blobs) down to the low-water mark
  * of what is held and tries once more; KC_STORE_FULL when that is not enough.
  * With max_bytes set, a put that would cross the high-water mark evicts first.
+ * What is held counts blobs and manifests. Eviction runs in transactions of a
+ * few removals each; the eviction counters count what was committed.
+ * A disk that is full (ENOSPC, EDQUOT) is KC_DISK_FULL, not KC_IO.
  *
  * On disk: dir/data.mdb and dir/lock.mdb (copy a live store with
  * `mdb_copy -c DIR OUT`). The layout of the named databases is in
@@ -55,7 +58,7 @@ typedef struct kc_store_s3 {
 
 typedef struct kc_store_opts {
   const char *dir;        /* created if missing */
-  uint64_t max_bytes;     /* byte limit of blob data; 0: none */
+  uint64_t max_bytes;     /* limit on blob and manifest bytes; 0: none */
   uint64_t map_size;      /* LMDB map size; 0: derived from max_bytes, or 64 GiB */
   uint64_t grace_s;       /* unreferenced blobs older than this are collected;
                              0: default 3600 */
@@ -69,7 +72,12 @@ typedef struct kc_store_opts {
  * global init): once, in main, before any thread starts. */
 kc_err kc_store_global_init(void);
 
-/* Opens (creating if needed) the store in opts->dir. *out owned by caller. */
+/* Opens (creating if needed) the store in opts->dir. *out owned by caller.
+ * One process serves a directory: the open takes an exclusive lock on
+ * dir/kcached.lock (holding its pid) until kc_store_close, and answers
+ * KC_LOCKED, naming the holder's pid, while another process (or another open
+ * store of this process) holds it. A store holding more than max_bytes (the
+ * limit was lowered) is evicted down to the low-water mark at open. */
 kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err);
 /* Flushes pending last-use records, closes. No read handle may be open.
  * NULL: nothing. */
@@ -167,6 +175,12 @@ typedef struct kc_store_bundle_info {
   uint64_t hits;
   const char *manifest; /* canonical JSON, valid during the callback only */
   size_t manifest_len;
+  /* The canonical key JSON ({"arch","bucket","build","model","toolchain",
+   * "v"}; kc_key_canonical), valid during the callback only: what a listing
+   * shows, without parsing a manifest that may be megabytes. NULL for a
+   * bundle stored before the index held it: parse manifest then. */
+  const char *fields;
+  size_t fields_len;
 } kc_store_bundle_info;
 
 /* Calls cb for each bundle of model (64 hex) inside one read transaction, in
@@ -179,7 +193,7 @@ kc_err kc_store_model_list(kc_store *s, const char *model,
 /* ---- Bookkeeping, eviction, GC ---- */
 
 typedef struct kc_store_stats {
-  uint64_t bytes_used;    /* blob bytes held */
+  uint64_t bytes_used;    /* bytes of blobs and manifests held */
   uint64_t max_bytes;     /* 0: no limit */
   uint64_t map_size;
   uint64_t map_used;      /* pages in use * page size */
@@ -188,7 +202,14 @@ typedef struct kc_store_stats {
   uint64_t hits, misses;  /* bundle gets since open */
   uint64_t evicted_bundles, evicted_blobs, gc_blobs; /* since open */
   uint64_t scrub_bytes, scrub_passes, scrub_corrupt;  /* since open */
+  /* Unix time since when writes fail for lack of disk (a commit or an
+   * upload's spool file got ENOSPC or EDQUOT: KC_DISK_FULL); 0 when they do
+   * not. Cleared by the next commit that succeeds. Reads still work. */
+  int64_t disk_full_since;
 } kc_store_stats;
+
+/* The same flag without a read transaction (for a readiness probe). */
+int64_t kc_store_disk_full_since(kc_store *s);
 
 kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out);
 /* Writes pending last-use times and hit counts in one transaction. */

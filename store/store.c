@@ -17,6 +17,8 @@ kc_err kcs_mdb_err(int rc, const char *what, char *err) {
     return kc_errf(err, KC_NOMEM, "%s: out of memory", what);
   if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_INVALID)
     return kc_errf(err, KC_CORRUPT, "%s: %s", what, mdb_strerror(rc));
+  if (rc == ENOSPC || rc == EDQUOT)
+    return kc_errf(err, KC_DISK_FULL, "%s: %s", what, strerror(rc));
   if (rc == MDB_READERS_FULL)
     return kc_errf(err, KC_BUSY, "%s: %s", what, mdb_strerror(rc));
   return kc_errf(err, KC_IO, "%s: %s", what, mdb_strerror(rc));
@@ -92,27 +94,20 @@ kc_err kcs_bytes_add(MDB_txn *txn, kc_store *s, int64_t delta, char *err) {
 }
 
 /* One attempt: begin, op, commit. */
-static kc_err write_once(kc_store *s, kcs_write_fn op, void *ud, char *err) {
+kc_err kcs_write_once(kc_store *s, kcs_write_fn op, void *ud, char *err) {
   MDB_txn *txn;
   int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
   if (rc)
     return kcs_mdb_err(rc, "begin a write", err);
+  kcs_txn_reset(s); /* ours from here: LMDB has one writer */
   kc_err e = op(s, txn, ud, err);
   if (e) {
+    kcs_txn_reset(s);
     mdb_txn_abort(txn);
     return e;
   }
   rc = mdb_txn_commit(txn); /* frees txn even when it fails */
-  if (rc == MDB_MAP_FULL)
-    return KCS_MAP_FULL;
-  return rc ? kcs_mdb_err(rc, "commit", err) : KC_OK;
-}
-
-static kc_err evict_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
-  (void)ud;
-  uint64_t used;
-  kc_err e = kcs_bytes_get(txn, s, &used);
-  return e ? e : kcs_evict_txn(s, txn, kcs_low_target(s, used), err);
+  return kcs_commit_done(s, rc, err);
 }
 
 /* Records the time of the last map-full eviction; see kcs_write. */
@@ -123,18 +118,31 @@ static kc_err bump_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   return kcs_put(txn, s->meta, &k, &v, 0, err);
 }
 
+/* The low-water target of what the store holds now. */
+static uint64_t low_target_now(kc_store *s) {
+  uint64_t used = 0;
+  kc_store_read *r;
+  if (kc_store_read_begin(s, &r) == KC_OK) {
+    kcs_bytes_get(r->txn, s, &used);
+    kc_store_read_end(r);
+  }
+  return kcs_low_target(s, used);
+}
+
 kc_err kcs_write(kc_store *s, kcs_write_fn op, void *ud, char *err) {
-  kc_err e = write_once(s, op, ud, err);
+  kc_err e = kcs_write_once(s, op, ud, err);
   if (e != KCS_MAP_FULL)
     return e;
-  /* A cache answers a full map by evicting, then tries once more. LMDB
-   * reuses the pages that transaction N frees only from transaction N+2 on
-   * (an aborted one does not count), hence the small commit in between. */
-  kc_err ee = write_once(s, evict_op, NULL, NULL);
+  /* A cache answers a full map by evicting, then tries once more. Evicting
+   * needs pages too, so it goes in small committed batches (one big
+   * transaction would need more than a full map has). LMDB reuses the pages
+   * that transaction N frees only from transaction N+2 on (an aborted one
+   * does not count), hence the small commit in between. */
+  kc_err ee = kcs_evict_batched(s, low_target_now(s), NULL);
   if (ee == KC_OK)
-    ee = write_once(s, bump_op, NULL, NULL);
+    ee = kcs_write_once(s, bump_op, NULL, NULL);
   if (ee == KC_OK)
-    e = write_once(s, op, ud, err);
+    e = kcs_write_once(s, op, ud, err);
   if (e == KCS_MAP_FULL || e == KC_STORE_FULL)
     return kc_errf(err, KC_STORE_FULL,
                    "the store's map (%llu bytes) is full, and evicting did "
@@ -217,7 +225,7 @@ static int try_open(kc_store *s, const kc_store_opts *o, uint64_t map_size) {
 }
 
 static kc_err open_env(kc_store *s, const kc_store_opts *o, char *err) {
-  uint64_t want = derive_map_size(o);
+  uint64_t want = kcs_map_with_room(s->dir, derive_map_size(o));
   int rc = try_open(s, o, want);
   /* A default map is only address space; where that is limited (ulimit -v,
    * valgrind: mmap says ENOMEM or EINVAL), halve it rather than refuse to
@@ -247,6 +255,7 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
     free(s);
     return kc_errf(err, KC_NOMEM, "out of memory");
   }
+  s->lock_fd = -1;
   s->max_bytes = opts->max_bytes;
   s->grace_s = opts->grace_s ? opts->grace_s : 3600;
   s->high_pct = opts->high_water_pct > 0 ? opts->high_water_pct : 95;
@@ -258,9 +267,13 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
                  ? kc_errf(err, KC_NOMEM, "out of memory")
                  : make_dir(s->dir, err);
   if (!e)
+    e = kcs_lock_dir(s, err); /* before LMDB: one process per directory */
+  if (!e)
     e = open_env(s, opts, err);
   if (!e && opts->s3)
     e = kcs_tier_open(s, opts->s3, err);
+  if (!e)
+    e = kcs_open_limits(s, err);
   if (e) {
     kc_store_close(s);
     return e;
@@ -279,6 +292,7 @@ void kc_store_close(kc_store *s) {
       mdb_txn_abort(s->pool[i]);
     mdb_env_close(s->env);
   }
+  kcs_unlock_dir(s); /* after LMDB is closed */
   kcs_uses_destroy(&s->uses);
   kcs_uses_destroy(&s->touched);
   pthread_mutex_destroy(&s->pool_lock);
@@ -360,5 +374,6 @@ kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out) {
   out->scrub_bytes = atomic_load(&s->scrub_bytes);
   out->scrub_passes = atomic_load(&s->scrub_passes);
   out->scrub_corrupt = atomic_load(&s->scrub_corrupt);
+  out->disk_full_since = atomic_load(&s->disk_full_since);
   return e;
 }

@@ -9,9 +9,13 @@
  *             oldest first (GC and the second phase of eviction walk it)
  *   bundles   key -> canonical manifest JSON
  *   bundlemeta key -> bundle_meta (bytes, created, last_used, hits, model)
- *   models    model key -> "" : the per-model index
+ *   models    model key -> canonical key JSON (empty before it was kept):
+ *             the per-model index, listed without parsing manifests
  *   lru       be64(last_used) key -> "" : bundles, least recently used first
- *   meta      "bytes_used" -> u64, "layout" -> u32, "scrub_next" -> 64 hex
+ *   meta      "bytes_used" -> u64 (blobs and manifests), "layout" -> u32,
+ *             "manifests_counted" -> u32 (bytes_used counts manifests; stores
+ *             written before lack it and are recounted at open),
+ *             "scrub_next" -> 64 hex
  *             (where the scrub goes on; scrub.c)
  *   s3queue, s3pend, s3dead: the durable tier's upload queue (tier.h)
  * Records are host-endian structs (an LMDB file is not portable across
@@ -78,6 +82,13 @@ struct kc_store {
   size_t n_pool;
   _Atomic uint64_t hits, misses, evicted_bundles, evicted_blobs, gc_blobs;
   _Atomic uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* scrub.c */
+  /* limits.c: the directory's lock (held while open), and when commits
+   * began failing for lack of disk (0: they do not). */
+  int lock_fd;
+  _Atomic int64_t disk_full_since;
+  /* Removals by the write transaction in progress (only its thread touches
+   * them: LMDB has one writer), added to the counters above at commit. */
+  uint64_t txn_evicted_bundles, txn_evicted_blobs, txn_gc_blobs;
 };
 
 struct kc_store_read {
@@ -187,6 +198,42 @@ enum { KCS_PUT_QUEUE = 1, KCS_PUT_REPLACE = 2 };
 kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode,
                       int *created, char ***missing, size_t *n_missing,
                       char *err);
+
+/* ---- limits.c: the lock, disk full, bounded eviction, upgrades ---- */
+
+/* One attempt at op: begin, op, commit (store.c). KCS_MAP_FULL as is. */
+kc_err kcs_write_once(kc_store *s, kcs_write_fn op, void *ud, char *err);
+/* After a commit (rc its result): counts the transaction's removals when it
+ * committed, tracks disk full; returns rc as a kc_err (KC_DISK_FULL for
+ * ENOSPC and EDQUOT, KCS_MAP_FULL for a full map). */
+kc_err kcs_commit_done(kc_store *s, int rc, char *err);
+/* Forgets the removals of a transaction that was aborted. */
+void kcs_txn_reset(kc_store *s);
+/* A failure to write the disk: KC_DISK_FULL (and the store's flag set) for
+ * ENOSPC and EDQUOT, else KC_IO; the sentence names what and the errno. */
+kc_err kcs_disk_err(kc_store *s, int errnum, const char *what, char *err);
+/* Locks opts->dir for this process (dir/kcached.lock, our pid inside);
+ * KC_LOCKED naming the holder's pid when another process holds it. */
+kc_err kcs_lock_dir(kc_store *s, char *err);
+void kcs_unlock_dir(kc_store *s);
+/* At open, after the tier: counts the manifests of a store written before
+ * they were counted, and evicts down to the limit a store that holds more
+ * than max_bytes (restarted with a lower --max-bytes). */
+kc_err kcs_open_limits(kc_store *s, char *err);
+/* The map size to open dir's store with: want, or, when the data file is
+ * about that size or larger (a limit lowered since it grew), the file's size
+ * and room to work in: a map the exact size of its file cannot evict. */
+uint64_t kcs_map_with_room(const char *dir, uint64_t want);
+/* The bytes of all manifests (what bytes used counts beside blobs). */
+kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum,
+                          char *err);
+/* Evicts down to target in transactions of a few removals each, each
+ * committed: a full map frees pages the next one can use. */
+kc_err kcs_evict_batched(kc_store *s, uint64_t target, char *err);
+/* evict.c: evicts at most limit items in txn; *done when bytes used is at
+ * most target or nothing is left. */
+kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
+                      size_t limit, int *done, char *err);
 
 /* blob.c: 1 if a client offered this blob within the upload window. */
 int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);

@@ -29,8 +29,13 @@ static kc_err verify_blobs(kc_store *s, MDB_txn *txn, char *err) {
     total += v.mv_size;
   }
   mdb_cursor_close(cur);
+  uint64_t manifests = 0;
+  if (!e)
+    e = kcs_manifest_bytes(s, txn, &manifests, err);
+  total += manifests;
   if (!e && (e = kcs_bytes_get(txn, s, &used)) == KC_OK && used != total)
-    e = kc_errf(err, KC_CORRUPT, "bytes used says %llu, blobs hold %llu",
+    e = kc_errf(err, KC_CORRUPT, "bytes used says %llu, blobs and manifests "
+                "hold %llu",
                 (unsigned long long)used, (unsigned long long)total);
   return e;
 }

@@ -552,14 +552,16 @@ static int env_int(const char *name, int def) {
   return v && *v ? atoi(v) : def;
 }
 
-/* The store directory holds LMDB's two files and nothing else: an upload cut
- * by SIGKILL must not leave spool files behind (they are O_TMPFILE). */
+/* The store directory holds LMDB's two files and the lock file (kcached.lock)
+ * and nothing else: an upload cut by SIGKILL must not leave spool files
+ * behind (they are O_TMPFILE). */
 static void check_data_dir(const kc_testsrv *t) {
   DIR *d = opendir(t->data);
   assert_non_null(d);
   for (struct dirent *e; (e = readdir(d));) {
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
-        strcmp(e->d_name, "data.mdb") == 0 || strcmp(e->d_name, "lock.mdb") == 0)
+        strcmp(e->d_name, "data.mdb") == 0 || strcmp(e->d_name, "lock.mdb") == 0 ||
+        strcmp(e->d_name, "kcached.lock") == 0)
       continue;
     fprintf(stderr, "stray file in the store directory: %s\n", e->d_name);
     fail();
