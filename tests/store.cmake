@@ -15,3 +15,12 @@ set_tests_properties(store PROPERTIES TIMEOUT 600)
 
 add_executable(bench_store ${CMAKE_CURRENT_LIST_DIR}/bench/bench_store.c)
 target_link_libraries(bench_store PRIVATE kc_store kc_schema)
+
+# test_store_kv: the store's RESP keys (store/kv*.c): values, dedup,
+# expiry, SCAN and glob, eviction under both limits, a SIGKILLed writer,
+# the scrub. ~10 s.
+add_executable(test_store_kv ${CMAKE_CURRENT_LIST_DIR}/test_store_kv.c)
+target_link_libraries(test_store_kv PRIVATE kc_store kc_schema
+                      PkgConfig::CMOCKA Threads::Threads)
+add_test(NAME store_kv COMMAND test_store_kv)
+set_tests_properties(store_kv PROPERTIES TIMEOUT 300)
