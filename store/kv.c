@@ -513,8 +513,11 @@ kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
     c.jobs[i].op = &ops[i];
     c.jobs[i].skip = prepare(s, &c.jobs[i]) != 0;
   }
-  kc_err e = make_room(s, c.jobs, n, err);
-  if (!e)
+  size_t runnable = 0;
+  for (size_t i = 0; i < n; i++)
+    runnable += !c.jobs[i].skip;
+  kc_err e = runnable ? make_room(s, c.jobs, n, err) : KC_OK;
+  if (!e && runnable)
     e = run_batch(s, &c, err);
   for (size_t i = 0; e && i < n; i++) {
     reset_results(&ops[i]);

@@ -332,6 +332,9 @@ static kc_err verify_rec(kc_store *s, MDB_txn *txn, const MDB_val *k,
   MDB_val ikv = {sizeof ik, ik}, iv;
   if (mdb_get(txn, s->kvlru, &ikv, &iv))
     return kc_errf(err, KC_CORRUPT, "RESP key %s: no LRU entry", hex);
+  kcs_time_key(ik, rec.expire_ms, hex);
+  if (rec.expire_ms && mdb_get(txn, s->kvexp, &ikv, &iv))
+    return kc_errf(err, KC_CORRUPT, "RESP key %s: no expiry entry", hex);
   *total += rec.size;
   return KC_OK;
 }
