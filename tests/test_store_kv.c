@@ -758,6 +758,42 @@ static void test_evict_kv_cap_spares_bundles(void **state) {
   kc_store_close(s);
 }
 
+/* With a RESP cap: while the bundles hold more than the rest of max_bytes,
+ * they go first, though the RESP keys are older. */
+static void test_evict_bundles_over_share(void **state) {
+  fx *f = *state;
+  kc_store *s = open_kv(f->dir, 4 * MiB, 2 * MiB, 0);
+  set_seed(s, "old1", 256 * KiB, 1);
+  set_seed(s, "old2", 256 * KiB, 2);
+  sleep(1);
+  kc_manifest *m[6];
+  for (int i = 0; i < 6; i++) {
+    char hex[KC_HEX_LEN + 1];
+    uint8_t *p = bytes(512 * KiB, 200 + (uint64_t)i);
+    assert_int_equal(kc_sha256_hex(p, 512 * KiB, hex), KC_OK);
+    int created;
+    OK(kc_store_blob_put(s, hex, p, 512 * KiB, &created, errbuf));
+    m[i] = one_file_manifest(hex, 512 * KiB);
+    m[i]->fields.bucket.dims[0].value = (uint64_t)i;
+    OK(kc_manifest_seal(m[i], errbuf));
+    OK(kc_store_bundle_put(s, m[i], &created, NULL, NULL, errbuf));
+    free(p);
+  }
+  assert_int_equal(stats(s).evicted_bundles, 0);
+  set_seed(s, "new", 512 * KiB, 3);
+  kc_store_stats st = stats(s);
+  assert_true(st.evicted_bundles >= 1);
+  assert_int_equal(st.evicted_kv, 0);
+  assert_true(present(s, "old1"));
+  assert_true(present(s, "old2"));
+  assert_true(present(s, "new"));
+  assert_true(st.bytes_used <= 4 * MiB / 100 * 95);
+  OK(kc_store_verify(s, errbuf));
+  for (int i = 0; i < 6; i++)
+    kc_manifest_free(m[i]);
+  kc_store_close(s);
+}
+
 /* Without a RESP cap, eviction takes the oldest of either side. */
 static void test_evict_oldest_across_sides(void **state) {
   fx *f = *state;
@@ -1234,6 +1270,7 @@ int main(int argc, char **argv) {
       T(test_flush),
       T(test_evict_max_bytes),
       T(test_evict_kv_cap_spares_bundles),
+      T(test_evict_bundles_over_share),
       T(test_evict_oldest_across_sides),
       T(test_batch_one_failing),
       T(test_concurrent_writers),
