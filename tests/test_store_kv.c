@@ -339,8 +339,17 @@ static void test_dedup_and_refcounts(void **state) {
   assert_int_equal(st.blobs, 0);
   assert_int_equal(st.bytes_used, 0);
   assert_int_equal(st.kv_bytes, 0);
+  kc_store_close(s);
+  free(p);
+}
 
-  /* shared with a bundle: survives deleting either */
+/* A value that is also a bundle's file survives deleting either. */
+static void test_shared_with_bundle(void **state) {
+  fx *f = *state;
+  kc_store *s = open_kv(f->dir, 0, 0, 0);
+  size_t n = 100 * KiB;
+  uint8_t *p = bytes(n, 11);
+  int64_t now = now_ms();
   char hex[KC_HEX_LEN + 1];
   assert_int_equal(kc_sha256_hex(p, n, hex), KC_OK);
   int created;
@@ -611,6 +620,7 @@ static void test_glob(void **state) {
       {"[abc", "d", 0},       {"ab\\", "ab\\", 1},     {"x[", "x", 0},
       {"*.py", "cache/x.py", 1}, {"*.py", "x.pyc", 0},
       {"a*b*c*d", "aXbYcZd", 1}, {"a*b*c*d", "aXbYcZe", 0},
+      {"[^a-c]x", "dx", 1},   {"[^a-c]x", "bx", 0},    {"a[\\^]", "a^", 1},
       {"[[]", "[", 1},        {"?", "", 0},            {"??", "ab", 1},
   };
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
@@ -1262,6 +1272,7 @@ int main(int argc, char **argv) {
       T(test_roundtrip_binary),
       T(test_large_value),
       T(test_dedup_and_refcounts),
+      T(test_shared_with_bundle),
       T(test_set_flags),
       T(test_expire_persist),
       T(test_expiry_read_reclaim_reopen),
