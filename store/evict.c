@@ -56,7 +56,8 @@ kc_err kc_store_flush(kc_store *s) {
   c.n = kcs_uses_take(&s->uses, &c.u);
   kc_err e = c.n ? kcs_write(s, flush_op, &c, NULL) : KC_OK;
   free(c.u); /* on failure the records are dropped: they are advisory */
-  return e;
+  kc_err ek = kcs_kv_flush(s); /* RESP keys' (kv_evict.c) */
+  return e ? e : ek;
 }
 
 /* ---- eviction ---- */
@@ -86,7 +87,7 @@ static int first_of(MDB_txn *txn, MDB_dbi dbi, char hex[KC_HEX_LEN + 1],
 /* The least recently used bundle whose only copy is not waiting for the
  * durable tier's queue (a bundle not yet in S3 must stay). */
 static int first_evictable(kc_store *s, MDB_txn *txn,
-                           char key[KC_HEX_LEN + 1]) {
+                           char key[KC_HEX_LEN + 1], int64_t *t) {
   MDB_cursor *cur;
   MDB_val k, v;
   if (mdb_cursor_open(txn, s->lru, &cur))
@@ -99,6 +100,7 @@ static int first_evictable(kc_store *s, MDB_txn *txn,
     memcpy(key, (char *)k.mv_data + 8, KC_HEX_LEN);
     key[KC_HEX_LEN] = '\0';
     if (!kcs_queue_pending(s, txn, key)) {
+      *t = time_of(k.mv_data);
       found = 0;
       break;
     }
@@ -137,7 +139,14 @@ kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
       return e;
     }
     char key[KC_HEX_LEN + 1];
-    if (first_evictable(s, txn, key) == 0) { /* LRU bundles first */
+    int64_t t = 0;
+    int have = first_evictable(s, txn, key, &t) == 0;
+    int kv = kcs_kv_evict_first(s, txn, have, t, &e, err); /* kv_evict.c */
+    if (kv < 0)
+      return e;
+    if (kv > 0)
+      continue;
+    if (have) { /* LRU bundles (and RESP keys) first */
       if ((e = kcs_bundle_drop(s, txn, key, 1, err)))
         return e;
       s->txn_evicted_bundles++; /* counted if the transaction commits */

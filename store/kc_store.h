@@ -66,6 +66,8 @@ typedef struct kc_store_opts {
   int high_water_pct;     /* eviction starts above this % of max_bytes; 0: 95 */
   int low_water_pct;      /* and stops below this %; 0: 85 */
   const kc_store_s3 *s3;  /* NULL: no durable tier */
+  uint64_t kv_max_bytes;  /* what RESP keys (kv.c) may reference, inside
+                             max_bytes (--resp-max-bytes); 0: no own limit */
 } kc_store_opts;
 
 /* Process-wide set-up of the libraries the durable tier uses (libcurl's
@@ -206,15 +208,22 @@ typedef struct kc_store_stats {
    * upload's spool file got ENOSPC or EDQUOT: KC_DISK_FULL); 0 when they do
    * not. Cleared by the next commit that succeeds. Reads still work. */
   int64_t disk_full_since;
+  uint64_t kv_keys;       /* RESP keys held (expired not yet reclaimed too) */
+  uint64_t kv_bytes;      /* value bytes they reference, each key counted
+                             (a value two keys share counts twice) */
+  uint64_t kv_max_bytes;  /* 0: no own limit */
+  uint64_t kv_hits, kv_misses, evicted_kv; /* since open */
 } kc_store_stats;
 
 /* The same flag without a read transaction (for a readiness probe). */
 int64_t kc_store_disk_full_since(kc_store *s);
 
 kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out);
-/* Writes pending last-use times and hit counts in one transaction. */
+/* Writes pending last-use times and hit counts in one transaction (and
+ * RESP keys' last uses in a second). */
 kc_err kc_store_flush(kc_store *s);
-/* Evicts least recently used bundles, then blobs unreferenced for over 10
+/* Evicts least recently used bundles (and RESP keys, by the rules in "RESP
+ * keys" below), then blobs unreferenced for over 10
  * minutes (younger ones are likely uploads whose manifest is on its way),
  * oldest first, until bytes used is at most target_bytes or nothing is left
  * to evict. Called by puts above the high-water mark. */
@@ -241,6 +250,7 @@ typedef struct kc_store_scrub {
   char bad[KC_HEX_LEN + 1];  /* the corrupt blob the last step found, or "" */
   int removed;               /* it was removed (not repaired meanwhile) */
   size_t bundles;            /* bundles removed with it */
+  size_t kv_keys;            /* RESP keys removed with it (their value) */
   int loaded;                /* next was read from the store (first step) */
   int64_t saved;             /* when next was last written to the store */
 } kc_store_scrub;
@@ -364,5 +374,124 @@ typedef struct kc_store_tier_stats {
 } kc_store_tier_stats;
 
 kc_err kc_store_tier_stats_get(kc_store *s, kc_store_tier_stats *out);
+
+/* ---- RESP keys (kv.c, kv_scan.c, kv_evict.c) ----
+ *
+ * The store side of kcached's Redis protocol listener. A RESP key (binary,
+ * 1..KC_KV_KEY_MAX bytes) maps to (value digest, size, absolute expiry): the
+ * value is an ordinary content-addressed blob, referenced (refcounted) by
+ * the key as a bundle references its files, so identical values are stored
+ * once; a blob shared by a bundle and a RESP key survives deleting either,
+ * and a blob only RESP keys reference is neither an orphan nor collected by
+ * gc. Deleting or overwriting a key frees a value nothing else references at
+ * once. RESP keys take part in LRU eviction (last uses batched in memory as
+ * bundle reads are); with kv_max_bytes set, RESP keys are evicted first while
+ * they hold more than it, bundles first while they hold more than the rest.
+ * A scrub that removes a rotted blob removes the RESP keys naming it. Keys
+ * with an expiry read as missing from then on and are reclaimed by
+ * kc_store_kv_expire_step. Bad key length: KC_BAD_KEY. */
+#define KC_KV_KEY_MAX 65536 /* bytes of one RESP key */
+
+/* ---- reads: inside a kc_store_read (one LMDB read txn) ---- */
+
+typedef struct kc_store_kv_val {
+  const void *data; /* the value, pointing into LMDB's map: valid until
+                       kc_store_read_end() of the read it came from */
+  size_t len;
+  int64_t expire_ms; /* absolute unix ms; 0: no expiry */
+} kc_store_kv_val;
+
+/* KC_OK: found and not expired at now_ms (out filled). KC_NOT_FOUND: no such
+ * key, expired, or its blob is gone (evicted/scrubbed). Counts a hit/miss
+ * and batches "last used" as bundle reads do (no write txn per read). */
+kc_err kc_store_kv_get(kc_store_read *r, const void *key, size_t klen,
+                       int64_t now_ms, kc_store_kv_val *out);
+
+/* Metadata only (EXISTS, TTL, PTTL, TYPE, STRLEN): no hit counted. */
+kc_err kc_store_kv_meta(kc_store_read *r, const void *key, size_t klen,
+                        int64_t now_ms, uint64_t *size, int64_t *expire_ms);
+
+/* ---- writes: a batch in ONE write transaction, synced before return ---- */
+
+typedef enum kc_store_kv_opcode {
+  KC_KV_SET,     /* key = val, with flags and expire_ms */
+  KC_KV_DEL,     /* done = 1 if a live key was removed */
+  KC_KV_EXPIRE,  /* expire_ms absolute; <= now_ms deletes; done = 1 if the
+                    key exists (and flags KC_KV_NX/XX/GT/LT not refusing) */
+  KC_KV_PERSIST, /* done = 1 if the key existed and had an expiry */
+  KC_KV_FLUSH    /* every RESP key; done = number removed (as a count) */
+} kc_store_kv_opcode;
+
+#define KC_KV_NX 1      /* SET: only if absent; EXPIRE: only if no expiry */
+#define KC_KV_XX 2      /* SET: only if present; EXPIRE: only if it has one */
+#define KC_KV_KEEPTTL 4 /* SET: keep the old expiry */
+#define KC_KV_GET 8     /* SET: return the old value (old/old_len/had_old) */
+#define KC_KV_GT 16     /* EXPIRE GT */
+#define KC_KV_LT 32     /* EXPIRE LT */
+
+typedef struct kc_store_kv_op {
+  kc_store_kv_opcode op;
+  const void *key;
+  size_t klen;
+  const void *val; /* SET: the value (borrowed for the call) */
+  size_t vlen;
+  int flags;
+  int64_t expire_ms; /* SET/EXPIRE: absolute unix ms; 0 none */
+  /* results */
+  kc_err err;     /* this op's own error (KC_STORE_FULL, KC_TOO_LARGE, ...);
+                     the others of the batch still apply */
+  uint64_t done;  /* see each opcode; SET: 1 written, 0 refused by NX/XX */
+  int had_old;    /* KC_KV_GET: the key existed */
+  void *old;      /* KC_KV_GET: malloc'd copy of the old value; caller frees */
+  size_t old_len;
+} kc_store_kv_op;
+
+/* Applies ops in order in one write transaction and commits it (durable on
+ * return: a SIGKILL after this returned KC_OK loses nothing). This is the
+ * group commit: the listener gathers concurrent clients' writes (and a
+ * MULTI/EXEC's commands) into one call. Values are hashed (SHA-256) before
+ * the write lock is taken. Returns an error only when nothing was committed
+ * (then every op's err is set too). */
+kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
+                         int64_t now_ms, char *err);
+
+/* Read-through (the durable tier, opts->s3): after a miss, makes the key
+ * local from the bucket (its record and value, verified) unless it expired
+ * by now_ms; then read it again. A key written here since is kept. KC_OK:
+ * held now; KC_NOT_FOUND: the bucket lacks it too (or no tier); KC_BAD_KEY,
+ * KC_UNAVAILABLE (S3 failed within 2 s), KC_CORRUPT. Writes (SET, EXPIRE,
+ * PERSIST, DEL, FLUSH) go through to the bucket by the tier's queue, as
+ * bundles do (a key waiting there is not evicted); eviction and expiry
+ * reclaim here leave the bucket's copy. Threads: any; not inside a read. */
+kc_err kc_store_kv_fetch(kc_store *s, const void *key, size_t klen,
+                         int64_t now_ms, char *err);
+
+/* ---- iteration, counts, expiry ---- */
+
+/* SCAN: up to `count` live keys from cursor (0: the start), matching the
+ * Redis glob `pattern` (NULL: all), each passed to cb (return nonzero to
+ * stop). *next: the cursor to continue from, 0 when the walk is done. The
+ * cursor is opaque (e.g. the first 8 bytes of the next LMDB key, big
+ * endian); keys may repeat across calls but a key present throughout is
+ * returned at least once, as Redis promises. Visits at most 10 * count
+ * entries per call even when few match (bounded work, like Redis). */
+typedef int (*kc_store_kv_cb)(const void *key, size_t klen, void *ud);
+kc_err kc_store_kv_scan(kc_store *s, uint64_t cursor, const void *pattern,
+                        size_t plen, size_t count, int64_t now_ms,
+                        kc_store_kv_cb cb, void *ud, uint64_t *next);
+
+/* Redis's glob match (*, ?, [abc], [^a], [a-z], \x), exposed for KEYS/SCAN
+ * tests: 1 match, 0 not. */
+int kc_store_kv_match(const void *pattern, size_t plen, const void *s,
+                      size_t slen);
+
+/* DBSIZE: RESP keys held (expired but not yet reclaimed may be counted). */
+kc_err kc_store_kv_count(kc_store *s, uint64_t *n);
+
+/* Background reclaim of expired keys: removes at most max of them in one
+ * write transaction; *removed how many. Called from kcached's once-a-second
+ * maintenance tick. */
+kc_err kc_store_kv_expire_step(kc_store *s, int64_t now_ms, size_t max,
+                               size_t *removed, char *err);
 
 #endif

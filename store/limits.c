@@ -24,6 +24,7 @@
 
 void kcs_txn_reset(kc_store *s) {
   s->txn_evicted_bundles = s->txn_evicted_blobs = s->txn_gc_blobs = 0;
+  s->txn_evicted_kv = 0;
 }
 
 kc_err kcs_disk_err(kc_store *s, int errnum, const char *what, char *err) {
@@ -48,6 +49,7 @@ kc_err kcs_commit_done(kc_store *s, int rc, char *err) {
   atomic_fetch_add(&s->evicted_bundles, s->txn_evicted_bundles);
   atomic_fetch_add(&s->evicted_blobs, s->txn_evicted_blobs);
   atomic_fetch_add(&s->gc_blobs, s->txn_gc_blobs);
+  atomic_fetch_add(&s->evicted_kv, s->txn_evicted_kv);
   kcs_txn_reset(s);
   return KC_OK;
 }

@@ -174,6 +174,10 @@ static kc_err remove_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   for (size_t i = 0; !e && i < n; i++)
     e = kcs_bundle_drop(s, txn, keys[i], 0, err);
   free(keys);
+  size_t n_kv = 0; /* and the RESP keys whose value it is (kv_scan.c) */
+  if (!e)
+    e = kcs_kv_drop_naming(s, txn, sc->bad, &n_kv, err);
+  sc->kv_keys = e ? 0 : n_kv;
   if (!e)
     e = kcs_blob_remove(s, txn, sc->bad, err);
   if (!e) {
@@ -188,6 +192,7 @@ kc_err kc_store_scrub_step(kc_store *s, kc_store_scrub *sc, uint64_t budget,
   sc->cost = 0;
   sc->bad[0] = '\0';
   sc->bundles = 0;
+  sc->kv_keys = 0;
   sc->removed = 0;
   if (!sc->loaded)
     load_pos(s, sc);

@@ -26,6 +26,12 @@ kc_err kcs_mdb_err(int rc, const char *what, char *err) {
 
 int64_t kcs_now(void) { return (int64_t)time(NULL); }
 
+int64_t kcs_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 MDB_val kcs_hex_val(const char *hex) {
   MDB_val v = {KC_HEX_LEN, (void *)hex};
   return v;
@@ -170,7 +176,8 @@ static kc_err open_dbis(kc_store *s, char *err) {
       {"bundlemeta", &s->bundlemeta}, {"models", &s->models},
       {"lru", &s->lru},               {"meta", &s->meta},
       {"s3queue", &s->s3queue},       {"s3pend", &s->s3pend},
-      {"s3dead", &s->s3dead}};
+      {"s3dead", &s->s3dead},         {"kv", &s->kv},
+      {"kvlru", &s->kvlru},           {"kvexp", &s->kvexp}};
   MDB_txn *txn;
   int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
   if (rc)
@@ -212,7 +219,7 @@ static int try_open(kc_store *s, const kc_store_opts *o, uint64_t map_size) {
   if (rc)
     return rc;
   mdb_env_set_mapsize(s->env, (size_t)map_size);
-  mdb_env_set_maxdbs(s->env, 11);
+  mdb_env_set_maxdbs(s->env, 14);
   mdb_env_set_maxreaders(s->env, o->max_readers ? o->max_readers : 512);
   /* NOTLS: a read transaction lives with a request, which may move between
    * libmicrohttpd's threads; NORDAHEAD: blob reads are random. */
@@ -257,13 +264,15 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
   }
   s->lock_fd = -1;
   s->max_bytes = opts->max_bytes;
+  s->kv_max_bytes = opts->kv_max_bytes;
   s->grace_s = opts->grace_s ? opts->grace_s : 3600;
   s->high_pct = opts->high_water_pct > 0 ? opts->high_water_pct : 95;
   s->low_pct = opts->low_water_pct > 0 ? opts->low_water_pct : 85;
   if (s->low_pct > s->high_pct)
     s->low_pct = s->high_pct;
   pthread_mutex_init(&s->pool_lock, NULL);
-  kc_err e = kcs_uses_init(&s->uses) || kcs_uses_init(&s->touched)
+  kc_err e = kcs_uses_init(&s->uses) || kcs_uses_init(&s->touched) ||
+                     kcs_uses_init(&s->kvuses)
                  ? kc_errf(err, KC_NOMEM, "out of memory")
                  : make_dir(s->dir, err);
   if (!e)
@@ -295,6 +304,7 @@ void kc_store_close(kc_store *s) {
   kcs_unlock_dir(s); /* after LMDB is closed */
   kcs_uses_destroy(&s->uses);
   kcs_uses_destroy(&s->touched);
+  kcs_uses_destroy(&s->kvuses);
   pthread_mutex_destroy(&s->pool_lock);
   free(s->dir);
   free(s);
@@ -359,6 +369,9 @@ kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out) {
   e = kcs_bytes_get(r->txn, s, &out->bytes_used);
   out->blobs = entries(r->txn, s->blobs);
   out->bundles = entries(r->txn, s->bundles);
+  out->kv_keys = entries(r->txn, s->kv);
+  if (!e)
+    e = kcs_kv_bytes_get(r->txn, s, &out->kv_bytes);
   kc_store_read_end(r);
   MDB_envinfo info;
   MDB_stat st;
@@ -375,5 +388,9 @@ kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out) {
   out->scrub_passes = atomic_load(&s->scrub_passes);
   out->scrub_corrupt = atomic_load(&s->scrub_corrupt);
   out->disk_full_since = atomic_load(&s->disk_full_since);
+  out->kv_max_bytes = s->kv_max_bytes;
+  out->kv_hits = atomic_load(&s->kv_hits);
+  out->kv_misses = atomic_load(&s->kv_misses);
+  out->evicted_kv = atomic_load(&s->evicted_kv);
   return e;
 }

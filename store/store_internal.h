@@ -18,6 +18,11 @@
  *             "scrub_next" -> 64 hex
  *             (where the scrub goes on; scrub.c)
  *   s3queue, s3pend, s3dead: the durable tier's upload queue (tier.h)
+ *   kv        hex(sha256(RESP key)) -> kcs_kv_rec + the key's bytes (kv.c)
+ *   kvlru     be64(last_used_ms) hex -> "" : RESP keys, least recent first
+ *   kvexp     be64(expire_ms) hex -> "" : RESP keys with an expiry, soonest
+ *             first (kc_store_kv_expire_step walks it)
+ *   meta      also "kv_bytes" -> u64: the value bytes RESP keys reference
  * Records are host-endian structs (an LMDB file is not portable across
  * architectures anyway); be64 prefixes make LMDB's byte order the time order.
  */
@@ -65,12 +70,26 @@ typedef struct kcs_uses {
   size_t cap, n; /* open addressing; cap a power of two, n <= cap / 2 */
 } kcs_uses;
 
+/* A RESP key's record in kv; the key's bytes follow it. */
+typedef struct kcs_kv_rec {
+  char digest[KC_HEX_LEN]; /* the value's blob */
+  uint64_t size;
+  int64_t expire_ms; /* absolute unix ms; 0: none */
+  int64_t last_used_ms;
+  uint32_t klen;
+  uint32_t spare;
+} kcs_kv_rec;
+
 typedef struct kcs_tier kcs_tier;
 
 struct kc_store {
   MDB_env *env;
   MDB_dbi blobs, blobmeta, orphans, bundles, bundlemeta, models, lru, meta;
   MDB_dbi s3queue, s3pend, s3dead;
+  MDB_dbi kv, kvlru, kvexp; /* RESP keys (kv.c) */
+  uint64_t kv_max_bytes;
+  kcs_uses kvuses; /* last uses of RESP keys, by hex(sha256(key)), in ms */
+  _Atomic uint64_t kv_hits, kv_misses, evicted_kv;
   kcs_tier *tier; /* NULL: no durable tier */
   char *dir;
   uint64_t max_bytes, map_size, grace_s;
@@ -88,7 +107,7 @@ struct kc_store {
   _Atomic int64_t disk_full_since;
   /* Removals by the write transaction in progress (only its thread touches
    * them: LMDB has one writer), added to the counters above at commit. */
-  uint64_t txn_evicted_bundles, txn_evicted_blobs, txn_gc_blobs;
+  uint64_t txn_evicted_bundles, txn_evicted_blobs, txn_gc_blobs, txn_evicted_kv;
 };
 
 struct kc_store_read {
@@ -163,7 +182,10 @@ size_t kcs_uses_take(kcs_uses *u, kcs_use **out);
 int64_t kcs_uses_last(kcs_uses *u, const char *key);
 /* Forgets entries recorded before `before`. */
 void kcs_uses_prune(kcs_uses *u, int64_t before);
-enum { KCS_Q_BLOB = 'b', KCS_Q_BUNDLE = 'm', KCS_Q_DELETE = 'x' };
+/* Queue kinds; a RESP key's: 'v' upload its record (marks it pending, as
+ * a bundle), 'w' delete its record (kv_tier.c). */
+enum { KCS_Q_BLOB = 'b', KCS_Q_BUNDLE = 'm', KCS_Q_DELETE = 'x',
+       KCS_Q_KV = 'v', KCS_Q_KVDEL = 'w' };
 /* tier.c: the upload queue. Each adds inside the caller's write transaction
  * (nothing without a tier). A bundle entry also marks the bundle pending;
  * model is the bundle's model for a delete entry, else NULL. */
@@ -237,5 +259,46 @@ kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
 
 /* blob.c: 1 if a client offered this blob within the upload window. */
 int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);
+
+/* ---- RESP keys (kv.c, kv_scan.c, kv_evict.c) ---- */
+int64_t kcs_now_ms(void);
+/* meta "kv_bytes" inside a transaction. */
+kc_err kcs_kv_bytes_get(MDB_txn *txn, kc_store *s, uint64_t *out);
+/* A record by its LMDB key (64 hex); KC_NOT_FOUND when absent. *key points
+ * into the map (the RESP key's bytes). */
+kc_err kcs_kv_rec_get(MDB_txn *txn, kc_store *s, const char *hex,
+                      kcs_kv_rec *rec, const void **key);
+/* Deletes a RESP key's record and index entries and drops its blob
+ * reference (a value nothing else references is freed at once; counted as
+ * evicted when `evicting`). */
+kc_err kcs_kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
+                   const kcs_kv_rec *rec, int evicting, char *err);
+/* kv.c: writes a record and its index entries, adds its bytes (the blob
+ * referenced already). */
+kc_err kcs_kv_rec_put(kc_store *s, MDB_txn *txn, const char *hex,
+                      const kcs_kv_rec *rec, const void *key, char *err);
+/* kv_tier.c, from the tier's worker: uploads a RESP key's record (and its
+ * value when the bucket lacks it); KC_OK when the key is gone. */
+kc_err kcs_kv_upload(kcs_tier *t, kc_store_read *r, const char *hex,
+                     char *err);
+/* kv_tier.c: deletes a RESP key's record from the bucket. */
+kc_err kcs_kv_delete_obj(kcs_tier *t, const char *hex, char *err);
+/* kv_evict.c: one step of eviction (evict.c's loop): evicts the least
+ * recently used RESP key when the RESP side is over kv_max_bytes, or when it
+ * is older than the oldest evictable bundle (have_bundle, bundle_last_s) and
+ * the bundle side is not over its share. 1: evicted one; 0: take the bundle
+ * (or orphans); -1: error in *e. */
+int kcs_kv_evict_first(kc_store *s, MDB_txn *txn, int have_bundle,
+                       int64_t bundle_last_s, kc_err *e, char *err);
+/* kv_evict.c: before writing `incoming` value bytes: evicts RESP keys while
+ * the RESP side would cross kv_max_bytes' high-water mark. */
+kc_err kcs_kv_maybe_evict(kc_store *s, uint64_t incoming, char *err);
+/* kv_evict.c: writes RESP keys' pending last uses (from kc_store_flush). */
+kc_err kcs_kv_flush(kc_store *s);
+/* kv_scan.c: removes the RESP keys whose value is blob digest (scrub). */
+kc_err kcs_kv_drop_naming(kc_store *s, MDB_txn *txn, const char *digest,
+                          size_t *n, char *err);
+/* kv_scan.c: checks every RESP key's record, blob and index entries. */
+kc_err kcs_kv_verify(kc_store *s, MDB_txn *txn, char *err);
 
 #endif

@@ -88,6 +88,8 @@ kc_err kc_store_verify(kc_store *s, char *err) {
     return kc_errf(err, e, "cannot begin a read of the store");
   if (!(e = verify_blobs(s, r->txn, err)))
     e = verify_bundles(s, r->txn, err);
+  if (!e)
+    e = kcs_kv_verify(s, r->txn, err); /* RESP keys (kv_scan.c) */
   kc_store_read_end(r);
   return e;
 }

@@ -1,0 +1,556 @@
+/* kv.c: RESP keys (kc_store.h, "RESP keys"): a key maps to a record naming
+ * its value's blob, the blob is an ordinary refcounted one. Reads (get,
+ * meta) and the batched writes of kc_store_kv_apply, one write transaction
+ * and one sync per batch. SCAN, expiry and verify are kv_scan.c, eviction
+ * kv_evict.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+#define NONE ((size_t)-1)
+
+static MDB_val kv_bytes_name(void) {
+  MDB_val k = {8, (void *)"kv_bytes"};
+  return k;
+}
+
+kc_err kcs_kv_bytes_get(MDB_txn *txn, kc_store *s, uint64_t *out) {
+  MDB_val k = kv_bytes_name(), v;
+  int rc = mdb_get(txn, s->meta, &k, &v);
+  *out = 0;
+  if (rc == MDB_NOTFOUND)
+    return KC_OK;
+  if (rc || v.mv_size != sizeof *out)
+    return kcs_mdb_err(rc ? rc : MDB_CORRUPTED, "reading RESP bytes", NULL);
+  memcpy(out, v.mv_data, sizeof *out);
+  return KC_OK;
+}
+
+static kc_err kv_bytes_add(MDB_txn *txn, kc_store *s, int64_t delta,
+                           char *err) {
+  uint64_t used;
+  kc_err e = kcs_kv_bytes_get(txn, s, &used);
+  if (e)
+    return kc_errf(err, e, "reading RESP bytes");
+  used = delta < 0 && (uint64_t)-delta > used ? 0 : used + (uint64_t)delta;
+  MDB_val k = kv_bytes_name(), v = {sizeof used, &used};
+  return kcs_put(txn, s->meta, &k, &v, 0, err);
+}
+
+static kc_err key_hex(const void *key, size_t klen, char hex[KC_HEX_LEN + 1]) {
+  if (!key || klen == 0 || klen > KC_KV_KEY_MAX)
+    return KC_BAD_KEY;
+  return kc_sha256_hex(key, klen, hex);
+}
+
+kc_err kcs_kv_rec_get(MDB_txn *txn, kc_store *s, const char *hex,
+                      kcs_kv_rec *rec, const void **key) {
+  MDB_val k = kcs_hex_val(hex), v;
+  int rc = mdb_get(txn, s->kv, &k, &v);
+  if (rc == MDB_NOTFOUND)
+    return KC_NOT_FOUND;
+  if (rc || v.mv_size < sizeof *rec)
+    return kcs_mdb_err(rc ? rc : MDB_CORRUPTED, "reading a RESP key", NULL);
+  memcpy(rec, v.mv_data, sizeof *rec);
+  if (v.mv_size != sizeof *rec + rec->klen)
+    return kcs_mdb_err(MDB_CORRUPTED, "reading a RESP key", NULL);
+  if (key)
+    *key = (const char *)v.mv_data + sizeof *rec;
+  return KC_OK;
+}
+
+/* The live record of key: present, the same key (not merely the same hash),
+ * not expired at now_ms, and its blob held (*data, *len into the map). */
+static kc_err live_rec(MDB_txn *txn, kc_store *s, const char *hex,
+                       const void *key, size_t klen, int64_t now_ms,
+                       kcs_kv_rec *rec, const void **data, size_t *len) {
+  const void *held;
+  kc_err e = kcs_kv_rec_get(txn, s, hex, rec, &held);
+  if (e)
+    return e;
+  if (rec->klen != klen || memcmp(held, key, klen) != 0 ||
+      (rec->expire_ms && rec->expire_ms <= now_ms))
+    return KC_NOT_FOUND;
+  char digest[KC_HEX_LEN + 1];
+  memcpy(digest, rec->digest, KC_HEX_LEN);
+  digest[KC_HEX_LEN] = '\0';
+  MDB_val k = kcs_hex_val(digest), v;
+  /* A blob evicted or scrubbed away under the key: a miss. */
+  int rc = mdb_get(txn, s->blobs, &k, &v);
+  if (rc == MDB_NOTFOUND || (rc == 0 && v.mv_size != rec->size))
+    return KC_NOT_FOUND;
+  if (rc)
+    return kcs_mdb_err(rc, "reading a RESP value", NULL);
+  if (data)
+    *data = v.mv_data;
+  if (len)
+    *len = v.mv_size;
+  return KC_OK;
+}
+
+kc_err kc_store_kv_get(kc_store_read *r, const void *key, size_t klen,
+                       int64_t now_ms, kc_store_kv_val *out) {
+  kc_store *s = r->s;
+  char hex[KC_HEX_LEN + 1];
+  kcs_kv_rec rec;
+  kc_err e = key_hex(key, klen, hex);
+  if (!e)
+    e = live_rec(r->txn, s, hex, key, klen, now_ms, &rec, &out->data,
+                 &out->len);
+  if (e == KC_NOT_FOUND)
+    atomic_fetch_add(&s->kv_misses, 1);
+  if (e)
+    return e;
+  atomic_fetch_add(&s->kv_hits, 1);
+  kcs_uses_record(&s->kvuses, hex, kcs_now_ms());
+  out->expire_ms = rec.expire_ms;
+  return KC_OK;
+}
+
+kc_err kc_store_kv_meta(kc_store_read *r, const void *key, size_t klen,
+                        int64_t now_ms, uint64_t *size, int64_t *expire_ms) {
+  char hex[KC_HEX_LEN + 1];
+  kcs_kv_rec rec;
+  kc_err e = key_hex(key, klen, hex);
+  if (!e)
+    e = live_rec(r->txn, r->s, hex, key, klen, now_ms, &rec, NULL, NULL);
+  if (e)
+    return e;
+  if (size)
+    *size = rec.size;
+  if (expire_ms)
+    *expire_ms = rec.expire_ms;
+  return KC_OK;
+}
+
+/* ---- the records and their index entries ---- */
+
+static void idx_key(unsigned char out[8 + KC_HEX_LEN], int64_t t,
+                    const char *hex) {
+  kcs_time_key(out, t, hex);
+}
+
+static kc_err idx_put(MDB_txn *txn, MDB_dbi dbi, int64_t t, const char *hex,
+                      char *err) {
+  unsigned char ik[8 + KC_HEX_LEN];
+  idx_key(ik, t, hex);
+  MDB_val k = {sizeof ik, ik}, empty = {0, ""};
+  return kcs_put(txn, dbi, &k, &empty, 0, err);
+}
+
+static kc_err idx_del(MDB_txn *txn, MDB_dbi dbi, int64_t t, const char *hex,
+                      char *err) {
+  unsigned char ik[8 + KC_HEX_LEN];
+  idx_key(ik, t, hex);
+  MDB_val k = {sizeof ik, ik};
+  return kcs_del(txn, dbi, &k, err);
+}
+
+/* Drops one reference to a RESP value: the last one frees the blob at once
+ * (a cache's DEL frees), unless an HTTP client just offered it for a
+ * manifest on its way: then it is an orphan, as bundle.c leaves them. */
+static kc_err kv_unref(kc_store *s, MDB_txn *txn, const char *digest,
+                       int evicting, char *err) {
+  MDB_val k = kcs_hex_val(digest), v;
+  kcs_blob_meta bm;
+  int64_t now = kcs_now();
+  if (mdb_get(txn, s->blobmeta, &k, &v) || v.mv_size != sizeof bm)
+    return KC_OK; /* gone already (scrubbed): nothing to release */
+  memcpy(&bm, v.mv_data, sizeof bm);
+  if (bm.refs <= 1 && !kcs_blob_touched(s, digest, now)) {
+    kc_err e = kcs_blob_drop(s, txn, digest, &bm, err);
+    if (!e && evicting)
+      atomic_fetch_add(&s->evicted_blobs, 1);
+    return e;
+  }
+  return kcs_blob_unref(s, txn, digest, now, 0, err);
+}
+
+kc_err kcs_kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
+                   const kcs_kv_rec *rec, int evicting, char *err) {
+  char digest[KC_HEX_LEN + 1];
+  memcpy(digest, rec->digest, KC_HEX_LEN);
+  digest[KC_HEX_LEN] = '\0';
+  MDB_val k = kcs_hex_val(hex);
+  kc_err e;
+  if ((e = kcs_del(txn, s->kv, &k, err)) ||
+      (e = idx_del(txn, s->kvlru, rec->last_used_ms, hex, err)) ||
+      (rec->expire_ms && (e = idx_del(txn, s->kvexp, rec->expire_ms, hex,
+                                      err))) ||
+      (e = kv_bytes_add(txn, s, -(int64_t)rec->size, err)) ||
+      (e = kcs_queue_unpend(s, txn, hex, err)))
+    return e;
+  return kv_unref(s, txn, digest, evicting, err);
+}
+
+/* A reference to the value's blob, storing it when absent (refs 1: never
+ * an orphan) and queueing it for the durable tier. */
+static kc_err value_ref(kc_store *s, MDB_txn *txn, const char *digest,
+                        const void *val, size_t len, char *err) {
+  kc_err e = kcs_blob_ref(s, txn, digest, err);
+  if (e != KC_NOT_FOUND)
+    return e;
+  MDB_val k = kcs_hex_val(digest), v = {len, NULL};
+  if ((e = kcs_put(txn, s->blobs, &k, &v, MDB_RESERVE, err)))
+    return e;
+  if (len)
+    memcpy(v.mv_data, val, len);
+  int64_t now = kcs_now();
+  kcs_blob_meta bm = {len, 1, now, 0};
+  MDB_val mv = {sizeof bm, &bm};
+  if ((e = kcs_put(txn, s->blobmeta, &k, &mv, 0, err)) ||
+      (e = kcs_bytes_add(txn, s, (int64_t)len, err)))
+    return e;
+  return kcs_queue_add(s, txn, KCS_Q_BLOB, digest, NULL, err);
+}
+
+kc_err kcs_kv_rec_put(kc_store *s, MDB_txn *txn, const char *hex,
+                      const kcs_kv_rec *rec, const void *key, char *err) {
+  MDB_val k = kcs_hex_val(hex), v = {sizeof *rec + rec->klen, NULL};
+  kc_err e = kcs_put(txn, s->kv, &k, &v, MDB_RESERVE, err);
+  if (e)
+    return e;
+  memcpy(v.mv_data, rec, sizeof *rec);
+  memcpy((char *)v.mv_data + sizeof *rec, key, rec->klen);
+  if ((e = idx_put(txn, s->kvlru, rec->last_used_ms, hex, err)) ||
+      (rec->expire_ms && (e = idx_put(txn, s->kvexp, rec->expire_ms, hex,
+                                      err))))
+    return e;
+  return kv_bytes_add(txn, s, (int64_t)rec->size, err);
+}
+
+/* ---- kc_store_kv_apply ---- */
+
+/* An op with what was computed before the write lock. */
+typedef struct kv_job {
+  kc_store_kv_op *op;
+  char hex[KC_HEX_LEN + 1];    /* LMDB key: sha256 of the RESP key */
+  char digest[KC_HEX_LEN + 1]; /* SET: the value's */
+  int skip;                    /* failed on its own (op->err) */
+} kv_job;
+
+typedef struct apply_ctx {
+  kv_job *jobs;
+  size_t n;
+  int64_t now_ms;
+  size_t at; /* the op running, for a full map */
+} apply_ctx;
+
+/* The key's state for an op: *present (a record, live or not), *live. */
+typedef struct kv_state {
+  kcs_kv_rec rec;
+  int present, live;
+  const void *data;
+  size_t len;
+} kv_state;
+
+static kc_err state_of(kc_store *s, MDB_txn *txn, const kv_job *j,
+                       int64_t now_ms, kv_state *st) {
+  memset(st, 0, sizeof *st);
+  kc_err e = live_rec(txn, s, j->hex, j->op->key, j->op->klen, now_ms,
+                      &st->rec, &st->data, &st->len);
+  if (e == KC_OK)
+    st->present = st->live = 1;
+  else if (e == KC_NOT_FOUND)
+    st->present = kcs_kv_rec_get(txn, s, j->hex, &st->rec, NULL) == KC_OK;
+  else
+    return e;
+  return KC_OK;
+}
+
+static kc_err copy_old(kc_store_kv_op *op, const kv_state *st, char *err) {
+  op->had_old = st->live;
+  if (!st->live)
+    return KC_OK;
+  op->old = malloc(st->len ? st->len : 1);
+  if (!op->old)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  if (st->len)
+    memcpy(op->old, st->data, st->len);
+  op->old_len = st->len;
+  return KC_OK;
+}
+
+static kc_err op_set(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                     char *err) {
+  kc_store_kv_op *op = j->op;
+  kv_state st;
+  kc_err e = state_of(s, txn, j, now_ms, &st);
+  if (!e && (op->flags & KC_KV_GET))
+    e = copy_old(op, &st, err);
+  if (e || ((op->flags & KC_KV_NX) && st.live) ||
+      ((op->flags & KC_KV_XX) && !st.live))
+    return e; /* done stays 0: refused */
+  int64_t exp = (op->flags & KC_KV_KEEPTTL) && st.live ? st.rec.expire_ms
+                                                       : op->expire_ms;
+  int dead = exp && exp <= now_ms; /* set in the past: gone at once */
+  /* The new reference before the old one goes: the same value is not
+   * freed and written again. */
+  if (!dead && (e = value_ref(s, txn, j->digest, op->val, op->vlen, err)))
+    return e;
+  if (st.present && (e = kcs_kv_drop(s, txn, j->hex, &st.rec, 0, err)))
+    return e;
+  op->done = 1;
+  if (dead)
+    return KC_OK;
+  kcs_kv_rec rec = {.size = op->vlen, .expire_ms = exp,
+                    .last_used_ms = kcs_now_ms(), .klen = (uint32_t)op->klen};
+  memcpy(rec.digest, j->digest, KC_HEX_LEN);
+  return kcs_kv_rec_put(s, txn, j->hex, &rec, op->key, err);
+}
+
+static kc_err op_del(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                     char *err) {
+  kv_state st;
+  kc_err e = state_of(s, txn, j, now_ms, &st);
+  if (e || !st.present)
+    return e;
+  j->op->done = (uint64_t)st.live;
+  return kcs_kv_drop(s, txn, j->hex, &st.rec, 0, err);
+}
+
+/* Redis 7's EXPIRE flags; no expiry counts as an infinite one for GT/LT. */
+static int expire_refused(int flags, int64_t cur, int64_t want) {
+  if ((flags & KC_KV_NX) && cur)
+    return 1;
+  if ((flags & KC_KV_XX) && !cur)
+    return 1;
+  if ((flags & KC_KV_GT) && (!cur || want <= cur))
+    return 1;
+  return (flags & KC_KV_LT) && cur && want >= cur;
+}
+
+static kc_err op_expire(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                        char *err) {
+  kc_store_kv_op *op = j->op;
+  kv_state st;
+  kc_err e = state_of(s, txn, j, now_ms, &st);
+  if (e || !st.live || expire_refused(op->flags, st.rec.expire_ms,
+                                      op->expire_ms))
+    return e;
+  op->done = 1;
+  if (op->expire_ms <= now_ms)
+    return kcs_kv_drop(s, txn, j->hex, &st.rec, 0, err);
+  return KC_OK; /* set below by retime */
+}
+
+/* Rewrites a live record with a new expiry (EXPIRE, PERSIST). */
+static kc_err retime(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                     int64_t exp, char *err) {
+  kv_state st;
+  const void *key;
+  kc_err e = state_of(s, txn, j, now_ms, &st);
+  if (e || !st.live)
+    return e;
+  if ((e = kcs_kv_rec_get(txn, s, j->hex, &st.rec, &key)))
+    return e;
+  kcs_kv_rec rec = st.rec;
+  rec.expire_ms = exp;
+  MDB_val k = kcs_hex_val(j->hex), v = {sizeof rec + rec.klen, NULL};
+  void *copy = malloc(rec.klen); /* key points into a page the put may move */
+  if (!copy)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  memcpy(copy, key, rec.klen);
+  if (!(e = kcs_put(txn, s->kv, &k, &v, MDB_RESERVE, err))) {
+    memcpy(v.mv_data, &rec, sizeof rec);
+    memcpy((char *)v.mv_data + sizeof rec, copy, rec.klen);
+  }
+  free(copy);
+  if (!e && st.rec.expire_ms)
+    e = idx_del(txn, s->kvexp, st.rec.expire_ms, j->hex, err);
+  if (!e && exp)
+    e = idx_put(txn, s->kvexp, exp, j->hex, err);
+  return e;
+}
+
+static kc_err op_persist(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                         char *err) {
+  kv_state st;
+  kc_err e = state_of(s, txn, j, now_ms, &st);
+  if (e || !st.live || !st.rec.expire_ms)
+    return e;
+  j->op->done = 1;
+  return retime(s, txn, j, now_ms, 0, err);
+}
+
+static kc_err op_flush(kc_store *s, MDB_txn *txn, kv_job *j, char *err) {
+  MDB_cursor *cur;
+  MDB_val k, v;
+  int rc = mdb_cursor_open(txn, s->kv, &cur);
+  if (rc)
+    return kcs_mdb_err(rc, "walking the RESP keys", err);
+  kc_err e = KC_OK;
+  while (!e && (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) == 0) {
+    char hex[KC_HEX_LEN + 1] = "";
+    kcs_kv_rec rec;
+    if (k.mv_size != KC_HEX_LEN || v.mv_size < sizeof rec) {
+      e = kcs_mdb_err(MDB_CORRUPTED, "walking the RESP keys", err);
+      break;
+    }
+    memcpy(hex, k.mv_data, KC_HEX_LEN);
+    memcpy(&rec, v.mv_data, sizeof rec);
+    if (!(e = kcs_kv_drop(s, txn, hex, &rec, 0, err)) &&
+        !(e = kcs_queue_add(s, txn, KCS_Q_KVDEL, hex, NULL, err)))
+      j->op->done++;
+  }
+  mdb_cursor_close(cur);
+  if (!e && rc != MDB_NOTFOUND)
+    e = kcs_mdb_err(rc, "walking the RESP keys", err);
+  return e;
+}
+
+/* With the durable tier: after a write of the key (a DEL even of a key
+ * evicted here: the bucket may hold it), its record goes up, or its
+ * removal does. */
+static kc_err queue_key(kc_store *s, MDB_txn *txn, const kv_job *j,
+                        char *err) {
+  kc_store_kv_op *op = j->op;
+  if (!s->tier || op->op == KC_KV_FLUSH || (!op->done && op->op != KC_KV_DEL))
+    return KC_OK;
+  kcs_kv_rec rec;
+  kc_err e = kcs_kv_rec_get(txn, s, j->hex, &rec, NULL);
+  if (e && e != KC_NOT_FOUND)
+    return e;
+  return kcs_queue_add(s, txn, e ? KCS_Q_KVDEL : KCS_Q_KV, j->hex, NULL, err);
+}
+
+static kc_err run_one(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                      char *err);
+
+static kc_err run_op(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                     char *err) {
+  kc_err e = run_one(s, txn, j, now_ms, err);
+  return e ? e : queue_key(s, txn, j, err);
+}
+
+static kc_err run_one(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                      char *err) {
+  kc_store_kv_op *op = j->op;
+  switch (op->op) {
+  case KC_KV_SET:
+    return op_set(s, txn, j, now_ms, err);
+  case KC_KV_DEL:
+    return op_del(s, txn, j, now_ms, err);
+  case KC_KV_EXPIRE: {
+    kc_err e = op_expire(s, txn, j, now_ms, err);
+    if (e || !op->done || op->expire_ms <= now_ms)
+      return e;
+    return retime(s, txn, j, now_ms, op->expire_ms, err);
+  }
+  case KC_KV_PERSIST:
+    return op_persist(s, txn, j, now_ms, err);
+  case KC_KV_FLUSH:
+    return op_flush(s, txn, j, err);
+  }
+  return kc_errf(err, KC_EINVAL, "unknown RESP store op %d", (int)op->op);
+}
+
+static void reset_results(kc_store_kv_op *op) {
+  free(op->old); /* from an attempt that was rolled back */
+  op->old = NULL;
+  op->old_len = 0;
+  op->had_old = 0;
+  op->done = 0;
+}
+
+static kc_err apply_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  apply_ctx *c = ud;
+  c->at = NONE;
+  for (size_t i = 0; i < c->n; i++)
+    if (!c->jobs[i].skip)
+      reset_results(c->jobs[i].op);
+  for (size_t i = 0; i < c->n; i++) {
+    if (c->jobs[i].skip)
+      continue;
+    c->at = i;
+    kc_err e = run_op(s, txn, &c->jobs[i], c->now_ms, err);
+    if (e)
+      return e;
+  }
+  c->at = NONE;
+  return KC_OK;
+}
+
+/* Checks and hashes an op before the write lock: 0 to run it, else its own
+ * error is set. */
+static int prepare(kc_store *s, kv_job *j) {
+  kc_store_kv_op *op = j->op;
+  op->old = NULL; /* not freed: the caller's before the call */
+  op->old_len = 0;
+  op->had_old = 0;
+  op->done = 0;
+  op->err = KC_OK;
+  if (op->op == KC_KV_FLUSH)
+    return 0;
+  if ((op->err = key_hex(op->key, op->klen, j->hex)))
+    return -1;
+  if (op->op != KC_KV_SET)
+    return 0;
+  if ((s->max_bytes && op->vlen > s->max_bytes) ||
+      (s->kv_max_bytes && op->vlen > s->kv_max_bytes))
+    op->err = KC_TOO_LARGE;
+  else if (!op->val && op->vlen)
+    op->err = KC_EINVAL;
+  else
+    op->err = kc_sha256_hex(op->vlen ? op->val : "", op->vlen, j->digest);
+  return op->err ? -1 : 0;
+}
+
+/* Room for the batch's values before the write (eviction is writes of its
+ * own): under max_bytes and under the RESP side's kv_max_bytes. */
+static kc_err make_room(kc_store *s, const kv_job *jobs, size_t n,
+                        char *err) {
+  uint64_t incoming = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!jobs[i].skip && jobs[i].op->op == KC_KV_SET)
+      incoming += jobs[i].op->vlen;
+  if (!incoming)
+    return KC_OK;
+  kc_err e = kcs_kv_maybe_evict(s, incoming, err);
+  return e ? e : kcs_maybe_evict(s, incoming, err);
+}
+
+/* Runs the batch; an op that fails (a value the full map cannot take, an
+ * unreadable record) is taken out and the rest run again, so it fails
+ * alone. */
+static kc_err run_batch(kc_store *s, apply_ctx *c, char *err) {
+  for (;;) {
+    kc_err e = kcs_write(s, apply_op, c, err);
+    if (e == KC_OK || c->at == NONE)
+      return e;
+    kv_job *j = &c->jobs[c->at];
+    j->skip = 1;
+    reset_results(j->op);
+    j->op->err = e == KCS_MAP_FULL ? KC_STORE_FULL : e;
+  }
+}
+
+kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
+                         int64_t now_ms, char *err) {
+  apply_ctx c = {calloc(n ? n : 1, sizeof *c.jobs), n, now_ms, NONE};
+  if (!c.jobs) {
+    for (size_t i = 0; i < n; i++)
+      ops[i].err = KC_NOMEM;
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  }
+  for (size_t i = 0; i < n; i++) {
+    c.jobs[i].op = &ops[i];
+    c.jobs[i].skip = prepare(s, &c.jobs[i]) != 0;
+  }
+  size_t runnable = 0;
+  for (size_t i = 0; i < n; i++)
+    runnable += !c.jobs[i].skip;
+  kc_err e = runnable ? make_room(s, c.jobs, n, err) : KC_OK;
+  if (!e && runnable)
+    e = run_batch(s, &c, err);
+  for (size_t i = 0; e && i < n; i++) {
+    reset_results(&ops[i]);
+    if (!ops[i].err)
+      ops[i].err = e;
+  }
+  if (!e)
+    kcs_tier_kick(s);
+  free(c.jobs);
+  return e;
+}
