@@ -79,13 +79,8 @@ static kc_err materialize_file(kc_client *c, int root, const kc_file *f,
   kc_err e = kc_path_validate(f->path, "path", err);
   if (e)
     return e;
-  if ((e = kcc_cache_blob_read(c, f->sha256, &data, &len, err)))
+  if ((e = kcc_cache_blob_read(c, f->sha256, f->size, &data, &len, err)))
     return e;
-  if (len != f->size) {
-    free(data);
-    return kc_errf(err, KC_CORRUPT, "%s: size %zu, manifest says %llu",
-                   f->path, len, (unsigned long long)f->size);
-  }
   int dfd = open_parent(root, f->path, &leaf, err);
   e = dfd < 0 ? KC_UNSAFE_PATH : write_at(dfd, leaf, data, len, err);
   if (dfd >= 0)
@@ -113,7 +108,8 @@ kc_err kc_bundle_file_bytes(kc_client *c, const kc_manifest *m,
                             char *err) {
   for (size_t i = 0; i < m->n_files; i++)
     if (!strcmp(m->files[i].path, path))
-      return kcc_cache_blob_read(c, m->files[i].sha256, data, len, err);
+      return kcc_cache_blob_read(c, m->files[i].sha256, m->files[i].size,
+                                 data, len, err);
   return kc_errf(err, KC_NOT_FOUND, "bundle %.12s... has no file %s", m->key,
                  path);
 }
@@ -213,7 +209,8 @@ kc_err kc_client_push(kc_client *c, const kc_manifest *m, char *err) {
   for (size_t i = 0; !e && i < m->n_files; i++) {
     void *data = NULL;
     size_t len = 0;
-    e = kcc_cache_blob_read(c, m->files[i].sha256, &data, &len, err);
+    e = kcc_cache_blob_read(c, m->files[i].sha256, m->files[i].size, &data,
+                            &len, err);
     if (!e)
       e = kc_client_blob_put(c, data, len, NULL, err);
     free(data);
@@ -224,11 +221,11 @@ kc_err kc_client_push(kc_client *c, const kc_manifest *m, char *err) {
 /* The blobs of m into the cache, in parallel. */
 static kc_err fetch_manifest_blobs(kc_client *c, const kc_manifest *m,
                                    uint64_t *fetched, char *err) {
-  const char **d = calloc(m->n_files ? m->n_files : 1, sizeof *d);
+  const kc_file **d = calloc(m->n_files ? m->n_files : 1, sizeof *d);
   if (!d)
     return kc_errf(err, KC_NOMEM, "out of memory");
   for (size_t i = 0; i < m->n_files; i++)
-    d[i] = m->files[i].sha256;
+    d[i] = &m->files[i];
   kc_err e = kcc_fetch_blobs(c, d, m->n_files, NULL, fetched, err);
   free(d);
   return e;

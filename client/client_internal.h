@@ -17,6 +17,7 @@ struct kc_client {
   char *holder;
   long connect_timeout_ms;
   long timeout_ms;
+  long low_speed_bps, low_speed_s; /* 0 bps: no low-speed limit */
   int parallel;
   CURL *easy;            /* one handle for sequential requests: keeps the
                             connection alive between them */
@@ -57,23 +58,28 @@ kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
 
 /* ---- fetch.c: parallel verified blob downloads into the cache ---- */
 
-/* Fetches each digest (those already cached are skipped) with up to
+/* Fetches each file's blob (those already cached are skipped) with up to
  * c->parallel transfers over pooled connections, hashing while streaming,
- * renaming into place only when the hash matches. ok[i] (may be NULL) is set
- * to 1 for each digest now cached. Returns the first failure. *fetched gets
- * the bytes received (may be NULL). */
-kc_err kcc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
+ * renaming into place only when the hash matches. A transfer is cut off as
+ * soon as more bytes arrive than the file's size (a server cannot make us
+ * read 2 GiB for a 200 KB blob). ok[i] (may be NULL) is set to 1 for each
+ * blob now cached. Returns the first failure. *fetched gets the bytes
+ * received (may be NULL). */
+kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
                        char *ok, uint64_t *fetched, char *err);
 
 /* ---- cache.c ---- */
 
-int kcc_cache_blob_has(const kc_client *c, const char *digest);
+/* 1 when the blob is cached as a regular file of that size. */
+int kcc_cache_blob_ok(const kc_client *c, const char *digest, uint64_t size);
 /* A temporary file in cache/tmp; path must hold PATH_MAX. fd or -1. */
 int kcc_cache_tmp(const kc_client *c, char *path, char *err);
-/* Loads a blob file verified against digest into memory. A mismatch deletes
- * the file (KC_CORRUPT). */
-kc_err kcc_cache_blob_read(kc_client *c, const char *digest, void **data,
-                           size_t *len, char *err);
+/* Loads a blob file verified against digest and its manifest's size into
+ * memory (NUL after). A mismatch, a symlink or any other type than a regular
+ * file deletes the name (KC_CORRUPT); c's deadline stops the hashing
+ * (KC_DEADLINE). */
+kc_err kcc_cache_blob_read(kc_client *c, const char *digest, uint64_t size,
+                           void **data, size_t *len, char *err);
 
 /* ---- files.c ---- */
 

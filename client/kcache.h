@@ -57,15 +57,26 @@ typedef struct kc_client_opts {
   const char *cacert;    /* CA bundle (PEM) for https; NULL: system's */
   const char *cache_dir; /* NULL: $KCACHE_DIR, else $HOME/.cache/kcache */
   long connect_timeout_ms; /* 0: 3000 */
-  long timeout_ms;         /* whole request; 0: 120000 */
+  long timeout_ms;         /* whole request (a blob transfer included);
+                              0: 300000 */
+  long low_speed_bps;      /* a transfer slower than this ... */
+  long low_speed_s;        /* ... for this long is abandoned (KC_TIMEOUT):
+                              a server that drip-feeds a byte a second;
+                              0: 1024 B/s for 30 s; < 0: no such limit */
   int parallel;            /* concurrent blob transfers; 0: 8 */
   const char *holder;      /* lease holder name; NULL: "<hostname>:<pid>" */
   int allow_plaintext;     /* send the token over http:// to a host that is
                               not loopback (behind a TLS-terminating proxy) */
+  int trust_cache_dir;     /* use a cache directory that others can write
+                              (see kc_client_new) */
 } kc_client_opts;
 
-/* Makes a client and its cache directory (created if missing). Copies every
- * string of o; o may be freed afterwards. A token with an http:// URL to a
+/* Makes a client and its cache directory (created if missing, mode 0700).
+ * The local cache is trusted: what it holds is served without asking the
+ * server. So a cache directory (or its blobs/, bundles/, tmp/) that is owned
+ * by another user or writable by group or others is refused (KC_FORBIDDEN,
+ * naming it) unless o->trust_cache_dir; an empty one that is ours is made
+ * 0700. Copies every string of o; o may be freed afterwards. A token with an http:// URL to a
  * host other than loopback is KC_EINVAL unless o->allow_plaintext: tokens do
  * not cross a network in clear by accident. *out: kc_client_free. */
 kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err);

@@ -65,6 +65,12 @@ void kcc_http_setup(kc_client *c, CURL *h, long timeout_ms) {
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* threads; no SIGALRM */
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, c->connect_timeout_ms);
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+  /* A server that drip-feeds a byte a second is abandoned long before the
+   * whole-request limit: KC_TIMEOUT after low_speed_s below the rate. */
+  if (c->low_speed_bps > 0) {
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, c->low_speed_bps);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, c->low_speed_s);
+  }
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, c->hdrs);
   curl_easy_setopt(h, CURLOPT_USERAGENT, "libkcache/" KC_CLIENT_VERSION);
   curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);

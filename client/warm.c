@@ -325,7 +325,7 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
   size_t nd = 0;
   for (size_t k = 0; k < n; k++)
     nd += found[k] ? found[k]->n_files : 0;
-  const char **d = calloc(nd + 1, sizeof *d);
+  const kc_file **d = calloc(nd + 1, sizeof *d);
   char e2[KC_ERRBUF_SIZE] = "";
   uint64_t got = 0;
   if (!d)
@@ -333,7 +333,7 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
   nd = 0;
   for (size_t k = 0; k < n; k++)
     for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
-      d[nd++] = found[k]->files[j].sha256;
+      d[nd++] = &found[k]->files[j];
   kc_err e = kcc_fetch_blobs(x->c, d, nd, NULL, &got, e2);
   free(d);
   x->rep->bytes_fetched += got;
@@ -344,7 +344,8 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
       continue;
     int all = 1;
     for (size_t j = 0; j < found[k]->n_files; j++)
-      all &= kcc_cache_blob_has(x->c, found[k]->files[j].sha256);
+      all &= kcc_cache_blob_ok(x->c, found[k]->files[j].sha256,
+                               found[k]->files[j].size);
     if (all && kc_cache_bundle_put(x->c, found[k], NULL) == KC_OK) {
       ready(x, idx[k], x->fetched_as, found[k]);
       found[k] = NULL;
@@ -442,11 +443,11 @@ static kc_err fetch_one(wctx *x, size_t i, kc_warm_status s, char *err) {
   kc_manifest *m = NULL;
   uint64_t got = 0;
   kc_err e = kc_client_bundle_get(x->c, x->rep->items[i].key, &m, err);
-  const char **d = m ? calloc(m->n_files + 1, sizeof *d) : NULL;
+  const kc_file **d = m ? calloc(m->n_files + 1, sizeof *d) : NULL;
   if (!e && !d)
     e = kc_errf(err, KC_NOMEM, "out of memory");
   for (size_t j = 0; !e && j < m->n_files; j++)
-    d[j] = m->files[j].sha256;
+    d[j] = &m->files[j];
   if (!e)
     e = kcc_fetch_blobs(x->c, d, m->n_files, NULL, &got, err);
   free(d);
@@ -469,7 +470,8 @@ static void offer_blobs(wctx *x, const kc_manifest *m) {
   for (size_t j = 0; !e && j < m->n_files; j++) {
     void *data = NULL;
     size_t len = 0;
-    e = kcc_cache_blob_read(x->c, m->files[j].sha256, &data, &len, e2);
+    e = kcc_cache_blob_read(x->c, m->files[j].sha256, m->files[j].size,
+                            &data, &len, e2);
     if (!e)
       e = kc_client_blob_repair(x->c, data, len, e2);
     free(data);
