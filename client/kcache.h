@@ -187,12 +187,18 @@ kc_err kc_bundle_file_bytes(kc_client *c, const kc_manifest *m,
 kc_err kc_client_push(kc_client *c, const kc_manifest *m, char *err);
 /* Pull: bundle from local cache or server (blobs fetched in parallel and
  * verified), stored in the local cache; *out (may be NULL) gets the
- * manifest (kc_manifest_free). */
+ * manifest (kc_manifest_free). A cached copy is compared with the server's
+ * manifest when the server answers (the key binds the fields, not the file
+ * list): one that lists other files is replaced by the server's, and err
+ * (which is "" on a plain success) says so while the call returns KC_OK. */
 kc_err kc_client_pull(kc_client *c, const char *key, kc_manifest **out,
                       char *err);
-/* A manifest for every regular file under dir (recursively; symlinks and
- * `skip` (a relative path, may be NULL) left out), blobs stored in the local
- * cache, fields copied from f, sealed. kind from the extension (.cubin,
+/* A manifest for every regular file under dir (recursively; `skip`, a
+ * relative path, may be NULL, left out), blobs stored in the local cache,
+ * fields copied from f, sealed. A symlink that resolves inside dir is
+ * followed (the file is stored under the link's name too); one that leads
+ * outside dir or nowhere, and any other type than a file or directory, is
+ * refused: KC_UNSAFE_PATH naming them. kind from the extension (.cubin,
  * .ptx, .fatbin, .ltoir, else file). No file: KC_NOT_FOUND.
  * *out: kc_manifest_free. */
 kc_err kc_bundle_from_dir(kc_client *c, const char *dir, const char *skip,
