@@ -440,12 +440,25 @@ static kc_err lease_granted(const kcc_http_resp *r, char *token, char *err) {
   return e;
 }
 
-kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
-                            kc_lease_state *state,
-                            char token[KC_LEASE_TOKEN_MAX], int *retry_after_s,
-                            char *err) {
+/* A 409's holder and seconds left, when the answer says. */
+static void lease_held(const kcc_http_resp *r, kcc_lease_info *info) {
+  json_t *root = json_loadb(r->body ? r->body : "", r->len, 0, NULL);
+  const char *h = json_string_value(json_object_get(root, "holder"));
+  json_t *x = json_object_get(root, "expires_s");
+  if (h)
+    snprintf(info->holder, sizeof info->holder, "%s", h);
+  if (json_is_integer(x) && json_integer_value(x) >= 0)
+    info->expires_s = (double)json_integer_value(x);
+  json_decref(root);
+}
+
+kc_err kcc_lease_take(kc_client *c, const char *key, int ttl_s,
+                      kc_lease_state *state, char token[KC_LEASE_TOKEN_MAX],
+                      kcc_lease_info *info, char *err) {
   char path[128];
   kcc_http_resp r;
+  memset(info, 0, sizeof *info);
+  info->expires_s = -1;
   if (!kc_is_hex64(key))
     return kc_errf(err, KC_BAD_KEY, "key: must be 64 lowercase hex digits");
   json_t *b = json_pack("{ss si}", "holder", c->holder, "ttl_s",
@@ -459,8 +472,7 @@ kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
   free(body);
   if (e)
     return e;
-  if (retry_after_s)
-    *retry_after_s = r.retry_after_s > 0 ? r.retry_after_s : 1;
+  info->retry_after_s = r.retry_after_s > 0 ? r.retry_after_s : 1;
   if (r.status == 201) {
     *state = KC_LEASE_GRANTED;
     e = lease_granted(&r, token, err);
@@ -468,10 +480,22 @@ kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
     *state = KC_LEASE_PRESENT;
   } else if (r.status == 409) {
     *state = KC_LEASE_HELD;
+    lease_held(&r, info);
   } else {
     e = kcc_http_error(&r, path, err);
   }
   kcc_http_resp_free(&r);
+  return e;
+}
+
+kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
+                            kc_lease_state *state,
+                            char token[KC_LEASE_TOKEN_MAX], int *retry_after_s,
+                            char *err) {
+  kcc_lease_info info;
+  kc_err e = kcc_lease_take(c, key, ttl_s, state, token, &info, err);
+  if (!e && retry_after_s)
+    *retry_after_s = info.retry_after_s;
   return e;
 }
 

@@ -56,6 +56,18 @@ long kcc_http_budget_ms(const kc_client *c);
 kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
                           kc_manifest **found, kc_err *refused, char *err);
 
+/* What a lease answer says beyond its state. */
+typedef struct kcc_lease_info {
+  int retry_after_s;         /* >= 1 */
+  char holder[KC_LEASE_HOLDER_MAX + 1]; /* held: who; "" when not said */
+  double expires_s;          /* held: seconds left; -1 when not said */
+} kcc_lease_info;
+
+/* kc_client_lease_take, and what a 409 says of the holder. */
+kc_err kcc_lease_take(kc_client *c, const char *key, int ttl_s,
+                      kc_lease_state *state, char token[KC_LEASE_TOKEN_MAX],
+                      kcc_lease_info *info, char *err);
+
 /* ---- fetch.c: parallel verified blob downloads into the cache ---- */
 
 /* Fetches each file's blob (those already cached are skipped) with up to

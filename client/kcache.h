@@ -45,6 +45,7 @@ extern "C" {
 
 #define KC_CLIENT_VERSION "0.1.0"
 #define KC_LEASE_TOKEN_MAX 128
+#define KC_LEASE_HOLDER_MAX 128 /* kcached: 1-128 printable ASCII */
 
 /* ---- The client handle ---- */
 
@@ -230,6 +231,12 @@ typedef struct kc_warm_item {
   double seconds;               /* when it was ready (or failed), counted
                                    from the start of the warmup */
   int uploaded;                 /* built and stored on the server */
+  /* Another builder's lease on this key, when one was met ("" none): who
+   * held it, and when it ends (seconds from the start of the warmup, and
+   * the UTC time "2026-11-25T08:30:00Z"; -1 and "" when not said). */
+  char lease_holder[KC_LEASE_HOLDER_MAX + 1];
+  double lease_expires_s;
+  char lease_expires_at[24];
 } kc_warm_item;
 
 typedef struct kc_warm_report {
@@ -271,6 +278,12 @@ typedef struct kc_warm_opts {
                           growing to 2 s; 0: 0.2 s */
   int build_jobs;      /* keys built at once, one forked process each;
                           0: online CPUs, at most 8 */
+  double lease_wait_s; /* with a deadline: how long a key waits on another
+                          builder's lease before it is built here anyway
+                          (not leased; uploaded, the first complete upload
+                          wins); 0: half of what is left of the deadline
+                          when the wait starts; < 0: never (wait until the
+                          lease lapses or the deadline passes) */
   kc_warm_progress_fn progress; /* may be NULL; called on the caller's thread */
   void *progress_arg;
 } kc_warm_opts;
