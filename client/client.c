@@ -70,7 +70,7 @@ static kc_err check_private(const char *p, int trust, char *err) {
                  "cache directory %s is writable by %s (mode %03o): whoever "
                  "writes it decides what kcache serves; chmod 700 it, or "
                  "trust it (--trust-cache-dir, KCACHE_TRUST_DIR=1)",
-                 p, st.st_mode & 020 ? "its group" : "others",
+                 p, st.st_mode & 002 ? "others" : "its group",
                  (unsigned)(st.st_mode & 0777));
 }
 
