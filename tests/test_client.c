@@ -1940,6 +1940,16 @@ static void test_lease_squatter(void **state) {
   assert_non_null(strstr(json, "\"expires_at\": \"20"));
   free(json);
   kc_warm_report_free(&r);
+  /* the CLI told never to build over the lease: human and JSON name it */
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --cache-dir "
+                           "%s/c3 --deadline 1 --lease-wait never --json",
+                           w, f->srv.url, f->dir),
+                   0);
+  assert_int_equal(json_count(out, "failed"), 1);
+  assert_int_equal(occurrences(out, "waiting on 'squatter-7', whose lease on "
+                                    "it ends at 20"),
+                   2); /* the JSON message, and the human line */
+  assert_non_null(strstr(out, "\"holder\": \"squatter-7\""));
   /* the CLI, with a builder: built here at half the deadline, uploaded */
   double t0 = now_s();
   int rc = run_cli(out, sizeof out, "warm %s --url %s --cache-dir %s/c2 "
