@@ -230,7 +230,9 @@ kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
   if (!kc_is_hex64(digest))
     return kc_errf(err, KC_BAD_DIGEST, "digest: must be 64 lowercase hex");
   snprintf(path, sizeof path, "/v1/blobs/%s", digest);
+  c->answer_max = SIZE_MAX; /* a blob of any size the server keeps */
   kc_err e = kcc_http_do(c, "GET", path, NULL, 0, &r, err);
+  c->answer_max = 0;
   if (e)
     return e;
   if (r.status != 200) {

@@ -25,7 +25,13 @@ struct kc_client {
   struct curl_slist *hdrs; /* Authorization, no Expect: 100-continue */
   int64_t deadline_ms;   /* monotonic; 0: none (set by kc_warm) */
   long request_cap_ms;   /* > 0: one request's most (kc_warm's lookup) */
+  size_t answer_max;     /* > 0: the largest answer kcc_http_do takes
+                            (kc_client_blob_get: any); 0: KCC_ANSWER_MAX */
 };
+
+/* JSON answers (manifests, lookups of 4096 keys, stats) above this are a
+ * server gone wrong: cut off rather than held in memory. */
+#define KCC_ANSWER_MAX ((size_t)256 << 20)
 
 /* ---- transport.c ---- */
 

@@ -10,12 +10,18 @@
 typedef struct membuf {
   char *p;
   size_t len, cap;
+  size_t max;  /* the most an answer may hold */
+  int too_big; /* it held more: cut off */
   int retry_after_s;
 } membuf;
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *arg) {
   membuf *b = arg;
   size_t n = size * nmemb;
+  if (n > b->max - b->len) { /* short return: libcurl aborts the transfer */
+    b->too_big = 1;
+    return 0;
+  }
   if (b->len + n + 1 > b->cap) {
     size_t cap = b->cap ? b->cap * 2 : 4096;
     while (cap < b->len + n + 1)
@@ -124,7 +130,7 @@ kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
   CURL *h = c->easy;
   curl_easy_reset(h); /* keeps the connection cache */
   kcc_http_setup(c, h, budget);
-  membuf b = {0};
+  membuf b = {.max = c->answer_max ? c->answer_max : KCC_ANSWER_MAX};
   char ebuf[CURL_ERROR_SIZE] = "";
   curl_easy_setopt(h, CURLOPT_URL, url);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, ebuf);
@@ -143,6 +149,10 @@ kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
   CURLcode rc = curl_easy_perform(h);
   if (rc != CURLE_OK) {
     free(b.p);
+    if (b.too_big)
+      return kc_errf(err, KC_PROTOCOL,
+                     "%s %s: the answer is larger than %zu bytes; cut off",
+                     method, path, b.max);
     return curl_error(c, rc, method, path, ebuf, err);
   }
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);

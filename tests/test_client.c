@@ -1112,6 +1112,7 @@ typedef struct fake {
   fault lookup_fault;      /* instead of answering POST /v1/lookup */
   fault blob_fault;        /* instead of answering GET /v1/blobs/... */
   size_t blob_flood;       /* > 0: GET /v1/blobs/ answers this many bytes */
+  const char *flood_route; /* ... or this route instead ("GET /v1/...") */
   int flood_length;        /* ... with a Content-Length (else without) */
   int drip;                /* every answer: one body byte every 0.5 s */
   size_t sent;             /* flood: bytes the client took (atomic) */
@@ -1220,7 +1221,8 @@ static void fake_serve(fake *s, int c) {
     fake_drip(s, c);
     return;
   }
-  if (s->blob_flood && !strncmp(req, "GET /v1/blobs/", 14)) {
+  const char *route = s->flood_route ? s->flood_route : "GET /v1/blobs/";
+  if (s->blob_flood && !strncmp(req, route, strlen(route))) {
     fake_flood(s, c);
     return;
   }
@@ -1764,6 +1766,21 @@ static void test_blob_flood(void **state) {
     assert_true(sent < ((size_t)64 << 20));
     assert_true(secs < 5.0);
   }
+  /* A manifest answer of 1 GiB: cut off at 256 MiB, not held whole. */
+  fake s = {.flood_route = "GET /v1/bundles/", .blob_flood = (size_t)1 << 30};
+  fake_start(&s);
+  double t0 = now_s();
+  int rc = run_cli_env(out, sizeof out, "timeout 60",
+                       "pull %s %s/pulled --url %s --cache-dir %s/c", key,
+                       f->dir, s.url, f->dir);
+  double secs = now_s() - t0;
+  fake_stop(&s);
+  size_t sent = __atomic_load_n(&s.sent, __ATOMIC_SEQ_CST);
+  print_message("1 GiB for a manifest: %.2f s, %zu bytes taken: %s", secs,
+                sent, out);
+  assert_int_equal(rc, 1);
+  assert_non_null(strstr(out, "larger than 268435456 bytes"));
+  assert_true(sent < ((size_t)320 << 20));
   free(man);
   free(k);
   kc_warmup_free(w);
