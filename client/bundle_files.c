@@ -339,11 +339,17 @@ kc_err kc_client_pull(kc_client *c, const char *key, kc_manifest **out,
   if (err)
     err[0] = '\0';
   kc_err e = kc_cache_bundle_get(c, key, &m, NULL);
-  /* A cached copy is checked against the server's when one answers: the
-   * key does not bind the file list, so this is what catches a manifest
-   * swapped in the cache directory. */
-  if (!e && c->url && kc_client_bundle_get(c, key, &served, e2) == KC_OK &&
-      !same_files(m, served)) {
+  /* A cached copy is checked against the server's when one answers (within
+   * 5 s: a stalled server must not hold up a copy we have): the key does
+   * not bind the file list, so this is what catches a manifest swapped in
+   * the cache directory. */
+  kc_err se = KC_UNAVAILABLE;
+  if (!e && c->url) {
+    c->request_cap_ms = 5000;
+    se = kc_client_bundle_get(c, key, &served, e2);
+    c->request_cap_ms = 0;
+  }
+  if (!se && !same_files(m, served)) {
     kc_manifest_free(m);
     m = served;
     served = NULL;
