@@ -298,15 +298,17 @@ kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
                     char *err);
 
 /* Fetch-or-build every key of w (DESIGN.md, "Client warmup"):
- *  1. keys from kc_warm_keys; 2. the local cache (every blob re-hashed);
+ *  1. keys from kc_warm_keys; 2. the local cache (every blob checked for
+ *     type and size, then re-hashed, within the deadline);
  *  3. one POST /v1/lookup (per 4096 keys), then all missing blobs in
  *     parallel (c's parallelism) over pooled connections, hashed while
  *     streaming, renamed into the cache only when they match;
  *  4. for the rest: take the lease, build (o->build_jobs keys at once, each
  *     in a forked process; NVRTC itself in a child per kernel), upload blobs
  *     then the manifest, release; a lease held by another: poll until the
- *     bundle appears (fetched: "waited"), the lease lapses (built here), or
- *     the deadline;
+ *     bundle appears (fetched: "waited"), the lease lapses (built here),
+ *     o->lease_wait_s has passed with a deadline set (built here without
+ *     the lease), or the deadline (the item names the holder);
  *  5. o->out_dir: materialize every ready bundle.
  * A bundle whose served bytes fail verification is never used: it is built
  * here and not uploaded. A server that cannot be reached, or refuses (a
