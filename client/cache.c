@@ -43,12 +43,14 @@ static kc_err open_blob(const char *p, const char *digest, uint64_t size,
   if (fd < 0 && errno == ENOENT)
     return kc_errf(err, KC_NOT_FOUND, "blob %s is not in the local cache",
                    digest);
-  const char *why = fd < 0 ? (errno == ELOOP ? "a symlink" : strerror(errno))
+  if (fd < 0 && errno != ELOOP) /* EACCES, EMFILE: not the blob's fault */
+    return kc_errf(err, KC_IO, "open %s: %s", p, strerror(errno));
+  const char *why = fd < 0 ? "a symlink"
                     : fstat(fd, &st) != 0 ? strerror(errno)
                     : !S_ISREG(st.st_mode) ? "not a regular file"
-                    : (uint64_t)st.st_size != size ? "not the size its manifest "
-                                                     "declares"
-                                                   : NULL;
+                    : (uint64_t)st.st_size != size
+                        ? "not the size its manifest declares"
+                        : NULL;
   if (!why) {
     *out = fd;
     return KC_OK;
@@ -67,7 +69,8 @@ static kc_err hash_fd(kc_client *c, int fd, uint64_t size, char *buf,
   enum { CHUNK = 1 << 20 };
   char *tmp = buf ? NULL : malloc(CHUNK);
   kc_sha256 *h = kc_sha256_new();
-  kc_err e = h && (buf || tmp) ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  kc_err e =
+      h && (buf || tmp) ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
   for (uint64_t done = 0; !e && done < size;) {
     if (c->deadline_ms && kcc_now_ms() >= c->deadline_ms) {
       e = kc_errf(err, KC_DEADLINE,

@@ -77,9 +77,10 @@ typedef struct kc_client_opts {
  * server. So a cache directory (or its blobs/, bundles/, tmp/) that is owned
  * by another user or writable by group or others is refused (KC_FORBIDDEN,
  * naming it) unless o->trust_cache_dir; an empty one that is ours is made
- * 0700. Copies every string of o; o may be freed afterwards. A token with an http:// URL to a
- * host other than loopback is KC_EINVAL unless o->allow_plaintext: tokens do
- * not cross a network in clear by accident. *out: kc_client_free. */
+ * 0700. Copies every string of o; o may be freed afterwards. A token with
+ * an http:// URL to a host other than loopback is KC_EINVAL unless
+ * o->allow_plaintext: tokens do not cross a network in clear by accident.
+ * *out: kc_client_free. */
 kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err);
 void kc_client_free(kc_client *c);
 /* The cache directory in use; valid while c lives. */

@@ -1919,8 +1919,8 @@ static void test_cache_manifest_swapped(void **state) {
  * is built here once the holder has had half the deadline, and uploaded. */
 static void test_lease_squatter(void **state) {
   fx *f = *state;
-  char w[400], out[16384], key[65], err[KC_ERRBUF_SIZE], tok[KC_LEASE_TOKEN_MAX];
-  char sq[400], *buf = NULL, *json = NULL;
+  char w[400], out[16384], key[65], err[KC_ERRBUF_SIZE];
+  char tok[KC_LEASE_TOKEN_MAX], sq[400], *buf = NULL, *json = NULL;
   size_t blen = 0;
   kc_lease_state st;
   start_server(f);
