@@ -1738,6 +1738,46 @@ static void test_local_blob_not_a_blob(void **state) {
   }
 }
 
+/* 9. The deadline stops the local check, not the writing out of what is
+ * ready: one key squatted past the deadline, the other built and
+ * materialized all the same. */
+static void test_deadline_still_materializes(void **state) {
+  fx *f = *state;
+  char w[400], err[KC_ERRBUF_SIZE], tok[KC_LEASE_TOKEN_MAX], p[600];
+  kc_lease_state st;
+  kc_key_fields *k = NULL;
+  size_t n = 0;
+  char key[65];
+  start_server(f);
+  snprintf(w, sizeof w, "%s/w9b.json", f->dir);
+  write_text(w,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
+             "\"hash\":\"%s\"},\"archs\":[\"sm_90a\"],\"builder\":{"
+             "\"command\":[\"sh\",\"-c\",\"printf {batch} > {out}/k.bin\"]},"
+             "\"buckets\":[{\"batch\":1},{\"batch\":2}]}",
+             MODEL);
+  kc_warmup *wu = NULL;
+  assert_int_equal(kc_warmup_load(w, &wu, err), KC_OK);
+  assert_int_equal(kc_warm_keys(wu, NULL, 0, &k, &n, err), KC_OK);
+  assert_int_equal(kc_key_compute(&k[1], key, err), KC_OK);
+  free(k);
+  kc_client *c = client_for(f->cache, f->srv.url);
+  assert_int_equal(kc_client_lease_take(c, key, 600, &st, tok, NULL, err),
+                   KC_OK);
+  kc_warm_report r;
+  kc_warm_opts o = {.deadline_s = 1, .lease_wait_s = -1, .out_dir = f->out};
+  assert_int_equal(kc_warm(c, wu, &o, &r, err), KC_DEADLINE);
+  print_message("%s: %s\n", kc_warm_status_name(r.items[0].status),
+                r.items[0].message);
+  assert_int_equal(r.items[0].status, KC_WARM_BUILT);
+  assert_int_equal(r.items[1].status, KC_WARM_FAILED);
+  snprintf(p, sizeof p, "%s/sm_90a/batch=1/k.bin", f->out);
+  assert_string_equal(text_of(p), "1");
+  kc_warm_report_free(&r);
+  kc_client_free(c);
+  kc_warmup_free(wu);
+}
+
 /* 10. A server that sends far more bytes than the manifest declares (with
  * a Content-Length, and without one): the pull stops at once, says why,
  * and has not read it all. */
@@ -2125,6 +2165,7 @@ int main(void) {
       T(test_fault_stall_builds),
       T(test_fault_fallback_build),
       T(test_local_blob_not_a_blob),
+      T(test_deadline_still_materializes),
       T(test_blob_flood),
       T(test_drip_feed),
       T(test_cache_dir_private),
