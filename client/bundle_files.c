@@ -79,13 +79,8 @@ static kc_err materialize_file(kc_client *c, int root, const kc_file *f,
   kc_err e = kc_path_validate(f->path, "path", err);
   if (e)
     return e;
-  if ((e = kcc_cache_blob_read(c, f->sha256, &data, &len, err)))
+  if ((e = kcc_cache_blob_read(c, f->sha256, f->size, &data, &len, err)))
     return e;
-  if (len != f->size) {
-    free(data);
-    return kc_errf(err, KC_CORRUPT, "%s: size %zu, manifest says %llu",
-                   f->path, len, (unsigned long long)f->size);
-  }
   int dfd = open_parent(root, f->path, &leaf, err);
   e = dfd < 0 ? KC_UNSAFE_PATH : write_at(dfd, leaf, data, len, err);
   if (dfd >= 0)
@@ -113,7 +108,8 @@ kc_err kc_bundle_file_bytes(kc_client *c, const kc_manifest *m,
                             char *err) {
   for (size_t i = 0; i < m->n_files; i++)
     if (!strcmp(m->files[i].path, path))
-      return kcc_cache_blob_read(c, m->files[i].sha256, data, len, err);
+      return kcc_cache_blob_read(c, m->files[i].sha256, m->files[i].size,
+                                 data, len, err);
   return kc_errf(err, KC_NOT_FOUND, "bundle %.12s... has no file %s", m->key,
                  path);
 }
@@ -140,14 +136,18 @@ typedef struct walk {
   const char *skip;
   kc_err e;
   char *err;
+  char real_root[PATH_MAX]; /* realpath of the root */
+  char bad[KC_ERRBUF_SIZE / 2]; /* refused names, "a -> /x, b (dangling)" */
+  size_t n_bad;
+  int depth;
 } walk;
+
+#define KCC_WALK_DEPTH 64 /* directories deep, symlinked ones included */
 
 static kc_err add_path(walk *w, const char *full) {
   const char *rel = full + w->root_len + 1;
   char d[KC_HEX_LEN + 1];
   uint64_t size = 0;
-  if (w->skip && !strcmp(rel, w->skip))
-    return KC_OK;
   kc_err e = kc_path_validate(rel, rel, w->err);
   if (!e)
     e = kc_cache_blob_put_file(w->c, full, d, &size, w->err);
@@ -157,7 +157,71 @@ static kc_err add_path(walk *w, const char *full) {
   return e;
 }
 
+/* A name the bundle cannot take: kept for one error naming them all. */
+static void refuse(walk *w, const char *full, const char *why,
+                   const char *target) {
+  size_t n = strlen(w->bad);
+  if (n < sizeof w->bad - 1)
+    snprintf(w->bad + n, sizeof w->bad - n, "%s%s%s%s", w->n_bad ? ", " : "",
+             full + w->root_len + 1, why, target ? target : "");
+  w->n_bad++;
+}
+
+/* realpath p inside the root (not the root itself)? */
+static int inside(const walk *w, const char *real) {
+  size_t n = strlen(w->real_root);
+  return !strncmp(real, w->real_root, n) &&
+         (real[n] == '/' || (n == 1 && real[1]));
+}
+
+static kc_err walk_dir(walk *w, const char *dir);
+
+/* A symlink is followed when it resolves inside the root (a build that
+ * links lib.so -> lib.so.1 ships both names); one that leads out of it, or
+ * nowhere, is refused: the bundle would miss a file, or carry one from
+ * outside the build. */
+static kc_err add_link(walk *w, const char *p) {
+  char real[PATH_MAX];
+  struct stat st;
+  if (!realpath(p, real)) {
+    refuse(w, p, " (dangling)", NULL);
+    return KC_OK;
+  }
+  if (!inside(w, real)) {
+    refuse(w, p, " -> ", real);
+    return KC_OK;
+  }
+  if (stat(real, &st) != 0)
+    return kc_errf(w->err, KC_IO, "%s: %s", real, strerror(errno));
+  if (S_ISDIR(st.st_mode))
+    return walk_dir(w, p);
+  if (S_ISREG(st.st_mode))
+    return add_path(w, p);
+  refuse(w, p, " (not a regular file)", NULL);
+  return KC_OK;
+}
+
+static kc_err walk_entry(walk *w, const char *p) {
+  struct stat st;
+  if (w->skip && !strcmp(p + w->root_len + 1, w->skip))
+    return KC_OK;
+  if (lstat(p, &st) != 0)
+    return kc_errf(w->err, KC_IO, "%s: %s", p, strerror(errno));
+  if (S_ISDIR(st.st_mode))
+    return walk_dir(w, p);
+  if (S_ISREG(st.st_mode))
+    return add_path(w, p);
+  if (S_ISLNK(st.st_mode))
+    return add_link(w, p);
+  refuse(w, p, " (not a regular file)", NULL); /* a FIFO, a socket */
+  return KC_OK;
+}
+
 static kc_err walk_dir(walk *w, const char *dir) {
+  if (++w->depth > KCC_WALK_DEPTH) /* symlinked directories in a loop */
+    return kc_errf(w->err, KC_UNSAFE_PATH,
+                   "%s: directories nest deeper than %d (a symlink loop?)",
+                   dir, KCC_WALK_DEPTH);
   DIR *d = opendir(dir);
   struct dirent *de;
   if (!d)
@@ -165,35 +229,37 @@ static kc_err walk_dir(walk *w, const char *dir) {
   kc_err e = KC_OK;
   while (!e && (de = readdir(d))) {
     char p[PATH_MAX];
-    struct stat st;
     if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
       continue;
-    snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-    if (lstat(p, &st) != 0)
-      e = kc_errf(w->err, KC_IO, "%s: %s", p, strerror(errno));
-    else if (S_ISDIR(st.st_mode))
-      e = walk_dir(w, p);
-    else if (S_ISREG(st.st_mode)) /* symlinks: not ours to follow */
-      e = add_path(w, p);
+    if (snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= (int)sizeof p)
+      e = kc_errf(w->err, KC_UNSAFE_PATH, "%s/%s: path too long", dir,
+                  de->d_name);
+    else
+      e = walk_entry(w, p);
   }
   closedir(d);
+  w->depth--;
   return e;
 }
 
 kc_err kc_bundle_from_dir(kc_client *c, const char *dir, const char *skip,
                           const kc_key_fields *f, kc_manifest **out,
                           char *err) {
-  char root[PATH_MAX];
+  walk w = {.c = c, .skip = skip, .err = err};
+  char *root = w.real_root;
   *out = NULL;
-  snprintf(root, sizeof root, "%s", dir);
-  size_t n = strlen(root);
-  while (n > 1 && root[n - 1] == '/')
-    root[--n] = '\0';
-  walk w = {c, kc_manifest_new(), n, skip, KC_OK, err};
-  if (!w.m)
+  if (!realpath(dir, root))
+    return kc_errf(err, KC_IO, "%s: %s", dir, strerror(errno));
+  w.root_len = strlen(root);
+  if (!(w.m = kc_manifest_new()))
     return kc_errf(err, KC_NOMEM, "out of memory");
   w.m->fields = *f;
   kc_err e = walk_dir(&w, root);
+  if (!e && w.n_bad)
+    e = kc_errf(err, KC_UNSAFE_PATH,
+                "%s: %zu name%s refused (a symlink must stay inside the "
+                "directory; only regular files are kept): %s",
+                dir, w.n_bad, w.n_bad == 1 ? "" : "s", w.bad);
   if (!e && !w.m->n_files)
     e = kc_errf(err, KC_NOT_FOUND, "%s: no regular file in it", root);
   if (!e)
@@ -213,7 +279,8 @@ kc_err kc_client_push(kc_client *c, const kc_manifest *m, char *err) {
   for (size_t i = 0; !e && i < m->n_files; i++) {
     void *data = NULL;
     size_t len = 0;
-    e = kcc_cache_blob_read(c, m->files[i].sha256, &data, &len, err);
+    e = kcc_cache_blob_read(c, m->files[i].sha256, m->files[i].size, &data,
+                            &len, err);
     if (!e)
       e = kc_client_blob_put(c, data, len, NULL, err);
     free(data);
@@ -224,28 +291,81 @@ kc_err kc_client_push(kc_client *c, const kc_manifest *m, char *err) {
 /* The blobs of m into the cache, in parallel. */
 static kc_err fetch_manifest_blobs(kc_client *c, const kc_manifest *m,
                                    uint64_t *fetched, char *err) {
-  const char **d = calloc(m->n_files ? m->n_files : 1, sizeof *d);
+  const kc_file **d = calloc(m->n_files ? m->n_files : 1, sizeof *d);
   if (!d)
     return kc_errf(err, KC_NOMEM, "out of memory");
   for (size_t i = 0; i < m->n_files; i++)
-    d[i] = m->files[i].sha256;
+    d[i] = &m->files[i];
   kc_err e = kcc_fetch_blobs(c, d, m->n_files, NULL, fetched, err);
   free(d);
   return e;
 }
 
+/* Same files (paths, contents, sizes, kinds, entries): the key already
+ * binds the fields, but not the file list. */
+static int same_files(const kc_manifest *a, const kc_manifest *b) {
+  if (a->n_files != b->n_files)
+    return 0;
+  for (size_t i = 0; i < a->n_files; i++) {
+    const kc_file *x = &a->files[i], *y = &b->files[i];
+    int same = !strcmp(x->path, y->path) && !strcmp(x->sha256, y->sha256) &&
+               x->size == y->size && x->kind == y->kind &&
+               x->n_entries == y->n_entries;
+    for (size_t j = 0; same && j < x->n_entries; j++)
+      same = !strcmp(x->entries[j], y->entries[j]);
+    if (!same)
+      return 0;
+  }
+  return 1;
+}
+
+/* The server's manifest for key into the cache, its blobs fetched. */
+static kc_err pull_remote(kc_client *c, const char *key, kc_manifest **m,
+                          char *err) {
+  kc_err e = *m ? KC_OK : kc_client_bundle_get(c, key, m, err);
+  if (!e)
+    e = fetch_manifest_blobs(c, *m, NULL, err);
+  if (!e)
+    e = kc_cache_bundle_put(c, *m, err);
+  return e;
+}
+
 kc_err kc_client_pull(kc_client *c, const char *key, kc_manifest **out,
                       char *err) {
-  kc_manifest *m = NULL;
+  kc_manifest *m = NULL, *served = NULL;
+  char e2[KC_ERRBUF_SIZE] = "";
   if (out)
     *out = NULL;
+  if (err)
+    err[0] = '\0';
   kc_err e = kc_cache_bundle_get(c, key, &m, NULL);
+  /* A cached copy is checked against the server's when one answers (within
+   * 5 s: a stalled server must not hold up a copy we have): the key does
+   * not bind the file list, so this is what catches a manifest swapped in
+   * the cache directory. */
+  kc_err se = KC_UNAVAILABLE;
+  if (!e && c->url) {
+    c->request_cap_ms = 5000;
+    se = kc_client_bundle_get(c, key, &served, e2);
+    c->request_cap_ms = 0;
+  }
+  if (!se && !same_files(m, served)) {
+    kc_manifest_free(m);
+    m = served;
+    served = NULL;
+    if (err)
+      snprintf(err, KC_ERRBUF_SIZE,
+               "the cached manifest of %.12s... lists other files than the "
+               "server's: not used, replaced by the server's", key);
+    e = KC_CORRUPT;
+  }
+  kc_manifest_free(served);
   if (e) {
-    e = kc_client_bundle_get(c, key, &m, err);
-    if (!e)
-      e = fetch_manifest_blobs(c, m, NULL, err);
-    if (!e)
-      e = kc_cache_bundle_put(c, m, err);
+    char warn[KC_ERRBUF_SIZE];
+    snprintf(warn, sizeof warn, "%s", err ? err : "");
+    e = pull_remote(c, key, &m, err);
+    if (!e && err) /* on success, err keeps the warning */
+      snprintf(err, KC_ERRBUF_SIZE, "%s", warn);
   }
   if (!e && out)
     *out = m;

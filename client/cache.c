@@ -22,10 +22,108 @@ static void bundle_path(const kc_client *c, const char *key, char *out,
   snprintf(out, out_size, "%s/bundles/%s.json", c->cache_dir, key);
 }
 
-int kcc_cache_blob_has(const kc_client *c, const char *digest) {
+int kcc_cache_blob_ok(const kc_client *c, const char *digest, uint64_t size) {
   char p[PATH_MAX];
+  struct stat st;
   kc_cache_blob_path(c, digest, p, sizeof p);
-  return access(p, F_OK) == 0;
+  return lstat(p, &st) == 0 && S_ISREG(st.st_mode) &&
+         (uint64_t)st.st_size == size;
+}
+
+/* Opens a cached blob for reading, only when it is a regular file of the
+ * size its manifest declares: a symlink (to /dev/zero, say), a FIFO or a
+ * 1 TiB sparse file in its place is refused before a byte is read.
+ * O_NONBLOCK: opening a FIFO must not wait for a writer. Anything wrong is
+ * KC_CORRUPT and the name is removed, so that it is fetched again. */
+static kc_err open_blob(const char *p, const char *digest, uint64_t size,
+                        int *out, char *err) {
+  struct stat st;
+  int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  *out = -1;
+  if (fd < 0 && errno == ENOENT)
+    return kc_errf(err, KC_NOT_FOUND, "blob %s is not in the local cache",
+                   digest);
+  if (fd < 0 && errno != ELOOP) /* EACCES, EMFILE: not the blob's fault */
+    return kc_errf(err, KC_IO, "open %s: %s", p, strerror(errno));
+  const char *why = fd < 0 ? "a symlink"
+                    : fstat(fd, &st) != 0 ? strerror(errno)
+                    : !S_ISREG(st.st_mode) ? "not a regular file"
+                    : (uint64_t)st.st_size != size
+                        ? "not the size its manifest declares"
+                        : NULL;
+  if (!why) {
+    *out = fd;
+    return KC_OK;
+  }
+  if (fd >= 0)
+    close(fd);
+  unlink(p);
+  return kc_errf(err, KC_CORRUPT, "local blob %s is %s; removed, will refetch",
+                 p, why);
+}
+
+/* Hashes `size` bytes of fd (into buf when not NULL), giving up when c's
+ * deadline passes: a large cached blob must not hold a warmup past it. */
+static kc_err hash_fd(kc_client *c, int fd, uint64_t size, char *buf,
+                      char d[KC_HEX_LEN + 1], char *err) {
+  enum { CHUNK = 1 << 20 };
+  char *tmp = buf ? NULL : malloc(CHUNK);
+  kc_sha256 *h = kc_sha256_new();
+  kc_err e =
+      h && (buf || tmp) ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  for (uint64_t done = 0; !e && done < size;) {
+    if (c->deadline_ms && kcc_now_ms() >= c->deadline_ms) {
+      e = kc_errf(err, KC_DEADLINE,
+                  "the deadline passed while checking the local cache");
+      break;
+    }
+    size_t want = size - done < CHUNK ? (size_t)(size - done) : CHUNK;
+    char *at = buf ? buf + done : tmp;
+    ssize_t n = read(fd, at, want);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      e = kc_errf(err, KC_IO, "read: %s", n ? strerror(errno) : "short file");
+    else
+      e = kc_sha256_update(h, at, (size_t)n);
+    done += n > 0 ? (uint64_t)n : 0;
+  }
+  if (!e)
+    e = kc_sha256_final(h, d);
+  kc_sha256_free(h);
+  free(tmp);
+  return e;
+}
+
+/* Checks (and with data, loads) one cached blob against its name and size. */
+static kc_err blob_check(kc_client *c, const char *digest, uint64_t size,
+                         void **data, char *err) {
+  char p[PATH_MAX], d[KC_HEX_LEN + 1];
+  kc_cache_blob_path(c, digest, p, sizeof p);
+  int fd;
+  kc_err e = open_blob(p, digest, size, &fd, err);
+  if (e)
+    return e;
+  char *buf = NULL;
+  if (data && !(buf = malloc(size + 1)))
+    e = kc_errf(err, KC_NOMEM, "out of memory");
+  if (!e)
+    e = hash_fd(c, fd, size, buf, d, err);
+  close(fd);
+  if (!e && strcmp(d, digest) != 0) {
+    unlink(p); /* never serve it again; the next warmup refetches */
+    e = kc_errf(err, KC_CORRUPT,
+                "local blob %s is corrupt (hashes to %.12s...); removed", p, d);
+  }
+  if (e) {
+    free(buf);
+    return e;
+  }
+  if (data) {
+    buf[size] = '\0';
+    *data = buf;
+  }
+  return KC_OK;
 }
 
 int kcc_cache_tmp(const kc_client *c, char *path, char *err) {
@@ -53,7 +151,7 @@ kc_err kc_cache_blob_put(kc_client *c, const void *data, size_t len,
     return kc_errf(err, e, "sha256: %s", kc_strerror(e));
   if (digest_out)
     memcpy(digest_out, d, sizeof d);
-  if (kcc_cache_blob_has(c, d))
+  if (kcc_cache_blob_ok(c, d, len))
     return KC_OK; /* content-addressed: same name, same bytes */
   if ((e = blob_dir(c, d, err)))
     return e;
@@ -76,54 +174,67 @@ kc_err kc_cache_blob_put_file(kc_client *c, const char *path,
   return e;
 }
 
-kc_err kcc_cache_blob_read(kc_client *c, const char *digest, void **data,
-                           size_t *len, char *err) {
-  char p[PATH_MAX], d[KC_HEX_LEN + 1];
-  char *buf = NULL;
-  size_t n = 0;
-  kc_cache_blob_path(c, digest, p, sizeof p);
-  if (access(p, F_OK) != 0)
-    return kc_errf(err, KC_NOT_FOUND, "blob %s is not in the local cache",
-                   digest);
-  kc_err e = kc_read_file(p, &buf, &n, err);
-  if (e)
-    return e;
-  if ((e = kc_sha256_hex(buf, n, d)))
-    goto fail;
-  if (strcmp(d, digest) != 0) {
-    unlink(p); /* never serve it again; the next warmup refetches */
-    e = kc_errf(err, KC_CORRUPT,
-                "local blob %s is corrupt (hashes to %.12s...); removed", p,
-                d);
-    goto fail;
-  }
-  *data = buf;
-  *len = n;
-  return KC_OK;
-fail:
-  free(buf);
+kc_err kcc_cache_blob_read(kc_client *c, const char *digest, uint64_t size,
+                           void **data, size_t *len, char *err) {
+  if (size >= SIZE_MAX)
+    return kc_errf(err, KC_NOMEM, "blob %s: too large to load", digest);
+  kc_err e = blob_check(c, digest, size, data, err);
+  if (!e)
+    *len = (size_t)size;
   return e;
 }
 
 /* Every blob of m present and hashing right; the first bad one is removed. */
 static kc_err check_blobs(kc_client *c, const kc_manifest *m, char *err) {
   for (size_t i = 0; i < m->n_files; i++) {
-    char p[PATH_MAX], d[KC_HEX_LEN + 1];
-    uint64_t size = 0;
-    kc_cache_blob_path(c, m->files[i].sha256, p, sizeof p);
-    if (access(p, F_OK) != 0)
-      return kc_errf(err, KC_NOT_FOUND, "blob %s of %s is not cached",
+    char e2[KC_ERRBUF_SIZE] = "";
+    kc_err e = blob_check(c, m->files[i].sha256, m->files[i].size, NULL, e2);
+    if (e == KC_NOT_FOUND)
+      return kc_errf(err, e, "blob %s of %s is not cached",
                      m->files[i].sha256, m->files[i].path);
-    kc_err e = kc_sha256_file(p, d, &size, err);
     if (e)
-      return e;
-    if (strcmp(d, m->files[i].sha256) != 0 || size != m->files[i].size) {
-      unlink(p);
-      return kc_errf(err, KC_CORRUPT,
-                     "local blob of %s is corrupt; removed, will refetch",
-                     m->files[i].path);
-    }
+      return kc_errf(err, e, "%s: %s", m->files[i].path, e2);
   }
+  return KC_OK;
+}
+
+/* A cached manifest's text: a regular file (not a link, not a FIFO) of at
+ * most KCC_MANIFEST_MAX bytes, else removed (KC_CORRUPT). */
+#define KCC_MANIFEST_MAX (64u << 20)
+static kc_err read_manifest(const char *p, char **json, size_t *len,
+                            char *err) {
+  struct stat st;
+  int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT)
+    return KC_NOT_FOUND;
+  const char *why = fd < 0 ? (errno == ELOOP ? "a symlink" : strerror(errno))
+                    : fstat(fd, &st) != 0 ? strerror(errno)
+                    : !S_ISREG(st.st_mode) ? "not a regular file"
+                    : st.st_size > KCC_MANIFEST_MAX ? "too large"
+                                                    : NULL;
+  char *buf = why ? NULL : malloc((size_t)st.st_size + 1);
+  size_t got = 0;
+  while (buf && got < (size_t)st.st_size) {
+    ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    got += (size_t)n;
+  }
+  if (fd >= 0)
+    close(fd);
+  if (!why && (!buf || got != (size_t)st.st_size))
+    why = buf ? "short" : "too large to load";
+  if (why) {
+    free(buf);
+    unlink(p);
+    return kc_errf(err, KC_CORRUPT, "local manifest %s is %s; removed", p,
+                   why);
+  }
+  buf[got] = '\0';
+  *json = buf;
+  *len = got;
   return KC_OK;
 }
 
@@ -137,10 +248,9 @@ kc_err kc_cache_bundle_get(kc_client *c, const char *key, kc_manifest **out,
   if (!kc_is_hex64(key))
     return kc_errf(err, KC_BAD_KEY, "key: must be 64 lowercase hex digits");
   bundle_path(c, key, p, sizeof p);
-  if (access(p, F_OK) != 0)
-    return kc_errf(err, KC_NOT_FOUND, "bundle %s is not in the local cache",
-                   key);
-  kc_err e = kc_read_file(p, &json, &len, err);
+  kc_err e = read_manifest(p, &json, &len, err);
+  if (e == KC_NOT_FOUND)
+    return kc_errf(err, e, "bundle %s is not in the local cache", key);
   if (!e && (e = kc_manifest_parse(json, len, &m, err)) != KC_OK)
     unlink(p); /* a damaged manifest: drop it and fetch again */
   free(json);
@@ -152,7 +262,8 @@ kc_err kc_cache_bundle_get(kc_client *c, const char *key, kc_manifest **out,
     e = check_blobs(c, m, err);
   if (e) {
     kc_manifest_free(m);
-    return e == KC_NOT_FOUND || e == KC_IO ? e : KC_CORRUPT;
+    return e == KC_NOT_FOUND || e == KC_IO || e == KC_DEADLINE ? e
+                                                               : KC_CORRUPT;
   }
   *out = m;
   return KC_OK;

@@ -22,6 +22,8 @@ typedef struct kcli_common {
   const char *cache_dir; /* --cache-dir, KCACHE_DIR */
   int parallel;          /* --parallel */
   int allow_plaintext;   /* --allow-plaintext, KCACHE_ALLOW_PLAINTEXT=1 */
+  long timeout_ms;       /* --timeout S, KCACHE_TIMEOUT; 0: the library's */
+  int trust_cache_dir;   /* --trust-cache-dir, KCACHE_TRUST_DIR=1 */
 } kcli_common;
 
 /* Long-option ids of the common options start here; a command's own

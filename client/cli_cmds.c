@@ -103,10 +103,25 @@ static kc_err push_manifest(kc_client *c, const char *dir, kc_manifest **out,
   if (!e)
     e = named(kc_manifest_parse(json, len, out, inner), p, inner, err);
   free(json);
+  char root[PATH_MAX], real[PATH_MAX];
+  if (!e && !realpath(dir, root))
+    e = kc_errf(err, KC_IO, "%s: %s", dir, strerror(errno));
   for (size_t i = 0; !e && i < (*out)->n_files; i++) {
     char d[KC_HEX_LEN + 1];
     const kc_file *f = &(*out)->files[i];
+    size_t n = strlen(root);
     snprintf(p, sizeof p, "%s/%s", dir, f->path);
+    /* a symlink may name a file of the directory, not one outside it */
+    int found = realpath(p, real) != NULL;
+    if (!found) {
+      e = kc_errf(err, KC_IO, "%s: %s", p, strerror(errno));
+      break;
+    }
+    if (strncmp(real, root, n) || real[n] != '/') {
+      e = kc_errf(err, KC_UNSAFE_PATH, "%s: leads outside %s (to %s)", p, dir,
+                  real);
+      break;
+    }
     e = kc_cache_blob_put_file(c, p, d, NULL, err);
     if (!e && strcmp(d, f->sha256) != 0)
       e = kc_errf(err, KC_DIGEST_MISMATCH, "%s: changed since it was pulled",
@@ -160,6 +175,8 @@ int kcli_cmd_pull(int argc, char **argv) {
   if (!c)
     return KCLI_EXIT_FAIL;
   kc_err e = kc_client_pull(c, key, &m, err);
+  if (!e && err[0]) /* a cached copy was not used: say why */
+    fprintf(stderr, "kcache pull: warning: %s\n", err);
   if (!e)
     e = kc_materialize(c, m, dir, err);
   if (!e)

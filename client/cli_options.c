@@ -37,6 +37,19 @@ static int set_plaintext(kcli_common *g, const char *v) {
   return 0;
 }
 
+static int set_timeout(kcli_common *g, const char *v) {
+  char *end;
+  double s = strtod(v, &end);
+  if (*end || !(s >= 0.001) || s > 86400)
+    return -1;
+  g->timeout_ms = (long)(s * 1000);
+  return 0;
+}
+static int set_trust(kcli_common *g, const char *v) {
+  g->trust_cache_dir = !v || !strcmp(v, "1");
+  return 0;
+}
+
 static const kcli_opt opts[] = {
     {"url", "URL", "KCACHE_URL", "kcached address", set_url},
     {"token", "TOKEN", "KCACHE_TOKEN", "bearer token", set_token},
@@ -46,6 +59,12 @@ static const kcli_opt opts[] = {
     {"parallel", "N", NULL, "concurrent transfers (default 8)", set_parallel},
     {"allow-plaintext", NULL, "KCACHE_ALLOW_PLAINTEXT",
      "send the token over http:// beyond loopback", set_plaintext},
+    {"timeout", "S", "KCACHE_TIMEOUT",
+     "request limit in s (default 300; 30 s below 1 KiB/s)",
+     set_timeout},
+    {"trust-cache-dir", NULL, "KCACHE_TRUST_DIR",
+     "trust a cache dir others may write",
+     set_trust},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -107,7 +126,9 @@ kc_client *kcli_client(const kcli_common *g) {
                       .cacert = g->cacert,
                       .cache_dir = g->cache_dir,
                       .parallel = g->parallel,
-                      .allow_plaintext = g->allow_plaintext};
+                      .allow_plaintext = g->allow_plaintext,
+                      .timeout_ms = g->timeout_ms,
+                      .trust_cache_dir = g->trust_cache_dir};
   if (kc_client_new(&o, &c, err) != KC_OK) {
     kcli_fail("client", KCLI_EXIT_FAIL, "%s", err);
     return NULL;

@@ -11,7 +11,7 @@
 static const char warm_usage[] =
     "usage: kcache warm MANIFEST [--arch A,B] [--no-build] [--no-upload]\n"
     "                  [--deadline S] [--out DIR] [--json] [--strict]\n"
-    "                  [--quiet] [--jobs N]\n";
+    "                  [--quiet] [--jobs N] [--lease-wait S|never]\n";
 
 static const char warm_help[] =
     "\n"
@@ -27,6 +27,9 @@ static const char warm_help[] =
     "  --strict         exit 1 unless every bundle is ready\n"
     "  --quiet          no per-key lines, no progress bar\n"
     "  --jobs N         keys built at once (default: CPUs, at most 8)\n"
+    "  --lease-wait S   with --deadline: wait S seconds on another builder's\n"
+    "                   lease, then build here (default: half of what is\n"
+    "                   left; never: wait to the deadline)\n"
     "\noptions for every command:\n";
 
 static const char warm_tail[] =
@@ -67,6 +70,15 @@ static int parse_deadline(const char *s, double *out) {
   return 0;
 }
 
+/* "never" (-1), or seconds > 0. */
+static int parse_lease_wait(const char *s, double *out) {
+  if (!strcmp(s, "never")) {
+    *out = -1;
+    return 0;
+  }
+  return parse_deadline(s, out);
+}
+
 static int warm_opt(warm_args *a, int opt, const char *arg) {
   switch (opt) {
   case 'a': return split_archs(a, arg);
@@ -77,6 +89,7 @@ static int warm_opt(warm_args *a, int opt, const char *arg) {
   case 'j': a->json = 1; return 0;
   case 's': a->strict = 1; return 0;
   case 'q': a->quiet = 1; return 0;
+  case 'L': return parse_lease_wait(arg, &a->o.lease_wait_s);
   case 'J': {
     char *end;
     long n = strtol(arg, &end, 10);
@@ -101,6 +114,7 @@ static int warm_parse(warm_args *a, int argc, char **argv) {
       {"strict", no_argument, NULL, 's'},
       {"quiet", no_argument, NULL, 'q'},
       {"jobs", required_argument, NULL, 'J'},
+      {"lease-wait", required_argument, NULL, 'L'},
       {NULL, 0, NULL, 0}};
   struct option lo[KCLI_LONGOPTS_MAX];
   int opt;

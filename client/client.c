@@ -1,5 +1,6 @@
 /* client.c: the client handle and the plain HTTP API calls (blobs, bundles,
  * lookup, leases, models, stats). */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,13 +30,69 @@ static kc_err default_cache_dir(char **out, char *err) {
   return *out ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
 }
 
-static kc_err make_dirs(kc_client *c, char *err) {
-  static const char *const sub[] = {"blobs", "bundles", "tmp"};
-  kc_err e = kcc_mkdirs(c->cache_dir, err);
-  for (size_t i = 0; !e && i < 3; i++) {
+/* 1 when directory p has no entry but . and .. */
+static int dir_empty(const char *p) {
+  DIR *d = opendir(p);
+  struct dirent *de;
+  int n = 0;
+  if (!d)
+    return 0;
+  while ((de = readdir(d)))
+    n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+  closedir(d);
+  return n == 0;
+}
+
+/* The trust boundary of the local cache (DESIGN.md, "Client warmup"): what
+ * it holds is served as is, so only its owner may write it. A directory of
+ * another user, or one group or others can write (a shared volume, a
+ * shared /tmp), is refused; an empty one of ours (a fresh volume) is made
+ * private first. */
+static kc_err check_private(const char *p, int trust, char *err) {
+  struct stat st;
+  if (stat(p, &st) != 0)
+    return kc_errf(err, KC_IO, "%s: %s", p, strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return kc_errf(err, KC_IO, "%s: not a directory", p);
+  if (trust || (st.st_uid == geteuid() && !(st.st_mode & 022)))
+    return KC_OK;
+  if (st.st_uid == geteuid() && dir_empty(p) && chmod(p, 0700) == 0 &&
+      dir_empty(p)) /* nothing slipped in before the chmod */
+    return KC_OK;
+  if (st.st_uid != geteuid())
+    return kc_errf(err, KC_FORBIDDEN,
+                   "cache directory %s belongs to uid %ld, not to us: "
+                   "whoever writes it decides what kcache serves; use a "
+                   "directory of our own, or trust it (--trust-cache-dir, "
+                   "KCACHE_TRUST_DIR=1)",
+                   p, (long)st.st_uid);
+  return kc_errf(err, KC_FORBIDDEN,
+                 "cache directory %s is writable by %s (mode %03o): whoever "
+                 "writes it decides what kcache serves; chmod 700 it, or "
+                 "trust it (--trust-cache-dir, KCACHE_TRUST_DIR=1)",
+                 p, st.st_mode & 002 ? "others" : "its group",
+                 (unsigned)(st.st_mode & 0777));
+}
+
+/* The cache root and its subdirectories: made 0700 (parents above the root
+ * 0755), and checked private. */
+static kc_err make_dirs(kc_client *c, int trust, char *err) {
+  static const char *const sub[] = {"", "/blobs", "/bundles", "/tmp"};
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", c->cache_dir);
+  char *slash = strrchr(parent, '/');
+  kc_err e = KC_OK;
+  if (slash && slash != parent) {
+    *slash = '\0';
+    e = kcc_mkdirs(parent, err);
+  }
+  for (size_t i = 0; !e && i < 4; i++) {
     char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/%s", c->cache_dir, sub[i]);
-    e = kcc_mkdirs(p, err);
+    snprintf(p, sizeof p, "%s%s", c->cache_dir, sub[i]);
+    if (mkdir(p, 0700) != 0 && errno != EEXIST)
+      e = kc_errf(err, KC_IO, "mkdir %s: %s", p, strerror(errno));
+    else
+      e = check_private(p, trust, err);
   }
   return e;
 }
@@ -84,7 +141,10 @@ static kc_err copy_opts(kc_client *c, const kc_client_opts *o, char *err) {
   c->holder = o && o->holder ? strdup(o->holder) : default_holder();
   c->connect_timeout_ms = o && o->connect_timeout_ms ? o->connect_timeout_ms
                                                        : 3000;
-  c->timeout_ms = o && o->timeout_ms ? o->timeout_ms : 120000;
+  c->timeout_ms = o && o->timeout_ms > 0 ? o->timeout_ms : 300000;
+  long lb = o ? o->low_speed_bps : 0, ls = o ? o->low_speed_s : 0;
+  c->low_speed_bps = lb < 0 || ls < 0 ? 0 : lb ? lb : 1024;
+  c->low_speed_s = ls ? ls : 30;
   c->parallel = o && o->parallel > 0 ? o->parallel : 8;
   if ((url && !c->url) || !c->holder)
     return kc_errf(err, KC_NOMEM, "out of memory");
@@ -126,7 +186,7 @@ kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err) {
   if (!e)
     e = check_plaintext(c, o, err);
   if (!e)
-    e = make_dirs(c, err);
+    e = make_dirs(c, o && o->trust_cache_dir, err);
   if (!e && set_headers(c))
     e = kc_errf(err, KC_NOMEM, "out of memory");
   if (!e && (!(c->easy = curl_easy_init()) || !(c->multi = curl_multi_init())))
@@ -170,7 +230,9 @@ kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
   if (!kc_is_hex64(digest))
     return kc_errf(err, KC_BAD_DIGEST, "digest: must be 64 lowercase hex");
   snprintf(path, sizeof path, "/v1/blobs/%s", digest);
+  c->answer_max = SIZE_MAX; /* a blob of any size the server keeps */
   kc_err e = kcc_http_do(c, "GET", path, NULL, 0, &r, err);
+  c->answer_max = 0;
   if (e)
     return e;
   if (r.status != 200) {
@@ -380,12 +442,25 @@ static kc_err lease_granted(const kcc_http_resp *r, char *token, char *err) {
   return e;
 }
 
-kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
-                            kc_lease_state *state,
-                            char token[KC_LEASE_TOKEN_MAX], int *retry_after_s,
-                            char *err) {
+/* A 409's holder and seconds left, when the answer says. */
+static void lease_held(const kcc_http_resp *r, kcc_lease_info *info) {
+  json_t *root = json_loadb(r->body ? r->body : "", r->len, 0, NULL);
+  const char *h = json_string_value(json_object_get(root, "holder"));
+  json_t *x = json_object_get(root, "expires_s");
+  if (h)
+    snprintf(info->holder, sizeof info->holder, "%s", h);
+  if (json_is_integer(x) && json_integer_value(x) >= 0)
+    info->expires_s = (double)json_integer_value(x);
+  json_decref(root);
+}
+
+kc_err kcc_lease_take(kc_client *c, const char *key, int ttl_s,
+                      kc_lease_state *state, char token[KC_LEASE_TOKEN_MAX],
+                      kcc_lease_info *info, char *err) {
   char path[128];
   kcc_http_resp r;
+  memset(info, 0, sizeof *info);
+  info->expires_s = -1;
   if (!kc_is_hex64(key))
     return kc_errf(err, KC_BAD_KEY, "key: must be 64 lowercase hex digits");
   json_t *b = json_pack("{ss si}", "holder", c->holder, "ttl_s",
@@ -399,8 +474,7 @@ kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
   free(body);
   if (e)
     return e;
-  if (retry_after_s)
-    *retry_after_s = r.retry_after_s > 0 ? r.retry_after_s : 1;
+  info->retry_after_s = r.retry_after_s > 0 ? r.retry_after_s : 1;
   if (r.status == 201) {
     *state = KC_LEASE_GRANTED;
     e = lease_granted(&r, token, err);
@@ -408,10 +482,22 @@ kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
     *state = KC_LEASE_PRESENT;
   } else if (r.status == 409) {
     *state = KC_LEASE_HELD;
+    lease_held(&r, info);
   } else {
     e = kcc_http_error(&r, path, err);
   }
   kcc_http_resp_free(&r);
+  return e;
+}
+
+kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
+                            kc_lease_state *state,
+                            char token[KC_LEASE_TOKEN_MAX], int *retry_after_s,
+                            char *err) {
+  kcc_lease_info info;
+  kc_err e = kcc_lease_take(c, key, ttl_s, state, token, &info, err);
+  if (!e && retry_after_s)
+    *retry_after_s = info.retry_after_s;
   return e;
 }
 

@@ -17,6 +17,7 @@ struct kc_client {
   char *holder;
   long connect_timeout_ms;
   long timeout_ms;
+  long low_speed_bps, low_speed_s; /* 0 bps: no low-speed limit */
   int parallel;
   CURL *easy;            /* one handle for sequential requests: keeps the
                             connection alive between them */
@@ -24,7 +25,13 @@ struct kc_client {
   struct curl_slist *hdrs; /* Authorization, no Expect: 100-continue */
   int64_t deadline_ms;   /* monotonic; 0: none (set by kc_warm) */
   long request_cap_ms;   /* > 0: one request's most (kc_warm's lookup) */
+  size_t answer_max;     /* > 0: the largest answer kcc_http_do takes
+                            (kc_client_blob_get: any); 0: KCC_ANSWER_MAX */
 };
+
+/* JSON answers (manifests, lookups of 4096 keys, stats) above this are a
+ * server gone wrong: cut off rather than held in memory. */
+#define KCC_ANSWER_MAX ((size_t)256 << 20)
 
 /* ---- transport.c ---- */
 
@@ -55,25 +62,42 @@ long kcc_http_budget_ms(const kc_client *c);
 kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
                           kc_manifest **found, kc_err *refused, char *err);
 
+/* What a lease answer says beyond its state. */
+typedef struct kcc_lease_info {
+  int retry_after_s;         /* >= 1 */
+  char holder[KC_LEASE_HOLDER_MAX + 1]; /* held: who; "" when not said */
+  double expires_s;          /* held: seconds left; -1 when not said */
+} kcc_lease_info;
+
+/* kc_client_lease_take, and what a 409 says of the holder. */
+kc_err kcc_lease_take(kc_client *c, const char *key, int ttl_s,
+                      kc_lease_state *state, char token[KC_LEASE_TOKEN_MAX],
+                      kcc_lease_info *info, char *err);
+
 /* ---- fetch.c: parallel verified blob downloads into the cache ---- */
 
-/* Fetches each digest (those already cached are skipped) with up to
+/* Fetches each file's blob (those already cached are skipped) with up to
  * c->parallel transfers over pooled connections, hashing while streaming,
- * renaming into place only when the hash matches. ok[i] (may be NULL) is set
- * to 1 for each digest now cached. Returns the first failure. *fetched gets
- * the bytes received (may be NULL). */
-kc_err kcc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
+ * renaming into place only when the hash matches. A transfer is cut off as
+ * soon as more bytes arrive than the file's size (a server cannot make us
+ * read 2 GiB for a 200 KB blob). ok[i] (may be NULL) is set to 1 for each
+ * blob now cached. Returns the first failure. *fetched gets the bytes
+ * received (may be NULL). */
+kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
                        char *ok, uint64_t *fetched, char *err);
 
 /* ---- cache.c ---- */
 
-int kcc_cache_blob_has(const kc_client *c, const char *digest);
+/* 1 when the blob is cached as a regular file of that size. */
+int kcc_cache_blob_ok(const kc_client *c, const char *digest, uint64_t size);
 /* A temporary file in cache/tmp; path must hold PATH_MAX. fd or -1. */
 int kcc_cache_tmp(const kc_client *c, char *path, char *err);
-/* Loads a blob file verified against digest into memory. A mismatch deletes
- * the file (KC_CORRUPT). */
-kc_err kcc_cache_blob_read(kc_client *c, const char *digest, void **data,
-                           size_t *len, char *err);
+/* Loads a blob file verified against digest and its manifest's size into
+ * memory (NUL after). A mismatch, a symlink or any other type than a regular
+ * file deletes the name (KC_CORRUPT); c's deadline stops the hashing
+ * (KC_DEADLINE). */
+kc_err kcc_cache_blob_read(kc_client *c, const char *digest, uint64_t size,
+                           void **data, size_t *len, char *err);
 
 /* ---- files.c ---- */
 

@@ -18,14 +18,15 @@ typedef struct xfer {
   FILE *f;
   char tmp[PATH_MAX];
   kc_sha256 *sha;
-  uint64_t got;
+  uint64_t got, want; /* want: the manifest's size */
+  int too_big;        /* more bytes arrived than want: cut off */
   char url[512];
   char ebuf[CURL_ERROR_SIZE];
 } xfer;
 
 typedef struct fetch_run {
   kc_client *c;
-  const char *const *digests;
+  const kc_file *const *files;
   size_t n, next;
   char *ok;
   uint64_t fetched;
@@ -36,6 +37,10 @@ typedef struct fetch_run {
 static size_t on_data(char *data, size_t size, size_t nmemb, void *arg) {
   xfer *x = arg;
   size_t n = size * nmemb;
+  if (n > x->want - x->got) { /* short return: libcurl aborts the transfer */
+    x->too_big = 1;
+    return 0;
+  }
   if (kc_sha256_update(x->sha, data, n) != KC_OK ||
       fwrite(data, 1, n, x->f) != n)
     return 0;
@@ -61,14 +66,17 @@ fail(fetch_run *r, kc_err e, const char *fmt, ...) {
 /* Arms x for digest idx; 0 on success. */
 static int start(fetch_run *r, xfer *x, size_t idx) {
   char e2[KC_ERRBUF_SIZE];
+  const char *digest = r->files[idx]->sha256;
   x->idx = idx;
   x->got = 0;
+  x->want = r->files[idx]->size;
+  x->too_big = 0;
   /* A passed deadline leaves no budget, and a timeout of 0 is libcurl's
    * "no limit": a transfer started now would wait on a stalled server
    * forever. */
   long budget = kcc_http_budget_ms(r->c);
   if (budget <= 0) {
-    fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", r->digests[idx]);
+    fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", digest);
     return -1;
   }
   int fd = kcc_cache_tmp(r->c, x->tmp, e2);
@@ -79,13 +87,14 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
     return -1;
   }
   kc_sha256_reset(x->sha);
-  snprintf(x->url, sizeof x->url, "%s/v1/blobs/%s", r->c->url,
-           r->digests[idx]);
+  snprintf(x->url, sizeof x->url, "%s/v1/blobs/%s", r->c->url, digest);
   curl_easy_reset(x->h);
   kcc_http_setup(r->c, x->h, budget);
   curl_easy_setopt(x->h, CURLOPT_URL, x->url);
   curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_data);
   curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
+  /* A Content-Length above the size is refused before the body. */
+  curl_easy_setopt(x->h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)x->want);
   curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
   curl_easy_setopt(x->h, CURLOPT_ERRORBUFFER, x->ebuf);
   x->ebuf[0] = '\0';
@@ -99,13 +108,18 @@ static int deadline_passed(const kc_client *c) {
 
 /* Verifies and renames a finished transfer. */
 static void finish(fetch_run *r, xfer *x, CURLcode rc) {
-  const char *digest = r->digests[x->idx];
+  const char *digest = r->files[x->idx]->sha256;
   char d[KC_HEX_LEN + 1], dst[PATH_MAX], dir[PATH_MAX];
   long status = 0;
   curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &status);
   int bad = fclose(x->f) != 0;
   x->f = NULL;
-  if (rc == CURLE_OPERATION_TIMEDOUT && deadline_passed(r->c))
+  if (x->too_big || rc == CURLE_FILESIZE_EXCEEDED)
+    fail(r, KC_DIGEST_MISMATCH,
+         "GET blob %.16s...: the server sent more than the %llu bytes the "
+         "manifest declares; cut off",
+         digest, (unsigned long long)x->want);
+  else if (rc == CURLE_OPERATION_TIMEDOUT && deadline_passed(r->c))
     fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", digest);
   else if (rc != CURLE_OK)
     fail(r, rc == CURLE_OPERATION_TIMEDOUT ? KC_TIMEOUT : KC_UNAVAILABLE,
@@ -139,10 +153,11 @@ static void finish(fetch_run *r, xfer *x, CURLcode rc) {
 static size_t next_needed(fetch_run *r) {
   while (r->next < r->n) {
     size_t i = r->next++;
-    if (!kcc_cache_blob_has(r->c, r->digests[i])) {
+    const kc_file *f = r->files[i];
+    if (!kcc_cache_blob_ok(r->c, f->sha256, f->size)) {
       int dup = 0; /* a blob shared by two bundles is fetched once */
       for (size_t j = 0; j < i && !dup; j++)
-        dup = !strcmp(r->digests[j], r->digests[i]);
+        dup = !strcmp(r->files[j]->sha256, f->sha256);
       if (!dup)
         return i;
     }
@@ -187,13 +202,13 @@ static kc_err run(fetch_run *r, xfer *xs, int nx) {
   return r->first;
 }
 
-kc_err kcc_fetch_blobs(kc_client *c, const char *const *digests, size_t n,
+kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
                        char *ok, uint64_t *fetched, char *err) {
   if (!c->url)
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");
   int nx = c->parallel < (int)n ? c->parallel : (int)n;
   xfer *xs = calloc(nx ? (size_t)nx : 1, sizeof *xs);
-  fetch_run r = {c, digests, n, 0, ok, 0, KC_OK, err};
+  fetch_run r = {c, files, n, 0, ok, 0, KC_OK, err};
   kc_err e = xs ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
   for (int k = 0; !e && k < nx; k++)
     if (!(xs[k].h = curl_easy_init()) || !(xs[k].sha = kc_sha256_new()))

@@ -45,6 +45,7 @@ extern "C" {
 
 #define KC_CLIENT_VERSION "0.1.0"
 #define KC_LEASE_TOKEN_MAX 128
+#define KC_LEASE_HOLDER_MAX 128 /* kcached: 1-128 printable ASCII */
 
 /* ---- The client handle ---- */
 
@@ -57,17 +58,29 @@ typedef struct kc_client_opts {
   const char *cacert;    /* CA bundle (PEM) for https; NULL: system's */
   const char *cache_dir; /* NULL: $KCACHE_DIR, else $HOME/.cache/kcache */
   long connect_timeout_ms; /* 0: 3000 */
-  long timeout_ms;         /* whole request; 0: 120000 */
+  long timeout_ms;         /* whole request (a blob transfer included);
+                              0: 300000 */
+  long low_speed_bps;      /* a transfer slower than this ... */
+  long low_speed_s;        /* ... for this long is abandoned (KC_TIMEOUT):
+                              a server that drip-feeds a byte a second;
+                              0: 1024 B/s for 30 s; < 0: no such limit */
   int parallel;            /* concurrent blob transfers; 0: 8 */
   const char *holder;      /* lease holder name; NULL: "<hostname>:<pid>" */
   int allow_plaintext;     /* send the token over http:// to a host that is
                               not loopback (behind a TLS-terminating proxy) */
+  int trust_cache_dir;     /* use a cache directory that others can write
+                              (see kc_client_new) */
 } kc_client_opts;
 
-/* Makes a client and its cache directory (created if missing). Copies every
- * string of o; o may be freed afterwards. A token with an http:// URL to a
- * host other than loopback is KC_EINVAL unless o->allow_plaintext: tokens do
- * not cross a network in clear by accident. *out: kc_client_free. */
+/* Makes a client and its cache directory (created if missing, mode 0700).
+ * The local cache is trusted: what it holds is served without asking the
+ * server. So a cache directory (or its blobs/, bundles/, tmp/) that is owned
+ * by another user or writable by group or others is refused (KC_FORBIDDEN,
+ * naming it) unless o->trust_cache_dir; an empty one that is ours is made
+ * 0700. Copies every string of o; o may be freed afterwards. A token with
+ * an http:// URL to a host other than loopback is KC_EINVAL unless
+ * o->allow_plaintext: tokens do not cross a network in clear by accident.
+ * *out: kc_client_free. */
 kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err);
 void kc_client_free(kc_client *c);
 /* The cache directory in use; valid while c lives. */
@@ -176,12 +189,18 @@ kc_err kc_bundle_file_bytes(kc_client *c, const kc_manifest *m,
 kc_err kc_client_push(kc_client *c, const kc_manifest *m, char *err);
 /* Pull: bundle from local cache or server (blobs fetched in parallel and
  * verified), stored in the local cache; *out (may be NULL) gets the
- * manifest (kc_manifest_free). */
+ * manifest (kc_manifest_free). A cached copy is compared with the server's
+ * manifest when the server answers (the key binds the fields, not the file
+ * list): one that lists other files is replaced by the server's, and err
+ * (which is "" on a plain success) says so while the call returns KC_OK. */
 kc_err kc_client_pull(kc_client *c, const char *key, kc_manifest **out,
                       char *err);
-/* A manifest for every regular file under dir (recursively; symlinks and
- * `skip` (a relative path, may be NULL) left out), blobs stored in the local
- * cache, fields copied from f, sealed. kind from the extension (.cubin,
+/* A manifest for every regular file under dir (recursively; `skip`, a
+ * relative path, may be NULL, left out), blobs stored in the local cache,
+ * fields copied from f, sealed. A symlink that resolves inside dir is
+ * followed (the file is stored under the link's name too); one that leads
+ * outside dir or nowhere, and any other type than a file or directory, is
+ * refused: KC_UNSAFE_PATH naming them. kind from the extension (.cubin,
  * .ptx, .fatbin, .ltoir, else file). No file: KC_NOT_FOUND.
  * *out: kc_manifest_free. */
 kc_err kc_bundle_from_dir(kc_client *c, const char *dir, const char *skip,
@@ -213,6 +232,12 @@ typedef struct kc_warm_item {
   double seconds;               /* when it was ready (or failed), counted
                                    from the start of the warmup */
   int uploaded;                 /* built and stored on the server */
+  /* Another builder's lease on this key, when one was met ("" none): who
+   * held it, and when it ends (seconds from the start of the warmup, and
+   * the UTC time "2026-11-25T08:30:00Z"; -1 and "" when not said). */
+  char lease_holder[KC_LEASE_HOLDER_MAX + 1];
+  double lease_expires_s;
+  char lease_expires_at[24];
 } kc_warm_item;
 
 typedef struct kc_warm_report {
@@ -254,6 +279,12 @@ typedef struct kc_warm_opts {
                           growing to 2 s; 0: 0.2 s */
   int build_jobs;      /* keys built at once, one forked process each;
                           0: online CPUs, at most 8 */
+  double lease_wait_s; /* with a deadline: how long a key waits on another
+                          builder's lease before it is built here anyway
+                          (not leased; uploaded, the first complete upload
+                          wins); 0: half of what is left of the deadline
+                          when the wait starts; < 0: never (wait until the
+                          lease lapses or the deadline passes) */
   kc_warm_progress_fn progress; /* may be NULL; called on the caller's thread */
   void *progress_arg;
 } kc_warm_opts;
@@ -268,15 +299,17 @@ kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
                     char *err);
 
 /* Fetch-or-build every key of w (DESIGN.md, "Client warmup"):
- *  1. keys from kc_warm_keys; 2. the local cache (every blob re-hashed);
+ *  1. keys from kc_warm_keys; 2. the local cache (every blob checked for
+ *     type and size, then re-hashed, within the deadline);
  *  3. one POST /v1/lookup (per 4096 keys), then all missing blobs in
  *     parallel (c's parallelism) over pooled connections, hashed while
  *     streaming, renamed into the cache only when they match;
  *  4. for the rest: take the lease, build (o->build_jobs keys at once, each
  *     in a forked process; NVRTC itself in a child per kernel), upload blobs
  *     then the manifest, release; a lease held by another: poll until the
- *     bundle appears (fetched: "waited"), the lease lapses (built here), or
- *     the deadline;
+ *     bundle appears (fetched: "waited"), the lease lapses (built here),
+ *     o->lease_wait_s has passed with a deadline set (built here without
+ *     the lease), or the deadline (the item names the holder);
  *  5. o->out_dir: materialize every ready bundle.
  * A bundle whose served bytes fail verification is never used: it is built
  * here and not uploaded. A server that cannot be reached, or refuses (a

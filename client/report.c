@@ -57,6 +57,15 @@ static json_t *item_json(const kc_warm_item *it) {
     json_object_set_new(o, "error", json_string(kc_err_code(it->err)));
   if (o && it->message[0])
     json_object_set_new(o, "message", json_string(it->message));
+  if (o && it->lease_holder[0]) { /* another builder's lease was met */
+    json_t *l = json_pack("{ss}", "holder", it->lease_holder);
+    if (l && it->lease_expires_s >= 0) {
+      json_object_set_new(l, "expires_s", json_real(it->lease_expires_s));
+      json_object_set_new(l, "expires_at", json_string(it->lease_expires_at));
+    }
+    if (l)
+      json_object_set_new(o, "lease", l);
+  }
   return o;
 }
 

@@ -10,12 +10,18 @@
 typedef struct membuf {
   char *p;
   size_t len, cap;
+  size_t max;  /* the most an answer may hold */
+  int too_big; /* it held more: cut off */
   int retry_after_s;
 } membuf;
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *arg) {
   membuf *b = arg;
   size_t n = size * nmemb;
+  if (n > b->max - b->len) { /* short return: libcurl aborts the transfer */
+    b->too_big = 1;
+    return 0;
+  }
   if (b->len + n + 1 > b->cap) {
     size_t cap = b->cap ? b->cap * 2 : 4096;
     while (cap < b->len + n + 1)
@@ -65,6 +71,12 @@ void kcc_http_setup(kc_client *c, CURL *h, long timeout_ms) {
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* threads; no SIGALRM */
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, c->connect_timeout_ms);
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, timeout_ms);
+  /* A server that drip-feeds a byte a second is abandoned long before the
+   * whole-request limit: KC_TIMEOUT after low_speed_s below the rate. */
+  if (c->low_speed_bps > 0) {
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, c->low_speed_bps);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, c->low_speed_s);
+  }
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, c->hdrs);
   curl_easy_setopt(h, CURLOPT_USERAGENT, "libkcache/" KC_CLIENT_VERSION);
   curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
@@ -118,7 +130,7 @@ kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
   CURL *h = c->easy;
   curl_easy_reset(h); /* keeps the connection cache */
   kcc_http_setup(c, h, budget);
-  membuf b = {0};
+  membuf b = {.max = c->answer_max ? c->answer_max : KCC_ANSWER_MAX};
   char ebuf[CURL_ERROR_SIZE] = "";
   curl_easy_setopt(h, CURLOPT_URL, url);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, ebuf);
@@ -137,6 +149,10 @@ kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
   CURLcode rc = curl_easy_perform(h);
   if (rc != CURLE_OK) {
     free(b.p);
+    if (b.too_big)
+      return kc_errf(err, KC_PROTOCOL,
+                     "%s %s: the answer is larger than %zu bytes; cut off",
+                     method, path, b.max);
     return curl_error(c, rc, method, path, ebuf, err);
   }
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);

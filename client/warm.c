@@ -26,6 +26,7 @@ typedef struct wctx {
   char *remote_bad;  /* the server's copy failed verification: BAD_* */
   char *waiting;     /* another builder holds the lease */
   int64_t *retry_at; /* waiting: when its lease may have lapsed (ms) */
+  int64_t *build_at; /* waiting: when to build it here anyway (ms; 0 never) */
   kc_warm_status fetched_as; /* what a served bundle counts as now */
   kc_err remote_err; /* why the last lookup failed (KC_OK: it did not) */
   char remote_why[KC_ERRBUF_SIZE];
@@ -325,7 +326,7 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
   size_t nd = 0;
   for (size_t k = 0; k < n; k++)
     nd += found[k] ? found[k]->n_files : 0;
-  const char **d = calloc(nd + 1, sizeof *d);
+  const kc_file **d = calloc(nd + 1, sizeof *d);
   char e2[KC_ERRBUF_SIZE] = "";
   uint64_t got = 0;
   if (!d)
@@ -333,7 +334,7 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
   nd = 0;
   for (size_t k = 0; k < n; k++)
     for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
-      d[nd++] = found[k]->files[j].sha256;
+      d[nd++] = &found[k]->files[j];
   kc_err e = kcc_fetch_blobs(x->c, d, nd, NULL, &got, e2);
   free(d);
   x->rep->bytes_fetched += got;
@@ -344,7 +345,8 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
       continue;
     int all = 1;
     for (size_t j = 0; j < found[k]->n_files; j++)
-      all &= kcc_cache_blob_has(x->c, found[k]->files[j].sha256);
+      all &= kcc_cache_blob_ok(x->c, found[k]->files[j].sha256,
+                               found[k]->files[j].size);
     if (all && kc_cache_bundle_put(x->c, found[k], NULL) == KC_OK) {
       ready(x, idx[k], x->fetched_as, found[k]);
       found[k] = NULL;
@@ -442,11 +444,11 @@ static kc_err fetch_one(wctx *x, size_t i, kc_warm_status s, char *err) {
   kc_manifest *m = NULL;
   uint64_t got = 0;
   kc_err e = kc_client_bundle_get(x->c, x->rep->items[i].key, &m, err);
-  const char **d = m ? calloc(m->n_files + 1, sizeof *d) : NULL;
+  const kc_file **d = m ? calloc(m->n_files + 1, sizeof *d) : NULL;
   if (!e && !d)
     e = kc_errf(err, KC_NOMEM, "out of memory");
   for (size_t j = 0; !e && j < m->n_files; j++)
-    d[j] = m->files[j].sha256;
+    d[j] = &m->files[j];
   if (!e)
     e = kcc_fetch_blobs(x->c, d, m->n_files, NULL, &got, err);
   free(d);
@@ -469,7 +471,8 @@ static void offer_blobs(wctx *x, const kc_manifest *m) {
   for (size_t j = 0; !e && j < m->n_files; j++) {
     void *data = NULL;
     size_t len = 0;
-    e = kcc_cache_blob_read(x->c, m->files[j].sha256, &data, &len, e2);
+    e = kcc_cache_blob_read(x->c, m->files[j].sha256, m->files[j].size,
+                            &data, &len, e2);
     if (!e)
       e = kc_client_blob_repair(x->c, data, len, e2);
     free(data);
@@ -496,6 +499,10 @@ static void upload(wctx *x, size_t i, const kc_manifest *m) {
     it->uploaded = 1;
   else if (is_down(e))
     server_down(x, e2);
+  else if (e == KC_CONFLICT) /* write-once: another build got there first */
+    snprintf(it->message, sizeof it->message,
+             "not uploaded: kcached already holds another build of this key "
+             "(the first complete upload wins)");
   else
     snprintf(it->message, sizeof it->message, "upload failed: %.450s", e2);
 }
@@ -622,6 +629,48 @@ static void build_all(wctx *x, job *jobs, size_t n) {
     finish_job(x, &jobs[k]);
 }
 
+/* Item i's lease is another's: remembered for the report, polled until the
+ * lease ends; with a deadline, built here anyway once lease_wait_s (or
+ * half of what was left) has passed: a holder that died, hangs or squats
+ * must not cost the whole deadline when this host can build. */
+static void held(wctx *x, size_t i, const kcc_lease_info *li) {
+  kc_warm_item *it = &x->rep->items[i];
+  int64_t now = kcc_now_ms();
+  x->waiting[i] = 1;
+  x->retry_at[i] = now + (int64_t)li->retry_after_s * 1000;
+  snprintf(it->lease_holder, sizeof it->lease_holder, "%s",
+           li->holder[0] ? li->holder : "(not said)");
+  it->lease_expires_s = li->expires_s < 0 ? -1 : since(x) + li->expires_s;
+  it->lease_expires_at[0] = '\0';
+  if (li->expires_s >= 0) {
+    time_t end = time(NULL) + (time_t)li->expires_s;
+    struct tm tm;
+    gmtime_r(&end, &tm);
+    strftime(it->lease_expires_at, sizeof it->lease_expires_at,
+             "%Y-%m-%dT%H:%M:%SZ", &tm);
+  }
+  double wait = x->o->lease_wait_s;
+  if (x->build_at[i] || !x->c->deadline_ms || wait < 0)
+    return;
+  x->build_at[i] = now + (wait > 0 ? (int64_t)(wait * 1000)
+                                   : (x->c->deadline_ms - now) / 2);
+}
+
+/* A waiting key whose holder has had its share of the deadline: built here
+ * without the lease (j filled). */
+static void take_over(wctx *x, size_t i, job *j) {
+  kc_warm_item *it = &x->rep->items[i];
+  memset(j, 0, sizeof *j);
+  j->i = i;
+  x->waiting[i] = 0;
+  snprintf(it->message, sizeof it->message,
+           "built here: '%.200s' holds the lease (until %s) and had not "
+           "delivered after %.1f s",
+           it->lease_holder, it->lease_expires_at[0] ? it->lease_expires_at
+                                                     : "unknown",
+           since(x));
+}
+
 /* What to do with item i: 1 when this warmer must build it (j filled),
  * 0 when it was fetched, failed, or another builder holds its lease. */
 static int claim(wctx *x, size_t i, int was_waiting, job *j) {
@@ -632,9 +681,9 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
   j->i = i;
   if (!x->server_ok || x->remote_bad[i])
     return 1;
-  int retry_s = 1;
-  kc_err e = kc_client_lease_take(x->c, x->rep->items[i].key, ttl, &st,
-                                  j->token, &retry_s, e2);
+  kcc_lease_info li;
+  kc_err e = kcc_lease_take(x->c, x->rep->items[i].key, ttl, &st, j->token,
+                            &li, e2);
   if (is_down(e)) {
     server_down(x, e2);
     return 1;
@@ -646,8 +695,7 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
     return 1;
   }
   if (st == KC_LEASE_HELD) { /* ask again when the holder's lease ends */
-    x->waiting[i] = 1;
-    x->retry_at[i] = kcc_now_ms() + (int64_t)retry_s * 1000;
+    held(x, i, &li);
     return 0;
   }
   if (st == KC_LEASE_GRANTED) {
@@ -686,11 +734,21 @@ static void claim_and_build(wctx *x, int waiting_round) {
   job jobs[KC_MAX_BUILD_JOBS];
   size_t n = 0;
   for (size_t i = 0; i < x->rep->n_items; i++) {
-    if (!x->pending[i] || x->waiting[i] != waiting_round ||
-        (waiting_round && kcc_now_ms() < x->retry_at[i]))
+    if (!x->pending[i] || x->waiting[i] != waiting_round)
       continue;
     if (deadline_passed(x))
       break;
+    int64_t now = kcc_now_ms();
+    if (waiting_round && now < x->retry_at[i]) {
+      if (!x->build_at[i] || now < x->build_at[i])
+        continue;
+      take_over(x, i, &jobs[n]);
+      if (++n == (size_t)x->jobs) {
+        build_all(x, jobs, n);
+        n = 0;
+      }
+      continue;
+    }
     if (x->o->no_build) { /* never claims, so never waits either */
       fail_no_build(x, i);
       continue;
@@ -730,8 +788,15 @@ static void phase_wait(wctx *x) {
   double poll = x->o->poll_s > 0 ? x->o->poll_s : 0.2;
   x->fetched_as = KC_WARM_WAITED;
   while (n_waiting(x) && !deadline_passed(x)) {
-    double left = seconds_left(x);
-    sleep_s(x->c->deadline_ms && left < poll ? left : poll);
+    double left = seconds_left(x), nap = poll;
+    if (x->c->deadline_ms && left < nap)
+      nap = left;
+    for (size_t i = 0; i < x->rep->n_items; i++) { /* a take-over due */
+      double due = (x->build_at[i] - kcc_now_ms()) / 1000.0;
+      if (x->pending[i] && x->waiting[i] && x->build_at[i] && due < nap)
+        nap = due > 0.01 ? due : 0.01;
+    }
+    sleep_s(nap);
     if (x->server_ok)
       phase_remote(x, 1);
     claim_and_build(x, 1);
@@ -766,7 +831,16 @@ static void fail_deadline(wctx *x, size_t i) {
   char msg[KC_ERRBUF_SIZE];
   const char *why = "";
   kc_err e = remote_cause(x, i, &why);
-  if (e && e != KC_DEADLINE)
+  if (x->waiting[i] && it->lease_holder[0] && it->lease_expires_s >= 0)
+    snprintf(msg, sizeof msg,
+             "the deadline passed waiting on '%.200s', whose lease on it "
+             "ends at %s (%.0f s after the start)",
+             it->lease_holder, it->lease_expires_at, it->lease_expires_s);
+  else if (x->waiting[i] && it->lease_holder[0])
+    snprintf(msg, sizeof msg,
+             "the deadline passed waiting on '%.200s', who holds its lease",
+             it->lease_holder);
+  else if (e && e != KC_DEADLINE)
     snprintf(msg, sizeof msg, "the deadline passed (earlier: %.440s)", why);
   else if (e == KC_DEADLINE)
     snprintf(msg, sizeof msg, "the deadline passed (%.460s)", why);
@@ -812,13 +886,15 @@ static kc_err setup(wctx *x, char *err) {
   x->remote_bad = calloc(n + 1, 1);
   x->waiting = calloc(n + 1, 1);
   x->retry_at = calloc(n + 1, sizeof *x->retry_at);
+  x->build_at = calloc(n + 1, sizeof *x->build_at);
   if (!x->rep->items || !x->ms || !x->pending || !x->remote_bad ||
-      !x->waiting || !x->retry_at)
+      !x->waiting || !x->retry_at || !x->build_at)
     return kc_errf(err, KC_NOMEM, "out of memory");
   x->rep->n_items = n;
   for (size_t i = 0; !e && i < n; i++) {
     kc_warm_item *it = &x->rep->items[i];
     it->bucket = x->fields[i].bucket;
+    it->lease_expires_s = -1;
     memcpy(it->arch, x->fields[i].arch, sizeof it->arch);
     x->pending[i] = 1;
     e = kc_key_compute(&x->fields[i], it->key, err);
@@ -835,6 +911,7 @@ static void teardown(wctx *x) {
   free(x->remote_bad);
   free(x->waiting);
   free(x->retry_at);
+  free(x->build_at);
   x->c->deadline_ms = 0;
 }
 
@@ -869,6 +946,9 @@ kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
       phase_remote(&x, 0);
     phase_build(&x);
     phase_wait(&x);
+    /* What is ready is written out even past the deadline: the service
+     * starts with it, and every blob's size is known (no unbounded read). */
+    c->deadline_ms = 0;
     if (x.o->out_dir)
       materialize_all(&x);
     e = summarize(&x, err);
