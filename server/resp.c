@@ -223,7 +223,7 @@ static int step(kcd_resp_conn *c) {
 }
 
 static void compact(kcd_resp_conn *c) {
-  size_t n = c->parser.pos;
+  size_t n = kcd_resp_parser_done(&c->parser);
   if (n == 0 || c->inflight || c->held)
     return;
   memmove(c->in.p, c->in.p + n, c->in.len - n);

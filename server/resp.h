@@ -78,6 +78,7 @@ typedef struct kcd_resp_parser {
   size_t max_args;   /* most arguments of one command */
   int unauth;        /* Redis's limits for clients yet to authenticate */
   size_t pos;        /* where parsing goes on in the buffer */
+  size_t start;      /* where the multibulk command being read began */
   int inmb;          /* inside a multibulk command */
   long long nleft;   /* its arguments still to come */
   long long bulk;    /* the next argument's length; -1: its $ line next */
@@ -100,7 +101,10 @@ void kcd_resp_parser_free(kcd_resp_parser *p);
 /* Parses the next command of buf[0..len) from p->pos. Inline commands are
  * unquoted in place (buf is written). Empty commands are skipped. */
 kcd_resp_res kcd_resp_parse(kcd_resp_parser *p, char *buf, size_t len);
-/* The first n bytes (all before p->pos) were dropped from the buffer. */
+/* Bytes at the start of the buffer no longer needed: before the command
+ * being read (its arguments are offsets into it), else before pos. */
+size_t kcd_resp_parser_done(const kcd_resp_parser *p);
+/* The first n bytes (n <= kcd_resp_parser_done) were dropped. */
 void kcd_resp_parser_shift(kcd_resp_parser *p, size_t n);
 /* Bytes the parser still needs before it can return a command, when it
  * knows (a bulk being read); 0 when it does not. A read-size hint only. */

@@ -195,6 +195,7 @@ static kcd_resp_res mb_count(kcd_resp_parser *p, const char *buf, size_t len) {
     return fail(p, "invalid multibulk length");
   if (ll > UNAUTH_MAX_ARGS && p->unauth)
     return fail(p, "unauthenticated multibulk length");
+  p->start = p->pos;
   p->pos += (size_t)n + 2;
   p->argc = 0;
   if (ll > 0) {
@@ -368,8 +369,13 @@ kcd_resp_res kcd_resp_parse(kcd_resp_parser *p, char *buf, size_t len) {
   }
 }
 
+size_t kcd_resp_parser_done(const kcd_resp_parser *p) {
+  return p->inmb ? p->start : p->pos;
+}
+
 void kcd_resp_parser_shift(kcd_resp_parser *p, size_t n) {
   p->pos -= n;
+  p->start -= p->inmb ? n : 0;
   if (p->inmb)
     for (size_t i = 0; i < p->argc; i++)
       p->argv[i].off -= n;
