@@ -219,7 +219,7 @@ struct kcd_state {
   struct kcd_s3 *s3;         /* NULL: no durable tier */
   kc_store_scrub scrub;      /* where the scrub goes on (main thread only) */
   int64_t scrub_credit;      /* bytes it may hash now; < 0 after a big blob */
-  struct kcd_resp *resp;     /* NULL: no --resp-listen */
+  _Atomic(struct kcd_resp *) resp; /* NULL: no --resp-listen */
 };
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */

@@ -41,6 +41,7 @@
 #define KCD_RESP_MAX_CONNS 10000
 #define KCD_RESP_JOB_OPS 10000         /* a pipeline's writes per job */
 #define KCD_RESP_JOB_BYTES (64u << 20) /* and their value bytes */
+#define KCD_RESP_N_CMDS 64             /* room in the metrics per command */
 
 /* ---- buffers and replies (resp_proto.c) ---- */
 
@@ -201,6 +202,8 @@ struct kcd_resp {
   uint64_t next_id;
   _Atomic size_t nconns;
   _Atomic uint64_t conns_total, commands_total, commits, committed_ops;
+  /* per command of the table (the last: unknown), replies ok / error */
+  _Atomic uint64_t cmd_ok[KCD_RESP_N_CMDS + 1], cmd_err[KCD_RESP_N_CMDS + 1];
   kcd_resp_conn *conns; /* listener thread only */
   kcd_resp_conn *grave; /* closed, freed after this round of events */
   /* jobs waiting for the committer */
@@ -319,6 +322,12 @@ void kcd_resp_c_info(kcd_resp_ctx *x);
 void kcd_resp_c_multi(kcd_resp_ctx *x);
 void kcd_resp_c_exec(kcd_resp_ctx *x);
 void kcd_resp_c_discard(kcd_resp_ctx *x);
+
+/* The command at index i of the table (metrics); NULL past the end. */
+const kcd_resp_cmd *kcd_resp_cmd_at(size_t i);
+/* Appends kcached_resp_* metrics (Prometheus text) to f; nothing without
+ * --resp-listen. f is a FILE *. */
+void kcd_resp_metrics_render(kcd_state *st, void *f);
 
 /* ---- the listener (resp.c), for main.c and the handlers ---- */
 

@@ -58,7 +58,23 @@ static const kcd_resp_cmd cmds[] = {
 };
 #define N_CMDS (sizeof cmds / sizeof cmds[0])
 
+_Static_assert(N_CMDS <= KCD_RESP_N_CMDS, "KCD_RESP_N_CMDS too small");
+
 size_t kcd_resp_cmd_count(void) { return N_CMDS; }
+
+const kcd_resp_cmd *kcd_resp_cmd_at(size_t i) {
+  return i < N_CMDS ? &cmds[i] : NULL;
+}
+
+/* Counts the command by its first reply byte ('-': an error). Errors of
+ * writes found at commit time count as ok here. */
+static void count(kcd_resp_ctx *x, const kcd_resp_cmd *cmd,
+                  const kcd_resp_buf *b, size_t before) {
+  kcd_resp *r = x->c->srv;
+  size_t i = cmd ? (size_t)(cmd - cmds) : N_CMDS;
+  int err = b->len > before && b->p[before] == '-';
+  atomic_fetch_add(err ? &r->cmd_err[i] : &r->cmd_ok[i], 1);
+}
 
 int kcd_resp_is(const char *s, size_t n, const char *word) {
   return strlen(word) == n && strncasecmp(s, word, n) == 0;
@@ -226,9 +242,10 @@ static void run(kcd_resp_ctx *x, const kcd_resp_cmd *cmd) {
 void kcd_resp_dispatch(kcd_resp_ctx *x) {
   const kcd_resp_cmd *cmd = kcd_resp_cmd_find(x->argv[0], x->lens[0]);
   kcd_resp_job *j = x->job;
-  size_t before = j ? j->pre.len : 0;
   if (j)
     x->out = &j->pre;
+  kcd_resp_buf *b = x->out;
+  size_t before = b->len;
   if (check(x, cmd) == 0) {
     if (x->c->in_multi && !(cmd->flags & KCD_CF_NOMULTI)) {
       if (queue_cmd(x))
@@ -237,9 +254,10 @@ void kcd_resp_dispatch(kcd_resp_ctx *x) {
         kcd_resp_simple(x->out, "QUEUED");
     } else {
       run(x, cmd);
-      return;
+      return count(x, cmd, b, before);
     }
   }
+  count(x, cmd, b, before);
   if (j && j->pre.len > before)
     kcd_resp_job_item(j, KCD_RK_PRE, before);
 }

@@ -126,3 +126,34 @@ void kcd_resp_c_info(kcd_resp_ctx *x) {
     kcd_resp_bulk(x->out, b.p ? b.p : "", b.len);
   kcd_resp_buf_free(&b);
 }
+
+/* ---- /metrics ---- */
+
+void kcd_resp_metrics_render(kcd_state *st, void *fp) {
+  FILE *f = fp;
+  kcd_resp *r = st->resp;
+  if (!r)
+    return;
+  fprintf(f, "# HELP kcached_resp_commands_total RESP commands by command and "
+          "result (error: an error reply).\n# TYPE "
+          "kcached_resp_commands_total counter\n");
+  for (size_t i = 0; i <= kcd_resp_cmd_count(); i++) {
+    const kcd_resp_cmd *c = kcd_resp_cmd_at(i);
+    const char *name = c ? c->name : "unknown";
+    fprintf(f, "kcached_resp_commands_total{cmd=\"%s\",result=\"ok\"} %llu\n"
+            "kcached_resp_commands_total{cmd=\"%s\",result=\"error\"} %llu\n",
+            name, (unsigned long long)atomic_load(&r->cmd_ok[i]), name,
+            (unsigned long long)atomic_load(&r->cmd_err[i]));
+  }
+  fprintf(f, "# HELP kcached_resp_connections RESP connections open.\n"
+          "# TYPE kcached_resp_connections gauge\nkcached_resp_connections "
+          "%zu\n", kcd_resp_clients(r));
+  fprintf(f, "# HELP kcached_resp_commits_total Group commits of RESP writes "
+          "(one LMDB transaction each).\n# TYPE kcached_resp_commits_total "
+          "counter\nkcached_resp_commits_total %llu\n",
+          (unsigned long long)atomic_load(&r->commits));
+  fprintf(f, "# HELP kcached_resp_committed_ops_total RESP write ops "
+          "committed.\n# TYPE kcached_resp_committed_ops_total counter\n"
+          "kcached_resp_committed_ops_total %llu\n",
+          (unsigned long long)atomic_load(&r->committed_ops));
+}

@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.request
 
 try:
     import redis
@@ -47,7 +48,8 @@ class Server:
             self.port = free_port()
             self.log = open(os.path.join(self.dir, "kcached.log"), "ab")
             self.proc = subprocess.Popen(
-                [KCACHED, "--listen", "127.0.0.1:0", "--data-dir",
+                [KCACHED, "--listen", "127.0.0.1:0", "--port-file",
+                 os.path.join(self.dir, "http-port"), "--data-dir",
                  os.path.join(self.dir, "data"), "--resp-listen",
                  "127.0.0.1:%d" % self.port] + self.extra,
                 stdout=self.log, stderr=self.log)
@@ -73,6 +75,13 @@ class Server:
             self.proc.send_signal(sig)
             self.proc.wait(30)
         self.log.close()
+
+    def metrics(self):
+        with open(os.path.join(self.dir, "http-port")) as f:
+            port = int(f.read())
+        url = "http://127.0.0.1:%d/metrics" % port
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.read().decode()
 
     def client(self, **kw):
         return redis.Redis(host="127.0.0.1", port=self.port, **kw)
@@ -407,6 +416,23 @@ class OpenServer(unittest.TestCase):
         self.assertEqual(len(r.keys("*")), 302)
         self.assertEqual(r.keys("key:1?"), sorted(r.keys("key:1?")) and r.keys("key:1?"))
         self.assertEqual(set(r.keys("key:1?")), {b"key:%d" % i for i in range(10, 20)})
+
+    def test_metrics(self):
+        self.r.get("m")
+        self.r.set("m", "1")
+        self.raw(b"NOSUCH\r\nGET\r\n", b"-ERR")
+        text = self.srv.metrics()
+
+        def value(labels):
+            for line in text.splitlines():
+                if line.startswith("kcached_resp_commands_total{%s}" % labels):
+                    return int(line.split()[-1])
+            self.fail("no metric " + labels)
+        self.assertGreaterEqual(value('cmd="get",result="ok"'), 1)
+        self.assertGreaterEqual(value('cmd="set",result="ok"'), 1)
+        self.assertGreaterEqual(value('cmd="get",result="error"'), 1)
+        self.assertGreaterEqual(value('cmd="unknown",result="error"'), 1)
+        self.assertIn("kcached_resp_commits_total", text)
 
     def test_flush(self):
         self.r.mset({"a": "1", "b": "2"})
