@@ -75,6 +75,13 @@ class Server:
             self.proc.send_signal(sig)
             self.proc.wait(30)
         self.log.close()
+        # a sanitizer build reports into the log: fail on it
+        with open(os.path.join(self.dir, "kcached.log"), "rb") as f:
+            text = f.read().decode(errors="replace")
+        for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+            if bad in text:
+                raise AssertionError("kcached: %s in %s:\n%s" % (
+                    bad, self.dir, text[-3000:]))
 
     def metrics(self):
         with open(os.path.join(self.dir, "http-port")) as f:

@@ -77,7 +77,8 @@ static kcd_resp_buf feed(const uint8_t *in, size_t n, size_t step, int flags) {
     size_t done = kcd_resp_parser_done(&p);
     FZ_CHECK(done <= p.pos && p.pos <= buf.len, "done %zu pos %zu len %zu",
              done, p.pos, buf.len);
-    memmove(buf.p, buf.p + done, buf.len - done);
+    if (done) /* buf.p is NULL before anything arrived */
+      memmove(buf.p, buf.p + done, buf.len - done);
     buf.len -= done;
     kcd_resp_parser_shift(&p, done);
     if (fed == n) {
