@@ -413,6 +413,17 @@ typedef struct kc_store_kv_op {
 kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
                          int64_t now_ms, char *err);
 
+/* Read-through (the durable tier, opts->s3): after a miss, makes the key
+ * local from the bucket (its record and value, verified) unless it expired
+ * by now_ms; then read it again. A key written here since is kept. KC_OK:
+ * held now; KC_NOT_FOUND: the bucket lacks it too (or no tier); KC_BAD_KEY,
+ * KC_UNAVAILABLE (S3 failed within 2 s), KC_CORRUPT. Writes (SET, EXPIRE,
+ * PERSIST, DEL, FLUSH) go through to the bucket by the tier's queue, as
+ * bundles do (a key waiting there is not evicted); eviction and expiry
+ * reclaim here leave the bucket's copy. Threads: any; not inside a read. */
+kc_err kc_store_kv_fetch(kc_store *s, const void *key, size_t klen,
+                         int64_t now_ms, char *err);
+
 /* ---- iteration, counts, expiry ---- */
 
 /* SCAN: up to `count` live keys from cursor (0: the start), matching the

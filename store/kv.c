@@ -178,7 +178,8 @@ kc_err kcs_kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
       (e = idx_del(txn, s->kvlru, rec->last_used_ms, hex, err)) ||
       (rec->expire_ms && (e = idx_del(txn, s->kvexp, rec->expire_ms, hex,
                                       err))) ||
-      (e = kv_bytes_add(txn, s, -(int64_t)rec->size, err)))
+      (e = kv_bytes_add(txn, s, -(int64_t)rec->size, err)) ||
+      (e = kcs_queue_unpend(s, txn, hex, err)))
     return e;
   return kv_unref(s, txn, digest, evicting, err);
 }
@@ -204,8 +205,7 @@ static kc_err value_ref(kc_store *s, MDB_txn *txn, const char *digest,
   return kcs_queue_add(s, txn, KCS_Q_BLOB, digest, NULL, err);
 }
 
-/* Writes key's record (the blob referenced already). */
-static kc_err rec_put(kc_store *s, MDB_txn *txn, const char *hex,
+kc_err kcs_kv_rec_put(kc_store *s, MDB_txn *txn, const char *hex,
                       const kcs_kv_rec *rec, const void *key, char *err) {
   MDB_val k = kcs_hex_val(hex), v = {sizeof *rec + rec->klen, NULL};
   kc_err e = kcs_put(txn, s->kv, &k, &v, MDB_RESERVE, err);
@@ -297,7 +297,7 @@ static kc_err op_set(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
   kcs_kv_rec rec = {.size = op->vlen, .expire_ms = exp,
                     .last_used_ms = kcs_now_ms(), .klen = (uint32_t)op->klen};
   memcpy(rec.digest, j->digest, KC_HEX_LEN);
-  return rec_put(s, txn, j->hex, &rec, op->key, err);
+  return kcs_kv_rec_put(s, txn, j->hex, &rec, op->key, err);
 }
 
 static kc_err op_del(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
@@ -390,7 +390,8 @@ static kc_err op_flush(kc_store *s, MDB_txn *txn, kv_job *j, char *err) {
     }
     memcpy(hex, k.mv_data, KC_HEX_LEN);
     memcpy(&rec, v.mv_data, sizeof rec);
-    if (!(e = kcs_kv_drop(s, txn, hex, &rec, 0, err)))
+    if (!(e = kcs_kv_drop(s, txn, hex, &rec, 0, err)) &&
+        !(e = kcs_queue_add(s, txn, KCS_Q_KVDEL, hex, NULL, err)))
       j->op->done++;
   }
   mdb_cursor_close(cur);
@@ -399,8 +400,32 @@ static kc_err op_flush(kc_store *s, MDB_txn *txn, kv_job *j, char *err) {
   return e;
 }
 
+/* With the durable tier: after a write of the key (a DEL even of a key
+ * evicted here: the bucket may hold it), its record goes up, or its
+ * removal does. */
+static kc_err queue_key(kc_store *s, MDB_txn *txn, const kv_job *j,
+                        char *err) {
+  kc_store_kv_op *op = j->op;
+  if (!s->tier || op->op == KC_KV_FLUSH || (!op->done && op->op != KC_KV_DEL))
+    return KC_OK;
+  kcs_kv_rec rec;
+  kc_err e = kcs_kv_rec_get(txn, s, j->hex, &rec, NULL);
+  if (e && e != KC_NOT_FOUND)
+    return e;
+  return kcs_queue_add(s, txn, e ? KCS_Q_KVDEL : KCS_Q_KV, j->hex, NULL, err);
+}
+
+static kc_err run_one(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                      char *err);
+
 static kc_err run_op(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
                      char *err) {
+  kc_err e = run_one(s, txn, j, now_ms, err);
+  return e ? e : queue_key(s, txn, j, err);
+}
+
+static kc_err run_one(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
+                      char *err) {
   kc_store_kv_op *op = j->op;
   switch (op->op) {
   case KC_KV_SET:
@@ -513,8 +538,11 @@ kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
     c.jobs[i].op = &ops[i];
     c.jobs[i].skip = prepare(s, &c.jobs[i]) != 0;
   }
-  kc_err e = make_room(s, c.jobs, n, err);
-  if (!e)
+  size_t runnable = 0;
+  for (size_t i = 0; i < n; i++)
+    runnable += !c.jobs[i].skip;
+  kc_err e = runnable ? make_room(s, c.jobs, n, err) : KC_OK;
+  if (!e && runnable)
     e = run_batch(s, &c, err);
   for (size_t i = 0; e && i < n; i++) {
     reset_results(&ops[i]);

@@ -9,22 +9,29 @@
 
 #define KV_EVICT_BATCH 512 /* RESP keys removed per write transaction */
 
-/* The least recently used RESP key: its LMDB key and last use (ms). */
+/* The least recently used RESP key whose record is not waiting for the
+ * durable tier's queue: its LMDB key and last use (ms). 0 found, -1 none. */
 static int oldest(kc_store *s, MDB_txn *txn, char hex[KC_HEX_LEN + 1],
                   int64_t *t) {
   MDB_cursor *cur;
   MDB_val k, v;
   if (mdb_cursor_open(txn, s->kvlru, &cur))
     return -1;
-  int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
-  int ok = rc == 0 && k.mv_size == 8 + KC_HEX_LEN;
-  if (ok) {
+  int found = -1;
+  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (k.mv_size != 8 + KC_HEX_LEN)
+      continue;
     *t = (int64_t)kcs_be64_get(k.mv_data);
     memcpy(hex, (char *)k.mv_data + 8, KC_HEX_LEN);
     hex[KC_HEX_LEN] = '\0';
+    if (!kcs_queue_pending(s, txn, hex)) {
+      found = 0;
+      break;
+    }
   }
   mdb_cursor_close(cur);
-  return ok ? 0 : -1;
+  return found;
 }
 
 /* Evicts the oldest RESP key. 1 evicted, 0 none, -1 error in *e. */

@@ -9,6 +9,44 @@
 
 #define GLOB_DEPTH 1000 /* Redis's limit of nested '*' */
 
+/* A class "[...]" (*p just past the '['), matched against c: moves *p and
+ * *pl to its closing ']' (or, unclosed, to the pattern's last byte) as
+ * Redis's stringmatchlen does. 1 when c is in the class. */
+static int glob_class(const unsigned char **pp, size_t *plp, unsigned char c) {
+  const unsigned char *p = *pp;
+  size_t pl = *plp;
+  int neg = pl && p[0] == '^', match = 0;
+  if (neg) {
+    p++;
+    pl--;
+  }
+  for (;; p++, pl--) {
+    if (pl == 0) { /* no ']': the class ends with the pattern */
+      p--;
+      pl++;
+      break;
+    }
+    if (p[0] == '\\' && pl >= 2) {
+      p++;
+      pl--;
+      match |= p[0] == c;
+    } else if (p[0] == ']') {
+      break;
+    } else if (pl >= 3 && p[1] == '-') {
+      unsigned char lo = p[0] < p[2] ? p[0] : p[2];
+      unsigned char hi = p[0] < p[2] ? p[2] : p[0];
+      p += 2;
+      pl -= 2;
+      match |= c >= lo && c <= hi;
+    } else {
+      match |= p[0] == c;
+    }
+  }
+  *pp = p;
+  *plp = pl;
+  return neg != match;
+}
+
 /* Redis's stringmatchlen (util.c), case-sensitive, with every read of the
  * pattern bounded by its length (Redis relies on a terminating NUL).
  * *skip: a '*' found the rest cannot match at any later start either. */
@@ -17,8 +55,7 @@ static int glob(const unsigned char *p, size_t pl, const unsigned char *s,
   if (depth > GLOB_DEPTH)
     return 0;
   while (pl && sl) {
-    switch (p[0]) {
-    case '*':
+    if (p[0] == '*') {
       while (pl > 1 && p[1] == '*') {
         p++;
         pl--;
@@ -33,75 +70,28 @@ static int glob(const unsigned char *p, size_t pl, const unsigned char *s,
       }
       *skip = 1;
       return 0;
-    case '?':
-      s++;
-      sl--;
-      break;
-    case '[': {
+    }
+    if (p[0] == '[') {
       p++;
       pl--;
-      int neg = pl && p[0] == '^', match = 0;
-      if (neg) {
-        p++;
-        pl--;
-      }
-      for (;; p++, pl--) {
-        if (pl == 0) { /* no ']': the class ends with the pattern */
-          p--;
-          pl++;
-          break;
-        }
-        if (p[0] == '\\' && pl >= 2) {
-          p++;
-          pl--;
-          match |= p[0] == s[0];
-        } else if (p[0] == ']') {
-          break;
-        } else if (pl >= 3 && p[1] == '-') {
-          unsigned char lo = p[0], hi = p[2];
-          if (lo > hi) {
-            unsigned char t = lo;
-            lo = hi;
-            hi = t;
-          }
-          p += 2;
-          pl -= 2;
-          match |= s[0] >= lo && s[0] <= hi;
-        } else {
-          match |= p[0] == s[0];
-        }
-      }
-      if (neg == match)
+      if (!glob_class(&p, &pl, s[0]))
         return 0;
-      s++;
-      sl--;
-      break;
-    }
-    case '\\':
-      if (pl >= 2) {
+    } else if (p[0] != '?') {
+      if (p[0] == '\\' && pl >= 2) {
         p++;
         pl--;
       }
-      /* fall through */
-    default:
       if (p[0] != s[0])
         return 0;
-      s++;
-      sl--;
-      break;
     }
+    s++;
+    sl--;
     p++;
     pl--;
-    if (sl == 0) {
-      while (pl && p[0] == '*') {
-        p++;
-        pl--;
-      }
-      break;
-    }
   }
-  /* Redis answers 0 for "*" against "" (its KEYS and SCAN never ask: they
-   * skip matching for "*"); stars match the empty string here too. */
+  /* Trailing stars match the rest, which is empty. (Redis answers 0 for
+   * "*" against "", which its KEYS and SCAN never ask: they skip matching
+   * for "*".) */
   while (sl == 0 && pl && p[0] == '*') {
     p++;
     pl--;
@@ -332,6 +322,9 @@ static kc_err verify_rec(kc_store *s, MDB_txn *txn, const MDB_val *k,
   MDB_val ikv = {sizeof ik, ik}, iv;
   if (mdb_get(txn, s->kvlru, &ikv, &iv))
     return kc_errf(err, KC_CORRUPT, "RESP key %s: no LRU entry", hex);
+  kcs_time_key(ik, rec.expire_ms, hex);
+  if (rec.expire_ms && mdb_get(txn, s->kvexp, &ikv, &iv))
+    return kc_errf(err, KC_CORRUPT, "RESP key %s: no expiry entry", hex);
   *total += rec.size;
   return KC_OK;
 }

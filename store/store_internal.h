@@ -171,7 +171,10 @@ size_t kcs_uses_take(kcs_uses *u, kcs_use **out);
 int64_t kcs_uses_last(kcs_uses *u, const char *key);
 /* Forgets entries recorded before `before`. */
 void kcs_uses_prune(kcs_uses *u, int64_t before);
-enum { KCS_Q_BLOB = 'b', KCS_Q_BUNDLE = 'm', KCS_Q_DELETE = 'x' };
+/* Queue kinds; a RESP key's: 'v' upload its record (marks it pending, as
+ * a bundle), 'w' delete its record (kv_tier.c). */
+enum { KCS_Q_BLOB = 'b', KCS_Q_BUNDLE = 'm', KCS_Q_DELETE = 'x',
+       KCS_Q_KV = 'v', KCS_Q_KVDEL = 'w' };
 /* tier.c: the upload queue. Each adds inside the caller's write transaction
  * (nothing without a tier). A bundle entry also marks the bundle pending;
  * model is the bundle's model for a delete entry, else NULL. */
@@ -219,6 +222,16 @@ kc_err kcs_kv_rec_get(MDB_txn *txn, kc_store *s, const char *hex,
  * evicted when `evicting`). */
 kc_err kcs_kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
                    const kcs_kv_rec *rec, int evicting, char *err);
+/* kv.c: writes a record and its index entries, adds its bytes (the blob
+ * referenced already). */
+kc_err kcs_kv_rec_put(kc_store *s, MDB_txn *txn, const char *hex,
+                      const kcs_kv_rec *rec, const void *key, char *err);
+/* kv_tier.c, from the tier's worker: uploads a RESP key's record (and its
+ * value when the bucket lacks it); KC_OK when the key is gone. */
+kc_err kcs_kv_upload(kcs_tier *t, kc_store_read *r, const char *hex,
+                     char *err);
+/* kv_tier.c: deletes a RESP key's record from the bucket. */
+kc_err kcs_kv_delete_obj(kcs_tier *t, const char *hex, char *err);
 /* kv_evict.c: one step of eviction (evict.c's loop): evicts the least
  * recently used RESP key when the RESP side is over kv_max_bytes, or when it
  * is older than the oldest evictable bundle (have_bundle, bundle_last_s) and

@@ -138,7 +138,8 @@ kc_err kcs_queue_add(kc_store *s, MDB_txn *txn, char kind, const char *key,
   if (model)
     memcpy(val + 1 + KC_HEX_LEN, model, KC_HEX_LEN);
   MDB_val k = {8, sk}, v = {1 + KC_HEX_LEN * (model ? 2u : 1u), val};
-  if ((e = kcs_put(txn, s->s3queue, &k, &v, 0, err)) || kind != KCS_Q_BUNDLE)
+  if ((e = kcs_put(txn, s->s3queue, &k, &v, 0, err)) ||
+      (kind != KCS_Q_BUNDLE && kind != KCS_Q_KV))
     return e;
   MDB_val pk = kcs_hex_val(key), sv = {8, sk};
   return kcs_put(txn, s->s3pend, &pk, &sv, 0, err);
@@ -220,7 +221,7 @@ static kc_err pop_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   kcs_be64_put(sk, en->seq);
   MDB_val k = {8, sk};
   kc_err e = kcs_del(txn, s->s3queue, &k, err);
-  if (!e && en->kind == KCS_Q_BUNDLE)
+  if (!e && (en->kind == KCS_Q_BUNDLE || en->kind == KCS_Q_KV))
     e = unpend_if_latest(s, txn, en, err);
   return e;
 }
@@ -385,6 +386,8 @@ static kc_err delete_bundle(kcs_tier *t, const entry *en, char *err) {
 static kc_err upload_one(kcs_tier *t, const entry *en, char *err) {
   if (en->kind == KCS_Q_DELETE)
     return delete_bundle(t, en, err);
+  if (en->kind == KCS_Q_KVDEL) /* RESP keys: kv_tier.c */
+    return kcs_kv_delete_obj(t, en->key, err);
   kc_store_read *r;
   kc_err e = kc_store_read_begin(t->s, &r);
   if (e)
@@ -393,6 +396,8 @@ static kc_err upload_one(kcs_tier *t, const entry *en, char *err) {
     e = put_blob(t, r, en->key, err);
   else if (en->kind == KCS_Q_BUNDLE)
     e = upload_bundle(t, r, en, err);
+  else if (en->kind == KCS_Q_KV)
+    e = kcs_kv_upload(t, r, en->key, err);
   else
     kcs_tier_logf(t, "error", "S3 queue entry %llu has unknown kind %d; "
                   "dropped", (unsigned long long)en->seq, en->kind);

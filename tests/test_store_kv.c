@@ -4,7 +4,9 @@
  * PERSIST, expiry on read and its reclaim, reopen, SCAN over 1000 keys,
  * Redis's glob match, FLUSH, eviction under max_bytes and kv_max_bytes,
  * a batch with failing ops, a SIGKILLed writer, and the scrub of a rotted
- * value.
+ * value; with the durable tier: writes queued while S3 is down (a queued key
+ * is not evicted), and, against a real RGW (`test_store_kv s3`, ctest
+ * store_kv_s3), write-through and read-through between two stores.
  *
  * Every test gets a fresh temporary directory; KC_TEST_FILTER=<glob> runs
  * some tests only, KC_TEST_SKIP=<glob> leaves some out. */
@@ -32,6 +34,8 @@
 
 #include "kc_schema.h"
 #include "kc_store.h"
+#include "kcs3.h"
+#include "testrgw.h"
 
 #define M1 "5a7cc462c675f9d5693bae11d480f09c3c01ae53617500e6475623784622159c"
 #define B1 "e844adc60c72d254b27e713b88e72a8338fbb13944b1499c212495e376cd3d11"
@@ -335,8 +339,17 @@ static void test_dedup_and_refcounts(void **state) {
   assert_int_equal(st.blobs, 0);
   assert_int_equal(st.bytes_used, 0);
   assert_int_equal(st.kv_bytes, 0);
+  kc_store_close(s);
+  free(p);
+}
 
-  /* shared with a bundle: survives deleting either */
+/* A value that is also a bundle's file survives deleting either. */
+static void test_shared_with_bundle(void **state) {
+  fx *f = *state;
+  kc_store *s = open_kv(f->dir, 0, 0, 0);
+  size_t n = 100 * KiB;
+  uint8_t *p = bytes(n, 11);
+  int64_t now = now_ms();
   char hex[KC_HEX_LEN + 1];
   assert_int_equal(kc_sha256_hex(p, n, hex), KC_OK);
   int created;
@@ -607,6 +620,7 @@ static void test_glob(void **state) {
       {"[abc", "d", 0},       {"ab\\", "ab\\", 1},     {"x[", "x", 0},
       {"*.py", "cache/x.py", 1}, {"*.py", "x.pyc", 0},
       {"a*b*c*d", "aXbYcZd", 1}, {"a*b*c*d", "aXbYcZe", 0},
+      {"[^a-c]x", "dx", 1},   {"[^a-c]x", "bx", 0},    {"a[\\^]", "a^", 1},
       {"[[]", "[", 1},        {"?", "", 0},            {"??", "ab", 1},
   };
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
@@ -750,6 +764,42 @@ static void test_evict_kv_cap_spares_bundles(void **state) {
   free(big);
   OK(kc_store_verify(s, errbuf));
   for (int i = 0; i < 4; i++)
+    kc_manifest_free(m[i]);
+  kc_store_close(s);
+}
+
+/* With a RESP cap: while the bundles hold more than the rest of max_bytes,
+ * they go first, though the RESP keys are older. */
+static void test_evict_bundles_over_share(void **state) {
+  fx *f = *state;
+  kc_store *s = open_kv(f->dir, 4 * MiB, 2 * MiB, 0);
+  set_seed(s, "old1", 256 * KiB, 1);
+  set_seed(s, "old2", 256 * KiB, 2);
+  sleep(1);
+  kc_manifest *m[6];
+  for (int i = 0; i < 6; i++) {
+    char hex[KC_HEX_LEN + 1];
+    uint8_t *p = bytes(512 * KiB, 200 + (uint64_t)i);
+    assert_int_equal(kc_sha256_hex(p, 512 * KiB, hex), KC_OK);
+    int created;
+    OK(kc_store_blob_put(s, hex, p, 512 * KiB, &created, errbuf));
+    m[i] = one_file_manifest(hex, 512 * KiB);
+    m[i]->fields.bucket.dims[0].value = (uint64_t)i;
+    OK(kc_manifest_seal(m[i], errbuf));
+    OK(kc_store_bundle_put(s, m[i], &created, NULL, NULL, errbuf));
+    free(p);
+  }
+  assert_int_equal(stats(s).evicted_bundles, 0);
+  set_seed(s, "new", 512 * KiB, 3);
+  kc_store_stats st = stats(s);
+  assert_true(st.evicted_bundles >= 1);
+  assert_int_equal(st.evicted_kv, 0);
+  assert_true(present(s, "old1"));
+  assert_true(present(s, "old2"));
+  assert_true(present(s, "new"));
+  assert_true(st.bytes_used <= 4 * MiB / 100 * 95);
+  OK(kc_store_verify(s, errbuf));
+  for (int i = 0; i < 6; i++)
     kc_manifest_free(m[i]);
   kc_store_close(s);
 }
@@ -1042,6 +1092,152 @@ static void test_scrub_rotted_value(void **state) {
   free(good);
 }
 
+/* ---- the durable tier ---- */
+
+static kc_store *open_tier(const char *dir, uint64_t max_bytes,
+                           const kc_store_s3 *s3) {
+  kc_store_opts o = {.dir = dir, .max_bytes = max_bytes, .s3 = s3};
+  kc_store *s = NULL;
+  OK(kc_store_open(&o, &s, errbuf)); /* S3 is not contacted to open */
+  return s;
+}
+
+static uint64_t queue_depth(kc_store *s) {
+  kc_store_tier_stats t;
+  OK(kc_store_tier_stats_get(s, &t));
+  assert_int_equal(t.enabled, 1);
+  return t.queue_depth;
+}
+
+/* S3 down: writes are acknowledged and queued (the value's blob, then the
+ * record; a DEL and a FLUSH their removals); a key waiting in the queue is
+ * not evicted; read-through answers at once. */
+static void test_tier_queue_when_s3_down(void **state) {
+  fx *f = *state;
+  kc_store_s3 s3 = {.endpoint = "http://127.0.0.1:1", .bucket = "kcache-test",
+                    .path_style = 1, .access_key = "AK", .secret_key = "SK"};
+  kc_store *s = open_tier(f->dir, 1 * MiB, &s3);
+  int64_t now = now_ms();
+  set_seed(s, "a", 300 * KiB, 1);
+  assert_int_equal(queue_depth(s), 2);
+  set_seed(s, "b", 300 * KiB, 1); /* the same value: the record alone */
+  assert_int_equal(queue_depth(s), 3);
+  assert_int_equal(expire(s, "b", 0, now + 100000, now), 1);
+  assert_int_equal(queue_depth(s), 4);
+  assert_int_equal(del(s, "nope"), 0); /* the bucket may hold it */
+  assert_int_equal(queue_depth(s), 5);
+  set_seed(s, "c", 300 * KiB, 2);
+  set_seed(s, "d", 300 * KiB, 3);
+  OK(kc_store_evict(s, 0, errbuf));
+  assert_true(present(s, "a"));
+  assert_true(present(s, "d"));
+  assert_int_equal(stats(s).evicted_kv, 0);
+  kc_store_kv_op op = apply1(s, KC_KV_FLUSH, NULL, NULL, 0, 0, 0, now);
+  assert_int_equal(op.done, 4);
+  assert_int_equal(queue_depth(s), 13);
+  errbuf[0] = '\0';
+  kc_err e = kc_store_kv_fetch(s, "a", 1, now, errbuf);
+  assert_true(e == KC_UNAVAILABLE || e == KC_TIMEOUT || e == KC_IO);
+  assert_int_equal(kc_store_kv_fetch(s, "a", 1, now, errbuf), KC_UNAVAILABLE);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  /* without a tier: a miss */
+  s = open_kv(f->dir, 0, 0, 0);
+  EXPECT(kc_store_kv_fetch(s, "a", 1, now, errbuf), KC_NOT_FOUND);
+  kc_store_close(s);
+}
+
+static kc_testrgw g_rgw;
+static char g_bucket[64];
+
+static kc_store_s3 rgw_s3(void) {
+  kc_store_s3 s3 = {.endpoint = g_rgw.endpoint, .bucket = g_bucket,
+                    .region = g_rgw.region, .path_style = 1,
+                    .access_key = g_rgw.access, .secret_key = g_rgw.secret};
+  return s3;
+}
+
+static int rgw_setup(void **state) {
+  (void)state;
+  snprintf(g_bucket, sizeof g_bucket, "kcache-kv-%ld", (long)getpid());
+  kc_store_s3 s3 = rgw_s3();
+  kcs3_opts o = {.endpoint = s3.endpoint, .bucket = s3.bucket,
+                 .region = s3.region, .path_style = 1,
+                 .access_key = s3.access_key, .secret_key = s3.secret_key};
+  kcs3 *c = NULL;
+  char err[KC_ERRBUF_SIZE] = "";
+  if (kcs3_open(&o, &c, err) || kcs3_bucket_create(c, err)) {
+    print_error("bucket: %s\n", err);
+    kcs3_close(c);
+    return -1;
+  }
+  kcs3_close(c);
+  return 0;
+}
+
+static void drain(kc_store *s) {
+  for (int i = 0; i < 300 && queue_depth(s) > 0; i++)
+    usleep(50000);
+  assert_int_equal(queue_depth(s), 0);
+}
+
+static void expect_fetch(kc_store *s, const char *key, kc_err want) {
+  EXPECT(kc_store_kv_fetch(s, key, strlen(key), now_ms(), errbuf), want);
+}
+
+/* One store writes through; another, with an empty LMDB, reads through:
+ * values, expiries and deletes as the first left them. */
+static void test_tier_write_read_through(void **state) {
+  fx *f = *state;
+  kc_store_s3 s3 = rgw_s3();
+  char dir_b[4096];
+  snprintf(dir_b, sizeof dir_b, "%s/b", f->tmp);
+  kc_store *a = open_tier(f->dir, 0, &s3);
+  int64_t now = now_ms();
+  uint8_t *big = bytes(3 * MiB, 77);
+  assert_int_equal(set(a, "torch:big", big, 3 * MiB, 0, 0, now), 1);
+  set(a, "ttl", "t", 1, 0, now + 3600 * 1000, now);
+  set(a, "short", "s", 1, 0, now + 1500, now);
+  set(a, "gone", "g", 1, 0, 0, now);
+  set(a, "changed", "v1", 2, 0, 0, now);
+  set(a, "changed", "v2", 2, 0, 0, now);
+  assert_int_equal(del(a, "gone"), 1);
+  drain(a);
+
+  kc_store *b = open_tier(dir_b, 0, &s3);
+  assert_false(present(b, "torch:big"));
+  expect_fetch(b, "torch:big", KC_OK);
+  expect_val(b, "torch:big", 9, big, 3 * MiB, now_ms());
+  expect_fetch(b, "ttl", KC_OK);
+  assert_int_equal(expiry_of(b, "ttl", now), now + 3600 * 1000);
+  expect_fetch(b, "changed", KC_OK);
+  expect_str(b, "changed", "v2");
+  expect_fetch(b, "gone", KC_NOT_FOUND);
+  expect_fetch(b, "never-set", KC_NOT_FOUND);
+  usleep(1600 * 1000);
+  expect_fetch(b, "short", KC_NOT_FOUND); /* expired in the bucket too */
+  /* a key written here since is kept */
+  set(b, "mine", "local", 5, 0, 0, now);
+  set(a, "mine", "remote", 6, 0, 0, now);
+  drain(a);
+  expect_fetch(b, "mine", KC_OK);
+  expect_str(b, "mine", "local");
+  /* a FLUSH reaches the bucket */
+  kc_store_kv_op op = apply1(a, KC_KV_FLUSH, NULL, NULL, 0, 0, 0, now_ms());
+  assert_true(op.done >= 4);
+  drain(a);
+  kc_store_close(b);
+  char dir_c[4096];
+  snprintf(dir_c, sizeof dir_c, "%s/c", f->tmp);
+  kc_store *c = open_tier(dir_c, 0, &s3);
+  expect_fetch(c, "torch:big", KC_NOT_FOUND);
+  expect_fetch(c, "ttl", KC_NOT_FOUND);
+  OK(kc_store_verify(a, errbuf));
+  kc_store_close(a);
+  kc_store_close(c);
+  free(big);
+}
+
 /* ---- main ---- */
 
 static int name_matches(const char *list, const char *name) {
@@ -1054,13 +1250,29 @@ static int name_matches(const char *list, const char *name) {
   return hit;
 }
 
-int main(void) {
+static int run_rgw(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_tier_write_read_through, fx_setup,
+                                      fx_teardown),
+  };
+  int up = kc_testrgw_up(&g_rgw, "test_store_kv");
+  int fails = up == 0 ? _cmocka_run_group_tests("store_kv_s3", tests, 1,
+                                                rgw_setup, NULL)
+                      : 0;
+  return kc_testrgw_finish(&g_rgw, up, fails);
+}
+
+int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
+  kc_store_global_init();
+  if (argc > 1 && strcmp(argv[1], "s3") == 0)
+    return run_rgw();
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
       T(test_roundtrip_binary),
       T(test_large_value),
       T(test_dedup_and_refcounts),
+      T(test_shared_with_bundle),
       T(test_set_flags),
       T(test_expire_persist),
       T(test_expiry_read_reclaim_reopen),
@@ -1069,11 +1281,13 @@ int main(void) {
       T(test_flush),
       T(test_evict_max_bytes),
       T(test_evict_kv_cap_spares_bundles),
+      T(test_evict_bundles_over_share),
       T(test_evict_oldest_across_sides),
       T(test_batch_one_failing),
       T(test_concurrent_writers),
       T(test_crash_sigkill),
       T(test_scrub_rotted_value),
+      T(test_tier_queue_when_s3_down),
   };
 #undef T
   const char *only = getenv("KC_TEST_FILTER"), *skip = getenv("KC_TEST_SKIP");
