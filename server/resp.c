@@ -39,6 +39,7 @@ static void conn_free(kcd_resp_conn *c) {
   kcd_resp_queue_free(c);
   free(c->queue);
   kcd_resp_job_free(c->job);
+  kcd_resp_job_free(c->fetch);
   kcd_resp_buf_free(&c->in);
   kcd_resp_buf_free(&c->out);
   kcd_resp_parser_free(&c->parser);
@@ -219,6 +220,17 @@ static int step(kcd_resp_conn *c) {
   }
   c->held = 0;
   run_parsed(c);
+  c->fetched = 0;
+  if (c->fetch) { /* a read-through: run it again when the keys are here */
+    kcd_resp_job *j = c->fetch;
+    c->fetch = NULL;
+    c->held = 1;
+    kc_store_read_end(c->rd);
+    c->rd = NULL;
+    c->inflight = 1;
+    kcd_resp_fetch_submit(c->srv, j);
+    return 0;
+  }
   return !c->closing;
 }
 
@@ -346,6 +358,7 @@ static void on_done(kcd_resp *r) {
     kcd_resp_job *next = j->next;
     kcd_resp_conn *c = j->conn;
     c->inflight = 0;
+    c->fetched = j->fetch;
     if (c->dead) {
       kcd_resp_job_free(j);
       bury(c);
@@ -465,7 +478,7 @@ kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err) {
   if (r->efd < 0 || r->ep < 0 || watch(r, r->lfd, &r->lfd) ||
       watch(r, r->efd, &r->efd))
     return kc_errf(err, KC_IO, "RESP listener: %s", strerror(errno));
-  if (kcd_resp_commit_start(r))
+  if (kcd_resp_commit_start(r) || kcd_resp_fetch_start(r))
     return kc_errf(err, KC_NOMEM, "RESP committer thread: cannot start");
   if (pthread_create(&r->io, NULL, io_main, r))
     return kc_errf(err, KC_NOMEM, "RESP listener thread: cannot start");
@@ -497,6 +510,7 @@ void kcd_resp_stop(kcd_state *st) {
   if (r->io_started)
     pthread_join(r->io, NULL);
   kcd_resp_commit_stop(r); /* applies what was queued, then ends */
+  kcd_resp_fetch_stop(r);
   drain_done(r);
   if (r->lfd >= 0)
     close(r->lfd);

@@ -42,6 +42,7 @@
 #define KCD_RESP_JOB_OPS 10000         /* a pipeline's writes per job */
 #define KCD_RESP_JOB_BYTES (64u << 20) /* and their value bytes */
 #define KCD_RESP_N_CMDS 64             /* room in the metrics per command */
+#define KCD_RESP_FETCHERS 4            /* read-through threads (S3 tier) */
 
 /* ---- buffers and replies (resp_proto.c) ---- */
 
@@ -140,6 +141,7 @@ typedef struct kcd_resp_job {
   kcd_resp_buf pre; /* replies decided before the commit */
   char **owned;     /* MULTI's copies of arguments, freed with the job */
   size_t nowned;
+  int fetch;        /* a read-through: ops name keys to fetch from S3 */
   kc_err err;       /* the whole apply failed */
   char errmsg[KC_ERRBUF_SIZE];
   struct kcd_resp_job *next;
@@ -183,6 +185,8 @@ struct kcd_resp_conn {
   kcd_resp_job *job; /* being filled (not in flight) */
   int inflight;      /* a job is with the committer */
   int held;          /* parser's argv is a command to run after it */
+  kcd_resp_job *fetch; /* keys the command being run wants read through */
+  int fetched;       /* the held command ran its read-through: no more */
   int closing;       /* close once out is sent */
   int dead;          /* the socket is gone: free when the job returns */
   kc_store_read *rd; /* this batch's read transaction, or NULL */
@@ -214,6 +218,11 @@ struct kcd_resp {
   /* jobs committed, for the listener */
   pthread_mutex_t dlock;
   kcd_resp_job *dhead, *dtail;
+  /* read-through fetches (the durable tier), for the fetcher threads */
+  pthread_t fetchers[KCD_RESP_FETCHERS];
+  int nfetchers;
+  kcd_resp_job *fhead, *ftail;
+  int fstop;
 };
 
 /* What a command handler sees. */
@@ -236,6 +245,15 @@ kc_store_read *kcd_resp_read(kcd_resp_ctx *x);
 kcd_resp_job *kcd_resp_job_of(kcd_resp_ctx *x);
 /* The store, or NULL with "-LOADING" written. */
 kc_store *kcd_resp_store(kcd_resp_ctx *x);
+
+/* Read-through (the durable tier): with one configured, a read that misses
+ * asks for the key here instead of replying: the command is run again once
+ * the fetchers made it local (or found it missing). 1: asked (write no
+ * reply), 0: reply the miss now (no tier, inside EXEC, or already fetched). */
+int kcd_resp_fetch_key(kcd_resp_ctx *x, const void *key, size_t klen);
+void kcd_resp_fetch_submit(kcd_resp *r, kcd_resp_job *j);
+int kcd_resp_fetch_start(kcd_resp *r);
+void kcd_resp_fetch_stop(kcd_resp *r);
 
 /* Hands a job with ops to the committer (resp_commit.c). */
 void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j);

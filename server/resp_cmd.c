@@ -71,6 +71,8 @@ const kcd_resp_cmd *kcd_resp_cmd_at(size_t i) {
 static void count(kcd_resp_ctx *x, const kcd_resp_cmd *cmd,
                   const kcd_resp_buf *b, size_t before) {
   kcd_resp *r = x->c->srv;
+  if (x->c->fetch)
+    return; /* counted when it runs again */
   size_t i = cmd ? (size_t)(cmd - cmds) : N_CMDS;
   int err = b->len > before && b->p[before] == '-';
   atomic_fetch_add(err ? &r->cmd_err[i] : &r->cmd_ok[i], 1);

@@ -79,7 +79,7 @@ void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j) {
   else
     r->qhead = j;
   r->qtail = j;
-  pthread_cond_signal(&r->qcond);
+  pthread_cond_broadcast(&r->qcond); /* fetchers share it */
   pthread_mutex_unlock(&r->qlock);
 }
 
@@ -178,7 +178,7 @@ void kcd_resp_commit_stop(kcd_resp *r) {
     return;
   pthread_mutex_lock(&r->qlock);
   r->qstop = 1;
-  pthread_cond_signal(&r->qcond);
+  pthread_cond_broadcast(&r->qcond); /* fetchers share it */
   pthread_mutex_unlock(&r->qlock);
   pthread_join(r->committer, NULL);
   r->committer_started = 0;

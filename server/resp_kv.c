@@ -62,12 +62,30 @@ void kcd_resp_c_get(kcd_resp_ctx *x) {
   kc_err e = get1(x, 1, &v);
   if (e == KC_OK)
     kcd_resp_bulk(x->out, v.data, v.len);
-  else if (e == KC_NOT_FOUND)
+  else if (e == KC_NOT_FOUND && !kcd_resp_fetch_key(x, ARG(1)))
     kcd_resp_null(x->out);
 }
 
+/* With the durable tier: asks for every missing key (1: asked, no reply
+ * now). meta, not get: hits are counted once, by the reply's pass. */
+static int mget_fetch(kcd_resp_ctx *x) {
+  int asked = 0;
+  for (size_t i = 1; i < x->argc && x->st->s3; i++) {
+    uint64_t size;
+    int64_t exp;
+    if (!key_ok(x->lens[i]) ||
+        kc_store_kv_meta(x->c->rd, ARG(i), x->now_ms, &size, &exp) !=
+            KC_NOT_FOUND)
+      continue;
+    if (!kcd_resp_fetch_key(x, ARG(i)))
+      break; /* inside EXEC, or fetched already */
+    asked = 1;
+  }
+  return asked;
+}
+
 void kcd_resp_c_mget(kcd_resp_ctx *x) {
-  if (!kcd_resp_read(x))
+  if (!kcd_resp_read(x) || mget_fetch(x))
     return;
   kcd_resp_array(x->out, (long long)x->argc - 1);
   for (size_t i = 1; i < x->argc; i++) {

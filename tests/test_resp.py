@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import unittest
+import http.server
 import urllib.request
 
 try:
@@ -650,6 +651,95 @@ class AnonymousWrite(unittest.TestCase):
             r.close()
         finally:
             srv.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class FakeS3(http.server.BaseHTTPRequestHandler):
+    """Answers every object read with 404 after a second (and records it),
+    takes every write: enough to see the read-through asked without the
+    listener waiting for it."""
+    gets = []
+
+    def log_message(self, *a):
+        pass
+
+    def _empty(self, code):
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self):
+        FakeS3.gets.append(self.path)
+        if "/kv" in self.path:
+            time.sleep(1.0)
+        body = b"<Error><Code>NoSuchKey</Code></Error>"
+        self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_HEAD(self):
+        self._empty(404)
+
+    def do_PUT(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("ETag", '"x"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_DELETE(self):
+        self._empty(204)
+
+
+class ReadThrough(unittest.TestCase):
+    """With --s3-endpoint, a GET/MGET miss asks the bucket on the fetcher
+    threads; other clients go on meanwhile."""
+
+    def test_miss_reads_through_without_blocking(self):
+        s3 = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeS3)
+        threading.Thread(target=s3.serve_forever, daemon=True).start()
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        env = dict(os.environ, AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b")
+        old = os.environ.copy()
+        os.environ.update(env)
+        srv = Server("--s3-endpoint", "http://127.0.0.1:%d" %
+                     s3.server_address[1], "--s3-bucket", "bkt",
+                     "--s3-path-style", data_dir=d).start()
+        os.environ.clear()
+        os.environ.update(old)
+        try:
+            r, other = srv.client(), srv.client()
+            r.set("here", "1")
+            FakeS3.gets.clear()
+            got = {}
+
+            def slow():
+                t = time.time()
+                got["mget"] = r.mget("here", "gone")
+                got["secs"] = time.time() - t
+            t = threading.Thread(target=slow)
+            t.start()
+            time.sleep(0.2)
+            t0 = time.time()
+            self.assertTrue(other.ping())
+            self.assertEqual(other.get("here"), b"1")
+            self.assertLess(time.time() - t0, 0.5, "the listener waited")
+            t.join()
+            self.assertEqual(got["mget"], [b"1", None])
+            self.assertGreaterEqual(got["secs"], 0.9)
+            self.assertTrue(any("/kv" in g for g in FakeS3.gets), FakeS3.gets)
+            n = len(FakeS3.gets)
+            self.assertEqual(r.execute_command("MULTI"), b"OK")
+            r.execute_command("GET", "gone2")
+            self.assertEqual(r.execute_command("EXEC"), [None])
+            self.assertEqual(len(FakeS3.gets), n, "no read-through in EXEC")
+            r.close()
+            other.close()
+        finally:
+            srv.stop()
+            s3.shutdown()
+            s3.server_close()
             shutil.rmtree(d, ignore_errors=True)
 
 
