@@ -69,11 +69,71 @@ static void sec_stats(const kc_store_stats *s, kcd_resp_ctx *x,
         (unsigned long long)atomic_load(&r->committed_ops));
 }
 
-static void sec_keyspace(const kc_store_stats *s, kcd_resp_buf *b) {
+/* ---- counting keys with an expiry ---- */
+
+#define EXPIRES_WALK_MAX 100000 /* keys looked at; beyond, extrapolated */
+
+typedef struct walk {
+  kcd_resp_buf keys; /* 4-byte length + key, one SCAN step's */
+  size_t n;
+} walk;
+
+static int walk_cb(const void *key, size_t klen, void *ud) {
+  walk *w = ud;
+  uint32_t l = (uint32_t)klen;
+  kcd_resp_buf_add(&w->keys, &l, 4);
+  kcd_resp_buf_add(&w->keys, key, klen);
+  w->n++;
+  return w->keys.oom;
+}
+
+/* Of the keys in w, how many have an expiry. */
+static uint64_t with_expiry(kc_store *s, const walk *w, int64_t now) {
+  kc_store_read *r = NULL;
+  uint64_t n = 0;
+  if (kc_store_read_begin(s, &r))
+    return 0;
+  for (size_t off = 0; off + 4 <= w->keys.len;) {
+    uint32_t l;
+    memcpy(&l, w->keys.p + off, 4);
+    uint64_t size;
+    int64_t exp = 0;
+    if (kc_store_kv_meta(r, w->keys.p + off + 4, l, now, &size, &exp) ==
+            KC_OK && exp)
+      n++;
+    off += 4 + l;
+  }
+  kc_store_read_end(r);
+  return n;
+}
+
+/* INFO's expires=: counted over the key space (SCAN steps, then their
+ * metadata), exact up to EXPIRES_WALK_MAX keys, extrapolated beyond. */
+static uint64_t count_expires(kc_store *s, uint64_t keys, int64_t now) {
+  uint64_t cursor = 0, seen = 0, expiring = 0;
+  do {
+    walk w = {0};
+    if (kc_store_kv_scan(s, cursor, NULL, 0, 1000, now, walk_cb, &w, &cursor)) {
+      kcd_resp_buf_free(&w.keys);
+      break;
+    }
+    expiring += with_expiry(s, &w, now);
+    seen += w.n;
+    kcd_resp_buf_free(&w.keys);
+  } while (cursor != 0 && seen < EXPIRES_WALK_MAX);
+  if (cursor != 0 && seen && keys > seen)
+    expiring = (uint64_t)((double)expiring * (double)keys / (double)seen);
+  return expiring;
+}
+
+static void sec_keyspace(const kc_store_stats *s, kcd_resp_ctx *x,
+                         kcd_resp_buf *b) {
   linef(b, "# Keyspace");
-  if (s->kv_keys) /* Redis leaves an empty db out */
+  kc_store *st = atomic_load(&x->st->store);
+  if (s->kv_keys && st) /* Redis leaves an empty db out */
     linef(b, "db0:keys=%llu,expires=%llu,avg_ttl=0",
-          (unsigned long long)s->kv_keys, 0ull /* the store counts no expiries yet */);
+          (unsigned long long)s->kv_keys,
+          (unsigned long long)count_expires(st, s->kv_keys, x->now_ms));
 }
 
 typedef enum { S_SERVER, S_CLIENTS, S_MEMORY, S_STATS, S_KEYSPACE, S_N } sec;
@@ -118,7 +178,7 @@ void kcd_resp_c_info(kcd_resp_ctx *x) {
     else if (i == S_STATS)
       sec_stats(&st, x, &b);
     else
-      sec_keyspace(&st, &b);
+      sec_keyspace(&st, x, &b);
   }
   if (b.oom)
     kcd_resp_error(x->out, "OOM out of memory");

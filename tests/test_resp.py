@@ -398,6 +398,7 @@ class OpenServer(unittest.TestCase):
         self.assertEqual(r.dbsize(), 3)
         ks = r.info("keyspace")["db0"]
         self.assertEqual(ks["keys"], 3)
+        self.assertEqual(ks["expires"], 1)
         info = r.info()
         for field in ("redis_version", "connected_clients", "used_memory",
                       "keyspace_hits", "uptime_in_seconds"):
