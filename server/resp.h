@@ -9,8 +9,11 @@
  *                 replies go out in one write), output bound per connection
  *   resp_commit.c the committer thread: the group commit of writes
  *   resp_cmd.c    the command table, arity, auth and role checks, MULTI
- *   resp_kv.c     the data commands (GET/SET family, TTLs, SCAN, ...)
- *   resp_admin.c  connection and server commands (HELLO, AUTH, INFO, ...)
+ *   resp_kv.c     the string commands (GET/SET family, TTL, EXISTS, ...)
+ *   resp_keys.c   EXPIRE and kin, SCAN, KEYS; the replies of committed writes
+ *   resp_admin.c  connection and server commands (HELLO, AUTH, CONFIG, ...)
+ *   resp_info.c   INFO, and the kcached_resp_* metrics of /metrics
+ *   resp_fetch.c  read-through from the durable tier (fetcher threads)
  *
  * Threads: a connection belongs to the listener thread. Its writes go to the
  * committer as a job (kcd_resp_job): the committer applies the ops of every
