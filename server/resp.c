@@ -305,6 +305,14 @@ static void on_event(kcd_resp_conn *c, unsigned ev) {
 static void on_accept(kcd_resp *r) {
   for (;;) {
     int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                   errno == ENOMEM)) {
+      /* out of descriptors: the listening socket stays readable; pause a
+       * little rather than spin on it */
+      struct timespec ms10 = {0, 10 * 1000 * 1000};
+      nanosleep(&ms10, NULL);
+      return;
+    }
     if (fd < 0)
       return;
     if (atomic_load(&r->nconns) >= KCD_RESP_MAX_CONNS) {

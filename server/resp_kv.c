@@ -279,11 +279,13 @@ void kcd_resp_c_setnx(kcd_resp_ctx *x) {
     add_set(x, KC_KV_NX, 0, KCD_RK_SUM, 1);
 }
 
-/* Ops of one kind over argv[from..) stepping `step`, replied as one item. */
+/* Ops of one kind over argv[from..) stepping `step`, replied as one item.
+ * DEL and PERSIST skip a key the store cannot hold (it cannot exist). */
 static void add_ops(kcd_resp_ctx *x, kc_store_kv_opcode op, size_t from,
                     size_t step, kcd_resp_rk rk) {
-  for (size_t i = from; i < x->argc; i += step)
-    if (op != KC_KV_FLUSH && !write_key_ok(x, i))
+  int skip = op == KC_KV_DEL || op == KC_KV_PERSIST;
+  for (size_t i = from; i < x->argc && op == KC_KV_SET; i += step)
+    if (!write_key_ok(x, i))
       return;
   kcd_resp_job *j = kcd_resp_job_of(x);
   if (!j)
@@ -291,6 +293,8 @@ static void add_ops(kcd_resp_ctx *x, kc_store_kv_opcode op, size_t from,
   size_t first = j->nops;
   for (size_t i = from; i < x->argc || (op == KC_KV_FLUSH && i == from);
        i += step) {
+    if (skip && !key_ok(x->lens[i]))
+      continue;
     kc_store_kv_op *o = op == KC_KV_FLUSH ? kcd_resp_job_op(j, op, NULL, 0)
                                           : kcd_resp_job_op(j, op, ARG(i));
     if (!o)

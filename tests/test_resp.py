@@ -180,6 +180,10 @@ class OpenServer(unittest.TestCase):
         self.assertEqual(self.r.exists("nope"), 0)
         self.assertEqual(self.r.delete("nope"), 0)
         self.assertEqual(self.r.persist("nope"), 0)
+        self.assertEqual(self.r.delete(""), 0)  # a key the store cannot hold
+        self.assertEqual(self.r.delete("", "x" * 70000, "nope"), 0)
+        self.assertIsNone(self.r.get(""))
+        self.assertEqual(self.r.exists(""), 0)
         self.assertEqual(self.r.expire("nope", 10), 0)
 
     def test_set_options(self):
