@@ -475,6 +475,54 @@ class OpenServer(unittest.TestCase):
         self.assertEqual(self.r.dbsize(), 1600)
         self.assertEqual(self.r.get("w7:42"), b"x" * 42)
 
+    def test_random_pipelines_match_a_model(self):
+        """Pipelines mixing writes, reads and transactions on 8 connections
+        at once: every reply as a dict model of each connection's keys says
+        (reads after writes see them; reads in MULTI see the state before)."""
+        import random
+        errors = []
+
+        def worker(n):
+            rnd = random.Random(n)
+            c = self.srv.client()
+            model = {}
+            try:
+                for _ in range(30):
+                    tx = rnd.random() < 0.3
+                    p = c.pipeline(transaction=tx)
+                    want, before = [], dict(model)
+                    for _ in range(rnd.randint(1, 60)):
+                        k = "r%d:%d" % (n, rnd.randint(0, 9))
+                        op = rnd.random()
+                        seen = before if tx else model
+                        if op < 0.4:
+                            v = os.urandom(rnd.randint(0, 300))
+                            p.set(k, v)
+                            want.append(True)
+                            model[k] = v
+                        elif op < 0.55:
+                            p.delete(k)
+                            want.append(int(k in model))
+                            model.pop(k, None)
+                        elif op < 0.85:
+                            p.get(k)
+                            want.append(seen.get(k))
+                        else:
+                            p.exists(k)
+                            want.append(int(k in seen))
+                    got = p.execute()  # DEL counts in order, also in MULTI
+                    assert got == want, (n, got, want)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+            finally:
+                c.close()
+        ts = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+
     def test_bad_input_closes_only_that_connection(self):
         other = self.srv.client()
         other.set("alive", "1")
