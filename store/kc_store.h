@@ -198,9 +198,11 @@ typedef struct kc_store_stats {
 } kc_store_stats;
 
 kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out);
-/* Writes pending last-use times and hit counts in one transaction. */
+/* Writes pending last-use times and hit counts in one transaction (and
+ * RESP keys' last uses in a second). */
 kc_err kc_store_flush(kc_store *s);
-/* Evicts least recently used bundles, then blobs unreferenced for over 10
+/* Evicts least recently used bundles (and RESP keys, by the rules in "RESP
+ * keys" below), then blobs unreferenced for over 10
  * minutes (younger ones are likely uploads whose manifest is on its way),
  * oldest first, until bytes used is at most target_bytes or nothing is left
  * to evict. Called by puts above the high-water mark. */
