@@ -8,7 +8,7 @@
 #
 #   FUZZ_SECONDS=60      fuzzing time per target (0: replay only)
 #   FUZZ_JOBS=<cores>    targets fuzzed at once (default: the number of cores, at most 5)
-#   FUZZ_TARGETS="manifest warmup key router auth"
+#   FUZZ_TARGETS="manifest warmup key router auth resp"
 #   FUZZ_BUILD=build-fuzz
 #   FUZZ_KEEP=1          copy crashing inputs into tests/fuzz/regressions (0: only print)
 #   FUZZ_MERGE=0         1: after fuzzing, add the inputs that found new coverage
@@ -21,7 +21,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FUZZ_BUILD:-$root/build-fuzz}
 case $build in /*) ;; *) build=$root/$build ;; esac
 secs=${FUZZ_SECONDS:-60}
-targets=${FUZZ_TARGETS:-"manifest warmup key router auth"}
+targets=${FUZZ_TARGETS:-"manifest warmup key router auth resp"}
 cores=$(nproc 2>/dev/null || echo 2)
 jobs=${FUZZ_JOBS:-$((cores < 5 ? cores : 5))}
 keep=${FUZZ_KEEP:-1}
@@ -100,6 +100,7 @@ if [ "$secs" -gt 0 ]; then
       manifest | warmup | key) dict=(-dict="$fz/schema.dict") ;;
       router) dict=(-dict="$fz/router.dict") ;;
       auth) dict=(-dict="$fz/auth.dict") ;;
+      resp) dict=(-dict="$fz/resp.dict") ;;
     esac
     "$b" -max_total_time="$secs" -timeout=25 -rss_limit_mb=2048 -max_len=16384 \
       -print_final_stats=1 -artifact_prefix="$out/art-$t/" "${dict[@]}" \

@@ -9,6 +9,7 @@ pkgs=(
   libjansson-dev libcmocka-dev libexpat1-dev
   python3 python3-jsonschema python3-yaml openssl
   wrk nginx-light valgrind clang systemd
+  redis-tools python3-redis redis-server
 )
 
 missing=()

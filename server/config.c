@@ -187,6 +187,32 @@ static int set_s3_credentials(kcd_config *c, const char *v) {
 static int set_s3_parallel(kcd_config *c, const char *v) {
   return set_uint(&c->s3_parallel, v, 1, 64);
 }
+static int set_resp_listen(kcd_config *c, const char *v) {
+  if (!*v)
+    return c->resp_on = 0, 0;
+  kcd_config t = *c; /* set_listen writes host and port: borrow them */
+  if (set_listen(&t, v))
+    return -1;
+  memcpy(c->resp_host, t.host, sizeof c->resp_host);
+  c->resp_port = t.port;
+  c->resp_on = 1;
+  return 0;
+}
+static int set_resp_max_value(kcd_config *c, const char *v) {
+  return parse_size(v, &c->resp_max_value) || !c->resp_max_value ||
+                 c->resp_max_value > (1ull << 40)
+             ? -1
+             : 0;
+}
+static int set_resp_anon(kcd_config *c, const char *v) {
+  return kcd_role_parse(v, &c->resp_anon_role) ||
+                 c->resp_anon_role == KCD_ROLE_ADMIN
+             ? -1
+             : 0;
+}
+static int set_resp_max_bytes(kcd_config *c, const char *v) {
+  return parse_size(v, &c->resp_max_bytes);
+}
 static int set_log_format(kcd_config *c, const char *v) {
   if (strcmp(v, "text") == 0)
     c->log_format = KCD_LOG_TEXT;
@@ -275,6 +301,25 @@ static const opt opts[] = {
      set_s3_credentials},
     {"s3-parallel", "N", "KCACHED_S3_PARALLEL",
      "S3 requests at once for read-through (default 16)", set_s3_parallel},
+    {"resp-listen", "HOST:PORT", "KCACHED_RESP_LISTEN",
+     "also speak the Redis protocol (RESP2) here, for torch.compile's and "
+     "Triton's Redis caches (default: off; port 0 picks one). Strings only: "
+     "GET SET MGET MSET DEL EXPIRE TTL SCAN KEYS MULTI/EXEC ...; KEYS "
+     "returns at most 100000 keys. AUTH takes a token of --tokens (AUTH "
+     "TOKEN or AUTH NAME TOKEN); no TLS: off loopback it needs --tokens and "
+     "--allow-plaintext",
+     set_resp_listen},
+    {"resp-max-value", "SIZE", "KCACHED_RESP_MAX_VALUE",
+     "longest RESP argument (value) accepted (default 512M)",
+     set_resp_max_value},
+    {"resp-anonymous-role", "none|read|write", "KCACHED_RESP_ANONYMOUS_ROLE",
+     "with --tokens, the role of a RESP client before AUTH (default none: "
+     "-NOAUTH)",
+     set_resp_anon},
+    {"resp-max-bytes", "SIZE", "KCACHED_RESP_MAX_BYTES",
+     "value bytes RESP keys may hold; above it their least recently used "
+     "are evicted first (default 0: only --max-bytes)",
+     set_resp_max_bytes},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -317,6 +362,7 @@ static void defaults(kcd_config *c) {
   c->max_conns = 1024;
   c->shutdown_s = 10;
   c->lease_max_ttl_s = 3600;
+  c->resp_max_value = 512ull << 20;
 }
 
 static int from_env(kcd_config *c) {
@@ -391,6 +437,24 @@ int kcd_host_is_loopback(const char *host) {
   return 0; /* a name: we cannot know what it resolves to later */
 }
 
+/* RESP has no TLS: off loopback it needs tokens and --allow-plaintext. */
+static int kcd_resp_config_check(const kcd_config *c) {
+  if (kcd_host_is_loopback(c->resp_host))
+    return 0;
+  if (!c->tokens) {
+    fprintf(stderr, "kcached: refusing --resp-listen on %s without --tokens: "
+            "anyone who can reach it could write and delete.\n", c->resp_host);
+    return 2;
+  }
+  if (!c->allow_plaintext) {
+    fprintf(stderr, "kcached: --resp-listen on %s sends tokens in clear (RESP "
+            "has no TLS here): add --allow-plaintext on a trusted network.\n",
+            c->resp_host);
+    return 2;
+  }
+  return 0;
+}
+
 int kcd_config_check(const kcd_config *c) {
   if (!c->tls_cert != !c->tls_key) {
     fprintf(stderr, "kcached: --tls-cert and --tls-key go together\n");
@@ -405,6 +469,8 @@ int kcd_config_check(const kcd_config *c) {
             "S3 takes at most 5 GiB in one PUT\n");
     return 2;
   }
+  if (c->resp_on && kcd_resp_config_check(c))
+    return 2;
   if (kcd_host_is_loopback(c->host))
     return 0;
   if (!c->tokens) {

@@ -76,6 +76,11 @@ kc_err kcd_auth_load(kcd_auth *a, const char *path, char *err);
 /* Checks "Bearer <token>" (header may be NULL) in constant time per entry. */
 kcd_authn kcd_auth_check(kcd_auth *a, const char *header, kcd_role *role,
                          char name[KCD_NAME_MAX]);
+/* Checks a raw token (RESP's AUTH [name] token) the same way; with want_name
+ * the token must also be that name's. Auth disabled: KCD_AUTHN_OK, admin. */
+kcd_authn kcd_auth_check_token(kcd_auth *a, const char *want_name,
+                               const void *token, size_t len, kcd_role *role,
+                               char name[KCD_NAME_MAX]);
 int kcd_auth_enabled(kcd_auth *a);
 size_t kcd_auth_count(kcd_auth *a);
 /* "read" / "write" / "admin" / "none" and back (-1: unknown). */
@@ -237,6 +242,13 @@ typedef struct kcd_config {
   const char *s3_credentials; /* AWS shared-credentials file, or NULL */
   int s3_path_style;
   unsigned s3_parallel;
+  /* the Redis protocol listener (resp.c); resp_port 0 with resp_on: pick */
+  int resp_on;
+  char resp_host[256];
+  unsigned resp_port;
+  uint64_t resp_max_value;  /* longest RESP argument */
+  kcd_role resp_anon_role;  /* role before AUTH when tokens are on */
+  uint64_t resp_max_bytes;  /* the store's kv_max_bytes; 0 none */
 } kcd_config;
 
 /* Parses flags over KCACHED_* environment variables over defaults. Returns 0
@@ -264,6 +276,7 @@ struct kcd_state {
   kc_store_scrub scrub;      /* where the scrub goes on (main thread only) */
   int64_t scrub_credit;      /* bytes it may hash now; < 0 after a big blob */
   int disk_full_logged;      /* main.c: a full disk was logged (disk_watch) */
+  _Atomic(struct kcd_resp *) resp; /* NULL: no --resp-listen */
 };
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */

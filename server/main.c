@@ -16,6 +16,7 @@
 #include <openssl/crypto.h>
 
 #include "kcd.h"
+#include "resp.h"
 #include "sdnotify.h"
 
 #define GC_EVERY_S 60
@@ -57,6 +58,7 @@ static void free_tls(kcd_state *st) {
 static int open_store(kcd_state *st, int will_retry) {
   kc_store_opts o = {.dir = st->cfg.data_dir, .max_bytes = st->cfg.max_bytes,
                      .s3 = kcd_s3_opts(st)};
+  o.kv_max_bytes = st->cfg.resp_max_bytes;
   char err[KC_ERRBUF_SIZE] = "";
   kc_store *s = NULL;
   kc_err e = kc_store_open(&o, &s, err);
@@ -138,6 +140,17 @@ static void disk_watch(kcd_state *st, kc_store *s) {
     kcd_log(st, "info", "writes succeed again in %s", st->cfg.data_dir);
 }
 
+/* RESP keys past their expiry: reclaimed a bounded batch per second (they
+ * already read as missing). */
+static void expire_kv(kcd_state *st, kc_store *s) {
+  char err[KC_ERRBUF_SIZE] = "";
+  size_t removed = 0;
+  kc_err e = kc_store_kv_expire_step(s, kcd_unix_now() * 1000, 1000, &removed,
+                                     err);
+  if (e)
+    kcd_log(st, "error", "expiring RESP keys: %s", *err ? err : kc_strerror(e));
+}
+
 /* Housekeeping once a second; EXIT_STORE when the store could not be
  * opened within --store-wait. */
 static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
@@ -168,6 +181,7 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
       kcd_log(st, "error", "gc: %s", *err ? err : kc_strerror(e));
   }
   scrub(st, s);
+  expire_kv(st, s);
   return 0;
 }
 
@@ -205,6 +219,7 @@ static void shut_down(kcd_state *st) {
     kcd_log(st, "warn", "cutting off %lld requests still in flight",
             (long long)left);
   kcd_http_stop(st);
+  kcd_resp_stop(st);
   kc_store *s = atomic_exchange(&st->store, NULL);
   kc_store_close(s);
   kcd_log(st, "info", "stopped");
@@ -233,6 +248,21 @@ static void announce(kcd_state *st, unsigned port) {
   snprintf(status, sizeof status, "READY=1\nSTATUS=listening on port %u",
            port);
   kcd_sd_notify(status);
+}
+
+static int start_resp(kcd_state *st) {
+  char err[KC_ERRBUF_SIZE] = "";
+  unsigned port = 0;
+  if (!st->cfg.resp_on)
+    return 0;
+  if (kcd_resp_start(st, &port, err)) {
+    kcd_log(st, "error", "%s", err);
+    return 1;
+  }
+  kcd_log(st, "info", "RESP (Redis protocol) on %s:%u (anonymous role %s)",
+          st->cfg.resp_host, port,
+          kcd_role_name(st->cfg.tokens ? st->cfg.resp_anon_role : KCD_ROLE_ADMIN));
+  return 0;
 }
 
 static int start(kcd_state *st, sigset_t *set) {
@@ -275,11 +305,12 @@ static int start(kcd_state *st, sigset_t *set) {
     return 1;
   }
   announce(st, port);
-  return 0;
+  return start_resp(st);
 }
 
 static void cleanup(kcd_state *st) {
   kcd_http_stop(st);
+  kcd_resp_stop(st);
   kc_store_close(atomic_exchange(&st->store, NULL));
   kcd_s3_free(st);
   kcd_leases_free(st->leases);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "kcd.h"
+#include "resp.h"
 
 /* Statuses kcached answers with; anything else counts as "other". */
 static const int statuses[KCD_N_STATUS - 1] = {
@@ -217,6 +218,7 @@ char *kcd_metrics_render(kcd_state *st, size_t *len) {
   render_self(f, &st->metrics);
   render_store(f, st);
   render_s3(f, st);
+  kcd_resp_metrics_render(st, f);
   gauge(f, "kcached_start_time_seconds", "Unix time kcached started.",
         (uint64_t)st->started);
   if (fclose(f) != 0) {

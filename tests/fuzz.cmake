@@ -15,7 +15,7 @@ if(NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
 endif()
 
 set(KC_FUZZ_DIR ${PROJECT_SOURCE_DIR}/tests/fuzz)
-set(KC_FUZZ_TARGETS manifest warmup key router auth)
+set(KC_FUZZ_TARGETS manifest warmup key router auth resp)
 set(KC_FUZZ_SAN -fsanitize=address,undefined -fno-sanitize-recover=undefined
                 -fno-omit-frame-pointer)
 
@@ -41,6 +41,7 @@ foreach(t ${KC_FUZZ_TARGETS})
 endforeach()
 target_link_libraries(fuzz_router PRIVATE kcd_core)
 target_link_libraries(fuzz_auth PRIVATE kcd_core)
+target_link_libraries(fuzz_resp PRIVATE kcd_core)
 add_custom_target(fuzz)
 foreach(t ${KC_FUZZ_TARGETS})
   add_dependencies(fuzz fuzz_${t})

@@ -1,0 +1,533 @@
+/* resp.c: the RESP listener: one epoll thread owns every connection
+ * (nonblocking sockets, level-triggered). A readable connection reads once,
+ * runs every complete command in its buffer (pipelining) and writes the
+ * replies with one write; writes go to the committer as one job per batch
+ * (see resp.h for the ordering rules). Committed jobs come back through an
+ * eventfd. */
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "resp.h"
+
+#define READ_MIN (16 * 1024)
+#define KEEP_MAX (256 * 1024) /* buffers above this are freed when empty */
+#define EVENTS 64
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+kcd_state *kcd_resp_state(kcd_resp *r) { return r->st; }
+size_t kcd_resp_clients(kcd_resp *r) { return r ? atomic_load(&r->nconns) : 0; }
+uint64_t kcd_resp_port(kcd_resp *r) { return r ? r->port : 0; }
+
+/* ---- connections ---- */
+
+static void conn_free(kcd_resp_conn *c) {
+  kcd_resp_queue_free(c);
+  free(c->queue);
+  kcd_resp_job_free(c->job);
+  kcd_resp_job_free(c->fetch);
+  kcd_resp_buf_free(&c->in);
+  kcd_resp_buf_free(&c->out);
+  kcd_resp_parser_free(&c->parser);
+  free(c->name);
+  free(c->av);
+  free(c->al);
+  free(c);
+}
+
+/* Freed once the events of this round are handled: a later event of the
+ * same round may still name it (and sees fd -1). */
+static void bury(kcd_resp_conn *c) {
+  c->next = c->srv->grave;
+  c->srv->grave = c;
+}
+
+static void conn_close(kcd_resp_conn *c) {
+  kcd_resp *r = c->srv;
+  if (c->fd < 0)
+    return;
+  epoll_ctl(r->ep, EPOLL_CTL_DEL, c->fd, NULL);
+  close(c->fd);
+  c->fd = -1;
+  kc_store_read_end(c->rd);
+  c->rd = NULL;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    r->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  atomic_fetch_sub(&r->nconns, 1);
+  c->dead = 1;
+  if (!c->inflight) /* else the committer still holds its job */
+    bury(c);
+}
+
+static size_t pending(const kcd_resp_conn *c) { return c->out.len - c->out_off; }
+
+/* Sets the epoll interest from the state: read while commands may run,
+ * write while replies wait. */
+static void conn_interest(kcd_resp_conn *c) {
+  unsigned want = 0;
+  if (!c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH)
+    want |= EPOLLIN;
+  if (pending(c))
+    want |= EPOLLOUT;
+  if (want == c->events)
+    return;
+  struct epoll_event ev = {.events = want, .data.ptr = c};
+  epoll_ctl(c->srv->ep, EPOLL_CTL_MOD, c->fd, &ev);
+  c->events = want;
+}
+
+/* One write of what waits; 0 ok (maybe partly sent), -1 closed. */
+static int conn_flush(kcd_resp_conn *c) {
+  while (pending(c)) {
+    ssize_t n = write(c->fd, c->out.p + c->out_off, pending(c));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      break;
+    if (n <= 0)
+      return conn_close(c), -1;
+    c->out_off += (size_t)n;
+    break; /* level-triggered: EPOLLOUT brings the rest */
+  }
+  if (!pending(c)) {
+    c->out.len = c->out_off = 0;
+    if (c->out.cap > KEEP_MAX)
+      kcd_resp_buf_free(&c->out);
+    if (c->closing && !c->inflight)
+      return conn_close(c), -1;
+  }
+  if (c->out.oom)
+    return conn_close(c), -1;
+  conn_interest(c);
+  return 0;
+}
+
+/* ---- running commands ---- */
+
+static int argv_room(kcd_resp_conn *c, size_t n) {
+  if (n <= c->avcap)
+    return 0;
+  const char **av = realloc(c->av, n * sizeof *av);
+  if (av)
+    c->av = av;
+  size_t *al = realloc(c->al, n * sizeof *al);
+  if (al)
+    c->al = al;
+  if (!av || !al)
+    return -1;
+  c->avcap = n;
+  return 0;
+}
+
+/* Sends the open job to the committer, or replies at once when it holds no
+ * write (an EXEC of reads). */
+static void submit(kcd_resp_conn *c) {
+  kcd_resp_job *j = c->job;
+  if (!j)
+    return;
+  c->job = NULL;
+  kc_store_read_end(c->rd);
+  c->rd = NULL;
+  if (j->nops == 0) {
+    kcd_resp_job_reply(j, &c->out);
+    kcd_resp_job_free(j);
+    return;
+  }
+  c->inflight = 1;
+  kcd_resp_commit_submit(c->srv, j);
+}
+
+/* A command that must see the writes before it (a read) waits for the
+ * open job; queueing in MULTI and store-less commands need not. */
+static int is_barrier(const kcd_resp_conn *c, const kcd_resp_cmd *cmd) {
+  if (!cmd || (cmd->flags & (KCD_CF_WRITE | KCD_CF_NOSTORE)))
+    return 0;
+  return !(c->in_multi && !(cmd->flags & KCD_CF_NOMULTI));
+}
+
+static void run_parsed(kcd_resp_conn *c) {
+  kcd_resp_parser *p = &c->parser;
+  kcd_resp_ctx x = {.c = c, .st = c->srv->st, .job = c->job,
+                    .now_ms = wall_ms(), .argc = p->argc};
+  for (size_t i = 0; i < p->argc; i++) {
+    c->av[i] = c->in.p + p->argv[i].off;
+    c->al[i] = p->argv[i].len;
+  }
+  x.argv = c->av;
+  x.lens = c->al;
+  x.out = c->job ? &c->job->pre : &c->out;
+  atomic_fetch_add(&c->srv->commands_total, 1);
+  kcd_resp_dispatch(&x);
+  c->job = x.job;
+}
+
+/* The protocol error goes after every reply before it; then close. */
+static void proto_error(kcd_resp_conn *c) {
+  kcd_resp_buf *b = c->job ? &c->job->pre : &c->out;
+  size_t before = b->len;
+  kcd_resp_errorf(b, "ERR %s", c->parser.error);
+  if (c->job)
+    kcd_resp_job_item(c->job, KCD_RK_PRE, before);
+  c->closing = 1;
+}
+
+/* The job is full enough: send it before parsing more. */
+static int job_full(const kcd_resp_job *j) {
+  return j && (j->nops >= KCD_RESP_JOB_OPS || j->val_bytes >= KCD_RESP_JOB_BYTES);
+}
+
+/* One parsed command: 1 to go on, 0 to stop. */
+static int step(kcd_resp_conn *c) {
+  kcd_resp_parser *p = &c->parser;
+  if (!c->held) {
+    if (job_full(c->job))
+      return 0;
+    kcd_resp_res res = kcd_resp_parse(p, c->in.p, c->in.len);
+    if (res == KCD_RESP_MORE)
+      return 0;
+    if (res != KCD_RESP_CMD) {
+      if (res == KCD_RESP_NOMEM)
+        c->parser.error = "out of memory";
+      proto_error(c);
+      return 0;
+    }
+    if (argv_room(c, p->argc))
+      return c->closing = 1, 0;
+  }
+  const kcd_resp_cmd *cmd =
+      kcd_resp_cmd_find(c->in.p + p->argv[0].off, p->argv[0].len);
+  if (c->job && is_barrier(c, cmd)) {
+    c->held = 1; /* run it when the job is back */
+    return 0;
+  }
+  c->held = 0;
+  run_parsed(c);
+  c->fetched = 0;
+  if (c->fetch) { /* a read-through: run it again when the keys are here */
+    kcd_resp_job *j = c->fetch;
+    c->fetch = NULL;
+    c->held = 1;
+    kc_store_read_end(c->rd);
+    c->rd = NULL;
+    c->inflight = 1;
+    kcd_resp_fetch_submit(c->srv, j);
+    return 0;
+  }
+  return !c->closing;
+}
+
+static void compact(kcd_resp_conn *c) {
+  size_t n = kcd_resp_parser_done(&c->parser);
+  if (n == 0 || c->inflight || c->held)
+    return;
+  memmove(c->in.p, c->in.p + n, c->in.len - n);
+  c->in.len -= n;
+  kcd_resp_parser_shift(&c->parser, n);
+  if (c->in.len == 0 && c->in.cap > KEEP_MAX && !c->parser.inmb)
+    kcd_resp_buf_free(&c->in);
+}
+
+static void process(kcd_resp_conn *c) {
+  while (!c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH &&
+         step(c))
+    ;
+  submit(c);
+  kc_store_read_end(c->rd);
+  c->rd = NULL;
+  compact(c);
+}
+
+/* ---- I/O events ---- */
+
+static void on_read(kcd_resp_conn *c) {
+  size_t want = kcd_resp_parser_want(&c->parser, c->in.len);
+  /* grow with what arrives (at most doubling), never to a declared size */
+  size_t room = want > c->in.len ? c->in.len : want;
+  if (room < READ_MIN)
+    room = READ_MIN;
+  if (kcd_resp_buf_reserve(&c->in, room))
+    return conn_close(c);
+  ssize_t n = read(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR))
+    return;
+  if (n <= 0) { /* EOF: answer what came, then close */
+    c->closing = 1;
+    if (n < 0)
+      return conn_close(c);
+  } else {
+    c->in.len += (size_t)n;
+  }
+  int closing = c->closing;
+  c->closing = 0;
+  process(c);
+  c->closing |= closing;
+  conn_flush(c);
+}
+
+static void on_event(kcd_resp_conn *c, unsigned ev) {
+  if (c->fd < 0)
+    return;
+  if (ev & EPOLLIN) {
+    on_read(c);
+    return;
+  }
+  if (ev & EPOLLOUT) {
+    if (conn_flush(c))
+      return;
+    if (!pending(c) && !c->inflight) { /* drained: run what is buffered */
+      process(c);
+      conn_flush(c);
+    }
+    return;
+  }
+  if (ev & (EPOLLHUP | EPOLLERR))
+    conn_close(c);
+}
+
+static void on_accept(kcd_resp *r) {
+  for (;;) {
+    int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                   errno == ENOMEM)) {
+      /* out of descriptors: the listening socket stays readable; pause a
+       * little rather than spin on it */
+      struct timespec ms10 = {0, 10 * 1000 * 1000};
+      nanosleep(&ms10, NULL);
+      return;
+    }
+    if (fd < 0)
+      return;
+    if (atomic_load(&r->nconns) >= KCD_RESP_MAX_CONNS) {
+      static const char full[] = "-ERR max number of clients reached\r\n";
+      ssize_t w = write(fd, full, sizeof full - 1);
+      (void)w;
+      close(fd);
+      continue;
+    }
+    kcd_resp_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+      close(fd);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->srv = r;
+    c->fd = fd;
+    c->id = ++r->next_id;
+    kcd_auth *a = &r->st->auth;
+    c->role = kcd_auth_enabled(a) ? r->st->cfg.resp_anon_role : KCD_ROLE_ADMIN;
+    kcd_resp_parser_init(&c->parser, r->st->cfg.resp_max_value,
+                         KCD_RESP_MAX_ARGS);
+    c->parser.unauth = kcd_auth_enabled(a) && c->role == KCD_ROLE_NONE;
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+    c->events = EPOLLIN;
+    if (epoll_ctl(r->ep, EPOLL_CTL_ADD, fd, &ev)) {
+      conn_free(c);
+      close(fd);
+      continue;
+    }
+    c->next = r->conns;
+    if (r->conns)
+      r->conns->prev = c;
+    r->conns = c;
+    atomic_fetch_add(&r->nconns, 1);
+    atomic_fetch_add(&r->conns_total, 1);
+  }
+}
+
+/* Jobs the committer finished: reply, and go on with each connection. */
+static void on_done(kcd_resp *r) {
+  uint64_t v;
+  ssize_t n = read(r->efd, &v, sizeof v);
+  (void)n;
+  pthread_mutex_lock(&r->dlock);
+  kcd_resp_job *j = r->dhead;
+  r->dhead = r->dtail = NULL;
+  pthread_mutex_unlock(&r->dlock);
+  while (j) {
+    kcd_resp_job *next = j->next;
+    kcd_resp_conn *c = j->conn;
+    c->inflight = 0;
+    c->fetched = j->fetch;
+    if (c->dead) {
+      kcd_resp_job_free(j);
+      bury(c);
+    } else {
+      kcd_resp_job_reply(j, &c->out);
+      kcd_resp_job_free(j);
+      process(c);
+      conn_flush(c);
+    }
+    j = next;
+  }
+}
+
+void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j) {
+  j->next = NULL;
+  pthread_mutex_lock(&r->dlock);
+  if (r->dtail)
+    r->dtail->next = j;
+  else
+    r->dhead = j;
+  r->dtail = j;
+  pthread_mutex_unlock(&r->dlock);
+  uint64_t one = 1;
+  ssize_t n = write(r->efd, &one, sizeof one);
+  (void)n;
+}
+
+static void free_grave(kcd_resp *r) {
+  while (r->grave) {
+    kcd_resp_conn *c = r->grave;
+    r->grave = c->next;
+    conn_free(c);
+  }
+}
+
+static void *io_main(void *arg) {
+  kcd_resp *r = arg;
+  struct epoll_event ev[EVENTS];
+  while (!atomic_load(&r->stop)) {
+    int n = epoll_wait(r->ep, ev, EVENTS, 1000);
+    for (int i = 0; i < n; i++) {
+      if (ev[i].data.ptr == &r->lfd)
+        on_accept(r);
+      else if (ev[i].data.ptr == &r->efd)
+        on_done(r);
+      else
+        on_event(ev[i].data.ptr, ev[i].events);
+    }
+    free_grave(r);
+  }
+  while (r->conns)
+    conn_close(r->conns);
+  free_grave(r);
+  return NULL;
+}
+
+/* ---- start and stop ---- */
+
+static kc_err bind_listen(kcd_resp *r, const char *host, unsigned port,
+                          char *err) {
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE}, *res = NULL;
+  char ps[16];
+  snprintf(ps, sizeof ps, "%u", port);
+  int rc = getaddrinfo(host, ps, &hints, &res);
+  if (rc)
+    return kc_errf(err, KC_IO, "--resp-listen %s: %s", host, gai_strerror(rc));
+  r->lfd = socket(res->ai_family,
+                  res->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (r->lfd >= 0)
+    setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (r->lfd < 0 || bind(r->lfd, res->ai_addr, res->ai_addrlen) ||
+      listen(r->lfd, 511)) {
+    kc_err e = kc_errf(err, KC_IO, "--resp-listen %s:%u: %s", host, port,
+                       strerror(errno));
+    freeaddrinfo(res);
+    return e;
+  }
+  freeaddrinfo(res);
+  struct sockaddr_storage sa;
+  socklen_t sl = sizeof sa;
+  getsockname(r->lfd, (struct sockaddr *)&sa, &sl);
+  r->port = sa.ss_family == AF_INET6
+                ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
+                : ntohs(((struct sockaddr_in *)&sa)->sin_port);
+  return KC_OK;
+}
+
+static int watch(kcd_resp *r, int fd, void *tag) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = tag};
+  return epoll_ctl(r->ep, EPOLL_CTL_ADD, fd, &ev);
+}
+
+static kcd_resp *resp_new(kcd_state *st) {
+  kcd_resp *r = calloc(1, sizeof *r);
+  if (!r)
+    return NULL;
+  r->st = st;
+  r->lfd = r->efd = r->ep = -1;
+  pthread_mutex_init(&r->qlock, NULL);
+  pthread_cond_init(&r->qcond, NULL);
+  pthread_mutex_init(&r->dlock, NULL);
+  return r;
+}
+
+kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err) {
+  kcd_resp *r = resp_new(st);
+  if (!r)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  st->resp = r;
+  kc_err e = bind_listen(r, st->cfg.resp_host, st->cfg.resp_port, err);
+  if (e)
+    return e;
+  r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  r->ep = epoll_create1(EPOLL_CLOEXEC);
+  if (r->efd < 0 || r->ep < 0 || watch(r, r->lfd, &r->lfd) ||
+      watch(r, r->efd, &r->efd))
+    return kc_errf(err, KC_IO, "RESP listener: %s", strerror(errno));
+  if (kcd_resp_commit_start(r) || kcd_resp_fetch_start(r))
+    return kc_errf(err, KC_NOMEM, "RESP committer thread: cannot start");
+  if (pthread_create(&r->io, NULL, io_main, r))
+    return kc_errf(err, KC_NOMEM, "RESP listener thread: cannot start");
+  r->io_started = 1;
+  *port = r->port;
+  return KC_OK;
+}
+
+/* After both threads are gone: jobs the committer finished for
+ * connections that closed meanwhile. */
+static void drain_done(kcd_resp *r) {
+  kcd_resp_job *j = r->dhead;
+  r->dhead = r->dtail = NULL;
+  while (j) {
+    kcd_resp_job *next = j->next;
+    kcd_resp_conn *c = j->conn;
+    kcd_resp_job_free(j);
+    conn_free(c);
+    j = next;
+  }
+}
+
+void kcd_resp_stop(kcd_state *st) {
+  kcd_resp *r = st->resp;
+  if (!r)
+    return;
+  st->resp = NULL;
+  atomic_store(&r->stop, 1);
+  if (r->io_started)
+    pthread_join(r->io, NULL);
+  kcd_resp_commit_stop(r); /* applies what was queued, then ends */
+  kcd_resp_fetch_stop(r);
+  drain_done(r);
+  if (r->lfd >= 0)
+    close(r->lfd);
+  if (r->efd >= 0)
+    close(r->efd);
+  if (r->ep >= 0)
+    close(r->ep);
+  pthread_mutex_destroy(&r->qlock);
+  pthread_cond_destroy(&r->qcond);
+  pthread_mutex_destroy(&r->dlock);
+  free(r);
+}

@@ -1,0 +1,363 @@
+/* resp.h: kcached's Redis protocol (RESP2) listener, internal to server/.
+ *
+ * Parts:
+ *   resp_proto.c  the parser (multibulk and inline commands, incremental,
+ *                 Redis's protocol error texts) and the reply writers; pure,
+ *                 no I/O, fuzzed by tests/fuzz/fuzz_resp.c
+ *   resp.c        the listener: one epoll thread, nonblocking sockets,
+ *                 pipelining (every complete command of a read is run, the
+ *                 replies go out in one write), output bound per connection
+ *   resp_commit.c the committer thread: the group commit of writes
+ *   resp_cmd.c    the command table, arity, auth and role checks, MULTI
+ *   resp_kv.c     the string commands (GET/SET family, TTL, EXISTS, ...)
+ *   resp_keys.c   EXPIRE and kin, SCAN, KEYS; the replies of committed writes
+ *   resp_admin.c  connection and server commands (HELLO, AUTH, CONFIG, ...)
+ *   resp_info.c   INFO, and the kcached_resp_* metrics of /metrics
+ *   resp_fetch.c  read-through from the durable tier (fetcher threads)
+ *
+ * Threads: a connection belongs to the listener thread. Its writes go to the
+ * committer as a job (kcd_resp_job): the committer applies the ops of every
+ * job waiting in ONE kc_store_kv_apply (one LMDB write transaction, synced),
+ * then hands the jobs back to the listener, which writes the replies. A
+ * connection with a job in flight reads nothing more and runs nothing more
+ * (its input buffer, which the ops point into, stays put), so its replies
+ * keep the order of its commands and a read after a write sees the write.
+ *
+ * Reads run on the listener thread in one LMDB read transaction per batch of
+ * commands; a value is copied into the output buffer, so no read transaction
+ * is held while a slow client drains its output. A connection runs no more
+ * commands while more than KCD_RESP_OUT_HIGH bytes wait to be sent: its
+ * memory is bounded by that plus one reply (at most --resp-max-value).
+ */
+#ifndef KCD_RESP_H
+#define KCD_RESP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kcd.h"
+
+#define KCD_RESP_MAX_ARGS (1024 * 1024) /* multibulk count limit */
+#define KCD_RESP_INLINE_MAX (64 * 1024) /* an inline command, a count line */
+#define KCD_RESP_OUT_HIGH (1024 * 1024) /* stop running commands above */
+#define KCD_RESP_KEYS_MAX 100000        /* KEYS returns at most this many */
+#define KCD_RESP_MAX_CONNS 10000
+#define KCD_RESP_JOB_OPS 10000         /* a pipeline's writes per job */
+#define KCD_RESP_JOB_BYTES (64u << 20) /* and their value bytes */
+#define KCD_RESP_N_CMDS 64             /* room in the metrics per command */
+#define KCD_RESP_FETCHERS 4            /* read-through threads (S3 tier) */
+
+/* ---- buffers and replies (resp_proto.c) ---- */
+
+/* A growable byte buffer; after a failed allocation oom is set and every
+ * later append is dropped (the connection is then closed). */
+typedef struct kcd_resp_buf {
+  char *p;
+  size_t len, cap;
+  int oom;
+} kcd_resp_buf;
+
+/* Room for `more` bytes after len; -1 (and oom) when memory runs out. */
+int kcd_resp_buf_reserve(kcd_resp_buf *b, size_t more);
+void kcd_resp_buf_add(kcd_resp_buf *b, const void *p, size_t n);
+void kcd_resp_buf_free(kcd_resp_buf *b);
+
+void kcd_resp_simple(kcd_resp_buf *b, const char *s);     /* +s */
+void kcd_resp_error(kcd_resp_buf *b, const char *s);      /* -s (CR/LF -> ' ') */
+void kcd_resp_errorf(kcd_resp_buf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void kcd_resp_int(kcd_resp_buf *b, long long v);          /* :v */
+void kcd_resp_bulk(kcd_resp_buf *b, const void *p, size_t n);
+void kcd_resp_bulk_str(kcd_resp_buf *b, const char *s);
+void kcd_resp_null(kcd_resp_buf *b);                      /* $-1 */
+void kcd_resp_array(kcd_resp_buf *b, long long n);        /* *n */
+
+/* ---- the parser (resp_proto.c) ---- */
+
+typedef struct kcd_resp_arg {
+  size_t off, len; /* bytes of the input buffer */
+} kcd_resp_arg;
+
+typedef struct kcd_resp_parser {
+  uint64_t max_bulk; /* longest argument (--resp-max-value) */
+  size_t max_args;   /* most arguments of one command */
+  int unauth;        /* Redis's limits for clients yet to authenticate */
+  size_t pos;        /* where parsing goes on in the buffer */
+  size_t start;      /* where the multibulk command being read began */
+  int inmb;          /* inside a multibulk command */
+  long long nleft;   /* its arguments still to come */
+  long long bulk;    /* the next argument's length; -1: its $ line next */
+  kcd_resp_arg *argv;
+  size_t argc, argcap;
+  const char *error; /* KCD_RESP_ERR: the text after "-ERR " */
+  char errbuf[64];
+} kcd_resp_parser;
+
+typedef enum kcd_resp_res {
+  KCD_RESP_MORE, /* no complete command yet: read more */
+  KCD_RESP_CMD,  /* argv[0..argc) is one command; pos is past it */
+  KCD_RESP_ERR,  /* a protocol error: reply error, then close */
+  KCD_RESP_NOMEM
+} kcd_resp_res;
+
+void kcd_resp_parser_init(kcd_resp_parser *p, uint64_t max_bulk,
+                          size_t max_args);
+void kcd_resp_parser_free(kcd_resp_parser *p);
+/* Parses the next command of buf[0..len) from p->pos. Inline commands are
+ * unquoted in place (buf is written). Empty commands are skipped. */
+kcd_resp_res kcd_resp_parse(kcd_resp_parser *p, char *buf, size_t len);
+/* Bytes at the start of the buffer no longer needed: before the command
+ * being read (its arguments are offsets into it), else before pos. */
+size_t kcd_resp_parser_done(const kcd_resp_parser *p);
+/* The first n bytes (n <= kcd_resp_parser_done) were dropped. */
+void kcd_resp_parser_shift(kcd_resp_parser *p, size_t n);
+/* Bytes the parser still needs before it can return a command, when it
+ * knows (a bulk being read); 0 when it does not. A read-size hint only. */
+size_t kcd_resp_parser_want(const kcd_resp_parser *p, size_t len);
+
+/* ---- connections, jobs (resp.c, resp_commit.c) ---- */
+
+typedef struct kcd_resp kcd_resp;
+typedef struct kcd_resp_conn kcd_resp_conn;
+
+/* How the replies of a job's write item are written once it is applied. */
+typedef enum kcd_resp_rk {
+  KCD_RK_PRE,     /* bytes of job->pre */
+  KCD_RK_OK,      /* +OK (MSET, FLUSHDB) */
+  KCD_RK_SET,     /* +OK, or a null when NX/XX refused */
+  KCD_RK_SET_GET, /* the old value, or a null */
+  KCD_RK_SUM,     /* :sum of done (DEL, EXPIRE, PERSIST, SETNX) */
+} kcd_resp_rk;
+
+typedef struct kcd_resp_item {
+  kcd_resp_rk kind;
+  size_t first, n; /* ops, or the byte range of pre */
+} kcd_resp_item;
+
+typedef struct kcd_resp_job {
+  kcd_resp_conn *conn;
+  kc_store_kv_op *ops;
+  size_t nops, capops;
+  uint64_t val_bytes;
+  kcd_resp_item *items;
+  size_t nitems, capitems;
+  kcd_resp_buf pre; /* replies decided before the commit */
+  char **owned;     /* MULTI's copies of arguments, freed with the job */
+  size_t nowned;
+  int fetch;        /* a read-through: ops name keys to fetch from S3 */
+  kc_err err;       /* the whole apply failed */
+  char errmsg[KC_ERRBUF_SIZE];
+  struct kcd_resp_job *next;
+} kcd_resp_job;
+
+kcd_resp_job *kcd_resp_job_new(kcd_resp_conn *c);
+void kcd_resp_job_free(kcd_resp_job *j);
+/* A new op (zeroed but for op, key), NULL on out of memory. */
+kc_store_kv_op *kcd_resp_job_op(kcd_resp_job *j, kc_store_kv_opcode op,
+                                const void *key, size_t klen);
+/* Appends an item for ops [first, nops) or pre [first, pre.len). */
+int kcd_resp_job_item(kcd_resp_job *j, kcd_resp_rk kind, size_t first);
+/* Writes every item's reply into out (resp_kv.c), freeing old values. */
+void kcd_resp_job_reply(kcd_resp_job *j, kcd_resp_buf *out);
+
+/* A MULTI's queued command: its own copy of the arguments. */
+typedef struct kcd_resp_queued {
+  size_t argc;
+  char **argv;
+  size_t *lens;
+} kcd_resp_queued;
+
+struct kcd_resp_conn {
+  kcd_resp *srv;
+  int fd;
+  uint64_t id;
+  kcd_resp_buf in, out;
+  size_t out_off; /* bytes of out already sent */
+  kcd_resp_parser parser;
+  unsigned events; /* epoll interest now */
+  /* who */
+  int authed;
+  kcd_role role;
+  char user[KCD_NAME_MAX];
+  char *name; /* CLIENT SETNAME */
+  /* MULTI */
+  int in_multi, multi_dirty;
+  kcd_resp_queued *queue;
+  size_t nqueue, capqueue;
+  /* writes */
+  kcd_resp_job *job; /* being filled (not in flight) */
+  int inflight;      /* a job is with the committer */
+  int held;          /* parser's argv is a command to run after it */
+  kcd_resp_job *fetch; /* keys the command being run wants read through */
+  int fetched;       /* the held command ran its read-through: no more */
+  int closing;       /* close once out is sent */
+  int dead;          /* the socket is gone: free when the job returns */
+  kc_store_read *rd; /* this batch's read transaction, or NULL */
+  const char **av;   /* the parsed command as pointers, for the ctx */
+  size_t *al, avcap;
+  struct kcd_resp_conn *prev, *next;
+};
+
+/* The listener (resp.c) and its committer (resp_commit.c). */
+struct kcd_resp {
+  kcd_state *st;
+  int lfd, efd, ep; /* listening socket, eventfd, epoll */
+  unsigned port;
+  pthread_t io, committer;
+  int io_started, committer_started;
+  _Atomic int stop;
+  uint64_t next_id;
+  _Atomic size_t nconns;
+  _Atomic uint64_t conns_total, commands_total, commits, committed_ops;
+  /* per command of the table (the last: unknown), replies ok / error */
+  _Atomic uint64_t cmd_ok[KCD_RESP_N_CMDS + 1], cmd_err[KCD_RESP_N_CMDS + 1];
+  kcd_resp_conn *conns; /* listener thread only */
+  kcd_resp_conn *grave; /* closed, freed after this round of events */
+  /* jobs waiting for the committer */
+  pthread_mutex_t qlock;
+  pthread_cond_t qcond;
+  kcd_resp_job *qhead, *qtail;
+  int qstop;
+  /* jobs committed, for the listener */
+  pthread_mutex_t dlock;
+  kcd_resp_job *dhead, *dtail;
+  /* read-through fetches (the durable tier), for the fetcher threads */
+  pthread_t fetchers[KCD_RESP_FETCHERS];
+  int nfetchers;
+  kcd_resp_job *fhead, *ftail;
+  int fstop;
+};
+
+/* What a command handler sees. */
+typedef struct kcd_resp_ctx {
+  kcd_resp_conn *c;
+  kcd_state *st;
+  kcd_resp_buf *out;  /* where replies go (conn->out, or job->pre) */
+  kcd_resp_job *job;  /* where write ops go; made on demand if NULL */
+  int exec;           /* inside EXEC: reads use the state before it */
+  int64_t now_ms;     /* wall clock, unix ms */
+  size_t argc;
+  const char *const *argv; /* not NUL-terminated: use lens */
+  const size_t *lens;
+} kcd_resp_ctx;
+
+/* The read transaction of this batch (begun on first use); NULL with an
+ * error reply written when the store is not open or LMDB refuses. */
+kc_store_read *kcd_resp_read(kcd_resp_ctx *x);
+/* The job write ops go into (made on demand); NULL with "-OOM" written. */
+kcd_resp_job *kcd_resp_job_of(kcd_resp_ctx *x);
+/* The store, or NULL with "-LOADING" written. */
+kc_store *kcd_resp_store(kcd_resp_ctx *x);
+
+/* Read-through (the durable tier): with one configured, a read that misses
+ * asks for the key here instead of replying: the command is run again once
+ * the fetchers made it local (or found it missing). 1: asked (write no
+ * reply), 0: reply the miss now (no tier, inside EXEC, or already fetched). */
+int kcd_resp_fetch_key(kcd_resp_ctx *x, const void *key, size_t klen);
+void kcd_resp_fetch_submit(kcd_resp *r, kcd_resp_job *j);
+int kcd_resp_fetch_start(kcd_resp *r);
+void kcd_resp_fetch_stop(kcd_resp *r);
+
+/* Hands a job with ops to the committer (resp_commit.c). */
+void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j);
+int kcd_resp_commit_start(kcd_resp *r);
+void kcd_resp_commit_stop(kcd_resp *r);
+/* The listener's side: a committed job comes back (resp.c). */
+void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j);
+
+/* ---- commands (resp_cmd.c, resp_kv.c, resp_admin.c) ---- */
+
+typedef void (*kcd_resp_fn)(kcd_resp_ctx *x);
+
+#define KCD_CF_WRITE 1   /* adds write ops (joins the pipeline's job) */
+#define KCD_CF_NOSTORE 2 /* touches no store: may run while a job is open */
+#define KCD_CF_NOAUTH 4  /* allowed before AUTH (AUTH, HELLO, QUIT) */
+#define KCD_CF_NOMULTI 8 /* runs at once inside MULTI (EXEC, DISCARD, ...) */
+
+typedef struct kcd_resp_cmd {
+  const char *name; /* lowercase */
+  int arity;        /* > 0 exactly, < 0 at least -arity (with the name) */
+  int flags;
+  kcd_role role;
+  kcd_resp_fn fn;
+} kcd_resp_cmd;
+
+/* The command named by argv[0], NULL if none. */
+const kcd_resp_cmd *kcd_resp_cmd_find(const char *name, size_t len);
+size_t kcd_resp_cmd_count(void);
+/* Frees a MULTI's queued commands. */
+void kcd_resp_queue_free(kcd_resp_conn *c);
+/* Runs one command (checks, MULTI queueing, dispatch). */
+void kcd_resp_dispatch(kcd_resp_ctx *x);
+/* Redis's "unknown command" and arity errors, NOAUTH and NOPERM. */
+void kcd_resp_err_unknown(kcd_resp_ctx *x);
+void kcd_resp_err_arity(kcd_resp_buf *b, const char *name);
+void kcd_resp_err_syntax(kcd_resp_buf *b);
+void kcd_resp_err_int(kcd_resp_buf *b);
+/* An integer argument (Redis's string2ll: no spaces, no '+'). */
+int kcd_resp_ll(const char *s, size_t n, long long *out);
+/* Case-insensitive equality of an argument with a word. */
+int kcd_resp_is(const char *s, size_t n, const char *word);
+
+/* The reply of a store error (-OOM when full, -LOADING when not open). */
+void kcd_resp_store_err(kcd_resp_buf *b, kc_err e, const char *msg);
+/* Redis's expire arithmetic: argv[i] in seconds (secs) or ms, plus base
+ * (now for relative times, 0 for absolute), to absolute ms; positive: it
+ * must be > 0 (SET, SETEX). -1 with the error reply written. */
+int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
+                       int positive, const char *cmd, int64_t *out);
+
+/* handlers */
+void kcd_resp_c_get(kcd_resp_ctx *x);
+void kcd_resp_c_mget(kcd_resp_ctx *x);
+void kcd_resp_c_set(kcd_resp_ctx *x);
+void kcd_resp_c_setex(kcd_resp_ctx *x);
+void kcd_resp_c_psetex(kcd_resp_ctx *x);
+void kcd_resp_c_setnx(kcd_resp_ctx *x);
+void kcd_resp_c_mset(kcd_resp_ctx *x);
+void kcd_resp_c_exists(kcd_resp_ctx *x);
+void kcd_resp_c_del(kcd_resp_ctx *x);
+void kcd_resp_c_ttl(kcd_resp_ctx *x);
+void kcd_resp_c_pttl(kcd_resp_ctx *x);
+void kcd_resp_c_expire(kcd_resp_ctx *x);
+void kcd_resp_c_pexpire(kcd_resp_ctx *x);
+void kcd_resp_c_expireat(kcd_resp_ctx *x);
+void kcd_resp_c_pexpireat(kcd_resp_ctx *x);
+void kcd_resp_c_persist(kcd_resp_ctx *x);
+void kcd_resp_c_type(kcd_resp_ctx *x);
+void kcd_resp_c_strlen(kcd_resp_ctx *x);
+void kcd_resp_c_scan(kcd_resp_ctx *x);
+void kcd_resp_c_keys(kcd_resp_ctx *x);
+void kcd_resp_c_dbsize(kcd_resp_ctx *x);
+void kcd_resp_c_flush(kcd_resp_ctx *x);
+void kcd_resp_c_ping(kcd_resp_ctx *x);
+void kcd_resp_c_echo(kcd_resp_ctx *x);
+void kcd_resp_c_quit(kcd_resp_ctx *x);
+void kcd_resp_c_hello(kcd_resp_ctx *x);
+void kcd_resp_c_auth(kcd_resp_ctx *x);
+void kcd_resp_c_select(kcd_resp_ctx *x);
+void kcd_resp_c_client(kcd_resp_ctx *x);
+void kcd_resp_c_command(kcd_resp_ctx *x);
+void kcd_resp_c_config(kcd_resp_ctx *x);
+void kcd_resp_c_info(kcd_resp_ctx *x);
+void kcd_resp_c_multi(kcd_resp_ctx *x);
+void kcd_resp_c_exec(kcd_resp_ctx *x);
+void kcd_resp_c_discard(kcd_resp_ctx *x);
+
+/* The command at index i of the table (metrics); NULL past the end. */
+const kcd_resp_cmd *kcd_resp_cmd_at(size_t i);
+/* Appends kcached_resp_* metrics (Prometheus text) to f; nothing without
+ * --resp-listen. f is a FILE *. */
+void kcd_resp_metrics_render(kcd_state *st, void *f);
+
+/* ---- the listener (resp.c), for main.c and the handlers ---- */
+
+/* Binds --resp-listen and starts the threads; *port: the bound port. */
+kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err);
+/* Closes every connection, stops the threads. NULL st->resp: nothing. */
+void kcd_resp_stop(kcd_state *st);
+kcd_state *kcd_resp_state(kcd_resp *r);
+size_t kcd_resp_clients(kcd_resp *r);
+uint64_t kcd_resp_port(kcd_resp *r);
+
+#endif

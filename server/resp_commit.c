@@ -1,0 +1,185 @@
+/* resp_commit.c: the group commit. Connections hand their writes over as
+ * jobs (a queue); one committer thread takes every job waiting, applies all
+ * their ops in ONE kc_store_kv_apply (one LMDB write transaction, synced),
+ * and hands the jobs back to the listener, which only then replies: a +OK
+ * is never sent for a write that is not durable. While a batch commits, the
+ * next one gathers, so the sync cost is shared by every client writing at
+ * that moment. Also the job helpers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "resp.h"
+
+#define BATCH_OPS 20000 /* ops of one apply (jobs are never split) */
+
+/* ---- jobs ---- */
+
+kcd_resp_job *kcd_resp_job_new(kcd_resp_conn *c) {
+  kcd_resp_job *j = calloc(1, sizeof *j);
+  if (j)
+    j->conn = c;
+  return j;
+}
+
+void kcd_resp_job_free(kcd_resp_job *j) {
+  if (!j)
+    return;
+  for (size_t i = 0; i < j->nops; i++)
+    free(j->ops[i].old);
+  for (size_t i = 0; i < j->nowned; i++)
+    free(j->owned[i]);
+  free(j->owned);
+  free(j->ops);
+  free(j->items);
+  kcd_resp_buf_free(&j->pre);
+  free(j);
+}
+
+kc_store_kv_op *kcd_resp_job_op(kcd_resp_job *j, kc_store_kv_opcode op,
+                                const void *key, size_t klen) {
+  if (j->nops == j->capops) {
+    size_t cap = j->capops ? j->capops * 2 : 8;
+    kc_store_kv_op *v = realloc(j->ops, cap * sizeof *v);
+    if (!v)
+      return NULL;
+    j->ops = v;
+    j->capops = cap;
+  }
+  kc_store_kv_op *o = &j->ops[j->nops++];
+  memset(o, 0, sizeof *o);
+  o->op = op;
+  o->key = key;
+  o->klen = klen;
+  return o;
+}
+
+int kcd_resp_job_item(kcd_resp_job *j, kcd_resp_rk kind, size_t first) {
+  if (j->nitems == j->capitems) {
+    size_t cap = j->capitems ? j->capitems * 2 : 8;
+    kcd_resp_item *v = realloc(j->items, cap * sizeof *v);
+    if (!v)
+      return -1;
+    j->items = v;
+    j->capitems = cap;
+  }
+  size_t end = kind == KCD_RK_PRE ? j->pre.len : j->nops;
+  j->items[j->nitems++] = (kcd_resp_item){kind, first, end - first};
+  return 0;
+}
+
+/* ---- the committer ---- */
+
+void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j) {
+  j->next = NULL;
+  pthread_mutex_lock(&r->qlock);
+  if (r->qtail)
+    r->qtail->next = j;
+  else
+    r->qhead = j;
+  r->qtail = j;
+  pthread_cond_broadcast(&r->qcond); /* fetchers share it */
+  pthread_mutex_unlock(&r->qlock);
+}
+
+/* Takes jobs from the queue up to BATCH_OPS ops (at least one job); NULL
+ * when stopping and nothing is left. */
+static kcd_resp_job *take(kcd_resp *r, size_t *nops) {
+  pthread_mutex_lock(&r->qlock);
+  while (!r->qhead && !r->qstop)
+    pthread_cond_wait(&r->qcond, &r->qlock);
+  kcd_resp_job *head = r->qhead, *last = NULL;
+  *nops = 0;
+  for (kcd_resp_job *j = head; j; j = j->next) {
+    if (last && *nops + j->nops > BATCH_OPS)
+      break;
+    *nops += j->nops;
+    last = j;
+  }
+  if (last) {
+    r->qhead = last->next;
+    if (!r->qhead)
+      r->qtail = NULL;
+    last->next = NULL;
+  }
+  pthread_mutex_unlock(&r->qlock);
+  return last ? head : NULL;
+}
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void fail_all(kcd_resp_job *jobs, kc_err e, const char *msg) {
+  for (kcd_resp_job *j = jobs; j; j = j->next) {
+    j->err = e;
+    snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
+    for (size_t i = 0; i < j->nops; i++)
+      j->ops[i].err = e;
+  }
+}
+
+/* Applies the ops of every job in one call; results go back to each op. */
+static void apply(kcd_resp *r, kcd_resp_job *jobs, size_t n) {
+  kc_store *s = atomic_load(&r->st->store);
+  if (!s)
+    return fail_all(jobs, KC_NOT_READY, "the store is not open");
+  kc_store_kv_op *all = malloc(n * sizeof *all);
+  if (!all)
+    return fail_all(jobs, KC_NOMEM, "out of memory");
+  size_t k = 0;
+  for (kcd_resp_job *j = jobs; j; j = j->next) {
+    memcpy(all + k, j->ops, j->nops * sizeof *all);
+    k += j->nops;
+  }
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err e = kc_store_kv_apply(s, all, n, wall_ms(), err);
+  k = 0;
+  for (kcd_resp_job *j = jobs; j; j = j->next) {
+    memcpy(j->ops, all + k, j->nops * sizeof *all);
+    k += j->nops;
+    if (e) {
+      j->err = e;
+      snprintf(j->errmsg, sizeof j->errmsg, "%s", *err ? err : kc_strerror(e));
+    }
+  }
+  free(all);
+  atomic_fetch_add(&r->commits, 1);
+  atomic_fetch_add(&r->committed_ops, n);
+}
+
+static void *commit_main(void *arg) {
+  kcd_resp *r = arg;
+  size_t n;
+  kcd_resp_job *jobs;
+  while ((jobs = take(r, &n))) {
+    apply(r, jobs, n);
+    while (jobs) {
+      kcd_resp_job *next = jobs->next;
+      kcd_resp_job_done(r, jobs);
+      jobs = next;
+    }
+  }
+  return NULL;
+}
+
+int kcd_resp_commit_start(kcd_resp *r) {
+  if (pthread_create(&r->committer, NULL, commit_main, r))
+    return -1;
+  r->committer_started = 1;
+  return 0;
+}
+
+void kcd_resp_commit_stop(kcd_resp *r) {
+  if (!r->committer_started)
+    return;
+  pthread_mutex_lock(&r->qlock);
+  r->qstop = 1;
+  pthread_cond_broadcast(&r->qcond); /* fetchers share it */
+  pthread_mutex_unlock(&r->qlock);
+  pthread_join(r->committer, NULL);
+  r->committer_started = 0;
+}

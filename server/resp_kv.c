@@ -1,0 +1,329 @@
+/* resp_kv.c: the string commands over kc_store_kv_*: reads run here in the
+ * batch's read transaction (values copied into the reply); writes become
+ * ops of the connection's job (resp_commit.c commits them) and their
+ * replies are written when the job comes back (kcd_resp_job_reply).
+ * Options, their conflicts and error texts follow Redis 7. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "resp.h"
+
+#define ARG(i) x->argv[i], x->lens[i]
+
+static int key_ok(size_t len) { return len >= 1 && len <= KC_KV_KEY_MAX; }
+
+/* A write's key: an error reply when the store cannot hold it. */
+static int write_key_ok(kcd_resp_ctx *x, size_t i) {
+  if (key_ok(x->lens[i]))
+    return 1;
+  kcd_resp_errorf(x->out, "ERR key must be 1 to %d bytes", KC_KV_KEY_MAX);
+  return 0;
+}
+
+void kcd_resp_store_err(kcd_resp_buf *b, kc_err e, const char *msg) {
+  if (e == KC_STORE_FULL)
+    kcd_resp_error(b, "OOM command not allowed when used memory > 'maxmemory'.");
+  else if (e == KC_NOT_READY)
+    kcd_resp_error(b, "LOADING the store is not open yet");
+  else
+    kcd_resp_errorf(b, "ERR %s", msg && *msg ? msg : kc_strerror(e));
+}
+
+/* ---- reads ---- */
+
+/* KC_OK with the value, KC_NOT_FOUND, or an error (reply written). */
+static kc_err get1(kcd_resp_ctx *x, size_t i, kc_store_kv_val *v) {
+  if (!key_ok(x->lens[i]))
+    return KC_NOT_FOUND;
+  kc_store_read *r = kcd_resp_read(x);
+  if (!r)
+    return KC_NOT_READY;
+  kc_err e = kc_store_kv_get(r, ARG(i), x->now_ms, v);
+  if (e && e != KC_NOT_FOUND)
+    kcd_resp_store_err(x->out, e, NULL);
+  return e;
+}
+
+static kc_err meta1(kcd_resp_ctx *x, size_t i, uint64_t *size, int64_t *exp) {
+  if (!key_ok(x->lens[i]))
+    return KC_NOT_FOUND;
+  kc_store_read *r = kcd_resp_read(x);
+  if (!r)
+    return KC_NOT_READY;
+  kc_err e = kc_store_kv_meta(r, ARG(i), x->now_ms, size, exp);
+  if (e && e != KC_NOT_FOUND)
+    kcd_resp_store_err(x->out, e, NULL);
+  return e;
+}
+
+void kcd_resp_c_get(kcd_resp_ctx *x) {
+  kc_store_kv_val v;
+  kc_err e = get1(x, 1, &v);
+  if (e == KC_OK)
+    kcd_resp_bulk(x->out, v.data, v.len);
+  else if (e == KC_NOT_FOUND && !kcd_resp_fetch_key(x, ARG(1)))
+    kcd_resp_null(x->out);
+}
+
+/* With the durable tier: asks for every missing key (1: asked, no reply
+ * now). meta, not get: hits are counted once, by the reply's pass. */
+static int mget_fetch(kcd_resp_ctx *x) {
+  int asked = 0;
+  for (size_t i = 1; i < x->argc && x->st->s3; i++) {
+    uint64_t size;
+    int64_t exp;
+    if (!key_ok(x->lens[i]) ||
+        kc_store_kv_meta(x->c->rd, ARG(i), x->now_ms, &size, &exp) !=
+            KC_NOT_FOUND)
+      continue;
+    if (!kcd_resp_fetch_key(x, ARG(i)))
+      break; /* inside EXEC, or fetched already */
+    asked = 1;
+  }
+  return asked;
+}
+
+void kcd_resp_c_mget(kcd_resp_ctx *x) {
+  if (!kcd_resp_read(x) || mget_fetch(x))
+    return;
+  kcd_resp_array(x->out, (long long)x->argc - 1);
+  for (size_t i = 1; i < x->argc; i++) {
+    kc_store_kv_val v;
+    kc_err e = key_ok(x->lens[i])
+                   ? kc_store_kv_get(x->c->rd, ARG(i), x->now_ms, &v)
+                   : KC_NOT_FOUND;
+    if (e == KC_OK)
+      kcd_resp_bulk(x->out, v.data, v.len);
+    else /* an error cannot be one element of a reply already begun */
+      kcd_resp_null(x->out);
+  }
+}
+
+void kcd_resp_c_exists(kcd_resp_ctx *x) {
+  long long n = 0;
+  for (size_t i = 1; i < x->argc; i++) {
+    uint64_t size;
+    int64_t exp;
+    kc_err e = meta1(x, i, &size, &exp);
+    if (e && e != KC_NOT_FOUND)
+      return;
+    n += e == KC_OK;
+  }
+  kcd_resp_int(x->out, n);
+}
+
+static void ttl(kcd_resp_ctx *x, int ms) {
+  uint64_t size;
+  int64_t exp;
+  kc_err e = meta1(x, 1, &size, &exp);
+  if (e == KC_NOT_FOUND)
+    return kcd_resp_int(x->out, -2);
+  if (e)
+    return;
+  if (exp == 0)
+    return kcd_resp_int(x->out, -1);
+  int64_t left = exp - x->now_ms;
+  if (left < 0)
+    left = 0;
+  kcd_resp_int(x->out, ms ? left : (left + 500) / 1000);
+}
+
+void kcd_resp_c_ttl(kcd_resp_ctx *x) { ttl(x, 0); }
+void kcd_resp_c_pttl(kcd_resp_ctx *x) { ttl(x, 1); }
+
+void kcd_resp_c_type(kcd_resp_ctx *x) {
+  uint64_t size;
+  int64_t exp;
+  kc_err e = meta1(x, 1, &size, &exp);
+  if (e == KC_OK || e == KC_NOT_FOUND)
+    kcd_resp_simple(x->out, e == KC_OK ? "string" : "none");
+}
+
+void kcd_resp_c_strlen(kcd_resp_ctx *x) {
+  uint64_t size = 0;
+  int64_t exp;
+  kc_err e = meta1(x, 1, &size, &exp);
+  if (e == KC_OK || e == KC_NOT_FOUND)
+    kcd_resp_int(x->out, e == KC_OK ? (long long)size : 0);
+}
+
+void kcd_resp_c_dbsize(kcd_resp_ctx *x) {
+  kc_store *s = kcd_resp_store(x);
+  uint64_t n = 0;
+  kc_err e = s ? kc_store_kv_count(s, &n) : KC_OK;
+  if (s && e)
+    kcd_resp_store_err(x->out, e, NULL);
+  else if (s)
+    kcd_resp_int(x->out, (long long)n);
+}
+
+/* ---- writes ---- */
+
+/* Redis's expire checks: a relative time (base now) or an absolute one
+ * (base 0) in seconds or ms, to absolute ms; -1 with the error written. */
+int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
+                       int positive, const char *cmd, int64_t *out) {
+  long long v;
+  if (kcd_resp_ll(ARG(i), &v))
+    return kcd_resp_err_int(x->out), -1;
+  int bad = positive && v <= 0;
+  if (secs && (v > LLONG_MAX / 1000 || v < LLONG_MIN / 1000))
+    bad = 1;
+  if (!bad && secs)
+    v *= 1000;
+  if (!bad && v > LLONG_MAX - base)
+    bad = 1;
+  if (!bad)
+    v += base;
+  if (bad || (positive && v <= 0))
+    return kcd_resp_errorf(x->out, "ERR invalid expire time in '%s' command",
+                           cmd), -1;
+  *out = v;
+  return 0;
+}
+
+/* Adds a SET op and its reply item. */
+static void add_set(kcd_resp_ctx *x, int flags, int64_t exp, kcd_resp_rk rk,
+                    size_t ki) {
+  kcd_resp_job *j = kcd_resp_job_of(x);
+  if (!j)
+    return;
+  size_t first = j->nops;
+  kc_store_kv_op *o = kcd_resp_job_op(j, KC_KV_SET, ARG(ki));
+  if (!o || kcd_resp_job_item(j, rk, first)) {
+    j->nops = first;
+    return kcd_resp_error(x->out, "OOM out of memory");
+  }
+  o->val = x->argv[ki + 1];
+  o->vlen = x->lens[ki + 1];
+  o->flags = flags;
+  o->expire_ms = exp;
+  j->val_bytes += o->vlen;
+}
+
+enum { O_EX = 1 << 8, O_PX = 1 << 9, O_EXAT = 1 << 10, O_PXAT = 1 << 11 };
+#define O_TIME (O_EX | O_PX | O_EXAT | O_PXAT)
+
+/* One SET option at argv[*i]; -1 on a syntax error. */
+static int set_opt(kcd_resp_ctx *x, size_t *i, int *f, size_t *ti) {
+  const char *a = x->argv[*i];
+  size_t n = x->lens[*i];
+  int more = *i + 1 < x->argc;
+  static const struct { const char *w; int bit; } times[] = {
+      {"ex", O_EX}, {"px", O_PX}, {"exat", O_EXAT}, {"pxat", O_PXAT}};
+  if (kcd_resp_is(a, n, "nx") && !(*f & KC_KV_XX))
+    return *f |= KC_KV_NX, 0;
+  if (kcd_resp_is(a, n, "xx") && !(*f & KC_KV_NX))
+    return *f |= KC_KV_XX, 0;
+  if (kcd_resp_is(a, n, "get"))
+    return *f |= KC_KV_GET, 0;
+  if (kcd_resp_is(a, n, "keepttl") && !(*f & O_TIME))
+    return *f |= KC_KV_KEEPTTL, 0;
+  for (size_t t = 0; t < 4; t++) {
+    int others = O_TIME & ~times[t].bit;
+    if (kcd_resp_is(a, n, times[t].w) && !(*f & (KC_KV_KEEPTTL | others)) &&
+        more) {
+      *f |= times[t].bit;
+      *ti = ++*i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+void kcd_resp_c_set(kcd_resp_ctx *x) {
+  int f = 0;
+  size_t ti = 0;
+  for (size_t i = 3; i < x->argc; i++)
+    if (set_opt(x, &i, &f, &ti))
+      return kcd_resp_err_syntax(x->out);
+  int64_t exp = 0;
+  if (f & O_TIME) {
+    int secs = (f & (O_EX | O_EXAT)) != 0;
+    int64_t base = (f & (O_EX | O_PX)) ? x->now_ms : 0;
+    if (kcd_resp_expire_at(x, ti, secs, base, 1, "set", &exp))
+      return;
+  }
+  if (!write_key_ok(x, 1))
+    return;
+  add_set(x, f & ~O_TIME, exp,
+          (f & KC_KV_GET) ? KCD_RK_SET_GET : KCD_RK_SET, 1);
+}
+
+/* SETEX/PSETEX key time value: the value moves to argv[3]. */
+static void setex(kcd_resp_ctx *x, int secs, const char *cmd) {
+  int64_t exp;
+  if (kcd_resp_expire_at(x, 2, secs, x->now_ms, 1, cmd, &exp) || !write_key_ok(x, 1))
+    return;
+  kcd_resp_job *j = kcd_resp_job_of(x);
+  if (!j)
+    return;
+  size_t first = j->nops;
+  kc_store_kv_op *o = kcd_resp_job_op(j, KC_KV_SET, ARG(1));
+  if (!o || kcd_resp_job_item(j, KCD_RK_OK, first)) {
+    j->nops = first;
+    return kcd_resp_error(x->out, "OOM out of memory");
+  }
+  o->val = x->argv[3];
+  o->vlen = x->lens[3];
+  o->expire_ms = exp;
+  j->val_bytes += o->vlen;
+}
+
+void kcd_resp_c_setex(kcd_resp_ctx *x) { setex(x, 1, "setex"); }
+void kcd_resp_c_psetex(kcd_resp_ctx *x) { setex(x, 0, "psetex"); }
+
+void kcd_resp_c_setnx(kcd_resp_ctx *x) {
+  if (write_key_ok(x, 1))
+    add_set(x, KC_KV_NX, 0, KCD_RK_SUM, 1);
+}
+
+/* Ops of one kind over argv[from..) stepping `step`, replied as one item.
+ * DEL and PERSIST skip a key the store cannot hold (it cannot exist). */
+static void add_ops(kcd_resp_ctx *x, kc_store_kv_opcode op, size_t from,
+                    size_t step, kcd_resp_rk rk) {
+  int skip = op == KC_KV_DEL || op == KC_KV_PERSIST;
+  for (size_t i = from; i < x->argc && op == KC_KV_SET; i += step)
+    if (!write_key_ok(x, i))
+      return;
+  kcd_resp_job *j = kcd_resp_job_of(x);
+  if (!j)
+    return;
+  size_t first = j->nops;
+  for (size_t i = from; i < x->argc || (op == KC_KV_FLUSH && i == from);
+       i += step) {
+    if (skip && !key_ok(x->lens[i]))
+      continue;
+    kc_store_kv_op *o = op == KC_KV_FLUSH ? kcd_resp_job_op(j, op, NULL, 0)
+                                          : kcd_resp_job_op(j, op, ARG(i));
+    if (!o)
+      return j->nops = first, kcd_resp_error(x->out, "OOM out of memory");
+    if (step == 2) {
+      o->val = x->argv[i + 1];
+      o->vlen = x->lens[i + 1];
+      j->val_bytes += o->vlen;
+    }
+  }
+  if (kcd_resp_job_item(j, rk, first))
+    j->nops = first, kcd_resp_error(x->out, "OOM out of memory");
+}
+
+void kcd_resp_c_mset(kcd_resp_ctx *x) {
+  if (x->argc % 2 == 0)
+    return kcd_resp_err_arity(x->out, "mset");
+  add_ops(x, KC_KV_SET, 1, 2, KCD_RK_OK);
+}
+
+void kcd_resp_c_del(kcd_resp_ctx *x) { add_ops(x, KC_KV_DEL, 1, 1, KCD_RK_SUM); }
+
+void kcd_resp_c_persist(kcd_resp_ctx *x) {
+  add_ops(x, KC_KV_PERSIST, 1, 1, KCD_RK_SUM);
+}
+
+void kcd_resp_c_flush(kcd_resp_ctx *x) {
+  if (x->argc > 2 || (x->argc == 2 && !kcd_resp_is(ARG(1), "async") &&
+                      !kcd_resp_is(ARG(1), "sync")))
+    return kcd_resp_err_syntax(x->out);
+  add_ops(x, KC_KV_FLUSH, x->argc, 1, KCD_RK_OK);
+}

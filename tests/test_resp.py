@@ -1,0 +1,847 @@
+#!/usr/bin/env python3
+"""test_resp.py: kcached's Redis protocol listener (--resp-listen) against
+redis-py, redis-cli, redis-benchmark and raw sockets: a real kcached on free
+loopback ports over a temporary LMDB store.
+
+usage: test_resp.py KCACHED [unittest args]   (exit 77: redis-py missing)
+
+Exact reply bytes below were checked against redis-server 7.0.15."""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import http.server
+import urllib.request
+
+try:
+    import redis
+except ImportError:
+    print("test_resp: python3-redis is not installed: skipped")
+    sys.exit(77)
+
+KCACHED = None
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Server:
+    """A kcached with --resp-listen; start() waits until RESP answers."""
+
+    def __init__(self, *extra, data_dir=None):
+        self.dir = data_dir or tempfile.mkdtemp(prefix="kc-resp-")
+        self.extra = list(extra)
+        self.proc = None
+
+    def start(self):
+        for _ in range(5):  # a free port may be taken meanwhile: retry
+            self.port = free_port()
+            self.log = open(os.path.join(self.dir, "kcached.log"), "ab")
+            self.proc = subprocess.Popen(
+                [KCACHED, "--listen", "127.0.0.1:0", "--port-file",
+                 os.path.join(self.dir, "http-port"), "--data-dir",
+                 os.path.join(self.dir, "data"), "--resp-listen",
+                 "127.0.0.1:%d" % self.port] + self.extra,
+                stdout=self.log, stderr=self.log)
+            if self._wait():
+                return self
+            self.stop()
+        raise RuntimeError("kcached did not start; see " + self.dir)
+
+    def _wait(self):
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return True
+            except OSError:
+                time.sleep(0.05)
+        return False
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+        self.log.close()
+        # a sanitizer build reports into the log: fail on it
+        with open(os.path.join(self.dir, "kcached.log"), "rb") as f:
+            text = f.read().decode(errors="replace")
+        for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+            if bad in text:
+                raise AssertionError("kcached: %s in %s:\n%s" % (
+                    bad, self.dir, text[-3000:]))
+
+    def metrics(self):
+        with open(os.path.join(self.dir, "http-port")) as f:
+            port = int(f.read())
+        url = "http://127.0.0.1:%d/metrics" % port
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.read().decode()
+
+    def client(self, **kw):
+        return redis.Redis(host="127.0.0.1", port=self.port, **kw)
+
+
+def raw(port, data, expect=None):
+    """Sends data on a fresh socket; what comes back until EOF (b'<EOF>'
+    appended) or a quiet moment: 50 ms once `expect`'s length arrived, else
+    half a second."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(data)
+    out = b""
+    try:
+        while True:
+            enough = expect is not None and len(out) >= len(expect) - 5
+            s.settimeout(0.05 if enough else (5 if expect else 0.5))
+            d = s.recv(1 << 20)
+            if not d:
+                out += b"<EOF>"
+                break
+            out += d
+    except socket.timeout:
+        pass
+    s.close()
+    return out
+
+
+def make_tokens(d):
+    """A token file with one token per role; {role: token}."""
+    toks, lines = {}, []
+    for role, name in (("read", "reader"), ("write", "writer"),
+                       ("admin", "admin")):
+        out = subprocess.run([KCACHED, "token", role, name],
+                             capture_output=True, check=True, text=True)
+        tok, line = out.stdout.splitlines()[:2]
+        toks[role] = tok
+        lines.append(line)
+    path = os.path.join(d, "tokens")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return toks, path
+
+
+class OpenServer(unittest.TestCase):
+    """No token file: every command allowed (loopback only)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server().start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.srv.dir, ignore_errors=True)
+
+    def setUp(self):
+        self.r = self.srv.client()
+        self.r.flushdb()
+
+    def tearDown(self):
+        self.r.close()
+
+    def raw(self, data, expect=None):
+        return raw(self.srv.port, data, expect)
+
+    def check(self, data, want, msg=None):
+        self.assertEqual(self.raw(data, want), want, msg or data[:60])
+
+    def test_binary_values_every_byte(self):
+        val = bytes(range(256)) * 5
+        key = bytes(range(1, 256)) + b"\x00"
+        self.assertTrue(self.r.set(key, val))
+        self.assertEqual(self.r.get(key), val)
+        self.assertEqual(self.r.strlen(key), len(val))
+        self.assertTrue(self.r.set(b"empty", b""))
+        self.assertEqual(self.r.get(b"empty"), b"")
+        big = os.urandom(5 << 20)
+        self.assertTrue(self.r.set("big", big))
+        self.assertEqual(self.r.get("big"), big)
+
+    def test_missing_keys(self):
+        self.assertIsNone(self.r.get("nope"))
+        self.assertEqual(self.r.mget("nope", "nada"), [None, None])
+        self.assertEqual(self.r.ttl("nope"), -2)
+        self.assertEqual(self.r.pttl("nope"), -2)
+        self.assertEqual(self.r.type("nope"), b"none")
+        self.assertEqual(self.r.strlen("nope"), 0)
+        self.assertEqual(self.r.exists("nope"), 0)
+        self.assertEqual(self.r.delete("nope"), 0)
+        self.assertEqual(self.r.persist("nope"), 0)
+        self.assertEqual(self.r.delete(""), 0)  # a key the store cannot hold
+        self.assertEqual(self.r.delete("", "x" * 70000, "nope"), 0)
+        self.assertIsNone(self.r.get(""))
+        self.assertEqual(self.r.exists(""), 0)
+        self.assertEqual(self.r.expire("nope", 10), 0)
+
+    def test_set_options(self):
+        r = self.r
+        self.assertIsNone(r.set("k", "1", xx=True))
+        self.assertIsNone(r.get("k"))
+        self.assertTrue(r.set("k", "1", nx=True))
+        self.assertIsNone(r.set("k", "2", nx=True))
+        self.assertEqual(r.get("k"), b"1")
+        self.assertTrue(r.set("k", "3", xx=True))
+        self.assertEqual(r.set("k", "4", get=True), b"3")
+        self.assertIsNone(r.set("fresh", "x", get=True))
+        self.assertTrue(r.set("k", "5", ex=100))
+        self.assertTrue(r.set("k", "6", keepttl=True))
+        self.assertGreater(r.ttl("k"), 90)
+        self.assertTrue(r.set("k", "7"))
+        self.assertEqual(r.ttl("k"), -1)
+        self.assertTrue(r.set("k", "8", pxat=int(time.time() * 1000) + 50000))
+        self.assertGreater(r.pttl("k"), 40000)
+        self.assertTrue(r.set("k", "9", exat=int(time.time()) + 500))
+        self.assertGreater(r.ttl("k"), 400)
+        self.assertEqual(r.setnx("k", "x"), False)
+        self.assertEqual(r.setnx("n", "x"), True)
+        self.assertTrue(r.setex("se", 100, "v"))
+        self.assertGreater(r.ttl("se"), 90)
+        self.assertTrue(r.psetex("pse", 100000, "v"))
+        self.assertGreater(r.pttl("pse"), 90000)
+        self.assertTrue(r.mset({"m1": "a", "m2": "b"}))
+        self.assertEqual(r.mget("m1", "m2", "m3"), [b"a", b"b", None])
+        self.assertEqual(r.exists("m1", "m1", "m3"), 2)
+        self.assertEqual(r.delete("m1", "m2", "m3"), 2)
+        self.assertEqual(r.unlink("n", "n"), 1)
+        self.assertEqual(r.type("k"), b"string")
+
+    def test_expiry(self):
+        r = self.r
+        r.set("s", "v", ex=1)
+        r.set("p", "v", px=300)
+        r.set("keep", "v")
+        self.assertIn(r.ttl("s"), (1, 0))
+        time.sleep(1.3)
+        self.assertIsNone(r.get("s"))
+        self.assertIsNone(r.get("p"))
+        self.assertEqual(r.exists("s", "p"), 0)
+        self.assertEqual(r.get("keep"), b"v")
+        # EXPIRE and its options
+        self.assertEqual(r.expire("keep", 100, xx=True), False)
+        self.assertEqual(r.expire("keep", 100, nx=True), True)
+        self.assertEqual(r.expire("keep", 50, nx=True), False)
+        self.assertEqual(r.expire("keep", 50, gt=True), False)
+        self.assertEqual(r.expire("keep", 200, gt=True), True)
+        self.assertEqual(r.expire("keep", 300, lt=True), False)
+        self.assertEqual(r.expire("keep", 150, lt=True), True)
+        self.assertIn(r.ttl("keep"), (150, 149))
+        self.assertEqual(r.persist("keep"), True)
+        self.assertEqual(r.persist("keep"), False)
+        self.assertEqual(r.pexpire("keep", 100000), True)
+        self.assertGreater(r.pttl("keep"), 90000)
+        self.assertEqual(r.expireat("keep", int(time.time()) + 1000), True)
+        self.assertGreater(r.ttl("keep"), 900)
+        self.assertEqual(r.pexpireat("keep", 1000), True)  # in the past
+        self.assertIsNone(r.get("keep"))
+        r.set("neg", "v")
+        self.assertEqual(r.expire("neg", -1), True)
+        self.assertEqual(r.exists("neg"), 0)
+
+    def test_expired_keys_reclaimed(self):
+        for i in range(20):
+            self.r.set("gone%d" % i, "v", px=100)
+        self.r.set("stays", "v")
+        deadline = time.time() + 10
+        while self.r.dbsize() > 1 and time.time() < deadline:
+            time.sleep(0.2)
+        self.assertEqual(self.r.dbsize(), 1)
+
+    def test_pipelines(self):
+        for tx in (False, True):
+            p = self.r.pipeline(transaction=tx)
+            for i in range(1000):
+                p.set("p%d" % i, "v%d" % i)
+            p.get("p999")
+            res = p.execute()
+            self.assertEqual(res[:1000], [True] * 1000)
+            self.assertEqual(res[1000], b"v999" if not tx else None,
+                             "in MULTI, reads see the state before EXEC")
+            p = self.r.pipeline(transaction=tx)
+            for i in range(1000):
+                p.get("p%d" % i)
+            self.assertEqual(p.execute(), [b"v%d" % i for i in range(1000)])
+            self.assertEqual(self.r.dbsize(), 1000)
+            self.r.flushdb()
+
+    def test_pipeline_reads_see_earlier_writes(self):
+        out = self.raw(b"SET a 1\r\nGET a\r\nSET a 2\r\nGET a\r\nDEL a\r\n"
+                       b"GET a\r\nINCR a\r\nPING\r\n")
+        self.assertEqual(out, b"+OK\r\n$1\r\n1\r\n+OK\r\n$1\r\n2\r\n:1\r\n"
+                         b"$-1\r\n-ERR unknown command 'INCR', with args "
+                         b"beginning with: 'a' \r\n+PONG\r\n")
+
+    def test_multi_exec_discard(self):
+        cases = [
+            (b"MULTI\r\nMULTI\r\nSET a 1\r\nEXEC\r\n",
+             b"+OK\r\n-ERR MULTI calls can not be nested\r\n+QUEUED\r\n"
+             b"*1\r\n+OK\r\n"),
+            (b"MULTI\r\nFOO\r\nSET a 1\r\nEXEC\r\n",
+             b"+OK\r\n-ERR unknown command 'FOO', with args beginning with: "
+             b"\r\n+QUEUED\r\n-EXECABORT Transaction discarded because of "
+             b"previous errors.\r\n"),
+            (b"MULTI\r\nGET\r\nEXEC\r\n",
+             b"+OK\r\n-ERR wrong number of arguments for 'get' command\r\n"
+             b"-EXECABORT Transaction discarded because of previous "
+             b"errors.\r\n"),
+            (b"MULTI\r\nSET b 1 ex x\r\nGET a\r\nEXEC\r\n",
+             b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n-ERR value is not an "
+             b"integer or out of range\r\n$1\r\n1\r\n"),
+            (b"MULTI\r\nDISCARD\r\nDISCARD\r\n",
+             b"+OK\r\n+OK\r\n-ERR DISCARD without MULTI\r\n"),
+            (b"MULTI\r\nEXEC\r\n", b"+OK\r\n*0\r\n"),
+            (b"EXEC\r\n", b"-ERR EXEC without MULTI\r\n"),
+            (b"MULTI\r\nSELECT 0\r\nPING\r\nEXEC\r\n",
+             b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n+PONG\r\n"),
+            (b"MULTI\r\nEXEC foo\r\nEXEC\r\n",
+             b"+OK\r\n-EXECABORT Transaction discarded because of: wrong "
+             b"number of arguments for 'exec' command\r\n-ERR EXEC without "
+             b"MULTI\r\n"),
+            (b"MULTI\r\nSET t 1\r\nGET t\r\nDEL t t\r\nEXEC\r\nGET t\r\n",
+             b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n$-1\r\n"
+             b":1\r\n$-1\r\n"),
+        ]
+        self.r.set("a", "1")
+        for cmd, want in cases:
+            self.check(cmd, want)
+        # DISCARD drops the queued writes
+        self.assertEqual(self.raw(b"MULTI\r\nSET d 1\r\nDISCARD\r\nGET d\r\n"),
+                         b"+OK\r\n+QUEUED\r\n+OK\r\n$-1\r\n")
+
+    def test_error_texts(self):
+        cases = [
+            (b"foo a b", b"-ERR unknown command 'foo', with args beginning "
+             b"with: 'a' 'b' "),
+            (b"get", b"-ERR wrong number of arguments for 'get' command"),
+            (b"set k v ex 0", b"-ERR invalid expire time in 'set' command"),
+            (b"set k v ex abc", b"-ERR value is not an integer or out of range"),
+            (b"set k v nx xx", b"-ERR syntax error"),
+            (b"set k v ex", b"-ERR syntax error"),
+            (b"set k v ex 10 px 10", b"-ERR syntax error"),
+            (b"set k v keepttl ex 1", b"-ERR syntax error"),
+            (b"set k v exat 0", b"-ERR invalid expire time in 'set' command"),
+            (b"set k v ex 9223372036854775807",
+             b"-ERR invalid expire time in 'set' command"),
+            (b"set k v px 9223372036854775807",
+             b"-ERR invalid expire time in 'set' command"),
+            (b"setex k 0 v", b"-ERR invalid expire time in 'setex' command"),
+            (b"psetex k -1 v", b"-ERR invalid expire time in 'psetex' command"),
+            (b"expire k abc", b"-ERR value is not an integer or out of range"),
+            (b"expire k 10 nx xx", b"-ERR NX and XX, GT or LT options at the "
+             b"same time are not compatible"),
+            (b"expire k 10 gt lt", b"-ERR GT and LT options at the same time "
+             b"are not compatible"),
+            (b"expire k 10 foo", b"-ERR Unsupported option foo"),
+            (b"expire k 99999999999999999",
+             b"-ERR invalid expire time in 'expire' command"),
+            (b"select 1", b"-ERR DB index is out of range"),
+            (b"select x", b"-ERR value is not an integer or out of range"),
+            (b"select 0", b"+OK"),
+            (b"hello 3", b"-NOPROTO sorry, this protocol version is not "
+             b"supported"),
+            (b"hello 1", b"-NOPROTO unsupported protocol version"),
+            (b"hello x", b"-ERR Protocol version is not an integer or out of "
+             b"range"),
+            (b"client setname 'a b'", b"-ERR Client names cannot contain "
+             b"spaces, newlines or special characters."),
+            (b"client foo", b"-ERR unknown subcommand 'foo'. Try CLIENT HELP."),
+            (b"client setname", b"-ERR wrong number of arguments for "
+             b"'client|setname' command"),
+            (b"command foo", b"-ERR unknown subcommand 'foo'. Try COMMAND "
+             b"HELP."),
+            (b"config get", b"-ERR wrong number of arguments for 'config|get' "
+             b"command"),
+            (b"scan x", b"-ERR invalid cursor"),
+            (b"scan 0 count 0", b"-ERR syntax error"),
+            (b"scan 0 foo", b"-ERR syntax error"),
+            (b"ping a b", b"-ERR wrong number of arguments for 'ping' command"),
+            (b"flushdb foo", b"-ERR syntax error"),
+            (b"mset a 1 b", b"-ERR wrong number of arguments for 'mset' "
+             b"command"),
+            (b"auth a b c", b"-ERR syntax error"),
+            (b"discard", b"-ERR DISCARD without MULTI"),
+        ]
+        for cmd, want in cases:
+            self.check(cmd + b"\r\n", want + b"\r\n")
+
+    def test_connection_commands(self):
+        r = self.r
+        self.assertTrue(r.ping())
+        self.assertEqual(r.echo(b"\x00\xff"), b"\x00\xff")
+        self.assertTrue(r.client_setname("inductor"))
+        self.assertIn(r.client_getname(), ("inductor", b"inductor"))
+        self.assertIsInstance(r.client_id(), int)
+        self.assertEqual(r.execute_command("CLIENT", "SETINFO", "lib-name",
+                                           "redis-py"), b"OK")
+        self.assertGreater(r.command_count(), 20)
+        self.assertEqual(r.config_get("save"), {"save": ""})
+        self.assertEqual(r.config_get("appendonly"), {"appendonly": "no"})
+        self.assertEqual(r.config_get("nosuch"), {})
+        hello = r.execute_command("HELLO", "2")
+        self.assertEqual(hello[:4], [b"server", b"redis", b"version", b"7.0.0"])
+        self.assertEqual(self.raw(b"QUIT\r\nPING\r\n"), b"+OK\r\n<EOF>")
+
+    def test_info_and_dbsize(self):
+        r = self.r
+        self.assertEqual(r.dbsize(), 0)
+        self.assertEqual(r.info("keyspace"), {})
+        r.mset({"a": "1", "b": "2"})
+        r.set("c", "3", ex=100)
+        self.assertEqual(r.dbsize(), 3)
+        ks = r.info("keyspace")["db0"]
+        self.assertEqual(ks["keys"], 3)
+        self.assertEqual(ks["expires"], 1)
+        info = r.info()
+        for field in ("redis_version", "connected_clients", "used_memory",
+                      "keyspace_hits", "uptime_in_seconds"):
+            self.assertIn(field, info)
+        self.assertGreaterEqual(info["connected_clients"], 1)
+        self.assertEqual(r.info("nosuch"), {})
+
+    def test_scan_and_keys(self):
+        r = self.r
+        names = {("key:%d" % i).encode() for i in range(300)}
+        names |= {b"other:1", b"other:2"}
+        r.mset({n: b"v" for n in names})
+        seen, cur = set(), 0
+        while True:
+            cur, keys = r.scan(cur, match="key:*", count=50)
+            seen |= set(keys)
+            if cur == 0:
+                break
+        self.assertEqual(seen, {n for n in names if n.startswith(b"key:")})
+        self.assertEqual(set(r.scan_iter()), names)
+        self.assertEqual(set(r.scan_iter(_type="string")), names)
+        self.assertEqual(r.scan(0, _type="hash"), (0, []))
+        self.assertEqual(sorted(r.keys("other:*")), [b"other:1", b"other:2"])
+        self.assertEqual(len(r.keys("*")), 302)
+        self.assertEqual(r.keys("key:1?"), sorted(r.keys("key:1?")) and r.keys("key:1?"))
+        self.assertEqual(set(r.keys("key:1?")), {b"key:%d" % i for i in range(10, 20)})
+
+    def test_metrics(self):
+        self.r.get("m")
+        self.r.set("m", "1")
+        self.raw(b"NOSUCH\r\nGET\r\n", b"-ERR")
+        text = self.srv.metrics()
+
+        def value(labels):
+            for line in text.splitlines():
+                if line.startswith("kcached_resp_commands_total{%s}" % labels):
+                    return int(line.split()[-1])
+            self.fail("no metric " + labels)
+        self.assertGreaterEqual(value('cmd="get",result="ok"'), 1)
+        self.assertGreaterEqual(value('cmd="set",result="ok"'), 1)
+        self.assertGreaterEqual(value('cmd="get",result="error"'), 1)
+        self.assertGreaterEqual(value('cmd="unknown",result="error"'), 1)
+        self.assertIn("kcached_resp_commits_total", text)
+
+    def test_flush(self):
+        self.r.mset({"a": "1", "b": "2"})
+        self.assertTrue(self.r.flushall())
+        self.assertEqual(self.r.dbsize(), 0)
+        self.r.set("a", "1")
+        self.assertTrue(self.r.flushdb(asynchronous=True))
+        self.assertIsNone(self.r.get("a"))
+
+    def test_concurrent_writers_group_commit(self):
+        errors = []
+
+        def writer(n):
+            try:
+                c = self.srv.client()
+                for i in range(100):
+                    assert c.set("w%d:%d" % (n, i), "x" * i)
+                c.close()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        ts = [threading.Thread(target=writer, args=(n,)) for n in range(16)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(self.r.dbsize(), 1600)
+        self.assertEqual(self.r.get("w7:42"), b"x" * 42)
+
+    def test_random_pipelines_match_a_model(self):
+        """Pipelines mixing writes, reads and transactions on 8 connections
+        at once: every reply as a dict model of each connection's keys says
+        (reads after writes see them; reads in MULTI see the state before)."""
+        import random
+        errors = []
+
+        def worker(n):
+            rnd = random.Random(n)
+            c = self.srv.client()
+            model = {}
+            try:
+                for _ in range(30):
+                    tx = rnd.random() < 0.3
+                    p = c.pipeline(transaction=tx)
+                    want, before = [], dict(model)
+                    for _ in range(rnd.randint(1, 60)):
+                        k = "r%d:%d" % (n, rnd.randint(0, 9))
+                        op = rnd.random()
+                        seen = before if tx else model
+                        if op < 0.4:
+                            v = os.urandom(rnd.randint(0, 300))
+                            p.set(k, v)
+                            want.append(True)
+                            model[k] = v
+                        elif op < 0.55:
+                            p.delete(k)
+                            want.append(int(k in model))
+                            model.pop(k, None)
+                        elif op < 0.85:
+                            p.get(k)
+                            want.append(seen.get(k))
+                        else:
+                            p.exists(k)
+                            want.append(int(k in seen))
+                    got = p.execute()  # DEL counts in order, also in MULTI
+                    assert got == want, (n, got, want)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+            finally:
+                c.close()
+        ts = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+
+    def test_bad_input_closes_only_that_connection(self):
+        other = self.srv.client()
+        other.set("alive", "1")
+        cases = [
+            (b"*1\r\n$999999999999\r\n",
+             b"-ERR Protocol error: invalid bulk length\r\n<EOF>"),
+            (b"*1\r\n$-5\r\n", b"-ERR Protocol error: invalid bulk length\r\n"
+             b"<EOF>"),
+            (b"*99999999999\r\n",
+             b"-ERR Protocol error: invalid multibulk length\r\n<EOF>"),
+            (b"*2000000\r\n",
+             b"-ERR Protocol error: invalid multibulk length\r\n<EOF>"),
+            (b"*x\r\n", b"-ERR Protocol error: invalid multibulk length\r\n"
+             b"<EOF>"),
+            (b"*1\r\n+abc\r\n",
+             b"-ERR Protocol error: expected '$', got '+'\r\n<EOF>"),
+            (b"\"abc\r\n", b"-ERR Protocol error: unbalanced quotes in "
+             b"request\r\n<EOF>"),
+            (b"PING\r\n*1\r\n$x\r\n", b"+PONG\r\n-ERR Protocol error: invalid "
+             b"bulk length\r\n<EOF>"),
+            (b"SET q 1\r\n*1\r\n$x\r\n", b"+OK\r\n-ERR Protocol error: invalid "
+             b"bulk length\r\n<EOF>"),
+            (b"A" * 70000, b"-ERR Protocol error: too big inline request\r\n"
+             b"<EOF>"),
+            (b"*-1\r\n*0\r\n\r\n\r\nPING\r\n", b"+PONG\r\n"),
+            (b"*2\r\n$4\r\nECHO\r\n$3\r\nabcXY*1\r\n$4\r\nPING\r\n",
+             b"$3\r\nabc\r\n+PONG\r\n"),
+        ]
+        for data, want in cases:
+            self.check(data, want)
+            self.assertEqual(other.get("alive"), b"1")
+        # an unterminated frame: the server waits; the client goes away
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        s.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nu\r\n$100\r\nabc")
+        self.assertEqual(other.get("alive"), b"1")
+        s.close()
+        time.sleep(0.1)
+        self.assertIsNone(other.get("u"))
+        # byte by byte
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        for b in b"*3\r\n$3\r\nSET\r\n$2\r\nbb\r\n$3\r\nxyz\r\n":
+            s.sendall(bytes([b]))
+        s.settimeout(5)
+        self.assertEqual(s.recv(100), b"+OK\r\n")
+        s.close()
+        self.assertEqual(other.get("bb"), b"xyz")
+        other.close()
+
+    def test_inline_quoting(self):
+        self.assertEqual(self.raw(b"ECHO \"a\\x41\\n\\\"\"\r\n"),
+                         b"$4\r\naA\n\"\r\n")
+        self.assertEqual(self.raw(b"ECHO 'b\\'c'\r\n"), b"$3\r\nb'c\r\n")
+        self.assertEqual(self.raw(b"ECHO \"a\"b\r\n"),
+                         b"-ERR Protocol error: unbalanced quotes in request"
+                         b"\r\n<EOF>")
+        self.assertEqual(self.raw(b"PING\n"), b"+PONG\r\n")
+
+    def test_redis_cli_and_benchmark(self):
+        cli = shutil.which("redis-cli")
+        if not cli:
+            self.skipTest("redis-cli not installed")
+        out = subprocess.run([cli, "-p", str(self.srv.port), "PING"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.stdout.strip(), "PONG")
+        out = subprocess.run([cli, "-p", str(self.srv.port), "SET", "c", "v"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.stdout.strip(), "OK")
+        self.assertEqual(self.raw(b"PING\r\n"), b"+PONG\r\n")
+        bench = shutil.which("redis-benchmark")
+        if not bench:
+            return
+        out = subprocess.run([bench, "-p", str(self.srv.port), "-t", "set,get",
+                              "-n", "2000", "-q"], capture_output=True,
+                             text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("SET:", out.stdout)
+        self.assertIn("GET:", out.stdout)
+        self.assertNotIn("ERR", out.stdout + out.stderr)
+
+
+class TokenServer(unittest.TestCase):
+    """--tokens: AUTH, roles, Inductor's connect sequence."""
+
+    @classmethod
+    def setUpClass(cls):
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        cls.toks, path = make_tokens(d)
+        cls.srv = Server("--tokens", path, data_dir=d).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.srv.dir, ignore_errors=True)
+
+    def test_inductor_sequence(self):
+        # torch._inductor.remote_cache.RedisRemoteCacheBackend
+        url = "redis://:%s@127.0.0.1:%d" % (self.toks["write"], self.srv.port)
+        r = redis.Redis.from_url(url)
+        key = "pt2:fx-graph-v1::abcdef0123"
+        data = os.urandom(70000)
+        self.assertIsNone(r.get(key))
+        self.assertTrue(r.set(key, data, ex=3600))
+        self.assertEqual(r.get(key), data)
+        self.assertGreater(r.ttl(key), 3500)
+        r.close()
+        # with the token's name as the user
+        url = "redis://writer:%s@127.0.0.1:%d" % (self.toks["write"],
+                                                 self.srv.port)
+        r = redis.Redis.from_url(url)
+        self.assertEqual(r.get(key), data)
+        r.close()
+
+    def test_auth_matrix(self):
+        p = self.srv.port
+        self.assertEqual(raw(p, b"GET a\r\nSET a 1\r\nPING\r\nFLUSHDB\r\n"),
+                         b"-NOAUTH Authentication required.\r\n" * 4)
+        self.assertEqual(raw(p, b"AUTH wrong\r\nGET a\r\n"),
+                         b"-WRONGPASS invalid username-password pair or user "
+                         b"is disabled.\r\n-NOAUTH Authentication required.\r\n")
+        self.assertEqual(raw(p, b"foo\r\n"), b"-ERR unknown command 'foo', "
+                         b"with args beginning with: \r\n")
+        self.assertEqual(raw(p, b"*20\r\n"), b"-ERR Protocol error: "
+                         b"unauthenticated multibulk length\r\n<EOF>")
+        self.assertEqual(raw(p, b"*2\r\n$4\r\nECHO\r\n$20000\r\n"),
+                         b"-ERR Protocol error: unauthenticated bulk length"
+                         b"\r\n<EOF>")
+        noperm = b"-NOPERM this user has no permissions to run the '%s' command\r\n"
+        want = {
+            "read": [b"+OK\r\n", b"$-1\r\n", noperm % b"set", noperm % b"del",
+                     noperm % b"flushdb"],
+            "write": [b"+OK\r\n", b"$-1\r\n", b"+OK\r\n", b":1\r\n",
+                      noperm % b"flushdb"],
+            "admin": [b"+OK\r\n", b"$-1\r\n", b"+OK\r\n", b":1\r\n",
+                      b"+OK\r\n"],
+        }
+        for role, replies in want.items():
+            tok = self.toks[role].encode()
+            out = raw(p, b"AUTH " + tok + b"\r\nGET m\r\nSET m 1\r\nDEL m\r\n"
+                      b"FLUSHDB\r\n")
+            self.assertEqual(out, b"".join(replies), role)
+        tok = self.toks["read"].encode()
+        self.assertEqual(raw(p, b"AUTH reader " + tok + b"\r\nPING\r\n"),
+                         b"+OK\r\n+PONG\r\n")
+        self.assertEqual(raw(p, b"AUTH writer " + tok + b"\r\n"),
+                         b"-WRONGPASS invalid username-password pair or user "
+                         b"is disabled.\r\n")
+        out = raw(p, b"HELLO 2 AUTH writer " + self.toks["write"].encode() +
+                  b"\r\nSET h 1\r\n")
+        self.assertTrue(out.startswith(b"*14\r\n$6\r\nserver\r\n"), out)
+        self.assertTrue(out.endswith(b"+OK\r\n"), out)
+        self.assertTrue(raw(p, b"HELLO 2\r\n").startswith(b"-NOAUTH HELLO must"))
+        r = redis.Redis(host="127.0.0.1", port=p, password="nope")
+        with self.assertRaises((redis.exceptions.ResponseError,
+                                redis.exceptions.AuthenticationError)) as cm:
+            r.ping()
+        self.assertIn("WRONGPASS", str(cm.exception).upper() + "WRONGPASS"
+                      if "invalid username-password" in str(cm.exception)
+                      else str(cm.exception))
+
+
+class AnonymousWrite(unittest.TestCase):
+    """Triton's backend: redis.Redis(host, port), no password, mget/set."""
+
+    def test_triton_sequence(self):
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        toks, path = make_tokens(d)
+        srv = Server("--tokens", path, "--resp-anonymous-role", "write",
+                     data_dir=d).start()
+        try:
+            r = redis.Redis(host="127.0.0.1", port=srv.port)
+            keys = ["triton:%s:%s" % ("ab" * 32, f)
+                    for f in ("k.cubin", "k.json", "k.ptx")]
+            self.assertEqual(r.mget(keys), [None, None, None])
+            for k in keys:
+                self.assertTrue(r.set(k, k.encode() * 100))
+            self.assertEqual(r.mget(keys), [k.encode() * 100 for k in keys])
+            with self.assertRaises(redis.exceptions.NoPermissionError):
+                r.flushdb()
+            r.close()
+        finally:
+            srv.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class FakeS3(http.server.BaseHTTPRequestHandler):
+    """Answers every object read with 404 after a second (and records it),
+    takes every write: enough to see the read-through asked without the
+    listener waiting for it."""
+    gets = []
+
+    def log_message(self, *a):
+        pass
+
+    def _empty(self, code):
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self):
+        FakeS3.gets.append(self.path)
+        if "/kv" in self.path:
+            time.sleep(1.0)
+        body = b"<Error><Code>NoSuchKey</Code></Error>"
+        self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_HEAD(self):
+        self._empty(404)
+
+    def do_PUT(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("ETag", '"x"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_DELETE(self):
+        self._empty(204)
+
+
+class ReadThrough(unittest.TestCase):
+    """With --s3-endpoint, a GET/MGET miss asks the bucket on the fetcher
+    threads; other clients go on meanwhile."""
+
+    def test_miss_reads_through_without_blocking(self):
+        s3 = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeS3)
+        threading.Thread(target=s3.serve_forever, daemon=True).start()
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        env = dict(os.environ, AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b")
+        old = os.environ.copy()
+        os.environ.update(env)
+        srv = Server("--s3-endpoint", "http://127.0.0.1:%d" %
+                     s3.server_address[1], "--s3-bucket", "bkt",
+                     "--s3-path-style", data_dir=d).start()
+        os.environ.clear()
+        os.environ.update(old)
+        try:
+            r, other = srv.client(), srv.client()
+            r.set("here", "1")
+            FakeS3.gets.clear()
+            got = {}
+
+            def slow():
+                t = time.time()
+                got["mget"] = r.mget("here", "gone")
+                got["secs"] = time.time() - t
+            t = threading.Thread(target=slow)
+            t.start()
+            time.sleep(0.2)
+            t0 = time.time()
+            self.assertTrue(other.ping())
+            self.assertEqual(other.get("here"), b"1")
+            self.assertLess(time.time() - t0, 0.5, "the listener waited")
+            t.join()
+            self.assertEqual(got["mget"], [b"1", None])
+            self.assertGreaterEqual(got["secs"], 0.9)
+            self.assertTrue(any("/kv" in g for g in FakeS3.gets), FakeS3.gets)
+            n = len(FakeS3.gets)
+            self.assertEqual(r.execute_command("MULTI"), b"OK")
+            r.execute_command("GET", "gone2")
+            self.assertEqual(r.execute_command("EXEC"), [None])
+            self.assertEqual(len(FakeS3.gets), n, "no read-through in EXEC")
+            r.close()
+            other.close()
+        finally:
+            srv.stop()
+            s3.shutdown()
+            s3.server_close()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class Durability(unittest.TestCase):
+    def test_sigkill_after_acknowledged_sets(self):
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        srv = Server(data_dir=d).start()
+        vals = {("dur:%d" % i).encode(): os.urandom(i * 37 % 5000)
+                for i in range(200)}
+        try:
+            r = srv.client()
+            p = r.pipeline(transaction=False)
+            for i, (k, v) in enumerate(vals.items()):
+                if i % 2:
+                    self.assertTrue(r.set(k, v))
+                else:
+                    p.set(k, v)
+            self.assertTrue(all(p.execute()))
+            r.close()
+            srv.stop(signal.SIGKILL)
+            srv.start()
+            r = srv.client()
+            self.assertEqual(r.dbsize(), 200)
+            got = r.mget(list(vals))
+            self.assertEqual(got, list(vals.values()))
+            r.close()
+        finally:
+            srv.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_max_value(self):
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        srv = Server("--resp-max-value", "1K", data_dir=d).start()
+        try:
+            self.assertEqual(raw(srv.port, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n"
+                                 b"$1024\r\n" + b"x" * 1024 + b"\r\nGET k\r\n"),
+                             b"+OK\r\n$1024\r\n" + b"x" * 1024 + b"\r\n")
+            self.assertEqual(raw(srv.port, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n"
+                                 b"$1025\r\n"),
+                             b"-ERR Protocol error: invalid bulk length\r\n"
+                             b"<EOF>")
+        finally:
+            srv.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print(__doc__)
+        sys.exit(2)
+    KCACHED = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
