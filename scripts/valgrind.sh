@@ -39,7 +39,9 @@ KC_TEST_SKIP=test_large_blob_256mib run store_blob "$build/tests/test_store_blob
 for t in bundle evict crash concurrency scrub; do
   run "store_$t" "$build/tests/test_store_$t"
 done
-run server "$build/tests/test_server"
+for t in blob bundle lease auth ops; do
+  run "server_$t" "$build/tests/test_server_$t"
+done
 run s3 "$build/tests/test_s3"
 run scaleout "$build/tests/test_scaleout"
 KC_RELIABILITY_ITERS=3 run reliability "$build/tests/test_reliability"

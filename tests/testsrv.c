@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -269,4 +270,164 @@ int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n) {
     copies = -1;
   free(text);
   return copies;
+}
+
+/* ---- HTTP ---- */
+
+static size_t on_body(char *p, size_t s, size_t n, void *ud) {
+  kc_testsrv_resp *r = ud;
+  char *nb = realloc(r->body, r->len + s * n + 1);
+  if (!nb)
+    return 0;
+  memcpy(nb + r->len, p, s * n);
+  r->body = nb;
+  r->len += s * n;
+  r->body[r->len] = '\0';
+  return s * n;
+}
+
+/* Keeps the headers of the last response only (not a 100 Continue). */
+static size_t on_header(char *p, size_t s, size_t n, void *ud) {
+  kc_testsrv_resp *r = ud;
+  size_t len = s * n;
+  if (len >= 5 && strncmp(p, "HTTP/", 5) == 0)
+    r->hlen = 0;
+  if (r->hlen + len < sizeof r->hdrs) {
+    memcpy(r->hdrs + r->hlen, p, len);
+    r->hlen += len;
+    r->hdrs[r->hlen] = '\0';
+  }
+  return len;
+}
+
+typedef struct chunk_src {
+  const char *p;
+  size_t left;
+} chunk_src;
+
+static size_t on_read(char *buf, size_t s, size_t n, void *ud) {
+  chunk_src *c = ud;
+  size_t k = s * n < c->left ? s * n : c->left;
+  if (k > 7000)
+    k = 7000; /* several chunks */
+  memcpy(buf, c->p, k);
+  c->p += k;
+  c->left -= k;
+  return k;
+}
+
+static void set_body(CURL *c, const kc_testsrv_req *q, struct curl_slist **h,
+                     chunk_src *src) {
+  if (q->chunked) {
+    src->p = q->body;
+    src->left = q->len;
+    curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(c, CURLOPT_READDATA, src);
+    *h = curl_slist_append(*h, "Transfer-Encoding: chunked");
+  } else {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, q->body ? q->body : "");
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->len);
+  }
+}
+
+static struct curl_slist *headers_of(const kc_testsrv_req *q) {
+  struct curl_slist *h = NULL;
+  char line[512];
+  if (q->token) {
+    snprintf(line, sizeof line, "Authorization: Bearer %s", q->token);
+    h = curl_slist_append(h, line);
+  } else if (q->auth) {
+    snprintf(line, sizeof line, "Authorization: %s", q->auth);
+    h = curl_slist_append(h, line);
+  }
+  if (!q->expect)
+    h = curl_slist_append(h, "Expect:");
+  if (q->header)
+    h = curl_slist_append(h, q->header);
+  return h;
+}
+
+static long mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The options of one request on c, which has been reset. */
+static void set_request(CURL *c, const char *url, const kc_testsrv_req *q,
+                        kc_testsrv_resp *r, struct curl_slist **h,
+                        chunk_src *src) {
+  const char *method = q->method ? q->method : "GET";
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  long timeout_ms = q->timeout_ms ? q->timeout_ms : 60000L;
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* worker threads */
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
+  if (q->cainfo)
+    curl_easy_setopt(c, CURLOPT_CAINFO, q->cainfo);
+  if (strcmp(method, "HEAD") == 0) {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else {
+    if (q->body || q->has_body)
+      set_body(c, q, h, src);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  }
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, *h);
+}
+
+kc_testsrv_resp kc_testsrv_http(CURL *c, const char *base, const char *path,
+                                kc_testsrv_req q) {
+  kc_testsrv_resp r = {0};
+  int own = c == NULL;
+  if (own && !(c = curl_easy_init())) {
+    r.rc = CURLE_FAILED_INIT;
+    return r;
+  }
+  if (!own)
+    curl_easy_reset(c); /* keeps the connection cache */
+  char url[1024];
+  snprintf(url, sizeof url, "%s%s", base, path);
+  struct curl_slist *h = headers_of(&q);
+  chunk_src src;
+  set_request(c, url, &q, &r, &h, &src);
+  long t0 = mono_ms();
+  r.rc = curl_easy_perform(c);
+  r.ms = mono_ms() - t0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+  curl_easy_getinfo(c, CURLINFO_NUM_CONNECTS, &r.connects);
+  curl_slist_free_all(h);
+  if (own)
+    curl_easy_cleanup(c);
+  if (!r.body)
+    r.body = calloc(1, 1);
+  return r;
+}
+
+void kc_testsrv_resp_free(kc_testsrv_resp *r) {
+  free(r->body);
+  r->body = NULL;
+}
+
+int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
+                      size_t cap) {
+  size_t n = strlen(name);
+  for (const char *p = r->hdrs; p && *p;) {
+    if (strncasecmp(p, name, n) == 0 && p[n] == ':') {
+      p += n + 1;
+      while (*p == ' ')
+        p++;
+      size_t k = strcspn(p, "\r\n");
+      snprintf(out, cap, "%.*s", (int)k, p);
+      return 1;
+    }
+    p = strchr(p, '\n');
+    if (p)
+      p++;
+  }
+  return 0;
 }

@@ -6,12 +6,18 @@
  * (the server's stdout and stderr, appended across restarts). The binary is
  * $KCACHED_BIN when set, else the KCACHED_BIN this library was compiled with.
  * Not thread-safe: one thread drives one kc_testsrv.
+ *
+ * kc_testsrv_http is the tests' one HTTP client call (libcurl): any request
+ * to any base URL, the status, body and headers back; it never asserts, so
+ * worker threads may call it (each with its own handle).
  */
 #ifndef KC_TESTSRV_H
 #define KC_TESTSRV_H
 
 #include <stddef.h>
 #include <sys/types.h>
+
+#include <curl/curl.h>
 
 #define KC_TESTSRV_MAX_ARGS 32
 
@@ -50,5 +56,45 @@ const char *kc_testsrv_bin(void);
  * at needle in DIR/data/data.mdb. The number of copies changed, -1 when the
  * file cannot be read or written. */
 int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n);
+
+
+/* ---- HTTP ---- */
+
+typedef struct kc_testsrv_req {
+  const char *method; /* default GET; HEAD asks for headers only */
+  const char *token;  /* Authorization: Bearer TOKEN */
+  const char *auth;   /* or a raw Authorization value */
+  const void *body;   /* sent when not NULL, or when has_body */
+  size_t len;
+  int has_body;       /* send a body (empty when body is NULL) */
+  int chunked;        /* send it with chunked encoding, in 7000-byte pieces */
+  int expect;         /* keep curl's Expect: 100-continue */
+  const char *header; /* one extra "Name: value" */
+  const char *cainfo; /* TLS: verify against this CA */
+  long timeout_ms;    /* the whole request; 0: 60 s */
+} kc_testsrv_req;
+
+typedef struct kc_testsrv_resp {
+  CURLcode rc;
+  long status;       /* curl's CURLINFO_RESPONSE_CODE (0: no response) */
+  char *body;        /* NUL-terminated, "" when none; the caller frees it
+                      * with kc_testsrv_resp_free (NULL only when out of
+                      * memory) */
+  size_t len;
+  char hdrs[16384];  /* the last response's header lines (not a 100) */
+  size_t hlen;
+  long connects;     /* connections this request opened */
+  long ms;           /* how long it took */
+} kc_testsrv_resp;
+
+/* One request for base + path on handle c (NULL: a fresh handle, cleaned up
+ * after; else reset first, which keeps its connections). Never asserts. */
+kc_testsrv_resp kc_testsrv_http(CURL *c, const char *base, const char *path,
+                                kc_testsrv_req q);
+void kc_testsrv_resp_free(kc_testsrv_resp *r);
+/* The value of response header name (case-insensitive), copied to out: 1,
+ * or 0 when absent. */
+int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
+                      size_t cap);
 
 #endif
