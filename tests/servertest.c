@@ -180,16 +180,6 @@ void check_kept(const kc_testsrv *t, const char *d, const char *blob, size_t n,
   resp_free(&r);
 }
 
-/* Reads a whole file (the server log), NUL-terminated; caller frees. */
-char *slurp(const char *path) {
-  char *buf = NULL;
-  size_t len = 0;
-  char err[KC_ERRBUF_SIZE];
-  if (kc_read_file(path, &buf, &len, err))
-    return strdup("");
-  return buf;
-}
-
 /* Runs a shell command; output (stdout and stderr) into out. */
 int run_sh(const char *cmd, char *out, size_t cap) {
   FILE *p = popen(cmd, "r");
@@ -230,11 +220,6 @@ void new_token(const char *role, const char *name, const char *file,
   assert_non_null(f);
   fputs(nl + 1, f);
   fclose(f);
-}
-
-void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
 }
 
 int raw_connect(int port) {
@@ -289,10 +274,8 @@ int open_teardown(void **state) {
   (void)state;
   int rc = kc_testsrv_stop(&S);
   if (rc != 0) {
-    char *log = slurp(S.log);
-    fprintf(stderr, "kcached exited %d; log tail:\n%s\n", rc,
-            strlen(log) > 4000 ? log + strlen(log) - 4000 : log);
-    free(log);
+    fprintf(stderr, "kcached exited %d\n", rc);
+    kc_testsrv_show_log(&S, "S");
   }
   kc_testsrv_cleanup(&S);
   return rc == 0 ? 0 : -1;

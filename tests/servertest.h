@@ -70,8 +70,6 @@ void check_kept(const kc_testsrv *t, const char *d, const char *blob,
 
 /* ---- processes and files ---- */
 
-/* Reads a whole file (the server log), NUL-terminated ("" when it cannot). */
-char *slurp(const char *path);
 /* Runs a shell command; output (stdout and stderr) into out (may be NULL);
  * its exit status, -1 when it did not exit. */
 int run_sh(const char *cmd, char *out, size_t cap);
@@ -80,7 +78,6 @@ int run_kcached(const char *args, char *out, size_t cap);
 /* Makes a token with `kcached token` and appends its line to file. */
 void new_token(const char *role, const char *name, const char *file,
               char *token, size_t cap);
-void sleep_ms(long ms);
 
 /* ---- raw sockets ---- */
 

@@ -142,11 +142,11 @@ static void t_auth_tokens_not_logged(void **state) {
   char d[65];
   assert_int_equal(put_blob(&A, T.write, "logged?", 7, d), 201);
   /* Access lines reach the log within a second (buffered). */
-  char *log = slurp(A.log);
+  char *log = kc_testsrv_slurp(A.log);
   for (int i = 0; i < 40 && !strstr(log, d); i++) {
     free(log);
-    sleep_ms(100);
-    log = slurp(A.log);
+    kc_testsrv_sleep_ms(100);
+    log = kc_testsrv_slurp(A.log);
   }
   assert_non_null(strstr(log, d));
   assert_null(strstr(log, T.read));
@@ -188,7 +188,7 @@ static long wait_status(const kc_testsrv *t, const char *token, long want) {
   for (int i = 0; i < 250 && st != want; i++) {
     st = status_with(t, token);
     if (st != want)
-      sleep_ms(20);
+      kc_testsrv_sleep_ms(20);
   }
   return st;
 }
@@ -207,7 +207,7 @@ static void t_sighup_reload(void **state) {
   assert_int_equal(status_with(&t, first), 200);
   assert_int_equal(status_with(&t, second), 401);
   /* add the second token */
-  char *line = slurp(side);
+  char *line = kc_testsrv_slurp(side);
   FILE *f = fopen(file, "a");
   fputs(line, f);
   fclose(f);
@@ -226,10 +226,10 @@ static void t_sighup_reload(void **state) {
   fputs("this is not a token line\n", f);
   fclose(f);
   kill(t.pid, SIGHUP);
-  sleep_ms(300);
+  kc_testsrv_sleep_ms(300);
   assert_int_equal(status_with(&t, second), 200);
   assert_int_equal(kc_testsrv_stop(&t), 0);
-  char *log = slurp(t.log);
+  char *log = kc_testsrv_slurp(t.log);
   assert_non_null(strstr(log, "keeping the old tokens"));
   free(log);
   kc_testsrv_cleanup(&t);

@@ -177,11 +177,11 @@ static void t_upload_disconnect(void **state) {
   raw_send(fd, head, (size_t)n);
   memset(piece, 'z', sizeof piece);
   raw_send(fd, piece, sizeof piece);
-  sleep_ms(200);
+  kc_testsrv_sleep_ms(200);
   close(fd); /* mid-body */
   long after = before;
   for (int i = 0; i < 100 && after <= before; i++) {
-    sleep_ms(50);
+    kc_testsrv_sleep_ms(50);
     after = metric(&S, "kcached_uploads_aborted_total");
   }
   assert_true(after > before);
@@ -257,7 +257,7 @@ static void t_scrub_removes_rotted(void **state) {
   long found = 0;
   for (int i = 0; i < 500 && found == 0; i++) {
     if ((found = metric(&t, "kcached_scrub_corrupt_total")) == 0)
-      sleep_ms(20);
+      kc_testsrv_sleep_ms(20);
   }
   assert_int_equal(found, 1);
   snprintf(path, sizeof path, "/v1/blobs/%s", d);
@@ -274,7 +274,7 @@ static void t_scrub_removes_rotted(void **state) {
   long passes = metric(&t, "kcached_scrub_passes_total");
   for (int i = 0; i < 500 && metric(&t, "kcached_scrub_passes_total") <
                                  passes + 2; i++)
-    sleep_ms(20);
+    kc_testsrv_sleep_ms(20);
   assert_true(metric(&t, "kcached_scrub_passes_total") >= passes + 2);
   assert_int_equal(metric(&t, "kcached_scrub_corrupt_total"), 1);
   check_kept(&t, d, blob, sizeof blob, key, json);

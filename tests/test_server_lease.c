@@ -102,7 +102,7 @@ static void t_lease_ttl(void **state) {
   r = lease_post(NULL, key, "{\"holder\":\"b\",\"ttl_s\":1}");
   assert_int_equal(r.status, 409);
   resp_free(&r);
-  sleep_ms(1300);
+  kc_testsrv_sleep_ms(1300);
   r = lease_post(NULL, key, "{\"holder\":\"b\",\"ttl_s\":1}");
   assert_int_equal(r.status, 201);
   resp_free(&r);

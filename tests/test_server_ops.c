@@ -175,11 +175,11 @@ static void t_keepalive(void **state) {
 /* Access lines are buffered up to a second (server/log.c): waits for them. */
 static void t_access_log(void **state) {
   (void)state;
-  char *log = slurp(S.log);
+  char *log = kc_testsrv_slurp(S.log);
   for (int i = 0; i < 50 && !strstr(log, " GET /healthz 200 "); i++) {
     free(log);
-    sleep_ms(100);
-    log = slurp(S.log);
+    kc_testsrv_sleep_ms(100);
+    log = kc_testsrv_slurp(S.log);
   }
   assert_non_null(strstr(log, " GET /healthz 200 "));
   assert_non_null(strstr(log, "us="));
@@ -295,7 +295,7 @@ static void t_json_log(void **state) {
   resp r = http(&t, "/nope%0A%22injected", (req){0});
   resp_free(&r);
   assert_int_equal(kc_testsrv_stop(&t), 0);
-  char *log = slurp(t.log), *save = NULL;
+  char *log = kc_testsrv_slurp(t.log), *save = NULL;
   int access = 0;
   for (char *line = strtok_r(log, "\n", &save); line;
        line = strtok_r(NULL, "\n", &save)) {
@@ -336,16 +336,16 @@ static void t_graceful_stop(void **state) {
                    d, n);
   raw_send(fd, head, (size_t)h);
   raw_send(fd, blob, n / 2);
-  sleep_ms(200);
+  kc_testsrv_sleep_ms(200);
   kill(t.pid, SIGTERM);
-  sleep_ms(300);
+  kc_testsrv_sleep_ms(300);
   raw_send(fd, blob + n / 2, n - n / 2);
   raw_recv_all(fd, reply, sizeof reply);
   close(fd);
   assert_non_null(strstr(reply, "HTTP/1.1 201"));
   int waited = 0, rc = -1, st;
   while (waited < 30000 && waitpid(t.pid, &st, WNOHANG) == 0) {
-    sleep_ms(20);
+    kc_testsrv_sleep_ms(20);
     waited += 20;
   }
   rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -403,7 +403,7 @@ static void t_env_vars(void **state) {
   assert_int_equal(put_blob(&t, NULL, blob, sizeof blob, d), 413);
   assert_int_equal(put_blob(&t, NULL, blob, 2000, d), 201);
   assert_int_equal(kc_testsrv_stop(&t), 0);
-  char *log = slurp(t.log);
+  char *log = kc_testsrv_slurp(t.log);
   assert_non_null(strstr(log, " info listening on ")); /* text, not JSON */
   free(log);
   kc_testsrv_cleanup(&t);

@@ -29,7 +29,13 @@ const char *kc_testsrv_bin(void) {
   return b && *b ? b : KCACHED_BIN;
 }
 
-static void sleep_ms(long ms) {
+long kc_testsrv_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void kc_testsrv_sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
 }
@@ -145,7 +151,7 @@ static int wait_ready(kc_testsrv *t, const char *port_file) {
                has_tls(t) ? "https" : "http", t->port);
     if (t->port && healthy(t))
       return 0;
-    sleep_ms(20);
+    kc_testsrv_sleep_ms(20);
   }
   kc_testsrv_kill(t);
   return -1;
@@ -185,7 +191,7 @@ static int wait_exit(kc_testsrv *t, int ms) {
         return -1;
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
-    sleep_ms(10);
+    kc_testsrv_sleep_ms(10);
   }
   return -2;
 }
@@ -236,7 +242,7 @@ void kc_testsrv_cleanup(kc_testsrv *t) {
 }
 
 /* Reads a whole file into memory (malloc'd); NULL on error. */
-static char *slurp(FILE *f, size_t *len) {
+static char *read_all(FILE *f, size_t *len) {
   char *text = NULL;
   FILE *m = open_memstream(&text, len);
   char buf[65536];
@@ -250,12 +256,36 @@ static char *slurp(FILE *f, size_t *len) {
   return text;
 }
 
+char *kc_testsrv_slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  size_t len = 0;
+  char *text = f ? read_all(f, &len) : NULL;
+  if (f)
+    fclose(f);
+  return text ? text : strdup("");
+}
+
+void kc_testsrv_show_log(const kc_testsrv *t, const char *name) {
+  FILE *f = fopen(t->log, "r");
+  if (!f)
+    return;
+  char buf[4001];
+  fseek(f, 0, SEEK_END);
+  long end = ftell(f);
+  fseek(f, end > 4000 ? end - 4000 : 0, SEEK_SET);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  fprintf(stderr, "---- kcached %s log (%s), last %zu bytes ----\n%s\n",
+          name ? name : "", t->log, n, buf);
+}
+
 int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n) {
   char path[400];
   snprintf(path, sizeof path, "%s/data.mdb", t->data);
   FILE *f = fopen(path, "r+b");
   size_t len = 0;
-  char *text = f ? slurp(f, &len) : NULL;
+  char *text = f ? read_all(f, &len) : NULL;
   int copies = text ? 0 : -1;
   for (char *p = text; n && p && (p = memmem(p, len - (size_t)(p - text),
                                               needle, n)); p += n) {
@@ -348,12 +378,6 @@ static struct curl_slist *headers_of(const kc_testsrv_req *q) {
   return h;
 }
 
-static long mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* The options of one request on c, which has been reset. */
 static void set_request(CURL *c, const char *url, const kc_testsrv_req *q,
                         kc_testsrv_resp *r, struct curl_slist **h,
@@ -395,9 +419,9 @@ kc_testsrv_resp kc_testsrv_http(CURL *c, const char *base, const char *path,
   struct curl_slist *h = headers_of(&q);
   chunk_src src;
   set_request(c, url, &q, &r, &h, &src);
-  long t0 = mono_ms();
+  long t0 = kc_testsrv_now_ms();
   r.rc = curl_easy_perform(c);
-  r.ms = mono_ms() - t0;
+  r.ms = kc_testsrv_now_ms() - t0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
   curl_easy_getinfo(c, CURLINFO_NUM_CONNECTS, &r.connects);
   curl_slist_free_all(h);

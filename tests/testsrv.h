@@ -58,6 +58,18 @@ const char *kc_testsrv_bin(void);
 int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n);
 
 
+/* ---- small helpers of every integration test ---- */
+
+/* Milliseconds of CLOCK_MONOTONIC. */
+long kc_testsrv_now_ms(void);
+void kc_testsrv_sleep_ms(long ms);
+/* A whole file (a server log), NUL-terminated, malloc'd; "" (malloc'd) when
+ * it cannot be read, NULL only when out of memory. */
+char *kc_testsrv_slurp(const char *path);
+/* The last 4000 bytes of t's log on stderr, headed by name (may be NULL),
+ * for failure messages. */
+void kc_testsrv_show_log(const kc_testsrv *t, const char *name);
+
 /* ---- HTTP ---- */
 
 typedef struct kc_testsrv_req {
