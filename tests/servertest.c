@@ -223,14 +223,8 @@ void new_token(const char *role, const char *name, const char *file,
 }
 
 int raw_connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int fd = kc_testsrv_connect(port);
   assert_true(fd >= 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_port = htons((uint16_t)port)};
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-  struct timeval tv = {20, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   return fd;
 }
 

@@ -81,6 +81,7 @@ void new_token(const char *role, const char *name, const char *file,
 
 /* ---- raw sockets ---- */
 
+/* kc_testsrv_connect, asserted. */
 int raw_connect(int port);
 void raw_send(int fd, const void *p, size_t n);
 /* Reads until the peer closes or the buffer is full; NUL-terminates. */

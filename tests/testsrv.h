@@ -70,6 +70,10 @@ char *kc_testsrv_slurp(const char *path);
  * for failure messages. */
 void kc_testsrv_show_log(const kc_testsrv *t, const char *name);
 
+/* A TCP connection to 127.0.0.1:port (close-on-exec, reads time out after
+ * 20 s), for what libcurl will not send; the fd, -1 on error. */
+int kc_testsrv_connect(int port);
+
 /* ---- HTTP ---- */
 
 typedef struct kc_testsrv_req {
