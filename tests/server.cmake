@@ -10,7 +10,7 @@ endif()
 add_library(kc_testsrv STATIC ${CMAKE_CURRENT_LIST_DIR}/testsrv.c)
 target_include_directories(kc_testsrv PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_compile_definitions(kc_testsrv PUBLIC KCACHED_BIN="$<TARGET_FILE:kcached>")
-target_link_libraries(kc_testsrv PUBLIC PkgConfig::CURL)
+target_link_libraries(kc_testsrv PUBLIC kc_schema PkgConfig::CURL)
 add_dependencies(kc_testsrv kcached)
 
 add_library(kc_servertest STATIC ${CMAKE_CURRENT_LIST_DIR}/servertest.c)

@@ -110,34 +110,8 @@ long put_blob(const kc_testsrv *t, const char *token, const void *p, size_t n,
 char *make_manifest(const char *model, uint64_t batch, const char *arch,
                     char (*digests)[65], const uint64_t *sizes, size_t n,
                     char key[65]) {
-  kc_manifest *m = kc_manifest_new();
-  assert_non_null(m);
-  snprintf(m->fields.model, sizeof m->fields.model, "%s", model);
-  memset(m->fields.build, 'b', KC_HEX_LEN);
-  snprintf(m->fields.arch, sizeof m->fields.arch, "%s", arch);
-  m->fields.bucket.n = 1;
-  snprintf(m->fields.bucket.dims[0].name, KC_NAME_MAX + 1, "batch");
-  m->fields.bucket.dims[0].value = batch;
-  m->fields.n_tools = 1;
-  snprintf(m->fields.tools[0].name, KC_NAME_MAX + 1, "cuda");
-  snprintf(m->fields.tools[0].value, KC_TOOL_VALUE_MAX + 1, "13.0");
-  const char *entries[] = {"gemm"};
-  for (size_t i = 0; i < n; i++) {
-    char path[32];
-    snprintf(path, sizeof path, "k%zu.cubin", i);
-    assert_int_equal(kc_manifest_add_file(m, path, digests[i], sizes[i],
-                                          KC_KIND_CUBIN, entries, 1, NULL),
-                     KC_OK);
-  }
-  char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kc_manifest_seal(m, err);
-  if (e)
-    fprintf(stderr, "seal: %s\n", err);
-  assert_int_equal(e, KC_OK);
-  char *json = NULL;
-  assert_int_equal(kc_manifest_to_json(m, &json, err), KC_OK);
-  memcpy(key, m->key, 65);
-  kc_manifest_free(m);
+  char *json = kc_testsrv_manifest(model, batch, arch, digests, sizes, n, key);
+  assert_non_null(json);
   return json;
 }
 

@@ -56,8 +56,7 @@ void fill_random(char *p, size_t n, unsigned seed);
 /* PUTs the blob (writes its digest); the HTTP status. */
 long put_blob(const kc_testsrv *t, const char *token, const void *p, size_t n,
               char digest[65]);
-/* A manifest (canonical JSON, malloc'd) of one file per digest; writes its
- * key. */
+/* kc_testsrv_manifest, asserted. */
 char *make_manifest(const char *model, uint64_t batch, const char *arch,
                     char (*digests)[65], const uint64_t *sizes, size_t n,
                     char key[65]);

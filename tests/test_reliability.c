@@ -195,43 +195,6 @@ static const bundle_rec *vec_find(const bundle_vec *b, const char *key) {
   return NULL;
 }
 
-/* Canonical manifest (malloc'd) of the files; NULL on error (no asserts:
- * worker threads call it). */
-static char *make_manifest(const char *model, uint64_t batch,
-                           char (*digests)[65], const uint64_t *sizes,
-                           size_t n, char key[65]) {
-  kc_manifest *m = kc_manifest_new();
-  if (!m)
-    return NULL;
-  snprintf(m->fields.model, sizeof m->fields.model, "%s", model);
-  memset(m->fields.build, 'b', KC_HEX_LEN);
-  snprintf(m->fields.arch, sizeof m->fields.arch, "sm_90a");
-  m->fields.bucket.n = 1;
-  snprintf(m->fields.bucket.dims[0].name, KC_NAME_MAX + 1, "batch");
-  m->fields.bucket.dims[0].value = batch;
-  m->fields.n_tools = 1;
-  snprintf(m->fields.tools[0].name, KC_NAME_MAX + 1, "cuda");
-  snprintf(m->fields.tools[0].value, KC_TOOL_VALUE_MAX + 1, "13.0");
-  const char *entries[] = {"gemm"};
-  char *json = NULL;
-  char err[KC_ERRBUF_SIZE] = "";
-  for (size_t i = 0; i < n; i++) {
-    char path[32];
-    snprintf(path, sizeof path, "k%zu.cubin", i);
-    if (kc_manifest_add_file(m, path, digests[i], sizes[i], KC_KIND_CUBIN,
-                             entries, 1, err))
-      goto out;
-  }
-  if (kc_manifest_seal(m, err) || kc_manifest_to_json(m, &json, err))
-    goto out;
-  memcpy(key, m->key, 65);
-out:
-  if (!json)
-    fprintf(stderr, "manifest: %s\n", err);
-  kc_manifest_free(m);
-  return json;
-}
-
 /* Whether the bundle is 404 now (eviction took it while it was read). */
 static int bundle_gone(CURL *c, const char *base, const char *key) {
   char path[160];
@@ -422,8 +385,9 @@ static void *crash_worker_main(void *arg) {
     if (!ok)
       continue;
     char key[65];
-    char *json = make_manifest(x->model, (uint64_t)w->id * 1000000 + seq,
-                               digests, sizes, n, key);
+    char *json =
+        kc_testsrv_manifest(x->model, (uint64_t)w->id * 1000000 + seq,
+                            "sm_90a", digests, sizes, n, key);
     if (!json)
       abort();
     char path[128];
@@ -659,7 +623,8 @@ static void t_store_full(void **state) {
       kc_testsrv_resp_free(&r);
     }
     char key[65];
-    char *json = make_manifest(model, (uint64_t)b, digests, sizes, 2, key);
+    char *json = kc_testsrv_manifest(model, (uint64_t)b, "sm_90a", digests,
+                                     sizes, 2, key);
     assert_non_null(json);
     snprintf(path, sizeof path, "/v1/bundles/%s", key);
     resp r = http_on(c, t.url, "PUT", path, json, strlen(json), 30000);
@@ -975,7 +940,7 @@ static void t_half_body(void **state) {
   resp r = http_on(NULL, t.url, "PUT", path, buf, 100, 30000);
   assert_int_equal(r.status, 201);
   kc_testsrv_resp_free(&r);
-  char *json = make_manifest(model, 1, digests, sizes, 1, key);
+  char *json = kc_testsrv_manifest(model, 1, "sm_90a", digests, sizes, 1, key);
   assert_non_null(json);
   int fd = raw_connect(t.port);
   char head[512];

@@ -21,6 +21,8 @@
 
 #include <curl/curl.h>
 
+#include "kc_schema.h"
+
 #ifndef KCACHED_BIN
 #define KCACHED_BIN "kcached"
 #endif
@@ -320,6 +322,41 @@ int kc_testsrv_connect(int port) {
   struct timeval tv = {20, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   return fd;
+}
+
+char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
+                          char (*digests)[65], const uint64_t *sizes, size_t n,
+                          char key[65]) {
+  kc_manifest *m = kc_manifest_new();
+  if (!m)
+    return NULL;
+  snprintf(m->fields.model, sizeof m->fields.model, "%s", model);
+  memset(m->fields.build, 'b', KC_HEX_LEN);
+  snprintf(m->fields.arch, sizeof m->fields.arch, "%s", arch);
+  m->fields.bucket.n = 1;
+  snprintf(m->fields.bucket.dims[0].name, KC_NAME_MAX + 1, "batch");
+  m->fields.bucket.dims[0].value = batch;
+  m->fields.n_tools = 1;
+  snprintf(m->fields.tools[0].name, KC_NAME_MAX + 1, "cuda");
+  snprintf(m->fields.tools[0].value, KC_TOOL_VALUE_MAX + 1, "13.0");
+  const char *entries[] = {"gemm"};
+  char *json = NULL;
+  char err[KC_ERRBUF_SIZE] = "";
+  for (size_t i = 0; i < n; i++) {
+    char path[32];
+    snprintf(path, sizeof path, "k%zu.cubin", i);
+    if (kc_manifest_add_file(m, path, digests[i], sizes[i], KC_KIND_CUBIN,
+                             entries, 1, err))
+      goto out;
+  }
+  if (kc_manifest_seal(m, err) || kc_manifest_to_json(m, &json, err))
+    goto out;
+  memcpy(key, m->key, 65);
+out:
+  if (!json)
+    fprintf(stderr, "manifest: %s\n", err);
+  kc_manifest_free(m);
+  return json;
 }
 
 /* ---- HTTP ---- */

@@ -15,6 +15,7 @@
 #define KC_TESTSRV_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include <curl/curl.h>
@@ -73,6 +74,14 @@ void kc_testsrv_show_log(const kc_testsrv *t, const char *name);
 /* A TCP connection to 127.0.0.1:port (close-on-exec, reads time out after
  * 20 s), for what libcurl will not send; the fd, -1 on error. */
 int kc_testsrv_connect(int port);
+
+/* The canonical JSON (malloc'd) of a sealed manifest of model, bucket
+ * {"batch": batch}, arch, a build of 'b's and tool cuda 13.0, with one file
+ * k<i>.cubin (entry gemm) per digest; writes its key. NULL on error (said on
+ * stderr): no asserts, worker threads call it. */
+char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
+                          char (*digests)[65], const uint64_t *sizes, size_t n,
+                          char key[65]);
 
 /* ---- HTTP ---- */
 
