@@ -3,26 +3,11 @@
  * matrix, tokens never logged, the metrics role, a SIGHUP token reload, TLS
  * with a client CA, plaintext refused with tokens on a public address,
  * `kcached token`. Helpers and the shared open server: servertest.h. */
-#include <errno.h>
-#include <netinet/in.h>
 #include <setjmp.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-#include <cmocka.h>
-#include <curl/curl.h>
-#include <jansson.h>
+
 #include "servertest.h"
 
 typedef struct toks {

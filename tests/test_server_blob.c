@@ -3,26 +3,11 @@
  * bad digests, a mismatch, too large, a body in pieces, a client that hangs up
  * mid-upload, bit rot repaired by a client, the scrub removing a rotted blob.
  * Helpers and the shared open server: servertest.h. */
-#include <errno.h>
-#include <netinet/in.h>
 #include <setjmp.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
-#include <cmocka.h>
-#include <curl/curl.h>
-#include <jansson.h>
+
 #include "servertest.h"
 
 static void t_blob_roundtrip(void **state) {

@@ -2,26 +2,10 @@
  * loopback port, spoken to with libcurl) of leases: take, refuse with
  * Retry-After, release, defaults, expiry, bad input. Helpers and the shared
  * open server: servertest.h. */
-#include <errno.h>
-#include <netinet/in.h>
 #include <setjmp.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-#include <cmocka.h>
-#include <curl/curl.h>
-#include <jansson.h>
+
 #include "servertest.h"
 
 static resp lease_post(CURL *c, const char *key, const char *body) {

@@ -4,26 +4,11 @@
  * crash keep data, /readyz before the store opens, an unopenable store, flags,
  * the JSON log, graceful stop, idle timeouts, environment variables. Helpers
  * and the shared open server: servertest.h. */
-#include <errno.h>
-#include <netinet/in.h>
 #include <setjmp.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-#include <cmocka.h>
-#include <curl/curl.h>
-#include <jansson.h>
+
 #include "servertest.h"
 
 static void t_health(void **state) {

@@ -2,28 +2,14 @@
  * reopen and crash safety: close and reopen, a smaller map, a writer
  * killed with SIGKILL in random places (KC_TEST_SEED: its seed).
  * Fixtures and helpers: storetest.h. */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <fnmatch.h>
-#include <ftw.h>
-#include <pthread.h>
 #include <setjmp.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stdatomic.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/inotify.h>
-#include <sys/stat.h>
-#include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
-#include <cmocka.h>
+
 #include "storetest.h"
 
 /* ======================================================================= */
