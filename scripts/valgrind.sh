@@ -35,8 +35,13 @@ run() { # name, command...
 run error "$build/tests/test_error"
 run schema "$build/tests/test_schema" tests
 # The 256 MiB blob test is slow under memcheck and only exercises LMDB.
-KC_TEST_SKIP=test_large_blob_256mib run store "$build/tests/test_store"
-run server "$build/tests/test_server"
+KC_TEST_SKIP=test_large_blob_256mib run store_blob "$build/tests/test_store_blob"
+for t in bundle evict crash concurrency scrub; do
+  run "store_$t" "$build/tests/test_store_$t"
+done
+for t in blob bundle lease auth ops; do
+  run "server_$t" "$build/tests/test_server_$t"
+done
 run s3 "$build/tests/test_s3"
 run scaleout "$build/tests/test_scaleout"
 run scaleout_once "$build/tests/test_scaleout_once"

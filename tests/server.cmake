@@ -1,6 +1,8 @@
-# tests/server.cmake: kcached's integration tests (test_server: the real
-# binary on a free loopback port, spoken to with libcurl) and kc_testsrv, the
-# helper that starts it, for other modules' integration tests.
+# tests/server.cmake: kcached's integration tests, one binary per feature
+# (test_server_<feature>.c, ctest server_<feature>: the real binary on a free
+# loopback port, spoken to with libcurl) over kc_servertest (servertest.h),
+# their shared helpers; and kc_testsrv (testsrv.h), the helper that starts
+# kcached and speaks HTTP to it, for every module's integration tests.
 if(NOT TARGET PkgConfig::CURL)
   pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
 endif()
@@ -8,13 +10,22 @@ endif()
 add_library(kc_testsrv STATIC ${CMAKE_CURRENT_LIST_DIR}/testsrv.c)
 target_include_directories(kc_testsrv PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_compile_definitions(kc_testsrv PUBLIC KCACHED_BIN="$<TARGET_FILE:kcached>")
-target_link_libraries(kc_testsrv PUBLIC PkgConfig::CURL)
+target_link_libraries(kc_testsrv PUBLIC kc_schema PkgConfig::CURL)
 add_dependencies(kc_testsrv kcached)
 
-add_executable(test_server ${CMAKE_CURRENT_LIST_DIR}/test_server.c)
-target_compile_definitions(test_server PRIVATE KCACHED_BIN="$<TARGET_FILE:kcached>")
-target_link_libraries(test_server PRIVATE kc_testsrv kc_schema PkgConfig::CMOCKA
-                      PkgConfig::CURL PkgConfig::JANSSON)
-add_test(NAME server COMMAND test_server)
-# Starts a dozen servers; the sanitizer build is slower.
-set_tests_properties(server PROPERTIES TIMEOUT 600)
+add_library(kc_servertest STATIC ${CMAKE_CURRENT_LIST_DIR}/servertest.c)
+target_link_libraries(kc_servertest PUBLIC kc_testsrv kc_schema
+                      PkgConfig::CMOCKA PkgConfig::CURL PkgConfig::JANSSON)
+
+# blob: uploads, digests, limits, rot and the scrub; bundle: manifests,
+# lookup, models; lease: leases; auth: the role matrix, token reload, TLS;
+# ops: health, stats, metrics, restart, flags, logs, stop, timeouts.
+foreach(feature blob bundle lease auth ops)
+  add_executable(test_server_${feature}
+                 ${CMAKE_CURRENT_LIST_DIR}/test_server_${feature}.c)
+  target_link_libraries(test_server_${feature} PRIVATE kc_servertest)
+  add_test(NAME server_${feature} COMMAND test_server_${feature})
+endforeach()
+# A few servers each, seconds here; the sanitizer build is slower.
+set_tests_properties(server_blob server_bundle server_lease server_auth
+                     server_ops PROPERTIES TIMEOUT 300)

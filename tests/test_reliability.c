@@ -55,17 +55,6 @@ static unsigned g_seed;
 
 /* ---- small helpers ---- */
 
-static long now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 static uint32_t rnd(uint64_t *s) { /* xorshift64*, per thread */
   *s ^= *s >> 12;
   *s ^= *s << 25;
@@ -97,103 +86,21 @@ static int count_fds(pid_t pid) {
   return n;
 }
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return strdup("");
-  char *buf = NULL;
-  size_t len = 0, cap = 0;
-  for (;;) {
-    if (cap - len < 4096) {
-      cap = cap ? cap * 2 : 65536;
-      char *nb = realloc(buf, cap);
-      if (!nb)
-        break;
-      buf = nb;
-    }
-    size_t r = fread(buf + len, 1, cap - len - 1, f);
-    if (r == 0)
-      break;
-    len += r;
-  }
-  fclose(f);
-  if (!buf)
-    return strdup("");
-  buf[len] = '\0';
-  return buf;
-}
+/* ---- HTTP (kc_testsrv_http) ---- */
 
-static void dump_log(const kc_testsrv *t) {
-  char *log = slurp(t->log);
-  size_t n = strlen(log);
-  fprintf(stderr, "kcached log tail:\n%s\n", n > 3000 ? log + n - 3000 : log);
-  free(log);
-}
-
-/* ---- HTTP ---- */
-
-typedef struct resp {
-  long status;
-  char *body;
-  size_t len;
-  CURLcode rc;
-} resp;
-
-static void resp_free(resp *r) {
-  free(r->body);
-  r->body = NULL;
-}
-
-static size_t on_body(char *p, size_t s, size_t n, void *ud) {
-  resp *r = ud;
-  char *nb = realloc(r->body, r->len + s * n + 1);
-  if (!nb)
-    return 0;
-  memcpy(nb + r->len, p, s * n);
-  r->body = nb;
-  r->len += s * n;
-  r->body[r->len] = '\0';
-  return s * n;
-}
+typedef kc_testsrv_resp resp;
 
 /* One request on c (NULL: a fresh handle). body NULL: none. Never asserts:
- * worker threads call it. */
+ * worker threads call it. status is 0 unless the transfer completed. */
 static resp http_on(CURL *c, const char *base, const char *method,
                     const char *path, const void *body, size_t len,
                     long timeout_ms) {
-  resp r = {0};
-  int own = c == NULL;
-  if (own && !(c = curl_easy_init())) {
-    r.rc = CURLE_FAILED_INIT;
-    return r;
-  }
-  if (!own)
-    curl_easy_reset(c); /* keeps the connection */
-  char url[512];
-  snprintf(url, sizeof url, "%s%s", base, path);
-  struct curl_slist *h = curl_slist_append(NULL, "Expect:");
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-  if (strcmp(method, "HEAD") == 0) {
-    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-  } else {
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    if (body) {
-      curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
-  }
-  r.rc = curl_easy_perform(c);
-  if (r.rc == CURLE_OK)
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-  curl_slist_free_all(h);
-  if (own)
-    curl_easy_cleanup(c);
+  resp r = kc_testsrv_http(c, base, path,
+                           (kc_testsrv_req){.method = method, .body = body,
+                                            .len = len,
+                                            .timeout_ms = timeout_ms});
+  if (r.rc != CURLE_OK)
+    r.status = 0;
   return r;
 }
 
@@ -203,7 +110,7 @@ static resp get(const kc_testsrv *t, const char *path) {
 
 static int healthy(const kc_testsrv *t) {
   resp r = get(t, "/healthz");
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   return r.rc == CURLE_OK && r.status == 200;
 }
 
@@ -227,21 +134,15 @@ static json_int_t stat_of(const kc_testsrv *t, const char *field) {
   assert_non_null(j);
   json_int_t v = json_integer_value(json_object_get(j, field));
   json_decref(j);
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   return v;
 }
 
 /* ---- raw sockets: what libcurl will not do ---- */
 
 static int raw_connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = kc_testsrv_connect(port);
   assert_true(fd >= 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_port = htons((uint16_t)port)};
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-  struct timeval tv = {20, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   return fd;
 }
 
@@ -294,50 +195,13 @@ static const bundle_rec *vec_find(const bundle_vec *b, const char *key) {
   return NULL;
 }
 
-/* Canonical manifest (malloc'd) of the files; NULL on error (no asserts:
- * worker threads call it). */
-static char *make_manifest(const char *model, uint64_t batch,
-                           char (*digests)[65], const uint64_t *sizes,
-                           size_t n, char key[65]) {
-  kc_manifest *m = kc_manifest_new();
-  if (!m)
-    return NULL;
-  snprintf(m->fields.model, sizeof m->fields.model, "%s", model);
-  memset(m->fields.build, 'b', KC_HEX_LEN);
-  snprintf(m->fields.arch, sizeof m->fields.arch, "sm_90a");
-  m->fields.bucket.n = 1;
-  snprintf(m->fields.bucket.dims[0].name, KC_NAME_MAX + 1, "batch");
-  m->fields.bucket.dims[0].value = batch;
-  m->fields.n_tools = 1;
-  snprintf(m->fields.tools[0].name, KC_NAME_MAX + 1, "cuda");
-  snprintf(m->fields.tools[0].value, KC_TOOL_VALUE_MAX + 1, "13.0");
-  const char *entries[] = {"gemm"};
-  char *json = NULL;
-  char err[KC_ERRBUF_SIZE] = "";
-  for (size_t i = 0; i < n; i++) {
-    char path[32];
-    snprintf(path, sizeof path, "k%zu.cubin", i);
-    if (kc_manifest_add_file(m, path, digests[i], sizes[i], KC_KIND_CUBIN,
-                             entries, 1, err))
-      goto out;
-  }
-  if (kc_manifest_seal(m, err) || kc_manifest_to_json(m, &json, err))
-    goto out;
-  memcpy(key, m->key, 65);
-out:
-  if (!json)
-    fprintf(stderr, "manifest: %s\n", err);
-  kc_manifest_free(m);
-  return json;
-}
-
 /* Whether the bundle is 404 now (eviction took it while it was read). */
 static int bundle_gone(CURL *c, const char *base, const char *key) {
   char path[160];
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
   resp r = http_on(c, base, "GET", path, NULL, 0, 30000);
   int gone = r.rc == CURLE_OK && r.status == 404;
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   return gone;
 }
 
@@ -379,7 +243,7 @@ static int check_bundle(CURL *c, const char *base, const bundle_rec *b,
       kc_sha256_hex(br.body ? br.body : "", br.len, d);
     if (br.rc == CURLE_OK && br.status == 404 &&
         bundle_gone(c, base, b->key)) {
-      resp_free(&br);
+      kc_testsrv_resp_free(&br);
       rc = 1; /* evicted between the two reads: not a partial bundle */
       goto out;
     }
@@ -392,12 +256,12 @@ static int check_bundle(CURL *c, const char *base, const bundle_rec *b,
       rc = -1;
     }
     *bytes += br.len;
-    resp_free(&br);
+    kc_testsrv_resp_free(&br);
   }
 out:
   kc_manifest_free(want);
   kc_manifest_free(got);
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   return rc;
 }
 
@@ -409,7 +273,7 @@ static size_t model_keys(const kc_testsrv *t, const char *model,
   resp r = get(t, path);
   *out = NULL;
   if (r.status == 404) { /* a model with no bundle */
-    resp_free(&r);
+    kc_testsrv_resp_free(&r);
     return 0;
   }
   assert_int_equal(r.status, 200);
@@ -424,7 +288,7 @@ static size_t model_keys(const kc_testsrv *t, const char *model,
     snprintf((*out)[i], 65, "%s", k);
   }
   json_decref(j);
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   return n;
 }
 
@@ -516,13 +380,14 @@ static void *crash_worker_main(void *arg) {
         ok = 0;
       } else
         note_blob(x, digests[i]);
-      resp_free(&r);
+      kc_testsrv_resp_free(&r);
     }
     if (!ok)
       continue;
     char key[65];
-    char *json = make_manifest(x->model, (uint64_t)w->id * 1000000 + seq,
-                               digests, sizes, n, key);
+    char *json =
+        kc_testsrv_manifest(x->model, (uint64_t)w->id * 1000000 + seq,
+                            "sm_90a", digests, sizes, n, key);
     if (!json)
       abort();
     char path[128];
@@ -540,7 +405,7 @@ static void *crash_worker_main(void *arg) {
     pthread_mutex_unlock(&x->mu);
     if (r.rc == CURLE_OK && r.status != 201 && r.status != 200)
       note_unexpected(x, "PUT bundle", &r);
-    resp_free(&r);
+    kc_testsrv_resp_free(&r);
   }
   free(buf);
   curl_easy_cleanup(c);
@@ -594,12 +459,12 @@ static void t_crash_kill_restart(void **state) {
   long evicted = 0;
   bundle_vec all = {0}; /* every acknowledged bundle, all iterations */
   uint64_t s = g_seed;
-  long t0 = now_ms(), min_kill = 1L << 30, max_kill = 0;
+  long t0 = kc_testsrv_now_ms(), min_kill = 1L << 30, max_kill = 0;
   long total_maybe = 0, maybe_present = 0, acked_blobs = 0;
   size_t verified_bytes = 0;
   int it;
   for (it = 0; it < iters; it++) {
-    if (timed && it >= 5 && now_ms() - t0 > CRASH_BUDGET_MS)
+    if (timed && it >= 5 && kc_testsrv_now_ms() - t0 > CRASH_BUDGET_MS)
       break;
     char seed_text[64];
     snprintf(seed_text, sizeof seed_text, "reliability %u %d", g_seed, it);
@@ -620,8 +485,8 @@ static void t_crash_kill_restart(void **state) {
      * most), so that a slow server (under valgrind) is also killed while it
      * writes, not before its first commit. */
     for (int wait = 0; wait < 3000 && acked_so_far(&x) == 0; wait++)
-      sleep_ms(10);
-    sleep_ms(kill_at);
+      kc_testsrv_sleep_ms(10);
+    kc_testsrv_sleep_ms(kill_at);
     kc_testsrv_kill(&t);
     atomic_store(&x.stop, 1);
     for (int i = 0; i < CRASH_THREADS; i++)
@@ -632,7 +497,7 @@ static void t_crash_kill_restart(void **state) {
       fail();
     }
     if (kc_testsrv_restart(&t) != 0) {
-      dump_log(&t);
+      kc_testsrv_show_log(&t, NULL);
       fail_msg("kcached did not come back after SIGKILL (iteration %d)", it);
     }
     check_data_dir(&t);
@@ -653,7 +518,7 @@ static void t_crash_kill_restart(void **state) {
       if (r.status != 200 && !(r.status == 404 && evicting))
         fail_msg("iteration %d: acknowledged blob %s: HEAD %ld after SIGKILL",
                  it, x.blobs[i], r.status);
-      resp_free(&r);
+      kc_testsrv_resp_free(&r);
     }
     acked_blobs += (long)x.n_blobs;
     x.n_blobs = 0;
@@ -705,11 +570,11 @@ static void t_crash_kill_restart(void **state) {
          "(%ld present whole, rest absent), %.1f MiB verified, %.1f s, seed %u\n",
          it, min_kill, max_kill, CRASH_THREADS, all.n, acked_blobs, total_maybe,
          maybe_present, (double)verified_bytes / 1048576.0,
-         (double)(now_ms() - t0) / 1000.0, g_seed);
+         (double)(kc_testsrv_now_ms() - t0) / 1000.0, g_seed);
   assert_true(all.n > 0);
   int rc = kc_testsrv_stop(&t);
   if (rc != 0)
-    dump_log(&t);
+    kc_testsrv_show_log(&t, NULL);
   assert_int_equal(rc, 0);
   kc_testsrv_cleanup(&t);
   vec_free(&all);
@@ -748,7 +613,7 @@ static void t_store_full(void **state) {
       snprintf(path, sizeof path, "/v1/blobs/%s", digests[i]);
       resp r = http_on(c, t.url, "PUT", path, buf, sizes[i], 30000);
       if (r.rc != CURLE_OK) {
-        dump_log(&t);
+        kc_testsrv_show_log(&t, NULL);
         fail_msg("PUT blob: curl error %d (server died?)", r.rc);
       }
       if (r.status == 507)
@@ -757,15 +622,16 @@ static void t_store_full(void **state) {
         fail_msg("PUT blob under a full store: %ld %s", r.status, r.body);
       st_blob[r.status % 600]++;
       uploaded += sizes[i];
-      resp_free(&r);
+      kc_testsrv_resp_free(&r);
     }
     char key[65];
-    char *json = make_manifest(model, (uint64_t)b, digests, sizes, 2, key);
+    char *json = kc_testsrv_manifest(model, (uint64_t)b, "sm_90a", digests,
+                                     sizes, 2, key);
     assert_non_null(json);
     snprintf(path, sizeof path, "/v1/bundles/%s", key);
     resp r = http_on(c, t.url, "PUT", path, json, strlen(json), 30000);
     if (r.rc != CURLE_OK) {
-      dump_log(&t);
+      kc_testsrv_show_log(&t, NULL);
       fail_msg("PUT bundle: curl error %d (server died?)", r.rc);
     }
     if (r.status == 507)
@@ -775,7 +641,7 @@ static void t_store_full(void **state) {
     else if (r.status != 201 && r.status != 200)
       fail_msg("PUT bundle under a full store: %ld %s", r.status, r.body);
     st_bundle[r.status % 600]++;
-    resp_free(&r);
+    kc_testsrv_resp_free(&r);
     vec_push(&sent, key, json);
   }
   /* A single blob larger than the whole store: 507, with the JSON error. */
@@ -786,7 +652,7 @@ static void t_store_full(void **state) {
   snprintf(path, sizeof path, "/v1/blobs/%s", d);
   resp r = http_on(c, t.url, "PUT", path, buf, big, 30000);
   assert_true(is_error(&r, 507, "store_full"));
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   /* Eviction made room: the last upload is there, the store is within its
    * limit, the server is healthy and ready, and said it evicted. */
   assert_true(st_bundle[201] > N / 2);
@@ -811,7 +677,7 @@ static void t_store_full(void **state) {
   assert_true(healthy(&t));
   r = get(&t, "/readyz");
   assert_int_equal(r.status, 200);
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   printf("store full: --max-bytes 1M, %.1f MiB uploaded in %d bundles: blobs "
          "201=%ld 200=%ld 507=%ld; bundles 201=%ld 409=%ld 507=%ld; %d "
          "bundles left, all whole; evicted %lld bundles %lld blobs; used %lld\n",
@@ -848,11 +714,11 @@ static void t_store_full_concurrent(void **state) {
     assert_int_equal(pthread_create(&th[i], NULL, crash_worker_main, &w[i]), 0);
   }
   /* meanwhile, read what is there */
-  long t0 = now_ms();
+  long t0 = kc_testsrv_now_ms();
   size_t bytes = 0;
   int reads = 0, partial = 0; /* no assert while the workers run */
   CURL *c = curl_easy_init();
-  while (now_ms() - t0 < 4000) {
+  while (kc_testsrv_now_ms() - t0 < 4000) {
     pthread_mutex_lock(&x.mu);
     bundle_rec b = {"", NULL};
     if (x.acked.n) {
@@ -865,7 +731,7 @@ static void t_store_full_concurrent(void **state) {
       free(b.json);
       reads++;
     } else {
-      sleep_ms(10);
+      kc_testsrv_sleep_ms(10);
     }
   }
   atomic_store(&x.stop, 1);
@@ -873,7 +739,7 @@ static void t_store_full_concurrent(void **state) {
     pthread_join(th[i], NULL);
   assert_int_equal(partial, 0);
   if (x.unexpected) {
-    dump_log(&t);
+    kc_testsrv_show_log(&t, NULL);
     fail_msg("%ld unexpected answers under a full store; first: %s",
              x.unexpected, x.first_unexpected);
   }
@@ -939,7 +805,7 @@ static int start_bad(const char *data, const char *log, const char *port_file,
     int st;
     if (waitpid(p, &st, WNOHANG) == p)
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    sleep_ms(20);
+    kc_testsrv_sleep_ms(20);
   }
   return -2;
 }
@@ -954,11 +820,11 @@ static void check_bad_dir(const char *dir, const char *data, const char *what,
   snprintf(log, sizeof log, "%s/bad.log", dir);
   snprintf(port_file, sizeof port_file, "%s/bad.port", dir);
   pid_t pid;
-  long t0 = now_ms();
+  long t0 = kc_testsrv_now_ms();
   int rc = start_bad(data, log, port_file, as_nobody, &pid);
-  char *text = slurp(log);
+  char *text = kc_testsrv_slurp(log);
   printf("bad data dir (%s): %s after %ld ms; stderr: %.*s\n", what,
-         rc == -2 ? "still running" : "exited", now_ms() - t0,
+         rc == -2 ? "still running" : "exited", kc_testsrv_now_ms() - t0,
          (int)strcspn(text, "\n"), text);
   if (!strstr(text, data))
     fail_msg("%s: stderr does not name %s: %s", what, data, text);
@@ -1015,17 +881,17 @@ static void t_too_large(void **state) {
   for (int i = 0; i < 5; i++) {
     resp r = http_on(NULL, t.url, "PUT", path, buf, n, 30000);
     assert_true(is_error(&r, 413, "too_large"));
-    resp_free(&r);
+    kc_testsrv_resp_free(&r);
   }
   resp r = get(&t, path);
   assert_int_equal(r.status, 404);
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   /* The limit itself is accepted. */
   sha_hex(buf, 65536, d);
   snprintf(path, sizeof path, "/v1/blobs/%s", d);
   r = http_on(NULL, t.url, "PUT", path, buf, 65536, 30000);
   assert_int_equal(r.status, 201);
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   assert_true(healthy(&t));
   free(buf);
   assert_int_equal(kc_testsrv_stop(&t), 0);
@@ -1059,7 +925,7 @@ static void t_half_body(void **state) {
                      blob_paths[round], len);
     assert_int_equal(raw_send(fd, head, (size_t)h), 0);
     assert_int_equal(raw_send(fd, buf, len / 2 + (size_t)round), 0);
-    sleep_ms(50);
+    kc_testsrv_sleep_ms(50);
     if (round & 1) { /* a reset, not a FIN */
       struct linger lg = {1, 0};
       setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -1075,8 +941,8 @@ static void t_half_body(void **state) {
   snprintf(path, sizeof path, "/v1/blobs/%s", digests[0]);
   resp r = http_on(NULL, t.url, "PUT", path, buf, 100, 30000);
   assert_int_equal(r.status, 201);
-  resp_free(&r);
-  char *json = make_manifest(model, 1, digests, sizes, 1, key);
+  kc_testsrv_resp_free(&r);
+  char *json = kc_testsrv_manifest(model, 1, "sm_90a", digests, sizes, 1, key);
   assert_non_null(json);
   int fd = raw_connect(t.port);
   char head[512];
@@ -1086,25 +952,25 @@ static void t_half_body(void **state) {
                    key, strlen(json));
   assert_int_equal(raw_send(fd, head, (size_t)h), 0);
   assert_int_equal(raw_send(fd, json, strlen(json) / 2), 0);
-  sleep_ms(50);
+  kc_testsrv_sleep_ms(50);
   close(fd);
   free(json);
   /* Nothing of it is visible, and the server let go of the connections. */
   int fds = -1;
   for (int i = 0; i < 200; i++) { /* 10 s: past the idle timeout */
-    sleep_ms(50);
+    kc_testsrv_sleep_ms(50);
     if ((fds = count_fds(t.pid)) <= fds0 + 1)
       break;
   }
   for (int i = 0; i < 8; i++) {
     r = get(&t, blob_paths[i]);
     assert_int_equal(r.status, 404);
-    resp_free(&r);
+    kc_testsrv_resp_free(&r);
   }
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
   r = get(&t, path);
   assert_int_equal(r.status, 404);
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   assert_true(healthy(&t));
   check_data_dir(&t);
   printf("half body: 9 uploads cut mid-body (64K..4M, FIN and RST): none "
@@ -1132,14 +998,14 @@ static void t_slowloris(void **state) {
     const char *part = i % 2 ? "GET /healthz HTTP/1.1\r\nHo" : "PUT /v1/blo";
     assert_int_equal(raw_send(socks[i], part, strlen(part)), 0);
   }
-  sleep_ms(200);
+  kc_testsrv_sleep_ms(200);
   int fds_busy = count_fds(t.pid);
-  long t0 = now_ms();
+  long t0 = kc_testsrv_now_ms();
   resp r = http_on(NULL, t.url, "GET", "/healthz", NULL, 0, 1500);
-  long took = now_ms() - t0;
+  long took = kc_testsrv_now_ms() - t0;
   assert_int_equal(r.rc, CURLE_OK);
   assert_int_equal(r.status, 200);
-  resp_free(&r);
+  kc_testsrv_resp_free(&r);
   /* Each read ends when the server closes (EOF or reset); SO_RCVTIMEO
    * (20 s) bounds it when it does not. */
   int closed = 0;
@@ -1151,12 +1017,12 @@ static void t_slowloris(void **state) {
     closed += n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
     close(socks[i]);
   }
-  long gone = now_ms() - t0;
+  long gone = kc_testsrv_now_ms() - t0;
   int fds = -1;
   for (int i = 0; i < 100; i++) {
     if ((fds = count_fds(t.pid)) <= fds0 + 1)
       break;
-    sleep_ms(50);
+    kc_testsrv_sleep_ms(50);
   }
   assert_true(healthy(&t));
   printf("slowloris: %d idle half-open connections (server fds %d -> %d); "

@@ -71,101 +71,35 @@ static kcs3 *g_s3;           /* the test's own view of the bucket */
 static kc_testsrv g_a, g_b;  /* the replicas of the running case */
 static char g_prefix[64];    /* the running case's --s3-prefix */
 
-static long mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* The last bytes of a replica's log, for failure messages. */
-static void show_log(const kc_testsrv *t, const char *name) {
-  FILE *f = fopen(t->log, "r");
-  if (!f)
-    return;
-  char buf[4001];
-  fseek(f, 0, SEEK_END);
-  long end = ftell(f);
-  fseek(f, end > 4000 ? end - 4000 : 0, SEEK_SET);
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-  fprintf(stderr, "---- kcached %s log (%s), last %zu bytes ----\n%s\n", name,
-          t->log, n, buf);
-}
-
 #define REQUIRE(cond, ...)                                                     \
   do {                                                                         \
     if (!(cond)) {                                                             \
-      show_log(&g_a, "A");                                                     \
-      show_log(&g_b, "B");                                                     \
+      kc_testsrv_show_log(&g_a, "A");                                          \
+      kc_testsrv_show_log(&g_b, "B");                                          \
       fail_msg(__VA_ARGS__);                                                   \
     }                                                                          \
   } while (0)
 
-/* ---- HTTP: a body collected with open_memstream ---- */
+/* ---- HTTP (kc_testsrv_http) ---- */
 
-typedef struct reply {
-  CURLcode rc;
-  long code;
-  char *body; /* NUL-terminated, malloc'd */
-  size_t len;
-  long retry_after; /* -1: no header */
-  long ms;          /* how long it took */
-} reply;
+typedef kc_testsrv_resp reply;
 
-static void reply_free(reply *r) {
-  free(r->body);
-  r->body = NULL;
-}
-
-/* One request; h NULL: a fresh handle. Safe in any thread (no asserts). */
+/* One request; h NULL: a fresh handle. Safe in any thread (no asserts).
+ * status is 0 unless the transfer completed. */
 static reply call(CURL *h, const char *base, const char *method,
                   const char *path, const void *body, size_t len) {
-  reply r = {.retry_after = -1};
-  CURL *c = h ? h : curl_easy_init();
-  FILE *mem = open_memstream(&r.body, &r.len);
-  if (!c || !mem) {
-    r.rc = CURLE_OUT_OF_MEMORY;
-    if (mem)
-      fclose(mem);
-    if (!h && c)
-      curl_easy_cleanup(c);
-    return r;
-  }
-  if (h)
-    curl_easy_reset(c);
-  char url[512];
-  snprintf(url, sizeof url, "%s%s", base, path);
-  struct curl_slist *hdr = curl_slist_append(NULL, "Expect:");
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, mem); /* curl's fwrite */
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 60000L);
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-  if (strcmp(method, "HEAD") == 0)
-    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-  else
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-  if (body) {
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-  }
-  long t0 = mono_ms();
-  r.rc = curl_easy_perform(c);
-  r.ms = mono_ms() - t0;
-  if (r.rc == CURLE_OK) {
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.code);
-    struct curl_header *ra = NULL;
-    if (curl_easy_header(c, "Retry-After", 0, CURLH_HEADER, -1, &ra) ==
-        CURLHE_OK)
-      r.retry_after = atol(ra->value);
-  }
-  fclose(mem); /* sets r.body and r.len */
-  curl_slist_free_all(hdr);
-  if (!h)
-    curl_easy_cleanup(c);
+  reply r = kc_testsrv_http(
+      h, base, path,
+      (kc_testsrv_req){.method = method, .body = body, .len = len});
+  if (r.rc != CURLE_OK)
+    r.status = 0;
   return r;
+}
+
+/* The Retry-After header's seconds, -1 when there is none. */
+static long retry_after(const reply *r) {
+  char v[32];
+  return kc_testsrv_header(r, "Retry-After", v, sizeof v) ? atol(v) : -1;
 }
 
 static reply get(const kc_testsrv *t, const char *fmt, ...)
@@ -196,7 +130,7 @@ static double metric(const kc_testsrv *t, const char *series) {
   reply r = get(t, "/metrics");
   double v = -1;
   size_t n = strlen(series);
-  for (char *line = r.body; r.code == 200 && line && *line;) {
+  for (char *line = r.body; r.status == 200 && line && *line;) {
     char *nl = strchr(line, '\n');
     if (strncmp(line, series, n) == 0 && line[n] == ' ') {
       v = strtod(line + n + 1, NULL);
@@ -204,18 +138,18 @@ static double metric(const kc_testsrv *t, const char *series) {
     }
     line = nl ? nl + 1 : NULL;
   }
-  reply_free(&r);
+  kc_testsrv_resp_free(&r);
   return v;
 }
 
 /* Waits until the replica's write-through queue is empty; the ms it took. */
 static long drain(const kc_testsrv *t, const char *name) {
-  long t0 = mono_ms();
+  long t0 = kc_testsrv_now_ms();
   double depth = -1;
-  while (mono_ms() - t0 < DRAIN_MS) {
+  while (kc_testsrv_now_ms() - t0 < DRAIN_MS) {
     depth = metric(t, "kcached_s3_queue_depth");
     if (depth == 0)
-      return mono_ms() - t0;
+      return kc_testsrv_now_ms() - t0;
     usleep(100000);
   }
   REQUIRE(0, "replica %s: kcached_s3_queue_depth still %g after %d ms", name,
@@ -264,7 +198,7 @@ static int case_teardown(void **state) {
     int st = kc_testsrv_stop(both[i]);
     if (st != 0 && st != -1) {
       fprintf(stderr, "replica %s exited %d on SIGTERM\n", i ? "B" : "A", st);
-      show_log(both[i], i ? "B" : "A");
+      kc_testsrv_show_log(both[i], i ? "B" : "A");
       rc = -1;
     }
     if (log_has_secret(both[i])) {
@@ -383,8 +317,8 @@ static long bundle_put(CURL *h, const char *base, const bundle *b,
     snprintf(path, sizeof path, "/v1/blobs/%s", b->digest[i]);
     reply r = call(h, base, "PUT", path, bytes, b->size[i]);
     free(bytes);
-    long code = r.rc == CURLE_OK ? r.code : 0;
-    reply_free(&r);
+    long code = r.rc == CURLE_OK ? r.status : 0;
+    kc_testsrv_resp_free(&r);
     if (code != 200 && code != 201)
       return 0;
     if (blobs_acked)
@@ -392,8 +326,8 @@ static long bundle_put(CURL *h, const char *base, const bundle *b,
   }
   snprintf(path, sizeof path, "/v1/bundles/%s", b->key);
   reply r = call(h, base, "PUT", path, b->json, strlen(b->json));
-  long code = r.rc == CURLE_OK ? r.code : 0;
-  reply_free(&r);
+  long code = r.rc == CURLE_OK ? r.status : 0;
+  kc_testsrv_resp_free(&r);
   return code;
 }
 
@@ -409,19 +343,19 @@ static void bundle_new(bundle *b, const kc_testsrv *t, const char *model_name,
  * the first status that was not 200 (or -1: wrong bytes). */
 static long serves(const kc_testsrv *t, const bundle *b) {
   reply r = get(t, "/v1/bundles/%s", b->key);
-  long bad = r.code != 200                         ? (r.code ? r.code : -2)
+  long bad = r.status != 200                 ? (r.status ? r.status : -2)
              : strcmp(r.body, b->json) != 0 ? -1
-                                                   : 0;
-  reply_free(&r);
+                                            : 0;
+  kc_testsrv_resp_free(&r);
   for (size_t i = 0; i < b->n && !bad; i++) {
     r = get(t, "/v1/blobs/%s", b->digest[i]);
     unsigned char *bytes = fill(b->seed[i], b->size[i]);
-    if (r.code != 200)
-      bad = r.code ? r.code : -2;
+    if (r.status != 200)
+      bad = r.status ? r.status : -2;
     else if (r.len != b->size[i] || memcmp(r.body, bytes, r.len) != 0)
       bad = -1;
     free(bytes);
-    reply_free(&r);
+    kc_testsrv_resp_free(&r);
   }
   return bad;
 }
@@ -491,7 +425,7 @@ static void t_through(void **state) {
 
   /* A model B never saw: listed from the bucket. */
   reply r = get(&g_b, "/v1/models/%s", k3.model);
-  REQUIRE(r.code == 200, "B: GET /v1/models (never seen): %ld %s", r.code,
+  REQUIRE(r.status == 200, "B: GET /v1/models (never seen): %ld %s", r.status,
           r.body);
   json_t *j = json_loadb(r.body, r.len, 0, NULL);
   json_t *list = json_object_get(j, "bundles");
@@ -500,14 +434,14 @@ static void t_through(void **state) {
       json_string_value(json_object_get(json_array_get(list, 0), "key")),
       k3.key);
   json_decref(j);
-  reply_free(&r);
+  kc_testsrv_resp_free(&r);
 
   /* A lookup on B reads through: k2 found, an unknown key missing. */
   char unknown[65], body[300];
   kc_sha256_hex("nobody built this", 17, unknown);
   snprintf(body, sizeof body, "{\"keys\":[\"%s\",\"%s\"]}", k2.key, unknown);
   r = call(NULL, g_b.url, "POST", "/v1/lookup", body, strlen(body));
-  REQUIRE(r.code == 200, "B: lookup: %ld %s", r.code, r.body);
+  REQUIRE(r.status == 200, "B: lookup: %ld %s", r.status, r.body);
   j = json_loadb(r.body, r.len, 0, NULL);
   json_t *want = json_loads(k2.json, 0, NULL);
   REQUIRE(json_equal(json_object_get(json_object_get(j, "found"), k2.key),
@@ -520,7 +454,7 @@ static void t_through(void **state) {
           "B: lookup's missing: %s", r.body);
   json_decref(want);
   json_decref(j);
-  reply_free(&r);
+  kc_testsrv_resp_free(&r);
 
   /* GET bundle and blobs on B: the same bytes. */
   long s1 = serves(&g_b, &k1), s2 = serves(&g_b, &k2);
@@ -531,7 +465,7 @@ static void t_through(void **state) {
   REQUIRE(json_array_size(json_object_get(j, "bundles")) == 2, "B lists m1: %s",
           r.body);
   json_decref(j);
-  reply_free(&r);
+  kc_testsrv_resp_free(&r);
   printf("through: read-through on B: hits %g, misses %g\n",
          metric(&g_b, "kcached_s3_read_through_total{result=\"hit\"}"),
          metric(&g_b, "kcached_s3_read_through_total{result=\"miss\"}"));
@@ -565,8 +499,8 @@ static void t_tier_added(void **state) {
   char path[100];
   snprintf(path, sizeof path, "/v1/bundles/%s", y.key);
   reply r = call(NULL, g_a.url, "PUT", path, y.json, strlen(y.json));
-  REQUIRE(r.code == 201, "PUT manifest only: %ld %s", r.code, r.body);
-  reply_free(&r);
+  REQUIRE(r.status == 201, "PUT manifest only: %ld %s", r.status, r.body);
+  kc_testsrv_resp_free(&r);
   drain(&g_a, "A");
   assert_int_equal(in_bucket(&y), 0);
   REQUIRE(serves(&g_b, &y) == 0, "B does not serve the new bundle");
@@ -638,9 +572,9 @@ static void t_bucket_gone(void **state) {
   empty_and_delete(gone);
   int failed0 = log_count(&g_a, "S3 write-through: ");
   bundle_new(&y, &g_a, "gone-2", 22, 2, (const size_t[]){5000, 6000});
-  long t0 = mono_ms();
+  long t0 = kc_testsrv_now_ms();
   while (log_count(&g_a, "S3 write-through: ") < failed0 + 9 &&
-         mono_ms() - t0 < DRAIN_MS)
+         kc_testsrv_now_ms() - t0 < DRAIN_MS)
     usleep(200000);
   REQUIRE(log_count(&g_a, "S3 write-through: ") >= failed0 + 9,
           "A did not retry 9 times in %d ms", DRAIN_MS);
@@ -688,8 +622,8 @@ static void t_parked(void **state) {
     unsigned char *bytes = fill(x.seed[i], x.size[i]);
     snprintf(path, sizeof path, "/v1/blobs/%s", x.digest[i]);
     reply r = call(NULL, g_a.url, "PUT", path, bytes, x.size[i]);
-    REQUIRE(r.code == 201, "PUT blob %zu: %ld", i, r.code);
-    reply_free(&r);
+    REQUIRE(r.status == 201, "PUT blob %zu: %ld", i, r.status);
+    kc_testsrv_resp_free(&r);
     free(bytes);
   }
   assert_int_equal(kc_testsrv_stop(&g_a), 0);
@@ -698,15 +632,15 @@ static void t_parked(void **state) {
   free(bytes);
   rgw_start();
   REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not restart");
-  long t0 = mono_ms();
+  long t0 = kc_testsrv_now_ms();
   while (metric(&g_a, "kcached_s3_parked_total") < 1 &&
-         mono_ms() - t0 < DRAIN_MS)
+         kc_testsrv_now_ms() - t0 < DRAIN_MS)
     usleep(50000);
   /* the next entry goes at once, not after the parked one's backoff */
-  t0 = mono_ms();
+  t0 = kc_testsrv_now_ms();
   drain(&g_a, "A");
-  REQUIRE(mono_ms() - t0 < 3000, "blob 1 went up %ld ms after the park",
-          mono_ms() - t0);
+  long up = kc_testsrv_now_ms() - t0;
+  REQUIRE(up < 3000, "blob 1 went up %ld ms after the park", up);
   assert_true(metric(&g_a, "kcached_s3_parked_total") == 1);
   assert_int_equal(log_count(&g_a, "set aside"), 1);
   assert_int_equal(obj_head("blobs", x.digest[0]), KC_NOT_FOUND);
@@ -731,9 +665,9 @@ static void t_scrub_heals(void **state) {
   REQUIRE(kc_testsrv_rot(&g_a, bytes, b.size[0]) >= 1, "blob not found");
   free(bytes);
   REQUIRE(kc_testsrv_restart(&g_a) == 0, "replica A did not restart");
-  long t0 = mono_ms();
+  long t0 = kc_testsrv_now_ms();
   while (metric(&g_a, "kcached_scrub_corrupt_total") < 1 &&
-         mono_ms() - t0 < 10000)
+         kc_testsrv_now_ms() - t0 < 10000)
     usleep(50000);
   assert_true(metric(&g_a, "kcached_scrub_corrupt_total") == 1);
   assert_true(metric(&g_a, "kcached_store_bundles") == 0);
@@ -760,13 +694,13 @@ static reply lease(const kc_testsrv *t, const char *key, const char *holder,
 static void take(const kc_testsrv *t, const char *key, const char *holder,
                  int ttl_s, char tok[128]) {
   reply r = lease(t, key, holder, ttl_s);
-  REQUIRE(r.code == 201, "lease for %s: %ld %s (want 201)", holder, r.code,
+  REQUIRE(r.status == 201, "lease for %s: %ld %s (want 201)", holder, r.status,
           r.body);
   json_t *j = json_loadb(r.body, r.len, 0, NULL);
   const char *v = json_string_value(json_object_get(j, "lease"));
   snprintf(tok, 128, "%s", v ? v : "");
   json_decref(j);
-  reply_free(&r);
+  kc_testsrv_resp_free(&r);
   REQUIRE(strlen(tok) >= 16, "lease token '%s'", tok);
 }
 
@@ -774,24 +708,24 @@ static void take(const kc_testsrv *t, const char *key, const char *holder,
 static void refused(const kc_testsrv *t, const char *key, const char *holder) {
   char code[64];
   reply r = lease(t, key, "someone-else", 60);
-  REQUIRE(r.code == 409 && strcmp(error_code(&r, code), "leased") == 0,
-          "want 409 leased, got %ld %s", r.code, r.body);
+  REQUIRE(r.status == 409 && strcmp(error_code(&r, code), "leased") == 0,
+          "want 409 leased, got %ld %s", r.status, r.body);
   json_t *j = json_loadb(r.body, r.len, 0, NULL);
   const char *h = json_string_value(json_object_get(j, "holder"));
   REQUIRE(h && strcmp(h, holder) == 0, "409 names holder %s, want %s",
           h ? h : "(none)", holder);
   json_decref(j);
-  REQUIRE(r.retry_after >= 1 && r.retry_after <= 60, "409 Retry-After %ld",
-          r.retry_after);
-  reply_free(&r);
+  long ra = retry_after(&r);
+  REQUIRE(ra >= 1 && ra <= 60, "409 Retry-After %ld", ra);
+  kc_testsrv_resp_free(&r);
 }
 
 static void release(const kc_testsrv *t, const char *key, const char *tok) {
   char path[256];
   snprintf(path, sizeof path, "/v1/leases/%s?lease=%s", key, tok);
   reply r = call(NULL, t->url, "DELETE", path, NULL, 0);
-  REQUIRE(r.code == 204, "release: %ld %s (want 204)", r.code, r.body);
-  reply_free(&r);
+  REQUIRE(r.status == 204, "release: %ld %s (want 204)", r.status, r.body);
+  kc_testsrv_resp_free(&r);
 }
 
 static void t_leases(void **state) {
@@ -899,8 +833,8 @@ static void t_kill(void **state) {
   for (int i = 0; i < N; i++)
     bundle_new(&v[i], &g_a, "kill-queued", (uint64_t)i + 1, 2, sizes);
   reply r = get(&g_a, "/readyz");
-  REQUIRE(r.code == 200, "A: /readyz with S3 down: %ld", r.code);
-  reply_free(&r);
+  REQUIRE(r.status == 200, "A: /readyz with S3 down: %ld", r.status);
+  kc_testsrv_resp_free(&r);
   double depth = metric(&g_a, "kcached_s3_queue_depth");
   REQUIRE(depth >= N, "A: queue depth %g after %d bundles with S3 down", depth,
           N);
@@ -928,7 +862,8 @@ static void t_kill(void **state) {
     w[i] = (worker){u, i};
     assert_int_equal(pthread_create(&th[i], NULL, upload_main, &w[i]), 0);
   }
-  for (long t0 = mono_ms(); acked_now(u) == 0 && mono_ms() - t0 < 30000;)
+  for (long t0 = kc_testsrv_now_ms();
+       acked_now(u) == 0 && kc_testsrv_now_ms() - t0 < 30000;)
     usleep(5000);
   usleep(150000);
   double depth2 = metric(&g_a, "kcached_s3_queue_depth");
@@ -958,10 +893,10 @@ static void t_kill(void **state) {
 static void expect_prompt_404(const kc_testsrv *t, const char *name,
                               const char *path) {
   reply r = call(NULL, t->url, "GET", path, NULL, 0);
-  REQUIRE(r.code == 404 && r.ms < PROMPT_MS,
+  REQUIRE(r.status == 404 && r.ms < PROMPT_MS,
           "%s: GET %s with S3 down: %ld after %ld ms (want 404 in < %d ms): %s",
-          name, path, r.code, r.ms, PROMPT_MS, r.body);
-  reply_free(&r);
+          name, path, r.status, r.ms, PROMPT_MS, r.body);
+  kc_testsrv_resp_free(&r);
 }
 
 static void t_s3_down(void **state) {
@@ -982,11 +917,11 @@ static void t_s3_down(void **state) {
     if (pass == 1)
       rgw_stop();
     reply br = get(&g_b, bpath);
-    REQUIRE(br.code == 200 && br.len == x2.size[0] &&
+    REQUIRE(br.status == 200 && br.len == x2.size[0] &&
                 memcmp(br.body, want, br.len) == 0,
             "B: blob of x2 %s S3: %ld, %zu bytes", pass ? "without" : "from",
-            br.code, br.len);
-    reply_free(&br);
+            br.status, br.len);
+    kc_testsrv_resp_free(&br);
   }
   free(want);
 
@@ -1017,20 +952,20 @@ static void t_s3_down(void **state) {
   char body[300];
   snprintf(body, sizeof body, "{\"keys\":[\"%s\",\"%s\"]}", x1.key, x2.key);
   reply r = call(NULL, g_b.url, "POST", "/v1/lookup", body, strlen(body));
-  REQUIRE(r.code == 200 && r.ms < PROMPT_MS,
-          "B: lookup with S3 down: %ld after %ld ms", r.code, r.ms);
+  REQUIRE(r.status == 200 && r.ms < PROMPT_MS,
+          "B: lookup with S3 down: %ld after %ld ms", r.status, r.ms);
   json_t *j = json_loadb(r.body, r.len, 0, NULL);
   REQUIRE(json_object_get(json_object_get(j, "found"), x1.key) &&
               json_array_size(json_object_get(j, "missing")) == 1,
           "B: lookup with S3 down: %s", r.body);
   json_decref(j);
-  reply_free(&r);
+  kc_testsrv_resp_free(&r);
   /* Ready, and the metrics say what is going on. */
   for (int i = 0; i < 2; i++) {
     r = get(i ? &g_b : &g_a, "/readyz");
-    REQUIRE(r.code == 200, "%s: /readyz with S3 down: %ld",
-            i ? "B" : "A", r.code);
-    reply_free(&r);
+    REQUIRE(r.status == 200, "%s: /readyz with S3 down: %ld",
+            i ? "B" : "A", r.status);
+    kc_testsrv_resp_free(&r);
   }
   double errors = metric(&g_a, "kcached_s3_errors_total");
   REQUIRE(errors > 0, "A: kcached_s3_errors_total %g with S3 down", errors);
@@ -1044,12 +979,12 @@ static void t_s3_down(void **state) {
   long ms = drain(&g_a, "A");
   assert_int_equal(in_bucket(&x3), 0);
   /* B may still fail fast for a moment after its last failure. */
-  long t0 = mono_ms(), s;
-  while ((s = serves(&g_b, &x3)) != 0 && mono_ms() - t0 < 5000)
+  long t0 = kc_testsrv_now_ms(), s;
+  while ((s = serves(&g_b, &x3)) != 0 && kc_testsrv_now_ms() - t0 < 5000)
     usleep(200000);
   REQUIRE(s == 0, "B does not serve x3 after S3 came back: %ld", s);
   printf("s3 down: radosgw back: A drained in %ld ms; B served x3 after %ld "
-         "ms more\n", ms, mono_ms() - t0);
+         "ms more\n", ms, kc_testsrv_now_ms() - t0);
   assert_int_equal(metric(&g_a, "kcached_s3_up"), 1);
   bundle_free(&x1);
   bundle_free(&x2);
@@ -1074,23 +1009,23 @@ static void t_corrupt(void **state) {
   obj_key(k, "blobs", b.digest[0]);
   assert_int_equal(kcs3_put(g_s3, k, bad, 4096, NULL, NULL, err), KC_OK);
   reply r = get(&g_b, "/v1/blobs/%s", b.digest[0]);
-  REQUIRE(r.code == 500 && strcmp(error_code(&r, code), "corrupt") == 0,
-          "B: GET of a corrupt blob: %ld %.200s (want 500 corrupt)", r.code,
-          r.code == 200 ? "(the bytes)" : r.body);
+  REQUIRE(r.status == 500 && strcmp(error_code(&r, code), "corrupt") == 0,
+          "B: GET of a corrupt blob: %ld %.200s (want 500 corrupt)", r.status,
+          r.status == 200 ? "(the bytes)" : r.body);
   assert_null(memmem(r.body, r.len, bad + 1024, 512));
-  printf("corrupt blob: B answered %ld %s\n", r.code, r.body);
-  reply_free(&r);
+  printf("corrupt blob: B answered %ld %s\n", r.status, r.body);
+  kc_testsrv_resp_free(&r);
   assert_int_equal(metric(&g_b, "kcached_s3_corrupt_total"), 1);
   assert_int_equal(
       metric(&g_b, "kcached_s3_read_through_total{result=\"corrupt\"}"), 1);
   assert_int_equal(obj_head("blobs", b.digest[0]), KC_NOT_FOUND);
   r = get(&g_b, "/v1/blobs/%s", b.digest[0]);
-  REQUIRE(r.code == 404, "B: GET of the deleted corrupt blob: %ld", r.code);
-  reply_free(&r);
+  REQUIRE(r.status == 404, "B: GET of the deleted corrupt blob: %ld", r.status);
+  kc_testsrv_resp_free(&r);
   /* The bundle that names it is not served whole either. */
   r = get(&g_b, "/v1/bundles/%s", b.key);
-  REQUIRE(r.code != 200, "B serves bundle %s without its blob", b.key);
-  reply_free(&r);
+  REQUIRE(r.status != 200, "B serves bundle %s without its blob", b.key);
+  kc_testsrv_resp_free(&r);
   /* A still has the good bytes. */
   assert_int_equal(serves(&g_a, &b), 0);
   free(bad);
@@ -1100,12 +1035,12 @@ static void t_corrupt(void **state) {
   assert_int_equal(kcs3_put(g_s3, k, b.json, strlen(b.json), NULL, NULL, err),
                    KC_OK);
   r = get(&g_b, "/v1/bundles/%s", c.key);
-  REQUIRE(r.code == 500 && strcmp(error_code(&r, code), "corrupt") == 0,
+  REQUIRE(r.status == 500 && strcmp(error_code(&r, code), "corrupt") == 0,
           "B: GET of a manifest under the wrong key: %ld %s (want 500 corrupt)",
-          r.code, r.body);
-  printf("corrupt manifest: B answered %ld %s\n", r.code, r.body);
+          r.status, r.body);
+  printf("corrupt manifest: B answered %ld %s\n", r.status, r.body);
   assert_null(strstr(r.body, "\"files\"")); /* an error, not a manifest */
-  reply_free(&r);
+  kc_testsrv_resp_free(&r);
   assert_int_equal(metric(&g_b, "kcached_s3_corrupt_total"), 2);
   assert_int_equal(obj_head("bundles", c.key), KC_NOT_FOUND);
   bundle_free(&b);
@@ -1165,7 +1100,8 @@ static int run_kcached(const char *const *args, char *const *env, char **out) {
                    0);
   posix_spawn_file_actions_destroy(&fa);
   int st = 0, rc = -2;
-  for (long t0 = mono_ms(); mono_ms() - t0 < 15000; usleep(20 * 1000))
+  for (long t0 = kc_testsrv_now_ms(); kc_testsrv_now_ms() - t0 < 15000;
+       usleep(20 * 1000))
     if (waitpid(pid, &st, WNOHANG) == pid) {
       rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       break;

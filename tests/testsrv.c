@@ -8,13 +8,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
+
+#include "kc_schema.h"
 
 #ifndef KCACHED_BIN
 #define KCACHED_BIN "kcached"
@@ -28,7 +35,13 @@ const char *kc_testsrv_bin(void) {
   return b && *b ? b : KCACHED_BIN;
 }
 
-static void sleep_ms(long ms) {
+long kc_testsrv_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void kc_testsrv_sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
 }
@@ -144,7 +157,7 @@ static int wait_ready(kc_testsrv *t, const char *port_file) {
                has_tls(t) ? "https" : "http", t->port);
     if (t->port && healthy(t))
       return 0;
-    sleep_ms(20);
+    kc_testsrv_sleep_ms(20);
   }
   kc_testsrv_kill(t);
   return -1;
@@ -184,7 +197,7 @@ static int wait_exit(kc_testsrv *t, int ms) {
         return -1;
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
-    sleep_ms(10);
+    kc_testsrv_sleep_ms(10);
   }
   return -2;
 }
@@ -235,7 +248,7 @@ void kc_testsrv_cleanup(kc_testsrv *t) {
 }
 
 /* Reads a whole file into memory (malloc'd); NULL on error. */
-static char *slurp(FILE *f, size_t *len) {
+static char *read_all(FILE *f, size_t *len) {
   char *text = NULL;
   FILE *m = open_memstream(&text, len);
   char buf[65536];
@@ -249,12 +262,36 @@ static char *slurp(FILE *f, size_t *len) {
   return text;
 }
 
+char *kc_testsrv_slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  size_t len = 0;
+  char *text = f ? read_all(f, &len) : NULL;
+  if (f)
+    fclose(f);
+  return text ? text : strdup("");
+}
+
+void kc_testsrv_show_log(const kc_testsrv *t, const char *name) {
+  FILE *f = fopen(t->log, "r");
+  if (!f)
+    return;
+  char buf[4001];
+  fseek(f, 0, SEEK_END);
+  long end = ftell(f);
+  fseek(f, end > 4000 ? end - 4000 : 0, SEEK_SET);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  fprintf(stderr, "---- kcached %s log (%s), last %zu bytes ----\n%s\n",
+          name ? name : "", t->log, n, buf);
+}
+
 int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n) {
   char path[400];
   snprintf(path, sizeof path, "%s/data.mdb", t->data);
   FILE *f = fopen(path, "r+b");
   size_t len = 0;
-  char *text = f ? slurp(f, &len) : NULL;
+  char *text = f ? read_all(f, &len) : NULL;
   int copies = text ? 0 : -1;
   for (char *p = text; n && p && (p = memmem(p, len - (size_t)(p - text),
                                               needle, n)); p += n) {
@@ -269,4 +306,209 @@ int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n) {
     copies = -1;
   free(text);
   return copies;
+}
+
+int kc_testsrv_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  struct timeval tv = {20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
+                          char (*digests)[65], const uint64_t *sizes, size_t n,
+                          char key[65]) {
+  kc_manifest *m = kc_manifest_new();
+  if (!m)
+    return NULL;
+  snprintf(m->fields.model, sizeof m->fields.model, "%s", model);
+  memset(m->fields.build, 'b', KC_HEX_LEN);
+  snprintf(m->fields.arch, sizeof m->fields.arch, "%s", arch);
+  m->fields.bucket.n = 1;
+  snprintf(m->fields.bucket.dims[0].name, KC_NAME_MAX + 1, "batch");
+  m->fields.bucket.dims[0].value = batch;
+  m->fields.n_tools = 1;
+  snprintf(m->fields.tools[0].name, KC_NAME_MAX + 1, "cuda");
+  snprintf(m->fields.tools[0].value, KC_TOOL_VALUE_MAX + 1, "13.0");
+  const char *entries[] = {"gemm"};
+  char *json = NULL;
+  char err[KC_ERRBUF_SIZE] = "";
+  for (size_t i = 0; i < n; i++) {
+    char path[32];
+    snprintf(path, sizeof path, "k%zu.cubin", i);
+    if (kc_manifest_add_file(m, path, digests[i], sizes[i], KC_KIND_CUBIN,
+                             entries, 1, err))
+      goto out;
+  }
+  if (kc_manifest_seal(m, err) || kc_manifest_to_json(m, &json, err))
+    goto out;
+  memcpy(key, m->key, 65);
+out:
+  if (!json)
+    fprintf(stderr, "manifest: %s\n", err);
+  kc_manifest_free(m);
+  return json;
+}
+
+/* ---- HTTP ---- */
+
+static size_t on_body(char *p, size_t s, size_t n, void *ud) {
+  kc_testsrv_resp *r = ud;
+  char *nb = realloc(r->body, r->len + s * n + 1);
+  if (!nb)
+    return 0;
+  memcpy(nb + r->len, p, s * n);
+  r->body = nb;
+  r->len += s * n;
+  r->body[r->len] = '\0';
+  return s * n;
+}
+
+/* Keeps the headers of the last response only (not a 100 Continue). */
+static size_t on_header(char *p, size_t s, size_t n, void *ud) {
+  kc_testsrv_resp *r = ud;
+  size_t len = s * n;
+  if (len >= 5 && strncmp(p, "HTTP/", 5) == 0)
+    r->hlen = 0;
+  if (r->hlen + len < sizeof r->hdrs) {
+    memcpy(r->hdrs + r->hlen, p, len);
+    r->hlen += len;
+    r->hdrs[r->hlen] = '\0';
+  }
+  return len;
+}
+
+typedef struct chunk_src {
+  const char *p;
+  size_t left;
+} chunk_src;
+
+static size_t on_read(char *buf, size_t s, size_t n, void *ud) {
+  chunk_src *c = ud;
+  size_t k = s * n < c->left ? s * n : c->left;
+  if (k > 7000)
+    k = 7000; /* several chunks */
+  memcpy(buf, c->p, k);
+  c->p += k;
+  c->left -= k;
+  return k;
+}
+
+static void set_body(CURL *c, const kc_testsrv_req *q, struct curl_slist **h,
+                     chunk_src *src) {
+  if (q->chunked) {
+    src->p = q->body;
+    src->left = q->len;
+    curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(c, CURLOPT_READDATA, src);
+    *h = curl_slist_append(*h, "Transfer-Encoding: chunked");
+  } else {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, q->body ? q->body : "");
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->len);
+  }
+}
+
+static struct curl_slist *headers_of(const kc_testsrv_req *q) {
+  struct curl_slist *h = NULL;
+  char line[512];
+  if (q->token) {
+    snprintf(line, sizeof line, "Authorization: Bearer %s", q->token);
+    h = curl_slist_append(h, line);
+  } else if (q->auth) {
+    snprintf(line, sizeof line, "Authorization: %s", q->auth);
+    h = curl_slist_append(h, line);
+  }
+  if (!q->expect)
+    h = curl_slist_append(h, "Expect:");
+  if (q->header)
+    h = curl_slist_append(h, q->header);
+  return h;
+}
+
+/* The options of one request on c, which has been reset. */
+static void set_request(CURL *c, const char *url, const kc_testsrv_req *q,
+                        kc_testsrv_resp *r, struct curl_slist **h,
+                        chunk_src *src) {
+  const char *method = q->method ? q->method : "GET";
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  long timeout_ms = q->timeout_ms ? q->timeout_ms : 60000L;
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* worker threads */
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
+  if (q->cainfo)
+    curl_easy_setopt(c, CURLOPT_CAINFO, q->cainfo);
+  if (strcmp(method, "HEAD") == 0) {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else {
+    if (q->body || q->has_body)
+      set_body(c, q, h, src);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  }
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, *h);
+}
+
+kc_testsrv_resp kc_testsrv_http(CURL *c, const char *base, const char *path,
+                                kc_testsrv_req q) {
+  kc_testsrv_resp r = {0};
+  int own = c == NULL;
+  if (own && !(c = curl_easy_init())) {
+    r.rc = CURLE_FAILED_INIT;
+    return r;
+  }
+  if (!own)
+    curl_easy_reset(c); /* keeps the connection cache */
+  char url[1024];
+  snprintf(url, sizeof url, "%s%s", base, path);
+  struct curl_slist *h = headers_of(&q);
+  chunk_src src;
+  set_request(c, url, &q, &r, &h, &src);
+  long t0 = kc_testsrv_now_ms();
+  r.rc = curl_easy_perform(c);
+  r.ms = kc_testsrv_now_ms() - t0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+  curl_easy_getinfo(c, CURLINFO_NUM_CONNECTS, &r.connects);
+  curl_slist_free_all(h);
+  if (own)
+    curl_easy_cleanup(c);
+  if (!r.body)
+    r.body = calloc(1, 1);
+  return r;
+}
+
+void kc_testsrv_resp_free(kc_testsrv_resp *r) {
+  free(r->body);
+  r->body = NULL;
+}
+
+int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
+                      size_t cap) {
+  size_t n = strlen(name);
+  for (const char *p = r->hdrs; p && *p;) {
+    if (strncasecmp(p, name, n) == 0 && p[n] == ':') {
+      p += n + 1;
+      while (*p == ' ')
+        p++;
+      size_t k = strcspn(p, "\r\n");
+      snprintf(out, cap, "%.*s", (int)k, p);
+      return 1;
+    }
+    p = strchr(p, '\n');
+    if (p)
+      p++;
+  }
+  return 0;
 }

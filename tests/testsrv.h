@@ -6,12 +6,19 @@
  * (the server's stdout and stderr, appended across restarts). The binary is
  * $KCACHED_BIN when set, else the KCACHED_BIN this library was compiled with.
  * Not thread-safe: one thread drives one kc_testsrv.
+ *
+ * kc_testsrv_http is the tests' one HTTP client call (libcurl): any request
+ * to any base URL, the status, body and headers back; it never asserts, so
+ * worker threads may call it (each with its own handle).
  */
 #ifndef KC_TESTSRV_H
 #define KC_TESTSRV_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
+
+#include <curl/curl.h>
 
 #define KC_TESTSRV_MAX_ARGS 32
 
@@ -50,5 +57,69 @@ const char *kc_testsrv_bin(void);
  * at needle in DIR/data/data.mdb. The number of copies changed, -1 when the
  * file cannot be read or written. */
 int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n);
+
+
+/* ---- small helpers of every integration test ---- */
+
+/* Milliseconds of CLOCK_MONOTONIC. */
+long kc_testsrv_now_ms(void);
+void kc_testsrv_sleep_ms(long ms);
+/* A whole file (a server log), NUL-terminated, malloc'd; "" (malloc'd) when
+ * it cannot be read, NULL only when out of memory. */
+char *kc_testsrv_slurp(const char *path);
+/* The last 4000 bytes of t's log on stderr, headed by name (may be NULL),
+ * for failure messages. */
+void kc_testsrv_show_log(const kc_testsrv *t, const char *name);
+
+/* A TCP connection to 127.0.0.1:port (close-on-exec, reads time out after
+ * 20 s), for what libcurl will not send; the fd, -1 on error. */
+int kc_testsrv_connect(int port);
+
+/* The canonical JSON (malloc'd) of a sealed manifest of model, bucket
+ * {"batch": batch}, arch, a build of 'b's and tool cuda 13.0, with one file
+ * k<i>.cubin (entry gemm) per digest; writes its key. NULL on error (said on
+ * stderr): no asserts, worker threads call it. */
+char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
+                          char (*digests)[65], const uint64_t *sizes, size_t n,
+                          char key[65]);
+
+/* ---- HTTP ---- */
+
+typedef struct kc_testsrv_req {
+  const char *method; /* default GET; HEAD asks for headers only */
+  const char *token;  /* Authorization: Bearer TOKEN */
+  const char *auth;   /* or a raw Authorization value */
+  const void *body;   /* sent when not NULL, or when has_body */
+  size_t len;
+  int has_body;       /* send a body (empty when body is NULL) */
+  int chunked;        /* send it with chunked encoding, in 7000-byte pieces */
+  int expect;         /* keep curl's Expect: 100-continue */
+  const char *header; /* one extra "Name: value" */
+  const char *cainfo; /* TLS: verify against this CA */
+  long timeout_ms;    /* the whole request; 0: 60 s */
+} kc_testsrv_req;
+
+typedef struct kc_testsrv_resp {
+  CURLcode rc;
+  long status;       /* curl's CURLINFO_RESPONSE_CODE (0: no response) */
+  char *body;        /* NUL-terminated, "" when none; the caller frees it
+                      * with kc_testsrv_resp_free (NULL only when out of
+                      * memory) */
+  size_t len;
+  char hdrs[16384];  /* the last response's header lines (not a 100) */
+  size_t hlen;
+  long connects;     /* connections this request opened */
+  long ms;           /* how long it took */
+} kc_testsrv_resp;
+
+/* One request for base + path on handle c (NULL: a fresh handle, cleaned up
+ * after; else reset first, which keeps its connections). Never asserts. */
+kc_testsrv_resp kc_testsrv_http(CURL *c, const char *base, const char *path,
+                                kc_testsrv_req q);
+void kc_testsrv_resp_free(kc_testsrv_resp *r);
+/* The value of response header name (case-insensitive), copied to out: 1,
+ * or 0 when absent. */
+int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
+                      size_t cap);
 
 #endif
