@@ -43,7 +43,7 @@ static int dir_empty(const char *p) {
   return n == 0;
 }
 
-/* The trust boundary of the local cache (DESIGN.md, "Client warmup"): what
+/* The trust boundary of the local cache (docs/DESIGN.md, "Client warmup"): what
  * it holds is served as is, so only its owner may write it. A directory of
  * another user, or one group or others can write (a shared volume, a
  * shared /tmp), is refused; an empty one of ours (a fresh volume) is made

@@ -298,7 +298,7 @@ kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
                     size_t n_archs, kc_key_fields **fields, size_t *n,
                     char *err);
 
-/* Fetch-or-build every key of w (DESIGN.md, "Client warmup"):
+/* Fetch-or-build every key of w (docs/DESIGN.md, "Client warmup"):
  *  1. keys from kc_warm_keys; 2. the local cache (every blob checked for
  *     type and size, then re-hashed, within the deadline);
  *  3. one POST /v1/lookup (per 4096 keys), then all missing blobs in

@@ -1,5 +1,5 @@
 /* warm.c: kc_warm, fetch-or-build of every (bucket, arch) of a warmup
- * manifest (DESIGN.md, "Client warmup"): local cache, one batch lookup,
+ * manifest (docs/DESIGN.md, "Client warmup"): local cache, one batch lookup,
  * parallel verified fetches, single-flight builds through leases, a deadline
  * over all of it, and local builds when the server is down. */
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* rules.c: the field rules of DESIGN.md's key table (hex digests, arch,
+/* rules.c: the field rules of docs/DESIGN.md's key table (hex digests, arch,
  * bucket, toolchain), checked on C structs and on jansson values, and the
  * conversions between the two. Keys, bundle and warmup manifests share them. */
 #include <stdio.h>

@@ -327,7 +327,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: kcached [OPTION]...\n"
           "       kcached token read|write|admin NAME\n\n"
-          "kcached serves the kcache HTTP API (DESIGN.md) from an LMDB store.\n"
+          "kcached serves the kcache HTTP API (docs/DESIGN.md) from an LMDB store.\n"
           "Every option can also be set by its environment variable; the "
           "option wins.\nSIZE takes K, M, G, T suffixes (powers of 1024).\n\n");
   for (size_t i = 0; i < N_OPTS; i++) {

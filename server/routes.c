@@ -1,4 +1,4 @@
-/* routes.c: the route table of DESIGN.md's HTTP API: for each route its id,
+/* routes.c: the route table of docs/DESIGN.md's HTTP API: for each route its id,
  * name (metrics and messages), path, Allow list, and per method the role, body
  * kind and handler. Path matching, the role a request needs, route and
  * method names, and the strict JSON bodies the handlers parse. The table is the one list of routes:
@@ -52,7 +52,7 @@ static const kcd_op lease_ops[] = {
  * the slot of KCD_R_OTHER stays empty (path NULL). */
 #define ROUTE(id, ...) [id] = {id, __VA_ARGS__}
 
-/* DESIGN.md's HTTP API. No path is a prefix of another, so the order in which
+/* docs/DESIGN.md's HTTP API. No path is a prefix of another, so the order in which
  * kcd_route_find tries them does not matter. */
 static const kcd_route routes[KCD_N_ROUTES] = {
     ROUTE(KCD_R_HEALTHZ, "healthz", "/healthz", KCD_P_NONE, "GET, HEAD",

@@ -1,5 +1,6 @@
-/* evict.c: batched last-use records, LRU eviction, GC of unreferenced blobs
- * after their grace period, and the full verification. */
+/* evict.c: writing the batched last-use records (uses.c gathers them), LRU
+ * eviction, and GC of unreferenced blobs after their grace period. The full
+ * verification is in verify.c. */
 #include <stdlib.h>
 #include <string.h>
 

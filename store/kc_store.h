@@ -36,7 +36,7 @@
 typedef struct kc_store kc_store;
 
 /* The durable tier: an S3-compatible bucket shared by several stores (one per
- * kcached replica; DESIGN.md, Scale-out). Layout under prefix:
+ * kcached replica; docs/DESIGN.md, Scale-out). Layout under prefix:
  *   P/blobs/<sha256>          the blob's bytes
  *   P/bundles/<key>           the canonical manifest
  *   P/models/<model>/<key>    empty: lists a model's bundles

@@ -1,5 +1,5 @@
 /* kcs3.h: a small S3 client (libcurl with CURLOPT_AWS_SIGV4, expat for the
- * XML answers) for the store's durable tier (DESIGN.md, Scale-out; issue 7).
+ * XML answers) for the store's durable tier (docs/DESIGN.md, Scale-out; issue 7).
  * Internal to store/: not installed, not part of kc_store.h, and no libcurl
  * type appears here.
  *

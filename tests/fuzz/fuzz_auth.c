@@ -5,7 +5,7 @@
  * Input: the first line is the header ("Bearer <token>"; an empty first line
  * means no header), the rest is the token file. The file is a memfd read
  * through /proc/self/fd/N, since kcd_auth_load takes a path. Results are
- * checked against a reference reading of DESIGN.md's format ("role name
+ * checked against a reference reading of docs/DESIGN.md's format ("role name
  * sha256(token)" lines, '#' comments): every token loaded must be a whole,
  * non-comment line of the file; a failed load keeps the old table. */
 #include <ctype.h>
@@ -108,7 +108,7 @@ static int ref_line(char *s, ref_tok *t) {
   return 0;
 }
 
-/* Reads the file the way DESIGN.md describes it: lines split at '\n' (a C
+/* Reads the file the way docs/DESIGN.md describes it: lines split at '\n' (a C
  * string each: a NUL ends it), trimmed, blank and '#' lines skipped.
  * Returns the number of non-comment lines; the well-formed ones in *out. */
 static size_t ref_read(const char *p, size_t n, ref_tok **out, size_t *n_ok) {

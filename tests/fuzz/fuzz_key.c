@@ -69,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FZ_CHECK(kc_key_compute(&f, kx, err) == KC_OK && strcmp(kx, k1) == 0,
            "compute not deterministic");
 
-  /* jansson's sorted compact form (DESIGN.md, "The key"). */
+  /* jansson's sorted compact form (docs/DESIGN.md, "The key"). */
   json_error_t je;
   json_t *j = json_loads(c1, JSON_REJECT_DUPLICATES, &je);
   FZ_CHECK(j, "canonical JSON is not JSON: %s\n%s", je.text, c1);

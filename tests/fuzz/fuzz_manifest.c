@@ -63,7 +63,7 @@ static void round_trip(const kc_manifest *m) {
   FZ_CHECK(strcmp(m->key, m2->key) == 0, "seal changed the key");
 
   /* The canonical JSON is what jansson writes with sorted keys, compactly
-   * (DESIGN.md), reals with 15 significant digits (kc_schema.h), so
+   * (docs/DESIGN.md), reals with 15 significant digits (kc_schema.h), so
    * jansson's own re-dump gives the same bytes. */
   json_error_t je;
   json_t *j = json_loads(j1, JSON_REJECT_DUPLICATES, &je);

@@ -9,7 +9,7 @@
  * here: libmicrohttpd splits it off and parses it before kcached sees the
  * path (kcd_query is MHD_lookup_connection_value), so no code of ours parses
  * one. The results are checked against a reference table written from
- * DESIGN.md's API, independent of routes.c. */
+ * docs/DESIGN.md's API, independent of routes.c. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +27,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-/* DESIGN.md, "HTTP API (v1)". */
+/* docs/DESIGN.md, "HTTP API (v1)". */
 static const struct ref_route {
   const char *path; /* exact, or prefix when param */
   kcd_route_id id;
@@ -82,13 +82,13 @@ static void check_route(const char *path, size_t cap) {
       want = &ref[i];
   }
   if (!want) {
-    FZ_CHECK(rt == NULL, "'%s' routed to %s; DESIGN.md has no such route",
+    FZ_CHECK(rt == NULL, "'%s' routed to %s; docs/DESIGN.md has no such route",
              path, kcd_route_name(rt->id));
     FZ_CHECK(param[0] == '\0', "no route but param '%s'", param);
     free(param);
     return;
   }
-  FZ_CHECK(rt != NULL, "'%s' not routed; DESIGN.md routes it to %s", path,
+  FZ_CHECK(rt != NULL, "'%s' not routed; docs/DESIGN.md routes it to %s", path,
            kcd_route_name(want->id));
   FZ_CHECK(rt->id == want->id, "'%s' routed to %s, not %s", path,
            kcd_route_name(rt->id), kcd_route_name(want->id));
@@ -117,14 +117,14 @@ static void check_route(const char *path, size_t cap) {
     FZ_CHECK(param[0] == '\0', "param '%s' on a route without one", param);
   }
 
-  /* Every method: an op iff DESIGN.md lists it, and the Allow header of a
+  /* Every method: an op iff docs/DESIGN.md lists it, and the Allow header of a
    * 405 names exactly those. */
   for (int m = 0; m < KCD_N_METHODS; m++) {
     const kcd_op *op = kcd_route_op(rt, (kcd_method)m);
     const char *name = kcd_method_name((kcd_method)m);
     FZ_CHECK(kcd_method_of(name) == (kcd_method)m, "method %s", name);
     int listed = m != KCD_M_OTHER && in_list(want->methods, name, " ");
-    FZ_CHECK(!!op == listed, "%s %s: op %p, DESIGN.md %s", name, want->path,
+    FZ_CHECK(!!op == listed, "%s %s: op %p, docs/DESIGN.md %s", name, want->path,
              (const void *)op, listed ? "lists it" : "does not");
     FZ_CHECK(in_list(rt->allow, name, ", ") == listed, "Allow '%s' and %s",
              rt->allow, name);
