@@ -45,7 +45,8 @@
   X(INTERNAL, 30, 500, "internal", "internal error")                           \
   X(BAD_TOKEN_FILE, 31, 500, "bad_token_file", "invalid token file")           \
   X(BUSY, 32, 503, "busy", "resource busy, try again")                         \
-  X(GPU, 33, 500, "cuda_error", "CUDA driver call failed")
+  X(GPU, 33, 500, "cuda_error", "CUDA driver call failed")                   \
+  X(NOT_IMPLEMENTED, 34, 501, "not_implemented", "not implemented")
 
 typedef enum kc_err {
 #define KC_ERR_ENUM_(name, num, http, code, msg) KC_##name = num,

@@ -71,7 +71,10 @@ typedef enum kcd_authn {
 int kcd_auth_init(kcd_auth *a);
 void kcd_auth_destroy(kcd_auth *a);
 /* Reads a token file and swaps it in; on error the old table stays and err
- * says which line is wrong. path NULL: auth disabled. */
+ * says which line is wrong. path NULL: auth disabled. Refused as well: a
+ * token hash on two lines (err names both), and a file with no token while
+ * the table holds some (a rewrite caught half-way; an empty file at start
+ * is loaded, main.c warns). */
 kc_err kcd_auth_load(kcd_auth *a, const char *path, char *err);
 /* Checks "Bearer <token>" (header may be NULL) in constant time per entry. */
 kcd_authn kcd_auth_check(kcd_auth *a, const char *header, kcd_role *role,
@@ -237,6 +240,11 @@ typedef struct kcd_config {
   const char *s3_credentials; /* AWS shared-credentials file, or NULL */
   int s3_path_style;
   unsigned s3_parallel;
+  /* slow clients and probes (conns.c, http.c) */
+  unsigned header_timeout_s; /* a request's headers must be in within it */
+  unsigned max_conns_per_ip; /* 0: no per-address cap */
+  char health_host[256];     /* --health-listen; health_port 0 with an */
+  unsigned health_port;      /* empty host: none */
 } kcd_config;
 
 /* Parses flags over KCACHED_* environment variables over defaults. Returns 0
@@ -263,7 +271,42 @@ struct kcd_state {
   struct kcd_s3 *s3;         /* NULL: no durable tier */
   kc_store_scrub scrub;      /* where the scrub goes on (main thread only) */
   int64_t scrub_credit;      /* bytes it may hash now; < 0 after a big blob */
+  struct kcd_conns *conns;        /* open connections (conns.c) */
+  struct MHD_Daemon *mhd_health;  /* --health-listen; NULL: none */
 };
+
+/* ---- open connections (conns.c) ---- */
+
+/* Every connection of the daemons, for the header deadline (conns.c says
+ * why MHD's own timeout cannot be it). Thread-safe. */
+typedef struct kcd_conns kcd_conns;
+typedef struct kcd_conn kcd_conn;
+
+kcd_conns *kcd_conns_new(void); /* NULL: out of memory */
+void kcd_conns_free(kcd_conns *l);
+/* A connection accepted (waiting for headers from now); NULL: no memory
+ * (the connection then has no deadline). */
+kcd_conn *kcd_conn_open(kcd_conns *l, int fd);
+/* Before MHD closes its descriptor; frees c (NULL: nothing). */
+void kcd_conn_close(kcd_conns *l, kcd_conn *c);
+/* The headers of a request are complete / a request ended (waiting for the
+ * next one's headers from now). c may be NULL. */
+void kcd_conn_headers_done(kcd_conn *c);
+void kcd_conn_request_done(kcd_conn *c);
+/* Whether the raw URI of the request being read held "%00". */
+void kcd_conn_set_raw_nul(kcd_conn *c, int nul);
+int kcd_conn_raw_nul(const kcd_conn *c);
+/* Shuts down every connection waiting for headers for limit_us or more;
+ * returns how many. */
+size_t kcd_conns_sweep(kcd_conns *l, uint64_t now_us, uint64_t limit_us);
+
+/* ---- request framing (framing.c) ---- */
+
+/* RFC 9112's framing rules on a request's headers (framing.c lists them):
+ * KC_OK, or KC_EINVAL (400) / KC_NOT_IMPLEMENTED (501, a transfer coding
+ * other than chunked) with the sentence in err. raw_nul: the raw URI held
+ * "%00". */
+kc_err kcd_framing_check(struct MHD_Connection *conn, int raw_nul, char *err);
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */
 
@@ -344,6 +387,8 @@ const char *kcd_query(kcd_req *r, const char *name);
 
 /* Starts libmicrohttpd; fills st->mhd and *port. */
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err);
+/* The maintenance tick: closes connections past --header-timeout. */
+void kcd_http_sweep(kcd_state *st);
 /* Stops accepting; in-flight requests go on. */
 void kcd_http_quiesce(kcd_state *st);
 void kcd_http_stop(kcd_state *st);
