@@ -190,6 +190,11 @@ static int set_s3_parallel(kcd_config *c, const char *v) {
 static int set_header_timeout(kcd_config *c, const char *v) {
   return set_uint(&c->header_timeout_s, v, 1, 3600);
 }
+static int set_min_body_rate(kcd_config *c, const char *v) {
+  return parse_size(v, &c->min_body_rate) || c->min_body_rate > (1ull << 30)
+             ? -1
+             : 0;
+}
 static int set_max_conns_per_ip(kcd_config *c, const char *v) {
   return set_uint(&c->max_conns_per_ip, v, 0, 1000000);
 }
@@ -262,6 +267,10 @@ static const opt opts[] = {
      "close a connection whose request headers are not all in this long "
      "after it opened or its last request ended (default 10)",
      set_header_timeout},
+    {"min-body-rate", "SIZE", "KCACHED_MIN_BODY_RATE",
+     "close a connection whose request body averages fewer bytes a second "
+     "than this over a --timeout window (default 1K; 0: no minimum)",
+     set_min_body_rate},
     {"max-connections-per-ip", "N", "KCACHED_MAX_CONNECTIONS_PER_IP",
      "connections one client address may hold (default 256; 0: no cap). "
      "Behind a proxy every client has the proxy's address: raise it or 0",
@@ -349,6 +358,7 @@ static void defaults(kcd_config *c) {
   c->max_conns = 1024;
   c->header_timeout_s = 10;
   c->max_conns_per_ip = 256;
+  c->min_body_rate = 1024;
   c->shutdown_s = 10;
   c->lease_max_ttl_s = 3600;
 }

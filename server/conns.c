@@ -13,6 +13,10 @@
  * the socket of every connection still waiting past the deadline. MHD then
  * sees the socket end and closes the connection in its own thread.
  *
+ * A body has the same problem (a byte every --timeout - 1 s keeps it), so
+ * while one is read the tick also checks, once per --timeout window, that
+ * it brought at least --min-body-rate bytes a second over the window.
+ *
  * The list's lock makes the shutdown safe: MHD tells us a connection closed
  * (kcd_conn_close, from MHD_CONNECTION_NOTIFY_CLOSED) before it closes the
  * descriptor, so a descriptor found in the list under the lock is still this
@@ -29,6 +33,8 @@ struct kcd_conn {
   int fd;
   _Atomic uint64_t waiting_since_us; /* 0: not waiting for headers */
   _Atomic int raw_nul;               /* the request's raw URI holds %00 */
+  _Atomic uint64_t body_since_us;    /* this body window began; 0: no body */
+  _Atomic uint64_t body_bytes;       /* body bytes in this window */
 };
 
 struct kcd_conns {
@@ -89,8 +95,27 @@ void kcd_conn_headers_done(kcd_conn *c) {
 }
 
 void kcd_conn_request_done(kcd_conn *c) {
+  if (!c)
+    return;
+  atomic_store(&c->body_since_us, 0);
+  atomic_store(&c->waiting_since_us, kcd_now_us());
+}
+
+void kcd_conn_body_begin(kcd_conn *c) {
+  if (!c)
+    return;
+  atomic_store(&c->body_bytes, 0);
+  atomic_store(&c->body_since_us, kcd_now_us());
+}
+
+void kcd_conn_body_end(kcd_conn *c) {
   if (c)
-    atomic_store(&c->waiting_since_us, kcd_now_us());
+    atomic_store(&c->body_since_us, 0);
+}
+
+void kcd_conn_body_bytes(kcd_conn *c, size_t n) {
+  if (c)
+    atomic_fetch_add(&c->body_bytes, n);
 }
 
 void kcd_conn_set_raw_nul(kcd_conn *c, int nul) {
@@ -102,18 +127,41 @@ int kcd_conn_raw_nul(const kcd_conn *c) {
   return c ? atomic_load(&c->raw_nul) : 0;
 }
 
-size_t kcd_conns_sweep(kcd_conns *l, uint64_t now_us, uint64_t limit_us) {
-  size_t closed = 0;
+/* Whether c has waited for headers past the deadline. */
+static int headers_late(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
+  uint64_t since = atomic_load(&c->waiting_since_us);
+  if (since == 0 || now < since || now - since < w->header_us)
+    return 0;
+  atomic_store(&c->waiting_since_us, 0); /* once: MHD closes it soon */
+  return 1;
+}
+
+/* Whether c's body brought less than the minimum over a window that ended;
+ * a window that ended well starts the next one. The exchange fails when
+ * the request ended meanwhile (body_since_us 0): nothing to judge. */
+static int body_slow(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
+  uint64_t since = atomic_load(&c->body_since_us);
+  if (!w->body_min_rate || since == 0 || now < since ||
+      now - since < w->body_window_us)
+    return 0;
+  uint64_t got = atomic_exchange(&c->body_bytes, 0);
+  uint64_t want = w->body_min_rate * ((now - since) / 1000000u);
+  uint64_t next = got < want ? 0 : now;
+  return atomic_compare_exchange_strong(&c->body_since_us, &since, next) &&
+         got < want;
+}
+
+void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w) {
+  w->closed_headers = w->closed_body = 0;
   pthread_mutex_lock(&l->lock);
   for (kcd_conn *c = l->head; c; c = c->next) {
-    uint64_t since = atomic_load(&c->waiting_since_us);
-    if (since == 0 || now_us - since < limit_us || now_us < since)
+    int late = headers_late(c, now_us, w);
+    int slow = !late && body_slow(c, now_us, w);
+    if (!late && !slow)
       continue;
-    /* once: MHD closes it on its next wake-up */
-    atomic_store(&c->waiting_since_us, 0);
     shutdown(c->fd, SHUT_RDWR);
-    closed++;
+    w->closed_headers += (size_t)late;
+    w->closed_body += (size_t)slow;
   }
   pthread_mutex_unlock(&l->lock);
-  return closed;
 }

@@ -203,6 +203,8 @@ static int first_call(kcd_req *r) {
   kcd_conn_headers_done(c);
   if (refuse_framing(r, c))
     return MHD_YES;
+  if (r->has_body)
+    kcd_conn_body_begin(c);
   req_begin(r);
   if (r->early) {
     if (answer_now(r))
@@ -291,6 +293,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   }
   size_t n = *upload_data_size;
   *upload_data_size = 0;
+  if (n)
+    kcd_conn_body_bytes(conn_of(conn), n);
+  else
+    kcd_conn_body_end(conn_of(conn)); /* all in; the answer may be slow */
   if (r->queued)
     return MHD_YES;
   if (n)
@@ -491,14 +497,22 @@ static kc_err start_health(kcd_state *st, char *err) {
 }
 
 void kcd_http_sweep(kcd_state *st) {
+  const kcd_config *c = &st->cfg;
   if (!st->conns)
     return;
-  uint64_t limit = (uint64_t)st->cfg.header_timeout_s * 1000000u;
-  size_t n = kcd_conns_sweep(st->conns, kcd_now_us(), limit);
-  if (n)
+  kcd_sweep w = {.header_us = (uint64_t)c->header_timeout_s * 1000000u,
+                 .body_window_us = (uint64_t)c->timeout_s * 1000000u,
+                 .body_min_rate = c->min_body_rate};
+  kcd_conns_sweep(st->conns, kcd_now_us(), &w);
+  if (w.closed_headers)
     kcd_log(st, "warn", "closed %zu connections whose request headers were "
-            "not complete within --header-timeout %u s", n,
-            st->cfg.header_timeout_s);
+            "not complete within --header-timeout %u s", w.closed_headers,
+            c->header_timeout_s);
+  if (w.closed_body)
+    kcd_log(st, "warn", "closed %zu connections whose request body came "
+            "slower than --min-body-rate %llu bytes/s over %u s",
+            w.closed_body, (unsigned long long)c->min_body_rate,
+            c->timeout_s);
 }
 
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {

@@ -243,6 +243,7 @@ typedef struct kcd_config {
   /* slow clients and probes (conns.c, http.c) */
   unsigned header_timeout_s; /* a request's headers must be in within it */
   unsigned max_conns_per_ip; /* 0: no per-address cap */
+  uint64_t min_body_rate;    /* bytes/s a body must average per --timeout */
   char health_host[256];     /* --health-listen; health_port 0 with an */
   unsigned health_port;      /* empty host: none */
 } kcd_config;
@@ -296,9 +297,22 @@ void kcd_conn_request_done(kcd_conn *c);
 /* Whether the raw URI of the request being read held "%00". */
 void kcd_conn_set_raw_nul(kcd_conn *c, int nul);
 int kcd_conn_raw_nul(const kcd_conn *c);
-/* Shuts down every connection waiting for headers for limit_us or more;
- * returns how many. */
-size_t kcd_conns_sweep(kcd_conns *l, uint64_t now_us, uint64_t limit_us);
+/* A request body is being read (from its headers to its end): its bytes
+ * are counted against --min-body-rate; the answer that follows is not. */
+void kcd_conn_body_begin(kcd_conn *c);
+void kcd_conn_body_end(kcd_conn *c);
+void kcd_conn_body_bytes(kcd_conn *c, size_t n);
+
+typedef struct kcd_sweep {
+  uint64_t header_us;      /* headers must be in within it */
+  uint64_t body_window_us; /* a body is judged once per window */
+  uint64_t body_min_rate;  /* bytes/s over a window; 0: no minimum */
+  size_t closed_headers, closed_body; /* out: connections shut down */
+} kcd_sweep;
+/* Shuts down every connection waiting for headers for header_us or more,
+ * and every one whose body brought less than body_min_rate bytes/s over a
+ * window; counts them in w. */
+void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w);
 
 /* ---- request framing (framing.c) ---- */
 

@@ -1,7 +1,8 @@
 /* test_server_slow.c: kcached against clients that hold connections: headers
  * sent one line at a time (each line restarts MHD's idle timer, so only
- * --header-timeout ends them), the per-address cap, and /healthz on
- * --health-listen while the main pool is used up. */
+ * --header-timeout ends them), a body dripped the same way
+ * (--min-body-rate), the per-address cap, and /healthz on --health-listen
+ * while the main pool is used up. */
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "kc_schema.h"
 #include "rawhttp.h"
 #include "testsrv.h"
 
@@ -101,6 +103,63 @@ static void t_slow_headers(void **state) {
   kc_testsrv_cleanup(&t);
 }
 
+/* Sends body in pieces of `piece` bytes every `every_ms` on fd (a blob PUT
+ * whose headers are sent) for 8 s at most; returns ms until the server
+ * closed fd, -1 if the whole body went out, -2 if neither in 8 s. */
+static long drip_body(int fd, const char *body, size_t len, size_t piece,
+                      int every_ms) {
+  long t0 = raw_now_ms();
+  for (size_t off = 0; off < len; off += piece) {
+    if (raw_now_ms() - t0 > 8000)
+      return -2;
+    char buf[8192];
+    size_t k = len - off < piece ? len - off : piece;
+    memcpy(buf, body + off, k);
+    buf[k] = '\0';
+    if (is_closed(fd) || raw_send(fd, buf) != 0)
+      return raw_now_ms() - t0;
+    usleep((useconds_t)every_ms * 1000);
+  }
+  return -1;
+}
+
+static int put_blob_head(int port, const char *digest, size_t len) {
+  char head[512];
+  int fd = raw_connect(port);
+  snprintf(head, sizeof head, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: x\r\n"
+           "Content-Length: %zu\r\n\r\n", digest, len);
+  raw_send(fd, head);
+  return fd;
+}
+
+/* --timeout 2 --min-body-rate 1K: a body of 25 bytes/s (a piece every
+ * 400 ms: the idle timer never fires) is cut after a 2 s window; one of
+ * 10 KiB/s goes through whole. */
+static void t_slow_body(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  const char *const args[] = {"--timeout", "2", "--min-body-rate", "1K",
+                              NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  static char body[40960];
+  for (size_t i = 0; i < sizeof body; i++)
+    body[i] = (char)('a' + i % 26);
+  char digest[KC_HEX_LEN + 1];
+  kc_sha256_hex(body, sizeof body, digest);
+  int fd = put_blob_head(t.port, digest, sizeof body);
+  long cut = drip_body(fd, body, sizeof body, 10, 400);
+  close(fd);
+  print_message("a 25 B/s body was cut after %ld ms\n", cut);
+  assert_true(cut >= 1500 && cut <= 5000);
+  fd = put_blob_head(t.port, digest, sizeof body);
+  assert_int_equal(drip_body(fd, body, sizeof body, 4096, 400), -1);
+  char buf[8192];
+  raw_read(fd, buf, sizeof buf, 2000);
+  assert_int_equal(raw_status(buf), 201);
+  close(fd);
+  kc_testsrv_cleanup(&t);
+}
+
 /* A request whose headers came in time is not cut by the deadline, nor is
  * a kept-alive connection that sends its next request in time. */
 static void t_prompt_clients_unaffected(void **state) {
@@ -170,6 +229,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_slow_headers),
       cmocka_unit_test(t_prompt_clients_unaffected),
+      cmocka_unit_test(t_slow_body),
       cmocka_unit_test(t_per_ip_cap),
       cmocka_unit_test(t_health_listener_routes),
   };
