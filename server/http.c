@@ -504,6 +504,8 @@ void kcd_http_sweep(kcd_state *st) {
                  .body_window_us = (uint64_t)c->timeout_s * 1000000u,
                  .body_min_rate = c->min_body_rate};
   kcd_conns_sweep(st->conns, kcd_now_us(), &w);
+  atomic_fetch_add(&st->metrics.cut_header_timeout, w.closed_headers);
+  atomic_fetch_add(&st->metrics.cut_slow_body, w.closed_body);
   if (w.closed_headers)
     kcd_log(st, "warn", "closed %zu connections whose request headers were "
             "not complete within --header-timeout %u s", w.closed_headers,

@@ -203,6 +203,8 @@ typedef struct kcd_metrics {
   _Atomic uint64_t leases_granted, leases_refused, leases_present;
   _Atomic uint64_t uploads_aborted;
   _Atomic uint64_t blobs_corrupt; /* repair offers that found the copy bad */
+  /* connections shut down by the maintenance tick (conns.c) */
+  _Atomic uint64_t cut_header_timeout, cut_slow_body;
   _Atomic int64_t in_flight; /* requests begun and not completed */
 } kcd_metrics;
 

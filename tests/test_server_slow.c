@@ -100,6 +100,11 @@ static void t_slow_headers(void **state) {
   print_message("%d slow-header connections closed after at most %ld ms\n",
                 POOL, worst);
   assert_int_equal(get_status(t.port, "/healthz", 2000), 200);
+  char buf[65536];
+  raw_exchange(hport, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: "
+               "close\r\n\r\n", buf, sizeof buf, 2000);
+  assert_non_null(strstr(buf, "kcached_connections_cut_total"
+                              "{reason=\"header_timeout\"} 40\n"));
   kc_testsrv_cleanup(&t);
 }
 
