@@ -540,11 +540,13 @@ kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
 }
 
 void kcd_http_quiesce(kcd_state *st) {
-  if (!st->mhd)
-    return;
-  MHD_socket fd = MHD_quiesce_daemon(st->mhd);
-  if (fd != MHD_INVALID_SOCKET)
-    close(fd);
+  /* the probe listener too: a stopping kcached is not ready */
+  struct MHD_Daemon *d[] = {st->mhd, st->mhd_health};
+  for (size_t i = 0; i < 2; i++) {
+    MHD_socket fd = d[i] ? MHD_quiesce_daemon(d[i]) : MHD_INVALID_SOCKET;
+    if (fd != MHD_INVALID_SOCKET)
+      close(fd);
+  }
 }
 
 void kcd_http_stop(kcd_state *st) {

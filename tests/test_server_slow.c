@@ -227,6 +227,7 @@ static void t_health_listener_routes(void **state) {
   assert_int_equal(get_status(hport, "/metrics", 2000), 200);
   assert_int_equal(get_status(hport, "/v1/stats", 2000), 404);
   assert_int_equal(get_status(t.port, "/v1/stats", 2000), 200);
+  assert_int_equal(kc_testsrv_stop(&t), 0); /* both daemons stop cleanly */
   kc_testsrv_cleanup(&t);
 }
 
