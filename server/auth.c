@@ -106,14 +106,52 @@ static char *trim(char *s) {
   return s;
 }
 
+/* The tokens read so far, with the line each came from. */
+typedef struct tok_vec {
+  kcd_token *v;
+  unsigned *line;
+  size_t n, cap;
+} tok_vec;
+
+static kc_err tok_grow(tok_vec *t, const char *path, char *err) {
+  if (t->n < t->cap)
+    return KC_OK;
+  size_t cap = t->cap ? t->cap * 2 : 16;
+  kcd_token *nv = realloc(t->v, cap * sizeof *nv);
+  if (nv)
+    t->v = nv;
+  unsigned *nl = nv ? realloc(t->line, cap * sizeof *nl) : NULL;
+  if (!nl)
+    return kc_errf(err, KC_NOMEM, "%s: out of memory", path);
+  t->line = nl;
+  t->cap = cap;
+  return KC_OK;
+}
+
+/* One token on two lines would let the first line's role (and name) win
+ * without a word: an operator who added "admin" for a token already listed
+ * as "read" would see it keep read. Refused, naming both lines. Token files
+ * are short; a linear scan per line is fine. */
+static kc_err check_dup(const tok_vec *t, const char *path, unsigned lineno,
+                        char *err) {
+  const kcd_token *last = &t->v[t->n];
+  for (size_t i = 0; i < t->n; i++)
+    if (memcmp(t->v[i].digest, last->digest, 32) == 0)
+      return kc_errf(err, KC_BAD_TOKEN_FILE,
+                     "%s:%u: the same token hash as line %u (%s %s); each "
+                     "token may appear once",
+                     path, lineno, t->line[i], kcd_role_name(t->v[i].role),
+                     t->v[i].name);
+  return KC_OK;
+}
+
 static kc_err read_tokens(FILE *f, const char *path, kcd_token **out,
                           size_t *n_out, char *err) {
   /* getline, not a fixed buffer: a long line read in pieces would let the
    * tail of a comment count as a token line (found by tests/fuzz). */
   char *line = NULL;
   size_t line_cap = 0;
-  kcd_token *v = NULL;
-  size_t n = 0, cap = 0;
+  tok_vec t = {0};
   unsigned lineno = 0;
   kc_err e = KC_OK;
   while (!e && getline(&line, &line_cap, f) >= 0) {
@@ -121,20 +159,18 @@ static kc_err read_tokens(FILE *f, const char *path, kcd_token **out,
     char *s = trim(line);
     if (*s == '\0' || *s == '#')
       continue;
-    if (n == cap) {
-      cap = cap ? cap * 2 : 16;
-      kcd_token *nv = realloc(v, cap * sizeof *v);
-      if (!nv) {
-        e = kc_errf(err, KC_NOMEM, "%s: out of memory", path);
-        break;
-      }
-      v = nv;
-    }
-    e = parse_line(s, &v[n], path, lineno, err);
+    if ((e = tok_grow(&t, path, err)))
+      break;
+    e = parse_line(s, &t.v[t.n], path, lineno, err);
     if (!e)
-      n++;
+      e = check_dup(&t, path, lineno, err);
+    if (!e)
+      t.line[t.n++] = lineno;
   }
   free(line);
+  free(t.line);
+  kcd_token *v = t.v;
+  size_t n = t.n;
   if (e) {
     free(v);
     return e;
@@ -157,6 +193,16 @@ kc_err kcd_auth_load(kcd_auth *a, const char *path, char *err) {
       return e;
   }
   pthread_rwlock_wrlock(&a->lock);
+  /* A file with no token where the table has some is most likely a
+   * rewrite caught half-way (truncated, not yet written): swapping it in
+   * would answer every client 401 until the next reload. */
+  if (path && n == 0 && a->enabled && a->n > 0) {
+    pthread_rwlock_unlock(&a->lock);
+    return kc_errf(err, KC_BAD_TOKEN_FILE,
+                   "%s: no token in the file (half-written?); to revoke "
+                   "every token, restart kcached with it",
+                   path);
+  }
   kcd_token *old = a->tokens;
   a->tokens = v;
   a->n = n;

@@ -213,6 +213,30 @@ static int set_resp_anon(kcd_config *c, const char *v) {
 static int set_resp_max_bytes(kcd_config *c, const char *v) {
   return parse_size(v, &c->resp_max_bytes);
 }
+static int set_header_timeout(kcd_config *c, const char *v) {
+  return set_uint(&c->header_timeout_s, v, 1, 3600);
+}
+static int set_min_body_rate(kcd_config *c, const char *v) {
+  return parse_size(v, &c->min_body_rate) || c->min_body_rate > (1ull << 30)
+             ? -1
+             : 0;
+}
+static int set_max_conns_per_ip(kcd_config *c, const char *v) {
+  return set_uint(&c->max_conns_per_ip, v, 0, 1000000);
+}
+/* HOST:PORT as --listen reads it; empty: no health listener. */
+static int set_health_listen(kcd_config *c, const char *v) {
+  kcd_config tmp;
+  if (!*v) {
+    c->health_host[0] = '\0';
+    return 0;
+  }
+  if (set_listen(&tmp, v))
+    return -1;
+  memcpy(c->health_host, tmp.host, sizeof c->health_host);
+  c->health_port = tmp.port;
+  return 0;
+}
 static int set_log_format(kcd_config *c, const char *v) {
   if (strcmp(v, "text") == 0)
     c->log_format = KCD_LOG_TEXT;
@@ -265,6 +289,23 @@ static const opt opts[] = {
      "close a connection idle this long (default 30)", set_timeout},
     {"max-connections", "N", "KCACHED_MAX_CONNECTIONS",
      "connections served at once (default 1024)", set_max_conns},
+    {"header-timeout", "SECONDS", "KCACHED_HEADER_TIMEOUT",
+     "close a connection whose request headers are not all in this long "
+     "after it opened or its last request ended (default 10)",
+     set_header_timeout},
+    {"min-body-rate", "SIZE", "KCACHED_MIN_BODY_RATE",
+     "close a connection whose request body averages fewer bytes a second "
+     "than this over a --timeout window (default 1K; 0: no minimum)",
+     set_min_body_rate},
+    {"max-connections-per-ip", "N", "KCACHED_MAX_CONNECTIONS_PER_IP",
+     "connections one client address may hold (default 256; 0: no cap). "
+     "Behind a proxy every client has the proxy's address: raise it or 0",
+     set_max_conns_per_ip},
+    {"health-listen", "HOST:PORT", "KCACHED_HEALTH_LISTEN",
+     "also answer /healthz, /readyz and /metrics (only those) on this "
+     "address, with its own few connections, so that probes are answered "
+     "while --max-connections is used up (default none)",
+     set_health_listen},
     {"shutdown-timeout", "SECONDS", "KCACHED_SHUTDOWN_TIMEOUT",
      "on SIGTERM, wait this long for in-flight requests (default 10)",
      set_shutdown},
@@ -360,6 +401,9 @@ static void defaults(kcd_config *c) {
   c->threads = n > 0 ? (unsigned)n : 1;
   c->timeout_s = 30;
   c->max_conns = 1024;
+  c->header_timeout_s = 10;
+  c->max_conns_per_ip = 256;
+  c->min_body_rate = 1024;
   c->shutdown_s = 10;
   c->lease_max_ttl_s = 3600;
   c->resp_max_value = 512ull << 20;

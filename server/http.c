@@ -124,11 +124,24 @@ static void check_body(kcd_req *r) {
                   (unsigned long long)lim);
 }
 
+/* On the --health-listen daemon (start_health). */
+static int is_health_daemon(const kcd_req *r) {
+  if (!r->st->mhd_health)
+    return 0;
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_DAEMON);
+  return ci && ci->daemon == r->st->mhd_health;
+}
+
 /* Everything decided from the headers: route, method, token, path, store. */
 static void req_begin(kcd_req *r) {
   const kcd_route *rt = kcd_route_find(r->path, r->param, sizeof r->param);
   if (!rt)
     return kcd_set_early(r, KC_NOT_FOUND, "no route for %.200s", r->path);
+  if (is_health_daemon(r) && rt->id != KCD_R_HEALTHZ &&
+      rt->id != KCD_R_READYZ && rt->id != KCD_R_METRICS)
+    return kcd_set_early(r, KC_NOT_FOUND, "only /healthz, /readyz and "
+                         "/metrics are served on --health-listen");
   r->rt = rt;
   r->op = kcd_route_op(rt, r->method);
   if (!r->op)
@@ -164,7 +177,34 @@ static int answer_now(kcd_req *r) {
   return r->content_length != UINT64_MAX && r->content_length > DISCARD_MAX;
 }
 
+/* The connection's entry in st->conns (NULL: none). */
+static kcd_conn *conn_of(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return ci ? ci->socket_context : NULL;
+}
+
+/* Framing the RFC refuses (framing.c): answered at once, and the
+ * connection closed, since what follows is no trustworthy body or
+ * request. */
+static int refuse_framing(kcd_req *r, kcd_conn *c) {
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err e = kcd_framing_check(r->conn, kcd_conn_raw_nul(c), err);
+  if (!e)
+    return 0;
+  static const char *const close_hdr[] = {MHD_HTTP_HEADER_CONNECTION, "close",
+                                          NULL};
+  kcd_reply_error_json(r, e, err, NULL, close_hdr);
+  return 1;
+}
+
 static int first_call(kcd_req *r) {
+  kcd_conn *c = conn_of(r->conn);
+  kcd_conn_headers_done(c);
+  if (refuse_framing(r, c))
+    return MHD_YES;
+  if (r->has_body)
+    kcd_conn_body_begin(c);
   req_begin(r);
   if (r->early) {
     if (answer_now(r))
@@ -253,6 +293,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   }
   size_t n = *upload_data_size;
   *upload_data_size = 0;
+  if (n)
+    kcd_conn_body_bytes(conn_of(conn), n);
+  else
+    kcd_conn_body_end(conn_of(conn)); /* all in; the answer may be slow */
   if (r->queued)
     return MHD_YES;
   if (n)
@@ -280,6 +324,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
   kcd_state *st = cls;
   kcd_req *r = *con_cls;
   (void)toe;
+  kcd_conn_request_done(conn_of(conn)); /* the next headers' wait begins */
   if (!r)
     return;
   *con_cls = NULL;
@@ -313,16 +358,29 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
 static void on_connection(void *cls, struct MHD_Connection *conn,
                           void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code) {
-  (void)cls;
-  (void)socket_ctx;
-  if (code != MHD_CONNECTION_NOTIFY_STARTED)
+  kcd_state *st = cls;
+  if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    kcd_conn_close(st->conns, *socket_ctx);
+    *socket_ctx = NULL;
     return;
+  }
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   int lowat = NOTSENT_LOWAT;
-  if (ci)
-    setsockopt(ci->connect_fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
-               sizeof lowat);
+  if (!ci)
+    return;
+  setsockopt(ci->connect_fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
+             sizeof lowat);
+  *socket_ctx = kcd_conn_open(st->conns, ci->connect_fd);
+}
+
+/* MHD's URI log callback: the request line is in, its target still raw
+ * (the access handler gets it decoded, cut at a %00). Returns the request's
+ * first con_cls: none. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
+  (void)cls;
+  kcd_conn_set_raw_nul(conn_of(conn), uri && strstr(uri, "%00") != NULL);
+  return NULL;
 }
 
 static void mhd_logger(void *cls, const char *fmt, va_list ap) {
@@ -334,15 +392,16 @@ static void mhd_logger(void *cls, const char *fmt, va_list ap) {
   kcd_log(cls, "mhd", "%s", msg);
 }
 
-static kc_err resolve(const kcd_config *c, struct addrinfo **out, char *err) {
+static kc_err resolve(const char *flag, const char *host, unsigned port_no,
+                      struct addrinfo **out, char *err) {
   struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV,
                            .ai_family = AF_UNSPEC,
                            .ai_socktype = SOCK_STREAM};
   char port[16];
-  snprintf(port, sizeof port, "%u", c->port);
-  int rc = getaddrinfo(c->host, port, &hints, out);
+  snprintf(port, sizeof port, "%u", port_no);
+  int rc = getaddrinfo(host, port, &hints, out);
   if (rc)
-    return kc_errf(err, KC_EINVAL, "--listen %s: %s", c->host,
+    return kc_errf(err, KC_EINVAL, "--%s %s: %s", flag, host,
                    gai_strerror(rc));
   return KC_OK;
 }
@@ -366,7 +425,9 @@ static void fill_options(kcd_state *st, const struct sockaddr *addr,
                                    (intptr_t)mhd_logger, st};
   o[n++] = (struct MHD_OptionItem){MHD_OPTION_SOCK_ADDR, 0, (void *)addr};
   o[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION,
-                                   (intptr_t)on_connection, NULL};
+                                   (intptr_t)on_connection, st};
+  o[n++] = (struct MHD_OptionItem){MHD_OPTION_URI_LOG_CALLBACK,
+                                   (intptr_t)on_uri, st};
   o[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED,
                                    (intptr_t)on_completed, st};
   o[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT,
@@ -376,6 +437,9 @@ static void fill_options(kcd_state *st, const struct sockaddr *addr,
   o[n++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                                    (intptr_t)CONN_MEMORY, NULL};
   o[n++] = (struct MHD_OptionItem){MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024, NULL};
+  if (c->max_conns_per_ip)
+    o[n++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                     (intptr_t)c->max_conns_per_ip, NULL};
   if (c->threads > 1)
     o[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE,
                                      (intptr_t)c->threads, NULL};
@@ -388,12 +452,79 @@ static void fill_options(kcd_state *st, const struct sockaddr *addr,
   o[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
 }
 
-kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
+/* --health-listen: a daemon of its own (one thread, a few connections),
+ * so that probes are answered while the main one is full; req_begin lets
+ * only the probe routes through on it. */
+#define HEALTH_CONNS 32
+
+static void fill_health_options(kcd_state *st, const struct sockaddr *addr,
+                                struct MHD_OptionItem *o) {
+  fill_options(st, addr, o); /* then trimmed to what a probe needs */
+  size_t n = 0;
+  for (size_t i = 0; o[i].option != MHD_OPTION_END; i++) {
+    if (o[i].option == MHD_OPTION_THREAD_POOL_SIZE ||
+        o[i].option == MHD_OPTION_PER_IP_CONNECTION_LIMIT)
+      continue;
+    if (o[i].option == MHD_OPTION_CONNECTION_LIMIT)
+      o[i].value = HEALTH_CONNS;
+    o[n++] = o[i];
+  }
+  o[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+}
+
+static kc_err start_health(kcd_state *st, char *err) {
+  const kcd_config *c = &st->cfg;
+  if (!c->health_host[0])
+    return KC_OK;
   struct addrinfo *ai = NULL;
-  kc_err e = resolve(&st->cfg, &ai, err);
+  kc_err e = resolve("health-listen", c->health_host, c->health_port, &ai, err);
   if (e)
     return e;
-  struct MHD_OptionItem opts[16];
+  struct MHD_OptionItem opts[20];
+  fill_health_options(st, ai->ai_addr, opts);
+  st->mhd_health = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, NULL,
+                                    NULL, on_request, st, MHD_OPTION_ARRAY,
+                                    opts, MHD_OPTION_END);
+  freeaddrinfo(ai);
+  if (!st->mhd_health)
+    return kc_errf(err, KC_IO, "cannot serve probes on --health-listen %s:%u "
+                   "(see the mhd line above)", c->health_host, c->health_port);
+  const union MHD_DaemonInfo *di =
+      MHD_get_daemon_info(st->mhd_health, MHD_DAEMON_INFO_BIND_PORT);
+  kcd_log(st, "info", "probes (/healthz, /readyz, /metrics) also on %s:%u",
+          c->health_host, di ? di->port : c->health_port);
+  return KC_OK;
+}
+
+void kcd_http_sweep(kcd_state *st) {
+  const kcd_config *c = &st->cfg;
+  if (!st->conns)
+    return;
+  kcd_sweep w = {.header_us = (uint64_t)c->header_timeout_s * 1000000u,
+                 .body_window_us = (uint64_t)c->timeout_s * 1000000u,
+                 .body_min_rate = c->min_body_rate};
+  kcd_conns_sweep(st->conns, kcd_now_us(), &w);
+  atomic_fetch_add(&st->metrics.cut_header_timeout, w.closed_headers);
+  atomic_fetch_add(&st->metrics.cut_slow_body, w.closed_body);
+  if (w.closed_headers)
+    kcd_log(st, "warn", "closed %zu connections whose request headers were "
+            "not complete within --header-timeout %u s", w.closed_headers,
+            c->header_timeout_s);
+  if (w.closed_body)
+    kcd_log(st, "warn", "closed %zu connections whose request body came "
+            "slower than --min-body-rate %llu bytes/s over %u s",
+            w.closed_body, (unsigned long long)c->min_body_rate,
+            c->timeout_s);
+}
+
+kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
+  if (!st->conns && !(st->conns = kcd_conns_new()))
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  struct addrinfo *ai = NULL;
+  kc_err e = resolve("listen", st->cfg.host, st->cfg.port, &ai, err);
+  if (e)
+    return e;
+  struct MHD_OptionItem opts[20];
   fill_options(st, ai->ai_addr, opts);
   st->mhd = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, NULL, NULL,
                              on_request, st, MHD_OPTION_ARRAY, opts,
@@ -405,21 +536,28 @@ kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
   const union MHD_DaemonInfo *di =
       MHD_get_daemon_info(st->mhd, MHD_DAEMON_INFO_BIND_PORT);
   *port = di ? di->port : st->cfg.port;
-  return KC_OK;
+  return start_health(st, err);
 }
 
 void kcd_http_quiesce(kcd_state *st) {
-  if (!st->mhd)
-    return;
-  MHD_socket fd = MHD_quiesce_daemon(st->mhd);
-  if (fd != MHD_INVALID_SOCKET)
-    close(fd);
+  /* the probe listener too: a stopping kcached is not ready */
+  struct MHD_Daemon *d[] = {st->mhd, st->mhd_health};
+  for (size_t i = 0; i < 2; i++) {
+    MHD_socket fd = d[i] ? MHD_quiesce_daemon(d[i]) : MHD_INVALID_SOCKET;
+    if (fd != MHD_INVALID_SOCKET)
+      close(fd);
+  }
 }
 
 void kcd_http_stop(kcd_state *st) {
   if (st->mhd)
     MHD_stop_daemon(st->mhd);
   st->mhd = NULL;
+  if (st->mhd_health)
+    MHD_stop_daemon(st->mhd_health);
+  st->mhd_health = NULL;
+  kcd_conns_free(st->conns); /* every connection is closed now */
+  st->conns = NULL;
 }
 
 int kcd_tls_supported(void) {

@@ -71,7 +71,10 @@ typedef enum kcd_authn {
 int kcd_auth_init(kcd_auth *a);
 void kcd_auth_destroy(kcd_auth *a);
 /* Reads a token file and swaps it in; on error the old table stays and err
- * says which line is wrong. path NULL: auth disabled. */
+ * says which line is wrong. path NULL: auth disabled. Refused as well: a
+ * token hash on two lines (err names both), and a file with no token while
+ * the table holds some (a rewrite caught half-way; an empty file at start
+ * is loaded, main.c warns). */
 kc_err kcd_auth_load(kcd_auth *a, const char *path, char *err);
 /* Checks "Bearer <token>" (header may be NULL) in constant time per entry. */
 kcd_authn kcd_auth_check(kcd_auth *a, const char *header, kcd_role *role,
@@ -205,6 +208,8 @@ typedef struct kcd_metrics {
   _Atomic uint64_t leases_granted, leases_refused, leases_present;
   _Atomic uint64_t uploads_aborted;
   _Atomic uint64_t blobs_corrupt; /* repair offers that found the copy bad */
+  /* connections shut down by the maintenance tick (conns.c) */
+  _Atomic uint64_t cut_header_timeout, cut_slow_body;
   _Atomic int64_t in_flight; /* requests begun and not completed */
 } kcd_metrics;
 
@@ -249,6 +254,12 @@ typedef struct kcd_config {
   uint64_t resp_max_value;  /* longest RESP argument */
   kcd_role resp_anon_role;  /* role before AUTH when tokens are on */
   uint64_t resp_max_bytes;  /* the store's kv_max_bytes; 0 none */
+  /* slow clients and probes (conns.c, http.c) */
+  unsigned header_timeout_s; /* a request's headers must be in within it */
+  unsigned max_conns_per_ip; /* 0: no per-address cap */
+  uint64_t min_body_rate;    /* bytes/s a body must average per --timeout */
+  char health_host[256];     /* --health-listen; health_port 0 with an */
+  unsigned health_port;      /* empty host: none */
 } kcd_config;
 
 /* Parses flags over KCACHED_* environment variables over defaults. Returns 0
@@ -277,7 +288,55 @@ struct kcd_state {
   int64_t scrub_credit;      /* bytes it may hash now; < 0 after a big blob */
   int disk_full_logged;      /* main.c: a full disk was logged (disk_watch) */
   _Atomic(struct kcd_resp *) resp; /* NULL: no --resp-listen */
+  struct kcd_conns *conns;        /* open connections (conns.c) */
+  struct MHD_Daemon *mhd_health;  /* --health-listen; NULL: none */
 };
+
+/* ---- open connections (conns.c) ---- */
+
+/* Every connection of the daemons, for the header deadline (conns.c says
+ * why MHD's own timeout cannot be it). Thread-safe. */
+typedef struct kcd_conns kcd_conns;
+typedef struct kcd_conn kcd_conn;
+
+kcd_conns *kcd_conns_new(void); /* NULL: out of memory */
+void kcd_conns_free(kcd_conns *l);
+/* A connection accepted (waiting for headers from now); NULL: no memory
+ * (the connection then has no deadline). */
+kcd_conn *kcd_conn_open(kcd_conns *l, int fd);
+/* Before MHD closes its descriptor; frees c (NULL: nothing). */
+void kcd_conn_close(kcd_conns *l, kcd_conn *c);
+/* The headers of a request are complete / a request ended (waiting for the
+ * next one's headers from now). c may be NULL. */
+void kcd_conn_headers_done(kcd_conn *c);
+void kcd_conn_request_done(kcd_conn *c);
+/* Whether the raw URI of the request being read held "%00". */
+void kcd_conn_set_raw_nul(kcd_conn *c, int nul);
+int kcd_conn_raw_nul(const kcd_conn *c);
+/* A request body is being read (from its headers to its end): its bytes
+ * are counted against --min-body-rate; the answer that follows is not. */
+void kcd_conn_body_begin(kcd_conn *c);
+void kcd_conn_body_end(kcd_conn *c);
+void kcd_conn_body_bytes(kcd_conn *c, size_t n);
+
+typedef struct kcd_sweep {
+  uint64_t header_us;      /* headers must be in within it */
+  uint64_t body_window_us; /* a body is judged once per window */
+  uint64_t body_min_rate;  /* bytes/s over a window; 0: no minimum */
+  size_t closed_headers, closed_body; /* out: connections shut down */
+} kcd_sweep;
+/* Shuts down every connection waiting for headers for header_us or more,
+ * and every one whose body brought less than body_min_rate bytes/s over a
+ * window; counts them in w. */
+void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w);
+
+/* ---- request framing (framing.c) ---- */
+
+/* RFC 9112's framing rules on a request's headers (framing.c lists them):
+ * KC_OK, or KC_EINVAL (400) / KC_NOT_IMPLEMENTED (501, a transfer coding
+ * other than chunked) with the sentence in err. raw_nul: the raw URI held
+ * "%00". */
+kc_err kcd_framing_check(struct MHD_Connection *conn, int raw_nul, char *err);
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */
 
@@ -358,6 +417,8 @@ const char *kcd_query(kcd_req *r, const char *name);
 
 /* Starts libmicrohttpd; fills st->mhd and *port. */
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err);
+/* The maintenance tick: closes connections past --header-timeout. */
+void kcd_http_sweep(kcd_state *st);
 /* Stops accepting; in-flight requests go on. */
 void kcd_http_quiesce(kcd_state *st);
 void kcd_http_stop(kcd_state *st);

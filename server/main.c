@@ -156,6 +156,7 @@ static void expire_kv(kcd_state *st, kc_store *s) {
 static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   int64_t now = kcd_unix_now();
   kcd_log_flush(st);
+  kcd_http_sweep(st);
   kcd_lease_sweep(st->leases, kcd_now_us() / 1000);
   kc_store *s = atomic_load(&st->store);
   if (!s) {
@@ -238,6 +239,9 @@ static void announce(kcd_state *st, unsigned port) {
     kcd_log(st, "warn",
             "no token file: every client may read, write and delete; serving "
             "loopback only (--tokens FILE to require tokens)");
+  else if (kcd_auth_count(&st->auth) == 0)
+    kcd_log(st, "warn", "no token in %s: every request that needs a role "
+            "gets 401 until a SIGHUP loads some", c->tokens);
   else
     kcd_log(st, "info", "%zu tokens from %s", kcd_auth_count(&st->auth),
             c->tokens);

@@ -208,6 +208,18 @@ static void render_self(FILE *f, kcd_metrics *m) {
         inflight > 0 ? (uint64_t)inflight : 0);
 }
 
+/* Connections the header deadline and the body rate cut (conns.c). */
+static void render_cuts(FILE *f, kcd_metrics *m) {
+  fputs("# HELP kcached_connections_cut_total Connections closed for "
+        "headers not complete within --header-timeout, or a body slower "
+        "than --min-body-rate.\n# TYPE kcached_connections_cut_total "
+        "counter\n", f);
+  fprintf(f, "kcached_connections_cut_total{reason=\"header_timeout\"} %llu\n",
+          (unsigned long long)GET(m->cut_header_timeout));
+  fprintf(f, "kcached_connections_cut_total{reason=\"slow_body\"} %llu\n",
+          (unsigned long long)GET(m->cut_slow_body));
+}
+
 char *kcd_metrics_render(kcd_state *st, size_t *len) {
   char *buf = NULL;
   FILE *f = open_memstream(&buf, len);
@@ -216,6 +228,7 @@ char *kcd_metrics_render(kcd_state *st, size_t *len) {
   render_requests(f, &st->metrics);
   render_histogram(f, &st->metrics);
   render_self(f, &st->metrics);
+  render_cuts(f, &st->metrics);
   render_store(f, st);
   render_s3(f, st);
   kcd_resp_metrics_render(st, f);

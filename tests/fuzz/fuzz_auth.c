@@ -7,7 +7,9 @@
  * through /proc/self/fd/N, since kcd_auth_load takes a path. Results are
  * checked against a reference reading of docs/DESIGN.md's format ("role name
  * sha256(token)" lines, '#' comments): every token loaded must be a whole,
- * non-comment line of the file; a failed load keeps the old table. */
+ * non-comment line of the file; a file is loaded exactly when every
+ * non-comment line is well-formed, no token hash repeats and it holds a
+ * token (the table it replaces has one); a failed load keeps the old table. */
 #include <ctype.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -98,6 +100,9 @@ static int ref_line(char *s, ref_tok *t) {
     return -1;
   if (strlen(name) >= KCD_NAME_MAX || strlen(hex) != 64)
     return -1;
+  for (const char *c = name; *c; c++)
+    if (!isalnum((unsigned char)*c) && !strchr("_.@-", *c))
+      return -1;
   snprintf(t->name, sizeof t->name, "%s", name);
   for (int i = 0; i < 32; i++) {
     int hi = hexv(hex[2 * i]), lo = hexv(hex[2 * i + 1]);
@@ -140,6 +145,15 @@ static size_t ref_read(const char *p, size_t n, ref_tok **out, size_t *n_ok) {
   *out = v;
   *n_ok = ok;
   return lines;
+}
+
+/* Whether two entries share a token hash (the file is then refused). */
+static int ref_dup(const ref_tok *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = i + 1; j < n; j++)
+      if (memcmp(v[i].digest, v[j].digest, 32) == 0)
+        return 1;
+  return 0;
 }
 
 /* ---- the checks ---- */
@@ -238,9 +252,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   fz_err_reset(err);
   kc_err e = kcd_auth_load(&a, path_file, err);
+  /* A good file: every non-comment line well-formed, no token twice, and at
+   * least one token (the base table has one: an empty file is refused). */
+  int good = lines == n_ok && n_ok > 0 && !ref_dup(v, n_ok);
   if (e) {
     fz_err_ok(err, 0, "kcd_auth_load");
     FZ_CHECK(e == KC_BAD_TOKEN_FILE || e == KC_NOMEM, "code %d", (int)e);
+    FZ_CHECK(e == KC_NOMEM || !good, "a good file was refused: %s", err);
     FZ_CHECK(strstr(err, path_file), "message does not name the file: %s",
              err);
     /* The old table stays. */
@@ -248,6 +266,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
              "a failed load changed the table");
     check_header(&a, header, &base, 1);
   } else {
+    FZ_CHECK(good, "a file the reference refuses was loaded (%zu lines, %zu "
+             "well-formed, empty or a token twice?)", lines, n_ok);
     FZ_CHECK(kcd_auth_enabled(&a), "loaded but not enabled");
     size_t n = kcd_auth_count(&a);
     /* Each entry loaded is one well-formed line of the file, in order. */

@@ -1,0 +1,167 @@
+/* conns.c: every open connection of kcached's HTTP daemons, for the limit
+ * libmicrohttpd 0.9.75 lacks: a deadline for a request's headers
+ * (--header-timeout).
+ *
+ * MHD's --timeout is an inactivity timer: any byte restarts it, so a client
+ * that sends one header line every few seconds holds its connection (and a
+ * slot of --max-connections) for ever. Shortening it per connection
+ * (MHD_set_connection_option) does not help for the same reason. So each
+ * connection records when it began waiting for a request's headers (its
+ * accept, or the end of the previous request on a kept-alive connection);
+ * http.c clears that when the headers are complete (the access handler's
+ * first call), and the maintenance tick (main.c, once a second) shuts down
+ * the socket of every connection still waiting past the deadline. MHD then
+ * sees the socket end and closes the connection in its own thread.
+ *
+ * A body has the same problem (a byte every --timeout - 1 s keeps it), so
+ * while one is read the tick also checks, once per --timeout window, that
+ * it brought at least --min-body-rate bytes a second over the window.
+ *
+ * The list's lock makes the shutdown safe: MHD tells us a connection closed
+ * (kcd_conn_close, from MHD_CONNECTION_NOTIFY_CLOSED) before it closes the
+ * descriptor, so a descriptor found in the list under the lock is still this
+ * connection's and cannot have been reused. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+
+#include "kcd.h"
+
+struct kcd_conn {
+  kcd_conn *prev, *next;
+  int fd;
+  _Atomic uint64_t waiting_since_us; /* 0: not waiting for headers */
+  _Atomic int raw_nul;               /* the request's raw URI holds %00 */
+  _Atomic uint64_t body_since_us;    /* this body window began; 0: no body */
+  _Atomic uint64_t body_bytes;       /* body bytes in this window */
+};
+
+struct kcd_conns {
+  pthread_mutex_t lock;
+  kcd_conn *head;
+};
+
+kcd_conns *kcd_conns_new(void) {
+  kcd_conns *l = calloc(1, sizeof *l);
+  if (l && pthread_mutex_init(&l->lock, NULL)) {
+    free(l);
+    return NULL;
+  }
+  return l;
+}
+
+void kcd_conns_free(kcd_conns *l) {
+  if (!l)
+    return;
+  while (l->head) /* none left once the daemons stopped; just in case */
+    kcd_conn_close(l, l->head);
+  pthread_mutex_destroy(&l->lock);
+  free(l);
+}
+
+kcd_conn *kcd_conn_open(kcd_conns *l, int fd) {
+  kcd_conn *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->fd = fd;
+  atomic_store(&c->waiting_since_us, kcd_now_us());
+  pthread_mutex_lock(&l->lock);
+  c->next = l->head;
+  if (l->head)
+    l->head->prev = c;
+  l->head = c;
+  pthread_mutex_unlock(&l->lock);
+  return c;
+}
+
+void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
+  if (!c)
+    return;
+  pthread_mutex_lock(&l->lock);
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    l->head = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  pthread_mutex_unlock(&l->lock);
+  free(c);
+}
+
+void kcd_conn_headers_done(kcd_conn *c) {
+  if (c)
+    atomic_store(&c->waiting_since_us, 0);
+}
+
+void kcd_conn_request_done(kcd_conn *c) {
+  if (!c)
+    return;
+  atomic_store(&c->body_since_us, 0);
+  atomic_store(&c->waiting_since_us, kcd_now_us());
+}
+
+void kcd_conn_body_begin(kcd_conn *c) {
+  if (!c)
+    return;
+  atomic_store(&c->body_bytes, 0);
+  atomic_store(&c->body_since_us, kcd_now_us());
+}
+
+void kcd_conn_body_end(kcd_conn *c) {
+  if (c)
+    atomic_store(&c->body_since_us, 0);
+}
+
+void kcd_conn_body_bytes(kcd_conn *c, size_t n) {
+  if (c)
+    atomic_fetch_add(&c->body_bytes, n);
+}
+
+void kcd_conn_set_raw_nul(kcd_conn *c, int nul) {
+  if (c)
+    atomic_store(&c->raw_nul, nul);
+}
+
+int kcd_conn_raw_nul(const kcd_conn *c) {
+  return c ? atomic_load(&c->raw_nul) : 0;
+}
+
+/* Whether c has waited for headers past the deadline. */
+static int headers_late(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
+  uint64_t since = atomic_load(&c->waiting_since_us);
+  if (since == 0 || now < since || now - since < w->header_us)
+    return 0;
+  atomic_store(&c->waiting_since_us, 0); /* once: MHD closes it soon */
+  return 1;
+}
+
+/* Whether c's body brought less than the minimum over a window that ended;
+ * a window that ended well starts the next one. The exchange fails when
+ * the request ended meanwhile (body_since_us 0): nothing to judge. */
+static int body_slow(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
+  uint64_t since = atomic_load(&c->body_since_us);
+  if (!w->body_min_rate || since == 0 || now < since ||
+      now - since < w->body_window_us)
+    return 0;
+  uint64_t got = atomic_exchange(&c->body_bytes, 0);
+  uint64_t want = w->body_min_rate * ((now - since) / 1000000u);
+  uint64_t next = got < want ? 0 : now;
+  return atomic_compare_exchange_strong(&c->body_since_us, &since, next) &&
+         got < want;
+}
+
+void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w) {
+  w->closed_headers = w->closed_body = 0;
+  pthread_mutex_lock(&l->lock);
+  for (kcd_conn *c = l->head; c; c = c->next) {
+    int late = headers_late(c, now_us, w);
+    int slow = !late && body_slow(c, now_us, w);
+    if (!late && !slow)
+      continue;
+    shutdown(c->fd, SHUT_RDWR);
+    w->closed_headers += (size_t)late;
+    w->closed_body += (size_t)slow;
+  }
+  pthread_mutex_unlock(&l->lock);
+}

@@ -1,0 +1,16 @@
+# tests/hardening_http.cmake: kcached under hostile HTTP clients (issue 14),
+# each a cmocka binary over the real kcached (kc_testsrv) and raw sockets
+# (rawhttp.c: bytes libcurl would not send):
+#   server_slow         slow headers, the per-address cap, --health-listen
+#   server_http         request framing RFC 9112 refuses (smuggling)
+#   server_auth_reload  token-file reloads that must keep the old tokens
+add_library(kc_rawhttp STATIC ${CMAKE_CURRENT_LIST_DIR}/rawhttp.c)
+target_include_directories(kc_rawhttp PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+
+foreach(t slow http auth_reload)
+  add_executable(test_server_${t} ${CMAKE_CURRENT_LIST_DIR}/test_server_${t}.c)
+  target_link_libraries(test_server_${t} PRIVATE kc_rawhttp kc_testsrv
+                        kc_schema PkgConfig::CMOCKA)
+  add_test(NAME server_${t} COMMAND test_server_${t})
+  set_tests_properties(server_${t} PROPERTIES TIMEOUT 300)
+endforeach()

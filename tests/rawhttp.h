@@ -1,0 +1,29 @@
+/* rawhttp.h: raw TCP for the HTTP hardening tests (tests/hardening_http.cmake):
+ * bytes exactly as written (libcurl would fix what the tests break on
+ * purpose), and what came back until the server closed or a timeout. */
+#ifndef KC_RAWHTTP_H
+#define KC_RAWHTTP_H
+
+#include <stddef.h>
+
+/* A blocking socket connected to 127.0.0.1:port; -1 on error. */
+int raw_connect(int port);
+/* Writes all of s; 0 ok, -1 when the server closed or reset. */
+int raw_send(int fd, const char *s);
+/* Reads into buf (NUL-terminated, at most cap - 1 bytes) until the server
+ * closes (returns 1), ms pass (0) or an error such as a reset (-1). */
+int raw_read(int fd, char *buf, size_t cap, int ms);
+/* Whether the server closed fd within ms (1), or it is still open (0); data
+ * that arrives first is skipped. */
+int raw_closed_within(int fd, int ms);
+/* Sends req on a new connection and reads until close or ms; returns what
+ * raw_read returns, or -1 when it could not connect. */
+int raw_exchange(int port, const char *req, char *buf, size_t cap, int ms);
+/* The status of a response's first line ("HTTP/1.1 400 ..."), 0 if none. */
+int raw_status(const char *resp);
+/* A free loopback port (bound, read back, closed). */
+int raw_free_port(void);
+/* Monotonic milliseconds. */
+long raw_now_ms(void);
+
+#endif

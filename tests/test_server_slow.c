@@ -1,0 +1,243 @@
+/* test_server_slow.c: kcached against clients that hold connections: headers
+ * sent one line at a time (each line restarts MHD's idle timer, so only
+ * --header-timeout ends them), a body dripped the same way
+ * (--min-body-rate), the per-address cap, and /healthz on --health-listen
+ * while the main pool is used up. */
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kc_schema.h"
+#include "rawhttp.h"
+#include "testsrv.h"
+
+#define POOL 40
+#define HEADER_TIMEOUT_S 2
+
+static int get_status(int port, const char *path, int ms) {
+  char req[256], buf[8192];
+  snprintf(req, sizeof req,
+           "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+  raw_exchange(port, req, buf, sizeof buf, ms);
+  return raw_status(buf);
+}
+
+/* Whether the server closed fd (EOF or reset), without waiting. */
+static int is_closed(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  if (poll(&p, 1, 0) <= 0)
+    return 0;
+  char b[512];
+  ssize_t r = recv(fd, b, sizeof b, MSG_DONTWAIT);
+  return r <= 0;
+}
+
+/* 40 connections fill --max-connections 40, each sending a header line
+ * every 400 ms. Without a header deadline they hold the pool until the
+ * client stops (--timeout 30 never fires); with --header-timeout 2 each is
+ * closed 2-3 s after it opened, and a normal request is served again. */
+static void t_slow_headers(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  int hport = raw_free_port();
+  char hl[64];
+  snprintf(hl, sizeof hl, "127.0.0.1:%d", hport);
+  const char *const args[] = {"--max-connections", "40", "--header-timeout",
+                              "2", "--timeout", "30", "--health-listen", hl,
+                              "--threads", "2", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  int fd[POOL];
+  long opened[POOL], closed_at[POOL];
+  for (int i = 0; i < POOL; i++) {
+    fd[i] = raw_connect(t.port);
+    assert_true(fd[i] >= 0);
+    opened[i] = raw_now_ms();
+    closed_at[i] = 0;
+    raw_send(fd[i], "GET /healthz HTTP/1.1\r\n");
+  }
+  long t0 = raw_now_ms();
+  int probed = 0, left = POOL;
+  while (left > 0 && raw_now_ms() - t0 < 8000) {
+    usleep(400 * 1000);
+    for (int i = 0; i < POOL; i++) {
+      if (closed_at[i])
+        continue;
+      if (is_closed(fd[i]) || raw_send(fd[i], "X-Slow: 1\r\n") != 0) {
+        closed_at[i] = raw_now_ms();
+        left--;
+      }
+    }
+    if (!probed && raw_now_ms() - t0 > 800 && left == POOL) {
+      /* the pool is full: the main port does not answer, the probe
+       * listener does */
+      probed = 1;
+      assert_int_equal(get_status(t.port, "/healthz", 300), 0);
+      long p0 = raw_now_ms();
+      assert_int_equal(get_status(hport, "/healthz", 1000), 200);
+      assert_int_equal(get_status(hport, "/readyz", 1000), 200);
+      print_message("pool full: /healthz on --health-listen in %ld ms\n",
+                    raw_now_ms() - p0);
+    }
+  }
+  assert_true(probed);
+  assert_int_equal(left, 0);
+  long worst = 0;
+  for (int i = 0; i < POOL; i++) {
+    long held = closed_at[i] - opened[i];
+    worst = held > worst ? held : worst;
+    assert_true(held >= HEADER_TIMEOUT_S * 1000 - 100);
+    assert_true(held <= HEADER_TIMEOUT_S * 1000 + 2000);
+    close(fd[i]);
+  }
+  print_message("%d slow-header connections closed after at most %ld ms\n",
+                POOL, worst);
+  assert_int_equal(get_status(t.port, "/healthz", 2000), 200);
+  char buf[65536];
+  raw_exchange(hport, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: "
+               "close\r\n\r\n", buf, sizeof buf, 2000);
+  assert_non_null(strstr(buf, "kcached_connections_cut_total"
+                              "{reason=\"header_timeout\"} 40\n"));
+  kc_testsrv_cleanup(&t);
+}
+
+/* Sends body in pieces of `piece` bytes every `every_ms` on fd (a blob PUT
+ * whose headers are sent) for 8 s at most; returns ms until the server
+ * closed fd, -1 if the whole body went out, -2 if neither in 8 s. */
+static long drip_body(int fd, const char *body, size_t len, size_t piece,
+                      int every_ms) {
+  long t0 = raw_now_ms();
+  for (size_t off = 0; off < len; off += piece) {
+    if (raw_now_ms() - t0 > 8000)
+      return -2;
+    char buf[8192];
+    size_t k = len - off < piece ? len - off : piece;
+    memcpy(buf, body + off, k);
+    buf[k] = '\0';
+    if (is_closed(fd) || raw_send(fd, buf) != 0)
+      return raw_now_ms() - t0;
+    usleep((useconds_t)every_ms * 1000);
+  }
+  return -1;
+}
+
+static int put_blob_head(int port, const char *digest, size_t len) {
+  char head[512];
+  int fd = raw_connect(port);
+  snprintf(head, sizeof head, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: x\r\n"
+           "Content-Length: %zu\r\n\r\n", digest, len);
+  raw_send(fd, head);
+  return fd;
+}
+
+/* --timeout 2 --min-body-rate 1K: a body of 25 bytes/s (a piece every
+ * 400 ms: the idle timer never fires) is cut after a 2 s window; one of
+ * 10 KiB/s goes through whole. */
+static void t_slow_body(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  const char *const args[] = {"--timeout", "2", "--min-body-rate", "1K",
+                              NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  static char body[40960];
+  for (size_t i = 0; i < sizeof body; i++)
+    body[i] = (char)('a' + i % 26);
+  char digest[KC_HEX_LEN + 1];
+  kc_sha256_hex(body, sizeof body, digest);
+  int fd = put_blob_head(t.port, digest, sizeof body);
+  long cut = drip_body(fd, body, sizeof body, 10, 400);
+  close(fd);
+  print_message("a 25 B/s body was cut after %ld ms\n", cut);
+  assert_true(cut >= 1500 && cut <= 5000);
+  fd = put_blob_head(t.port, digest, sizeof body);
+  assert_int_equal(drip_body(fd, body, sizeof body, 4096, 400), -1);
+  char buf[8192];
+  raw_read(fd, buf, sizeof buf, 2000);
+  assert_int_equal(raw_status(buf), 201);
+  close(fd);
+  kc_testsrv_cleanup(&t);
+}
+
+/* A request whose headers came in time is not cut by the deadline, nor is
+ * a kept-alive connection that sends its next request in time. */
+static void t_prompt_clients_unaffected(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  const char *const args[] = {"--header-timeout", "2", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  int fd = raw_connect(t.port);
+  char buf[8192];
+  for (int i = 0; i < 3; i++) {
+    usleep(1000 * 1000); /* 3 requests 1 s apart: 3 s on one connection */
+    assert_int_equal(raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), 0);
+    assert_int_equal(raw_read(fd, buf, sizeof buf, 300), 0);
+    assert_int_equal(raw_status(buf), 200);
+  }
+  close(fd);
+  kc_testsrv_cleanup(&t);
+}
+
+/* --max-connections-per-ip 5: the sixth connection from 127.0.0.1 is
+ * closed unanswered, the five keep being served. */
+static void t_per_ip_cap(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  const char *const args[] = {"--max-connections-per-ip", "5", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  usleep(200 * 1000); /* the readiness probe's connection is gone */
+  int fd[5];
+  for (int i = 0; i < 5; i++)
+    assert_true((fd[i] = raw_connect(t.port)) >= 0);
+  usleep(200 * 1000);
+  int extra = raw_connect(t.port); /* the kernel accepts; kcached closes */
+  assert_true(extra >= 0);
+  raw_send(extra, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  char buf[8192];
+  int rc = raw_read(extra, buf, sizeof buf, 2000);
+  assert_int_not_equal(rc, 0); /* closed or reset */
+  assert_int_equal(raw_status(buf), 0);
+  close(extra);
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(raw_send(fd[i], "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), 0);
+    raw_read(fd[i], buf, sizeof buf, 300);
+    assert_int_equal(raw_status(buf), 200);
+    close(fd[i]);
+  }
+  kc_testsrv_cleanup(&t);
+}
+
+/* --health-listen serves the probes and /metrics, nothing else. */
+static void t_health_listener_routes(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  int hport = raw_free_port();
+  char hl[64];
+  snprintf(hl, sizeof hl, "127.0.0.1:%d", hport);
+  const char *const args[] = {"--health-listen", hl, NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  assert_int_equal(get_status(hport, "/healthz", 2000), 200);
+  assert_int_equal(get_status(hport, "/readyz", 2000), 200);
+  assert_int_equal(get_status(hport, "/metrics", 2000), 200);
+  assert_int_equal(get_status(hport, "/v1/stats", 2000), 404);
+  assert_int_equal(get_status(t.port, "/v1/stats", 2000), 200);
+  assert_int_equal(kc_testsrv_stop(&t), 0); /* both daemons stop cleanly */
+  kc_testsrv_cleanup(&t);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_slow_headers),
+      cmocka_unit_test(t_prompt_clients_unaffected),
+      cmocka_unit_test(t_slow_body),
+      cmocka_unit_test(t_per_ip_cap),
+      cmocka_unit_test(t_health_listener_routes),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
