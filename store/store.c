@@ -307,8 +307,13 @@ kc_err kc_store_read_begin(kc_store *s, kc_store_read **out) {
     if (r->txn)
       mdb_txn_abort(r->txn);
     free(r);
+    if (rc == MDB_READERS_FULL) /* the server logs and counts it */
+      atomic_fetch_add(&s->readers_full, 1);
     return kcs_mdb_err(rc, "begin a read", NULL);
   }
+  pthread_mutex_lock(&s->pool_lock);
+  kcs_read_link(s, r);
+  pthread_mutex_unlock(&s->pool_lock);
   *out = r;
   return KC_OK;
 }
@@ -319,6 +324,7 @@ void kc_store_read_end(kc_store_read *r) {
   kc_store *s = r->s;
   mdb_txn_reset(r->txn);
   pthread_mutex_lock(&s->pool_lock);
+  kcs_read_unlink(s, r);
   if (s->n_pool < KCS_POOL_MAX) {
     s->pool[s->n_pool++] = r->txn;
     r->txn = NULL;

@@ -78,12 +78,24 @@ struct kc_store {
   size_t n_pool;
   _Atomic uint64_t hits, misses, evicted_bundles, evicted_blobs, gc_blobs;
   _Atomic uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* scrub.c */
+  /* Reads open now, oldest first (under pool_lock; reads.c reports them),
+   * and reads refused because LMDB's reader table was full. */
+  kc_store_read *open_head, *open_tail;
+  uint64_t n_open;
+  _Atomic uint64_t readers_full;
 };
 
 struct kc_store_read {
   kc_store *s;
   MDB_txn *txn;
+  kc_store_read *prev, *next; /* in s->open_head's list */
+  uint64_t t0_ms;             /* when it began (monotonic) */
 };
+
+/* reads.c: links a read that just began into the open list, and unlinks
+ * one that ends; the caller holds s->pool_lock. */
+void kcs_read_link(kc_store *s, kc_store_read *r);
+void kcs_read_unlink(kc_store *s, kc_store_read *r);
 
 /* One LMDB error to kc_err, with a sentence naming what was being done. */
 kc_err kcs_mdb_err(int rc, const char *what, char *err);
