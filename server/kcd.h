@@ -263,6 +263,10 @@ struct kcd_state {
   struct kcd_s3 *s3;         /* NULL: no durable tier */
   kc_store_scrub scrub;      /* where the scrub goes on (main thread only) */
   int64_t scrub_credit;      /* bytes it may hash now; < 0 after a big blob */
+  /* LMDB's reader table (main thread only): refusals seen by the last tick,
+   * and whether the table was full then (logged once per change). */
+  uint64_t readers_full_seen;
+  int readers_full_now;
 };
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */
@@ -357,6 +361,17 @@ int kcd_tls_supported(void);
 enum kcd_mem { KCD_MEM_COPY, KCD_MEM_PERSISTENT, KCD_MEM_FREE };
 int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
               size_t len, enum kcd_mem mem, const char *const *headers);
+/* A body produced piece by piece: fill buf with up to max bytes of it from
+ * offset pos; return how many (> 0), or -1 to abort the response (the
+ * connection closes: the client sees a body shorter than its length). */
+typedef long (*kcd_piece_fn)(void *cls, uint64_t pos, char *buf, size_t max);
+/* Answers a body of len bytes served by fn in pieces of at most `piece`
+ * bytes, each asked for when the client has taken the one before; cls is
+ * freed with free_cls (may be NULL) when the response is done, also when
+ * queuing it fails. */
+int kcd_reply_pieces(kcd_req *r, int status, const char *ctype, uint64_t len,
+                     size_t piece, kcd_piece_fn fn, void *cls,
+                     void (*free_cls)(void *), const char *const *headers);
 /* Serializes a jansson value (stolen). */
 int kcd_reply_json(kcd_req *r, int status, json_t *json,
                    const char *const *headers);

@@ -53,9 +53,21 @@ static void free_tls(kcd_state *st) {
   free(st->tls_cert_pem);
 }
 
+/* LMDB's reader table has one slot per read open at once. Each connection
+ * may hold one (a small GET served zero-copy, a lookup), each worker thread
+ * one more of the store's short reads, and the scrub, the S3 tier's fetches
+ * and slack the rest. Too few slots (512 for 1,024 connections) answered
+ * every read 503 "busy" while /readyz said 200 (issue 14). */
+static unsigned reader_slots(const kcd_config *c) {
+  uint64_t n = (uint64_t)c->max_conns + c->threads +
+               (c->s3_parallel ? c->s3_parallel : 16) + 64;
+  return n > (1u << 22) ? 1u << 22 : (unsigned)n;
+}
+
 /* 0 when the store is open; the error names the directory either way. */
 static int open_store(kcd_state *st, int will_retry) {
   kc_store_opts o = {.dir = st->cfg.data_dir, .max_bytes = st->cfg.max_bytes,
+                     .max_readers = reader_slots(&st->cfg),
                      .s3 = kcd_s3_opts(st)};
   char err[KC_ERRBUF_SIZE] = "";
   kc_store *s = NULL;
@@ -123,6 +135,27 @@ static void scrub(kcd_state *st, kc_store *s) {
   }
 }
 
+/* A full reader table answers reads 503 "busy": said once when reads
+ * start being refused, once when a second passes without a refusal. */
+static void watch_readers(kcd_state *st, kc_store *s) {
+  kc_store_read_stats rs;
+  kc_store_read_stats_get(s, &rs);
+  int full = rs.readers_full != st->readers_full_seen;
+  st->readers_full_seen = rs.readers_full;
+  if (full == st->readers_full_now)
+    return;
+  st->readers_full_now = full;
+  if (full)
+    kcd_log(st, "error",
+            "the store's reader table is full (%u slots, %llu reads open): "
+            "reads are answered 503 busy; another process reading the store "
+            "(mdb_copy?), or more connections than --max-connections",
+            rs.max_readers, (unsigned long long)rs.open);
+  else
+    kcd_log(st, "info", "the store's reader table has room again (%llu "
+            "reads refused since start)", (unsigned long long)rs.readers_full);
+}
+
 /* Housekeeping once a second; EXIT_STORE when the store could not be
  * opened within --store-wait. */
 static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
@@ -152,6 +185,7 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
       kcd_log(st, "error", "gc: %s", *err ? err : kc_strerror(e));
   }
   scrub(st, s);
+  watch_readers(st, s);
   return 0;
 }
 

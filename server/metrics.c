@@ -107,6 +107,25 @@ static void render_histogram(FILE *f, kcd_metrics *m) {
             KCD_N_BUCKETS, GET(m->duration_us_sum));
 }
 
+/* Read transactions: an old one pins the pages freed after it began, so a
+ * full store cannot reuse them (writes then fail with 507). */
+static void render_reads(FILE *f, kc_store *s) {
+  kc_store_read_stats rs;
+  kc_store_read_stats_get(s, &rs);
+  gauge(f, "kcached_store_reads_open", "LMDB read transactions open.",
+        rs.open);
+  fprintf(f, "# HELP kcached_store_oldest_read_seconds Age of the oldest "
+          "open LMDB read transaction (0: none).\n# TYPE "
+          "kcached_store_oldest_read_seconds gauge\n"
+          "kcached_store_oldest_read_seconds %.3f\n",
+          (double)rs.oldest_age_ms / 1000.0);
+  gauge(f, "kcached_store_reader_slots", "Slots of LMDB's reader table.",
+        rs.max_readers);
+  counter(f, "kcached_store_readers_full_total",
+          "Reads refused (503 busy) because the reader table was full.",
+          rs.readers_full);
+}
+
 static void render_store(FILE *f, kcd_state *st) {
   kc_store *s = atomic_load(&st->store);
   kc_store_stats ss = {0};
@@ -137,6 +156,7 @@ static void render_store(FILE *f, kcd_state *st) {
           "Blobs the scrub found not hashing to their name; removed with the "
           "bundles naming them.",
           ss.scrub_corrupt);
+  render_reads(f, s);
 }
 
 static void render_s3(FILE *f, kcd_state *st) {
