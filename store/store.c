@@ -298,12 +298,16 @@ kc_err kc_store_read_begin(kc_store *s, kc_store_read **out) {
   pthread_mutex_lock(&s->pool_lock);
   if (s->n_pool)
     r->txn = s->pool[--s->n_pool];
+  kcs_read_link(s, r); /* counted open from here: one lock per begin */
   pthread_mutex_unlock(&s->pool_lock);
   /* A reset transaction keeps its reader slot: renewing it is cheaper than
    * a new one, which matters for small GETs. */
   int rc = r->txn ? mdb_txn_renew(r->txn)
                   : mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
   if (rc) {
+    pthread_mutex_lock(&s->pool_lock);
+    kcs_read_unlink(s, r);
+    pthread_mutex_unlock(&s->pool_lock);
     if (r->txn)
       mdb_txn_abort(r->txn);
     free(r);
@@ -311,9 +315,6 @@ kc_err kc_store_read_begin(kc_store *s, kc_store_read **out) {
       atomic_fetch_add(&s->readers_full, 1);
     return kcs_mdb_err(rc, "begin a read", NULL);
   }
-  pthread_mutex_lock(&s->pool_lock);
-  kcs_read_link(s, r);
-  pthread_mutex_unlock(&s->pool_lock);
   *out = r;
   return KC_OK;
 }
