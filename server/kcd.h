@@ -264,9 +264,11 @@ struct kcd_state {
   kc_store_scrub scrub;      /* where the scrub goes on (main thread only) */
   int64_t scrub_credit;      /* bytes it may hash now; < 0 after a big blob */
   /* LMDB's reader table (main thread only): refusals seen by the last tick,
-   * and whether the table was full then (logged once per change). */
+   * whether it counts as full (logged once per change), seconds without a
+   * refusal. */
   uint64_t readers_full_seen;
   int readers_full_now;
+  unsigned readers_quiet_s;
 };
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */

@@ -135,25 +135,30 @@ static void scrub(kcd_state *st, kc_store *s) {
   }
 }
 
-/* A full reader table answers reads 503 "busy": said once when reads
- * start being refused, once when a second passes without a refusal. */
+/* A full reader table answers reads 503 "busy". Said once when reads start
+ * being refused, and once when none was for READERS_QUIET_S seconds (not at
+ * the first quiet second: where reads are rare, that would flap). */
+#define READERS_QUIET_S 10
+
 static void watch_readers(kcd_state *st, kc_store *s) {
   kc_store_read_stats rs;
   kc_store_read_stats_get(s, &rs);
-  int full = rs.readers_full != st->readers_full_seen;
+  int refused = rs.readers_full != st->readers_full_seen;
   st->readers_full_seen = rs.readers_full;
-  if (full == st->readers_full_now)
-    return;
-  st->readers_full_now = full;
-  if (full)
+  st->readers_quiet_s = refused ? 0 : st->readers_quiet_s + 1;
+  if (refused && !st->readers_full_now) {
+    st->readers_full_now = 1;
     kcd_log(st, "error",
-            "the store's reader table is full (%u slots, %llu reads open): "
-            "reads are answered 503 busy; another process reading the store "
-            "(mdb_copy?), or more connections than --max-connections",
+            "the store's reader table is full (%u slots, %llu reads open "
+            "here): reads are answered 503 busy; another process reading the "
+            "store (mdb_copy?), or more connections than --max-connections",
             rs.max_readers, (unsigned long long)rs.open);
-  else
-    kcd_log(st, "info", "the store's reader table has room again (%llu "
-            "reads refused since start)", (unsigned long long)rs.readers_full);
+  } else if (st->readers_full_now && st->readers_quiet_s >= READERS_QUIET_S) {
+    st->readers_full_now = 0;
+    kcd_log(st, "info", "the store's reader table: no read refused for %d s "
+            "(%llu refused since start)", READERS_QUIET_S,
+            (unsigned long long)rs.readers_full);
+  }
 }
 
 /* Housekeeping once a second; EXIT_STORE when the store could not be

@@ -131,6 +131,8 @@ static void render_store(FILE *f, kcd_state *st) {
   kc_store_stats ss = {0};
   int up = s && kc_store_stats_get(s, &ss) == KC_OK;
   gauge(f, "kcached_store_up", "1 when the store is open.", (uint64_t)up);
+  if (s) /* takes no read: shown also when the reader table is full */
+    render_reads(f, s);
   if (!up)
     return;
   gauge(f, "kcached_store_bytes", "Blob bytes held.", ss.bytes_used);
@@ -156,7 +158,6 @@ static void render_store(FILE *f, kcd_state *st) {
           "Blobs the scrub found not hashing to their name; removed with the "
           "bundles naming them.",
           ss.scrub_corrupt);
-  render_reads(f, s);
 }
 
 static void render_s3(FILE *f, kcd_state *st) {

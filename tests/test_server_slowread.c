@@ -11,6 +11,9 @@
  *   slots) leave reads working: before, every read got 503 busy.
  * - The store's own view: reads open, the oldest one's age, refusals of a
  *   full reader table, kc_store_blob_copy.
+ * - Another process holding every reader slot: kcached answers 503 busy,
+ *   counts it and logs it once when the table fills and once when no read
+ *   was refused for 10 s (before: 503s, /readyz 200, and nothing logged).
  * - A lookup answer holds at most max(8 MiB, 2 x --max-json-bytes) of
  *   manifests; the keys left out are listed in "truncated" and the client
  *   library asks for them again. Before, 128 keys of 3.7 MB manifests made a
@@ -35,6 +38,7 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 #include <jansson.h>
+#include <lmdb.h>
 
 #include "kc_schema.h"
 #include "kc_store.h"
@@ -427,6 +431,83 @@ static void t_many_slow_readers(void **state) {
   kc_testsrv_cleanup(&t);
 }
 
+/* ---- a full reader table is logged ---- */
+
+static int count_in_log(const kc_testsrv *t, const char *needle) {
+  FILE *f = fopen(t->log, "r");
+  char line[2048];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (strstr(line, needle)) {
+      printf("  log: %s", line);
+      n++;
+    }
+  if (f)
+    fclose(f);
+  return n;
+}
+
+static long get_status(const kc_testsrv *t, const char *path) {
+  resp r = http_on(NULL, t->url, "GET", path, NULL, 0);
+  resp_free(&r);
+  return r.status;
+}
+
+/* Another process (here: this test, through liblmdb) holds every slot of
+ * the store's reader table while kcached runs. */
+static void t_readers_full_logged(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  assert_int_equal(kc_testsrv_start(&t, NULL), 0);
+  char blob[4096], d[65], path[128];
+  fill(blob, sizeof blob, 7);
+  assert_int_equal(put_blob(NULL, &t, blob, sizeof blob, d), 201);
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  /* Opened alone, this process sizes the table (a few dozen slots, LMDB
+   * rounds up to a page); kcached, opening it second, keeps that size. */
+  MDB_env *env = NULL;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 16);
+  mdb_env_set_maxreaders(env, 8);
+  assert_int_equal(mdb_env_open(env, t.data, MDB_NOTLS | MDB_RDONLY, 0640), 0);
+  assert_int_equal(kc_testsrv_restart(&t), 0);
+  enum { MAX = 10000 };
+  static MDB_txn *txn[MAX];
+  size_t held = 0;
+  int rc = 0;
+  while (held < MAX &&
+         (rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn[held])) == 0)
+    held++;
+  assert_int_equal(rc, MDB_READERS_FULL);
+  /* Several seconds of refused reads: one line, not one per tick. */
+  int busy = 0;
+  for (int i = 0; i < 6; i++) {
+    busy += get_status(&t, path) == 503;
+    sleep_ms(500);
+  }
+  sleep_ms(1500);
+  double refused = metric(&t, "kcached_store_readers_full_total");
+  int full_lines = count_in_log(&t, "reader table is full");
+  for (size_t i = 0; i < held; i++)
+    mdb_txn_abort(txn[i]);
+  long after = get_status(&t, path);
+  sleep_ms(12500); /* said after 10 s without a refusal */
+  int room_lines = count_in_log(&t, "no read refused for 10 s");
+  printf("%zu slots held by another process: %d of 6 GETs 503, %.0f reads "
+         "refused, logged full %d time(s); after release GET %ld, logged "
+         "room %d time(s)\n", held, busy, refused, full_lines, after,
+         room_lines);
+  assert_int_equal(busy, 6);
+  assert_true(refused >= 6);
+  assert_int_equal(full_lines, 1);
+  assert_int_equal(after, 200);
+  assert_int_equal(room_lines, 1);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  mdb_env_close(env);
+  kc_testsrv_cleanup(&t);
+}
+
 /* ---- the store's view of its reads ---- */
 
 static void t_store_reads(void **state) {
@@ -675,6 +756,7 @@ int main(void) {
       cmocka_unit_test(t_server_max_files),
       cmocka_unit_test(t_lookup_bounded),
       cmocka_unit_test(t_many_slow_readers),
+      cmocka_unit_test(t_readers_full_logged),
       cmocka_unit_test(t_slow_reader_no_pin),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
