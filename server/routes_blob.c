@@ -16,11 +16,11 @@ static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store);
 /* A read held for a whole response pins every LMDB page freed after it
  * began: one client reading 40 MB at 10 kB/s kept a full store from reusing
  * its free pages, and writes failed with 507 (issue 14). Blobs up to
- * ZERO_COPY_MAX go out zero-copy: they fit at once in the socket's buffers
- * (TCP_NOTSENT_LOWAT is 64 KiB, and a client's receive window at least as
- * much), so the send and the read end without waiting for the client. Larger
- * ones are copied out PIECE bytes at a time, one short read per piece. */
-#define ZERO_COPY_MAX (64 * 1024)
+ * KCD_ZERO_COPY_MAX go out zero-copy: they fit at once in the socket's
+ * buffers (TCP_NOTSENT_LOWAT is 64 KiB, and a client's receive window at
+ * least as much), so the send and the read end without waiting for the
+ * client. Larger ones are copied out PIECE bytes at a time, one short read
+ * per piece. */
 #define PIECE (128 * 1024)
 
 /* The param was checked to be 64 hex digits before any handler runs. */
@@ -193,7 +193,7 @@ int kcd_blob_get(kcd_req *r) {
   if (heap) /* fetched from S3 just now */
     return kcd_reply(r, 200, "application/octet-stream", heap, len,
                      KCD_MEM_FREE, h);
-  if (len > ZERO_COPY_MAX) {
+  if (len > KCD_ZERO_COPY_MAX) {
     kc_store_read_end(r->read);
     r->read = NULL;
     return reply_pieces(r, len, h);

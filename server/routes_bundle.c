@@ -1,5 +1,5 @@
-/* routes_bundle.c: bundle manifests: GET (zero-copy), PUT (validated,
- * write-once), DELETE, POST /v1/lookup (many keys, one read transaction) and
+/* routes_bundle.c: bundle manifests: GET (zero-copy up to 64 KiB), PUT
+ * (validated, write-once), DELETE, POST /v1/lookup (many keys, one read transaction) and
  * GET /v1/models/{model}. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +40,13 @@ int kcd_bundle_get(kcd_req *r) {
   kc_err e = read_bundle(r, &json, &len, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
+  if (len > KCD_ZERO_COPY_MAX) { /* copied: the read ends now (kcd.h) */
+    int ret = kcd_reply(r, 200, "application/json", json, len, KCD_MEM_COPY,
+                        NULL);
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    return ret;
+  }
   return kcd_reply(r, 200, "application/json", json, len, KCD_MEM_PERSISTENT,
                    NULL);
 }

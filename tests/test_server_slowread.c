@@ -1,7 +1,8 @@
 /* test_server_slowread.c: slow readers and oversized answers (issue 14,
  * items 2 and 6) against the real kcached and the real store.
  *
- * - A client that opens a GET of a large blob and stalls holds no LMDB read:
+ * - A client that opens a GET of a large blob (or a large manifest) and
+ *   stalls holds no LMDB read:
  *   writes that replace and evict data meanwhile succeed (no 507), the
  *   oldest read in /metrics stays young, and the client, when it resumes,
  *   gets the whole blob or a body cut short (its blob evicted), never other
@@ -363,7 +364,14 @@ static void t_slow_reader_no_pin(void **state) {
   assert_int_equal(put_bundle(NULL, &t, key, json, NULL), 201);
   free(json);
   assert_int_equal(put_blob(NULL, &t, b, BIG, kept), 201);
-  slow s1, s2;
+  /* and a manifest of about 1 MB (3,000 files of one small blob) */
+  char small[65], mkey[65];
+  assert_int_equal(put_blob(NULL, &t, a, 4096, small), 201);
+  m = manifest_new(model, 2);
+  add_files(m, 3000, small, 4096, 1);
+  char *mjson = manifest_seal(m, mkey);
+  assert_int_equal(put_bundle(NULL, &t, mkey, mjson, NULL), 201);
+  slow s1, s2, s3;
   char path[128];
   snprintf(path, sizeof path, "/v1/blobs/%s", gone);
   slow_open(&s1, t.port, path, 1);
@@ -371,10 +379,13 @@ static void t_slow_reader_no_pin(void **state) {
   snprintf(path, sizeof path, "/v1/blobs/%s", kept);
   slow_open(&s2, t.port, path, 1);
   slow_read(&s2, 32 * 1024);
-  /* Both stall here, mid-body, while the store is rewritten 20 times. */
+  snprintf(path, sizeof path, "/v1/bundles/%s", mkey);
+  slow_open(&s3, t.port, path, 1);
+  slow_read(&s3, 32 * 1024);
+  /* All three stall here, mid-body, while the store is rewritten 20 times. */
   int full = churn(&t, model);
   double oldest = metric(&t, "kcached_store_oldest_read_seconds");
-  printf("churn of %d x %u MiB with two stalled readers: %d answers 507; "
+  printf("churn of %d x %u MiB with three stalled readers: %d answers 507; "
          "oldest read %.3f s\n", CHURN_N, CHURN_BLOB / MiB, full, oldest);
   if (full)
     dump_log(&t);
@@ -382,10 +393,14 @@ static void t_slow_reader_no_pin(void **state) {
   assert_true(oldest >= 0 && oldest < 2.0);
   slow_read(&s1, BIG);
   slow_read(&s2, BIG);
+  slow_read(&s3, strlen(mjson));
   check_body(&s1, a, BIG, 0, "an evicted blob");
   check_body(&s2, b, BIG, 1, "a kept blob");
+  check_body(&s3, mjson, strlen(mjson), 1, "a 1 MB manifest (copied out)");
   slow_close(&s1);
   slow_close(&s2);
+  slow_close(&s3);
+  free(mjson);
   free(a);
   free(b);
   assert_int_equal(kc_testsrv_stop(&t), 0);
