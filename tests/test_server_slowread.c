@@ -2,11 +2,10 @@
  * items 2 and 6) against the real kcached and the real store.
  *
  * - A client that opens a GET of a large blob (or a large manifest) and
- *   stalls holds no LMDB read:
- *   writes that replace and evict data meanwhile succeed (no 507), the
- *   oldest read in /metrics stays young, and the client, when it resumes,
- *   gets the whole blob or a body cut short (its blob evicted), never other
- *   bytes. Before the fix the stalled response pinned every page freed
+ *   stalls holds no LMDB read: writes that replace and evict data
+ *   meanwhile succeed (no 507), the oldest read in /metrics stays young,
+ *   and the client, when it resumes, gets the whole body or one cut short
+ *   (its blob evicted), never other bytes. Before the fix the stalled response pinned every page freed
  *   after it began, and the writes failed with 507.
  * - 600 stalled GETs of a large blob (more than LMDB's old 512 reader
  *   slots) leave reads working: before, every read got 503 busy.
@@ -170,9 +169,12 @@ static double metric(const kc_testsrv *t, const char *name) {
   assert_int_equal(r.status, 200);
   double v = -1;
   size_t n = strlen(name);
-  for (const char *p = r.body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+  for (const char *p = r.body; p && *p;) {
     if (strncmp(p, name, n) == 0 && p[n] == ' ')
       v = strtod(p + n + 1, NULL);
+    p = strchr(p, '\n');
+    p = p ? p + 1 : NULL;
+  }
   resp_free(&r);
   return v;
 }
