@@ -367,10 +367,12 @@ static char *lookup_body(const char *const *keys, size_t n) {
 
 /* found[i] from the answer; a manifest that fails validation stays NULL:
  * the caller rebuilds rather than trusting it. refused[i] (when not NULL)
- * says why, so that a report can tell "the server lied" from "missing". */
+ * says why, so that a report can tell "the server lied" from "missing".
+ * left[i] is set for the keys the answer left out for its size
+ * ("truncated": held, to be asked for again); *n_left counts them. */
 static kc_err lookup_parse(const kcc_http_resp *r, const char *const *keys,
                            size_t n, kc_manifest **found, kc_err *refused,
-                           char *err) {
+                           char *left, size_t *n_left, char *err) {
   json_error_t je;
   json_t *root = json_loadb(r->body ? r->body : "", r->len, 0, &je);
   json_t *f = json_object_get(root, "found");
@@ -393,21 +395,24 @@ static kc_err lookup_parse(const kcc_http_resp *r, const char *const *keys,
       refused[i] = e;
     free(s);
   }
+  json_t *t = json_object_get(root, "truncated");
+  for (size_t j = 0; j < json_array_size(t); j++) {
+    const char *k = json_string_value(json_array_get(t, j));
+    for (size_t i = 0; k && i < n; i++)
+      if (!left[i] && !found[i] && strcmp(keys[i], k) == 0) {
+        left[i] = 1;
+        (*n_left)++;
+      }
+  }
   json_decref(root);
   return KC_OK;
 }
 
-kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
-                          kc_manifest **found, kc_err *refused, char *err) {
+/* One POST /v1/lookup of keys (found, refused and left as lookup_parse). */
+static kc_err lookup_once(kc_client *c, const char *const *keys, size_t n,
+                          kc_manifest **found, kc_err *refused, char *left,
+                          size_t *n_left, char *err) {
   kcc_http_resp r;
-  for (size_t i = 0; i < n; i++) {
-    found[i] = NULL;
-    if (refused)
-      refused[i] = KC_OK;
-  }
-  if (n > KC_LOOKUP_MAX)
-    return kc_errf(err, KC_EINVAL, "lookup: %zu keys, at most %d", n,
-                   KC_LOOKUP_MAX);
   char *body = lookup_body(keys, n);
   if (!body)
     return kc_errf(err, KC_NOMEM, "out of memory");
@@ -416,10 +421,71 @@ kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
   if (e)
     return e;
   if (r.status == 200)
-    e = lookup_parse(&r, keys, n, found, refused, err);
+    e = lookup_parse(&r, keys, n, found, refused, left, n_left, err);
   else
     e = kcc_http_error(&r, "/v1/lookup", err);
   kcc_http_resp_free(&r);
+  return e;
+}
+
+/* Asks again for the keys an answer left out for its size (docs/DESIGN.md,
+ * "truncated"): one lookup of them; *n_left becomes how many this answer
+ * left out in turn, *got how many it brought. */
+static kc_err lookup_rest(kc_client *c, const char *const *keys, size_t n,
+                          kc_manifest **found, kc_err *refused, char *left,
+                          size_t *n_left, size_t *got, char *err) {
+  size_t cap = *n_left, m = 0, again = 0;
+  const char **k = malloc(cap * sizeof *k);
+  size_t *at = malloc(cap * sizeof *at);
+  kc_manifest **f = calloc(cap, sizeof *f);
+  kc_err *rf = calloc(cap, sizeof *rf);
+  char *l = calloc(cap, 1);
+  kc_err e = KC_OK;
+  if (!k || !at || !f || !rf || !l)
+    e = kc_errf(err, KC_NOMEM, "out of memory");
+  for (size_t i = 0; !e && i < n; i++)
+    if (left[i] && m < cap) {
+      at[m] = i;
+      k[m++] = keys[i];
+    }
+  if (!e)
+    e = lookup_once(c, k, m, f, rf, l, &again, err);
+  *got = 0;
+  for (size_t j = 0; !e && j < m; j++) {
+    found[at[j]] = f[j];
+    *got += f[j] != NULL;
+    if (refused)
+      refused[at[j]] = rf[j];
+    left[at[j]] = l[j];
+  }
+  *n_left = e ? 0 : again;
+  free(k);
+  free(at);
+  free(f);
+  free(rf);
+  free(l);
+  return e;
+}
+
+kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
+                          kc_manifest **found, kc_err *refused, char *err) {
+  for (size_t i = 0; i < n; i++) {
+    found[i] = NULL;
+    if (refused)
+      refused[i] = KC_OK;
+  }
+  if (n > KC_LOOKUP_MAX)
+    return kc_errf(err, KC_EINVAL, "lookup: %zu keys, at most %d", n,
+                   KC_LOOKUP_MAX);
+  char *left = calloc(n ? n : 1, 1);
+  size_t n_left = 0, got = 1;
+  if (!left)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  kc_err e = lookup_once(c, keys, n, found, refused, left, &n_left, err);
+  /* An answer that brings none of them ends it: those count as missing. */
+  while (!e && n_left && got)
+    e = lookup_rest(c, keys, n, found, refused, left, &n_left, &got, err);
+  free(left);
   return e;
 }
 

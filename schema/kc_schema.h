@@ -24,6 +24,12 @@
 #define KC_PATH_MAX 255       /* manifest file path bytes */
 #define KC_BUCKET_VALUE_MAX 9007199254740992ULL /* 2^53 */
 #define KC_LOOKUP_MAX 4096    /* keys in one POST /v1/lookup */
+/* Files in one bundle manifest. A Triton cache entry is about 6 files per
+ * kernel (cubin, ptx, ttir, ttgir, llir, json) and an Inductor compile of a
+ * large model a few hundred kernels: about 2,000 files; this leaves twice
+ * that. It bounds what one manifest costs (refcounts in one transaction, a
+ * fetch per blob, S3 HEADs) whatever --max-json-bytes allows. */
+#define KC_MANIFEST_MAX_FILES 4096
 
 /* ---- SHA-256 (OpenSSL EVP) ---- */
 

@@ -150,6 +150,9 @@ kc_err kc_manifest_validate(const kc_manifest *m, char *err) {
     return c.code;
   if (m->n_files == 0 || !m->files)
     return kci_bad(&c, "files: at least one file required");
+  if (m->n_files > KC_MANIFEST_MAX_FILES)
+    return kci_bad(&c, "files: %zu files, at most %d in one bundle",
+                   m->n_files, KC_MANIFEST_MAX_FILES);
   for (size_t i = 0; i < m->n_files; i++)
     if (check_file(&c, &m->files[i], i))
       return c.code;
@@ -196,6 +199,9 @@ kc_err kc_manifest_add_file(kc_manifest *m, const char *path,
   kc_file probe = {.path = (char *)path, .size = size, .kind = kind,
                    .n_entries = n_entries, .entries = (char **)entries};
   snprintf(probe.sha256, sizeof probe.sha256, "%.64s", sha256);
+  if (m->n_files >= KC_MANIFEST_MAX_FILES)
+    return kci_bad(&c, "files: at most %d in one bundle",
+                   KC_MANIFEST_MAX_FILES);
   if (!kc_is_hex64(sha256))
     return kci_bad(&c, "files[%zu].sha256: must be 64 lowercase hex digits",
                    m->n_files);

@@ -64,6 +64,9 @@ static kc_err files_from_json(const kci_ctx *c, json_t *v, kc_manifest *m) {
   size_t n = json_array_size(v);
   if (n == 0)
     return kci_bad(c, "files: at least one file required");
+  if (n > KC_MANIFEST_MAX_FILES)
+    return kci_bad(c, "files: %zu files, at most %d in one bundle", n,
+                   KC_MANIFEST_MAX_FILES);
   if (!(m->files = calloc(n, sizeof *m->files)))
     return kci_err(c->err, KC_NOMEM, "files: out of memory");
   m->n_files = n; /* zeroed slots free cleanly if a later one fails */

@@ -290,6 +290,12 @@ struct kcd_state {
   _Atomic(struct kcd_resp *) resp; /* NULL: no --resp-listen */
   struct kcd_conns *conns;        /* open connections (conns.c) */
   struct MHD_Daemon *mhd_health;  /* --health-listen; NULL: none */
+  /* LMDB's reader table (main thread only): refusals seen by the last tick,
+   * whether it counts as full (logged once per change), seconds without a
+   * refusal. */
+  uint64_t readers_full_seen;
+  int readers_full_now;
+  unsigned readers_quiet_s;
 };
 
 /* ---- open connections (conns.c) ---- */
@@ -432,6 +438,17 @@ int kcd_tls_supported(void);
 enum kcd_mem { KCD_MEM_COPY, KCD_MEM_PERSISTENT, KCD_MEM_FREE };
 int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
               size_t len, enum kcd_mem mem, const char *const *headers);
+/* A body produced piece by piece: fill buf with up to max bytes of it from
+ * offset pos; return how many (> 0), or -1 to abort the response (the
+ * connection closes: the client sees a body shorter than its length). */
+typedef long (*kcd_piece_fn)(void *cls, uint64_t pos, char *buf, size_t max);
+/* Answers a body of len bytes served by fn in pieces of at most `piece`
+ * bytes, each asked for when the client has taken the one before; cls is
+ * freed with free_cls (may be NULL) when the response is done, also when
+ * queuing it fails. */
+int kcd_reply_pieces(kcd_req *r, int status, const char *ctype, uint64_t len,
+                     size_t piece, kcd_piece_fn fn, void *cls,
+                     void (*free_cls)(void *), const char *const *headers);
 /* Serializes a jansson value (stolen). */
 int kcd_reply_json(kcd_req *r, int status, json_t *json,
                    const char *const *headers);
@@ -453,6 +470,12 @@ kc_err kcd_miss(kc_err e, char *err, const char *fmt, ...)
 void kcd_set_early(kcd_req *r, kc_err e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int kcd_reply_early(kcd_req *r);
+
+/* A read held for a whole response pins every LMDB page freed after it
+ * began (issue 14): bodies from the map up to this size go out zero-copy,
+ * larger ones are copied out so that the read ends before the client's pace
+ * matters (routes_blob.c, routes_bundle.c). */
+#define KCD_ZERO_COPY_MAX (64 * 1024)
 
 /* Handlers (routes_*.c): the functions of the route table; each finish
  * function queues one response through reply.c. */

@@ -54,9 +54,21 @@ static void free_tls(kcd_state *st) {
   free(st->tls_cert_pem);
 }
 
+/* LMDB's reader table has one slot per read open at once. Each connection
+ * may hold one (a small GET served zero-copy, a lookup), each worker thread
+ * one more of the store's short reads, and the scrub, the S3 tier's fetches
+ * and slack the rest. Too few slots (512 for 1,024 connections) answered
+ * every read 503 "busy" while /readyz said 200 (issue 14). */
+static unsigned reader_slots(const kcd_config *c) {
+  uint64_t n = (uint64_t)c->max_conns + c->threads +
+               (c->s3_parallel ? c->s3_parallel : 16) + 64;
+  return n > (1u << 22) ? 1u << 22 : (unsigned)n;
+}
+
 /* 0 when the store is open; the error names the directory either way. */
 static int open_store(kcd_state *st, int will_retry) {
   kc_store_opts o = {.dir = st->cfg.data_dir, .max_bytes = st->cfg.max_bytes,
+                     .max_readers = reader_slots(&st->cfg),
                      .s3 = kcd_s3_opts(st)};
   o.kv_max_bytes = st->cfg.resp_max_bytes;
   char err[KC_ERRBUF_SIZE] = "";
@@ -151,6 +163,32 @@ static void expire_kv(kcd_state *st, kc_store *s) {
     kcd_log(st, "error", "expiring RESP keys: %s", *err ? err : kc_strerror(e));
 }
 
+/* A full reader table answers reads 503 "busy". Said once when reads start
+ * being refused, and once when none was for READERS_QUIET_S seconds (not at
+ * the first quiet second: where reads are rare, that would flap). */
+#define READERS_QUIET_S 10
+
+static void watch_readers(kcd_state *st, kc_store *s) {
+  kc_store_read_stats rs;
+  kc_store_read_stats_get(s, &rs);
+  int refused = rs.readers_full != st->readers_full_seen;
+  st->readers_full_seen = rs.readers_full;
+  st->readers_quiet_s = refused ? 0 : st->readers_quiet_s + 1;
+  if (refused && !st->readers_full_now) {
+    st->readers_full_now = 1;
+    kcd_log(st, "error",
+            "the store's reader table is full (%u slots, %llu reads open "
+            "here): reads are answered 503 busy; another process reading the "
+            "store (mdb_copy?), or more connections than --max-connections",
+            rs.max_readers, (unsigned long long)rs.open);
+  } else if (st->readers_full_now && st->readers_quiet_s >= READERS_QUIET_S) {
+    st->readers_full_now = 0;
+    kcd_log(st, "info", "the store's reader table: no read refused for %d s "
+            "(%llu refused since start)", READERS_QUIET_S,
+            (unsigned long long)rs.readers_full);
+  }
+}
+
 /* Housekeeping once a second; EXIT_STORE when the store could not be
  * opened within --store-wait. */
 static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
@@ -183,6 +221,7 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   }
   scrub(st, s);
   expire_kv(st, s);
+  watch_readers(st, s);
   return 0;
 }
 

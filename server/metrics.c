@@ -108,11 +108,32 @@ static void render_histogram(FILE *f, kcd_metrics *m) {
             KCD_N_BUCKETS, GET(m->duration_us_sum));
 }
 
+/* Read transactions: an old one pins the pages freed after it began, so a
+ * full store cannot reuse them (writes then fail with 507). */
+static void render_reads(FILE *f, kc_store *s) {
+  kc_store_read_stats rs;
+  kc_store_read_stats_get(s, &rs);
+  gauge(f, "kcached_store_reads_open", "LMDB read transactions open.",
+        rs.open);
+  fprintf(f, "# HELP kcached_store_oldest_read_seconds Age of the oldest "
+          "open LMDB read transaction (0: none).\n# TYPE "
+          "kcached_store_oldest_read_seconds gauge\n"
+          "kcached_store_oldest_read_seconds %.3f\n",
+          (double)rs.oldest_age_ms / 1000.0);
+  gauge(f, "kcached_store_reader_slots", "Slots of LMDB's reader table.",
+        rs.max_readers);
+  counter(f, "kcached_store_readers_full_total",
+          "Reads refused (503 busy) because the reader table was full.",
+          rs.readers_full);
+}
+
 static void render_store(FILE *f, kcd_state *st) {
   kc_store *s = atomic_load(&st->store);
   kc_store_stats ss = {0};
   int up = s && kc_store_stats_get(s, &ss) == KC_OK;
   gauge(f, "kcached_store_up", "1 when the store is open.", (uint64_t)up);
+  if (s) /* takes no read: shown also when the reader table is full */
+    render_reads(f, s);
   if (!up)
     return;
   gauge(f, "kcached_store_bytes", "Blob bytes held.", ss.bytes_used);

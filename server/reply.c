@@ -47,6 +47,55 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
   return ret;
 }
 
+/* ---- bodies served in pieces ---- */
+
+typedef struct pieces {
+  kcd_piece_fn fn;
+  void *cls;
+  void (*free_cls)(void *);
+} pieces;
+
+static ssize_t piece_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+  pieces *p = cls;
+  long n = p->fn(p->cls, pos, buf, max);
+  return n > 0 ? (ssize_t)n : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void pieces_free(void *cls) {
+  pieces *p = cls;
+  if (p->free_cls)
+    p->free_cls(p->cls);
+  free(p);
+}
+
+int kcd_reply_pieces(kcd_req *r, int status, const char *ctype, uint64_t len,
+                     size_t piece, kcd_piece_fn fn, void *cls,
+                     void (*free_cls)(void *), const char *const *headers) {
+  pieces *p = malloc(sizeof *p);
+  struct MHD_Response *resp = NULL;
+  if (p) {
+    *p = (pieces){fn, cls, free_cls};
+    resp = MHD_create_response_from_callback(len, piece, piece_cb, p,
+                                             pieces_free);
+  }
+  if (!resp) {
+    if (free_cls)
+      free_cls(cls);
+    free(p);
+    return MHD_NO;
+  }
+  if (ctype)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+  for (size_t i = 0; headers && headers[i] && headers[i + 1]; i += 2)
+    MHD_add_response_header(resp, headers[i], headers[i + 1]);
+  enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
+  MHD_destroy_response(resp); /* freed with p once MHD is done with it */
+  r->status = status;
+  r->queued = 1;
+  r->bytes_out = r->method == KCD_M_HEAD ? 0 : len;
+  return ret;
+}
+
 int kcd_reply_json(kcd_req *r, int status, json_t *json,
                    const char *const *headers) {
   char *text = json ? json_dumps(json, JSON_COMPACT) : NULL;

@@ -1,6 +1,8 @@
 /* routes_blob.c: PUT /v1/blobs/{sha256} streamed into the store (hashed while
- * it arrives, never held whole in memory) and GET/HEAD served zero-copy from
- * LMDB's map inside a read transaction that ends when the response is sent. */
+ * it arrives, never held whole in memory) and GET/HEAD: a small blob served
+ * zero-copy from LMDB's map inside a read transaction that ends when the
+ * response is sent, a large one copied out piece by piece, each piece in a
+ * read of its own, so no read lasts as long as a slow client takes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,16 @@
 static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store); }
 
 #define ETAG_SIZE (KC_HEX_LEN + 3)
+
+/* A read held for a whole response pins every LMDB page freed after it
+ * began: one client reading 40 MB at 10 kB/s kept a full store from reusing
+ * its free pages, and writes failed with 507 (issue 14). Blobs up to
+ * KCD_ZERO_COPY_MAX go out zero-copy: they fit at once in the socket's
+ * buffers (TCP_NOTSENT_LOWAT is 64 KiB, and a client's receive window at
+ * least as much), so the send and the read end without waiting for the
+ * client. Larger ones are copied out PIECE bytes at a time, one short read
+ * per piece. */
+#define PIECE (128 * 1024)
 
 /* The param was checked to be 64 hex digits before any handler runs. */
 static void etag_of(const kcd_req *r, char out[ETAG_SIZE]) {
@@ -131,6 +143,34 @@ static kc_err read_blob(kcd_req *r, const void **data, size_t *len,
   }
 }
 
+typedef struct blob_pieces {
+  kc_store *s;
+  char digest[KC_HEX_LEN + 1];
+  uint64_t size;
+} blob_pieces;
+
+/* One piece, in a read of its own. A blob whose bytes are gone (evicted
+ * since the response began) aborts it: the client gets a short body, which
+ * it can tell from the length and the hash, never other bytes. */
+static long blob_piece(void *cls, uint64_t pos, char *buf, size_t max) {
+  blob_pieces *b = cls;
+  size_t n = 0;
+  uint64_t size = 0;
+  kc_err e = kc_store_blob_copy(b->s, b->digest, pos, buf, max, &n, &size);
+  return e || size != b->size ? -1 : (long)n;
+}
+
+static int reply_pieces(kcd_req *r, uint64_t len, const char *const *h) {
+  blob_pieces *b = malloc(sizeof *b);
+  if (!b)
+    return kcd_reply_error(r, KC_NOMEM, "out of memory");
+  b->s = store_of(r);
+  snprintf(b->digest, sizeof b->digest, "%.64s", r->param);
+  b->size = len;
+  return kcd_reply_pieces(r, 200, "application/octet-stream", len, PIECE,
+                          blob_piece, b, free, h);
+}
+
 int kcd_blob_get(kcd_req *r) {
   const void *data = NULL;
   void *heap = NULL;
@@ -153,6 +193,11 @@ int kcd_blob_get(kcd_req *r) {
   if (heap) /* fetched from S3 just now */
     return kcd_reply(r, 200, "application/octet-stream", heap, len,
                      KCD_MEM_FREE, h);
+  if (len > KCD_ZERO_COPY_MAX) {
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    return reply_pieces(r, len, h);
+  }
   /* The bytes stay in LMDB's map; r->read ends in the completion callback,
    * after MHD sent them. */
   return kcd_reply(r, 200, "application/octet-stream", data, len,

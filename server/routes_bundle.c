@@ -1,5 +1,5 @@
-/* routes_bundle.c: bundle manifests: GET (zero-copy), PUT (validated,
- * write-once), DELETE, POST /v1/lookup (many keys, one read transaction) and
+/* routes_bundle.c: bundle manifests: GET (zero-copy up to 64 KiB), PUT
+ * (validated, write-once), DELETE, POST /v1/lookup (many keys, one read transaction) and
  * GET /v1/models/{model}. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +40,13 @@ int kcd_bundle_get(kcd_req *r) {
   kc_err e = read_bundle(r, &json, &len, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
+  if (len > KCD_ZERO_COPY_MAX) { /* copied: the read ends now (kcd.h) */
+    int ret = kcd_reply(r, 200, "application/json", json, len, KCD_MEM_COPY,
+                        NULL);
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    return ret;
+  }
   return kcd_reply(r, 200, "application/json", json, len, KCD_MEM_PERSISTENT,
                    NULL);
 }
@@ -139,13 +146,44 @@ static kc_err lookup_keys(json_t *root, const char ***out, size_t *n,
   return KC_OK;
 }
 
-/* Writes {"found":{key:manifest,...},"missing":[...]} splicing the stored
- * canonical manifests in as they are: no parse, no re-serialization. */
+/* An answer holds at most this many bytes of manifests: 128 keys whose
+ * manifests were 3.7 MB each made a 461 MB answer (issue 14). Twice the
+ * largest manifest a PUT may send, and at least 8 MiB (manifests read
+ * through from S3 are at most 4 MiB), so any one manifest fits. */
+#define LOOKUP_MIN_CAP (8ull << 20)
+
+static uint64_t lookup_cap(const kcd_config *c) {
+  uint64_t two = c->max_json_bytes * 2;
+  return two > LOOKUP_MIN_CAP ? two : LOOKUP_MIN_CAP;
+}
+
+enum { L_FOUND, L_MISSING, L_TRUNCATED };
+
+/* "name":["key",...] of the keys in state `which`. */
+static void lookup_list(FILE *f, const char *name, const char **keys,
+                        const char *state, size_t n, char which) {
+  int first = 1;
+  fprintf(f, ",\"%s\":[", name);
+  for (size_t i = 0; i < n; i++) {
+    if (state[i] == which) {
+      fprintf(f, "%s\"%s\"", first ? "" : ",", keys[i]);
+      first = 0;
+    }
+  }
+  fputc(']', f);
+}
+
+/* Writes {"found":{key:manifest,...},"missing":[...],"truncated":[...]}
+ * splicing the stored canonical manifests in as they are: no parse, no
+ * re-serialization. Manifests that would take the answer over `cap` bytes
+ * are left out and listed in "truncated" (the client asks for them again);
+ * the first one found always goes in. */
 static kc_err lookup_write(kc_store_read *rd, const char **keys, size_t n,
-                           FILE *f) {
-  char *is_missing = calloc(n ? n : 1, 1);
-  if (!is_missing)
+                           uint64_t cap, FILE *f) {
+  char *state = calloc(n ? n : 1, 1);
+  if (!state)
     return KC_NOMEM;
+  uint64_t total = 0;
   int first = 1;
   fputs("{\"found\":{", f);
   for (size_t i = 0; i < n; i++) {
@@ -153,23 +191,23 @@ static kc_err lookup_write(kc_store_read *rd, const char **keys, size_t n,
     size_t len;
     kc_err e = kc_store_bundle_get(rd, keys[i], &json, &len);
     if (e) { /* unreadable counts as missing: the client rebuilds */
-      is_missing[i] = 1;
+      state[i] = L_MISSING;
+      continue;
+    }
+    if (!first && total + len > cap) {
+      state[i] = L_TRUNCATED;
       continue;
     }
     fprintf(f, "%s\"%s\":", first ? "" : ",", keys[i]);
     fwrite(json, 1, len, f);
+    total += len;
     first = 0;
   }
-  fputs("},\"missing\":[", f);
-  first = 1;
-  for (size_t i = 0; i < n; i++) {
-    if (is_missing[i]) {
-      fprintf(f, "%s\"%s\"", first ? "" : ",", keys[i]);
-      first = 0;
-    }
-  }
-  fputs("]}", f);
-  free(is_missing);
+  fputc('}', f);
+  lookup_list(f, "missing", keys, state, n, L_MISSING);
+  lookup_list(f, "truncated", keys, state, n, L_TRUNCATED);
+  fputc('}', f);
+  free(state);
   return KC_OK;
 }
 
@@ -198,7 +236,7 @@ static int lookup_reply(kcd_req *r, const char **keys, size_t n) {
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
   if (f)
-    e = lookup_write(rd, keys, n, f);
+    e = lookup_write(rd, keys, n, lookup_cap(&r->st->cfg), f);
   kc_store_read_end(rd);
   if (!f || fclose(f) != 0 || e) {
     free(buf);

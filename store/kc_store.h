@@ -62,7 +62,8 @@ typedef struct kc_store_opts {
   uint64_t map_size;      /* LMDB map size; 0: derived from max_bytes, or 64 GiB */
   uint64_t grace_s;       /* unreferenced blobs older than this are collected;
                              0: default 3600 */
-  unsigned max_readers;   /* 0: 512 */
+  unsigned max_readers;   /* LMDB reader slots: reads open at once (pooled
+                             handles keep theirs); 0: 512 */
   int high_water_pct;     /* eviction starts above this % of max_bytes; 0: 95 */
   int low_water_pct;      /* and stops below this %; 0: 85 */
   const kc_store_s3 *s3;  /* NULL: no durable tier */
@@ -98,6 +99,26 @@ void kc_store_read_end(kc_store_read *r);
  * Records a use of nothing (blobs are used through bundles). */
 kc_err kc_store_blob_get(kc_store_read *r, const char *digest,
                          const void **data, size_t *len);
+/* Copies up to cap bytes of a blob from offset off into buf (*n: how many;
+ * 0 at or past the end) and its size into *size (may be NULL), inside a read
+ * of its own that ends before the call returns: a response served piece by
+ * piece pins no page between pieces, however slow its client. A blob's bytes
+ * never change under its digest; KC_NOT_FOUND when it is gone (evicted
+ * between two pieces). */
+kc_err kc_store_blob_copy(kc_store *s, const char *digest, uint64_t off,
+                          void *buf, size_t cap, size_t *n, uint64_t *size);
+
+/* The reads open now (kc_store_read_begin to kc_store_read_end, the store's
+ * own included) and the reads LMDB's reader table refused (KC_BUSY): a read
+ * held open pins every page freed after it began, so an old one means a map
+ * that cannot reuse its free pages. */
+typedef struct kc_store_read_stats {
+  uint64_t open;          /* reads open now */
+  uint64_t oldest_age_ms; /* age of the oldest open read; 0: none */
+  uint64_t readers_full;  /* reads refused for a full reader table, since open */
+  unsigned max_readers;   /* slots of the reader table (opts.max_readers) */
+} kc_store_read_stats;
+void kc_store_read_stats_get(kc_store *s, kc_store_read_stats *out);
 /* Bundle manifest JSON (canonical), pointing into the map; valid until
  * kc_store_read_end(r). Counts a hit and records the last use in memory
  * (flushed in batches, never one write transaction per read). */

@@ -322,15 +322,21 @@ kc_err kc_store_read_begin(kc_store *s, kc_store_read **out) {
   pthread_mutex_lock(&s->pool_lock);
   if (s->n_pool)
     r->txn = s->pool[--s->n_pool];
+  kcs_read_link(s, r); /* counted open from here: one lock per begin */
   pthread_mutex_unlock(&s->pool_lock);
   /* A reset transaction keeps its reader slot: renewing it is cheaper than
    * a new one, which matters for small GETs. */
   int rc = r->txn ? mdb_txn_renew(r->txn)
                   : mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
   if (rc) {
+    pthread_mutex_lock(&s->pool_lock);
+    kcs_read_unlink(s, r);
+    pthread_mutex_unlock(&s->pool_lock);
     if (r->txn)
       mdb_txn_abort(r->txn);
     free(r);
+    if (rc == MDB_READERS_FULL) /* the server logs and counts it */
+      atomic_fetch_add(&s->readers_full, 1);
     return kcs_mdb_err(rc, "begin a read", NULL);
   }
   *out = r;
@@ -343,6 +349,7 @@ void kc_store_read_end(kc_store_read *r) {
   kc_store *s = r->s;
   mdb_txn_reset(r->txn);
   pthread_mutex_lock(&s->pool_lock);
+  kcs_read_unlink(s, r);
   if (s->n_pool < KCS_POOL_MAX) {
     s->pool[s->n_pool++] = r->txn;
     r->txn = NULL;

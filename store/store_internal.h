@@ -108,12 +108,24 @@ struct kc_store {
   /* Removals by the write transaction in progress (only its thread touches
    * them: LMDB has one writer), added to the counters above at commit. */
   uint64_t txn_evicted_bundles, txn_evicted_blobs, txn_gc_blobs, txn_evicted_kv;
+  /* Reads open now, oldest first (under pool_lock; reads.c reports them),
+   * and reads refused because LMDB's reader table was full. */
+  kc_store_read *open_head, *open_tail;
+  uint64_t n_open;
+  _Atomic uint64_t readers_full;
 };
 
 struct kc_store_read {
   kc_store *s;
   MDB_txn *txn;
+  kc_store_read *prev, *next; /* in s->open_head's list */
+  uint64_t t0_ms;             /* when it began (monotonic) */
 };
+
+/* reads.c: links a read that just began into the open list, and unlinks
+ * one that ends; the caller holds s->pool_lock. */
+void kcs_read_link(kc_store *s, kc_store_read *r);
+void kcs_read_unlink(kc_store *s, kc_store_read *r);
 
 /* One LMDB error to kc_err, with a sentence naming what was being done. */
 kc_err kcs_mdb_err(int rc, const char *what, char *err);
