@@ -415,7 +415,8 @@ static void t_many_slow_readers(void **state) {
   (void)state;
   enum { N = 600 };
   kc_testsrv t = {0};
-  const char *const args[] = {"--timeout", "300", NULL};
+  const char *const args[] = {"--timeout", "300", "--max-connections-per-ip", "0",
+                              NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   char *a = malloc(BIG), big[65], small[65], path[128];
   fill(a, BIG, 3);
