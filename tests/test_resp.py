@@ -1155,6 +1155,145 @@ class TlsConfig(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+# ---- observability ----
+
+def metric(text, name, labels=""):
+    """The value of one sample of a Prometheus text, None if absent."""
+    want = name + ("{%s}" % labels if labels else "")
+    for line in text.splitlines():
+        if line.split(" ")[0] == want:
+            return float(line.split()[-1])
+    return None
+
+
+class Observability(unittest.TestCase):
+    """/metrics (per key family reads, bytes, connections, batch sizes,
+    commit errors), INFO's true figures, /v1/stats's RESP side."""
+
+    def setUp(self):
+        self.srv = Server("--max-bytes", "4M").start()
+        self.r = self.srv.client()
+
+    def tearDown(self):
+        self.r.close()
+        self.srv.stop()
+        shutil.rmtree(self.srv.dir, ignore_errors=True)
+
+    def stats(self):
+        import json
+        with open(os.path.join(self.srv.dir, "http-port")) as f:
+            port = int(f.read())
+        with urllib.request.urlopen("http://127.0.0.1:%d/v1/stats" % port,
+                                    timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def test_reads_per_key_family(self):
+        r = self.r
+        self.assertIsNone(r.get("pt2:a"))
+        r.set("pt2:a", "1")
+        self.assertEqual(r.get("pt2:a"), b"1")
+        self.assertEqual(r.mget(["triton:x", "pt2:a", "nocolon"]),
+                         [None, b"1", None])
+        r.exists("pt2:a")  # not a value read: not counted
+        # 40 more families: the table learns 32 in all, the rest is other
+        for i in range(40):
+            r.get("fam%02d:k" % i)
+        t = self.srv.metrics()
+        name = "kcached_resp_key_reads_total"
+        self.assertEqual(metric(t, name, 'family="pt2",result="hit"'), 2)
+        self.assertEqual(metric(t, name, 'family="pt2",result="miss"'), 1)
+        self.assertEqual(metric(t, name, 'family="triton",result="miss"'), 1)
+        self.assertEqual(metric(t, name, 'family="triton",result="hit"'), 0)
+        self.assertEqual(metric(t, name, 'family="fam29",result="miss"'), 1)
+        self.assertIsNone(metric(t, name, 'family="fam30",result="miss"'))
+        # nocolon and fam30..fam39
+        self.assertEqual(metric(t, name, 'family="other",result="miss"'), 11)
+        families = {l.split('family="')[1].split('"')[0]
+                    for l in t.splitlines() if l.startswith(name + "{")}
+        self.assertEqual(len(families), 33)
+
+    def test_bytes_connections_batches(self):
+        t0 = self.srv.metrics()
+        r = self.r
+        r.set("k", b"x" * 10000)
+        self.assertEqual(len(r.get("k")), 10000)
+        raw(self.srv.port, b"SET a 1\r\nSET b 2\r\nSET c 3\r\n", b"+OK" * 3)
+        t = self.srv.metrics()
+        self.assertGreaterEqual(
+            metric(t, "kcached_resp_received_bytes_total") -
+            metric(t0, "kcached_resp_received_bytes_total"), 10000)
+        self.assertGreaterEqual(
+            metric(t, "kcached_resp_sent_bytes_total") -
+            metric(t0, "kcached_resp_sent_bytes_total"), 10000)
+        self.assertGreaterEqual(metric(t, "kcached_resp_connections_total"), 2)
+        self.assertGreaterEqual(metric(t, "kcached_resp_connections"), 1)
+        n = metric(t, "kcached_resp_commit_batch_ops_count")
+        self.assertGreaterEqual(n, 2)
+        self.assertEqual(metric(t, "kcached_resp_commit_batch_ops_bucket",
+                                'le="+Inf"'), n)
+        self.assertGreaterEqual(metric(t, "kcached_resp_commit_batch_ops_sum"),
+                                4)
+        # the three pipelined SETs of one read went in one commit of 3 ops
+        self.assertGreaterEqual(
+            metric(t, "kcached_resp_commit_batch_ops_bucket", 'le="5"') -
+            metric(t, "kcached_resp_commit_batch_ops_bucket", 'le="2"'), 1)
+        self.assertEqual(metric(t, "kcached_resp_commit_errors_total"), 0)
+
+    def test_failed_write_counts_as_error(self):
+        t0 = self.srv.metrics()
+        with self.assertRaises(redis.exceptions.ResponseError):
+            self.r.set("big", os.urandom(6 << 20))  # over --max-bytes
+        self.assertTrue(self.r.set("small", b"1"))
+        t = self.srv.metrics()
+        name = "kcached_resp_commands_total"
+        self.assertEqual(metric(t, name, 'cmd="set",result="error"') -
+                         metric(t0, name, 'cmd="set",result="error"'), 1)
+        self.assertEqual(metric(t, name, 'cmd="set",result="ok"') -
+                         metric(t0, name, 'cmd="set",result="ok"'), 1)
+
+    def test_info_true_figures(self):
+        r = self.r
+        for i in range(30):
+            r.set("e:%d" % i, "v", ex=1000)
+        for i in range(20):
+            r.set("p:%d" % i, "v")
+        r.persist("e:0")
+        r.expire("p:0", 500)
+        ks = r.info("keyspace")["db0"]
+        self.assertEqual((ks["keys"], ks["expires"]), (50, 30))
+        r.delete("e:1")
+        self.assertEqual(r.info("keyspace")["db0"]["expires"], 29)
+        mem = r.info("memory")
+        self.assertGreater(mem["used_memory_rss"], 1 << 20)
+        self.assertEqual(mem["used_memory"], 49)  # 1-byte values
+        other = self.srv.client()
+        other.ping()
+        self.assertEqual(r.info("clients")["connected_clients"], 2)
+        other.close()
+        srv = r.info("server")
+        self.assertEqual(srv["tcp_port"], self.srv.port)
+        self.assertEqual(srv["process_id"], self.srv.proc.pid)
+        self.assertGreater(r.info("stats")["total_net_input_bytes"], 0)
+
+    def test_stats_both_sides(self):
+        r = self.r
+        r.set("s:1", b"x" * 1000, ex=100)
+        r.set("s:2", b"y" * 500)
+        r.get("s:1")
+        r.get("s:nope")
+        st = self.stats()
+        self.assertEqual(st["kv_keys"], 2)
+        self.assertEqual(st["kv_expires"], 1)
+        self.assertEqual(st["kv_bytes"], 1500)
+        self.assertEqual(st["kv_hits"], 1)
+        self.assertEqual(st["kv_misses"], 1)
+        self.assertEqual(st["evicted_kv"], 0)
+        self.assertEqual(st["kv_max_bytes"], 0)
+        self.assertGreaterEqual(st["resp_clients"], 1)
+        self.assertGreaterEqual(st["bytes_used"], 1500)
+        self.assertEqual(st["bundles"], 0)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         print(__doc__)
