@@ -99,7 +99,7 @@ static void conn_interest(kcd_resp_conn *c) {
   unsigned want = 0;
   if (may_read(c) || c->tls_wr_want_rd)
     want |= EPOLLIN;
-  if (pending(c) || c->tls_rd_want_wr)
+  if (pending(c) || (c->tls_rd_want_wr && may_read(c))) /* no spin */
     want |= EPOLLOUT;
   if (want == c->events)
     return;

@@ -5,7 +5,10 @@
  * feedings give the same commands and the same error; every argument lies
  * inside the buffer; a command has at least one argument; an error is one
  * of Redis's protocol error texts; the argument table never grows beyond
- * what arrived (nothing is allocated on a client's word).
+ * what arrived (nothing is allocated on a client's word). The reply
+ * writers are checked against the parser: every command, written back as
+ * a multibulk by kcd_resp_array and kcd_resp_bulk, parses to the same
+ * arguments; the RESP3 writers (nil, map, verbatim) write the exact frames.
  *
  * Input: byte 0 picks the limits (bit 0: unauthenticated limits; bit 1: a
  * 64-byte --resp-max-value), byte 1 the piece size (1..256), the rest is the
@@ -36,6 +39,65 @@ static void check_error(const char *e) {
     if (strncmp(e, known[i], strlen(known[i])) == 0)
       return;
   FZ_CHECK(0, "unknown protocol error text '%s'", e);
+}
+
+/* The commands of a feed (4-byte length + bytes per argument, "\n" after
+ * each command) written as multibulk frames by the reply writers. */
+static kcd_resp_buf rewrite(const kcd_resp_buf *cmds) {
+  kcd_resp_buf out = {0};
+  size_t pos = 0;
+  while (pos < cmds->len && cmds->p[pos] != 'E' && cmds->p[pos] != 'M') {
+    size_t n = 0, q = pos;
+    while (cmds->p[q] != '\n') {
+      uint32_t l;
+      memcpy(&l, cmds->p + q, 4);
+      q += 4 + l;
+      n++;
+    }
+    kcd_resp_array(&out, (long long)n);
+    for (q = pos; cmds->p[q] != '\n';) {
+      uint32_t l;
+      memcpy(&l, cmds->p + q, 4);
+      kcd_resp_bulk(&out, cmds->p + q + 4, l);
+      q += 4 + l;
+    }
+    pos = q + 1;
+  }
+  return out;
+}
+
+/* The length of the commands part of a feed's result (before E or M). */
+static size_t cmds_len(const kcd_resp_buf *r) {
+  size_t pos = 0;
+  while (pos < r->len && r->p[pos] != 'E' && r->p[pos] != 'M') {
+    while (r->p[pos] != '\n') {
+      uint32_t l;
+      memcpy(&l, r->p + pos, 4);
+      pos += 4 + l;
+    }
+    pos++;
+  }
+  return pos;
+}
+
+/* RESP3's writers on the first bytes of the input. */
+static void check_resp3(const uint8_t *in, size_t n) {
+  kcd_resp_buf b = {0};
+  kcd_resp_verbatim(&b, in, n, 1);
+  char head[32];
+  int h = snprintf(head, sizeof head, "=%zu\r\ntxt:", n + 4);
+  FZ_CHECK(b.len == (size_t)h + n + 2 && memcmp(b.p, head, (size_t)h) == 0 &&
+               (n == 0 || memcmp(b.p + h, in, n) == 0) &&
+               memcmp(b.p + h + n, "\r\n", 2) == 0,
+           "verbatim frame of %zu bytes", n);
+  b.len = 0;
+  kcd_resp_nil(&b, 1);
+  kcd_resp_map(&b, (long long)n, 1);
+  kcd_resp_map(&b, (long long)n, 0);
+  h = snprintf(head, sizeof head, "_\r\n%%%zu\r\n*%zu\r\n", n, 2 * n);
+  FZ_CHECK(b.len == (size_t)h && memcmp(b.p, head, (size_t)h) == 0,
+           "nil and map frames");
+  kcd_resp_buf_free(&b);
 }
 
 /* Parses the stream in pieces of `step` (0: whole); the commands, each
@@ -106,6 +168,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FZ_CHECK(whole.len == parts.len &&
                (whole.len == 0 || memcmp(whole.p, parts.p, whole.len) == 0),
            "whole and in pieces of %zu differ", step);
+  /* written back by the reply writers, the commands parse the same (under
+   * the default limits, which admit whatever was accepted: an inline
+   * argument is not bound by --resp-max-value, nor by the unauthenticated
+   * limits, as in Redis) */
+  kcd_resp_buf again = rewrite(&whole);
+  size_t n = cmds_len(&whole);
+  if (again.len) {
+    kcd_resp_buf back = feed((const uint8_t *)again.p, again.len, 0, 0);
+    FZ_CHECK(!again.oom && !back.oom, "out of memory");
+    FZ_CHECK(cmds_len(&back) == n && memcmp(back.p, whole.p, n) == 0,
+             "commands written back parse differently");
+    kcd_resp_buf_free(&back);
+  }
+  kcd_resp_buf_free(&again);
+  check_resp3(data + 2, size - 2 < 64 ? size - 2 : 64);
   kcd_resp_buf_free(&whole);
   kcd_resp_buf_free(&parts);
   return 0;
