@@ -41,45 +41,6 @@ static void check_error(const char *e) {
   FZ_CHECK(0, "unknown protocol error text '%s'", e);
 }
 
-/* The commands of a feed (4-byte length + bytes per argument, "\n" after
- * each command) written as multibulk frames by the reply writers. */
-static kcd_resp_buf rewrite(const kcd_resp_buf *cmds) {
-  kcd_resp_buf out = {0};
-  size_t pos = 0;
-  while (pos < cmds->len && cmds->p[pos] != 'E' && cmds->p[pos] != 'M') {
-    size_t n = 0, q = pos;
-    while (cmds->p[q] != '\n') {
-      uint32_t l;
-      memcpy(&l, cmds->p + q, 4);
-      q += 4 + l;
-      n++;
-    }
-    kcd_resp_array(&out, (long long)n);
-    for (q = pos; cmds->p[q] != '\n';) {
-      uint32_t l;
-      memcpy(&l, cmds->p + q, 4);
-      kcd_resp_bulk(&out, cmds->p + q + 4, l);
-      q += 4 + l;
-    }
-    pos = q + 1;
-  }
-  return out;
-}
-
-/* The length of the commands part of a feed's result (before E or M). */
-static size_t cmds_len(const kcd_resp_buf *r) {
-  size_t pos = 0;
-  while (pos < r->len && r->p[pos] != 'E' && r->p[pos] != 'M') {
-    while (r->p[pos] != '\n') {
-      uint32_t l;
-      memcpy(&l, r->p + pos, 4);
-      pos += 4 + l;
-    }
-    pos++;
-  }
-  return pos;
-}
-
 /* RESP3's writers on the first bytes of the input. */
 static void check_resp3(const uint8_t *in, size_t n) {
   kcd_resp_buf b = {0};
@@ -101,8 +62,11 @@ static void check_resp3(const uint8_t *in, size_t n) {
 }
 
 /* Parses the stream in pieces of `step` (0: whole); the commands, each
- * argument as 4-byte length + bytes, then "E" + error or "M" (more). */
-static kcd_resp_buf feed(const uint8_t *in, size_t n, size_t step, int flags) {
+ * argument as 4-byte length + bytes, then "E" + error or "M" (more).
+ * *cmds: the length of the commands part; frames (unless NULL): the
+ * commands written back as multibulk frames by the reply writers. */
+static kcd_resp_buf feed(const uint8_t *in, size_t n, size_t step, int flags,
+                         size_t *cmds, kcd_resp_buf *frames) {
   kcd_resp_parser p;
   kcd_resp_parser_init(&p, flags & 2 ? 64 : 1 << 20, 4096);
   p.unauth = flags & 1;
@@ -115,6 +79,10 @@ static kcd_resp_buf feed(const uint8_t *in, size_t n, size_t step, int flags) {
     kcd_resp_res r;
     while ((r = kcd_resp_parse(&p, buf.p, buf.len)) == KCD_RESP_CMD) {
       FZ_CHECK(p.argc > 0, "a command without arguments");
+      if (frames)
+        kcd_resp_array(frames, (long long)p.argc);
+      for (size_t i = 0; frames && i < p.argc; i++)
+        kcd_resp_bulk(frames, buf.p + p.argv[i].off, p.argv[i].len);
       FZ_CHECK(p.pos <= buf.len, "parsed past the end");
       for (size_t i = 0; i < p.argc; i++) {
         FZ_CHECK(p.argv[i].off + p.argv[i].len <= p.pos, "argument %zu "
@@ -129,6 +97,7 @@ static kcd_resp_buf feed(const uint8_t *in, size_t n, size_t step, int flags) {
     /* at most 16 entries, or twice the arguments that ever arrived */
     FZ_CHECK(p.argcap <= 16 || p.argcap <= 2 * (arrived_args + p.argc),
              "argument table of %zu on %zu arguments", p.argcap, p.argc);
+    *cmds = out.len;
     if (r == KCD_RESP_ERR) {
       check_error(p.error);
       kcd_resp_buf_add(&out, "E", 1);
@@ -160,8 +129,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   int flags = data[0];
   size_t step = (size_t)data[1] + 1;
-  kcd_resp_buf whole = feed(data + 2, size - 2, 0, flags);
-  kcd_resp_buf parts = feed(data + 2, size - 2, step, flags);
+  size_t nwhole = 0, nparts = 0, nback = 0;
+  kcd_resp_buf frames = {0};
+  kcd_resp_buf whole = feed(data + 2, size - 2, 0, flags, &nwhole, &frames);
+  kcd_resp_buf parts = feed(data + 2, size - 2, step, flags, &nparts, NULL);
   FZ_CHECK(!whole.oom && !parts.oom, "out of memory");
   /* a stream cut short may end "M" with fewer commands only when fed
    * whole ends in the same place: the results must be identical */
@@ -172,16 +143,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
    * the default limits, which admit whatever was accepted: an inline
    * argument is not bound by --resp-max-value, nor by the unauthenticated
    * limits, as in Redis) */
-  kcd_resp_buf again = rewrite(&whole);
-  size_t n = cmds_len(&whole);
-  if (again.len) {
-    kcd_resp_buf back = feed((const uint8_t *)again.p, again.len, 0, 0);
-    FZ_CHECK(!again.oom && !back.oom, "out of memory");
-    FZ_CHECK(cmds_len(&back) == n && memcmp(back.p, whole.p, n) == 0,
+  if (frames.len) {
+    kcd_resp_buf back =
+        feed((const uint8_t *)frames.p, frames.len, 0, 0, &nback, NULL);
+    FZ_CHECK(!frames.oom && !back.oom, "out of memory");
+    FZ_CHECK(nback == nwhole && memcmp(back.p, whole.p, nwhole) == 0,
              "commands written back parse differently");
     kcd_resp_buf_free(&back);
   }
-  kcd_resp_buf_free(&again);
+  kcd_resp_buf_free(&frames);
   check_resp3(data + 2, size - 2 < 64 ? size - 2 : 64);
   kcd_resp_buf_free(&whole);
   kcd_resp_buf_free(&parts);
