@@ -343,11 +343,12 @@ static const opt opts[] = {
     {"s3-parallel", "N", "KCACHED_S3_PARALLEL",
      "S3 requests at once for read-through (default 16)", set_s3_parallel},
     {"resp-listen", "HOST:PORT", "KCACHED_RESP_LISTEN",
-     "also speak the Redis protocol (RESP2) here, for torch.compile's and "
-     "Triton's Redis caches (default: off; port 0 picks one). Strings only: "
-     "GET SET MGET MSET DEL EXPIRE TTL SCAN KEYS MULTI/EXEC ...; KEYS "
-     "returns at most 100000 keys. AUTH takes a token of --tokens (AUTH "
-     "TOKEN or AUTH NAME TOKEN); no TLS: off loopback it needs --tokens and "
+     "also speak the Redis protocol (RESP2, RESP3 after HELLO 3) here, for "
+     "torch.compile's and Triton's Redis caches (default: off; port 0 picks "
+     "one). Strings only: GET SET MGET MSET DEL EXPIRE TTL SCAN KEYS "
+     "MULTI/EXEC ...; KEYS returns at most 100000 keys. AUTH takes a token "
+     "of --tokens (AUTH TOKEN or AUTH NAME TOKEN). With --tls-cert it speaks "
+     "TLS (rediss://); off loopback it needs --tokens, and TLS or "
      "--allow-plaintext",
      set_resp_listen},
     {"resp-max-value", "SIZE", "KCACHED_RESP_MAX_VALUE",
@@ -481,7 +482,8 @@ int kcd_host_is_loopback(const char *host) {
   return 0; /* a name: we cannot know what it resolves to later */
 }
 
-/* RESP has no TLS: off loopback it needs tokens and --allow-plaintext. */
+/* Off loopback RESP needs tokens, and TLS (--tls-cert: RESP speaks TLS
+ * too) or --allow-plaintext. */
 static int kcd_resp_config_check(const kcd_config *c) {
   if (kcd_host_is_loopback(c->resp_host))
     return 0;
@@ -490,10 +492,10 @@ static int kcd_resp_config_check(const kcd_config *c) {
             "anyone who can reach it could write and delete.\n", c->resp_host);
     return 2;
   }
-  if (!c->allow_plaintext) {
-    fprintf(stderr, "kcached: --resp-listen on %s sends tokens in clear (RESP "
-            "has no TLS here): add --allow-plaintext on a trusted network.\n",
-            c->resp_host);
+  if (!c->allow_plaintext && !c->tls_cert) {
+    fprintf(stderr, "kcached: --resp-listen on %s would send tokens in clear: "
+            "give --tls-cert/--tls-key (RESP then speaks TLS), or add "
+            "--allow-plaintext on a trusted network.\n", c->resp_host);
     return 2;
   }
   return 0;

@@ -3,7 +3,9 @@
  * runs every complete command in its buffer (pipelining) and writes the
  * replies with one write; writes go to the committer as one job per batch
  * (see resp.h for the ordering rules). Committed jobs come back through an
- * eventfd. */
+ * eventfd. With --tls-cert every connection speaks TLS (resp_tls.c): the
+ * same loop, reads and writes through OpenSSL, the interest widened while
+ * a read waits to write or a write to read. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -22,6 +24,12 @@
 #define READ_MIN (16 * 1024)
 #define KEEP_MAX (256 * 1024) /* buffers above this are freed when empty */
 #define EVENTS 64
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static int64_t wall_ms(void) {
   struct timespec ts;
@@ -61,6 +69,7 @@ static void conn_close(kcd_resp_conn *c) {
   if (c->fd < 0)
     return;
   epoll_ctl(r->ep, EPOLL_CTL_DEL, c->fd, NULL);
+  kcd_resp_tls_close(c);
   close(c->fd);
   c->fd = -1;
   kc_store_read_end(c->rd);
@@ -79,13 +88,18 @@ static void conn_close(kcd_resp_conn *c) {
 
 static size_t pending(const kcd_resp_conn *c) { return c->out.len - c->out_off; }
 
+static int may_read(const kcd_resp_conn *c) {
+  return !c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH;
+}
+
 /* Sets the epoll interest from the state: read while commands may run,
- * write while replies wait. */
+ * write while replies wait; with TLS also the way a read or a write that
+ * could not go on waits (a handshake's write, a key update's read). */
 static void conn_interest(kcd_resp_conn *c) {
   unsigned want = 0;
-  if (!c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH)
+  if (may_read(c) || c->tls_wr_want_rd)
     want |= EPOLLIN;
-  if (pending(c))
+  if (pending(c) || (c->tls_rd_want_wr && may_read(c))) /* no spin */
     want |= EPOLLOUT;
   if (want == c->events)
     return;
@@ -94,10 +108,18 @@ static void conn_interest(kcd_resp_conn *c) {
   c->events = want;
 }
 
+static ssize_t sock_write(kcd_resp_conn *c, const void *p, size_t n) {
+  return c->ssl ? kcd_resp_tls_write(c, p, n) : write(c->fd, p, n);
+}
+
+static ssize_t sock_read(kcd_resp_conn *c, void *p, size_t n) {
+  return c->ssl ? kcd_resp_tls_read(c, p, n) : read(c->fd, p, n);
+}
+
 /* One write of what waits; 0 ok (maybe partly sent), -1 closed. */
 static int conn_flush(kcd_resp_conn *c) {
   while (pending(c)) {
-    ssize_t n = write(c->fd, c->out.p + c->out_off, pending(c));
+    ssize_t n = sock_write(c, c->out.p + c->out_off, pending(c));
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -105,6 +127,7 @@ static int conn_flush(kcd_resp_conn *c) {
     if (n <= 0)
       return conn_close(c), -1;
     c->out_off += (size_t)n;
+    atomic_fetch_add(&c->srv->bytes_out, (uint64_t)n);
     break; /* level-triggered: EPOLLOUT brings the rest */
   }
   if (!pending(c)) {
@@ -257,6 +280,29 @@ static void process(kcd_resp_conn *c) {
 
 /* ---- I/O events ---- */
 
+/* What OpenSSL decrypted beyond the last read (the rest of a record):
+ * the socket will not signal it, so it is taken now. At most a record. */
+static int read_tls_pending(kcd_resp_conn *c) {
+  size_t more;
+  while ((more = kcd_resp_tls_pending(c)) > 0) {
+    if (kcd_resp_buf_reserve(&c->in, more))
+      return -1;
+    ssize_t n = kcd_resp_tls_read(c, c->in.p + c->in.len, more);
+    if (n <= 0)
+      break;
+    c->in.len += (size_t)n;
+    atomic_fetch_add(&c->srv->bytes_in, (uint64_t)n);
+  }
+  return 0;
+}
+
+/* A connection that never finished its TLS handshake is counted. */
+static void read_failed(kcd_resp_conn *c) {
+  if (kcd_resp_tls_in_handshake(c))
+    atomic_fetch_add(&c->srv->tls_failed, 1);
+  conn_close(c);
+}
+
 static void on_read(kcd_resp_conn *c) {
   size_t want = kcd_resp_parser_want(&c->parser, c->in.len);
   /* grow with what arrives (at most doubling), never to a declared size */
@@ -265,15 +311,18 @@ static void on_read(kcd_resp_conn *c) {
     room = READ_MIN;
   if (kcd_resp_buf_reserve(&c->in, room))
     return conn_close(c);
-  ssize_t n = read(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len);
+  ssize_t n = sock_read(c, c->in.p + c->in.len, c->in.cap - c->in.len);
   if (n < 0 && (errno == EAGAIN || errno == EINTR))
-    return;
+    return conn_interest(c); /* TLS: maybe waiting to write */
   if (n <= 0) { /* EOF: answer what came, then close */
     c->closing = 1;
     if (n < 0)
-      return conn_close(c);
+      return read_failed(c);
   } else {
     c->in.len += (size_t)n;
+    atomic_fetch_add(&c->srv->bytes_in, (uint64_t)n);
+    if (read_tls_pending(c))
+      return conn_close(c);
   }
   int closing = c->closing;
   c->closing = 0;
@@ -285,7 +334,14 @@ static void on_read(kcd_resp_conn *c) {
 static void on_event(kcd_resp_conn *c, unsigned ev) {
   if (c->fd < 0)
     return;
-  if (ev & EPOLLIN) {
+  /* TLS: a write that waited to read, a read that waited to write */
+  if ((ev & EPOLLIN) && c->tls_wr_want_rd && conn_flush(c))
+    return;
+  if ((ev & EPOLLOUT) && c->tls_rd_want_wr && may_read(c)) {
+    on_read(c);
+    return;
+  }
+  if ((ev & EPOLLIN) && may_read(c)) {
     on_read(c);
     return;
   }
@@ -317,7 +373,7 @@ static void on_accept(kcd_resp *r) {
       return;
     if (atomic_load(&r->nconns) >= KCD_RESP_MAX_CONNS) {
       static const char full[] = "-ERR max number of clients reached\r\n";
-      ssize_t w = write(fd, full, sizeof full - 1);
+      ssize_t w = r->tls_ctx ? 0 : write(fd, full, sizeof full - 1);
       (void)w;
       close(fd);
       continue;
@@ -332,6 +388,12 @@ static void on_accept(kcd_resp *r) {
     c->srv = r;
     c->fd = fd;
     c->id = ++r->next_id;
+    c->accepted_ms = mono_ms();
+    if (r->tls_ctx && kcd_resp_tls_accept(c)) {
+      free(c);
+      close(fd);
+      continue;
+    }
     kcd_auth *a = &r->st->auth;
     c->role = kcd_auth_enabled(a) ? r->st->cfg.resp_anon_role : KCD_ROLE_ADMIN;
     kcd_resp_parser_init(&c->parser, r->st->cfg.resp_max_value,
@@ -340,6 +402,7 @@ static void on_accept(kcd_resp *r) {
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
     c->events = EPOLLIN;
     if (epoll_ctl(r->ep, EPOLL_CTL_ADD, fd, &ev)) {
+      kcd_resp_tls_close(c);
       conn_free(c);
       close(fd);
       continue;
@@ -402,9 +465,27 @@ static void free_grave(kcd_resp *r) {
   }
 }
 
+/* TLS: connections whose handshake is not done in time are closed (a
+ * client that connects and says nothing holds no slot for long). */
+static void sweep_handshakes(kcd_resp *r, int64_t *last) {
+  int64_t now = mono_ms();
+  if (!r->tls_ctx || now - *last < 1000)
+    return;
+  *last = now;
+  for (kcd_resp_conn *c = r->conns, *next; c; c = next) {
+    next = c->next;
+    if (kcd_resp_tls_in_handshake(c) &&
+        now - c->accepted_ms > KCD_RESP_TLS_HS_MS) {
+      atomic_fetch_add(&r->tls_failed, 1);
+      conn_close(c);
+    }
+  }
+}
+
 static void *io_main(void *arg) {
   kcd_resp *r = arg;
   struct epoll_event ev[EVENTS];
+  int64_t swept = mono_ms();
   while (!atomic_load(&r->stop)) {
     int n = epoll_wait(r->ep, ev, EVENTS, 1000);
     for (int i = 0; i < n; i++) {
@@ -415,6 +496,7 @@ static void *io_main(void *arg) {
       else
         on_event(ev[i].data.ptr, ev[i].events);
     }
+    sweep_handshakes(r, &swept);
     free_grave(r);
   }
   while (r->conns)
@@ -478,7 +560,9 @@ kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err) {
   if (!r)
     return kc_errf(err, KC_NOMEM, "out of memory");
   st->resp = r;
-  kc_err e = bind_listen(r, st->cfg.resp_host, st->cfg.resp_port, err);
+  kc_err e = kcd_resp_tls_init(r, err);
+  if (!e)
+    e = bind_listen(r, st->cfg.resp_host, st->cfg.resp_port, err);
   if (e)
     return e;
   r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -529,5 +613,6 @@ void kcd_resp_stop(kcd_state *st) {
   pthread_mutex_destroy(&r->qlock);
   pthread_cond_destroy(&r->qcond);
   pthread_mutex_destroy(&r->dlock);
+  kcd_resp_tls_free(r);
   free(r);
 }

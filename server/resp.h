@@ -1,4 +1,5 @@
-/* resp.h: kcached's Redis protocol (RESP2) listener, internal to server/.
+/* resp.h: kcached's Redis protocol listener (RESP2, and RESP3 after
+ * HELLO 3; TLS with --tls-cert), internal to server/.
  *
  * Parts:
  *   resp_proto.c  the parser (multibulk and inline commands, incremental,
@@ -7,6 +8,9 @@
  *   resp.c        the listener: one epoll thread, nonblocking sockets,
  *                 pipelining (every complete command of a read is run, the
  *                 replies go out in one write), output bound per connection
+ *   resp_tls.c    TLS (OpenSSL, independent of the HTTP side's GnuTLS):
+ *                 the SSL_CTX, nonblocking reads and writes for resp.c
+ *   resp_family.c hits and misses per key family, for /metrics
  *   resp_commit.c the committer thread: the group commit of writes
  *   resp_cmd.c    the command table, arity, auth and role checks, MULTI
  *   resp_kv.c     the string commands (GET/SET family, TTL, EXISTS, ...)
@@ -34,6 +38,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "kcd.h"
 
@@ -46,6 +51,36 @@
 #define KCD_RESP_JOB_BYTES (64u << 20) /* and their value bytes */
 #define KCD_RESP_N_CMDS 64             /* room in the metrics per command */
 #define KCD_RESP_FETCHERS 4            /* read-through threads (S3 tier) */
+#define KCD_RESP_TLS_HS_MS 10000       /* a TLS handshake's time limit */
+#define KCD_RESP_FAMILIES 32           /* key families counted by name */
+#define KCD_RESP_FAMILY_MAX 48         /* longest family name counted */
+#define KCD_RESP_BATCH_BUCKETS 14      /* the commit batch size histogram */
+
+/* ---- key families (resp_family.c) ----
+ * A key's family is its prefix before the first ':' ("pt2:..." -> "pt2");
+ * the first KCD_RESP_FAMILIES names seen get their own counters, every
+ * other key (no ':', too long, unprintable, or past the table) counts as
+ * "other". Lock-free: a slot is claimed with a CAS, then published. */
+typedef struct kcd_resp_family {
+  _Atomic int state; /* 0 free, 1 being filled, 2 ready */
+  size_t len;
+  char name[KCD_RESP_FAMILY_MAX];
+  _Atomic uint64_t hits, misses;
+} kcd_resp_family;
+
+typedef struct kcd_resp_families {
+  kcd_resp_family f[KCD_RESP_FAMILIES];
+  _Atomic uint64_t other_hits, other_misses;
+} kcd_resp_families;
+
+/* Counts one read of key (hit or miss) under its family. */
+void kcd_resp_family_count(kcd_resp_families *t, const void *key, size_t klen,
+                           int hit);
+/* Calls fn for every family ready (then "other" with name NULL). */
+void kcd_resp_family_each(kcd_resp_families *t,
+                          void (*fn)(const char *name, size_t len,
+                                     uint64_t hits, uint64_t misses, void *ud),
+                          void *ud);
 
 /* ---- buffers and replies (resp_proto.c) ---- */
 
@@ -71,6 +106,11 @@ void kcd_resp_bulk(kcd_resp_buf *b, const void *p, size_t n);
 void kcd_resp_bulk_str(kcd_resp_buf *b, const char *s);
 void kcd_resp_null(kcd_resp_buf *b);                      /* $-1 */
 void kcd_resp_array(kcd_resp_buf *b, long long n);        /* *n */
+/* The replies that differ in RESP3 (resp3: the connection said HELLO 3). */
+void kcd_resp_nil(kcd_resp_buf *b, int resp3);            /* $-1 or _ */
+void kcd_resp_map(kcd_resp_buf *b, long long n, int resp3); /* *2n or %n */
+/* A text reply: bulk in RESP2, a verbatim string (=, "txt:") in RESP3. */
+void kcd_resp_verbatim(kcd_resp_buf *b, const void *p, size_t n, int resp3);
 
 /* ---- the parser (resp_proto.c) ---- */
 
@@ -132,6 +172,9 @@ typedef enum kcd_resp_rk {
 typedef struct kcd_resp_item {
   kcd_resp_rk kind;
   size_t first, n; /* ops, or the byte range of pre */
+  int resp3;       /* the connection's protocol when the command ran */
+  unsigned cmd;    /* 1 + the command's index: count its result when the
+                      reply is written (0: counted already) */
 } kcd_resp_item;
 
 typedef struct kcd_resp_job {
@@ -171,6 +214,12 @@ struct kcd_resp_conn {
   kcd_resp *srv;
   int fd;
   uint64_t id;
+  int resp3;         /* HELLO 3 said: RESP3 replies */
+  unsigned cur_cmd;  /* 1 + the index of the command being dispatched */
+  /* TLS (resp_tls.c): NULL without --tls-cert */
+  void *ssl;         /* SSL * */
+  int64_t accepted_ms; /* the handshake must end within KCD_RESP_TLS_HS_MS */
+  int tls_rd_want_wr, tls_wr_want_rd; /* a read waits to write, and back */
   kcd_resp_buf in, out;
   size_t out_off; /* bytes of out already sent */
   kcd_resp_parser parser;
@@ -209,6 +258,11 @@ struct kcd_resp {
   uint64_t next_id;
   _Atomic size_t nconns;
   _Atomic uint64_t conns_total, commands_total, commits, committed_ops;
+  _Atomic uint64_t commit_errors, bytes_in, bytes_out, tls_failed;
+  /* ops per commit: counts per bucket (kcd_resp_batch_le), sum in ops */
+  _Atomic uint64_t batch_bucket[KCD_RESP_BATCH_BUCKETS + 1], batch_sum;
+  kcd_resp_families families;
+  void *tls_ctx; /* SSL_CTX *, NULL without --tls-cert */
   /* per command of the table (the last: unknown), replies ok / error */
   _Atomic uint64_t cmd_ok[KCD_RESP_N_CMDS + 1], cmd_err[KCD_RESP_N_CMDS + 1];
   kcd_resp_conn *conns; /* listener thread only */
@@ -264,6 +318,28 @@ int kcd_resp_commit_start(kcd_resp *r);
 void kcd_resp_commit_stop(kcd_resp *r);
 /* The listener's side: a committed job comes back (resp.c). */
 void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j);
+
+/* The upper bounds of the batch size histogram's buckets (the last one,
+ * index KCD_RESP_BATCH_BUCKETS, is +Inf). */
+extern const unsigned kcd_resp_batch_le[KCD_RESP_BATCH_BUCKETS];
+
+/* ---- TLS (resp_tls.c) ---- */
+
+/* The SSL_CTX from the PEM texts kcached read at start (st->tls_*_pem). */
+kc_err kcd_resp_tls_init(kcd_resp *r, char *err);
+void kcd_resp_tls_free(kcd_resp *r);
+/* A new connection's SSL object (server side); -1 when it cannot be made. */
+int kcd_resp_tls_accept(kcd_resp_conn *c);
+void kcd_resp_tls_close(kcd_resp_conn *c);
+/* read(2)/write(2) through TLS: >0 bytes, 0 the peer closed, -1 with errno
+ * EAGAIN (the tls_*_want_* flags say which way it waits) or another error
+ * (the handshake failed: a plaintext client, a bad certificate). */
+ssize_t kcd_resp_tls_read(kcd_resp_conn *c, void *buf, size_t n);
+ssize_t kcd_resp_tls_write(kcd_resp_conn *c, const void *buf, size_t n);
+/* Decrypted bytes OpenSSL holds that the socket no longer signals. */
+size_t kcd_resp_tls_pending(kcd_resp_conn *c);
+/* 1 while the handshake is not done. */
+int kcd_resp_tls_in_handshake(kcd_resp_conn *c);
 
 /* ---- commands (resp_cmd.c, resp_kv.c, resp_admin.c) ---- */
 

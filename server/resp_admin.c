@@ -94,15 +94,17 @@ static void set_name(kcd_resp_conn *c, const char *s, size_t n) {
   c->name = n ? strndup(s, n) : NULL;
 }
 
+/* A map (RESP3) or a flat array (RESP2), in the protocol just chosen. */
 static void hello_reply(kcd_resp_ctx *x) {
   kcd_resp_buf *b = x->out;
-  kcd_resp_array(b, 14);
+  int r3 = x->c->resp3;
+  kcd_resp_map(b, 7, r3);
   kcd_resp_bulk_str(b, "server");
   kcd_resp_bulk_str(b, "redis");
   kcd_resp_bulk_str(b, "version");
   kcd_resp_bulk_str(b, REDIS_VERSION);
   kcd_resp_bulk_str(b, "proto");
-  kcd_resp_int(b, 2);
+  kcd_resp_int(b, r3 ? 3 : 2);
   kcd_resp_bulk_str(b, "id");
   kcd_resp_int(b, (long long)x->c->id);
   kcd_resp_bulk_str(b, "mode");
@@ -113,16 +115,15 @@ static void hello_reply(kcd_resp_ctx *x) {
   kcd_resp_array(b, 0);
 }
 
-/* HELLO [protover [AUTH name token] [SETNAME name]]: RESP2 only. */
+/* HELLO [protover [AUTH name token] [SETNAME name]]: protover 2 or 3
+ * switches the connection's replies (after AUTH succeeded, as in Redis);
+ * without it the protocol stays. */
 void kcd_resp_c_hello(kcd_resp_ctx *x) {
-  long long ver = 2;
+  long long ver = x->c->resp3 ? 3 : 2;
   if (x->argc >= 2 && kcd_resp_ll(ARG(1), &ver))
     return kcd_resp_error(x->out, "ERR Protocol version is not an integer or "
                           "out of range");
-  if (ver == 3)
-    return kcd_resp_error(x->out,
-                          "NOPROTO sorry, this protocol version is not supported");
-  if (ver != 2)
+  if (ver != 2 && ver != 3)
     return kcd_resp_error(x->out, "NOPROTO unsupported protocol version");
   size_t auth = 0, setname = 0;
   for (size_t i = 2; i < x->argc; i++) {
@@ -152,6 +153,7 @@ void kcd_resp_c_hello(kcd_resp_ctx *x) {
                           "protocol version at the same time");
   if (setname)
     set_name(c, ARG(setname));
+  c->resp3 = ver == 3;
   hello_reply(x);
 }
 
@@ -171,10 +173,13 @@ static void unknown_sub(kcd_resp_ctx *x, const char *cmd) {
 
 static void client_info(kcd_resp_ctx *x) {
   char line[256];
-  snprintf(line, sizeof line, "id=%llu name=%s db=0 user=%s resp=2\n",
-           (unsigned long long)x->c->id, x->c->name ? x->c->name : "",
-           x->c->authed ? x->c->user : "default");
-  kcd_resp_bulk_str(x->out, line);
+  int n = snprintf(line, sizeof line, "id=%llu name=%s db=0 user=%s resp=%d\n",
+                   (unsigned long long)x->c->id, x->c->name ? x->c->name : "",
+                   x->c->authed ? x->c->user : "default", x->c->resp3 ? 3 : 2);
+  kcd_resp_verbatim(x->out, line,
+                    n < 0 ? 0 : (size_t)n < sizeof line ? (size_t)n
+                                                        : sizeof line - 1,
+                    x->c->resp3);
 }
 
 void kcd_resp_c_client(kcd_resp_ctx *x) {
@@ -190,7 +195,8 @@ void kcd_resp_c_client(kcd_resp_ctx *x) {
   } else if (kcd_resp_is(ARG(1), "getname")) {
     if (sub_arity(x, "client|getname", 2, 2))
       return;
-    c->name ? kcd_resp_bulk_str(x->out, c->name) : kcd_resp_null(x->out);
+    c->name ? kcd_resp_bulk_str(x->out, c->name)
+            : kcd_resp_nil(x->out, c->resp3);
   } else if (kcd_resp_is(ARG(1), "id")) {
     if (!sub_arity(x, "client|id", 2, 2))
       kcd_resp_int(x->out, (long long)c->id);
@@ -219,7 +225,7 @@ void kcd_resp_c_command(kcd_resp_ctx *x) {
     if (!sub_arity(x, "command|count", 2, 2))
       kcd_resp_int(x->out, (long long)kcd_resp_cmd_count());
   } else if (kcd_resp_is(ARG(1), "docs")) {
-    kcd_resp_array(x->out, 0);
+    kcd_resp_map(x->out, 0, x->c->resp3);
   } else {
     unknown_sub(x, "COMMAND");
   }
@@ -244,7 +250,7 @@ static void config_get(kcd_resp_ctx *x) {
       hit[p] = kc_store_kv_match(ARG(i), params[p][0], strlen(params[p][0]));
   for (size_t p = 0; p < np; p++)
     hits += (size_t)hit[p];
-  kcd_resp_array(x->out, (long long)hits * 2);
+  kcd_resp_map(x->out, (long long)hits, x->c->resp3);
   for (size_t p = 0; p < np; p++)
     if (hit[p]) {
       kcd_resp_bulk_str(x->out, params[p][0]);

@@ -66,13 +66,23 @@ const kcd_resp_cmd *kcd_resp_cmd_at(size_t i) {
   return i < N_CMDS ? &cmds[i] : NULL;
 }
 
-/* Counts the command by its first reply byte ('-': an error). Errors of
- * writes found at commit time count as ok here. */
+/* 1 when the command left a write item tagged to be counted when its
+ * reply is written (kcd_resp_job_reply): its result is known only then. */
+static int deferred(const kcd_resp_ctx *x, size_t items_before) {
+  const kcd_resp_job *j = x->job;
+  for (size_t k = items_before; j && k < j->nitems; k++)
+    if (j->items[k].cmd)
+      return 1;
+  return 0;
+}
+
+/* Counts the command by its first reply byte ('-': an error); a write
+ * whose result comes from the commit is counted when it replies. */
 static void count(kcd_resp_ctx *x, const kcd_resp_cmd *cmd,
-                  const kcd_resp_buf *b, size_t before) {
+                  const kcd_resp_buf *b, size_t before, size_t items_before) {
   kcd_resp *r = x->c->srv;
-  if (x->c->fetch)
-    return; /* counted when it runs again */
+  if (x->c->fetch || deferred(x, items_before))
+    return; /* counted when it runs again, or when it replies */
   size_t i = cmd ? (size_t)(cmd - cmds) : N_CMDS;
   int err = b->len > before && b->p[before] == '-';
   atomic_fetch_add(err ? &r->cmd_err[i] : &r->cmd_ok[i], 1);
@@ -247,7 +257,7 @@ void kcd_resp_dispatch(kcd_resp_ctx *x) {
   if (j)
     x->out = &j->pre;
   kcd_resp_buf *b = x->out;
-  size_t before = b->len;
+  size_t before = b->len, items = j ? j->nitems : 0;
   if (check(x, cmd) == 0) {
     if (x->c->in_multi && !(cmd->flags & KCD_CF_NOMULTI)) {
       if (queue_cmd(x))
@@ -255,11 +265,13 @@ void kcd_resp_dispatch(kcd_resp_ctx *x) {
       else
         kcd_resp_simple(x->out, "QUEUED");
     } else {
+      x->c->cur_cmd = (unsigned)(cmd - cmds) + 1;
       run(x, cmd);
-      return count(x, cmd, b, before);
+      x->c->cur_cmd = 0;
+      return count(x, cmd, b, before, x->job == j ? items : 0);
     }
   }
-  count(x, cmd, b, before);
+  count(x, cmd, b, before, items);
   if (j && j->pre.len > before)
     kcd_resp_job_item(j, KCD_RK_PRE, before);
 }
@@ -335,6 +347,7 @@ void kcd_resp_c_exec(kcd_resp_ctx *x) {
   size_t before = j->pre.len;
   kcd_resp_array(&j->pre, (long long)c->nqueue);
   kcd_resp_job_item(j, KCD_RK_PRE, before);
+  c->cur_cmd = 0; /* the queued commands were counted when queued */
   for (size_t i = 0; i < c->nqueue; i++) {
     kcd_resp_queued *q = &c->queue[i];
     kcd_resp_ctx y = *x;

@@ -65,7 +65,10 @@ int kcd_resp_job_item(kcd_resp_job *j, kcd_resp_rk kind, size_t first) {
     j->capitems = cap;
   }
   size_t end = kind == KCD_RK_PRE ? j->pre.len : j->nops;
-  j->items[j->nitems++] = (kcd_resp_item){kind, first, end - first};
+  kcd_resp_conn *c = j->conn;
+  j->items[j->nitems++] = (kcd_resp_item){
+      kind, first, end - first, c ? c->resp3 : 0,
+      c && kind != KCD_RK_PRE ? c->cur_cmd : 0};
   return 0;
 }
 
@@ -122,14 +125,27 @@ static void fail_all(kcd_resp_job *jobs, kc_err e, const char *msg) {
   }
 }
 
+const unsigned kcd_resp_batch_le[KCD_RESP_BATCH_BUCKETS] = {
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000};
+
+static void observe_batch(kcd_resp *r, size_t n) {
+  int i = 0;
+  while (i < KCD_RESP_BATCH_BUCKETS && n > kcd_resp_batch_le[i])
+    i++;
+  atomic_fetch_add(&r->batch_bucket[i], 1);
+  atomic_fetch_add(&r->batch_sum, n);
+}
+
 /* Applies the ops of every job in one call; results go back to each op. */
 static void apply(kcd_resp *r, kcd_resp_job *jobs, size_t n) {
   kc_store *s = atomic_load(&r->st->store);
-  if (!s)
-    return fail_all(jobs, KC_NOT_READY, "the store is not open");
-  kc_store_kv_op *all = malloc(n * sizeof *all);
-  if (!all)
-    return fail_all(jobs, KC_NOMEM, "out of memory");
+  kc_store_kv_op *all = s ? malloc(n * sizeof *all) : NULL;
+  if (!s || !all) { /* a failed commit all the same */
+    atomic_fetch_add(&r->commit_errors, 1);
+    free(all);
+    return fail_all(jobs, s ? KC_NOMEM : KC_NOT_READY,
+                    s ? "out of memory" : "the store is not open");
+  }
   size_t k = 0;
   for (kcd_resp_job *j = jobs; j; j = j->next) {
     memcpy(all + k, j->ops, j->nops * sizeof *all);
@@ -148,7 +164,11 @@ static void apply(kcd_resp *r, kcd_resp_job *jobs, size_t n) {
   }
   free(all);
   atomic_fetch_add(&r->commits, 1);
-  atomic_fetch_add(&r->committed_ops, n);
+  observe_batch(r, n);
+  if (e)
+    atomic_fetch_add(&r->commit_errors, 1);
+  else
+    atomic_fetch_add(&r->committed_ops, n);
 }
 
 static void *commit_main(void *arg) {

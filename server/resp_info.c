@@ -41,13 +41,29 @@ static void sec_server(kcd_resp_ctx *x, kcd_resp_buf *b) {
 static void sec_clients(kcd_resp_ctx *x, kcd_resp_buf *b) {
   linef(b, "# Clients");
   linef(b, "connected_clients:%zu", kcd_resp_clients(x->c->srv));
+  linef(b, "kcached_tls:%d", x->c->srv->tls_ctx != NULL);
   linef(b, "maxclients:%d", KCD_RESP_MAX_CONNS);
 }
 
+/* The process's resident set, from /proc/self/statm; 0 when unknown. */
+static uint64_t rss_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "re");
+  unsigned long long size = 0, resident = 0;
+  if (!f)
+    return 0;
+  int n = fscanf(f, "%llu %llu", &size, &resident);
+  fclose(f);
+  long page = sysconf(_SC_PAGESIZE);
+  return n == 2 && page > 0 ? (uint64_t)resident * (uint64_t)page : 0;
+}
+
+/* used_memory is the RESP keys' value bytes (what maxmemory bounds), the
+ * process's own memory is used_memory_rss. */
 static void sec_memory(const kc_store_stats *s, kcd_resp_ctx *x,
                        kcd_resp_buf *b) {
   linef(b, "# Memory");
   linef(b, "used_memory:%llu", (unsigned long long)s->kv_bytes);
+  linef(b, "used_memory_rss:%llu", (unsigned long long)rss_bytes());
   linef(b, "used_memory_dataset:%llu", (unsigned long long)s->kv_bytes);
   linef(b, "kcached_store_bytes:%llu", (unsigned long long)s->bytes_used);
   linef(b, "maxmemory:%llu", (unsigned long long)x->st->cfg.resp_max_bytes);
@@ -64,76 +80,23 @@ static void sec_stats(const kc_store_stats *s, kcd_resp_ctx *x,
         (unsigned long long)atomic_load(&r->commands_total));
   linef(b, "keyspace_hits:%llu", (unsigned long long)s->kv_hits);
   linef(b, "keyspace_misses:%llu", (unsigned long long)s->kv_misses);
+  linef(b, "evicted_keys:%llu", (unsigned long long)s->evicted_kv);
+  linef(b, "total_net_input_bytes:%llu",
+        (unsigned long long)atomic_load(&r->bytes_in));
+  linef(b, "total_net_output_bytes:%llu",
+        (unsigned long long)atomic_load(&r->bytes_out));
   linef(b, "kcached_commits:%llu", (unsigned long long)atomic_load(&r->commits));
   linef(b, "kcached_committed_ops:%llu",
         (unsigned long long)atomic_load(&r->committed_ops));
 }
 
-/* ---- counting keys with an expiry ---- */
-
-#define EXPIRES_WALK_MAX 100000 /* keys looked at; beyond, extrapolated */
-
-typedef struct walk {
-  kcd_resp_buf keys; /* 4-byte length + key, one SCAN step's */
-  size_t n;
-} walk;
-
-static int walk_cb(const void *key, size_t klen, void *ud) {
-  walk *w = ud;
-  uint32_t l = (uint32_t)klen;
-  kcd_resp_buf_add(&w->keys, &l, 4);
-  kcd_resp_buf_add(&w->keys, key, klen);
-  w->n++;
-  return w->keys.oom;
-}
-
-/* Of the keys in w, how many have an expiry. */
-static uint64_t with_expiry(kc_store *s, const walk *w, int64_t now) {
-  kc_store_read *r = NULL;
-  uint64_t n = 0;
-  if (kc_store_read_begin(s, &r))
-    return 0;
-  for (size_t off = 0; off + 4 <= w->keys.len;) {
-    uint32_t l;
-    memcpy(&l, w->keys.p + off, 4);
-    uint64_t size;
-    int64_t exp = 0;
-    if (kc_store_kv_meta(r, w->keys.p + off + 4, l, now, &size, &exp) ==
-            KC_OK && exp)
-      n++;
-    off += 4 + l;
-  }
-  kc_store_read_end(r);
-  return n;
-}
-
-/* INFO's expires=: counted over the key space (SCAN steps, then their
- * metadata), exact up to EXPIRES_WALK_MAX keys, extrapolated beyond. */
-static uint64_t count_expires(kc_store *s, uint64_t keys, int64_t now) {
-  uint64_t cursor = 0, seen = 0, expiring = 0;
-  do {
-    walk w = {0};
-    if (kc_store_kv_scan(s, cursor, NULL, 0, 1000, now, walk_cb, &w, &cursor)) {
-      kcd_resp_buf_free(&w.keys);
-      break;
-    }
-    expiring += with_expiry(s, &w, now);
-    seen += w.n;
-    kcd_resp_buf_free(&w.keys);
-  } while (cursor != 0 && seen < EXPIRES_WALK_MAX);
-  if (cursor != 0 && seen && keys > seen)
-    expiring = (uint64_t)((double)expiring * (double)keys / (double)seen);
-  return expiring;
-}
-
 static void sec_keyspace(const kc_store_stats *s, kcd_resp_ctx *x,
                          kcd_resp_buf *b) {
   linef(b, "# Keyspace");
-  kc_store *st = atomic_load(&x->st->store);
-  if (s->kv_keys && st) /* Redis leaves an empty db out */
+  (void)x;
+  if (s->kv_keys) /* Redis leaves an empty db out */
     linef(b, "db0:keys=%llu,expires=%llu,avg_ttl=0",
-          (unsigned long long)s->kv_keys,
-          (unsigned long long)count_expires(st, s->kv_keys, x->now_ms));
+          (unsigned long long)s->kv_keys, (unsigned long long)s->kv_expires);
 }
 
 typedef enum { S_SERVER, S_CLIENTS, S_MEMORY, S_STATS, S_KEYSPACE, S_N } sec;
@@ -183,19 +146,21 @@ void kcd_resp_c_info(kcd_resp_ctx *x) {
   if (b.oom)
     kcd_resp_error(x->out, "OOM out of memory");
   else
-    kcd_resp_bulk(x->out, b.p ? b.p : "", b.len);
+    kcd_resp_verbatim(x->out, b.p ? b.p : "", b.len, x->c->resp3);
   kcd_resp_buf_free(&b);
 }
 
 /* ---- /metrics ---- */
 
-void kcd_resp_metrics_render(kcd_state *st, void *fp) {
-  FILE *f = fp;
-  kcd_resp *r = st->resp;
-  if (!r)
-    return;
+static void counter(FILE *f, const char *name, const char *help,
+                    uint64_t v) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
+          name, (unsigned long long)v);
+}
+
+static void render_commands(FILE *f, kcd_resp *r) {
   fprintf(f, "# HELP kcached_resp_commands_total RESP commands by command and "
-          "result (error: an error reply).\n# TYPE "
+          "result (error: an error reply, a failed commit included).\n# TYPE "
           "kcached_resp_commands_total counter\n");
   for (size_t i = 0; i <= kcd_resp_cmd_count(); i++) {
     const kcd_resp_cmd *c = kcd_resp_cmd_at(i);
@@ -205,15 +170,70 @@ void kcd_resp_metrics_render(kcd_state *st, void *fp) {
             name, (unsigned long long)atomic_load(&r->cmd_ok[i]), name,
             (unsigned long long)atomic_load(&r->cmd_err[i]));
   }
+}
+
+/* Family names are printable without '"' or '\' (resp_family.c). */
+static void family_line(const char *name, size_t len, uint64_t hits,
+                        uint64_t misses, void *ud) {
+  FILE *f = ud;
+  int n = name ? (int)len : 5;
+  const char *s = name ? name : "other";
+  fprintf(f, "kcached_resp_key_reads_total{family=\"%.*s\",result=\"hit\"} "
+          "%llu\nkcached_resp_key_reads_total{family=\"%.*s\",result=\"miss\"}"
+          " %llu\n", n, s, (unsigned long long)hits, n, s,
+          (unsigned long long)misses);
+}
+
+static void render_batches(FILE *f, kcd_resp *r) {
+  fprintf(f, "# HELP kcached_resp_commit_batch_ops Write ops per group commit."
+          "\n# TYPE kcached_resp_commit_batch_ops histogram\n");
+  uint64_t cum = 0;
+  for (int i = 0; i <= KCD_RESP_BATCH_BUCKETS; i++) {
+    cum += atomic_load(&r->batch_bucket[i]);
+    if (i < KCD_RESP_BATCH_BUCKETS)
+      fprintf(f, "kcached_resp_commit_batch_ops_bucket{le=\"%u\"} %llu\n",
+              kcd_resp_batch_le[i], (unsigned long long)cum);
+    else
+      fprintf(f, "kcached_resp_commit_batch_ops_bucket{le=\"+Inf\"} %llu\n",
+              (unsigned long long)cum);
+  }
+  fprintf(f, "kcached_resp_commit_batch_ops_sum %llu\n"
+          "kcached_resp_commit_batch_ops_count %llu\n",
+          (unsigned long long)atomic_load(&r->batch_sum),
+          (unsigned long long)cum);
+}
+
+void kcd_resp_metrics_render(kcd_state *st, void *fp) {
+  FILE *f = fp;
+  kcd_resp *r = st->resp;
+  if (!r)
+    return;
+  render_commands(f, r);
+  fprintf(f, "# HELP kcached_resp_key_reads_total RESP value reads (GET, MGET)"
+          " by key family (the prefix before the first ':') and result.\n"
+          "# TYPE kcached_resp_key_reads_total counter\n");
+  kcd_resp_family_each(&r->families, family_line, f);
   fprintf(f, "# HELP kcached_resp_connections RESP connections open.\n"
           "# TYPE kcached_resp_connections gauge\nkcached_resp_connections "
           "%zu\n", kcd_resp_clients(r));
-  fprintf(f, "# HELP kcached_resp_commits_total Group commits of RESP writes "
-          "(one LMDB transaction each).\n# TYPE kcached_resp_commits_total "
-          "counter\nkcached_resp_commits_total %llu\n",
-          (unsigned long long)atomic_load(&r->commits));
-  fprintf(f, "# HELP kcached_resp_committed_ops_total RESP write ops "
-          "committed.\n# TYPE kcached_resp_committed_ops_total counter\n"
-          "kcached_resp_committed_ops_total %llu\n",
-          (unsigned long long)atomic_load(&r->committed_ops));
+  counter(f, "kcached_resp_connections_total", "RESP connections accepted.",
+          atomic_load(&r->conns_total));
+  counter(f, "kcached_resp_tls_handshake_failures_total",
+          "RESP connections closed before their TLS handshake ended.",
+          atomic_load(&r->tls_failed));
+  counter(f, "kcached_resp_received_bytes_total",
+          "RESP bytes read from clients (after TLS).",
+          atomic_load(&r->bytes_in));
+  counter(f, "kcached_resp_sent_bytes_total",
+          "RESP bytes written to clients (before TLS).",
+          atomic_load(&r->bytes_out));
+  counter(f, "kcached_resp_commits_total", "Group commits of RESP writes "
+          "(one LMDB transaction each).", atomic_load(&r->commits));
+  counter(f, "kcached_resp_commit_errors_total",
+          "Group commits that failed (every write of them replied an error).",
+          atomic_load(&r->commit_errors));
+  counter(f, "kcached_resp_committed_ops_total",
+          "RESP write ops committed (failed commits not counted).",
+          atomic_load(&r->committed_ops));
+  render_batches(f, r);
 }

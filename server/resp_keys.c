@@ -202,21 +202,36 @@ static void reply_ops(const kcd_resp_job *j, const kcd_resp_item *it,
   case KCD_RK_OK:
     return kcd_resp_simple(out, "OK");
   case KCD_RK_SET:
-    return it->n && o[0].done ? kcd_resp_simple(out, "OK") : kcd_resp_null(out);
+    return it->n && o[0].done ? kcd_resp_simple(out, "OK")
+                              : kcd_resp_nil(out, it->resp3);
   case KCD_RK_SET_GET:
     return it->n && o[0].had_old ? kcd_resp_bulk(out, o[0].old, o[0].old_len)
-                                 : kcd_resp_null(out);
+                                 : kcd_resp_nil(out, it->resp3);
   default:
     return kcd_resp_int(out, sum);
   }
 }
 
+/* A write's result is counted in /metrics once known: an error found at
+ * commit time counts as an error. */
+static void count_reply(const kcd_resp_job *j, const kcd_resp_item *it,
+                        const kcd_resp_buf *out, size_t before) {
+  if (!it->cmd || !j->conn)
+    return;
+  kcd_resp *r = j->conn->srv;
+  int err = out->len > before && out->p[before] == '-';
+  atomic_fetch_add(err ? &r->cmd_err[it->cmd - 1] : &r->cmd_ok[it->cmd - 1],
+                   1);
+}
+
 void kcd_resp_job_reply(kcd_resp_job *j, kcd_resp_buf *out) {
   for (size_t i = 0; i < j->nitems; i++) {
     const kcd_resp_item *it = &j->items[i];
+    size_t before = out->len;
     if (it->kind == KCD_RK_PRE)
       kcd_resp_buf_add(out, j->pre.p + it->first, it->n);
     else
       reply_ops(j, it, out);
+    count_reply(j, it, out, before);
   }
 }

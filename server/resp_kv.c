@@ -57,13 +57,20 @@ static kc_err meta1(kcd_resp_ctx *x, size_t i, uint64_t *size, int64_t *exp) {
   return e;
 }
 
+static void family(kcd_resp_ctx *x, size_t i, int hit) {
+  kcd_resp_family_count(&x->c->srv->families, ARG(i), hit);
+}
+
 void kcd_resp_c_get(kcd_resp_ctx *x) {
   kc_store_kv_val v;
   kc_err e = get1(x, 1, &v);
-  if (e == KC_OK)
+  if (e == KC_OK) {
+    family(x, 1, 1);
     kcd_resp_bulk(x->out, v.data, v.len);
-  else if (e == KC_NOT_FOUND && !kcd_resp_fetch_key(x, ARG(1)))
-    kcd_resp_null(x->out);
+  } else if (e == KC_NOT_FOUND && !kcd_resp_fetch_key(x, ARG(1))) {
+    family(x, 1, 0); /* a miss read through is counted when it replies */
+    kcd_resp_nil(x->out, x->c->resp3);
+  }
 }
 
 /* With the durable tier: asks for every missing key (1: asked, no reply
@@ -93,10 +100,11 @@ void kcd_resp_c_mget(kcd_resp_ctx *x) {
     kc_err e = key_ok(x->lens[i])
                    ? kc_store_kv_get(x->c->rd, ARG(i), x->now_ms, &v)
                    : KC_NOT_FOUND;
+    family(x, i, e == KC_OK);
     if (e == KC_OK)
       kcd_resp_bulk(x->out, v.data, v.len);
     else /* an error cannot be one element of a reply already begun */
-      kcd_resp_null(x->out);
+      kcd_resp_nil(x->out, x->c->resp3);
   }
 }
 

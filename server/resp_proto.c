@@ -108,6 +108,31 @@ void kcd_resp_null(kcd_resp_buf *b) { kcd_resp_buf_add(b, "$-1\r\n", 5); }
 
 void kcd_resp_array(kcd_resp_buf *b, long long n) { add_line(b, '*', n); }
 
+void kcd_resp_nil(kcd_resp_buf *b, int resp3) {
+  if (resp3)
+    kcd_resp_buf_add(b, "_\r\n", 3);
+  else
+    kcd_resp_null(b);
+}
+
+void kcd_resp_map(kcd_resp_buf *b, long long n, int resp3) {
+  if (resp3)
+    add_line(b, '%', n);
+  else
+    add_line(b, '*', 2 * n);
+}
+
+void kcd_resp_verbatim(kcd_resp_buf *b, const void *p, size_t n, int resp3) {
+  if (!resp3)
+    return kcd_resp_bulk(b, p, n);
+  if (kcd_resp_buf_reserve(b, n + 36))
+    return;
+  add_line(b, '=', (long long)n + 4);
+  kcd_resp_buf_add(b, "txt:", 4);
+  kcd_resp_buf_add(b, p, n);
+  kcd_resp_buf_add(b, "\r\n", 2);
+}
+
 /* ---- integers ---- */
 
 /* Redis's string2ll: optional '-', digits, no leading zero (but "0"), no

@@ -1,9 +1,11 @@
 /* routes_ops.c: the operator's routes: GET/HEAD /healthz (the process
  * answers), /readyz (the store is open), /metrics (Prometheus text, rendered
- * by metrics.c) and /v1/stats (the store's figures as JSON). */
+ * by metrics.c) and /v1/stats (the store's figures as JSON: the bundles'
+ * and the RESP keys'). */
 #include <stdatomic.h>
 
 #include "kcd.h"
+#include "resp.h"
 
 static int reply_status(kcd_req *r, int code, const char *status) {
   return kcd_reply_json(r, code, json_pack("{ss}", "status", status), NULL);
@@ -36,6 +38,20 @@ int kcd_metrics_get(kcd_req *r) {
                    len, KCD_MEM_FREE, NULL);
 }
 
+/* The RESP side of the store: its keys and the bytes their values take
+ * (inside bytes_used, which counts blobs of bundles and RESP values alike). */
+static json_t *stats_kv(const kc_store_stats *s, kcd_state *st) {
+  return json_pack("{sI sI sI sI sI sI sI sI}", "kv_keys",
+                   (json_int_t)s->kv_keys, "kv_expires",
+                   (json_int_t)s->kv_expires, "kv_bytes",
+                   (json_int_t)s->kv_bytes, "kv_max_bytes",
+                   (json_int_t)s->kv_max_bytes, "kv_hits",
+                   (json_int_t)s->kv_hits, "kv_misses",
+                   (json_int_t)s->kv_misses, "evicted_kv",
+                   (json_int_t)s->evicted_kv, "resp_clients",
+                   (json_int_t)kcd_resp_clients(atomic_load(&st->resp)));
+}
+
 int kcd_stats_get(kcd_req *r) {
   kc_store_stats s;
   kc_err e = kc_store_stats_get(atomic_load(&r->st->store), &s);
@@ -51,5 +67,9 @@ int kcd_stats_get(kcd_req *r) {
       (json_int_t)s.evicted_blobs, "gc_blobs", (json_int_t)s.gc_blobs,
       "leases", (json_int_t)kcd_lease_count(r->st->leases), "uptime_s",
       (json_int_t)(kcd_unix_now() - r->st->started));
+  json_t *kv = stats_kv(&s, r->st);
+  if (o && kv)
+    json_object_update(o, kv);
+  json_decref(kv);
   return kcd_reply_json(r, 200, o, NULL);
 }

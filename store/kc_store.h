@@ -230,6 +230,8 @@ typedef struct kc_store_stats {
    * not. Cleared by the next commit that succeeds. Reads still work. */
   int64_t disk_full_since;
   uint64_t kv_keys;       /* RESP keys held (expired not yet reclaimed too) */
+  uint64_t kv_expires;    /* of them, those with an expiry (the kvexp index's
+                             entries: O(1), exact) */
   uint64_t kv_bytes;      /* value bytes they reference, each key counted
                              (a value two keys share counts twice) */
   uint64_t kv_max_bytes;  /* 0: no own limit */

@@ -377,6 +377,7 @@ kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out) {
   out->blobs = entries(r->txn, s->blobs);
   out->bundles = entries(r->txn, s->bundles);
   out->kv_keys = entries(r->txn, s->kv);
+  out->kv_expires = entries(r->txn, s->kvexp);
   if (!e)
     e = kcs_kv_bytes_get(r->txn, s, &out->kv_bytes);
   kc_store_read_end(r);

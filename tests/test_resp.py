@@ -113,7 +113,8 @@ def raw(port, data, expect=None):
             out += d
     except socket.timeout:
         pass
-    s.close()
+    finally:
+        s.close()
     return out
 
 
@@ -349,8 +350,7 @@ class OpenServer(unittest.TestCase):
             (b"select 1", b"-ERR DB index is out of range"),
             (b"select x", b"-ERR value is not an integer or out of range"),
             (b"select 0", b"+OK"),
-            (b"hello 3", b"-NOPROTO sorry, this protocol version is not "
-             b"supported"),
+            (b"hello 4", b"-NOPROTO unsupported protocol version"),
             (b"hello 1", b"-NOPROTO unsupported protocol version"),
             (b"hello x", b"-ERR Protocol version is not an integer or out of "
              b"range"),
@@ -837,6 +837,461 @@ class Durability(unittest.TestCase):
         finally:
             srv.stop()
             shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- RESP3 (HELLO 3) ----
+
+def resp3_frames(p, *cmds):
+    """Sends HELLO 3 and cmds on one connection; the raw reply bytes."""
+    data = b"HELLO 3\r\n" + b"".join(c + b"\r\n" for c in cmds)
+    return raw(p, data)
+
+
+class Resp3(unittest.TestCase):
+    """HELLO 3: the connection's replies switch to RESP3 (maps, `_` nil,
+    verbatim INFO); HELLO 2 switches back. redis-py 4.3.4 has no RESP3
+    client, so the frames are checked byte for byte on raw sockets (and
+    with redis-py >= 5 when it is the one installed)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server().start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.srv.dir, ignore_errors=True)
+
+    def setUp(self):
+        raw(self.srv.port, b"FLUSHDB\r\n", b"+OK\r\n")
+
+    def test_hello_map(self):
+        out = raw(self.srv.port, b"HELLO 3\r\n", b"%7")
+        self.assertTrue(out.startswith(
+            b"%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n"
+            b"7.0.0\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:"), out)
+        self.assertTrue(out.endswith(
+            b"$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster"
+            b"\r\n$7\r\nmodules\r\n*0\r\n"), out)
+        # HELLO without a version answers in the protocol in force
+        out = raw(self.srv.port, b"HELLO 3\r\nHELLO\r\nHELLO 2\r\nHELLO\r\n")
+        self.assertEqual(out.count(b"%7\r\n"), 2)
+        self.assertEqual(out.count(b"*14\r\n"), 2)
+        self.assertEqual(out.count(b":3\r\n"), 2)
+        self.assertEqual(out.count(b":2\r\n"), 2)
+
+    def test_nil_and_maps(self):
+        p = self.srv.port
+        raw(p, b"SET a 1\r\nSET b 2\r\n", b"+OK\r\n+OK\r\n")
+        out = resp3_frames(p, b"GET missing", b"MGET a missing",
+                           b"SET a x NX", b"SET new x XX GET",
+                           b"CLIENT GETNAME", b"CONFIG GET maxclients",
+                           b"COMMAND DOCS", b"TTL a", b"EXISTS a b",
+                           b"SCAN 0 MATCH nomatch*")
+        hello_end = out.index(b"*0\r\n") + 4  # HELLO's modules []
+        self.assertEqual(
+            out[hello_end:],
+            b"_\r\n"
+            b"*2\r\n$1\r\n1\r\n_\r\n"
+            b"_\r\n"
+            b"_\r\n"
+            b"_\r\n"
+            b"%1\r\n$10\r\nmaxclients\r\n$5\r\n10000\r\n"
+            b"%0\r\n"
+            b":-1\r\n"
+            b":2\r\n"
+            b"*2\r\n$1\r\n0\r\n*0\r\n")
+        # HELLO 2 on the same connection: RESP2 again
+        out = raw(p, b"HELLO 3\r\nHELLO 2\r\nGET missing\r\nCONFIG GET "
+                  b"maxclients\r\n")
+        self.assertTrue(out.endswith(b"$-1\r\n*2\r\n$10\r\nmaxclients\r\n"
+                                     b"$5\r\n10000\r\n"), out)
+
+    def test_info_verbatim_and_exec(self):
+        p = self.srv.port
+        out = resp3_frames(p, b"INFO keyspace", b"MULTI", b"SET k v",
+                           b"GET nope", b"EXEC", b"CLIENT INFO")
+        body = out[out.index(b"*0\r\n") + 4:]
+        self.assertTrue(body.startswith(b"=16\r\ntxt:# Keyspace\r\n\r\n"),
+                        body)
+        self.assertIn(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n_\r\n",
+                      body)
+        self.assertRegex(body, rb"=\d+\r\ntxt:id=\d+ .* resp=3\n\r\n$")
+
+    def test_redis_py_protocol_3(self):
+        try:
+            r = self.srv.client(protocol=3)
+        except TypeError:
+            self.skipTest("redis-py %s has no RESP3" % redis.__version__)
+        self.assertIsNone(r.get("nope"))
+        self.assertTrue(r.set("k", b"v"))
+        self.assertEqual(r.get("k"), b"v")
+        self.assertIn("redis_version", r.info())
+        r.close()
+
+
+class Resp3Auth(unittest.TestCase):
+    def test_hello_3_auth(self):
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        toks, path = make_tokens(d)
+        srv = Server("--tokens", path, data_dir=d).start()
+        try:
+            tok = toks["write"].encode()
+            out = raw(srv.port, b"HELLO 3 AUTH default " + tok +
+                      b"\r\nGET nope\r\n")
+            self.assertTrue(out.startswith(b"%7\r\n"), out)
+            self.assertTrue(out.endswith(b"*0\r\n_\r\n"), out)
+            # a wrong token: the error, and the protocol stays RESP2
+            out = raw(srv.port, b"HELLO 3 AUTH default nottoken\r\n"
+                      b"HELLO 3 AUTH writer " + tok + b"\r\nGET nope\r\n")
+            self.assertTrue(out.startswith(b"-WRONGPASS"), out)
+            self.assertTrue(out.endswith(b"*0\r\n_\r\n"), out)
+        finally:
+            srv.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- TLS ----
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True,
+                   capture_output=True)
+
+
+def make_pki(d):
+    """A root CA, an intermediate, and a server certificate for 127.0.0.1
+    signed by the intermediate; the server's PEM holds leaf + intermediate
+    (the chain), clients trust the root only. (ca.pem, cert.pem, key.pem)"""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+          "-nodes"]
+    with open(os.path.join(d, "ca.ext"), "w") as f:
+        f.write("basicConstraints=critical,CA:TRUE\n"
+                "keyUsage=critical,keyCertSign,cRLSign\n")
+    with open(os.path.join(d, "leaf.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                "extendedKeyUsage=serverAuth\n")
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem",
+            "-days", "2", "-subj", "/CN=kcache test root",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+    openssl("req", *ec, "-keyout", "int.key", "-out", "int.csr", "-subj",
+            "/CN=kcache test intermediate", cwd=d)
+    openssl("x509", "-req", "-in", "int.csr", "-CA", "ca.pem", "-CAkey",
+            "ca.key", "-CAcreateserial", "-out", "int.pem", "-days", "2",
+            "-extfile", "ca.ext", cwd=d)
+    openssl("req", *ec, "-keyout", "key.pem", "-out", "leaf.csr", "-subj",
+            "/CN=127.0.0.1", cwd=d)
+    openssl("x509", "-req", "-in", "leaf.csr", "-CA", "int.pem", "-CAkey",
+            "int.key", "-CAcreateserial", "-out", "leaf.pem", "-days", "2",
+            "-extfile", "leaf.ext", cwd=d)
+    with open(os.path.join(d, "cert.pem"), "wb") as f:
+        for part in ("leaf.pem", "int.pem"):
+            with open(os.path.join(d, part), "rb") as g:
+                f.write(g.read())
+    os.chmod(os.path.join(d, "key.pem"), 0o600)
+    return [os.path.join(d, n) for n in ("ca.pem", "cert.pem", "key.pem")]
+
+
+def tls_raw(port, ca, data, end):
+    """raw() over TLS: sends data, reads until the reply ends with end."""
+    import ssl
+    ctx = ssl.create_default_context(cafile=ca)
+    with socket.create_connection(("127.0.0.1", port), 10) as s:
+        with ctx.wrap_socket(s, server_hostname="127.0.0.1") as t:
+            t.sendall(data)
+            out = b""
+            while not out.endswith(end):
+                d = t.recv(1 << 20)
+                if not d:
+                    break
+                out += d
+            return out
+
+
+class Tls(unittest.TestCase):
+    """--tls-cert/--tls-key: RESP speaks TLS (rediss://) with the same
+    certificate as HTTPS; plaintext clients fail, the server keeps
+    serving."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.d = tempfile.mkdtemp(prefix="kc-resp-")
+        cls.toks, path = make_tokens(cls.d)
+        cls.ca, cls.cert, cls.key = make_pki(cls.d)
+        cls.srv = Server("--tokens", path, "--tls-cert", cls.cert,
+                         "--tls-key", cls.key, "--metrics-role", "none",
+                         data_dir=cls.d).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.d, ignore_errors=True)
+
+    def url(self, role="write"):
+        return "rediss://:%s@127.0.0.1:%d" % (self.toks[role], self.srv.port)
+
+    def client(self):
+        return redis.Redis.from_url(self.url(), ssl_ca_certs=self.ca)
+
+    def metrics(self):
+        import ssl
+        with open(os.path.join(self.d, "http-port")) as f:
+            port = int(f.read())
+        ctx = ssl.create_default_context(cafile=self.ca)
+        with urllib.request.urlopen("https://127.0.0.1:%d/metrics" % port,
+                                    timeout=10, context=ctx) as resp:
+            return resp.read().decode()
+
+    def test_rediss_round_trip(self):
+        r = self.client()
+        self.assertIsNone(r.get("tls:missing"))
+        self.assertTrue(r.set("tls:k", b"v", ex=100))
+        self.assertEqual(r.get("tls:k"), b"v")
+        # values over many TLS records, both ways, and a pipeline
+        big = os.urandom(3 << 20)
+        self.assertTrue(r.set("tls:big", big))
+        self.assertEqual(r.get("tls:big"), big)
+        p = r.pipeline(transaction=False)
+        for i in range(500):
+            p.set("tls:%d" % i, b"%d" % i)
+            p.get("tls:%d" % i)
+        got = p.execute()
+        self.assertEqual(got[1::2], [b"%d" % i for i in range(500)])
+        self.assertEqual(r.mget(["tls:big", "tls:nope"]), [big, None])
+        r.close()
+
+    def test_many_tls_clients_at_once(self):
+        errors = []
+
+        def worker(n):
+            try:
+                r = self.client()
+                for i in range(50):
+                    v = os.urandom(100 + i * 997)
+                    r.set("tls:w%d:%d" % (n, i), v)
+                    if r.get("tls:w%d:%d" % (n, i)) != v:
+                        errors.append("mismatch")
+                r.close()
+            except Exception as e:  # noqa: a thread must report, not die
+                errors.append(repr(e))
+        ts = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+
+    def test_plaintext_client_fails_cleanly(self):
+        before = self.metrics()
+        plain = redis.Redis(host="127.0.0.1", port=self.srv.port,
+                            password=self.toks["write"],
+                            socket_timeout=5)
+        with self.assertRaises(redis.exceptions.ConnectionError):
+            plain.ping()
+        plain.close()
+        try:  # closed, maybe with a reset (the PING was left unread)
+            out = raw(self.srv.port, b"PING\r\n")
+            self.assertTrue(out.endswith(b"<EOF>"), out)
+            self.assertNotIn(b"PONG", out)
+        except ConnectionResetError:
+            pass
+        # the server goes on serving TLS clients
+        r = self.client()
+        self.assertTrue(r.ping())
+        r.close()
+
+        def failures(text):
+            for line in text.splitlines():
+                if line.startswith("kcached_resp_tls_handshake_failures_total"):
+                    return int(line.split()[-1])
+            self.fail("no kcached_resp_tls_handshake_failures_total")
+        self.assertGreaterEqual(failures(self.metrics()),
+                                failures(before) + 2)
+
+    def test_resp3_over_tls(self):
+        tok = self.toks["read"].encode()
+        want_end = b"*0\r\n_\r\n"
+        out = tls_raw(self.srv.port, self.ca, b"HELLO 3 AUTH default " + tok +
+                      b"\r\nGET tls:none\r\n", want_end)
+        self.assertTrue(out.startswith(b"%7\r\n"), out)
+        self.assertTrue(out.endswith(want_end), out)
+
+    def test_silent_client_is_dropped_after_handshake_timeout(self):
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        s.settimeout(20)
+        t0 = time.time()
+        self.assertEqual(s.recv(100), b"")  # closed by the server
+        took = time.time() - t0
+        s.close()
+        self.assertGreater(took, 8)
+        self.assertLess(took, 15)
+
+
+class TlsConfig(unittest.TestCase):
+    """Off loopback, RESP with --tokens needs TLS or --allow-plaintext."""
+
+    def run_kcached(self, d, *extra):
+        return subprocess.Popen(
+            [KCACHED, "--listen", "127.0.0.1:0", "--data-dir",
+             os.path.join(d, "data"), "--resp-listen", "0.0.0.0:0"] +
+            list(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def test_plaintext_refused_tls_accepted(self):
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        try:
+            toks, path = make_tokens(d)
+            ca, cert, key = make_pki(d)
+            p = self.run_kcached(d, "--tokens", path)
+            out = p.communicate(timeout=30)[0]
+            self.assertEqual(p.returncode, 2, out)
+            self.assertIn(b"--allow-plaintext", out)
+            p = self.run_kcached(d, "--tokens", path, "--tls-cert", cert,
+                                 "--tls-key", key)
+            time.sleep(1.5)
+            self.assertIsNone(p.poll(), p.stdout.read() if p.poll() else "")
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=30)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- observability ----
+
+def metric(text, name, labels=""):
+    """The value of one sample of a Prometheus text, None if absent."""
+    want = name + ("{%s}" % labels if labels else "")
+    for line in text.splitlines():
+        if line.split(" ")[0] == want:
+            return float(line.split()[-1])
+    return None
+
+
+class Observability(unittest.TestCase):
+    """/metrics (per key family reads, bytes, connections, batch sizes,
+    commit errors), INFO's true figures, /v1/stats's RESP side."""
+
+    def setUp(self):
+        self.srv = Server("--max-bytes", "4M").start()
+        self.r = self.srv.client()
+
+    def tearDown(self):
+        self.r.close()
+        self.srv.stop()
+        shutil.rmtree(self.srv.dir, ignore_errors=True)
+
+    def stats(self):
+        import json
+        with open(os.path.join(self.srv.dir, "http-port")) as f:
+            port = int(f.read())
+        with urllib.request.urlopen("http://127.0.0.1:%d/v1/stats" % port,
+                                    timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def test_reads_per_key_family(self):
+        r = self.r
+        self.assertIsNone(r.get("pt2:a"))
+        r.set("pt2:a", "1")
+        self.assertEqual(r.get("pt2:a"), b"1")
+        self.assertEqual(r.mget(["triton:x", "pt2:a", "nocolon"]),
+                         [None, b"1", None])
+        r.exists("pt2:a")  # not a value read: not counted
+        # 40 more families: the table learns 32 in all, the rest is other
+        for i in range(40):
+            r.get("fam%02d:k" % i)
+        t = self.srv.metrics()
+        name = "kcached_resp_key_reads_total"
+        self.assertEqual(metric(t, name, 'family="pt2",result="hit"'), 2)
+        self.assertEqual(metric(t, name, 'family="pt2",result="miss"'), 1)
+        self.assertEqual(metric(t, name, 'family="triton",result="miss"'), 1)
+        self.assertEqual(metric(t, name, 'family="triton",result="hit"'), 0)
+        self.assertEqual(metric(t, name, 'family="fam29",result="miss"'), 1)
+        self.assertIsNone(metric(t, name, 'family="fam30",result="miss"'))
+        # nocolon and fam30..fam39
+        self.assertEqual(metric(t, name, 'family="other",result="miss"'), 11)
+        families = {l.split('family="')[1].split('"')[0]
+                    for l in t.splitlines() if l.startswith(name + "{")}
+        self.assertEqual(len(families), 33)
+
+    def test_bytes_connections_batches(self):
+        t0 = self.srv.metrics()
+        r = self.r
+        r.set("k", b"x" * 10000)
+        self.assertEqual(len(r.get("k")), 10000)
+        raw(self.srv.port, b"SET a 1\r\nSET b 2\r\nSET c 3\r\n", b"+OK" * 3)
+        t = self.srv.metrics()
+        self.assertGreaterEqual(
+            metric(t, "kcached_resp_received_bytes_total") -
+            metric(t0, "kcached_resp_received_bytes_total"), 10000)
+        self.assertGreaterEqual(
+            metric(t, "kcached_resp_sent_bytes_total") -
+            metric(t0, "kcached_resp_sent_bytes_total"), 10000)
+        self.assertGreaterEqual(metric(t, "kcached_resp_connections_total"), 2)
+        self.assertGreaterEqual(metric(t, "kcached_resp_connections"), 1)
+        n = metric(t, "kcached_resp_commit_batch_ops_count")
+        self.assertGreaterEqual(n, 2)
+        self.assertEqual(metric(t, "kcached_resp_commit_batch_ops_bucket",
+                                'le="+Inf"'), n)
+        self.assertGreaterEqual(metric(t, "kcached_resp_commit_batch_ops_sum"),
+                                4)
+        # the three pipelined SETs of one read went in one commit of 3 ops
+        self.assertGreaterEqual(
+            metric(t, "kcached_resp_commit_batch_ops_bucket", 'le="5"') -
+            metric(t, "kcached_resp_commit_batch_ops_bucket", 'le="2"'), 1)
+        self.assertEqual(metric(t, "kcached_resp_commit_errors_total"), 0)
+
+    def test_failed_write_counts_as_error(self):
+        t0 = self.srv.metrics()
+        with self.assertRaises(redis.exceptions.ResponseError):
+            self.r.set("big", os.urandom(6 << 20))  # over --max-bytes
+        self.assertTrue(self.r.set("small", b"1"))
+        t = self.srv.metrics()
+        name = "kcached_resp_commands_total"
+        self.assertEqual(metric(t, name, 'cmd="set",result="error"') -
+                         metric(t0, name, 'cmd="set",result="error"'), 1)
+        self.assertEqual(metric(t, name, 'cmd="set",result="ok"') -
+                         metric(t0, name, 'cmd="set",result="ok"'), 1)
+
+    def test_info_true_figures(self):
+        r = self.r
+        for i in range(30):
+            r.set("e:%d" % i, "v", ex=1000)
+        for i in range(20):
+            r.set("p:%d" % i, "v")
+        r.persist("e:0")
+        r.expire("p:0", 500)
+        ks = r.info("keyspace")["db0"]
+        self.assertEqual((ks["keys"], ks["expires"]), (50, 30))
+        r.delete("e:1")
+        self.assertEqual(r.info("keyspace")["db0"]["expires"], 29)
+        mem = r.info("memory")
+        self.assertGreater(mem["used_memory_rss"], 1 << 20)
+        self.assertEqual(mem["used_memory"], 49)  # 1-byte values
+        other = self.srv.client()
+        other.ping()
+        self.assertEqual(r.info("clients")["connected_clients"], 2)
+        other.close()
+        srv = r.info("server")
+        self.assertEqual(srv["tcp_port"], self.srv.port)
+        self.assertEqual(srv["process_id"], self.srv.proc.pid)
+        self.assertGreater(r.info("stats")["total_net_input_bytes"], 0)
+
+    def test_stats_both_sides(self):
+        r = self.r
+        r.set("s:1", b"x" * 1000, ex=100)
+        r.set("s:2", b"y" * 500)
+        r.get("s:1")
+        r.get("s:nope")
+        st = self.stats()
+        self.assertEqual(st["kv_keys"], 2)
+        self.assertEqual(st["kv_expires"], 1)
+        self.assertEqual(st["kv_bytes"], 1500)
+        self.assertEqual(st["kv_hits"], 1)
+        self.assertEqual(st["kv_misses"], 1)
+        self.assertEqual(st["evicted_kv"], 0)
+        self.assertEqual(st["kv_max_bytes"], 0)
+        self.assertGreaterEqual(st["resp_clients"], 1)
+        self.assertGreaterEqual(st["bytes_used"], 1500)
+        self.assertEqual(st["bundles"], 0)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 /* test_resp_proto.c: the RESP2 parser and reply writers (server/
- * resp_proto.c). Every input is parsed whole, then fed one byte at a time
+ * resp_proto.c, RESP3's too), and the key family table (resp_family.c). Every input is parsed whole, then fed one byte at a time
  * into a buffer that is compacted between reads as the listener does: both
  * must give the same commands and errors. */
 #include <setjmp.h>
@@ -198,12 +198,103 @@ static void test_replies(void **state) {
   kcd_resp_buf_free(&b);
 }
 
+static void test_replies_resp3(void **state) {
+  (void)state;
+  kcd_resp_buf b = {0};
+  kcd_resp_nil(&b, 0);
+  kcd_resp_nil(&b, 1);
+  kcd_resp_map(&b, 2, 0);
+  kcd_resp_map(&b, 2, 1);
+  kcd_resp_map(&b, 0, 1);
+  kcd_resp_verbatim(&b, "a\r\nb", 4, 0);
+  kcd_resp_verbatim(&b, "a\r\nb", 4, 1);
+  kcd_resp_verbatim(&b, "", 0, 1);
+  static const char want[] = "$-1\r\n_\r\n*4\r\n%2\r\n%0\r\n$4\r\na\r\nb\r\n"
+                             "=8\r\ntxt:a\r\nb\r\n=4\r\ntxt:\r\n";
+  assert_int_equal(b.len, sizeof want - 1);
+  assert_memory_equal(b.p, want, sizeof want - 1);
+  kcd_resp_buf_free(&b);
+}
+
+/* ---- key families (resp_family.c) ---- */
+
+typedef struct fam_row {
+  char name[64];
+  uint64_t hits, misses;
+} fam_row;
+
+typedef struct fam_list {
+  fam_row rows[KCD_RESP_FAMILIES + 1];
+  int n;
+} fam_list;
+
+static void fam_cb(const char *name, size_t len, uint64_t hits,
+                   uint64_t misses, void *ud) {
+  fam_list *l = ud;
+  fam_row *r = &l->rows[l->n++];
+  snprintf(r->name, sizeof r->name, "%.*s", name ? (int)len : 5,
+           name ? name : "other");
+  r->hits = hits;
+  r->misses = misses;
+}
+
+static fam_row *fam_find(fam_list *l, const char *name) {
+  for (int i = 0; i < l->n; i++)
+    if (strcmp(l->rows[i].name, name) == 0)
+      return &l->rows[i];
+  return NULL;
+}
+
+static void count(kcd_resp_families *t, const char *key, int hit) {
+  kcd_resp_family_count(t, key, strlen(key), hit);
+}
+
+static void test_families(void **state) {
+  (void)state;
+  static kcd_resp_families t; /* zeroed: every slot free */
+  count(&t, "pt2:fx:abc", 1);
+  count(&t, "pt2:x", 0);
+  count(&t, "pt2", 0);          /* no ':': other */
+  count(&t, ":x", 0);           /* empty prefix: other */
+  count(&t, "a b:x", 1);        /* a space: other */
+  count(&t, "q\"uote:x", 1);    /* a label's quote: other */
+  count(&t, "other:x", 0);      /* the name of the rest: other */
+  char longk[KCD_RESP_FAMILY_MAX + 8];
+  memset(longk, 'l', sizeof longk);
+  longk[sizeof longk - 2] = ':';
+  longk[sizeof longk - 1] = '\0';
+  count(&t, longk, 0);          /* a prefix too long: other */
+  count(&t, "triton:k", 1);
+  for (int i = 0; i < 40; i++) { /* 30 more fit, 10 do not */
+    char k[32];
+    snprintf(k, sizeof k, "f%02d:key", i);
+    count(&t, k, i % 2);
+  }
+  fam_list l = {0};
+  kcd_resp_family_each(&t, fam_cb, &l);
+  assert_int_equal(l.n, KCD_RESP_FAMILIES + 1);
+  fam_row *r = fam_find(&l, "pt2");
+  assert_non_null(r);
+  assert_int_equal(r->hits, 1);
+  assert_int_equal(r->misses, 1);
+  assert_non_null(fam_find(&l, "triton"));
+  assert_non_null(fam_find(&l, "f29"));
+  assert_null(fam_find(&l, "f30"));
+  r = fam_find(&l, "other");
+  assert_ptr_equal(r, &l.rows[l.n - 1]); /* listed last */
+  /* pt2, :x, other:x, long, f30..f39 (5 even: misses) / a b, q"uote,
+   * f31..f39 odd (5: hits) */
+  assert_int_equal(r->misses, 4 + 5);
+  assert_int_equal(r->hits, 2 + 5);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_multibulk), cmocka_unit_test(test_binary),
       cmocka_unit_test(test_inline),    cmocka_unit_test(test_errors),
       cmocka_unit_test(test_too_big_lines), cmocka_unit_test(test_want),
       cmocka_unit_test(test_ll),        cmocka_unit_test(test_replies),
+      cmocka_unit_test(test_replies_resp3), cmocka_unit_test(test_families),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
