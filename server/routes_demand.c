@@ -47,6 +47,20 @@ static kc_err parse_dims(json_t *o, const char *what, char *text, char *err) {
   return KC_OK;
 }
 
+/* count: absent (1), or an integer in 1..COUNT_MAX. */
+static kc_err parse_count(json_t *c, const char *what, uint64_t *out,
+                          char *err) {
+  *out = 1;
+  if (!c)
+    return KC_OK;
+  json_int_t x = json_integer_value(c);
+  if (!json_is_integer(c) || x < 1 || (uint64_t)x > KC_STORE_DEMAND_COUNT_MAX)
+    return kc_errf(err, KC_EINVAL, "%s.count: not an integer in 1..%llu",
+                   what, KC_STORE_DEMAND_COUNT_MAX);
+  *out = (uint64_t)x;
+  return KC_OK;
+}
+
 /* A shape element: {"batch":8,...}, or {"shape":{...},"count":n}. */
 static kc_err parse_shape(json_t *v, const char *what, dentry *d, char *err) {
   if (!json_is_object(v))
@@ -60,27 +74,33 @@ static kc_err parse_shape(json_t *v, const char *what, dentry *d, char *err) {
     return kc_errf(err, KC_EINVAL,
                    "%s: a counted shape has only \"shape\" and \"count\"",
                    what);
-  if (c) {
-    json_int_t x = json_integer_value(c);
-    if (!json_is_integer(c) || x < 1 ||
-        (uint64_t)x > KC_STORE_DEMAND_COUNT_MAX)
-      return kc_errf(err, KC_EINVAL, "%s.count: not an integer in 1..%llu",
-                     what, KC_STORE_DEMAND_COUNT_MAX);
-    d->count = (uint64_t)x;
-  }
+  kc_err e = parse_count(c, what, &d->count, err);
+  if (e)
+    return e;
   char w[64];
   snprintf(w, sizeof w, "%s.shape", what);
   return parse_dims(inner, w, d->text, err);
 }
 
-/* A miss: a key (64 hex) or a shape as above. */
+/* A miss: a key (64 hex), {"key":hex,"count":n}, or a shape as above. */
 static kc_err parse_miss(json_t *v, const char *what, dentry *d, char *err) {
-  if (!json_is_string(v)) {
+  json_t *k = json_object_get(v, "key"), *c = json_object_get(v, "count");
+  if (json_is_string(k)) {
+    if (json_object_size(v) != 1 + (c != NULL))
+      return kc_errf(err, KC_EINVAL,
+                     "%s: a counted key has only \"key\" and \"count\"",
+                     what);
+    kc_err e = parse_count(c, what, &d->count, err);
+    if (e)
+      return e;
+    v = k;
+  } else if (!json_is_string(v)) {
     d->kind = KC_DEMAND_MISS_SHAPE;
     return parse_shape(v, what, d, err);
+  } else {
+    d->count = 1;
   }
   d->kind = KC_DEMAND_MISS_KEY;
-  d->count = 1;
   if (!kc_is_hex64(json_string_value(v)))
     return kc_errf(err, KC_BAD_KEY, "%s: a key must be 64 lowercase hex digits",
                    what);
