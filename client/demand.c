@@ -430,3 +430,24 @@ void kc_demand_warm_report(kc_client *c, const kc_warmup *w,
   }
   pthread_mutex_unlock(&d->lock);
 }
+
+kc_err kc_client_demand_get(kc_client *c, const char *model, char **json,
+                            char *err) {
+  char path[128];
+  kcc_http_resp r;
+  *json = NULL;
+  if (!kc_is_hex64(model))
+    return kc_errf(err, KC_EINVAL, "model: must be 64 lowercase hex digits");
+  snprintf(path, sizeof path, "/v1/models/%s/demand", model);
+  kc_err e = kcc_http_do(c, "GET", path, NULL, 0, &r, err);
+  if (e)
+    return e;
+  if (r.status != 200)
+    e = kcc_http_error(&r, path, err);
+  else if (!(*json = r.body ? r.body : strdup("")))
+    e = kc_errf(err, KC_NOMEM, "out of memory");
+  else
+    r.body = NULL; /* handed to the caller */
+  kcc_http_resp_free(&r);
+  return e;
+}

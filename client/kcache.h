@@ -381,6 +381,11 @@ void kc_demand_get_stats(kc_client *c, kc_demand_stats *out);
  * them count as misses. Sent with the next batch or at kc_client_free. */
 void kc_demand_warm_report(kc_client *c, const kc_warmup *w,
                            const kc_warm_report *r);
+/* GET /v1/models/{model}/demand: the model's histogram as JSON
+ * ({"model","total","dropped","updated","shapes":[{"shape","count"}],
+ * "misses":[{"key"|"shape","count"}]}); *json malloc'd, the caller frees. */
+kc_err kc_client_demand_get(kc_client *c, const char *model, char **json,
+                            char *err);
 
 /* ---- Helpers ---- */
 

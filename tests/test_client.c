@@ -2251,6 +2251,82 @@ static void test_demand_server_down(void **state) {
   assert_true(kc_testsrv_now_ms() - t0 < 3000);
 }
 
+/* kcache suggest end to end: shapes noted through libkcache, the CLI reads
+ * them back from kcached, prints padding before and after, writes a valid
+ * manifest with the suggested buckets, and warm takes it. */
+static void test_suggest_cli(void **state) {
+  fx *f = *state;
+  char w[400], w2[400], out[8192], err[KC_ERRBUF_SIZE];
+  start_server(f);
+  kc_client *c = client_for(f->cache, f->srv.url);
+  static const struct { uint64_t batch, seq; int n; } seen[] = {
+      {1, 100, 50}, {2, 120, 30}, {3, 900, 20}, {8, 1000, 5}};
+  for (size_t i = 0; i < 4; i++) {
+    kc_bucket b = {.n = 2, .dims = {{"batch", seen[i].batch},
+                                    {"seq", seen[i].seq}}};
+    for (int j = 0; j < seen[i].n; j++)
+      assert_int_equal(kc_demand_note(c, MODEL, &b), KC_OK);
+  }
+  kc_bucket other = {.n = 1, .dims = {{"tokens", 5}}};
+  assert_int_equal(kc_demand_note(c, MODEL, &other), KC_OK);
+  assert_int_equal(kc_demand_flush(c, 5000, err), KC_OK);
+  kc_client_free(c);
+  free(demand_body(f, 106));
+  snprintf(w, sizeof w, "%s/w.json", f->dir);
+  snprintf(w2, sizeof w2, "%s/w2.json", f->dir);
+  write_text(w,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
+             "\"hash\":\"%s\"},\"archs\":[\"sm_90a\"],\"builder\":{"
+             "\"command\":[\"sh\",\"-c\",\"printf x > {out}/k.bin\"]},"
+             "\"buckets\":[{\"batch\":1,\"seq\":128},{\"batch\":8,"
+             "\"seq\":512}]}",
+             MODEL);
+  int rc = run_cli(out, sizeof out,
+                   "suggest --url %s --manifest %s --buckets 2 --out %s",
+                   f->srv.url, w, w2);
+  print_message("%s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "105 runs of 4 distinct shapes (batch,seq); "
+                              "1 runs of other dimensions ignored"));
+  assert_non_null(strstr(out, "before: 2 buckets, padding 13340 (166.75 per "
+                              "run), 25 runs beyond every bucket"));
+  assert_non_null(strstr(out, "after:  3 buckets, padding 3130"));
+  kc_warmup *wu = NULL;
+  assert_int_equal(kc_warmup_load(w2, &wu, err), KC_OK);
+  assert_int_equal(wu->n_buckets, 3);
+  char label[256];
+  kc_bucket_label(&wu->buckets[0], label, sizeof label);
+  assert_string_equal(label, "batch=3,seq=120");
+  kc_bucket_label(&wu->buckets[2], label, sizeof label);
+  assert_string_equal(label, "batch=8,seq=1000");
+  assert_int_equal(wu->n_command, 3); /* the rest is kept */
+  kc_warmup_free(wu);
+  /* Enough buckets: no padding. */
+  rc = run_cli(out, sizeof out, "suggest --url %s %s", f->srv.url, MODEL);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "after:  4 buckets, padding 0 "));
+  /* Then warm takes the suggested manifest. */
+  rc = run_cli(out, sizeof out, "warm --url %s --cache-dir %s %s --quiet",
+               f->srv.url, f->cache, w2);
+  assert_int_equal(rc, 0);
+  rc = run_cli(out, sizeof out, "ls --url %s %s", f->srv.url, MODEL);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "\"seq\":120"));
+  /* Usage errors. */
+  assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --out %s %s",
+                           f->srv.url, w2, MODEL), 2);
+  assert_int_equal(run_cli(out, sizeof out, "suggest --url %s abc",
+                           f->srv.url), 2);
+  assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --buckets 0 %s",
+                           f->srv.url, MODEL), 2);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "suggest --url %s --manifest %s "
+                           "11111111111111111111111111111111"
+                           "11111111111111111111111111111111",
+                           f->srv.url, w), 2);
+  assert_non_null(strstr(out, "not the manifest's model.hash"));
+}
+
 int main(void) {
   /* Commands run without --cache-dir must not touch ~/.cache. */
   char home_cache[256];
@@ -2309,6 +2385,7 @@ int main(void) {
       T(test_command_builder_symlinks),
       T(test_demand_note),
       T(test_demand_server_down),
+      T(test_suggest_cli),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();
