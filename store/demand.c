@@ -290,9 +290,16 @@ static size_t merge(ent *e, size_t n, uint64_t *dropped) {
     }
   }
   qsort(e, m, sizeof *e, cmp_count);
-  for (size_t i = KC_STORE_DEMAND_ENTRIES; i < m; i++)
-    *dropped += e[i].count;
-  return m < KC_STORE_DEMAND_ENTRIES ? m : KC_STORE_DEMAND_ENTRIES;
+  /* Keep the most counted, within both the entry and the byte bound (long
+   * dimension names must not make a record megabytes). */
+  size_t keep = 0, bytes = sizeof(kcs_demand_head);
+  while (keep < m && keep < KC_STORE_DEMAND_ENTRIES &&
+         bytes + ENT_HEAD + e[keep].len <= KC_STORE_DEMAND_RECORD_BYTES)
+    bytes += ENT_HEAD + e[keep++].len;
+  for (size_t i = keep; i < m; i++)
+    *dropped = *dropped > UINT64_MAX - e[i].count ? UINT64_MAX
+                                                  : *dropped + e[i].count;
+  return keep;
 }
 
 static void *rec_encode(const kcs_demand_head *h, const ent *e, size_t *len) {

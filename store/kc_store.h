@@ -503,12 +503,14 @@ kc_err kc_store_kv_expire_step(kc_store *s, int64_t now_ms, size_t max,
  * one transaction. Everything is bounded: at most KC_STORE_DEMAND_PENDING
  * distinct entries (from at most KC_STORE_DEMAND_PENDING_MODELS models) wait
  * in memory, and beyond that adds are dropped and counted; on disk at most
- * KC_STORE_DEMAND_ENTRIES entries per model (the least counted are dropped,
- * their counts added to the model's `dropped`) and KC_STORE_DEMAND_MODELS
- * models (a new model replaces the one with the smallest total). */
+ * KC_STORE_DEMAND_ENTRIES entries and KC_STORE_DEMAND_RECORD_BYTES per model
+ * (the least counted are dropped, their counts added to the model's
+ * `dropped`) and KC_STORE_DEMAND_MODELS models (a new model replaces the one
+ * with the smallest total): at most 128 MiB in all. */
 
 #define KC_STORE_DEMAND_ENTRIES 4096
 #define KC_STORE_DEMAND_MODELS 1024
+#define KC_STORE_DEMAND_RECORD_BYTES (128 * 1024)
 #define KC_STORE_DEMAND_PENDING 16384
 #define KC_STORE_DEMAND_PENDING_MODELS 256
 #define KC_STORE_DEMAND_COUNT_MAX 4294967295ULL /* one add's count */

@@ -280,6 +280,39 @@ static void t_demand_hostile_shapes(void **state) {
   json_decref(j);
 }
 
+/* Long dimension names: the record stays within its byte bound (128 KiB), so
+ * fewer than 4096 such shapes are kept. */
+static void t_demand_hostile_bytes(void **state) {
+  (void)state;
+  static const char model[] =
+      "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
+  size_t cap = 1000 * 700 + 200, n;
+  char *b = malloc(cap);
+  assert_non_null(b);
+  n = (size_t)snprintf(b, cap, "{\"model\":\"%s\",\"shapes\":[", model);
+  for (int i = 0; i < 1000; i++) {
+    n += (size_t)snprintf(b + n, cap - n, "%s{", i ? "," : "");
+    for (int d = 0; d < 16; d++)
+      n += (size_t)snprintf(b + n, cap - n,
+                            "%s\"dimension_with_a_long_name_%02d\":%d",
+                            d ? "," : "", d, d ? d : 1000000 + i);
+    n += (size_t)snprintf(b + n, cap - n, "}");
+  }
+  snprintf(b + n, cap - n, "]}");
+  resp r = demand_post(&S, NULL, b);
+  free(b);
+  assert_int_equal(r.status, 200);
+  resp_free(&r);
+  json_t *j = await_total(&S, NULL, model, 1000);
+  assert_int_equal(total_of(j), 1000);
+  size_t kept = json_array_size(json_object_get(j, "shapes"));
+  print_message("kept %zu of 1000 long shapes\n", kept);
+  assert_true(kept > 100 && kept < 400);
+  assert_int_equal(json_integer_value(json_object_get(j, "dropped")),
+                   1000 - (json_int_t)kept);
+  json_decref(j);
+}
+
 /* More models than are kept: at most 1024 have a histogram. */
 static void t_demand_hostile_models(void **state) {
   (void)state;
@@ -315,6 +348,7 @@ int main(void) {
       cmocka_unit_test(t_demand_counts),
       cmocka_unit_test(t_demand_bad),
       cmocka_unit_test(t_demand_hostile_shapes),
+      cmocka_unit_test(t_demand_hostile_bytes),
       cmocka_unit_test(t_demand_hostile_models),
   };
   const struct CMUnitTest own[] = {
