@@ -17,6 +17,14 @@ typedef struct dentry {
   char text[KC_STORE_DEMAND_TEXT_MAX + 1];
 } dentry;
 
+/* name cut to 32 bytes, non-printable bytes as '?' (messages quote it). */
+static void clean(const char *name, char out[KC_NAME_MAX + 1]) {
+  size_t i = 0;
+  for (; name[i] && i < KC_NAME_MAX; i++)
+    out[i] = name[i] > ' ' && name[i] < 127 ? name[i] : '?';
+  out[i] = '\0';
+}
+
 /* A bucket object {"name":int,...} into canonical text. */
 static kc_err parse_dims(json_t *o, const char *what, char *text, char *err) {
   kc_bucket b;
@@ -27,14 +35,16 @@ static kc_err parse_dims(json_t *o, const char *what, char *text, char *err) {
   const char *name;
   json_t *v;
   json_object_foreach(o, name, v) {
+    char shown[KC_NAME_MAX + 1];
+    clean(name, shown);
     if (strlen(name) > KC_NAME_MAX)
-      return kc_errf(err, KC_EINVAL, "%s: name '%.40s' is over 32 bytes",
-                     what, name);
+      return kc_errf(err, KC_EINVAL, "%s: name '%s...' is over 32 bytes",
+                     what, shown);
     json_int_t x = json_integer_value(v);
     if (!json_is_integer(v) || x < 0 ||
         (uint64_t)x > KC_BUCKET_VALUE_MAX)
-      return kc_errf(err, KC_EINVAL, "%s.%.32s: not an integer in 0..2^53",
-                     what, name);
+      return kc_errf(err, KC_EINVAL, "%s.%s: not an integer in 0..2^53",
+                     what, shown);
     kc_dim *d = &b.dims[b.n++];
     memcpy(d->name, name, strlen(name) + 1);
     d->value = (uint64_t)x;

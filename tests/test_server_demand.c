@@ -143,6 +143,8 @@ static void t_demand_bad(void **state) {
        "misses[0]"},
       {"{\"model\":\"" MODEL_A "\",\"misses\":[{\"seq\":-4}]}", "bad_request",
        "misses[0].seq"},
+      {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"a\\nb\":-1}]}",
+       "bad_request", "shapes[0].a?b: not an integer"},
       {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"a\":1,\"a\":2}]}",
        "bad_json", "duplicate"},
   };
