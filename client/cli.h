@@ -63,5 +63,6 @@ int kcli_cmd_ls(int argc, char **argv);
 int kcli_cmd_stat(int argc, char **argv);
 int kcli_cmd_hash(int argc, char **argv);
 int kcli_cmd_verify(int argc, char **argv);
+int kcli_cmd_suggest(int argc, char **argv);
 
 #endif

@@ -24,6 +24,7 @@ static const char usage_head[] =
     "  stat             server statistics\n"
     "  hash FILE...     model hash of weight and config files\n"
     "  verify MANIFEST  load every cubin of a model on this host's GPU\n"
+    "  suggest [MODEL]  buckets that fit the shapes a model ran (demand)\n"
     "\n"
     "`kcache COMMAND --help` for a command's options. Every command takes\n"
     "these (an option wins over its environment variable):\n";
@@ -64,7 +65,8 @@ static const command commands[] = {
     {"pull", kcli_cmd_pull}, {"get", kcli_cmd_get},
     {"put", kcli_cmd_put},   {"key", kcli_cmd_key},
     {"ls", kcli_cmd_ls},     {"stat", kcli_cmd_stat},
-    {"hash", kcli_cmd_hash}, {"verify", kcli_cmd_verify}};
+    {"hash", kcli_cmd_hash}, {"verify", kcli_cmd_verify},
+    {"suggest", kcli_cmd_suggest}};
 
 int main(int argc, char **argv) {
   if (argc < 2) {

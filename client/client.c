@@ -205,6 +205,7 @@ kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err) {
 void kc_client_free(kc_client *c) {
   if (!c)
     return;
+  kcc_demand_free(c); /* before the handle's fields go */
   if (c->easy)
     curl_easy_cleanup(c->easy);
   if (c->multi)

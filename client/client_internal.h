@@ -3,6 +3,7 @@
 #define KCC_CLIENT_INTERNAL_H
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include <curl/curl.h>
@@ -27,11 +28,18 @@ struct kc_client {
   long request_cap_ms;   /* > 0: one request's most (kc_warm's lookup) */
   size_t answer_max;     /* > 0: the largest answer kcc_http_do takes
                             (kc_client_blob_get: any); 0: KCC_ANSWER_MAX */
+  _Atomic(struct kcc_demand *) demand; /* demand.c; NULL until first used */
 };
 
 /* JSON answers (manifests, lookups of 4096 keys, stats) above this are a
  * server gone wrong: cut off rather than held in memory. */
 #define KCC_ANSWER_MAX ((size_t)256 << 20)
+
+/* ---- demand.c ---- */
+
+#define KCC_DEMAND_FREE_MS 1000 /* the last send's bound at kc_client_free */
+/* Stops the sender thread, sends what is left, frees (kc_client_free). */
+void kcc_demand_free(kc_client *c);
 
 /* ---- transport.c ---- */
 

@@ -340,6 +340,53 @@ kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w,
                       const kc_bucket *bucket, const char *arch,
                       kc_manifest **out, char *err);
 
+/* ---- Demand feedback (demand.c) ----
+ *
+ * What a service ran and what it missed, for kcached's per-model histogram
+ * (POST /v1/demand) and `kcache suggest`, so that buckets follow traffic.
+ * Cheap and safe on a hot path: a note is counted in memory (a mutex, no
+ * I/O); a background thread per client, started by the first note, sends the
+ * counts in batches every 2 s (sooner when half the buffer is used) on its
+ * own connection. Nothing here fails or blocks the caller on the network:
+ * a send that fails is counted (kc_demand_stats.failed) and dropped. */
+
+#define KC_DEMAND_BUFFER 4096 /* distinct entries held between sends */
+
+typedef struct kc_demand_stats {
+  uint64_t noted;   /* counts buffered */
+  uint64_t sent;    /* counts kcached accepted */
+  uint64_t dropped; /* counts refused because the buffer was full */
+  uint64_t failed;  /* counts whose POST failed */
+} kc_demand_stats;
+
+/* Notes one run of model (64 hex) at shape (the actual sizes, not padded):
+ * 1..16 dims named [a-z][a-z0-9_]{0,31}, values 0..2^53. When kc_warm ran
+ * for this model on c, a shape that none of the warmup's buckets holds (one
+ * with the same dimensions and every value >= the shape's) is also counted as
+ * a miss. KC_OK counted (also when c has no server: then nothing is kept);
+ * KC_BUSY the buffer is full, dropped and counted; KC_EINVAL a bad shape or
+ * model; KC_NOMEM. Threads: unlike the rest of kc_client, any number of
+ * threads may call it at once, and while another thread uses c. */
+kc_err kc_demand_note(kc_client *c, const char *model, const kc_bucket *shape);
+/* Sends what is buffered now, each POST bounded by timeout_ms (<= 0: 1 s).
+ * The first failure, or KC_OK. kc_client_free does this with 1 s. Threads:
+ * like kc_demand_note. */
+kc_err kc_demand_flush(kc_client *c, long timeout_ms, char *err);
+/* Counters since the first note. Threads: like kc_demand_note. */
+void kc_demand_get_stats(kc_client *c, kc_demand_stats *out);
+/* What kc_warm calls with its report: buffers as misses the keys it asked
+ * for and kcached did not have (built, waited, failed, or served by a
+ * compatible arch: anything but hit-local and hit-remote; none when the server
+ * was down), and remembers w's buckets so that later notes of a shape beyond
+ * them count as misses. Sent with the next batch or at kc_client_free. */
+void kc_demand_warm_report(kc_client *c, const kc_warmup *w,
+                           const kc_warm_report *r);
+/* GET /v1/models/{model}/demand: the model's histogram as JSON
+ * ({"model","total","dropped","updated","shapes":[{"shape","count"}],
+ * "misses":[{"key"|"shape","count"}]}); *json malloc'd, the caller frees. */
+kc_err kc_client_demand_get(kc_client *c, const char *model, char **json,
+                            char *err);
+
 /* ---- Helpers ---- */
 
 /* Model hash of files (weights, config): SHA-256 of the lines

@@ -952,6 +952,7 @@ kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
     if (x.o->out_dir)
       materialize_all(&x);
     e = summarize(&x, err);
+    kc_demand_warm_report(c, w, report); /* demand.c: misses, buckets */
   }
   teardown(&x);
   return e;

@@ -136,6 +136,8 @@ typedef enum kcd_route_id {
   KCD_R_LOOKUP,
   KCD_R_MODELS,
   KCD_R_LEASES,
+  KCD_R_DEMAND,       /* POST /v1/demand */
+  KCD_R_MODEL_DEMAND, /* GET /v1/models/{model}/demand */
   KCD_N_ROUTES
 } kcd_route_id;
 
@@ -174,6 +176,10 @@ struct kcd_route {
   const char *allow; /* the Allow header of a 405 */
   const kcd_op *ops;
   size_t n_ops;
+  /* With a param: the path must also end with this after it (NULL: none).
+   * Routes with a suffix are tried first, so "/v1/models/{m}/demand" is not
+   * taken for "/v1/models/{m}". */
+  const char *suffix;
 };
 
 /* Finds the route of a path (NULL: unknown) and copies its param, truncated
@@ -506,5 +512,10 @@ int kcd_models_get(kcd_req *r);
 
 int kcd_lease_post(kcd_req *r);
 int kcd_lease_delete(kcd_req *r);
+
+/* ---- demand (routes_demand.c) ---- */
+
+int kcd_demand_post(kcd_req *r);
+int kcd_demand_get(kcd_req *r);
 
 #endif

@@ -212,6 +212,8 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   kc_err e = kc_store_flush(s);
   if (e)
     kcd_log(st, "error", "flushing last-use records: %s", kc_strerror(e));
+  if ((e = kc_store_demand_flush(s, NULL))) /* demand reports, batched */
+    kcd_log(st, "error", "writing demand reports: %s", kc_strerror(e));
   disk_watch(st, s);
   if (now - *last_gc >= GC_EVERY_S) {
     char err[KC_ERRBUF_SIZE] = "";

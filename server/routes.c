@@ -46,6 +46,12 @@ static const kcd_op models_ops[] = {
 static const kcd_op lease_ops[] = {
     {KCD_M_POST, W, 1, KCD_BODY_JSON, NULL, NULL, kcd_lease_post},
     {KCD_M_DELETE, W, 0, KCD_BODY_NONE, NULL, NULL, kcd_lease_delete}};
+/* Demand is telemetry a service's read token may send; the store bounds it. */
+static const kcd_op demand_ops[] = {
+    {KCD_M_POST, R, 1, KCD_BODY_JSON, NULL, NULL, kcd_demand_post}};
+static const kcd_op model_demand_ops[] = {
+    {KCD_M_GET, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_demand_get},
+    {KCD_M_HEAD, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_demand_get}};
 
 #define OPS(a) a, sizeof a / sizeof a[0]
 /* Entries sit at their id, so that an id finds its route (and name) at once;
@@ -53,7 +59,8 @@ static const kcd_op lease_ops[] = {
 #define ROUTE(id, ...) [id] = {id, __VA_ARGS__}
 
 /* docs/DESIGN.md's HTTP API. No path is a prefix of another, so the order in which
- * kcd_route_find tries them does not matter. */
+ * kcd_route_find tries them does not matter (routes with a suffix, tried
+ * first, are told apart by it). */
 static const kcd_route routes[KCD_N_ROUTES] = {
     ROUTE(KCD_R_HEALTHZ, "healthz", "/healthz", KCD_P_NONE, "GET, HEAD",
           OPS(healthz_ops)),
@@ -73,13 +80,32 @@ static const kcd_route routes[KCD_N_ROUTES] = {
           OPS(models_ops)),
     ROUTE(KCD_R_LEASES, "leases", "/v1/leases/", KCD_P_KEY, "POST, DELETE",
           OPS(lease_ops)),
+    ROUTE(KCD_R_DEMAND, "demand", "/v1/demand", KCD_P_NONE, "POST",
+          OPS(demand_ops)),
+    ROUTE(KCD_R_MODEL_DEMAND, "model_demand", "/v1/models/", KCD_P_MODEL,
+          "GET, HEAD", OPS(model_demand_ops), "/demand"),
 };
+
+/* A route with a suffix: url is path + param + suffix. */
+static int match_suffix(const kcd_route *rt, const char *url, char *param,
+                        size_t cap) {
+  size_t n = strlen(rt->path), u = strlen(url), x = strlen(rt->suffix);
+  if (u <= n + x || strncmp(url, rt->path, n) ||
+      strcmp(url + u - x, rt->suffix))
+    return 0;
+  snprintf(param, cap, "%.*s", (int)(u - n - x), url + n);
+  return 1;
+}
 
 const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
   param[0] = '\0';
+  for (size_t i = 0; i < KCD_N_ROUTES; i++)
+    if (routes[i].path && routes[i].suffix &&
+        match_suffix(&routes[i], url, param, cap))
+      return &routes[i];
   for (size_t i = 0; i < KCD_N_ROUTES; i++) {
     const kcd_route *rt = &routes[i];
-    if (!rt->path)
+    if (!rt->path || rt->suffix)
       continue;
     size_t n = strlen(rt->path);
     if (rt->param == KCD_P_NONE) {

@@ -517,4 +517,75 @@ kc_err kc_store_kv_count(kc_store *s, uint64_t *n);
 kc_err kc_store_kv_expire_step(kc_store *s, int64_t now_ms, size_t max,
                                size_t *removed, char *err);
 
+/* ---- Demand (demand.c): the shapes clients saw and what they missed ----
+ *
+ * Telemetry from services (POST /v1/demand): per model, a histogram of the
+ * shapes it ran and of what it asked for and did not find. Adds only count in
+ * memory (no write transaction); kc_store_demand_flush, called once a second
+ * by kcached's maintenance tick, merges them into the "demand" database in
+ * one transaction. Everything is bounded: at most KC_STORE_DEMAND_PENDING
+ * distinct entries (from at most KC_STORE_DEMAND_PENDING_MODELS models) wait
+ * in memory, and beyond that adds are dropped and counted; on disk at most
+ * KC_STORE_DEMAND_ENTRIES entries and KC_STORE_DEMAND_RECORD_BYTES per model
+ * (the least counted are dropped, their counts added to the model's
+ * `dropped`) and KC_STORE_DEMAND_MODELS models (a new model replaces the one
+ * with the smallest total): at most 128 MiB in all. */
+
+#define KC_STORE_DEMAND_ENTRIES 4096
+#define KC_STORE_DEMAND_MODELS 1024
+#define KC_STORE_DEMAND_RECORD_BYTES (128 * 1024)
+#define KC_STORE_DEMAND_PENDING 16384
+#define KC_STORE_DEMAND_PENDING_MODELS 256
+#define KC_STORE_DEMAND_COUNT_MAX 4294967295ULL /* one add's count */
+/* Longest entry text: 16 dims of "name=value," (32 + 1 + 16 + 1 bytes). */
+#define KC_STORE_DEMAND_TEXT_MAX 800
+
+typedef enum kc_store_demand_kind {
+  KC_DEMAND_SHAPE = 0,      /* a shape the service ran */
+  KC_DEMAND_MISS_SHAPE = 1, /* a shape no bucket held */
+  KC_DEMAND_MISS_KEY = 2    /* a bundle key asked for and not there */
+} kc_store_demand_kind;
+
+typedef struct kc_store_demand_item {
+  kc_store_demand_kind kind;
+  /* Shapes: canonical "name=value,name=value" (names sorted); keys: 64 hex.
+   * Owned by the kc_store_demand it is in. */
+  const char *text;
+  uint64_t count;
+} kc_store_demand_item;
+
+typedef struct kc_store_demand {
+  uint64_t total;   /* every count ever added, dropped ones included */
+  uint64_t dropped; /* counts of entries dropped to keep the bound */
+  int64_t updated;  /* unix seconds of the last flush that touched it */
+  size_t n;
+  kc_store_demand_item *items; /* count descending, then kind, then text */
+} kc_store_demand;
+
+/* Checks a shape by the bucket rules (1..16 dims, names [a-z][a-z0-9_]{0,31},
+ * unique, values 0..2^53) and writes its canonical text into text
+ * (KC_STORE_DEMAND_TEXT_MAX + 1 bytes). KC_EINVAL with a sentence. */
+kc_err kc_store_demand_shape_text(const kc_bucket *shape, char *text,
+                                  char *err);
+/* Parses canonical text back into a bucket. KC_EINVAL if it is not one. */
+kc_err kc_store_demand_shape_parse(const char *text, kc_bucket *out);
+/* Counts one entry for model (64 hex) in memory. text: a shape's canonical
+ * text, or a key (64 hex) for KC_DEMAND_MISS_KEY; count 1..COUNT_MAX.
+ * KC_BUSY when the pending table is full (dropped: nothing counted). Any
+ * thread; never a write transaction. */
+kc_err kc_store_demand_add(kc_store *s, const char *model,
+                           kc_store_demand_kind kind, const char *text,
+                           uint64_t count, char *err);
+/* Merges what is pending into the database in one write transaction. On
+ * failure the pending counts are lost (telemetry) and the error returned.
+ * Any thread; kcached's maintenance tick and kc_store_close call it. */
+kc_err kc_store_demand_flush(kc_store *s, char *err);
+/* Adds dropped since open because the pending table was full. */
+uint64_t kc_store_demand_dropped(kc_store *s);
+/* The model's histogram as last flushed; an unknown model gives n = 0.
+ * *out is filled and owned by the caller (kc_store_demand_free). */
+kc_err kc_store_demand_get(kc_store *s, const char *model,
+                           kc_store_demand *out, char *err);
+void kc_store_demand_free(kc_store_demand *d);
+
 #endif

@@ -23,6 +23,10 @@
  *   kvexp     be64(expire_ms) hex -> "" : RESP keys with an expiry, soonest
  *             first (kc_store_kv_expire_step walks it)
  *   meta      also "kv_bytes" -> u64: the value bytes RESP keys reference
+ *   demand    model hex -> kcs_demand_head + entries (demand.c): the
+ *             model's histogram of shapes and misses; each entry is u64
+ *             count, u8 kind, u16 length, then that many bytes of text
+ *             (packed, host-endian), count descending
  * Records are host-endian structs (an LMDB file is not portable across
  * architectures anyway); be64 prefixes make LMDB's byte order the time order.
  */
@@ -87,6 +91,9 @@ struct kc_store {
   MDB_dbi blobs, blobmeta, orphans, bundles, bundlemeta, models, lru, meta;
   MDB_dbi s3queue, s3pend, s3dead;
   MDB_dbi kv, kvlru, kvexp; /* RESP keys (kv.c) */
+  MDB_dbi demand;           /* demand histograms (demand.c) */
+  /* demand.c's pending counts: made at the first add (NULL before). */
+  _Atomic(struct kcs_demand *) demand_pending;
   uint64_t kv_max_bytes;
   kcs_uses kvuses; /* last uses of RESP keys, by hex(sha256(key)), in ms */
   _Atomic uint64_t kv_hits, kv_misses, evicted_kv;
@@ -114,6 +121,17 @@ struct kc_store {
   uint64_t n_open;
   _Atomic uint64_t readers_full;
 };
+
+/* The head of a demand record. */
+typedef struct kcs_demand_head {
+  uint32_t version; /* 1 */
+  uint32_t n;       /* entries that follow */
+  uint64_t total, dropped;
+  int64_t updated;
+} kcs_demand_head;
+
+/* demand.c: flushes what is pending and frees it (kc_store_close). */
+void kcs_demand_close(kc_store *s);
 
 struct kc_store_read {
   kc_store *s;

@@ -2117,6 +2117,216 @@ static void test_command_builder_symlinks(void **state) {
   kc_client_free(c);
 }
 
+/* ---- issue 17: demand feedback (kc_demand_note against a real kcached) ---- */
+
+/* GET /v1/models/MODEL/demand's body (malloc'd) once its total reaches want,
+ * or after 8 s. */
+static char *demand_body(fx *f, uint64_t want) {
+  long end = kc_testsrv_now_ms() + 8000;
+  for (;;) {
+    kc_testsrv_resp r = kc_testsrv_http(
+        NULL, f->srv.url, "/v1/models/" MODEL "/demand", (kc_testsrv_req){0});
+    assert_int_equal(r.status, 200);
+    const char *t = strstr(r.body, "\"total\":");
+    assert_non_null(t);
+    if (strtoull(t + 8, NULL, 10) >= want || kc_testsrv_now_ms() > end) {
+      char *b = strdup(r.body);
+      kc_testsrv_resp_free(&r);
+      return b;
+    }
+    kc_testsrv_resp_free(&r);
+    kc_testsrv_sleep_ms(100);
+  }
+}
+
+static uint64_t demand_total(const char *body) {
+  return strtoull(strstr(body, "\"total\":") + 8, NULL, 10);
+}
+
+typedef struct noter {
+  kc_client *c;
+  int n;
+} noter;
+
+static void *note_many(void *arg) {
+  noter *t = arg;
+  kc_bucket b = {.n = 1, .dims = {{"batch", 1}}};
+  for (int i = 0; i < t->n; i++)
+    if (kc_demand_note(t->c, MODEL, &b) != KC_OK)
+      return (void *)1;
+  return NULL;
+}
+
+/* Notes from several threads, a warm's missed key and the buckets it
+ * learnt (a shape beyond them is a miss), an explicit flush, the background
+ * thread's own send, the send at kc_client_free, and bad input. */
+static void test_demand_note(void **state) {
+  fx *f = *state;
+  char w[400], key[65], err[KC_ERRBUF_SIZE];
+  start_server(f);
+  kc_client *c = client_for(f->cache, f->srv.url);
+  cmd_warmup(f, "w17", "printf x > {out}/k.bin", w, sizeof w);
+  cmd_key(w, key);
+  kc_warmup *wu = NULL;
+  kc_warm_report r;
+  assert_int_equal(kc_warmup_load(w, &wu, err), KC_OK);
+  assert_int_equal(kc_warm(c, wu, NULL, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_BUILT), 1); /* asked for, not there */
+  kc_warm_report_free(&r);
+  kc_warmup_free(wu);
+  kc_bucket five = {.n = 1, .dims = {{"batch", 5}}};
+  assert_int_equal(kc_demand_note(c, MODEL, &five), KC_OK);
+  assert_int_equal(kc_demand_note(c, MODEL, &five), KC_OK);
+  pthread_t th[4];
+  noter nt = {c, 500};
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(pthread_create(&th[i], NULL, note_many, &nt), 0);
+  for (int i = 0; i < 4; i++) {
+    void *rv;
+    pthread_join(th[i], &rv);
+    assert_null(rv);
+  }
+  assert_int_equal(kc_demand_flush(c, 5000, err), KC_OK);
+  kc_demand_stats st;
+  kc_demand_get_stats(c, &st);
+  /* 2000 + 2 shapes, 2 shape misses, 1 key miss. */
+  assert_int_equal(st.noted, 2005);
+  assert_int_equal(st.sent, 2005);
+  assert_int_equal(st.dropped + st.failed, 0);
+  char *b = demand_body(f, 2005);
+  assert_int_equal(demand_total(b), 2005);
+  const char *misses = strstr(b, "\"misses\":");
+  assert_non_null(misses);
+  assert_non_null(strstr(misses, key));
+  assert_non_null(strstr(misses, "\"batch\":5"));
+  assert_null(strstr(misses, "\"batch\":1}")); /* held by the bucket */
+  assert_non_null(strstr(b, "{\"batch\":1},\"count\":2000}"));
+  free(b);
+  /* The thread sends without a flush. */
+  kc_bucket seven = {.n = 2, .dims = {{"seq", 7}, {"batch", 1}}};
+  assert_int_equal(kc_demand_note(c, MODEL, &seven), KC_OK);
+  b = demand_body(f, 2007);
+  assert_int_equal(demand_total(b), 2007);
+  free(b);
+  /* And kc_client_free sends what is left. */
+  assert_int_equal(kc_demand_note(c, MODEL, &seven), KC_OK);
+  kc_client_free(c);
+  b = demand_body(f, 2009);
+  assert_int_equal(demand_total(b), 2009);
+  free(b);
+  /* Bad input counts nothing; no server: nothing kept, no wait. */
+  c = client_for(f->cache, f->srv.url);
+  kc_bucket bad = {.n = 1, .dims = {{"Batch", 1}}};
+  assert_int_equal(kc_demand_note(c, MODEL, &bad), KC_EINVAL);
+  assert_int_equal(kc_demand_note(c, "xyz", &five), KC_EINVAL);
+  assert_int_equal(kc_demand_note(c, MODEL, NULL), KC_EINVAL);
+  kc_demand_get_stats(c, &st);
+  assert_int_equal(st.noted, 0);
+  kc_client_free(c);
+}
+
+/* A server that is down costs a note nothing, and kc_client_free at most
+ * its short timeout; the counts are reported as failed. */
+static void test_demand_server_down(void **state) {
+  fx *f = *state;
+  start_server(f);
+  char url[64];
+  snprintf(url, sizeof url, "%s", f->srv.url);
+  kc_testsrv_stop(&f->srv);
+  kc_client *c = client_for(f->cache, url);
+  kc_bucket b = {.n = 1, .dims = {{"batch", 3}}};
+  long t0 = kc_testsrv_now_ms();
+  for (int i = 0; i < 10000; i++)
+    assert_int_equal(kc_demand_note(c, MODEL, &b), KC_OK);
+  assert_true(kc_testsrv_now_ms() - t0 < 1000);
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_demand_flush(c, 500, err); /* fails, unless the thread sent it all */
+  kc_demand_stats st;
+  kc_demand_get_stats(c, &st);
+  assert_int_equal(st.failed, 10000);
+  for (int i = 0; i < 10; i++)
+    kc_demand_note(c, MODEL, &b);
+  t0 = kc_testsrv_now_ms();
+  kc_client_free(c);
+  assert_true(kc_testsrv_now_ms() - t0 < 3000);
+}
+
+/* kcache suggest end to end: shapes noted through libkcache, the CLI reads
+ * them back from kcached, prints padding before and after, writes a valid
+ * manifest with the suggested buckets, and warm takes it. */
+static void test_suggest_cli(void **state) {
+  fx *f = *state;
+  char w[400], w2[400], out[8192], err[KC_ERRBUF_SIZE];
+  start_server(f);
+  kc_client *c = client_for(f->cache, f->srv.url);
+  static const struct { uint64_t batch, seq; int n; } seen[] = {
+      {1, 100, 50}, {2, 120, 30}, {3, 900, 20}, {8, 1000, 5}};
+  for (size_t i = 0; i < 4; i++) {
+    kc_bucket b = {.n = 2, .dims = {{"batch", seen[i].batch},
+                                    {"seq", seen[i].seq}}};
+    for (int j = 0; j < seen[i].n; j++)
+      assert_int_equal(kc_demand_note(c, MODEL, &b), KC_OK);
+  }
+  kc_bucket other = {.n = 1, .dims = {{"tokens", 5}}};
+  assert_int_equal(kc_demand_note(c, MODEL, &other), KC_OK);
+  assert_int_equal(kc_demand_flush(c, 5000, err), KC_OK);
+  kc_client_free(c);
+  free(demand_body(f, 106));
+  snprintf(w, sizeof w, "%s/w.json", f->dir);
+  snprintf(w2, sizeof w2, "%s/w2.json", f->dir);
+  write_text(w,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
+             "\"hash\":\"%s\"},\"archs\":[\"sm_90a\"],\"builder\":{"
+             "\"command\":[\"sh\",\"-c\",\"printf x > {out}/k.bin\"]},"
+             "\"buckets\":[{\"batch\":1,\"seq\":128},{\"batch\":8,"
+             "\"seq\":512}]}",
+             MODEL);
+  int rc = run_cli(out, sizeof out,
+                   "suggest --url %s --manifest %s --buckets 2 --out %s",
+                   f->srv.url, w, w2);
+  print_message("%s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "105 runs of 4 distinct shapes (batch,seq); "
+                              "1 runs of other dimensions ignored"));
+  assert_non_null(strstr(out, "before: 2 buckets, padding 13340 (166.75 per "
+                              "run), 25 runs beyond every bucket"));
+  assert_non_null(strstr(out, "after:  3 buckets, padding 3130"));
+  kc_warmup *wu = NULL;
+  assert_int_equal(kc_warmup_load(w2, &wu, err), KC_OK);
+  assert_int_equal(wu->n_buckets, 3);
+  char label[256];
+  kc_bucket_label(&wu->buckets[0], label, sizeof label);
+  assert_string_equal(label, "batch=3,seq=120");
+  kc_bucket_label(&wu->buckets[2], label, sizeof label);
+  assert_string_equal(label, "batch=8,seq=1000");
+  assert_int_equal(wu->n_command, 3); /* the rest is kept */
+  kc_warmup_free(wu);
+  /* Enough buckets: no padding. */
+  rc = run_cli(out, sizeof out, "suggest --url %s %s", f->srv.url, MODEL);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "after:  4 buckets, padding 0 "));
+  /* Then warm takes the suggested manifest. */
+  rc = run_cli(out, sizeof out, "warm --url %s --cache-dir %s %s --quiet",
+               f->srv.url, f->cache, w2);
+  assert_int_equal(rc, 0);
+  rc = run_cli(out, sizeof out, "ls --url %s %s", f->srv.url, MODEL);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "\"seq\":120"));
+  /* Usage errors. */
+  assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --out %s %s",
+                           f->srv.url, w2, MODEL), 2);
+  assert_int_equal(run_cli(out, sizeof out, "suggest --url %s abc",
+                           f->srv.url), 2);
+  assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --buckets 0 %s",
+                           f->srv.url, MODEL), 2);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "suggest --url %s --manifest %s "
+                           "11111111111111111111111111111111"
+                           "11111111111111111111111111111111",
+                           f->srv.url, w), 2);
+  assert_non_null(strstr(out, "not the manifest's model.hash"));
+}
+
 int main(void) {
   /* Commands run without --cache-dir must not touch ~/.cache. */
   char home_cache[256];
@@ -2173,6 +2383,9 @@ int main(void) {
       T(test_lease_squatter),
       T(test_push_symlinks),
       T(test_command_builder_symlinks),
+      T(test_demand_note),
+      T(test_demand_server_down),
+      T(test_suggest_cli),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();
