@@ -23,6 +23,8 @@
  *   kvexp     be64(expire_ms) hex -> "" : RESP keys with an expiry, soonest
  *             first (kc_store_kv_expire_step walks it)
  *   meta      also "kv_bytes" -> u64: the value bytes RESP keys reference
+ *   warmups   model (64 hex) -> the model's warmup manifest JSON, as uploaded
+ *             (PUT /v1/models/{model}/warmup; models.c)
  * Records are host-endian structs (an LMDB file is not portable across
  * architectures anyway); be64 prefixes make LMDB's byte order the time order.
  */
@@ -87,6 +89,7 @@ struct kc_store {
   MDB_dbi blobs, blobmeta, orphans, bundles, bundlemeta, models, lru, meta;
   MDB_dbi s3queue, s3pend, s3dead;
   MDB_dbi kv, kvlru, kvexp; /* RESP keys (kv.c) */
+  MDB_dbi warmups; /* model hex -> its warmup manifest (models.c) */
   uint64_t kv_max_bytes;
   kcs_uses kvuses; /* last uses of RESP keys, by hex(sha256(key)), in ms */
   _Atomic uint64_t kv_hits, kv_misses, evicted_kv;
