@@ -219,8 +219,12 @@ function modelRow(m, now) {
     el('td', {class: 'last', title: iso(m.last_used)},
        fmtAgo(m.last_used, now)),
     el('td', {}, state.role === 'admin' ? purgeButton(m) : ''));
-  tr.addEventListener('click', () => { state.selected = m.model;
-                                       renderModels(now); loadMatrix(); });
+  tr.addEventListener('click', () => {
+    state.selected = m.model;
+    history.replaceState(null, '', '#' + m.model);
+    renderModels(now);
+    loadMatrix();
+  });
   return tr;
 }
 
@@ -328,7 +332,16 @@ async function refresh() {
   }
 }
 
+// #<64 hex> in the address picks the model whose matrix is shown (a link
+// to one model's coverage; nothing secret goes in the address).
+function fromHash() {
+  const m = /^#([0-9a-f]{64})$/.exec(location.hash);
+  if (m) state.selected = m[1];
+}
+
 function start() {
+  fromHash();
+  window.addEventListener('hashchange', () => { fromHash(); refresh(); });
   $('token-form').addEventListener('submit', (ev) => {
     ev.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, $('token-input').value.trim());
