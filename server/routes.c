@@ -69,7 +69,9 @@ static const kcd_op page_ops[] = {
 #define OPS(a) a, sizeof a / sizeof a[0]
 /* Entries sit at their id, so that an id finds its route (and name) at once;
  * the slot of KCD_R_OTHER stays empty (path NULL). */
-#define ROUTE(id, ...) [id] = {id, __VA_ARGS__}
+#define ROUTE(id, ...) [id] = {id, __VA_ARGS__, NULL}
+/* A route with a suffix after its param (/v1/models/{model}/warmup). */
+#define ROUTE_SUFFIX(id, suffix, ...) [id] = {id, __VA_ARGS__, suffix}
 
 /* DESIGN.md's HTTP API. No path is a prefix of another, except that routes
  * with a suffix (/v1/models/{model}/warmup) share their prefix with the
@@ -95,10 +97,10 @@ static const kcd_route routes[KCD_N_ROUTES] = {
           OPS(lease_ops)),
     ROUTE(KCD_R_MODEL_INDEX, "model_index", "/v1/models", KCD_P_NONE,
           "GET, HEAD", OPS(model_index_ops)),
-    ROUTE(KCD_R_WARMUP, "warmup", "/v1/models/", KCD_P_MODEL,
-          "GET, HEAD, PUT", OPS(warmup_ops), "/warmup"),
-    ROUTE(KCD_R_COVERAGE, "coverage", "/v1/models/", KCD_P_MODEL, "GET, HEAD",
-          OPS(coverage_ops), "/coverage"),
+    ROUTE_SUFFIX(KCD_R_WARMUP, "/warmup", "warmup", "/v1/models/",
+                 KCD_P_MODEL, "GET, HEAD, PUT", OPS(warmup_ops)),
+    ROUTE_SUFFIX(KCD_R_COVERAGE, "/coverage", "coverage", "/v1/models/",
+                 KCD_P_MODEL, "GET, HEAD", OPS(coverage_ops)),
     ROUTE(KCD_R_HISTORY, "history", "/v1/stats/history", KCD_P_NONE,
           "GET, HEAD", OPS(history_ops)),
     ROUTE(KCD_R_PAGE, "page", "/", KCD_P_NONE, "GET, HEAD", OPS(page_ops)),

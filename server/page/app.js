@@ -121,23 +121,29 @@ function svg(tag, attrs) {
   return e;
 }
 
-// points: [[t, y]...]; the x axis is the last hour up to now.
+// points: [[t, y]...]. The x axis ends now and spans the last hour, or
+// less while kcached has been up less than that (the history starts empty).
 function chart(box, points, now, fmtY, maxY) {
   const W = 560, H = 120, P = 28;
   const s = svg('svg', {viewBox: `0 0 ${W} ${H}`, class: 'chart',
                         role: 'img'});
   const top = maxY || Math.max(1e-9, ...points.map((p) => p[1]));
-  const x = (t) => P + (W - 2 * P) * (1 - (now - t) / 3600);
+  const span = Math.min(3600, Math.max(60, points.length ?
+                                       now - points[0][0] : 3600));
+  const x = (t) => P + (W - 2 * P) * (1 - (now - t) / span);
   const y = (v) => H - P / 2 - (H - P) * (v / top);
   s.append(svg('line', {x1: P, y1: y(0), x2: W - P, y2: y(0),
                         class: 'axis'}));
-  const label = svg('text', {x: 2, y: 12, class: 'tick'});
-  label.textContent = fmtY(top);
-  s.append(label);
-  if (!points.length) {
-    const t = svg('text', {x: W / 2, y: H / 2, class: 'empty'});
-    t.textContent = 'no data yet: the history starts with kcached';
+  const text = (x0, y0, cls, str) => {
+    const t = svg('text', {x: x0, y: y0, class: cls});
+    t.textContent = str;
     s.append(t);
+  };
+  text(2, 12, 'tick', fmtY(top));
+  text(P, H - 2, 'tick', '-' + Math.round(span / 60) + ' min');
+  text(W - P, H - 2, 'tick end', 'now');
+  if (!points.length) {
+    text(W / 2, H / 2, 'empty', 'no data yet: the history starts with kcached');
   } else {
     const pts = points.map((p) => x(p[0]).toFixed(1) + ',' +
                                   y(p[1]).toFixed(1)).join(' ');
