@@ -105,9 +105,14 @@ function renderCards(stats, hist) {
     cards.push(card('s3', 'S3 queue / errors',
                     {raw: g.s3.queue_depth, text: g.s3.queue_depth + ' / ' +
                      g.s3.errors}, g.s3.up ? 'S3 up' : 'S3 down'));
-  if (g.resp)
+  if (g.resp) {
+    const cmds = (hist.points || []).reduce((n, p) => n + p.resp_commands, 0);
     cards.push(card('resp', 'RESP keys', {raw: g.kv_keys, text: g.kv_keys +
-                    ' (' + fmtBytes(g.kv_bytes) + ')'}));
+                    ' (' + fmtBytes(g.kv_bytes) + ')'},
+                    cmds + ' RESP commands in the last hour' +
+                    (g.kv_max_bytes ? ', limit ' + fmtBytes(g.kv_max_bytes) :
+                     '')));
+  }
   $('cards').replaceChildren(...cards);
 }
 
