@@ -12,7 +12,9 @@
 #define LIST_DEFAULT 100
 #define LIST_MAX 1000
 
-static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store); }
+static kc_store *store_of(const kcd_req *r) {
+  return atomic_load(&r->st->store);
+}
 
 /* ---- coverage ---- */
 
