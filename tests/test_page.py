@@ -144,9 +144,13 @@ class Server:
             return json.loads(r.read() or b"null")
 
     def stop(self):
+        """SIGTERM; kcached must exit 0 (a sanitizer's report would not)."""
         self.proc.terminate()
-        self.proc.wait(30)
+        rc = self.proc.wait(30)
         self.log.close()
+        if rc != 0:
+            tail = open(os.path.join(self.dir, "kcached.log")).read()[-3000:]
+            fail("kcached exited %d:\n%s" % (rc, tail))
 
 
 def model_hash(s):
