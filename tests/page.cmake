@@ -3,7 +3,8 @@
 # page, the page rendered by a real headless chromium against a kcached
 # filled by `kcache warm` (test_page.py; skipped, 77, without chromium).
 add_executable(test_server_models ${CMAKE_CURRENT_LIST_DIR}/test_server_models.c)
-target_link_libraries(test_server_models PRIVATE kc_servertest Threads::Threads)
+target_link_libraries(test_server_models PRIVATE kc_servertest kc_store
+                      Threads::Threads)
 add_test(NAME server_models COMMAND test_server_models)
 set_tests_properties(server_models PROPERTIES TIMEOUT 300)
 

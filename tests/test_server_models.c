@@ -3,14 +3,17 @@
  * figures, pages), the warmup manifest (PUT, GET), coverage (present,
  * missing, building, extra), DELETE /v1/models/{model} (purge, in batches,
  * under concurrent reads), GET /v1/stats/history, GET / and its assets (CSP),
- * and every route's roles with a token file. Helpers: servertest.h. */
+ * and every route's roles with a token file; and store/models.c directly
+ * (a purge's blobs collected by gc). Helpers: servertest.h. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "kc_store.h"
 #include "servertest.h"
 
 #define M1 "d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1d1"
@@ -592,6 +595,80 @@ static void t_roles(void **state) {
   kc_testsrv_cleanup(&a);
 }
 
+/* ---- the store's side (store/models.c), directly ---- */
+
+static int count_model(const kc_store_model_info *m, void *ud) {
+  (void)m;
+  (*(int *)ud)++;
+  return 0;
+}
+
+static void store_put(kc_store *s, const char *model, uint64_t batch,
+                      char (*d)[65], uint64_t *sizes, size_t n) {
+  char key[65], err[KC_ERRBUF_SIZE];
+  char *json = kc_testsrv_manifest(model, batch, "sm_80", d, sizes, n, key);
+  kc_manifest *m = NULL;
+  assert_int_equal(kc_manifest_parse(json, strlen(json), &m, err), KC_OK);
+  int created = 0;
+  assert_int_equal(kc_store_bundle_put(s, m, &created, NULL, NULL, err),
+                   KC_OK);
+  kc_manifest_free(m);
+  free(json);
+}
+
+/* A purge leaves the blobs only its bundles used unreferenced: gc collects
+ * them after the grace period, and keeps one another model still uses; the
+ * warmup manifest goes with the purge, the store verifies. */
+static void t_store_purge_gc(void **state) {
+  (void)state;
+  char dir[] = "/tmp/kcache-models-XXXXXX", err[KC_ERRBUF_SIZE] = "";
+  assert_non_null(mkdtemp(dir));
+  kc_store *s = NULL;
+  kc_store_opts o = {.dir = dir};
+  assert_int_equal(kc_store_open(&o, &s, err), KC_OK);
+  char d[2][65];
+  uint64_t sizes[2] = {6, 7};
+  int created;
+  sha_hex("shared", 6, d[0]);
+  sha_hex("only-mp", 7, d[1]);
+  assert_int_equal(kc_store_blob_put(s, d[0], "shared", 6, &created, err), 0);
+  assert_int_equal(kc_store_blob_put(s, d[1], "only-mp", 7, &created, err),
+                   0);
+  for (uint64_t b = 1; b <= 3; b++)
+    store_put(s, MP, b, d, sizes, 2);
+  store_put(s, M1, 1, d, sizes, 1); /* M1 uses the shared blob only */
+  char *w = warmup_json(MP, "store-purge");
+  assert_int_equal(kc_store_warmup_put(s, MP, w, strlen(w), err), KC_OK);
+  free(w);
+  int n = 0;
+  char next[65];
+  assert_int_equal(kc_store_models_list(s, NULL, 10, count_model, &n, next,
+                                        err), KC_OK);
+  assert_int_equal(n, 2);
+  assert_string_equal(next, "");
+  n = 0; /* a page of one: next names it */
+  assert_int_equal(kc_store_models_list(s, NULL, 1, count_model, &n, next,
+                                        err), KC_OK);
+  assert_int_equal(n, 1);
+  assert_true(kc_is_hex64(next));
+  size_t removed = 0;
+  assert_int_equal(kc_store_model_purge(s, MP, &removed, err), KC_OK);
+  assert_int_equal(removed, 3);
+  char *got = NULL;
+  size_t len = 0;
+  assert_int_equal(kc_store_warmup_get(s, MP, &got, &len, NULL),
+                   KC_NOT_FOUND);
+  assert_int_equal(kc_store_gc(s, (int64_t)time(NULL) + 7200, err),
+                   KC_OK);
+  assert_int_equal(kc_store_blob_has(s, d[1], NULL), KC_NOT_FOUND);
+  assert_int_equal(kc_store_blob_has(s, d[0], NULL), KC_OK);
+  assert_int_equal(kc_store_verify(s, err), KC_OK);
+  kc_store_close(s);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest api[] = {
       cmocka_unit_test(t_models_list),
@@ -604,6 +681,7 @@ int main(void) {
   const struct CMUnitTest own[] = {
       cmocka_unit_test(t_history),
       cmocka_unit_test(t_roles),
+      cmocka_unit_test(t_store_purge_gc),
   };
   servertest_init();
   int fails = 0;
