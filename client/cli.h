@@ -59,7 +59,8 @@ int kcli_cmd_pull(int argc, char **argv);
 int kcli_cmd_get(int argc, char **argv);
 int kcli_cmd_put(int argc, char **argv);
 int kcli_cmd_key(int argc, char **argv);
-int kcli_cmd_ls(int argc, char **argv);
+int kcli_cmd_ls(int argc, char **argv); /* cli_models.c */
+int kcli_cmd_purge(int argc, char **argv);
 int kcli_cmd_stat(int argc, char **argv);
 int kcli_cmd_hash(int argc, char **argv);
 int kcli_cmd_verify(int argc, char **argv);

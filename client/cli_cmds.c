@@ -1,5 +1,5 @@
-/* cli_cmds.c: the small kcache commands: push, pull, get, put, key, ls,
- * stat, hash. */
+/* cli_cmds.c: the small kcache commands: push, pull, get, put, key, stat,
+ * hash (ls and purge are in cli_models.c). */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -292,59 +292,7 @@ int kcli_cmd_hash(int argc, char **argv) {
   return KCLI_EXIT_OK;
 }
 
-/* ---- ls, stat ---- */
-
-static const cmd_spec ls_spec = {
-    "ls", "usage: kcache ls MODEL [--json]\n",
-    "List a model's bundles on the server (MODEL: its 64-hex hash).\n", 1, 1, 1};
-
-/* One line per bundle when the answer has the documented fields. */
-static void print_bundles(const json_t *list) {
-  size_t i;
-  json_t *b;
-  json_array_foreach(list, i, b) {
-    char *bucket = json_dumps(json_object_get(b, "bucket"), JSON_COMPACT |
-                                                               JSON_SORT_KEYS);
-    printf("%s  %-8s %-28s %10lld B  %lld hits\n",
-           json_string_value(json_object_get(b, "key")),
-           json_string_value(json_object_get(b, "arch")),
-           bucket ? bucket : "-",
-           (long long)json_integer_value(json_object_get(b, "bytes")),
-           (long long)json_integer_value(json_object_get(b, "hits")));
-    free(bucket);
-  }
-}
-
-static void print_list(const char *body, int raw) {
-  json_t *root = json_loads(body, 0, NULL);
-  json_t *list = json_is_array(root) ? root : NULL;
-  const char *k;
-  json_t *v;
-  json_object_foreach(json_is_object(root) ? root : NULL, k, v) {
-    if (!list && json_is_array(v))
-      list = v;
-  }
-  if (raw || !list)
-    puts(body);
-  else
-    print_bundles(list);
-  json_decref(root);
-}
-
-int kcli_cmd_ls(int argc, char **argv) {
-  const char *json_flag = NULL;
-  PARSE_OR_RETURN(ls_spec, &json_flag);
-  char err[KC_ERRBUF_SIZE], *body = NULL;
-  kc_client *c = kcli_client(&g);
-  if (!c)
-    return KCLI_EXIT_FAIL;
-  kc_err e = kc_client_model_list(c, argv[first], &body, err);
-  if (!e)
-    print_list(body, json_flag != NULL);
-  free(body);
-  kc_client_free(c);
-  return e ? kcli_fail("ls", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
-}
+/* ---- stat (ls and purge: cli_models.c) ---- */
 
 static const cmd_spec stat_spec = {"stat", "usage: kcache stat\n",
                                    "Print the server's statistics (JSON).\n",

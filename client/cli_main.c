@@ -20,7 +20,9 @@ static const char usage_head[] =
     "  get DIGEST       download a blob (to stdout or -o FILE)\n"
     "  put FILE...      upload files as blobs, print their digests\n"
     "  key FIELDS.json  print the key of key fields\n"
-    "  ls MODEL         list a model's bundles on the server\n"
+    "  ls [MODEL]       list every model, or a model's bundles (--matrix:\n"
+    "                   its coverage)\n"
+    "  purge MODEL      delete every bundle of a model (admin)\n"
     "  stat             server statistics\n"
     "  hash FILE...     model hash of weight and config files\n"
     "  verify MANIFEST  load every cubin of a model on this host's GPU\n"
@@ -66,7 +68,8 @@ static const command commands[] = {
     {"put", kcli_cmd_put},   {"key", kcli_cmd_key},
     {"ls", kcli_cmd_ls},     {"stat", kcli_cmd_stat},
     {"hash", kcli_cmd_hash}, {"verify", kcli_cmd_verify},
-    {"suggest", kcli_cmd_suggest}};
+    {"suggest", kcli_cmd_suggest},
+    {"purge", kcli_cmd_purge}};
 
 int main(int argc, char **argv) {
   if (argc < 2) {

@@ -165,6 +165,24 @@ static int warm_output(const warm_args *a, const kc_warm_report *r) {
   return 0;
 }
 
+/* Tells the server what this model wants warm (its page's coverage), when
+ * the token can write: a read token's 403 (and an older kcached's 404) are
+ * expected and skipped without a word. */
+static void upload_warmup(kc_client *c, const warm_args *a,
+                          const kc_warmup *w) {
+  char err[KC_ERRBUF_SIZE], *json = NULL;
+  size_t len = 0;
+  if (!kc_client_has_server(c) || a->o.no_upload ||
+      kc_read_file(a->manifest, &json, &len, err))
+    return;
+  kc_err e = kc_client_warmup_put(c, w->model_hash, json, len, err);
+  free(json);
+  if (e && e != KC_FORBIDDEN && e != KC_UNAUTHORIZED && e != KC_NOT_FOUND &&
+      e != KC_METHOD && !a->quiet)
+    fprintf(stderr, "kcache warm: the warmup manifest was not stored on the "
+            "server: %s\n", err);
+}
+
 int kcli_cmd_warm(int argc, char **argv) {
   warm_args a = {0};
   char err[KC_ERRBUF_SIZE] = "";
@@ -187,6 +205,7 @@ int kcli_cmd_warm(int argc, char **argv) {
   else if (!(c = kcli_client(&a.g)))
     rc = KCLI_EXIT_FAIL;
   else {
+    upload_warmup(c, &a, w);
     e = kc_warm(c, w, &a.o, &rep, err);
     if (e && rep.n_items == 0) /* nothing computed: the manifest or setup */
       rc = kcli_fail("warm", KCLI_EXIT_FAIL, "%s", err);

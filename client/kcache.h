@@ -149,6 +149,27 @@ kc_err kc_client_model_list(kc_client *c, const char *model, char **json,
                             char *err);
 kc_err kc_client_stats(kc_client *c, char **json, char *err);
 
+/* ---- Models (models.c) ---- */
+
+/* GET /v1/models?limit=1000[&cursor=]: one page of every model's name and
+ * figures; the answer's "next" continues. *json malloc'd, caller frees. */
+kc_err kc_client_models(kc_client *c, const char *cursor, char **json,
+                        char *err);
+/* GET /v1/models/{model}/coverage. *json malloc'd, caller frees. */
+kc_err kc_client_coverage(kc_client *c, const char *model, char **json,
+                          char *err);
+/* DELETE /v1/models/{model} (admin): {"model","removed"}. *json malloc'd. */
+kc_err kc_client_model_purge(kc_client *c, const char *model, char **json,
+                             char *err);
+/* PUT /v1/models/{model}/warmup: the warmup manifest's bytes (write role;
+ * KC_FORBIDDEN for a read token). */
+kc_err kc_client_warmup_put(kc_client *c, const char *model, const char *json,
+                            size_t len, char *err);
+/* The model a user named: a 64-hex hash as is, else the one model whose
+ * warmup manifest has that name (KC_NOT_FOUND: none; KC_EINVAL: several). */
+kc_err kc_client_model_resolve(kc_client *c, const char *name_or_hash,
+                               char out[KC_HEX_LEN + 1], char *err);
+
 /* ---- Local cache ---- */
 
 /* The bundle from the local cache, every blob present and re-hashed; a blob

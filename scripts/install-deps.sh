@@ -10,6 +10,7 @@ pkgs=(
   python3 python3-jsonschema python3-yaml openssl
   wrk nginx-light valgrind clang systemd
   redis-tools python3-redis redis-server
+  chromium
 )
 
 missing=()

@@ -121,6 +121,9 @@ kc_err kcd_lease_release(kcd_leases *l, const char *key, const char *token,
 size_t kcd_lease_sweep(kcd_leases *l, uint64_t now_ms);
 /* Leases held (expired ones included until the next sweep). */
 size_t kcd_lease_count(kcd_leases *l);
+/* 1 when key has a live lease (holder copied when not NULL), else 0. */
+int kcd_lease_held(kcd_leases *l, const char *key, uint64_t now_ms,
+                   char holder[KCD_HOLDER_MAX + 1]);
 
 /* ---- the route table (routes.c) ---- */
 
@@ -138,6 +141,13 @@ typedef enum kcd_route_id {
   KCD_R_LEASES,
   KCD_R_DEMAND,       /* POST /v1/demand */
   KCD_R_MODEL_DEMAND, /* GET /v1/models/{model}/demand */
+  KCD_R_MODEL_INDEX, /* GET /v1/models (routes_models.c) */
+  KCD_R_WARMUP,      /* /v1/models/{model}/warmup */
+  KCD_R_COVERAGE,    /* /v1/models/{model}/coverage */
+  KCD_R_HISTORY,     /* /v1/stats/history */
+  KCD_R_PAGE,        /* GET / and its two assets (server/page/) */
+  KCD_R_PAGE_JS,
+  KCD_R_PAGE_CSS,
   KCD_N_ROUTES
 } kcd_route_id;
 
@@ -176,9 +186,8 @@ struct kcd_route {
   const char *allow; /* the Allow header of a 405 */
   const kcd_op *ops;
   size_t n_ops;
-  /* With a param: the path must also end with this after it (NULL: none).
-   * Routes with a suffix are tried first, so "/v1/models/{m}/demand" is not
-   * taken for "/v1/models/{m}". */
+  /* A param route's path after the param ("/warmup"); NULL: none. A route
+   * with a suffix is tried before the routes without one. */
   const char *suffix;
 };
 
@@ -302,6 +311,9 @@ struct kcd_state {
   uint64_t readers_full_seen;
   int readers_full_now;
   unsigned readers_quiet_s;
+  /* per-10-second counters of the last hour (history.c); NULL until the
+   * first tick */
+  _Atomic(struct kcd_history *) history;
 };
 
 /* ---- open connections (conns.c) ---- */
@@ -517,5 +529,40 @@ int kcd_lease_delete(kcd_req *r);
 
 int kcd_demand_post(kcd_req *r);
 int kcd_demand_get(kcd_req *r);
+/* ---- models, coverage, history, the page (routes_models.c, page.c) ---- */
+
+int kcd_models_index(kcd_req *r);  /* GET /v1/models?limit&cursor */
+int kcd_warmup_get(kcd_req *r);
+int kcd_warmup_put(kcd_req *r);
+int kcd_coverage_get(kcd_req *r);
+int kcd_model_purge(kcd_req *r);   /* DELETE /v1/models/{model} */
+int kcd_history_get(kcd_req *r);   /* GET /v1/stats/history */
+int kcd_page_get(kcd_req *r);      /* GET /, /app.js, /style.css */
+
+/* ---- the last hour, per 10 seconds (history.c) ---- */
+
+#define KCD_HIST_STEP_S 10
+#define KCD_HIST_SLOTS 360 /* an hour */
+typedef enum kcd_hist_counter {
+  KCD_H_REQUESTS,  /* HTTP requests completed */
+  KCD_H_HITS,      /* bundle reads that found the bundle */
+  KCD_H_MISSES,    /* and that did not */
+  KCD_H_BYTES_OUT, /* response body bytes */
+  KCD_H_EVICTIONS, /* bundles, blobs and RESP keys evicted */
+  KCD_H_RESP,      /* RESP commands */
+  KCD_H_N
+} kcd_hist_counter;
+/* The counters' names in JSON ("requests", ...). */
+const char *kcd_hist_name(kcd_hist_counter c);
+/* Adds what the counters moved since the last tick to the slot of now
+ * (unix seconds). Main thread, once a second; creates st->history. */
+void kcd_history_tick(kcd_state *st, int64_t now);
+/* The complete slots of the last hour, oldest first: t[i] (the slot's start,
+ * unix seconds) and v[i][KCD_H_N]; returns how many (at most
+ * KCD_HIST_SLOTS). Any thread. */
+size_t kcd_history_read(kcd_state *st, int64_t now, int64_t *t,
+                        uint64_t (*v)[KCD_H_N]);
+/* At exit, after the listeners stopped. */
+void kcd_history_free(kcd_state *st);
 
 #endif

@@ -178,3 +178,14 @@ size_t kcd_lease_count(kcd_leases *l) {
   pthread_mutex_unlock(&l->mu);
   return n;
 }
+
+int kcd_lease_held(kcd_leases *l, const char *key, uint64_t now_ms,
+                   char holder[KCD_HOLDER_MAX + 1]) {
+  pthread_mutex_lock(&l->mu);
+  lease **pp = find(l, key, now_ms);
+  int held = *pp != NULL;
+  if (held && holder)
+    memcpy(holder, (*pp)->holder, KCD_HOLDER_MAX + 1);
+  pthread_mutex_unlock(&l->mu);
+  return held;
+}

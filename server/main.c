@@ -196,6 +196,7 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   kcd_log_flush(st);
   kcd_http_sweep(st);
   kcd_lease_sweep(st->leases, kcd_now_us() / 1000);
+  kcd_history_tick(st, now);
   kc_store *s = atomic_load(&st->store);
   if (!s) {
     if (now - st->started >= (int64_t)st->cfg.store_wait_s) {
@@ -359,6 +360,7 @@ static void cleanup(kcd_state *st) {
   kc_store_close(atomic_exchange(&st->store, NULL));
   kcd_s3_free(st);
   kcd_leases_free(st->leases);
+  kcd_history_free(st);
   kcd_auth_destroy(&st->auth);
   free_tls(st);
   kcd_logbuf *b = st->logbuf;

@@ -42,7 +42,8 @@ static const kcd_op lookup_ops[] = {
     {KCD_M_POST, R, 1, KCD_BODY_JSON, NULL, NULL, kcd_lookup}};
 static const kcd_op models_ops[] = {
     {KCD_M_GET, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_models_get},
-    {KCD_M_HEAD, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_models_get}};
+    {KCD_M_HEAD, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_models_get},
+    {KCD_M_DELETE, A, 1, KCD_BODY_NONE, NULL, NULL, kcd_model_purge}};
 static const kcd_op lease_ops[] = {
     {KCD_M_POST, W, 1, KCD_BODY_JSON, NULL, NULL, kcd_lease_post},
     {KCD_M_DELETE, W, 0, KCD_BODY_NONE, NULL, NULL, kcd_lease_delete}};
@@ -52,15 +53,35 @@ static const kcd_op demand_ops[] = {
 static const kcd_op model_demand_ops[] = {
     {KCD_M_GET, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_demand_get},
     {KCD_M_HEAD, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_demand_get}};
+static const kcd_op model_index_ops[] = {
+    {KCD_M_GET, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_models_index},
+    {KCD_M_HEAD, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_models_index}};
+static const kcd_op warmup_ops[] = {
+    {KCD_M_GET, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_warmup_get},
+    {KCD_M_HEAD, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_warmup_get},
+    {KCD_M_PUT, W, 1, KCD_BODY_JSON, NULL, NULL, kcd_warmup_put}};
+static const kcd_op coverage_ops[] = {
+    {KCD_M_GET, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_coverage_get},
+    {KCD_M_HEAD, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_coverage_get}};
+static const kcd_op history_ops[] = {
+    {KCD_M_GET, R, 0, KCD_BODY_NONE, NULL, NULL, kcd_history_get},
+    {KCD_M_HEAD, R, 0, KCD_BODY_NONE, NULL, NULL, kcd_history_get}};
+/* The page is static (its data comes from the routes above, with their
+ * roles), so it needs none. */
+static const kcd_op page_ops[] = {
+    {KCD_M_GET, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_page_get},
+    {KCD_M_HEAD, N, 0, KCD_BODY_NONE, NULL, NULL, kcd_page_get}};
 
 #define OPS(a) a, sizeof a / sizeof a[0]
 /* Entries sit at their id, so that an id finds its route (and name) at once;
  * the slot of KCD_R_OTHER stays empty (path NULL). */
-#define ROUTE(id, ...) [id] = {id, __VA_ARGS__}
+#define ROUTE(id, ...) [id] = {id, __VA_ARGS__, NULL}
+/* A route with a suffix after its param (/v1/models/{model}/warmup). */
+#define ROUTE_SUFFIX(id, suffix, ...) [id] = {id, __VA_ARGS__, suffix}
 
-/* docs/DESIGN.md's HTTP API. No path is a prefix of another, so the order in which
- * kcd_route_find tries them does not matter (routes with a suffix, tried
- * first, are told apart by it). */
+/* docs/DESIGN.md's HTTP API. No path is a prefix of another, except that routes
+ * with a suffix (/v1/models/{model}/warmup) share their prefix with the
+ * plain param route; kcd_route_find tries those first. */
 static const kcd_route routes[KCD_N_ROUTES] = {
     ROUTE(KCD_R_HEALTHZ, "healthz", "/healthz", KCD_P_NONE, "GET, HEAD",
           OPS(healthz_ops)),
@@ -76,24 +97,40 @@ static const kcd_route routes[KCD_N_ROUTES] = {
           "GET, HEAD, PUT, DELETE", OPS(bundle_ops)),
     ROUTE(KCD_R_LOOKUP, "lookup", "/v1/lookup", KCD_P_NONE, "POST",
           OPS(lookup_ops)),
-    ROUTE(KCD_R_MODELS, "models", "/v1/models/", KCD_P_MODEL, "GET, HEAD",
-          OPS(models_ops)),
+    ROUTE(KCD_R_MODELS, "models", "/v1/models/", KCD_P_MODEL,
+          "GET, HEAD, DELETE", OPS(models_ops)),
     ROUTE(KCD_R_LEASES, "leases", "/v1/leases/", KCD_P_KEY, "POST, DELETE",
           OPS(lease_ops)),
     ROUTE(KCD_R_DEMAND, "demand", "/v1/demand", KCD_P_NONE, "POST",
           OPS(demand_ops)),
-    ROUTE(KCD_R_MODEL_DEMAND, "model_demand", "/v1/models/", KCD_P_MODEL,
-          "GET, HEAD", OPS(model_demand_ops), "/demand"),
+    ROUTE_SUFFIX(KCD_R_MODEL_DEMAND, "/demand", "model_demand", "/v1/models/",
+                 KCD_P_MODEL, "GET, HEAD", OPS(model_demand_ops)),
+    ROUTE(KCD_R_MODEL_INDEX, "model_index", "/v1/models", KCD_P_NONE,
+          "GET, HEAD", OPS(model_index_ops)),
+    ROUTE_SUFFIX(KCD_R_WARMUP, "/warmup", "warmup", "/v1/models/",
+                 KCD_P_MODEL, "GET, HEAD, PUT", OPS(warmup_ops)),
+    ROUTE_SUFFIX(KCD_R_COVERAGE, "/coverage", "coverage", "/v1/models/",
+                 KCD_P_MODEL, "GET, HEAD", OPS(coverage_ops)),
+    ROUTE(KCD_R_HISTORY, "history", "/v1/stats/history", KCD_P_NONE,
+          "GET, HEAD", OPS(history_ops)),
+    ROUTE(KCD_R_PAGE, "page", "/", KCD_P_NONE, "GET, HEAD", OPS(page_ops)),
+    ROUTE(KCD_R_PAGE_JS, "page_js", "/app.js", KCD_P_NONE, "GET, HEAD",
+          OPS(page_ops)),
+    ROUTE(KCD_R_PAGE_CSS, "page_css", "/style.css", KCD_P_NONE, "GET, HEAD",
+          OPS(page_ops)),
 };
 
-/* A route with a suffix: url is path + param + suffix. */
-static int match_suffix(const kcd_route *rt, const char *url, char *param,
+/* A route with a suffix: prefix, a param without '/', then the suffix. */
+static int suffix_match(const kcd_route *rt, const char *url, char *param,
                         size_t cap) {
-  size_t n = strlen(rt->path), u = strlen(url), x = strlen(rt->suffix);
-  if (u <= n + x || strncmp(url, rt->path, n) ||
-      strcmp(url + u - x, rt->suffix))
+  size_t n = strlen(rt->path), sl = strlen(rt->suffix), ul = strlen(url);
+  if (ul < n + sl || strncmp(url, rt->path, n) != 0 ||
+      strcmp(url + ul - sl, rt->suffix) != 0)
     return 0;
-  snprintf(param, cap, "%.*s", (int)(u - n - x), url + n);
+  size_t pl = ul - n - sl;
+  if (memchr(url + n, '/', pl))
+    return 0;
+  snprintf(param, cap, "%.*s", (int)pl, url + n);
   return 1;
 }
 
@@ -101,7 +138,7 @@ const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
   param[0] = '\0';
   for (size_t i = 0; i < KCD_N_ROUTES; i++)
     if (routes[i].path && routes[i].suffix &&
-        match_suffix(&routes[i], url, param, cap))
+        suffix_match(&routes[i], url, param, cap))
       return &routes[i];
   for (size_t i = 0; i < KCD_N_ROUTES; i++) {
     const kcd_route *rt = &routes[i];

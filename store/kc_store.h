@@ -587,5 +587,45 @@ uint64_t kc_store_demand_dropped(kc_store *s);
 kc_err kc_store_demand_get(kc_store *s, const char *model,
                            kc_store_demand *out, char *err);
 void kc_store_demand_free(kc_store_demand *d);
+/* ---- Models (models.c): every model, its warmup manifest, a purge ---- */
+
+/* One model, for GET /v1/models: a model with bundles, or with a warmup
+ * manifest, or both. Figures add up its bundles (hits and last use as of the
+ * last flush). */
+typedef struct kc_store_model_info {
+  char model[KC_HEX_LEN + 1];
+  uint64_t bundles, bytes, hits;
+  int64_t last_used;  /* unix seconds, the latest of its bundles; 0: none */
+  const char *warmup; /* its warmup manifest (as uploaded), valid during the
+                         callback only; NULL: none */
+  size_t warmup_len;
+} kc_store_model_info;
+typedef int (*kc_store_model_cb)(const kc_store_model_info *m, void *ud);
+
+/* Calls cb for up to `limit` models in hex order, after `after` (NULL or "":
+ * from the first), inside one read transaction; cb returns non-zero to stop.
+ * next: "" when the walk reached the end, else the last model given (pass it
+ * as `after` to go on). Work is one index entry per bundle of the models
+ * listed. Threads: any. */
+kc_err kc_store_models_list(kc_store *s, const char *after, size_t limit,
+                            kc_store_model_cb cb, void *ud,
+                            char next[KC_HEX_LEN + 1], char *err);
+/* Stores the model's warmup manifest (the caller validated it), replacing an
+ * older one, in one write transaction. */
+kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *json,
+                           size_t len, char *err);
+/* The model's warmup manifest: *json malloc'd (NUL-terminated), the caller
+ * frees it. KC_NOT_FOUND when none was stored. */
+kc_err kc_store_warmup_get(kc_store *s, const char *model, char **json,
+                           size_t *len, char *err);
+/* Deletes every bundle of the model, as kc_store_bundle_delete does one
+ * (blobs left unreferenced become orphans for gc; the durable tier gets a
+ * delete for each), in write transactions of at most KC_STORE_PURGE_BATCH
+ * bundles each, so readers and other writers get their turn between
+ * them; then its warmup manifest. *removed: bundles deleted (may be NULL).
+ * A model with nothing: KC_OK, 0. */
+#define KC_STORE_PURGE_BATCH 256
+kc_err kc_store_model_purge(kc_store *s, const char *model, size_t *removed,
+                            char *err);
 
 #endif

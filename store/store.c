@@ -178,7 +178,8 @@ static kc_err open_dbis(kc_store *s, char *err) {
       {"s3queue", &s->s3queue},       {"s3pend", &s->s3pend},
       {"s3dead", &s->s3dead},         {"kv", &s->kv},
       {"kvlru", &s->kvlru},           {"kvexp", &s->kvexp},
-      {"demand", &s->demand}};
+      {"demand", &s->demand},
+      {"warmups", &s->warmups}};
   MDB_txn *txn;
   int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
   if (rc)
@@ -220,7 +221,7 @@ static int try_open(kc_store *s, const kc_store_opts *o, uint64_t map_size) {
   if (rc)
     return rc;
   mdb_env_set_mapsize(s->env, (size_t)map_size);
-  mdb_env_set_maxdbs(s->env, 15);
+  mdb_env_set_maxdbs(s->env, 16); /* 14, demand (demand.c), warmups (models.c) */
   mdb_env_set_maxreaders(s->env, o->max_readers ? o->max_readers : 512);
   /* NOTLS: a read transaction lives with a request, which may move between
    * libmicrohttpd's threads; NORDAHEAD: blob reads are random. */

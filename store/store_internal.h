@@ -27,6 +27,8 @@
  *             model's histogram of shapes and misses; each entry is u64
  *             count, u8 kind, u16 length, then that many bytes of text
  *             (packed, host-endian), count descending
+ *   warmups   model (64 hex) -> the model's warmup manifest JSON, as uploaded
+ *             (PUT /v1/models/{model}/warmup; models.c)
  * Records are host-endian structs (an LMDB file is not portable across
  * architectures anyway); be64 prefixes make LMDB's byte order the time order.
  */
@@ -94,6 +96,7 @@ struct kc_store {
   MDB_dbi demand;           /* demand histograms (demand.c) */
   /* demand.c's pending counts: made at the first add (NULL before). */
   _Atomic(struct kcs_demand *) demand_pending;
+  MDB_dbi warmups; /* model hex -> its warmup manifest (models.c) */
   uint64_t kv_max_bytes;
   kcs_uses kvuses; /* last uses of RESP keys, by hex(sha256(key)), in ms */
   _Atomic uint64_t kv_hits, kv_misses, evicted_kv;

@@ -2327,6 +2327,98 @@ static void test_suggest_cli(void **state) {
   assert_non_null(strstr(out, "not the manifest's model.hash"));
 }
 
+/* ---- issue 16: models by name, coverage, purge ---- */
+
+/* A command-builder warmup named "refill-model": batch 1 and 2 on sm_80 and
+ * sm_90a (no toolkit needed). */
+static void refill_warmup(fx *f, char *path, size_t size) {
+  snprintf(path, size, "%s/refill.json", f->dir);
+  write_text(path,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":"
+             "\"refill-model\",\"hash\":\"%s\"},\"archs\":[\"sm_80\","
+             "\"sm_90a\"],\"builder\":{\"command\":[\"sh\",\"-c\","
+             "\"printf x{arch}{batch} > {out}/k.cubin\"],\"timeout_s\":30},"
+             "\"buckets\":[{\"batch\":1},{\"batch\":2}]}",
+             MODEL);
+}
+
+/* `kcache warm` stores its warmup manifest, so `kcache ls` names the model
+ * and its coverage; `kcache purge NAME` drops every bundle; a warm from
+ * another (empty) cache then fills the model again, 4/4. A read token's
+ * warm skips the manifest upload without a word. */
+static void test_warm_purge_refill(void **state) {
+  fx *f = *state;
+  char w[400], out[8192];
+  start_server(f);
+  refill_warmup(f, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --cache-dir "
+                           "%s/c1", w, f->srv.url, f->dir), 0);
+  assert_non_null(strstr(out, "4 built"));
+  assert_null(strstr(out, "warmup manifest was not stored"));
+  assert_int_equal(run_cli(out, sizeof out, "ls --url %s", f->srv.url), 0);
+  assert_non_null(strstr(out, "refill-model"));
+  assert_non_null(strstr(out, "4/4"));
+  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
+                           "%s", f->srv.url), 0);
+  assert_non_null(strstr(out, "4/4 present"));
+  assert_non_null(strstr(out, "batch=2"));
+  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --url %s",
+                           f->srv.url), 0);
+  assert_int_equal(occurrences(out, " hits"), 4);
+  assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s",
+                           f->srv.url), 0);
+  assert_non_null(strstr(out, "purged 4 bundles"));
+  /* the name went with the manifest; the hash still answers, empty */
+  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --url %s",
+                           f->srv.url), 1);
+  assert_non_null(strstr(out, "no model named 'refill-model'"));
+  assert_int_equal(run_cli(out, sizeof out, "ls %s --url %s", MODEL,
+                           f->srv.url), 0);
+  assert_int_equal(occurrences(out, " hits"), 0);
+  /* another replica's empty cache: nothing on the server, so it builds
+   * and uploads, and the model is whole again */
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --cache-dir "
+                           "%s/c2", w, f->srv.url, f->dir), 0);
+  assert_non_null(strstr(out, "4 built"));
+  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
+                           "%s", f->srv.url), 0);
+  assert_non_null(strstr(out, "4/4 present"));
+  assert_int_equal(run_cli(out, sizeof out, "purge nobody --url %s",
+                           f->srv.url), 1);
+  assert_int_equal(run_cli(out, sizeof out, "purge --url %s", f->srv.url), 2);
+}
+
+/* With tokens: a read token's warm says nothing of the manifest (403 is
+ * expected), a write token's stores it; purge needs admin. */
+static void test_warm_manifest_roles(void **state) {
+  fx *f = *state;
+  char w[400], out[8192], tokens[400], rtok[256] = "", wtok[256] = "";
+  snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
+  make_token("read", "svc", tokens, rtok, sizeof rtok);
+  make_token("write", "ci", tokens, wtok, sizeof wtok);
+  assert_int_equal(kc_testsrv_init(&f->srv), 0);
+  const char *args[] = {"--tokens", tokens, NULL};
+  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
+  f->have_srv = 1;
+  refill_warmup(f, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/r", w, f->srv.url, rtok, f->dir),
+                   0);
+  assert_null(strstr(out, "warmup manifest"));
+  assert_int_equal(run_cli(out, sizeof out, "ls --url %s --token %s",
+                           f->srv.url, rtok), 0);
+  assert_null(strstr(out, "refill-model"));
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/w", w, f->srv.url, wtok, f->dir),
+                   0);
+  assert_int_equal(run_cli(out, sizeof out, "ls --url %s --token %s",
+                           f->srv.url, rtok), 0);
+  assert_non_null(strstr(out, "refill-model"));
+  assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s "
+                           "--token %s", f->srv.url, wtok), 1);
+  assert_non_null(strstr(out, "403"));
+}
+
 int main(void) {
   /* Commands run without --cache-dir must not touch ~/.cache. */
   char home_cache[256];
@@ -2386,6 +2478,8 @@ int main(void) {
       T(test_demand_note),
       T(test_demand_server_down),
       T(test_suggest_cli),
+      T(test_warm_purge_refill),
+      T(test_warm_manifest_roles),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();

@@ -33,17 +33,51 @@ static const struct ref_route {
   kcd_route_id id;
   int param;
   const char *methods; /* space-separated */
+  const char *suffix;  /* after the param ("/warmup"); tried first */
 } ref[] = {
-    {"/healthz", KCD_R_HEALTHZ, 0, "GET HEAD"},
-    {"/readyz", KCD_R_READYZ, 0, "GET HEAD"},
-    {"/metrics", KCD_R_METRICS, 0, "GET HEAD"},
-    {"/v1/stats", KCD_R_STATS, 0, "GET HEAD"},
-    {"/v1/lookup", KCD_R_LOOKUP, 0, "POST"},
-    {"/v1/blobs/", KCD_R_BLOBS, 1, "GET HEAD PUT"},
-    {"/v1/bundles/", KCD_R_BUNDLES, 1, "GET HEAD PUT DELETE"},
-    {"/v1/models/", KCD_R_MODELS, 1, "GET HEAD"},
-    {"/v1/leases/", KCD_R_LEASES, 1, "POST DELETE"},
+    {"/healthz", KCD_R_HEALTHZ, 0, "GET HEAD", NULL},
+    {"/readyz", KCD_R_READYZ, 0, "GET HEAD", NULL},
+    {"/metrics", KCD_R_METRICS, 0, "GET HEAD", NULL},
+    {"/v1/stats", KCD_R_STATS, 0, "GET HEAD", NULL},
+    {"/v1/lookup", KCD_R_LOOKUP, 0, "POST", NULL},
+    {"/v1/blobs/", KCD_R_BLOBS, 1, "GET HEAD PUT", NULL},
+    {"/v1/bundles/", KCD_R_BUNDLES, 1, "GET HEAD PUT DELETE", NULL},
+    {"/v1/models/", KCD_R_MODELS, 1, "GET HEAD DELETE", NULL},
+    {"/v1/leases/", KCD_R_LEASES, 1, "POST DELETE", NULL},
+    {"/v1/models", KCD_R_MODEL_INDEX, 0, "GET HEAD", NULL},
+    {"/v1/models/", KCD_R_WARMUP, 1, "GET HEAD PUT", "/warmup"},
+    {"/v1/models/", KCD_R_COVERAGE, 1, "GET HEAD", "/coverage"},
+    {"/v1/stats/history", KCD_R_HISTORY, 0, "GET HEAD", NULL},
+    {"/", KCD_R_PAGE, 0, "GET HEAD", NULL},
+    {"/app.js", KCD_R_PAGE_JS, 0, "GET HEAD", NULL},
+    {"/style.css", KCD_R_PAGE_CSS, 0, "GET HEAD", NULL},
 };
+
+/* The reference's match of path: a route with a suffix first (prefix, a
+ * param without '/', the suffix), then the others. *tail, *tail_len: the
+ * param's text in path. */
+static const struct ref_route *ref_find(const char *path, const char **tail,
+                                        size_t *tail_len) {
+  size_t pl = strlen(path);
+  for (int pass = 0; pass < 2; pass++)
+    for (size_t i = 0; i < sizeof ref / sizeof ref[0]; i++) {
+      const struct ref_route *r = &ref[i];
+      size_t n = strlen(r->path), sl = r->suffix ? strlen(r->suffix) : 0;
+      if ((pass == 0) != (r->suffix != NULL))
+        continue;
+      if (r->suffix && (pl < n + sl || strncmp(path, r->path, n) ||
+                        strcmp(path + pl - sl, r->suffix) ||
+                        memchr(path + n, '/', pl - n - sl)))
+        continue;
+      if (!r->suffix && (r->param ? strncmp(path, r->path, n) != 0
+                                  : strcmp(path, r->path) != 0))
+        continue;
+      *tail = path + n;
+      *tail_len = pl - n - sl;
+      return r;
+    }
+  return NULL;
+}
 
 /* 1 if `word` is one of the items of a list separated by `seps`. */
 static int in_list(const char *list, const char *word, const char *seps) {
@@ -74,13 +108,9 @@ static void check_route(const char *path, size_t cap) {
   const kcd_route *rt = kcd_route_find(path, param, cap);
   FZ_CHECK(memchr(param, '\0', cap), "param not NUL-terminated (cap %zu)", cap);
 
-  const struct ref_route *want = NULL;
-  for (size_t i = 0; i < sizeof ref / sizeof ref[0] && !want; i++) {
-    size_t n = strlen(ref[i].path);
-    if (ref[i].param ? strncmp(path, ref[i].path, n) == 0
-                     : strcmp(path, ref[i].path) == 0)
-      want = &ref[i];
-  }
+  const char *tail = NULL;
+  size_t tl = 0;
+  const struct ref_route *want = ref_find(path, &tail, &tl);
   if (!want) {
     FZ_CHECK(rt == NULL, "'%s' routed to %s; docs/DESIGN.md has no such route",
              path, kcd_route_name(rt->id));
@@ -100,8 +130,7 @@ static void check_route(const char *path, size_t cap) {
   FZ_CHECK(strcmp(rt->name, "other") != 0, "route name");
 
   if (want->param) {
-    const char *tail = path + strlen(want->path);
-    size_t tl = strlen(tail), pl = strlen(param);
+    size_t pl = strlen(param);
     FZ_CHECK(pl == (tl < cap - 1 ? tl : cap - 1),
              "param of '%s' is %zu bytes (cap %zu)", path, pl, cap);
     FZ_CHECK(strncmp(param, tail, pl) == 0, "param is not the path's tail");
@@ -109,10 +138,13 @@ static void check_route(const char *path, size_t cap) {
      * never is (kcd.h) as long as cap - 1 > 64: true of http.c's 96, not of
      * caps of 65 or less, where 64 hex digits can be the cut of a longer
      * tail. */
+    char *whole = strndup(tail, tl);
+    FZ_CHECK(whole, "strndup");
     if (cap > 65)
-      FZ_CHECK(kc_is_hex64(param) == is_hex64(tail),
-               "hex64 check of param '%s' (tail '%s', cap %zu)", param, tail,
+      FZ_CHECK(kc_is_hex64(param) == is_hex64(whole),
+               "hex64 check of param '%s' (tail '%s', cap %zu)", param, whole,
                cap);
+    free(whole);
   } else {
     FZ_CHECK(param[0] == '\0', "param '%s' on a route without one", param);
   }

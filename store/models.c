@@ -1,0 +1,242 @@
+/* models.c: the store's view by model: every model with its figures (the
+ * `models` index merged with `warmups`), warmup manifests (what a model wants
+ * warm, so that its coverage can be told), and purging a model's bundles in
+ * bounded write transactions. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "store_internal.h"
+
+/* ---- listing ---- */
+
+typedef struct walk {
+  kc_store *s;
+  MDB_txn *txn;
+  MDB_cursor *idx, *wu;  /* models index, warmups */
+  MDB_val ik, iv, wk, wv;
+  int irc, wrc;          /* 0: positioned on an entry */
+} walk;
+
+static int idx_ok(const walk *w) {
+  return w->irc == 0 && w->ik.mv_size == 2 * KC_HEX_LEN;
+}
+
+static int wu_ok(const walk *w) {
+  return w->wrc == 0 && w->wk.mv_size == KC_HEX_LEN;
+}
+
+/* Positions both cursors on the first entry after model `after` (NULL: on
+ * the first entry). */
+static void walk_seek(walk *w, const char *after) {
+  if (!after) {
+    w->irc = mdb_cursor_get(w->idx, &w->ik, &w->iv, MDB_FIRST);
+    w->wrc = mdb_cursor_get(w->wu, &w->wk, &w->wv, MDB_FIRST);
+    return;
+  }
+  w->ik = (MDB_val){KC_HEX_LEN, (void *)after};
+  w->irc = mdb_cursor_get(w->idx, &w->ik, &w->iv, MDB_SET_RANGE);
+  while (idx_ok(w) && memcmp(w->ik.mv_data, after, KC_HEX_LEN) <= 0)
+    w->irc = mdb_cursor_get(w->idx, &w->ik, &w->iv, MDB_NEXT);
+  w->wk = (MDB_val){KC_HEX_LEN, (void *)after};
+  w->wrc = mdb_cursor_get(w->wu, &w->wk, &w->wv, MDB_SET_RANGE);
+  while (wu_ok(w) && memcmp(w->wk.mv_data, after, KC_HEX_LEN) <= 0)
+    w->wrc = mdb_cursor_get(w->wu, &w->wk, &w->wv, MDB_NEXT);
+}
+
+/* Adds one bundle's metadata (key: the index entry's second half). */
+static void add_bundle(walk *w, kc_store_model_info *m) {
+  MDB_val k = {KC_HEX_LEN, (char *)w->ik.mv_data + KC_HEX_LEN}, v;
+  if (mdb_get(w->txn, w->s->bundlemeta, &k, &v) ||
+      v.mv_size != sizeof(kcs_bundle_meta))
+    return;
+  kcs_bundle_meta bm;
+  memcpy(&bm, v.mv_data, sizeof bm);
+  m->bundles++;
+  m->bytes += bm.bytes;
+  m->hits += bm.hits;
+  if (bm.last_used > m->last_used)
+    m->last_used = bm.last_used;
+}
+
+/* The next model of the merged walk into *m; 0 when there is none. */
+static int walk_next(walk *w, kc_store_model_info *m) {
+  memset(m, 0, sizeof *m);
+  int hi = idx_ok(w), hw = wu_ok(w);
+  if (!hi && !hw)
+    return 0;
+  const char *id;
+  if (hi && hw)
+    id = memcmp(w->ik.mv_data, w->wk.mv_data, KC_HEX_LEN) <= 0 ? w->ik.mv_data
+                                                               : w->wk.mv_data;
+  else
+    id = hi ? w->ik.mv_data : w->wk.mv_data;
+  memcpy(m->model, id, KC_HEX_LEN);
+  m->model[KC_HEX_LEN] = '\0';
+  if (hw && memcmp(w->wk.mv_data, m->model, KC_HEX_LEN) == 0) {
+    m->warmup = w->wv.mv_data;
+    m->warmup_len = w->wv.mv_size;
+    w->wrc = mdb_cursor_get(w->wu, &w->wk, &w->wv, MDB_NEXT);
+  }
+  while (idx_ok(w) && memcmp(w->ik.mv_data, m->model, KC_HEX_LEN) == 0) {
+    add_bundle(w, m);
+    w->irc = mdb_cursor_get(w->idx, &w->ik, &w->iv, MDB_NEXT);
+  }
+  return 1;
+}
+
+kc_err kc_store_models_list(kc_store *s, const char *after, size_t limit,
+                            kc_store_model_cb cb, void *ud,
+                            char next[KC_HEX_LEN + 1], char *err) {
+  next[0] = '\0';
+  if (after && !*after)
+    after = NULL;
+  if (after && !kc_is_hex64(after))
+    return kc_errf(err, KC_EINVAL, "cursor: must be a model (64 hex digits)");
+  kc_store_read *r;
+  kc_err e = kc_store_read_begin(s, &r);
+  if (e)
+    return kc_errf(err, e, "cannot begin a read of the store");
+  walk w = {.s = s, .txn = r->txn};
+  int rc = mdb_cursor_open(r->txn, s->models, &w.idx);
+  if (!rc && (rc = mdb_cursor_open(r->txn, s->warmups, &w.wu)))
+    mdb_cursor_close(w.idx);
+  if (rc) {
+    kc_store_read_end(r);
+    return kcs_mdb_err(rc, "listing models", err);
+  }
+  walk_seek(&w, after);
+  kc_store_model_info m;
+  size_t n = 0;
+  int stopped = 0;
+  while (n < limit && !stopped && walk_next(&w, &m)) {
+    n++;
+    memcpy(next, m.model, KC_HEX_LEN + 1);
+    stopped = cb(&m, ud);
+  }
+  if (!stopped && !idx_ok(&w) && !wu_ok(&w))
+    next[0] = '\0'; /* the walk reached the end */
+  mdb_cursor_close(w.wu);
+  mdb_cursor_close(w.idx);
+  kc_store_read_end(r);
+  return KC_OK;
+}
+
+/* ---- warmup manifests ---- */
+
+typedef struct wu_put {
+  const char *model, *json;
+  size_t len;
+} wu_put;
+
+static kc_err warmup_put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  wu_put *p = ud;
+  MDB_val k = kcs_hex_val(p->model), v = {p->len, (void *)p->json};
+  return kcs_put(txn, s->warmups, &k, &v, 0, err);
+}
+
+kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *json,
+                           size_t len, char *err) {
+  if (!kc_is_hex64(model))
+    return kc_errf(err, KC_BAD_KEY, "a model is 64 lowercase hex digits");
+  if (!len)
+    return kc_errf(err, KC_BAD_WARMUP, "an empty warmup manifest");
+  wu_put p = {model, json, len};
+  return kcs_write(s, warmup_put_op, &p, err);
+}
+
+kc_err kc_store_warmup_get(kc_store *s, const char *model, char **json,
+                           size_t *len, char *err) {
+  *json = NULL;
+  *len = 0;
+  if (!kc_is_hex64(model))
+    return kc_errf(err, KC_BAD_KEY, "a model is 64 lowercase hex digits");
+  kc_store_read *r;
+  kc_err e = kc_store_read_begin(s, &r);
+  if (e)
+    return kc_errf(err, e, "cannot begin a read of the store");
+  MDB_val k = kcs_hex_val(model), v;
+  int rc = mdb_get(r->txn, s->warmups, &k, &v);
+  if (rc == 0) {
+    *json = malloc(v.mv_size + 1);
+    if (*json) {
+      memcpy(*json, v.mv_data, v.mv_size);
+      (*json)[v.mv_size] = '\0';
+      *len = v.mv_size;
+    }
+  }
+  kc_store_read_end(r);
+  if (rc == MDB_NOTFOUND)
+    return kc_errf(err, KC_NOT_FOUND, "no warmup manifest for model %s",
+                   model);
+  if (rc)
+    return kcs_mdb_err(rc, "reading a warmup manifest", err);
+  return *json ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+}
+
+/* ---- purge ---- */
+
+typedef struct purge {
+  const char *model;
+  char (*keys)[KC_HEX_LEN + 1]; /* KC_STORE_PURGE_BATCH of them */
+  size_t dropped; /* by the last batch */
+} purge;
+
+/* One batch: collects up to KC_STORE_PURGE_BATCH of the model's keys, then
+ * drops them (an LMDB cursor does not survive deleting under it). A batch
+ * that finds none also drops the warmup manifest. */
+static kc_err purge_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  purge *p = ud;
+  p->dropped = 0;
+  char(*keys)[KC_HEX_LEN + 1] = p->keys;
+  size_t n = 0;
+  MDB_cursor *cur;
+  int rc = mdb_cursor_open(txn, s->models, &cur);
+  if (rc)
+    return kcs_mdb_err(rc, "purging a model", err);
+  MDB_val k = {KC_HEX_LEN, (void *)p->model}, v;
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+       rc == 0 && n < KC_STORE_PURGE_BATCH && k.mv_size == 2 * KC_HEX_LEN &&
+       memcmp(k.mv_data, p->model, KC_HEX_LEN) == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    memcpy(keys[n], (char *)k.mv_data + KC_HEX_LEN, KC_HEX_LEN);
+    keys[n++][KC_HEX_LEN] = '\0';
+  }
+  mdb_cursor_close(cur);
+  kc_err e = KC_OK;
+  for (size_t i = 0; !e && i < n; i++) {
+    e = kcs_bundle_drop(s, txn, keys[i], 0, err);
+    if (!e)
+      e = kcs_queue_add(s, txn, KCS_Q_DELETE, keys[i], p->model, err);
+  }
+  if (!e && n == 0) {
+    MDB_val mk = kcs_hex_val(p->model);
+    e = kcs_del(txn, s->warmups, &mk, err);
+  }
+  if (!e)
+    p->dropped = n;
+  return e;
+}
+
+kc_err kc_store_model_purge(kc_store *s, const char *model, size_t *removed,
+                            char *err) {
+  if (removed)
+    *removed = 0;
+  if (!kc_is_hex64(model))
+    return kc_errf(err, KC_BAD_KEY, "a model is 64 lowercase hex digits");
+  purge p = {model, malloc(KC_STORE_PURGE_BATCH * (KC_HEX_LEN + 1)), 0};
+  if (!p.keys)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  kc_err e;
+  do {
+    if ((e = kcs_write(s, purge_op, &p, err))) {
+      free(p.keys);
+      return e;
+    }
+    if (removed)
+      *removed += p.dropped;
+    if (p.dropped)
+      kcs_tier_kick(s);
+  } while (p.dropped);
+  free(p.keys);
+  return KC_OK;
+}
