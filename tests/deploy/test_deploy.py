@@ -234,7 +234,8 @@ class Dockerfile(unittest.TestCase):
         user = self.args(rt, "USER")
         self.assertTrue(user, "no USER")
         self.assertNotIn(user[-1].split(":")[0], ("0", "root"))
-        self.assertEqual(self.args(rt, "EXPOSE"), ["8080"])
+        exposed = " ".join(self.args(rt, "EXPOSE")).split()
+        self.assertEqual(sorted(exposed), ["6379", "8080"], "HTTP API and RESP ports")
         self.assertTrue(self.args(rt, "VOLUME"))
         self.assertIn("/var/lib/kcache", self.args(rt, "VOLUME")[0])
         env = " ".join(self.args(rt, "ENV"))
@@ -384,6 +385,40 @@ class Kubernetes(unittest.TestCase):
             for p in svc["spec"]["ports"]:
                 tp = p.get("targetPort", p["port"])
                 self.assertTrue(tp in ports or tp in ports.values(), svc["metadata"]["name"])
+
+    def test_kcached_resp_port(self):
+        """The Redis-protocol listener: a named container port, on both
+        Services, and the settings kcached needs to start with it."""
+        sts = self.one("StatefulSet", "kcached")
+        spec = sts["spec"]
+        c = spec["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        listen = env.get("KCACHED_RESP_LISTEN")
+        self.assertTrue(listen, "KCACHED_RESP_LISTEN not set")
+        host, port = listen.rsplit(":", 1)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        self.assertEqual(ports.get("redis"), int(port))
+        self.assertNotEqual(ports.get("redis"), ports.get("https"))
+        # off loopback kcached refuses RESP without tokens, and without TLS
+        # (a certificate) or the plaintext opt-in
+        if not host.startswith("127."):
+            self.assertTrue(env.get("KCACHED_TOKENS"))
+            self.assertTrue(env.get("KCACHED_TLS_CERT") or
+                            env.get("KCACHED_ALLOW_PLAINTEXT") == "1")
+        self.assertIn(env.get("KCACHED_RESP_ANONYMOUS_ROLE", "none"), ("none", "read", "write"))
+        for svc in self.by_kind["Service"]:
+            doc = svc[2]
+            redis = [p for p in doc["spec"]["ports"] if p["name"] == "redis"]
+            self.assertEqual(len(redis), 1, doc["metadata"]["name"])
+            self.assertEqual(redis[0]["port"], 6379)
+            self.assertIn(redis[0].get("targetPort"), ("redis", int(port)))
+        # the NetworkPolicy that fences the RESP port names real ports
+        for _, _, pol in self.by_kind.get("NetworkPolicy", []):
+            self.assertLessEqual(pol["spec"]["podSelector"]["matchLabels"].items(),
+                                 spec["template"]["metadata"]["labels"].items())
+            for rule in pol["spec"]["ingress"]:
+                for p in rule.get("ports", []):
+                    self.assertTrue(p["port"] in ports or p["port"] in ports.values(), p)
 
     def warm_args(self, container):
         cmd = container.get("command", []) + container.get("args", [])

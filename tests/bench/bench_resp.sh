@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# bench_resp.sh: kcached's Redis-protocol listener against redis-server, in
+# one run, side by side (not a ctest entry).
+#
+# 1. redis-benchmark GET and SET of 4 KiB, 64 KiB and 1 MiB values at -c 50,
+#    and 4 KiB with -P 16, against kcached (--resp-listen) and against
+#    redis-server in three configurations: persistence off (--save ''
+#    --appendonly no), AOF with the default fsync (--appendonly yes
+#    --appendfsync everysec) and AOF synced before every answer (--appendonly
+#    yes --appendfsync always; kcached always answers a write after its synced
+#    LMDB commit). Each server starts on an empty data directory. Per test:
+#    requests/s, and requests per CPU-second of the server (utime+stime of
+#    /proc/PID/stat over the test; all its threads), since on a 2-CPU machine
+#    redis-benchmark itself may be the bottleneck. SETs come first, so the
+#    GETs that follow find their keys (-r: random keys in a keyspace).
+#    Every size starts with FLUSHDB, so a GET finds only values of its size.
+#    Note: redis-benchmark's values are the same bytes every time; kcached
+#    stores a value once by its SHA-256, so its SETs here write a key record
+#    and not the value. Step 2's fill uses distinct values.
+# 2. Restart: SET BENCH_FILL_COUNT (50000) distinct 64 KiB values (3.28 GB)
+#    with resp_tool.py (pipelined), stop, start again, and time from the
+#    start until the first GET returns a value, and the server's RSS then.
+#    kcached: its LMDB store; redis-server: an RDB snapshot (SAVE) of the same
+#    data, persistence otherwise off. The page cache is warm for both (the
+#    files were just written).
+#
+# Fair share on a small machine: both servers on CPU 1, redis-benchmark and
+# the Python client on CPU 0 (taskset); BENCH_PIN=0: unpinned. kcached gets
+# --threads 1 (HTTP workers; the RESP listener is one epoll thread and one
+# committer thread whatever --threads says).
+#
+# Usage: tests/bench/bench_resp.sh [path/to/kcached]
+#   env: BENCH_DIR (a directory with 8 GB free; default $TMPDIR or /tmp)
+#        BENCH_SCALE (1: multiplies every request count) BENCH_PIN (1)
+#        BENCH_FILL_COUNT (50000) BENCH_SKIP_RESTART (0) REDIS_SERVER
+# Needs: redis-server, redis-benchmark, redis-cli, python3, taskset.
+# Loopback only, on free ports; every loop is bounded; the temporary
+# directory is removed.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+kcached=${1:-${KCACHED:-$root/build/server/kcached}}
+[ -x "$kcached" ] || { echo "bench_resp: no kcached binary at $kcached (give its path)" >&2; exit 2; }
+redis_bin=${REDIS_SERVER:-$(command -v redis-server || echo /usr/bin/redis-server)}
+for tool in redis-benchmark redis-cli python3 "$redis_bin"; do
+  command -v "$tool" >/dev/null || { echo "bench_resp: $tool not found (scripts/install-deps.sh)" >&2; exit 2; }
+done
+
+scale=${BENCH_SCALE:-1}
+pin=${BENCH_PIN:-1}
+fill_count=${BENCH_FILL_COUNT:-50000}
+tick=$(getconf CLK_TCK)
+client_cpu=() server_cpu=()
+if [ "$pin" = 1 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+  client_cpu=(taskset -c 0) server_cpu=(taskset -c 1)
+fi
+
+tmp=$(mktemp -d "${BENCH_DIR:-${TMPDIR:-/tmp}}/kcache-respbench-XXXXXX")
+spid=""
+cleanup() {
+  for p in "$spid" "$(cat "$tmp/first.pid" 2>/dev/null || true)"; do
+    [ -n "$p" ] && kill "$p" 2>/dev/null && wait_gone "$p"
+  done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# Waits (120 s at most: a big AOF or RDB) for a process that may not be our
+# child to end.
+wait_gone() {
+  for _ in $(seq 1 1200); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+  echo "bench_resp: pid $1 did not stop" >&2
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Waits until the server on $port answers INFO with OUR pid (a port another
+# program took in between would answer with its own, or not at all).
+wait_ours() {
+  for _ in $(seq 1 200); do
+    kill -0 "$spid" 2>/dev/null || { echo "bench_resp: server died:" >&2; tail -3 "$tmp/server.log" >&2; exit 1; }
+    redis-cli -p "$port" info server 2>/dev/null | grep -q "^process_id:$spid" && return 0
+    sleep 0.05
+  done
+  echo "bench_resp: nothing of ours answers on port $port" >&2
+  exit 1
+}
+
+kcached_cmd() { # data dir -> argv in cmdv
+  cmdv=("${server_cpu[@]}" "$kcached" --listen 127.0.0.1:0 --data-dir "$1"
+        --resp-listen "127.0.0.1:$port" --threads 1)
+}
+
+redis_cmd() { # dir, extra args... -> argv in cmdv
+  local d=$1
+  shift
+  cmdv=("${server_cpu[@]}" "$redis_bin" --port "$port" --bind 127.0.0.1
+        --dir "$d" --logfile "$d/redis.log" --daemonize no "$@")
+}
+
+start_server() { # kind: kcached | off | everysec | always | rdb
+  port=$(free_port)
+  local d="$tmp/data-$1"
+  rm -rf "$d" && mkdir -p "$d"
+  case $1 in
+    kcached) kcached_cmd "$d" ;;
+    off) redis_cmd "$d" --save '' --appendonly no ;;
+    everysec) redis_cmd "$d" --save '' --appendonly yes --appendfsync everysec ;;
+    always) redis_cmd "$d" --save '' --appendonly yes --appendfsync always ;;
+    rdb) redis_cmd "$d" --save '' --appendonly no --dbfilename dump.rdb ;;
+  esac
+  "${cmdv[@]}" 2>"$tmp/server.log" &
+  spid=$!
+  wait_ours
+}
+
+stop_server() {
+  kill "$spid" 2>/dev/null || true
+  wait "$spid" 2>/dev/null || true
+  spid=""
+}
+
+cpu_ticks() { # pid -> utime+stime of every thread, in clock ticks
+  awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
+}
+
+# name, args... -> "rps cpu_seconds" of one redis-benchmark test
+bench_one() {
+  local c0 c1 out rps
+  c0=$(cpu_ticks "$spid")
+  out=$(timeout 300 "${client_cpu[@]}" redis-benchmark -p "$port" --csv "$@" 2>"$tmp/rb.err") ||
+    { echo "bench_resp: redis-benchmark $*: $(tail -2 "$tmp/rb.err")" >&2; exit 1; }
+  c1=$(cpu_ticks "$spid")
+  rps=$(awk -F'"' 'NR > 1 && $2 != "test" { print $4; exit }' <<<"$out")
+  [ -n "$rps" ] || { echo "bench_resp: no result from redis-benchmark $*: $out" >&2; exit 1; }
+  echo "$rps $(awk -v a="$c0" -v b="$c1" -v t="$tick" 'BEGIN { printf "%.2f", (b - a) / t }')"
+}
+
+# Test table: label, -d, -n (x scale), -r, -P
+tests=(
+  "4K 4096 100000 10000 1"
+  "64K 65536 20000 2000 1"
+  "1M 1048576 2000 200 1"
+  "4K-P16 4096 400000 10000 16"
+)
+read -ra servers <<<"${BENCH_SERVERS:-kcached off everysec always}"
+declare -A rps cpu
+for s in "${servers[@]}"; do
+  start_server "$s"
+  for t in "${tests[@]}"; do
+    read -r label size n keys pipe <<<"$t"
+    n=$(awk -v n="$n" -v k="$scale" 'BEGIN { printf "%d", n * k }')
+    # Only this size's keys: the GETs must not meet values of another test.
+    redis-cli -p "$port" flushdb >/dev/null
+    for op in set get; do
+      read -r r c < <(bench_one -t "$op" -d "$size" -n "$n" -r "$keys" -c 50 -P "$pipe")
+      rps[$s,$op,$label]=$r cpu[$s,$op,$label]=$c
+      echo "bench_resp: $s $op $label: $r req/s, server CPU $c s for $n requests" >&2
+    done
+  done
+  stop_server
+  rm -rf "$tmp/data-$s"
+done
+
+# ---- restart with >= 3 GB of 64 KiB values ----
+# Sets res=(fill_bytes fill_s fill_cpu_s ms rss_kib disk_bytes) for a kind.
+restart_one() {
+  local kind=$1 fb fs c0 c1 d="$tmp/data-$1" ms rss
+  start_server "$kind"
+  c0=$(cpu_ticks "$spid")
+  read -r fb fs < <("${client_cpu[@]}" python3 "$here/resp_tool.py" fill "$port" "$fill_count" 65536)
+  [ "$kind" = rdb ] && redis-cli -p "$port" save >/dev/null
+  c1=$(cpu_ticks "$spid")
+  stop_server
+  port=$(free_port)
+  if [ "$kind" = kcached ]; then kcached_cmd "$d"; else
+    redis_cmd "$d" --save '' --appendonly no --dbfilename dump.rdb; fi
+  read -r ms rss < <(python3 "$here/resp_tool.py" firstget "$tmp/first.pid" 65536 \
+    $((fill_count / 2)) "$port" -- "${cmdv[@]}")
+  res=("$fb" "$fs" "$(awk -v a="$c0" -v b="$c1" -v t="$tick" 'BEGIN { printf "%.2f", (b - a) / t }')"
+       "$ms" "$rss" "$(du -sb "$d" | cut -f1)")
+  rm -rf "$d"
+}
+if [ "${BENCH_SKIP_RESTART:-0}" != 1 ]; then
+  restart_one kcached
+  read -r kfb kfs kfc kms krss kdisk <<<"${res[*]}"
+  echo "bench_resp: kcached restart: first value after $kms ms, RSS $krss KiB" >&2
+  restart_one rdb
+  read -r rfb rfs rfc rms rrss rdisk <<<"${res[*]}"
+  echo "bench_resp: redis restart: first value after $rms ms, RSS $rrss KiB" >&2
+fi
+
+# ---- report ----
+pinned=$([ ${#client_cpu[@]} -gt 0 ] && echo "redis-benchmark on CPU 0, servers on CPU 1" || echo "unpinned")
+echo
+echo "$("$kcached" --version) vs redis-server $("$redis_bin" --version | sed 's/.*v=\([^ ]*\).*/\1/'); redis-benchmark -c 50 --csv, request counts x$scale; $pinned"
+echo "req/s (requests per server CPU-second); ratios: kcached / redis"
+printf '%-12s %22s %22s %22s %22s %9s %9s %9s\n' test kcached "redis off" "redis everysec" "redis always" "/off" "/always" "target"
+for t in "${tests[@]}"; do
+  read -r label _ _ _ _ <<<"$t"
+  for op in set get; do
+    line=$(printf '%-12s' "${op^^} $label")
+    for s in "${servers[@]}"; do
+      line+=$(awk -v r="${rps[$s,$op,$label]:-0}" -v c="${cpu[$s,$op,$label]:-0}" -v n="$(awk -v t="$t" -v k="$scale" 'BEGIN { split(t, a, " "); printf "%d", a[3] * k }')" \
+        'BEGIN { printf " %11.0f (%8.0f)", r, (c > 0 ? n / c : 0) }')
+    done
+    k=${rps[kcached,$op,$label]:-0}
+    target="-"
+    [ "$op" = get ] && target=">=0.8 off"
+    [ "$op" = set ] && target=">=0.3 off, >=1.0 always"
+    line+=$(awk -v k="$k" -v o="${rps[off,$op,$label]:-0}" -v a="${rps[always,$op,$label]:-0}" -v t="$target" \
+      'BEGIN { printf " %9s %9s  %s", x(k, o), x(k, a), t }
+       function x(p, q) { return q > 0 ? sprintf("%.2fx", p / q) : "-" }')
+    echo "$line"
+  done
+done
+if [ "${BENCH_SKIP_RESTART:-0}" != 1 ]; then
+  echo
+  echo "restart with $fill_count distinct 64 KiB values ($(awk -v b="$kfb" 'BEGIN { printf "%.2f GB", b / 1e9 }')), filled by resp_tool.py (one connection, pipelined):"
+  printf '%-34s %14s %14s %10s\n' "" kcached "redis (RDB)" target
+  awk -v a="$kfb" -v b="$kfs" -v c="$rfb" -v d="$rfs" 'BEGIN { printf "%-34s %9.0f MB/s %9.0f MB/s\n", "fill (distinct-value SETs)", a / b / 1e6, c / d / 1e6 }'
+  awk -v a="$kfc" -v c="$rfc" 'BEGIN { printf "%-34s %12.1f s %12.1f s  (redis: with SAVE)\n", "server CPU during the fill", a, c }'
+  printf '%-34s %11s ms %11s ms %10s\n' "start to first GET value" "$kms" "$rms" "< 100 ms"
+  awk -v a="$krss" -v c="$rrss" 'BEGIN { printf "%-34s %10.1f MiB %10.1f MiB %10s\n", "RSS then", a / 1024, c / 1024, "< 100 MiB" }'
+  awk -v a="$kdisk" -v c="$rdisk" 'BEGIN { printf "%-34s %11.2f GB %11.2f GB\n", "on disk", a / 1e9, c / 1e9 }'
+fi
