@@ -99,6 +99,37 @@ int kcc_cache_tmp(const kc_client *c, char *path, char *err);
 kc_err kcc_cache_blob_read(kc_client *c, const char *digest, uint64_t size,
                            void **data, size_t *len, char *err);
 
+/* ---- compat.c: kc_warm's compatible-arch fallback ---- */
+
+/* Room for every target NVIDIA has, cubin and PTX (gpu/arch.c: 66). */
+#define KCC_COMPAT_MAX 96
+
+typedef struct kcc_compat {
+  int on;                 /* a device is known and the fallback wanted */
+  int cc_major, cc_minor; /* the device */
+  int driver_version;     /* its driver (12080 = 12.8); 0: unknown, no PTX */
+  char driver[16];        /* "driver" field PTX keys get ("" when the
+                             manifest pins it) */
+  char device[40];        /* for messages: "8.9 (GPU 0)", "sm_89 (given)" */
+  char (*archs)[KC_ARCH_MAX + 1]; /* what can serve it, best first */
+  size_t n_archs;
+} kcc_compat;
+
+/* Finds the device (o->device_arch, else the first GPU; none: cp->on 0) and
+ * the targets that serve it. base: the keys' fields without bucket and arch
+ * (its nvrtc/cuda say which PTX ISA a bundle holds). KC_EINVAL for a
+ * device_arch that is not one. */
+kc_err kcc_compat_init(kcc_compat *cp, const kc_warm_opts *o,
+                       const kc_key_fields *base, char *err);
+void kcc_compat_free(kcc_compat *cp);
+/* 1 when a key of arch is for this device (its arch runs on it). */
+int kcc_compat_applies(const kcc_compat *cp, const char *arch);
+/* The keys that may stand in for item's, best first, its own left out
+ * (none when item's arch is not for this device). */
+size_t kcc_compat_keys(const kcc_compat *cp, const kc_key_fields *base,
+                       const kc_key_fields *item,
+                       char (*keys)[KC_HEX_LEN + 1], size_t max);
+
 /* ---- files.c ---- */
 
 int64_t kcc_now_ms(void);
