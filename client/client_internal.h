@@ -27,8 +27,17 @@ struct kc_client {
   long request_cap_ms;   /* > 0: one request's most (kc_warm's lookup) */
   size_t answer_max;     /* > 0: the largest answer kcc_http_do takes
                             (kc_client_blob_get: any); 0: KCC_ANSWER_MAX */
+  unsigned char blob_dir[256]; /* what is known of blobs/<2 hex>/: KCC_DIR_* */
 };
 
+/* What is known of a blob fan-out directory (bits), so that a warm makes
+ * each once and probes for blobs only where some may be (cache.c). */
+enum {
+  KCC_DIR_LOOKED = 1, /* looked at during this fetch */
+  KCC_DIR_ABSENT = 2, /* ... and missing then: no blob to probe for in it
+                         (this fetch dedupes its own digests) */
+  KCC_DIR_MADE = 4    /* exists: made or seen by this client */
+};
 /* JSON answers (manifests, lookups of 4096 keys, stats) above this are a
  * server gone wrong: cut off rather than held in memory. */
 #define KCC_ANSWER_MAX ((size_t)256 << 20)
@@ -90,6 +99,21 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
 
 /* 1 when the blob is cached as a regular file of that size. */
 int kcc_cache_blob_ok(const kc_client *c, const char *digest, uint64_t size);
+/* kcc_cache_blob_ok, without the lstat when the blob's directory was
+ * missing when first looked at (one lstat per directory instead of one per
+ * blob in an empty cache). Fetches call kcc_cache_forget_dirs when they
+ * start, so a look holds for one fetch only. */
+int kcc_cache_blob_maybe(kc_client *c, const char *digest, uint64_t size);
+void kcc_cache_forget_dirs(kc_client *c);
+/* Writes data to a new file in tmp/ (path out, PATH_MAX): mkstemp, one
+ * write, close. The file is removed on failure. */
+kc_err kcc_cache_write_tmp(const kc_client *c, const void *data, size_t len,
+                           char tmp[PATH_MAX], char *err);
+/* Renames a verified tmp file to blobs/<2 hex>/<digest>, making the
+ * directory the first time this client needs it; tmp is removed on
+ * failure. */
+kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
+                              const char *digest, char *err);
 /* A temporary file in cache/tmp; path must hold PATH_MAX. fd or -1. */
 int kcc_cache_tmp(const kc_client *c, char *path, char *err);
 /* Loads a blob file verified against digest and its manifest's size into

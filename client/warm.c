@@ -351,32 +351,18 @@ static void got_bundle(wctx *x, size_t i, kc_manifest *m) {
   ready(x, i, x->fetched_as, m);
 }
 
-/* The served bundles' blobs, all at once: one pool of transfers. */
-static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
-  size_t nd = 0;
-  for (size_t k = 0; k < n; k++)
-    nd += found[k] ? found[k]->n_files : 0;
-  const kc_file **d = calloc(nd + 1, sizeof *d);
-  char e2[KC_ERRBUF_SIZE] = "";
-  uint64_t got = 0;
-  if (!d)
-    return;
-  nd = 0;
-  for (size_t k = 0; k < n; k++)
-    for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
-      d[nd++] = &found[k]->files[j];
-  kc_err e = kcc_fetch_blobs(x->c, d, nd, NULL, &got, e2);
-  free(d);
-  x->rep->bytes_fetched += got;
-  if (is_down(e))
-    server_down(x, e2);
+/* After the fetch: each bundle whose blobs all came (ok[], in the order
+ * they were asked for) is stored and used; e and why: the fetch's first
+ * failure. */
+static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
+                         size_t n, const char *ok, kc_err e,
+                         const char *why) {
   for (size_t k = 0; k < n; k++) {
     if (!found[k])
       continue;
     int all = 1;
     for (size_t j = 0; j < found[k]->n_files; j++)
-      all &= kcc_cache_blob_ok(x->c, found[k]->files[j].sha256,
-                               found[k]->files[j].size);
+      all &= *ok++;
     if (all && kc_cache_bundle_put(x->c, found[k], NULL) == KC_OK) {
       got_bundle(x, idx[k], found[k]);
       found[k] = NULL;
@@ -387,8 +373,35 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
     if (e == KC_DIGEST_MISMATCH)
       x->remote_bad[idx[k]] = BAD_BLOB; /* never used; rebuilt below */
     if (e)
-      note(x, idx[k], e, e2);
+      note(x, idx[k], e, why);
   }
+}
+
+/* The served bundles' blobs, all at once: one pool of transfers. */
+static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
+  size_t nd = 0;
+  for (size_t k = 0; k < n; k++)
+    nd += found[k] ? found[k]->n_files : 0;
+  const kc_file **d = calloc(nd + 1, sizeof *d);
+  char *ok = calloc(nd + 1, 1), e2[KC_ERRBUF_SIZE] = "";
+  uint64_t got = 0;
+  if (!d || !ok) {
+    free(d);
+    free(ok);
+    return;
+  }
+  nd = 0;
+  for (size_t k = 0; k < n; k++)
+    for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
+      d[nd++] = &found[k]->files[j];
+  /* ok[] says which blobs are cached now: no second look at each */
+  kc_err e = kcc_fetch_blobs(x->c, d, nd, ok, &got, e2);
+  free(d);
+  x->rep->bytes_fetched += got;
+  if (is_down(e))
+    server_down(x, e2);
+  take_fetched(x, found, idx, n, ok, e, e2);
+  free(ok);
 }
 
 /* A lookup that failed: remembered for the report of every key it left

@@ -2117,6 +2117,67 @@ static void test_command_builder_symlinks(void **state) {
   kc_client_free(c);
 }
 
+/* ---- issue 17: file-system cost of a fetch ---- */
+
+/* Entries of a directory other than . and .. */
+static int entries_in(const char *dir) {
+  char cmd[600], out[64] = "";
+  snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", dir);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  assert_non_null(fgets(out, sizeof out, p));
+  pclose(p);
+  return atoi(out);
+}
+
+/* A pull into an empty cache: small blobs (verified in memory, written
+ * once), a 3 MiB one (streamed to its temporary file), one blob under two
+ * paths (fetched once); every byte verified, nothing left in tmp/. Then the
+ * blob directories vanish under the same client handle (another process
+ * cleaned the cache): the next pull makes them again. */
+static void test_fetch_small_and_large(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE], seed[400], cache2[400], p[1200];
+  start_server(f);
+  snprintf(seed, sizeof seed, "%s/seed", f->dir);
+  kc_client *c = client_for(seed, f->srv.url);
+  size_t big = 3u << 20;
+  char *blob = malloc(big + 1);
+  for (size_t i = 0; i < big; i++)
+    blob[i] = (char)('a' + (i * 7919 + i / 4096) % 26);
+  blob[big] = '\0';
+  const char *paths[] = {"a.txt", "sub/b.txt", "big.bin", "copy.txt"};
+  const char *texts[] = {"alpha", "beta", blob, "alpha"};
+  kc_manifest *m = manifest_of(c, paths, texts, 4), *got = NULL;
+  assert_int_equal(kc_client_push(c, m, err), KC_OK);
+  kc_client_free(c);
+  snprintf(cache2, sizeof cache2, "%s/c2", f->dir);
+  c = client_for(cache2, f->srv.url);
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(kc_client_pull(c, m->key, &got, err), KC_OK);
+    assert_true(kc_manifest_equal(m, got));
+    kc_manifest_free(got);
+    void *data = NULL;
+    size_t len = 0;
+    assert_int_equal(kc_bundle_file_bytes(c, m, "big.bin", &data, &len, err),
+                     KC_OK);
+    assert_int_equal(len, big);
+    assert_memory_equal(data, blob, big);
+    free(data);
+    snprintf(p, sizeof p, "%s/tmp", cache2);
+    assert_int_equal(entries_in(p), 0);
+    snprintf(p, sizeof p, "%s/blobs", cache2);
+    assert_int_equal(entries_in(p), 3); /* "alpha" once */
+    /* another process empties the cache under this handle */
+    snprintf(p, sizeof p, "rm -rf '%s'/blobs/* '%s'/bundles/*", cache2,
+             cache2);
+    assert_int_equal(system(p), 0);
+  }
+  kc_client_free(c);
+  kc_manifest_free(m);
+  free(blob);
+}
+
 /* ---- issue 17: compatible-arch fallback ---- */
 
 /* A command-builder warmup for `archs` (a JSON list body: "\"sm_86\"") whose
@@ -2373,6 +2434,7 @@ int main(void) {
       T(test_compat_never_wrong),
       T(test_compat_ptx),
       T(test_compat_flags),
+      T(test_fetch_small_and_large),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();
