@@ -33,6 +33,7 @@ typedef struct xfer {
   uint64_t got, want; /* want: the manifest's size */
   int too_big;        /* more bytes arrived than want: cut off */
   int busy;           /* a transfer is armed (its tmp file, if any, open) */
+  int set_up;         /* the handle's fixed options are set */
   char url[512];
   char ebuf[CURL_ERROR_SIZE];
 } xfer;
@@ -123,15 +124,20 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   x->busy = 1;
   kc_sha256_reset(x->sha);
   snprintf(x->url, sizeof x->url, "%s/v1/blobs/%s", r->c->url, digest);
-  curl_easy_reset(x->h);
-  kcc_http_setup(r->c, x->h, budget);
+  if (!x->set_up) { /* options stay on the handle from one blob to the next */
+    kcc_http_setup(r->c, x->h, budget);
+    curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
+    curl_easy_setopt(x->h, CURLOPT_ERRORBUFFER, x->ebuf);
+    /* fewer, larger reads: a 48 KiB blob in one or two instead of four */
+    curl_easy_setopt(x->h, CURLOPT_BUFFERSIZE, 256L << 10);
+    x->set_up = 1;
+  }
+  curl_easy_setopt(x->h, CURLOPT_TIMEOUT_MS, budget);
   curl_easy_setopt(x->h, CURLOPT_URL, x->url);
-  curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_data);
-  curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
   /* A Content-Length above the size is refused before the body. */
   curl_easy_setopt(x->h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)x->want);
-  curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
-  curl_easy_setopt(x->h, CURLOPT_ERRORBUFFER, x->ebuf);
   x->ebuf[0] = '\0';
   curl_multi_add_handle(r->c->multi, x->h);
   return 0;
