@@ -90,22 +90,10 @@ fail(fetch_run *r, kc_err e, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Arms x for digest idx; 0 on success. */
-static int start(fetch_run *r, xfer *x, size_t idx) {
+/* Where x's bytes go: memory for a small blob, its tmp file for a large
+ * one. 0 on success. */
+static int arm(fetch_run *r, xfer *x) {
   char e2[KC_ERRBUF_SIZE];
-  const char *digest = r->files[idx]->sha256;
-  x->idx = idx;
-  x->got = 0;
-  x->want = r->files[idx]->size;
-  x->too_big = 0;
-  /* A passed deadline leaves no budget, and a timeout of 0 is libcurl's
-   * "no limit": a transfer started now would wait on a stalled server
-   * forever. */
-  long budget = kcc_http_budget_ms(r->c);
-  if (budget <= 0) {
-    fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", digest);
-    return -1;
-  }
   x->fd = -1;
   if (x->want > KCC_FETCH_MEM) {
     if ((x->fd = kcc_cache_tmp(r->c, x->tmp, e2)) < 0) {
@@ -122,6 +110,26 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
     x->cap = (size_t)x->want;
   }
   x->busy = 1;
+  return 0;
+}
+
+/* Arms x for digest idx; 0 on success. */
+static int start(fetch_run *r, xfer *x, size_t idx) {
+  const char *digest = r->files[idx]->sha256;
+  x->idx = idx;
+  x->got = 0;
+  x->want = r->files[idx]->size;
+  x->too_big = 0;
+  /* A passed deadline leaves no budget, and a timeout of 0 is libcurl's
+   * "no limit": a transfer started now would wait on a stalled server
+   * forever. */
+  long budget = kcc_http_budget_ms(r->c);
+  if (budget <= 0) {
+    fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", digest);
+    return -1;
+  }
+  if (arm(r, x) != 0)
+    return -1;
   kc_sha256_reset(x->sha);
   snprintf(x->url, sizeof x->url, "%s/v1/blobs/%s", r->c->url, digest);
   if (!x->set_up) { /* options stay on the handle from one blob to the next */
