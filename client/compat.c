@@ -26,36 +26,38 @@ static int driver_of(const char *v) {
   return ma * 1000 + mi * 10;
 }
 
-/* The device: the option, else the first GPU. The driver: the manifest's
- * pinned "driver" (what PTX keys hold), else detected; 0 when unknown. */
+/* The device: the option, else the first GPU (kc_gpu_detect: cuInit, the
+ * costly part, only then). The driver: the manifest's pinned "driver" (what
+ * PTX keys hold), else the detected one (with the option: the driver's
+ * version alone, no cuInit); 0 when unknown. */
 static kc_err find_device(kcc_compat *cp, const kc_warm_opts *o,
                           const kc_key_fields *base, char *err) {
   kc_gpu_info gi;
-  int have_gpu = kc_gpu_detect(&gi, NULL) == KC_OK && gi.n_devices > 0;
   const char *pinned = tool_of(base, "driver");
+  int driver = 0;
   if (o->device_arch) {
     if (kc_gpu_cc_parse(o->device_arch, &cp->cc_major, &cp->cc_minor) != 0)
       return kc_errf(err, KC_EINVAL,
                      "device arch '%.20s': not sm_XY or X.Y", o->device_arch);
     snprintf(cp->device, sizeof cp->device, "%.20s (given)", o->device_arch);
-  } else if (have_gpu) {
+    if (!pinned && kc_gpu_driver_version(&driver, NULL) != KC_OK)
+      driver = 0;
+  } else if (kc_gpu_detect(&gi, NULL) == KC_OK && gi.n_devices > 0) {
     cp->cc_major = gi.devices[0].cc_major;
     cp->cc_minor = gi.devices[0].cc_minor;
+    driver = gi.driver_version;
     snprintf(cp->device, sizeof cp->device, "%d.%d (GPU 0)", cp->cc_major,
              cp->cc_minor);
   } else {
     return KC_OK; /* no device: no fallback */
   }
   cp->on = 1;
-  /* A PTX key holds the driver: the manifest's pin (in base already; it
-   * says which driver the bundles are for), else the detected one; with
-   * neither, no PTX fallback (driver_version 0). */
-  cp->driver_version = pinned     ? driver_of(pinned)
-                       : have_gpu ? gi.driver_version
-                                  : 0;
-  if (!pinned && have_gpu)
-    snprintf(cp->driver, sizeof cp->driver, "%d.%d",
-             gi.driver_version / 1000, gi.driver_version % 1000 / 10);
+  /* A PTX key holds the driver: the manifest's pin (in base already), else
+   * the detected one; with neither, no PTX fallback (driver_version 0). */
+  cp->driver_version = pinned ? driver_of(pinned) : driver;
+  if (!pinned && driver)
+    snprintf(cp->driver, sizeof cp->driver, "%d.%d", driver / 1000,
+             driver % 1000 / 10);
   return KC_OK;
 }
 

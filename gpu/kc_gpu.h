@@ -38,6 +38,9 @@ typedef struct kc_gpu_info {
 /* Loads libcuda.so.1 with dlopen. No driver, or no device: KC_NO_DRIVER with
  * a sentence saying what was searched; never a crash. */
 kc_err kc_gpu_detect(kc_gpu_info *out, char *err);
+/* The driver's version alone (cuDriverGetVersion: 13000 = 13.0), without
+ * cuInit: cheap, and no device is touched. KC_NO_DRIVER without one. */
+kc_err kc_gpu_driver_version(int *out, char *err);
 
 /* ---- Arch compatibility ---- */
 

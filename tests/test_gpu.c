@@ -1169,6 +1169,28 @@ static void test_compat_order(void **state) {
   assert_string_equal(small[1], "sm_87");
 }
 
+/* The driver's version without cuInit: what kc_gpu_detect says, or
+ * KC_NO_DRIVER (and 0) where there is none. */
+static void test_driver_version(void **state) {
+  (void)state;
+  kc_gpu_info gi;
+  char err[KC_ERRBUF_SIZE] = "";
+  int v = -1;
+  kc_err e = kc_gpu_driver_version(&v, err);
+  if (kc_gpu_detect(&gi, NULL) == KC_OK) {
+    assert_int_equal(e, KC_OK);
+    assert_int_equal(v, gi.driver_version);
+    return;
+  }
+  if (e == KC_OK) { /* a driver without a usable device */
+    assert_true(v >= 9000);
+    return;
+  }
+  assert_int_equal(e, KC_NO_DRIVER);
+  assert_int_equal(v, 0);
+  assert_true(err[0] != '\0');
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--stub-driver") == 0) {
     const struct CMUnitTest stub[] = {cmocka_unit_test(test_stub_driver)};
@@ -1217,6 +1239,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_ptx_isa),
       cmocka_unit_test(test_cc_parse),
       cmocka_unit_test(test_compat_order),
+      cmocka_unit_test(test_driver_version),
   };
   return cmocka_run_group_tests_name("gpu", tests, NULL, NULL);
 }
