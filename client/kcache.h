@@ -321,9 +321,12 @@ kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
 /* Fetch-or-build every key of w (DESIGN.md, "Client warmup"):
  *  1. keys from kc_warm_keys; 2. the local cache (every blob checked for
  *     type and size, then re-hashed, within the deadline);
- *  3. one POST /v1/lookup (per 4096 keys), then all missing blobs in
- *     parallel (c's parallelism) over pooled connections, hashed while
- *     streaming, renamed into the cache only when they match;
+ *  3. one POST /v1/lookup (per 4096 keys; with, for each key whose arch
+ *     runs on the target device, the keys of the bundles that would serve
+ *     it instead, best first: hit-compat, see kc_warm_opts.device_arch),
+ *     then all missing blobs in parallel (c's parallelism) over pooled
+ *     connections, hashed while streaming, renamed into the cache only
+ *     when they match;
  *  4. for the rest: take the lease, build (o->build_jobs keys at once, each
  *     in a forked process; NVRTC itself in a child per kernel), upload blobs
  *     then the manifest, release; a lease held by another: poll until the
