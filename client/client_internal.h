@@ -127,6 +127,9 @@ kc_err kcc_cache_blob_read(kc_client *c, const char *digest, uint64_t size,
 
 /* Room for every target NVIDIA has, cubin and PTX (gpu/arch.c: 66). */
 #define KCC_COMPAT_MAX 96
+/* kc_warm asks for stand-ins in the same lookup as the keys up to this
+ * many pending keys; past it, in a second lookup for the keys missing. */
+#define KCC_COMPAT_INLINE 256
 
 typedef struct kcc_compat {
   int on;                 /* a device is known and the fallback wanted */

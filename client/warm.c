@@ -511,11 +511,11 @@ static kcc_compat *compat(wctx *x) {
   return x->cp_ready ? &x->cp : NULL;
 }
 
-/* Adds item i (its key and its stand-ins) to s, running s first when they
- * would not fit. */
-static void lookup_add(wctx *x, lookup_set *s, size_t i) {
+/* Adds item i (its key and, with alts, its stand-ins) to s, running s
+ * first when they would not fit. */
+static void lookup_add(wctx *x, lookup_set *s, size_t i, int alts) {
   char (*alt)[KC_HEX_LEN + 1] = s->scratch;
-  const kcc_compat *cp = x->spare[i] ? NULL : compat(x);
+  const kcc_compat *cp = x->spare[i] || !alts ? NULL : compat(x);
   size_t na = cp ? kcc_compat_keys(cp, &x->base, &x->fields[i], alt,
                                    KCC_COMPAT_MAX)
                  : 0;
@@ -530,22 +530,46 @@ static void lookup_add(wctx *x, lookup_set *s, size_t i) {
   }
 }
 
-/* One lookup (per 4096 keys) for the pending keys (only the waiting ones
- * when `waiting`) and their stand-ins, and their blobs in parallel. */
-static void phase_remote(wctx *x, int waiting) {
+static int wanted(const wctx *x, size_t i, int waiting) {
+  return x->pending[i] && (!waiting || x->waiting[i]);
+}
+
+/* One pass: lookups (per 4096 keys) for the wanted keys (with alts, and
+ * their stand-ins), and their blobs in parallel. */
+static void remote_pass(wctx *x, int waiting, int alts) {
   lookup_set *s = calloc(1, sizeof *s);
   if (s && !(s->alt = calloc(KC_LOOKUP_MAX, sizeof *s->alt))) {
     free(s);
     s = NULL;
   }
   for (size_t i = 0; s && i < x->rep->n_items && x->server_ok; i++)
-    if (x->pending[i] && (!waiting || x->waiting[i]))
-      lookup_add(x, s, i);
+    if (wanted(x, i, waiting))
+      lookup_add(x, s, i, alts);
   if (s && s->n && x->server_ok)
     lookup_run(x, s);
   if (s)
     free(s->alt);
   free(s);
+}
+
+/* The pending keys (only the waiting ones when `waiting`) and their
+ * stand-ins in the same round trip. Past KCC_COMPAT_INLINE keys (a bulk
+ * warm, where every key's stand-ins would cost more than they save), the
+ * keys first, then the stand-ins of those still missing. */
+static void phase_remote(wctx *x, int waiting) {
+  size_t m = 0;
+  for (size_t i = 0; i < x->rep->n_items; i++)
+    m += wanted(x, i, waiting);
+  if (m <= KCC_COMPAT_INLINE || x->o->no_compat) {
+    remote_pass(x, waiting, !x->o->no_compat);
+    return;
+  }
+  remote_pass(x, waiting, 0);
+  size_t left = 0;
+  for (size_t i = 0; i < x->rep->n_items; i++)
+    left += wanted(x, i, waiting);
+  if (left && compat(x) && x->cp.on)
+    remote_pass(x, waiting, 1);
 }
 
 /* Keys still missing after the lookup: a stand-in in the local cache (a

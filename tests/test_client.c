@@ -2187,14 +2187,20 @@ static void test_fetch_small_and_large(void **state) {
  * object body. */
 static void compat_warmup(fx *f, const char *name, const char *archs,
                           const char *toolchain, char *path, size_t size) {
+  const char *n = getenv("KC_TEST_BUCKETS"); /* test_compat_many */
+  int nb = n ? atoi(n) : 1;
+  char buckets[8192] = "";
+  for (int b = 1; b <= nb && strlen(buckets) < sizeof buckets - 32; b++)
+    snprintf(buckets + strlen(buckets), sizeof buckets - strlen(buckets),
+             "%s{\"batch\":%d}", b > 1 ? "," : "", b);
   snprintf(path, size, "%s/%s.json", f->dir, name);
   write_text(path,
              "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
              "\"hash\":\"%s\"},\"archs\":[%s],\"toolchain\":{%s},"
              "\"builder\":{\"command\":[\"sh\",\"-c\",\"[ -z $KC_SLEEP ] || "
              "sleep $KC_SLEEP; [ -z $KC_FAIL ] && printf {arch} > "
-             "{out}/arch.txt\"],\"timeout_s\":60},\"buckets\":[{\"batch\":1}]}",
-             MODEL, archs, toolchain);
+             "{out}/arch.txt\"],\"timeout_s\":60},\"buckets\":[%s]}",
+             MODEL, archs, toolchain, buckets);
 }
 
 /* Puts the bundles of `archs` on the server (built and uploaded from a
@@ -2204,7 +2210,7 @@ static void compat_seed(fx *f, const char *archs, const char *toolchain) {
   compat_warmup(f, "seed", archs, toolchain, w, sizeof w);
   int rc = run_cli(out, sizeof out,
                    "warm %s --url %s --cache-dir %s/seed --no-compat "
-                   "--strict --quiet",
+                   "--strict --quiet --jobs 8",
                    w, f->srv.url, f->dir);
   if (rc != 0)
     fail_msg("seeding %s: exit %d: %s", archs, rc, out);
@@ -2374,6 +2380,26 @@ static void test_compat_flags(void **state) {
   assert_string_equal(built_for(f, "f5", "sm_89"), "sm_86");
 }
 
+/* More pending keys than go with their stand-ins in one lookup
+ * (KCC_COMPAT_INLINE, 256): the keys first, then the stand-ins of the
+ * missing ones; 300 hit-compat, and the one key the server has is a plain
+ * hit-remote. */
+static void test_compat_many(void **state) {
+  fx *f = *state;
+  static char out[1 << 20]; /* 300 items of JSON */
+  start_server(f);
+  setenv("KC_TEST_BUCKETS", "300", 1);
+  compat_seed(f, "\"sm_86\"", "");
+  assert_int_equal(compat_warm(f, "m1", "\"sm_89\",\"sm_86\"", "", "",
+                               "--device-arch sm_89 --no-build --strict "
+                               "--quiet",
+                               out, sizeof out),
+                   0);
+  unsetenv("KC_TEST_BUCKETS");
+  assert_non_null(strstr(out, "\"hit-compat\": 300"));
+  assert_non_null(strstr(out, "\"hit-remote\": 300"));
+}
+
 int main(void) {
   /* Commands run without --cache-dir must not touch ~/.cache. */
   char home_cache[256];
@@ -2435,6 +2461,7 @@ int main(void) {
       T(test_compat_ptx),
       T(test_compat_flags),
       T(test_fetch_small_and_large),
+      T(test_compat_many),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();
