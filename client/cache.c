@@ -134,18 +134,89 @@ int kcc_cache_tmp(const kc_client *c, char *path, char *err) {
   return fd;
 }
 
-/* Makes blobs/<2 hex>/ on demand: 256 directories made lazily. */
-static kc_err blob_dir(const kc_client *c, const char *digest, char *err) {
-  char p[PATH_MAX];
-  snprintf(p, sizeof p, "%s/blobs/%.2s", c->cache_dir, digest);
-  if (mkdir(p, 0755) != 0 && errno != EEXIST)
-    return kc_errf(err, KC_IO, "mkdir %s: %s", p, strerror(errno));
-  return KC_OK;
+/* The fan-out directory blobs/<2 hex>/ of a digest, 0..255. */
+static int fan_of(const char *digest) {
+  static const char hex[] = "0123456789abcdef";
+  const char *a = strchr(hex, digest[0]), *b = strchr(hex, digest[1]);
+  return a && b && digest[0] && digest[1] ? (int)((a - hex) * 16 + (b - hex))
+                                          : 0;
+}
+
+int kcc_cache_blob_maybe(kc_client *c, const char *digest, uint64_t size) {
+  int k = fan_of(digest);
+  if (!(c->blob_dir[k] & KCC_DIR_LOOKED)) { /* one look per directory */
+    char p[PATH_MAX];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/blobs/%.2s", c->cache_dir, digest);
+    c->blob_dir[k] |= KCC_DIR_LOOKED;
+    if (lstat(p, &st) == 0)
+      c->blob_dir[k] |= KCC_DIR_MADE;
+    else
+      c->blob_dir[k] = KCC_DIR_LOOKED | KCC_DIR_ABSENT;
+  }
+  return !(c->blob_dir[k] & KCC_DIR_ABSENT) &&
+         kcc_cache_blob_ok(c, digest, size);
+}
+
+void kcc_cache_forget_dirs(kc_client *c) {
+  for (int k = 0; k < 256; k++)
+    c->blob_dir[k] &= KCC_DIR_MADE;
+}
+
+kc_err kcc_cache_write_tmp(const kc_client *c, const void *data, size_t len,
+                           char tmp[PATH_MAX], char *err) {
+  int fd = kcc_cache_tmp(c, tmp, err);
+  if (fd < 0)
+    return KC_IO;
+  const char *p = data;
+  size_t left = len;
+  while (left) {
+    ssize_t n = write(fd, p, left);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    p += n;
+    left -= (size_t)n;
+  }
+  int saved = left ? (errno ? errno : ENOSPC) : 0;
+  if (close(fd) != 0 && !saved)
+    saved = errno;
+  if (!saved)
+    return KC_OK;
+  unlink(tmp);
+  return kc_errf(err, KC_IO, "write %s: %s", tmp, strerror(saved));
+}
+
+/* Made once per client: a directory that vanished meanwhile (another
+ * process cleaned the cache) is made again when the rename says so. */
+kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
+                              const char *digest, char *err) {
+  char dst[PATH_MAX];
+  int k = fan_of(digest);
+  kc_cache_blob_path(c, digest, dst, sizeof dst);
+  for (int tries = 0; tries < 2; tries++) {
+    if (!(c->blob_dir[k] & KCC_DIR_MADE)) {
+      char dir[PATH_MAX];
+      snprintf(dir, sizeof dir, "%s/blobs/%.2s", c->cache_dir, digest);
+      if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        break;
+      c->blob_dir[k] |= KCC_DIR_MADE;
+    }
+    if (rename(tmp, dst) == 0)
+      return KC_OK;
+    if (errno != ENOENT)
+      break;
+    c->blob_dir[k] &= (unsigned char)~KCC_DIR_MADE; /* gone: make it again */
+  }
+  int saved = errno;
+  unlink(tmp);
+  return kc_errf(err, KC_IO, "rename into %s: %s", dst, strerror(saved));
 }
 
 kc_err kc_cache_blob_put(kc_client *c, const void *data, size_t len,
                          char digest_out[KC_HEX_LEN + 1], char *err) {
-  char d[KC_HEX_LEN + 1], p[PATH_MAX];
+  char d[KC_HEX_LEN + 1], tmp[PATH_MAX];
   kc_err e = kc_sha256_hex(data, len, d);
   if (e)
     return kc_errf(err, e, "sha256: %s", kc_strerror(e));
@@ -153,10 +224,9 @@ kc_err kc_cache_blob_put(kc_client *c, const void *data, size_t len,
     memcpy(digest_out, d, sizeof d);
   if (kcc_cache_blob_ok(c, d, len))
     return KC_OK; /* content-addressed: same name, same bytes */
-  if ((e = blob_dir(c, d, err)))
+  if ((e = kcc_cache_write_tmp(c, data, len, tmp, err)))
     return e;
-  kc_cache_blob_path(c, d, p, sizeof p);
-  return kc_write_file_atomic(p, data, len, err);
+  return kcc_cache_blob_publish(c, tmp, d, err);
 }
 
 kc_err kc_cache_blob_put_file(kc_client *c, const char *path,
@@ -275,8 +345,15 @@ kc_err kc_cache_bundle_put(kc_client *c, const kc_manifest *m, char *err) {
   kc_err e = kc_manifest_to_json(m, &json, err);
   if (e)
     return e;
+  /* written once to tmp/, renamed into place: no other system call */
+  char tmp[PATH_MAX];
   bundle_path(c, m->key, p, sizeof p);
-  e = kc_write_file_atomic(p, json, strlen(json), err);
+  e = kcc_cache_write_tmp(c, json, strlen(json), tmp, err);
   free(json);
+  if (!e && rename(tmp, p) != 0) {
+    int saved = errno;
+    unlink(tmp);
+    e = kc_errf(err, KC_IO, "rename into %s: %s", p, strerror(saved));
+  }
   return e;
 }

@@ -11,7 +11,8 @@
 static const char warm_usage[] =
     "usage: kcache warm MANIFEST [--arch A,B] [--no-build] [--no-upload]\n"
     "                  [--deadline S] [--out DIR] [--json] [--strict]\n"
-    "                  [--quiet] [--jobs N] [--lease-wait S|never]\n";
+    "                  [--quiet] [--jobs N] [--lease-wait S|never]\n"
+    "                  [--device-arch A] [--no-compat] [--prefer-build]\n";
 
 static const char warm_help[] =
     "\n"
@@ -30,6 +31,12 @@ static const char warm_help[] =
     "  --lease-wait S   with --deadline: wait S seconds on another builder's\n"
     "                   lease, then build here (default: half of what is\n"
     "                   left; never: wait to the deadline)\n"
+    "  --device-arch A  the GPU the bundles are for (sm_89 or 8.9; default:\n"
+    "                   GPU 0 if detected) (KCACHE_DEVICE_ARCH)\n"
+    "  --no-compat      no fallback to a bundle of another arch that runs on\n"
+    "                   that GPU (hit-compat) when a key is missing\n"
+    "  --prefer-build   build a missing key where a builder is; a compatible\n"
+    "                   bundle only if the build is not ready in time\n"
     "\noptions for every command:\n";
 
 static const char warm_tail[] =
@@ -79,6 +86,19 @@ static int parse_lease_wait(const char *s, double *out) {
   return parse_deadline(s, out);
 }
 
+/* sm_89 or 8.9; "" (an empty variable): detect. */
+static int parse_device(const char *s, const char **out) {
+  int ma, mi;
+  if (!*s) {
+    *out = NULL;
+    return 0;
+  }
+  if (kc_gpu_cc_parse(s, &ma, &mi) != 0)
+    return -1;
+  *out = s;
+  return 0;
+}
+
 static int warm_opt(warm_args *a, int opt, const char *arg) {
   switch (opt) {
   case 'a': return split_archs(a, arg);
@@ -90,6 +110,9 @@ static int warm_opt(warm_args *a, int opt, const char *arg) {
   case 's': a->strict = 1; return 0;
   case 'q': a->quiet = 1; return 0;
   case 'L': return parse_lease_wait(arg, &a->o.lease_wait_s);
+  case 'D': return parse_device(arg, &a->o.device_arch);
+  case 'C': a->o.no_compat = 1; return 0;
+  case 'P': a->o.prefer_build = 1; return 0;
   case 'J': {
     char *end;
     long n = strtol(arg, &end, 10);
@@ -115,6 +138,9 @@ static int warm_parse(warm_args *a, int argc, char **argv) {
       {"quiet", no_argument, NULL, 'q'},
       {"jobs", required_argument, NULL, 'J'},
       {"lease-wait", required_argument, NULL, 'L'},
+      {"device-arch", required_argument, NULL, 'D'},
+      {"no-compat", no_argument, NULL, 'C'},
+      {"prefer-build", no_argument, NULL, 'P'},
       {NULL, 0, NULL, 0}};
   struct option lo[KCLI_LONGOPTS_MAX];
   int opt;
@@ -189,6 +215,10 @@ int kcli_cmd_warm(int argc, char **argv) {
   kc_warmup *w = NULL;
   kc_warm_report rep = {0};
   int rc = kcli_common_init(&a.g, "warm");
+  const char *dev = getenv("KCACHE_DEVICE_ARCH"); /* the flag wins */
+  if (!rc && dev && parse_device(dev, &a.o.device_arch) != 0)
+    rc = kcli_fail("warm", KCLI_EXIT_USAGE,
+                   "KCACHE_DEVICE_ARCH: invalid value '%s'", dev);
   if (!rc)
     rc = warm_parse(&a, argc, argv);
   if (rc) {

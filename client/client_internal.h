@@ -29,8 +29,17 @@ struct kc_client {
   size_t answer_max;     /* > 0: the largest answer kcc_http_do takes
                             (kc_client_blob_get: any); 0: KCC_ANSWER_MAX */
   _Atomic(struct kcc_demand *) demand; /* demand.c; NULL until first used */
+  unsigned char blob_dir[256]; /* what is known of blobs/<2 hex>/: KCC_DIR_* */
 };
 
+/* What is known of a blob fan-out directory (bits), so that a warm makes
+ * each once and probes for blobs only where some may be (cache.c). */
+enum {
+  KCC_DIR_LOOKED = 1, /* looked at during this fetch */
+  KCC_DIR_ABSENT = 2, /* ... and missing then: no blob to probe for in it
+                         (this fetch dedupes its own digests) */
+  KCC_DIR_MADE = 4    /* exists: made or seen by this client */
+};
 /* JSON answers (manifests, lookups of 4096 keys, stats) above this are a
  * server gone wrong: cut off rather than held in memory. */
 #define KCC_ANSWER_MAX ((size_t)256 << 20)
@@ -98,6 +107,21 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
 
 /* 1 when the blob is cached as a regular file of that size. */
 int kcc_cache_blob_ok(const kc_client *c, const char *digest, uint64_t size);
+/* kcc_cache_blob_ok, without the lstat when the blob's directory was
+ * missing when first looked at (one lstat per directory instead of one per
+ * blob in an empty cache). Fetches call kcc_cache_forget_dirs when they
+ * start, so a look holds for one fetch only. */
+int kcc_cache_blob_maybe(kc_client *c, const char *digest, uint64_t size);
+void kcc_cache_forget_dirs(kc_client *c);
+/* Writes data to a new file in tmp/ (path out, PATH_MAX): mkstemp, one
+ * write, close. The file is removed on failure. */
+kc_err kcc_cache_write_tmp(const kc_client *c, const void *data, size_t len,
+                           char tmp[PATH_MAX], char *err);
+/* Renames a verified tmp file to blobs/<2 hex>/<digest>, making the
+ * directory the first time this client needs it; tmp is removed on
+ * failure. */
+kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
+                              const char *digest, char *err);
 /* A temporary file in cache/tmp; path must hold PATH_MAX. fd or -1. */
 int kcc_cache_tmp(const kc_client *c, char *path, char *err);
 /* Loads a blob file verified against digest and its manifest's size into
@@ -106,6 +130,40 @@ int kcc_cache_tmp(const kc_client *c, char *path, char *err);
  * (KC_DEADLINE). */
 kc_err kcc_cache_blob_read(kc_client *c, const char *digest, uint64_t size,
                            void **data, size_t *len, char *err);
+
+/* ---- compat.c: kc_warm's compatible-arch fallback ---- */
+
+/* Room for every target NVIDIA has, cubin and PTX (gpu/arch.c: 66). */
+#define KCC_COMPAT_MAX 96
+/* kc_warm asks for stand-ins in the same lookup as the keys up to this
+ * many pending keys; past it, in a second lookup for the keys missing. */
+#define KCC_COMPAT_INLINE 256
+
+typedef struct kcc_compat {
+  int on;                 /* a device is known and the fallback wanted */
+  int cc_major, cc_minor; /* the device */
+  int driver_version;     /* its driver (12080 = 12.8); 0: unknown, no PTX */
+  char driver[16];        /* "driver" field PTX keys get ("" when the
+                             manifest pins it) */
+  char device[40];        /* for messages: "8.9 (GPU 0)", "sm_89 (given)" */
+  char (*archs)[KC_ARCH_MAX + 1]; /* what can serve it, best first */
+  size_t n_archs;
+} kcc_compat;
+
+/* Finds the device (o->device_arch, else the first GPU; none: cp->on 0) and
+ * the targets that serve it. base: the keys' fields without bucket and arch
+ * (its nvrtc/cuda say which PTX ISA a bundle holds). KC_EINVAL for a
+ * device_arch that is not one. */
+kc_err kcc_compat_init(kcc_compat *cp, const kc_warm_opts *o,
+                       const kc_key_fields *base, char *err);
+void kcc_compat_free(kcc_compat *cp);
+/* 1 when a key of arch is for this device (its arch runs on it). */
+int kcc_compat_applies(const kcc_compat *cp, const char *arch);
+/* The keys that may stand in for item's, best first, its own left out
+ * (none when item's arch is not for this device). */
+size_t kcc_compat_keys(const kcc_compat *cp, const kc_key_fields *base,
+                       const kc_key_fields *item,
+                       char (*keys)[KC_HEX_LEN + 1], size_t max);
 
 /* ---- files.c ---- */
 

@@ -1,7 +1,14 @@
 /* fetch.c: parallel blob downloads with curl multi: up to c->parallel
- * transfers over the multi handle's connection pool, each streamed into a
- * temporary file while it is hashed; only a blob whose bytes hash to its name
- * is renamed into the cache. Nothing unverified is ever visible. */
+ * transfers over the multi handle's connection pool, each hashed while it
+ * streams; only a blob whose bytes hash to its name is renamed into the
+ * cache. Nothing unverified is ever visible.
+ *
+ * File-system cost is per blob, so it is kept to a small constant (issue
+ * 17): a blob up to KCC_FETCH_MEM is held in memory and, once verified,
+ * written to a temporary file with one write and renamed into place
+ * (open, write, close, rename); a larger one streams into its temporary
+ * file with raw writes. Fan-out directories are made once per client, and a
+ * blob is probed for only where its directory existed. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,14 +19,21 @@
 
 #include "client_internal.h"
 
+/* Blobs up to this size are verified in memory before touching the disk. */
+#define KCC_FETCH_MEM ((uint64_t)1 << 20)
+
 typedef struct xfer {
   CURL *h;
   size_t idx; /* into the digest list */
-  FILE *f;
+  int fd;     /* a large blob's temporary file; -1: none (in memory) */
+  char *buf;  /* a small blob's bytes (cap allocated) */
+  size_t cap;
   char tmp[PATH_MAX];
   kc_sha256 *sha;
   uint64_t got, want; /* want: the manifest's size */
   int too_big;        /* more bytes arrived than want: cut off */
+  int busy;           /* a transfer is armed (its tmp file, if any, open) */
+  int set_up;         /* the handle's fixed options are set */
   char url[512];
   char ebuf[CURL_ERROR_SIZE];
 } xfer;
@@ -27,6 +41,8 @@ typedef struct xfer {
 typedef struct fetch_run {
   kc_client *c;
   const kc_file *const *files;
+  size_t *head; /* head[i]: the first file with files[i]'s digest (a
+                    blob shared by two bundles is fetched once) */
   size_t n, next;
   char *ok;
   uint64_t fetched;
@@ -41,9 +57,20 @@ static size_t on_data(char *data, size_t size, size_t nmemb, void *arg) {
     x->too_big = 1;
     return 0;
   }
-  if (kc_sha256_update(x->sha, data, n) != KC_OK ||
-      fwrite(data, 1, n, x->f) != n)
+  if (kc_sha256_update(x->sha, data, n) != KC_OK)
     return 0;
+  if (x->fd < 0) {
+    memcpy(x->buf + x->got, data, n);
+  } else {
+    for (size_t done = 0; done < n;) {
+      ssize_t w = write(x->fd, data + done, n - done);
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w <= 0)
+        return 0;
+      done += (size_t)w;
+    }
+  }
   x->got += n;
   return n;
 }
@@ -63,9 +90,31 @@ fail(fetch_run *r, kc_err e, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* Where x's bytes go: memory for a small blob, its tmp file for a large
+ * one. 0 on success. */
+static int arm(fetch_run *r, xfer *x) {
+  char e2[KC_ERRBUF_SIZE];
+  x->fd = -1;
+  if (x->want > KCC_FETCH_MEM) {
+    if ((x->fd = kcc_cache_tmp(r->c, x->tmp, e2)) < 0) {
+      fail(r, KC_IO, "%s", e2);
+      return -1;
+    }
+  } else if (x->cap < x->want) {
+    char *b = realloc(x->buf, (size_t)x->want);
+    if (!b) {
+      fail(r, KC_NOMEM, "out of memory");
+      return -1;
+    }
+    x->buf = b;
+    x->cap = (size_t)x->want;
+  }
+  x->busy = 1;
+  return 0;
+}
+
 /* Arms x for digest idx; 0 on success. */
 static int start(fetch_run *r, xfer *x, size_t idx) {
-  char e2[KC_ERRBUF_SIZE];
   const char *digest = r->files[idx]->sha256;
   x->idx = idx;
   x->got = 0;
@@ -79,24 +128,24 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
     fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", digest);
     return -1;
   }
-  int fd = kcc_cache_tmp(r->c, x->tmp, e2);
-  if (fd < 0 || !(x->f = fdopen(fd, "wb"))) {
-    if (fd >= 0)
-      close(fd);
-    fail(r, KC_IO, "%s", e2);
+  if (arm(r, x) != 0)
     return -1;
-  }
   kc_sha256_reset(x->sha);
   snprintf(x->url, sizeof x->url, "%s/v1/blobs/%s", r->c->url, digest);
-  curl_easy_reset(x->h);
-  kcc_http_setup(r->c, x->h, budget);
+  if (!x->set_up) { /* options stay on the handle from one blob to the next */
+    kcc_http_setup(r->c, x->h, budget);
+    curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
+    curl_easy_setopt(x->h, CURLOPT_ERRORBUFFER, x->ebuf);
+    /* fewer, larger reads: a 48 KiB blob in one or two instead of four */
+    curl_easy_setopt(x->h, CURLOPT_BUFFERSIZE, 256L << 10);
+    x->set_up = 1;
+  }
+  curl_easy_setopt(x->h, CURLOPT_TIMEOUT_MS, budget);
   curl_easy_setopt(x->h, CURLOPT_URL, x->url);
-  curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_data);
-  curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
   /* A Content-Length above the size is refused before the body. */
   curl_easy_setopt(x->h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)x->want);
-  curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
-  curl_easy_setopt(x->h, CURLOPT_ERRORBUFFER, x->ebuf);
   x->ebuf[0] = '\0';
   curl_multi_add_handle(r->c->multi, x->h);
   return 0;
@@ -106,14 +155,12 @@ static int deadline_passed(const kc_client *c) {
   return c->deadline_ms && kcc_now_ms() >= c->deadline_ms;
 }
 
-/* Verifies and renames a finished transfer. */
-static void finish(fetch_run *r, xfer *x, CURLcode rc) {
+/* Why a finished transfer is not a good blob: KC_OK when it is. */
+static kc_err check(fetch_run *r, xfer *x, CURLcode rc, int bad) {
   const char *digest = r->files[x->idx]->sha256;
-  char d[KC_HEX_LEN + 1], dst[PATH_MAX], dir[PATH_MAX];
+  char d[KC_HEX_LEN + 1];
   long status = 0;
   curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &status);
-  int bad = fclose(x->f) != 0;
-  x->f = NULL;
   if (x->too_big || rc == CURLE_FILESIZE_EXCEEDED)
     fail(r, KC_DIGEST_MISMATCH,
          "GET blob %.16s...: the server sent more than the %llu bytes the "
@@ -134,33 +181,76 @@ static void finish(fetch_run *r, xfer *x, CURLcode rc) {
     fail(r, KC_DIGEST_MISMATCH,
          "blob %.16s... from the server hashes to %.16s...; discarded",
          digest, d);
-  else {
-    snprintf(dir, sizeof dir, "%s/blobs/%.2s", r->c->cache_dir, digest);
-    mkdir(dir, 0755);
-    kc_cache_blob_path(r->c, digest, dst, sizeof dst);
-    if (rename(x->tmp, dst) == 0) {
-      if (r->ok)
-        r->ok[x->idx] = 1;
-      r->fetched += x->got;
-      return;
-    }
-    fail(r, KC_IO, "rename into %s: %s", dst, strerror(errno));
-  }
-  unlink(x->tmp);
+  else
+    return KC_OK;
+  return KC_IO; /* fail() kept the first failure and its sentence */
 }
 
-/* The next digest that still needs fetching, or n. */
+/* Verifies a finished transfer and renames it into place: a small blob is
+ * written only now, once, after its hash matched. */
+static void finish(fetch_run *r, xfer *x, CURLcode rc) {
+  const char *digest = r->files[x->idx]->sha256;
+  char e2[KC_ERRBUF_SIZE];
+  int bad = x->fd >= 0 && close(x->fd) != 0;
+  int on_disk = x->fd >= 0;
+  x->fd = -1;
+  x->busy = 0;
+  if (check(r, x, rc, bad) != KC_OK) {
+    if (on_disk)
+      unlink(x->tmp);
+    return;
+  }
+  /* both remove the temporary file when they fail */
+  kc_err e = on_disk ? KC_OK
+                     : kcc_cache_write_tmp(r->c, x->buf, (size_t)x->got,
+                                           x->tmp, e2);
+  if (!e)
+    e = kcc_cache_blob_publish(r->c, x->tmp, digest, e2);
+  if (e) {
+    fail(r, e, "%s", e2);
+    return;
+  }
+  if (r->ok)
+    r->ok[x->idx] = 1;
+  r->fetched += x->got;
+}
+
+static int cmp_digest(const void *a, const void *b) {
+  const kc_file *const *x = *(const kc_file *const *const *)a;
+  const kc_file *const *y = *(const kc_file *const *const *)b;
+  int c = strcmp((*x)->sha256, (*y)->sha256);
+  return c ? c : (x < y ? -1 : x > y);
+}
+
+/* head[] by sorting (O(n log n); ties keep the list's order). */
+static int mark_dups(fetch_run *r) {
+  const kc_file *const **p = calloc(r->n + 1, sizeof *p);
+  if (!p || !(r->head = calloc(r->n + 1, sizeof *r->head))) {
+    free(p);
+    return -1;
+  }
+  for (size_t i = 0; i < r->n; i++)
+    p[i] = &r->files[i];
+  qsort(p, r->n, sizeof *p, cmp_digest);
+  for (size_t k = 0, head = 0; k < r->n; k++) {
+    if (k && strcmp((*p[k])->sha256, (*p[k - 1])->sha256) != 0)
+      head = k;
+    r->head[p[k] - r->files] = (size_t)(p[head] - r->files);
+  }
+  free(p);
+  return 0;
+}
+
+/* The next digest that still needs fetching, or n. A duplicate's ok is
+ * its first copy's (set at the end). */
 static size_t next_needed(fetch_run *r) {
   while (r->next < r->n) {
     size_t i = r->next++;
     const kc_file *f = r->files[i];
-    if (!kcc_cache_blob_ok(r->c, f->sha256, f->size)) {
-      int dup = 0; /* a blob shared by two bundles is fetched once */
-      for (size_t j = 0; j < i && !dup; j++)
-        dup = !strcmp(r->files[j]->sha256, f->sha256);
-      if (!dup)
-        return i;
-    }
+    if (r->head[i] != i)
+      continue;
+    if (!kcc_cache_blob_maybe(r->c, f->sha256, f->size))
+      return i;
     if (r->ok)
       r->ok[i] = 1;
   }
@@ -208,24 +298,35 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");
   int nx = c->parallel < (int)n ? c->parallel : (int)n;
   xfer *xs = calloc(nx ? (size_t)nx : 1, sizeof *xs);
-  fetch_run r = {c, files, n, 0, ok, 0, KC_OK, err};
-  kc_err e = xs ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  fetch_run r = {c, files, NULL, n, 0, ok, 0, KC_OK, err};
+  kc_err e = xs && mark_dups(&r) == 0
+                 ? KC_OK
+                 : kc_errf(err, KC_NOMEM, "out of memory");
+  kcc_cache_forget_dirs(c); /* a look at a directory holds for one fetch */
+  for (int k = 0; xs && k < nx; k++)
+    xs[k].fd = -1;
   for (int k = 0; !e && k < nx; k++)
     if (!(xs[k].h = curl_easy_init()) || !(xs[k].sha = kc_sha256_new()))
       e = kc_errf(err, KC_NOMEM, "out of memory");
   if (!e)
     e = run(&r, xs, nx);
   for (int k = 0; xs && k < nx; k++) {
-    if (xs[k].f) { /* interrupted: leave nothing behind */
+    if (xs[k].busy) { /* interrupted: leave nothing behind */
       curl_multi_remove_handle(c->multi, xs[k].h);
-      fclose(xs[k].f);
-      unlink(xs[k].tmp);
+      if (xs[k].fd >= 0) {
+        close(xs[k].fd);
+        unlink(xs[k].tmp);
+      }
     }
+    free(xs[k].buf);
     if (xs[k].h)
       curl_easy_cleanup(xs[k].h);
     kc_sha256_free(xs[k].sha);
   }
   free(xs);
+  for (size_t i = 0; ok && r.head && i < n; i++)
+    ok[i] = ok[r.head[i]]; /* a duplicate is there when its first copy is */
+  free(r.head);
   if (fetched)
     *fetched = r.fetched;
   return e;

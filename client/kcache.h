@@ -236,6 +236,8 @@ typedef enum kc_warm_status {
   KC_WARM_BUILT,      /* built here (and uploaded when a server is up) */
   KC_WARM_WAITED,     /* another builder held the lease; fetched when done */
   KC_WARM_FAILED,     /* not ready: see err and message */
+  KC_WARM_HIT_COMPAT, /* this key is missing; a bundle of another arch that
+                         runs on this device is used (compat_arch) */
   KC_WARM_N_STATUS
 } kc_warm_status;
 
@@ -259,6 +261,11 @@ typedef struct kc_warm_item {
   char lease_holder[KC_LEASE_HOLDER_MAX + 1];
   double lease_expires_s;
   char lease_expires_at[24];
+  /* hit-compat: the bundle used instead (its arch and key); "" otherwise.
+   * The bundle's files are what that arch's build wrote (a PTX fallback
+   * has .ptx files where the exact build has .cubin). */
+  char compat_arch[KC_ARCH_MAX + 1];
+  char compat_key[KC_HEX_LEN + 1];
 } kc_warm_item;
 
 typedef struct kc_warm_report {
@@ -306,6 +313,19 @@ typedef struct kc_warm_opts {
                           wins); 0: half of what is left of the deadline
                           when the wait starts; < 0: never (wait until the
                           lease lapses or the deadline passes) */
+  /* Compatible-arch fallback (DESIGN.md, "Compatible archs"): a key that is
+   * missing is served by a bundle of another arch that runs on the target
+   * device (hit-compat), found in the same lookup, best first. Only when the
+   * device is known: device_arch ("sm_89", "8.9"), else the first GPU
+   * detected; neither: no fallback. Only for keys whose own arch runs on
+   * that device. PTX only with a known driver (detected, else the
+   * manifest's "driver") that reads its ISA. */
+  const char *device_arch; /* NULL: detect */
+  int no_compat;       /* no fallback */
+  int prefer_build;    /* build the exact arch when a builder is here; the
+                          compatible bundle (fetched meanwhile) is used only
+                          when that build is not ready by the deadline or
+                          fails */
   kc_warm_progress_fn progress; /* may be NULL; called on the caller's thread */
   void *progress_arg;
 } kc_warm_opts;
@@ -322,9 +342,12 @@ kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
 /* Fetch-or-build every key of w (docs/DESIGN.md, "Client warmup"):
  *  1. keys from kc_warm_keys; 2. the local cache (every blob checked for
  *     type and size, then re-hashed, within the deadline);
- *  3. one POST /v1/lookup (per 4096 keys), then all missing blobs in
- *     parallel (c's parallelism) over pooled connections, hashed while
- *     streaming, renamed into the cache only when they match;
+ *  3. one POST /v1/lookup (per 4096 keys; with, for each key whose arch
+ *     runs on the target device, the keys of the bundles that would serve
+ *     it instead, best first: hit-compat, see kc_warm_opts.device_arch),
+ *     then all missing blobs in parallel (c's parallelism) over pooled
+ *     connections, hashed while streaming, renamed into the cache only
+ *     when they match;
  *  4. for the rest: take the lease, build (o->build_jobs keys at once, each
  *     in a forked process; NVRTC itself in a child per kernel), upload blobs
  *     then the manifest, release; a lease held by another: poll until the

@@ -23,18 +23,21 @@ void kc_warm_report_print(const kc_warm_report *r, FILE *f) {
     const kc_warm_item *it = &r->items[i];
     kc_bucket_label(&it->bucket, label, sizeof label);
     human_bytes(it->bytes, size, sizeof size);
-    fprintf(f, "%-10s %-8s %-24s %.12s  %10s %7.2fs%s%s\n",
+    char used[KC_ARCH_MAX + 16] = "";
+    if (it->status == KC_WARM_HIT_COMPAT)
+      snprintf(used, sizeof used, "  (used %s)", it->compat_arch);
+    fprintf(f, "%-10s %-8s %-24s %.12s  %10s %7.2fs%s%s%s\n",
             kc_warm_status_name(it->status), it->arch, label, it->key, size,
-            it->seconds, it->message[0] ? "  " : "", it->message);
+            it->seconds, used, it->message[0] ? "  " : "", it->message);
   }
   human_bytes(r->bytes, size, sizeof size);
   fprintf(f,
-          "%zu bundles: %zu hit-local, %zu hit-remote, %zu built, %zu waited, "
-          "%zu failed; %s in %.2fs\n",
+          "%zu bundles: %zu hit-local, %zu hit-remote, %zu hit-compat, %zu "
+          "built, %zu waited, %zu failed; %s in %.2fs\n",
           r->n_items, r->counts[KC_WARM_HIT_LOCAL],
-          r->counts[KC_WARM_HIT_REMOTE], r->counts[KC_WARM_BUILT],
-          r->counts[KC_WARM_WAITED], r->counts[KC_WARM_FAILED], size,
-          r->seconds);
+          r->counts[KC_WARM_HIT_REMOTE], r->counts[KC_WARM_HIT_COMPAT],
+          r->counts[KC_WARM_BUILT], r->counts[KC_WARM_WAITED],
+          r->counts[KC_WARM_FAILED], size, r->seconds);
   if (r->warning[0])
     fprintf(f, "warning: %s\n", r->warning);
 }
@@ -57,6 +60,10 @@ static json_t *item_json(const kc_warm_item *it) {
     json_object_set_new(o, "error", json_string(kc_err_code(it->err)));
   if (o && it->message[0])
     json_object_set_new(o, "message", json_string(it->message));
+  if (o && it->status == KC_WARM_HIT_COMPAT) /* the bundle used instead */
+    json_object_set_new(o, "compat", json_pack("{ss ss}", "arch",
+                                               it->compat_arch, "key",
+                                               it->compat_key));
   if (o && it->lease_holder[0]) { /* another builder's lease was met */
     json_t *l = json_pack("{ss}", "holder", it->lease_holder);
     if (l && it->lease_expires_s >= 0) {

@@ -21,7 +21,13 @@ typedef struct wctx {
   const kc_warm_opts *o;
   kc_warm_report *rep;
   kc_key_fields *fields;
+  kc_key_fields base; /* the keys' fields without bucket and arch */
+  kcc_compat cp;     /* the compatible-arch fallback (compat.c) */
+  int cp_ready;      /* cp was set up (lazily: only when a key is missing) */
+  int defer_compat;  /* --prefer-build with a builder: compat bundles are
+                        fetched but kept as spares until the end */
   kc_manifest **ms;  /* ready bundles, per item */
+  kc_manifest **spare; /* defer_compat: the stand-in, per item */
   char *pending;     /* 1 while an item is neither ready nor failed */
   char *remote_bad;  /* the server's copy failed verification: BAD_* */
   char *waiting;     /* another builder holds the lease */
@@ -42,7 +48,7 @@ typedef struct wctx {
 enum { BAD_NONE, BAD_OTHER, BAD_BLOB };
 
 static const char *const status_names[KC_WARM_N_STATUS] = {
-    "hit-local", "hit-remote", "built", "waited", "failed"};
+    "hit-local", "hit-remote", "built", "waited", "failed", "hit-compat"};
 
 const char *kc_warm_status_name(kc_warm_status s) {
   return (unsigned)s < KC_WARM_N_STATUS ? status_names[s] : "unknown";
@@ -139,7 +145,8 @@ static void nvrtc_cache_of(const kc_client *c, char out[PATH_MAX]) {
 
 static kc_err warm_keys(const kc_warmup *w, const char *nvrtc_cache,
                         const char *const *archs, size_t n_archs,
-                        kc_key_fields **fields, size_t *n, char *err) {
+                        kc_key_fields **fields, size_t *n,
+                        kc_key_fields *base_out, char *err) {
   char (*av)[KC_ARCH_MAX + 1] = NULL;
   size_t na = 0;
   kc_key_fields base;
@@ -170,13 +177,15 @@ static kc_err warm_keys(const kc_warmup *w, const char *nvrtc_cache,
     return e;
   }
   *n = w->n_buckets * na;
+  if (base_out)
+    *base_out = base;
   return KC_OK;
 }
 
 kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
                     size_t n_archs, kc_key_fields **fields, size_t *n,
                     char *err) {
-  return warm_keys(w, NULL, archs, n_archs, fields, n, err);
+  return warm_keys(w, NULL, archs, n_archs, fields, n, NULL, err);
 }
 
 kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w,
@@ -228,6 +237,11 @@ static void progress(wctx *x, size_t i) {
 /* Item i is ready with bundle m (ownership moves to x). */
 static void ready(wctx *x, size_t i, kc_warm_status s, kc_manifest *m) {
   kc_warm_item *it = &x->rep->items[i];
+  if (strcmp(m->key, it->key) != 0) { /* a stand-in of another arch */
+    s = KC_WARM_HIT_COMPAT;
+    snprintf(it->compat_arch, sizeof it->compat_arch, "%s", m->fields.arch);
+    memcpy(it->compat_key, m->key, sizeof it->compat_key);
+  }
   x->ms[i] = m;
   x->pending[i] = 0;
   x->waiting[i] = 0;
@@ -321,42 +335,73 @@ static void phase_local(wctx *x) {
 
 /* ---- phase 2: one lookup, parallel fetches ---- */
 
+/* Bundle m is a stand-in for item i's key (another arch). */
+static int is_compat(const wctx *x, size_t i, const kc_manifest *m) {
+  return strcmp(m->key, x->rep->items[i].key) != 0;
+}
+
+/* A fetched bundle for item i: ready, or with --prefer-build a stand-in
+ * kept for the end (its blobs are cached now, so it costs nothing then). */
+static void got_bundle(wctx *x, size_t i, kc_manifest *m) {
+  if (x->defer_compat && is_compat(x, i, m)) {
+    kc_manifest_free(x->spare[i]);
+    x->spare[i] = m;
+    return;
+  }
+  ready(x, i, x->fetched_as, m);
+}
+
+/* After the fetch: each bundle whose blobs all came (ok[], in the order
+ * they were asked for) is stored and used; e and why: the fetch's first
+ * failure. */
+static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
+                         size_t n, const char *ok, kc_err e,
+                         const char *why) {
+  for (size_t k = 0; k < n; k++) {
+    if (!found[k])
+      continue;
+    int all = 1;
+    for (size_t j = 0; j < found[k]->n_files; j++)
+      all &= *ok++;
+    if (all && kc_cache_bundle_put(x->c, found[k], NULL) == KC_OK) {
+      got_bundle(x, idx[k], found[k]);
+      found[k] = NULL;
+      continue;
+    }
+    if (is_compat(x, idx[k], found[k]))
+      continue; /* a stand-in that failed: the key itself is not at fault */
+    if (e == KC_DIGEST_MISMATCH)
+      x->remote_bad[idx[k]] = BAD_BLOB; /* never used; rebuilt below */
+    if (e)
+      note(x, idx[k], e, why);
+  }
+}
+
 /* The served bundles' blobs, all at once: one pool of transfers. */
 static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
   size_t nd = 0;
   for (size_t k = 0; k < n; k++)
     nd += found[k] ? found[k]->n_files : 0;
   const kc_file **d = calloc(nd + 1, sizeof *d);
-  char e2[KC_ERRBUF_SIZE] = "";
+  char *ok = calloc(nd + 1, 1), e2[KC_ERRBUF_SIZE] = "";
   uint64_t got = 0;
-  if (!d)
+  if (!d || !ok) {
+    free(d);
+    free(ok);
     return;
+  }
   nd = 0;
   for (size_t k = 0; k < n; k++)
     for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
       d[nd++] = &found[k]->files[j];
-  kc_err e = kcc_fetch_blobs(x->c, d, nd, NULL, &got, e2);
+  /* ok[] says which blobs are cached now: no second look at each */
+  kc_err e = kcc_fetch_blobs(x->c, d, nd, ok, &got, e2);
   free(d);
   x->rep->bytes_fetched += got;
   if (is_down(e))
     server_down(x, e2);
-  for (size_t k = 0; k < n; k++) {
-    if (!found[k])
-      continue;
-    int all = 1;
-    for (size_t j = 0; j < found[k]->n_files; j++)
-      all &= kcc_cache_blob_ok(x->c, found[k]->files[j].sha256,
-                               found[k]->files[j].size);
-    if (all && kc_cache_bundle_put(x->c, found[k], NULL) == KC_OK) {
-      ready(x, idx[k], x->fetched_as, found[k]);
-      found[k] = NULL;
-      continue;
-    }
-    if (e == KC_DIGEST_MISMATCH)
-      x->remote_bad[idx[k]] = BAD_BLOB; /* never used; rebuilt below */
-    if (e)
-      note(x, idx[k], e, e2);
-  }
+  take_fetched(x, found, idx, n, ok, e, e2);
+  free(ok);
 }
 
 /* A lookup that failed: remembered for the report of every key it left
@@ -373,17 +418,13 @@ static void lookup_failed(wctx *x, kc_err e, const char *why) {
     warn(x, why);
 }
 
-/* Served manifests that failed validation: never used, and said so. */
-static void note_refused(wctx *x, const kc_err *refused, size_t *idx,
-                         size_t n) {
+/* A served manifest for item i's own key that failed validation: never
+ * used, and said so. */
+static void note_refused(wctx *x, size_t i, kc_err refused) {
   char why[KC_ERRBUF_SIZE];
-  for (size_t k = 0; k < n; k++) {
-    if (!refused[k])
-      continue;
-    snprintf(why, sizeof why, "the server's manifest was refused: %s",
-             kc_strerror(refused[k]));
-    note(x, idx[k], refused[k], why);
-  }
+  snprintf(why, sizeof why, "the server's manifest was refused: %s",
+           kc_strerror(refused));
+  note(x, i, refused, why);
 }
 
 /* A stalled kcached must not eat the whole deadline: the lookup gets half
@@ -396,45 +437,178 @@ static long lookup_cap_ms(const wctx *x) {
   return half > 1000 ? (long)half : 1000;
 }
 
-static void lookup_chunk(wctx *x, size_t *idx, size_t n) {
-  const char **keys = calloc(n, sizeof *keys);
-  kc_manifest **found = calloc(n, sizeof *found);
-  kc_err *refused = calloc(n, sizeof *refused);
+/* The keys of one POST /v1/lookup: each item's own, then its stand-ins
+ * best first (compat.c), all in the same round trip. */
+typedef struct lookup_set {
+  size_t n;                            /* keys */
+  const char *keys[KC_LOOKUP_MAX];
+  size_t item[KC_LOOKUP_MAX];          /* the item each key is for */
+  char (*alt)[KC_HEX_LEN + 1];         /* stand-in keys (KC_LOOKUP_MAX) */
+  size_t n_alt;
+  char scratch[KCC_COMPAT_MAX][KC_HEX_LEN + 1]; /* one item's stand-ins */
+} lookup_set;
+
+/* Per item, the first key found (its own, else the best stand-in): moved
+ * out of found into pick. Returns the number of items. */
+static size_t pick_found(wctx *x, lookup_set *s, kc_manifest **found,
+                         const kc_err *refused, kc_manifest **pick,
+                         size_t *idx) {
+  size_t m = 0;
+  for (size_t j = 0; j < s->n; j++) {
+    size_t i = s->item[j];
+    int own = s->keys[j] == x->rep->items[i].key;
+    if (own) { /* a new item starts */
+      idx[m] = i;
+      pick[m++] = NULL;
+      if (refused[j])
+        note_refused(x, i, refused[j]);
+    }
+    if (found[j] && !pick[m - 1]) {
+      pick[m - 1] = found[j];
+      found[j] = NULL;
+    }
+  }
+  return m;
+}
+
+static void lookup_run(wctx *x, lookup_set *s) {
+  kc_manifest **found = calloc(s->n + 1, sizeof *found);
+  kc_manifest **pick = calloc(s->n + 1, sizeof *pick);
+  kc_err *refused = calloc(s->n + 1, sizeof *refused);
+  size_t *idx = calloc(s->n + 1, sizeof *idx);
   char e2[KC_ERRBUF_SIZE] = "";
-  if (keys && found && refused) {
-    for (size_t k = 0; k < n; k++)
-      keys[k] = x->rep->items[idx[k]].key;
+  if (found && pick && refused && idx) {
     x->c->request_cap_ms = lookup_cap_ms(x);
-    kc_err e = kcc_lookup_checked(x->c, keys, n, found, refused, e2);
+    kc_err e = kcc_lookup_checked(x->c, s->keys, s->n, found, refused, e2);
     x->c->request_cap_ms = 0;
     if (e) {
       lookup_failed(x, e, e2);
     } else {
       x->remote_err = KC_OK;
-      note_refused(x, refused, idx, n);
-      fetch_found(x, found, idx, n);
+      size_t m = pick_found(x, s, found, refused, pick, idx);
+      fetch_found(x, pick, idx, m);
     }
   }
-  for (size_t k = 0; found && k < n; k++)
+  for (size_t k = 0; found && pick && k < s->n; k++) {
     kc_manifest_free(found[k]);
+    kc_manifest_free(pick[k]);
+  }
+  free(idx);
   free(refused);
+  free(pick);
   free(found);
-  free(keys);
+  s->n = s->n_alt = 0;
 }
 
-/* One lookup (per 4096 keys) for the pending keys (only the waiting ones
- * when `waiting`), and their blobs in parallel. */
+/* The compatible-arch fallback, set up when first needed (detecting the
+ * device costs a driver load). */
+static kcc_compat *compat(wctx *x) {
+  if (!x->cp_ready && !x->o->no_compat) {
+    x->cp_ready = 1;
+    if (kcc_compat_init(&x->cp, x->o, &x->base, NULL) != KC_OK)
+      memset(&x->cp, 0, sizeof x->cp); /* device_arch checked in setup */
+  }
+  return x->cp_ready ? &x->cp : NULL;
+}
+
+/* Adds item i (its key and, with alts, its stand-ins) to s, running s
+ * first when they would not fit. */
+static void lookup_add(wctx *x, lookup_set *s, size_t i, int alts) {
+  char (*alt)[KC_HEX_LEN + 1] = s->scratch;
+  const kcc_compat *cp = x->spare[i] || !alts ? NULL : compat(x);
+  size_t na = cp ? kcc_compat_keys(cp, &x->base, &x->fields[i], alt,
+                                   KCC_COMPAT_MAX)
+                 : 0;
+  if (s->n + 1 + na > KC_LOOKUP_MAX)
+    lookup_run(x, s);
+  s->item[s->n] = i;
+  s->keys[s->n++] = x->rep->items[i].key;
+  for (size_t k = 0; k < na; k++) {
+    memcpy(s->alt[s->n_alt], alt[k], sizeof alt[k]);
+    s->item[s->n] = i;
+    s->keys[s->n++] = s->alt[s->n_alt++];
+  }
+}
+
+static int wanted(const wctx *x, size_t i, int waiting) {
+  return x->pending[i] && (!waiting || x->waiting[i]);
+}
+
+/* One pass: lookups (per 4096 keys) for the wanted keys (with alts, and
+ * their stand-ins), and their blobs in parallel. */
+static void remote_pass(wctx *x, int waiting, int alts) {
+  lookup_set *s = calloc(1, sizeof *s);
+  if (s && !(s->alt = calloc(KC_LOOKUP_MAX, sizeof *s->alt))) {
+    free(s);
+    s = NULL;
+  }
+  for (size_t i = 0; s && i < x->rep->n_items && x->server_ok; i++)
+    if (wanted(x, i, waiting))
+      lookup_add(x, s, i, alts);
+  if (s && s->n && x->server_ok)
+    lookup_run(x, s);
+  if (s)
+    free(s->alt);
+  free(s);
+}
+
+/* The pending keys (only the waiting ones when `waiting`) and their
+ * stand-ins in the same round trip. Past KCC_COMPAT_INLINE keys (a bulk
+ * warm, where every key's stand-ins would cost more than they save), the
+ * keys first, then the stand-ins of those still missing. */
 static void phase_remote(wctx *x, int waiting) {
-  size_t n = x->rep->n_items, m = 0;
-  size_t *idx = calloc(n + 1, sizeof *idx);
-  if (!idx)
+  size_t m = 0;
+  for (size_t i = 0; i < x->rep->n_items; i++)
+    m += wanted(x, i, waiting);
+  if (m <= KCC_COMPAT_INLINE || x->o->no_compat) {
+    remote_pass(x, waiting, !x->o->no_compat);
     return;
-  for (size_t i = 0; i < n; i++)
-    if (x->pending[i] && (!waiting || x->waiting[i]))
-      idx[m++] = i;
-  for (size_t s = 0; s < m && x->server_ok; s += KC_LOOKUP_MAX)
-    lookup_chunk(x, idx + s, m - s < KC_LOOKUP_MAX ? m - s : KC_LOOKUP_MAX);
-  free(idx);
+  }
+  remote_pass(x, waiting, 0);
+  size_t left = 0;
+  for (size_t i = 0; i < x->rep->n_items; i++)
+    left += wanted(x, i, waiting);
+  if (left && compat(x) && x->cp.on)
+    remote_pass(x, waiting, 1);
+}
+
+/* Keys still missing after the lookup: a stand-in in the local cache (a
+ * replica whose server is down, or that fetched one before). */
+static void phase_local_compat(wctx *x) {
+  char (*alt)[KC_HEX_LEN + 1] = NULL;
+  for (size_t i = 0; i < x->rep->n_items; i++) {
+    const kcc_compat *cp = x->pending[i] ? compat(x) : NULL;
+    if (cp && !alt && !(alt = calloc(KCC_COMPAT_MAX, sizeof *alt)))
+      return;
+    size_t na = cp ? kcc_compat_keys(cp, &x->base, &x->fields[i], alt,
+                                     KCC_COMPAT_MAX)
+                   : 0;
+    for (size_t k = 0; k < na && x->pending[i] && !x->spare[i]; k++) {
+      kc_manifest *m = NULL;
+      if (kc_cache_bundle_get(x->c, alt[k], &m, NULL) == KC_OK)
+        got_bundle(x, i, m);
+    }
+  }
+  free(alt);
+}
+
+/* --prefer-build: an item that was not built or fetched in time (or whose
+ * build failed) takes its stand-in after all. */
+static void use_spares(wctx *x) {
+  for (size_t i = 0; i < x->rep->n_items; i++) {
+    kc_warm_item *it = &x->rep->items[i];
+    if (!x->spare[i] || (!x->pending[i] && it->status != KC_WARM_FAILED))
+      continue;
+    char why[KC_ERRBUF_SIZE];
+    snprintf(why, sizeof why, "the %s build was not ready (%.400s)", it->arch,
+             x->pending[i] ? "the deadline passed" : it->message);
+    kc_manifest *m = x->spare[i];
+    x->spare[i] = NULL;
+    if (!x->pending[i])
+      x->done--; /* counted once already, as failed */
+    ready(x, i, KC_WARM_HIT_COMPAT, m);
+    snprintf(it->message, sizeof it->message, "%s", why);
+  }
 }
 
 /* ---- phase 3: build (single-flight through leases) ---- */
@@ -875,9 +1049,14 @@ static kc_err summarize(wctx *x, char *err) {
 static kc_err setup(wctx *x, char *err) {
   size_t n = 0;
   char cache[PATH_MAX];
+  int ma, mi;
+  if (x->o->device_arch && kc_gpu_cc_parse(x->o->device_arch, &ma, &mi))
+    return kc_errf(err, KC_EINVAL,
+                   "device arch '%.20s': not sm_XY (sm_89) or X.Y (8.9)",
+                   x->o->device_arch);
   nvrtc_cache_of(x->c, cache);
   kc_err e = warm_keys(x->w, cache, x->o->archs, x->o->n_archs, &x->fields,
-                       &n, err);
+                       &n, &x->base, err);
   if (e)
     return e;
   x->rep->items = calloc(n + 1, sizeof *x->rep->items);
@@ -887,8 +1066,9 @@ static kc_err setup(wctx *x, char *err) {
   x->waiting = calloc(n + 1, 1);
   x->retry_at = calloc(n + 1, sizeof *x->retry_at);
   x->build_at = calloc(n + 1, sizeof *x->build_at);
+  x->spare = calloc(n + 1, sizeof *x->spare);
   if (!x->rep->items || !x->ms || !x->pending || !x->remote_bad ||
-      !x->waiting || !x->retry_at || !x->build_at)
+      !x->waiting || !x->retry_at || !x->build_at || !x->spare)
     return kc_errf(err, KC_NOMEM, "out of memory");
   x->rep->n_items = n;
   for (size_t i = 0; !e && i < n; i++) {
@@ -905,6 +1085,10 @@ static kc_err setup(wctx *x, char *err) {
 static void teardown(wctx *x) {
   for (size_t i = 0; x->ms && i < x->rep->n_items; i++)
     kc_manifest_free(x->ms[i]);
+  for (size_t i = 0; x->spare && i < x->rep->n_items; i++)
+    kc_manifest_free(x->spare[i]);
+  free(x->spare);
+  kcc_compat_free(&x->cp);
   free(x->ms);
   free(x->fields);
   free(x->pending);
@@ -913,6 +1097,17 @@ static void teardown(wctx *x) {
   free(x->retry_at);
   free(x->build_at);
   x->c->deadline_ms = 0;
+}
+
+/* --prefer-build builds only where a builder is: the command, or NVRTC. */
+static int have_builder(wctx *x) {
+  char cache[PATH_MAX], v[16];
+  if (x->o->no_build)
+    return 0;
+  if (!x->w->n_kernels)
+    return 1;
+  nvrtc_cache_of(x->c, cache);
+  return kc_gpu_nvrtc_version_cached(cache, v, NULL) == KC_OK;
 }
 
 static int build_jobs(const kc_warm_opts *o) {
@@ -942,10 +1137,13 @@ kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
   kc_err e = setup(&x, err);
   if (!e) {
     phase_local(&x);
+    x.defer_compat = x.o->prefer_build && have_builder(&x);
     if (x.server_ok)
       phase_remote(&x, 0);
+    phase_local_compat(&x);
     phase_build(&x);
     phase_wait(&x);
+    use_spares(&x);
     /* What is ready is written out even past the deadline: the service
      * starts with it, and every blob's size is known (no unbounded read). */
     c->deadline_ms = 0;

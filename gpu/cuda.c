@@ -202,6 +202,20 @@ kc_err kc_gpu_detect(kc_gpu_info *out, char *err) {
   return rc;
 }
 
+kc_err kc_gpu_driver_version(int *out, char *err) {
+  cu_api api;
+  *out = 0;
+  kc_err rc = cu_open(&api, err);
+  if (rc != KC_OK)
+    return rc;
+  /* cuDriverGetVersion needs no cuInit: no device is touched */
+  CUresult r = api.DriverGetVersion(out);
+  if (r != CU_SUCCESS)
+    rc = cu_fail(&api, KC_NO_DRIVER, "cuDriverGetVersion", r, err);
+  cu_close(&api);
+  return rc;
+}
+
 /* ---- Load check ---- */
 
 /* cuModuleLoadData reads PTX up to its NUL, and a PTX file on disk has none:

@@ -38,6 +38,9 @@ typedef struct kc_gpu_info {
 /* Loads libcuda.so.1 with dlopen. No driver, or no device: KC_NO_DRIVER with
  * a sentence saying what was searched; never a crash. */
 kc_err kc_gpu_detect(kc_gpu_info *out, char *err);
+/* The driver's version alone (cuDriverGetVersion: 13000 = 13.0), without
+ * cuInit: cheap, and no device is touched. KC_NO_DRIVER without one. */
+kc_err kc_gpu_driver_version(int *out, char *err);
 
 /* ---- Arch compatibility ---- */
 
@@ -48,6 +51,38 @@ kc_err kc_gpu_detect(kc_gpu_info *out, char *err);
  * capability >= X.Y (JIT); compute_XYa only on X.Y; compute_XYf within the
  * family. */
 int kc_gpu_arch_runs_on(const char *arch, int cc_major, int cc_minor);
+
+/* A device's compute capability from "sm_89", "sm_90a", "compute_80" (the
+ * suffix is ignored) or "8.9". 0, or -1 when s is neither. */
+int kc_gpu_cc_parse(const char *s, int *major, int *minor);
+
+/* PTX ISA versions, as 10 * major + minor (PTX ISA 8.7 -> 87), from NVIDIA's
+ * table (PTX ISA manual, "Release History"):
+ *  - written: what a toolkit of version cuda ("12.8", as NVRTC reports it)
+ *    writes; 0 when the version is unknown (newer than the table: its PTX
+ *    may be newer than any driver the table knows);
+ *  - read: the newest a driver of driver_version (cuDriverGetVersion:
+ *    12080 = 12.8) JIT-compiles; a driver newer than the table reads at
+ *    least the table's newest; 0 below CUDA 9.0. */
+int kc_gpu_ptx_isa_written(const char *cuda);
+int kc_gpu_ptx_isa_read(int driver_version);
+
+/* 1 when code for arch can serve a device of cc_major.cc_minor:
+ * kc_gpu_arch_runs_on, and for PTX (compute_*) also a known ISA (ptx_isa,
+ * as above) that the driver (driver_version) reads. A cubin ignores the last
+ * two. */
+int kc_gpu_arch_usable(const char *arch, int cc_major, int cc_minor,
+                       int ptx_isa, int driver_version);
+
+/* The targets that can serve the device, best first, into out (at most max;
+ * the count is returned): cubins of the same major, the highest minor not
+ * above the device's first ("a", then "f", then plain at each), then PTX,
+ * the newest target first, when kc_gpu_arch_usable allows it (ptx_isa 0: no
+ * PTX). Drawn from the targets NVIDIA has: sm_50..sm_121 and their a/f
+ * variants (arch.c). */
+size_t kc_gpu_compat_archs(int cc_major, int cc_minor, int ptx_isa,
+                           int driver_version, char (*out)[KC_ARCH_MAX + 1],
+                           size_t max);
 
 /* ---- NVRTC ---- */
 

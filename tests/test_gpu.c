@@ -944,6 +944,253 @@ static void test_stub_driver(void **state) {
   assert_contains(err, "cuInit");
 }
 
+/* ---- Compatible targets (issue 17) ----
+ *
+ * The expected table is NVIDIA's published rules written out per target,
+ * not derived from arch.c:
+ *  - a cubin sm_XY runs on the same major X with minor >= Y (Blackwell
+ *    compatibility guide, CUDA 13.0, 1.2: "a cubin generated for compute
+ *    capability 8.6 is not supported to run on 8.0 ... 8.x is not supported
+ *    on 9.0");
+ *  - PTX compute_XY is JIT-compiled for any capability >= X.Y (same guide:
+ *    "PTX code generated for compute capability 9.x is supported to run on
+ *    compute capability 9.x or any higher revision (major or minor)");
+ *  - 'a' (arch-specific, CUDA 12.0+): exactly X.Y, cubin and PTX alike;
+ *  - 'f' (family-specific, CUDA 12.9+): the same major with minor >= Y
+ *    ("compute_100f ... runs on 10.0 and 10.3"; NVIDIA blog "NVIDIA
+ *    Blackwell and NVIDIA CUDA 12.9 Introduce Family-Specific Architecture
+ *    Features", and the CUDA programming guide, compute capabilities).
+ * Devices: every capability NVIDIA has shipped a target for. Every pair
+ * of (target, device) is checked: a device missing from a row must not run
+ * it. */
+static const char *const compat_devices[] = {
+    "5.0",  "5.2",  "5.3",  "6.0",  "6.1",  "6.2",  "7.0",
+    "7.2",  "7.5",  "8.0",  "8.6",  "8.7",  "8.9",  "9.0",
+    "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"};
+
+static const struct {
+  const char *arch, *runs_on; /* the devices, space-separated */
+} compat_table[] = {
+    {"sm_50", "5.0 5.2 5.3"},
+    {"sm_52", "5.2 5.3"},
+    {"sm_53", "5.3"},
+    {"sm_60", "6.0 6.1 6.2"},
+    {"sm_61", "6.1 6.2"},
+    {"sm_62", "6.2"},
+    {"sm_70", "7.0 7.2 7.5"},
+    {"sm_72", "7.2 7.5"},
+    {"sm_75", "7.5"},
+    {"sm_80", "8.0 8.6 8.7 8.9"},
+    {"sm_86", "8.6 8.7 8.9"},
+    {"sm_87", "8.7 8.9"},
+    {"sm_89", "8.9"},
+    {"sm_90", "9.0"},
+    {"sm_90a", "9.0"},
+    {"sm_100", "10.0 10.1 10.3"},
+    {"sm_100a", "10.0"},
+    {"sm_100f", "10.0 10.1 10.3"},
+    {"sm_101", "10.1 10.3"},
+    {"sm_101a", "10.1"},
+    {"sm_101f", "10.1 10.3"},
+    {"sm_103", "10.3"},
+    {"sm_103a", "10.3"},
+    {"sm_103f", "10.3"},
+    {"sm_110", "11.0"},
+    {"sm_110a", "11.0"},
+    {"sm_110f", "11.0"},
+    {"sm_120", "12.0 12.1"},
+    {"sm_120a", "12.0"},
+    {"sm_120f", "12.0 12.1"},
+    {"sm_121", "12.1"},
+    {"sm_121a", "12.1"},
+    {"sm_121f", "12.1"},
+    {"compute_50", "5.0 5.2 5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_52", "5.2 5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_53", "5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_60", "6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_61", "6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_62", "6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_70", "7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_72", "7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_75", "7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_80", "8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_86", "8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_87", "8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_89", "8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_90", "9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_90a", "9.0"},
+    {"compute_100", "10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_100a", "10.0"},
+    {"compute_100f", "10.0 10.1 10.3"},
+    {"compute_101", "10.1 10.3 11.0 12.0 12.1"},
+    {"compute_101a", "10.1"},
+    {"compute_101f", "10.1 10.3"},
+    {"compute_103", "10.3 11.0 12.0 12.1"},
+    {"compute_103a", "10.3"},
+    {"compute_103f", "10.3"},
+    {"compute_110", "11.0 12.0 12.1"},
+    {"compute_110a", "11.0"},
+    {"compute_110f", "11.0"},
+    {"compute_120", "12.0 12.1"},
+    {"compute_120a", "12.0"},
+    {"compute_120f", "12.0 12.1"},
+    {"compute_121", "12.1"},
+    {"compute_121a", "12.1"},
+    {"compute_121f", "12.1"},
+};
+
+static int listed(const char *list, const char *dev) {
+  size_t n = strlen(dev);
+  for (const char *p = list; (p = strstr(p, dev)); p += n)
+    if ((p == list || p[-1] == ' ') && (p[n] == ' ' || !p[n]))
+      return 1;
+  return 0;
+}
+
+static void test_compat_table(void **state) {
+  (void)state;
+  size_t n_dev = sizeof compat_devices / sizeof *compat_devices, pairs = 0;
+  for (size_t i = 0; i < sizeof compat_table / sizeof *compat_table; i++) {
+    assert_true(kc_arch_valid(compat_table[i].arch));
+    for (size_t d = 0; d < n_dev; d++) {
+      int major, minor;
+      assert_int_equal(kc_gpu_cc_parse(compat_devices[d], &major, &minor), 0);
+      int want = listed(compat_table[i].runs_on, compat_devices[d]);
+      int got = kc_gpu_arch_runs_on(compat_table[i].arch, major, minor);
+      if (got != want)
+        fail_msg("%s on %s: got %d, want %d", compat_table[i].arch,
+                 compat_devices[d], got, want);
+      /* with a driver that reads the PTX, usable is runs_on */
+      assert_int_equal(kc_gpu_arch_usable(compat_table[i].arch, major, minor,
+                                          87, 12080),
+                       want);
+      pairs++;
+    }
+  }
+  assert_int_equal(pairs, 66 * n_dev); /* 20 numbers, 7 a, 6 f, x2 kinds */
+}
+
+/* PTX ISA versions per CUDA release (PTX ISA manual, release history). */
+static void test_ptx_isa(void **state) {
+  (void)state;
+  static const struct {
+    const char *cuda;
+    int isa;
+  } w[] = {{"9.0", 60},   {"10.2", 65}, {"11.0", 70}, {"11.8", 78},
+           {"12.0", 80},  {"12.5", 85}, {"12.6", 85}, {"12.7", 86},
+           {"12.8", 87},  {"12.9", 88}, {"13.0", 90}, {"13.1", 91},
+           {"12.8.1", 87}, {"8.0", 0},  {"99.0", 0},  {"", 0},
+           {"abc", 0},    {"12", 0},    {"12.8x", 0}};
+  for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+    if (kc_gpu_ptx_isa_written(w[i].cuda) != w[i].isa)
+      fail_msg("written(%s) = %d, want %d", w[i].cuda,
+               kc_gpu_ptx_isa_written(w[i].cuda), w[i].isa);
+  assert_int_equal(kc_gpu_ptx_isa_written(NULL), 0);
+  assert_int_equal(kc_gpu_ptx_isa_read(12080), 87);
+  assert_int_equal(kc_gpu_ptx_isa_read(12090), 88);
+  assert_int_equal(kc_gpu_ptx_isa_read(13000), 90);
+  assert_int_equal(kc_gpu_ptx_isa_read(12065), 85); /* 12.6 */
+  assert_int_equal(kc_gpu_ptx_isa_read(8000), 0);
+  assert_int_equal(kc_gpu_ptx_isa_read(99000), 95); /* newer: at least */
+  /* PTX never for a driver older than its ISA */
+  assert_int_equal(kc_gpu_arch_usable("compute_80", 8, 9, 90, 12080), 0);
+  assert_int_equal(kc_gpu_arch_usable("compute_80", 8, 9, 90, 13000), 1);
+  assert_int_equal(kc_gpu_arch_usable("compute_80", 8, 9, 88, 12080), 0);
+  assert_int_equal(kc_gpu_arch_usable("compute_80", 8, 9, 87, 12080), 1);
+  assert_int_equal(kc_gpu_arch_usable("compute_80", 8, 9, 0, 13000), 0);
+  assert_int_equal(kc_gpu_arch_usable("compute_80", 8, 9, 87, 0), 0);
+  /* a cubin ignores the ISA; the arch rule still holds */
+  assert_int_equal(kc_gpu_arch_usable("sm_86", 8, 9, 0, 0), 1);
+  assert_int_equal(kc_gpu_arch_usable("sm_90a", 10, 0, 90, 13000), 0);
+  assert_int_equal(kc_gpu_arch_usable("compute_90a", 10, 0, 90, 13000), 0);
+  assert_int_equal(kc_gpu_arch_usable("compute_90a", 9, 0, 90, 13000), 1);
+}
+
+static void test_cc_parse(void **state) {
+  (void)state;
+  int ma = -1, mi = -1;
+  assert_int_equal(kc_gpu_cc_parse("sm_89", &ma, &mi), 0);
+  assert_true(ma == 8 && mi == 9);
+  assert_int_equal(kc_gpu_cc_parse("sm_100a", &ma, &mi), 0);
+  assert_true(ma == 10 && mi == 0);
+  assert_int_equal(kc_gpu_cc_parse("compute_121f", &ma, &mi), 0);
+  assert_true(ma == 12 && mi == 1);
+  assert_int_equal(kc_gpu_cc_parse("8.6", &ma, &mi), 0);
+  assert_true(ma == 8 && mi == 6);
+  assert_int_equal(kc_gpu_cc_parse("10.3", &ma, &mi), 0);
+  assert_true(ma == 10 && mi == 3);
+  static const char *const bad[] = {NULL, "", "8", "8.", ".9", "8.10",
+                                    "08.9", " 8.9", "8.9 ", "sm_8", "gfx90a",
+                                    "-8.9", "123.4"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    if (kc_gpu_cc_parse(bad[i], &ma, &mi) == 0)
+      fail_msg("'%s' parsed as %d.%d", bad[i] ? bad[i] : "(null)", ma, mi);
+}
+
+/* The order warm tries compatible bundles in: exact capability first,
+ * cubins of the same major by falling minor ('a', 'f', plain), then PTX,
+ * the newest first. */
+static void test_compat_order(void **state) {
+  (void)state;
+  static const struct {
+    int major, minor, isa, driver;
+    const char *want;
+  } cases[] = {
+      {8, 9, 87, 12080,
+       "sm_89 sm_87 sm_86 sm_80 compute_89 compute_87 compute_86 compute_80 "
+       "compute_75 compute_72 compute_70 compute_62 compute_61 compute_60 "
+       "compute_53 compute_52 compute_50"},
+      {8, 9, 90, 12080, "sm_89 sm_87 sm_86 sm_80"}, /* PTX too new */
+      {8, 9, 0, 13000, "sm_89 sm_87 sm_86 sm_80"},  /* PTX ISA unknown */
+      {9, 0, 0, 0, "sm_90a sm_90"},
+      {10, 0, 0, 0, "sm_100a sm_100f sm_100"},
+      {10, 3, 0, 0, "sm_103a sm_103f sm_103 sm_101f sm_101 sm_100f sm_100"},
+      {12, 1, 0, 0, "sm_121a sm_121f sm_121 sm_120f sm_120"},
+      {11, 0, 90, 13000,
+       "sm_110a sm_110f sm_110 compute_110a compute_110f compute_110 "
+       "compute_103 compute_101 compute_100 compute_90 compute_89 "
+       "compute_87 compute_86 compute_80 compute_75 compute_72 compute_70 "
+       "compute_62 compute_61 compute_60 compute_53 compute_52 compute_50"},
+      {7, 5, 0, 0, "sm_75 sm_72 sm_70"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char out[80][KC_ARCH_MAX + 1], got[2048] = "";
+    size_t n = kc_gpu_compat_archs(cases[i].major, cases[i].minor,
+                                   cases[i].isa, cases[i].driver, out, 80);
+    for (size_t k = 0; k < n; k++)
+      snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s",
+               k ? " " : "", out[k]);
+    if (strcmp(got, cases[i].want) != 0)
+      fail_msg("%d.%d: got '%s', want '%s'", cases[i].major,
+               cases[i].minor, got, cases[i].want);
+  }
+  char small[2][KC_ARCH_MAX + 1];
+  assert_int_equal(kc_gpu_compat_archs(8, 9, 87, 12080, small, 2), 2);
+  assert_string_equal(small[1], "sm_87");
+}
+
+/* The driver's version without cuInit: what kc_gpu_detect says, or
+ * KC_NO_DRIVER (and 0) where there is none. */
+static void test_driver_version(void **state) {
+  (void)state;
+  kc_gpu_info gi;
+  char err[KC_ERRBUF_SIZE] = "";
+  int v = -1;
+  kc_err e = kc_gpu_driver_version(&v, err);
+  if (kc_gpu_detect(&gi, NULL) == KC_OK) {
+    assert_int_equal(e, KC_OK);
+    assert_int_equal(v, gi.driver_version);
+    return;
+  }
+  if (e == KC_OK) { /* a driver without a usable device */
+    assert_true(v >= 9000);
+    return;
+  }
+  assert_int_equal(e, KC_NO_DRIVER);
+  assert_int_equal(v, 0);
+  assert_true(err[0] != '\0');
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--stub-driver") == 0) {
     const struct CMUnitTest stub[] = {cmocka_unit_test(test_stub_driver)};
@@ -988,6 +1235,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_detect),
       cmocka_unit_test(test_load_check_no_driver),
       cmocka_unit_test(test_load_check_gpu),
+      cmocka_unit_test(test_compat_table),
+      cmocka_unit_test(test_ptx_isa),
+      cmocka_unit_test(test_cc_parse),
+      cmocka_unit_test(test_compat_order),
+      cmocka_unit_test(test_driver_version),
   };
   return cmocka_run_group_tests_name("gpu", tests, NULL, NULL);
 }
