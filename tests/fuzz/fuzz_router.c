@@ -48,6 +48,8 @@ static const struct ref_route {
     {"/v1/models/", KCD_R_WARMUP, 1, "GET HEAD PUT", "/warmup"},
     {"/v1/models/", KCD_R_COVERAGE, 1, "GET HEAD", "/coverage"},
     {"/v1/stats/history", KCD_R_HISTORY, 0, "GET HEAD", NULL},
+    {"/v1/demand", KCD_R_DEMAND, 0, "POST", NULL},
+    {"/v1/models/", KCD_R_MODEL_DEMAND, 1, "GET HEAD", "/demand"},
     {"/", KCD_R_PAGE, 0, "GET HEAD", NULL},
     {"/app.js", KCD_R_PAGE_JS, 0, "GET HEAD", NULL},
     {"/style.css", KCD_R_PAGE_CSS, 0, "GET HEAD", NULL},
