@@ -85,22 +85,20 @@ static int first_of(MDB_txn *txn, MDB_dbi dbi, char hex[KC_HEX_LEN + 1],
   return rc == 0 && k.mv_size == 8 + KC_HEX_LEN ? 0 : -1;
 }
 
-/* The least recently used bundle whose only copy is not waiting for the
- * durable tier's queue (a bundle not yet in S3 must stay). */
-static int first_evictable(kc_store *s, MDB_txn *txn,
-                           char key[KC_HEX_LEN + 1], int64_t *t) {
+int kcs_first_unqueued(kc_store *s, MDB_txn *txn, MDB_dbi dbi,
+                       char hex[KC_HEX_LEN + 1], int64_t *t) {
   MDB_cursor *cur;
   MDB_val k, v;
-  if (mdb_cursor_open(txn, s->lru, &cur))
+  if (mdb_cursor_open(txn, dbi, &cur))
     return -1;
   int found = -1;
   for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     if (k.mv_size != 8 + KC_HEX_LEN)
       continue;
-    memcpy(key, (char *)k.mv_data + 8, KC_HEX_LEN);
-    key[KC_HEX_LEN] = '\0';
-    if (!kcs_queue_pending(s, txn, key)) {
+    memcpy(hex, (char *)k.mv_data + 8, KC_HEX_LEN);
+    hex[KC_HEX_LEN] = '\0';
+    if (!kcs_queue_pending(s, txn, hex)) {
       *t = time_of(k.mv_data);
       found = 0;
       break;
@@ -141,7 +139,7 @@ kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
     }
     char key[KC_HEX_LEN + 1];
     int64_t t = 0;
-    int have = first_evictable(s, txn, key, &t) == 0;
+    int have = kcs_first_unqueued(s, txn, s->lru, key, &t) == 0;
     int kv = kcs_kv_evict_first(s, txn, have, t, &e, err); /* kv_evict.c */
     if (kv < 0)
       return e;

@@ -9,37 +9,12 @@
 
 #define KV_EVICT_BATCH 512 /* RESP keys removed per write transaction */
 
-/* The least recently used RESP key whose record is not waiting for the
- * durable tier's queue: its LMDB key and last use (ms). 0 found, -1 none. */
-static int oldest(kc_store *s, MDB_txn *txn, char hex[KC_HEX_LEN + 1],
-                  int64_t *t) {
-  MDB_cursor *cur;
-  MDB_val k, v;
-  if (mdb_cursor_open(txn, s->kvlru, &cur))
-    return -1;
-  int found = -1;
-  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    if (k.mv_size != 8 + KC_HEX_LEN)
-      continue;
-    *t = (int64_t)kcs_be64_get(k.mv_data);
-    memcpy(hex, (char *)k.mv_data + 8, KC_HEX_LEN);
-    hex[KC_HEX_LEN] = '\0';
-    if (!kcs_queue_pending(s, txn, hex)) {
-      found = 0;
-      break;
-    }
-  }
-  mdb_cursor_close(cur);
-  return found;
-}
-
 /* Evicts the oldest RESP key. 1 evicted, 0 none, -1 error in *e. */
 static int evict_oldest(kc_store *s, MDB_txn *txn, kc_err *e, char *err) {
   char hex[KC_HEX_LEN + 1];
   int64_t t;
   kcs_kv_rec rec;
-  if (oldest(s, txn, hex, &t))
+  if (kcs_first_unqueued(s, txn, s->kvlru, hex, &t))
     return 0;
   *e = kcs_kv_rec_get(txn, s, hex, &rec, NULL);
   if (*e == KC_NOT_FOUND) { /* an index entry without its record */
@@ -62,7 +37,7 @@ int kcs_kv_evict_first(kc_store *s, MDB_txn *txn, int have_bundle,
   char hex[KC_HEX_LEN + 1];
   int64_t t;
   uint64_t kv_bytes = 0, used = 0;
-  if (oldest(s, txn, hex, &t))
+  if (kcs_first_unqueued(s, txn, s->kvlru, hex, &t))
     return 0;
   if ((*e = kcs_kv_bytes_get(txn, s, &kv_bytes)) ||
       (*e = kcs_bytes_get(txn, s, &used)))

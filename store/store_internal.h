@@ -196,6 +196,12 @@ kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
                        int drop_blobs, char *err);
 /* evict.c: evicts in the open txn until bytes used <= target. */
 kc_err kcs_evict_txn(kc_store *s, MDB_txn *txn, uint64_t target, char *err);
+/* evict.c: the least recently used entry of a time-keyed index (lru for
+ * bundles, kvlru for RESP keys) whose item is not waiting for the durable
+ * tier's queue (an item not yet in S3 must stay): its 64-hex tail and time.
+ * 0 found, -1 none. */
+int kcs_first_unqueued(kc_store *s, MDB_txn *txn, MDB_dbi dbi,
+                       char hex[KC_HEX_LEN + 1], int64_t *t);
 /* evict.c: the low-water target for a store holding `used` bytes. */
 uint64_t kcs_low_target(const kc_store *s, uint64_t used);
 /* evict.c: before a write that adds `incoming` bytes: above the high-water
