@@ -14,8 +14,8 @@ if(NOT TARGET PkgConfig::JANSSON)
 endif()
 
 add_executable(test_store_limits ${CMAKE_CURRENT_LIST_DIR}/test_store_limits.c)
-target_link_libraries(test_store_limits PRIVATE kc_store kc_schema
-                      PkgConfig::CMOCKA PkgConfig::LMDB PkgConfig::JANSSON)
+target_link_libraries(test_store_limits PRIVATE kc_storetest
+                      PkgConfig::LMDB PkgConfig::JANSSON)
 add_test(NAME store_limits COMMAND test_store_limits)
 set_tests_properties(store_limits PROPERTIES TIMEOUT 300)
 

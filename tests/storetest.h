@@ -89,6 +89,9 @@ uint8_t *make_bytes(size_t n, uint64_t seed, char hex[KC_HEX_LEN + 1]);
 void put_seed(kc_store *s, size_t n, uint64_t seed, char hex[KC_HEX_LEN + 1]);
 int blob_present(kc_store *s, const char *hex);
 int bundle_present(kc_store *s, const char *key);
+/* A manifest of model, build B1, arch sm_90a, bucket {"batch": bucket} and
+ * tool cuda 13.0, without files, not sealed. */
+kc_manifest *manifest_base(const char *model, uint64_t bucket);
 /* A sealed manifest of model, bucket {"batch": bucket}, with one file per
  * digest (path f<i>.cubin). */
 kc_manifest *make_manifest(const char *model, uint64_t bucket, size_t n,
@@ -113,6 +116,8 @@ void write_all(int fd, const void *p, size_t n);
 /* Regular files under dir, recursively (temporary upload files show up). */
 size_t count_files(const char *dir);
 kc_store_stats get_stats(kc_store *s);
+/* The durable tier's queue depth (the tier must be enabled). */
+uint64_t queue_depth(kc_store *s);
 /* bytes_used less the manifests of the test models: the blobs' bytes. */
 uint64_t blob_bytes(kc_store *s);
 
