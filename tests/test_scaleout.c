@@ -124,37 +124,18 @@ static const char *error_code(const reply *r, char out[64]) {
   return out;
 }
 
-/* A sample from /metrics: `series` is the name with its labels, exactly as
- * the server writes it. -1 when absent. */
+/* A sample from /metrics (kc_testsrv_metric). */
 static double metric(const kc_testsrv *t, const char *series) {
-  reply r = get(t, "/metrics");
-  double v = -1;
-  size_t n = strlen(series);
-  for (char *line = r.body; r.status == 200 && line && *line;) {
-    char *nl = strchr(line, '\n');
-    if (strncmp(line, series, n) == 0 && line[n] == ' ') {
-      v = strtod(line + n + 1, NULL);
-      break;
-    }
-    line = nl ? nl + 1 : NULL;
-  }
-  kc_testsrv_resp_free(&r);
-  return v;
+  return kc_testsrv_metric(t, series);
 }
 
 /* Waits until the replica's write-through queue is empty; the ms it took. */
 static long drain(const kc_testsrv *t, const char *name) {
-  long t0 = kc_testsrv_now_ms();
   double depth = -1;
-  while (kc_testsrv_now_ms() - t0 < DRAIN_MS) {
-    depth = metric(t, "kcached_s3_queue_depth");
-    if (depth == 0)
-      return kc_testsrv_now_ms() - t0;
-    usleep(100000);
-  }
-  REQUIRE(0, "replica %s: kcached_s3_queue_depth still %g after %d ms", name,
-          depth, DRAIN_MS);
-  return -1;
+  long ms = kc_testsrv_drain(t, DRAIN_MS, &depth);
+  REQUIRE(ms >= 0, "replica %s: kcached_s3_queue_depth still %g after %d ms",
+          name, depth, DRAIN_MS);
+  return ms;
 }
 
 /* ---- the replicas ---- */
@@ -230,24 +211,8 @@ typedef struct bundle {
   size_t n;
   char digest[MAX_FILES][65];
   size_t size[MAX_FILES];
-  uint64_t seed[MAX_FILES]; /* the bytes: fill(seed, size) */
+  uint64_t seed[MAX_FILES]; /* the bytes: kc_testsrv_bytes(seed, size) */
 } bundle;
-
-/* Deterministic bytes for a seed (splitmix64). */
-static unsigned char *fill(uint64_t seed, size_t n) {
-  unsigned char *p = malloc(n ? n : 1);
-  if (!p)
-    abort();
-  uint64_t x = seed;
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    memcpy(p + i, &z, n - i < 8 ? n - i : 8);
-  }
-  return p;
-}
 
 static void model_of(const char *name, char out[65]) {
   kc_sha256_hex(name, strlen(name), out);
@@ -279,7 +244,7 @@ static int bundle_make(bundle *b, const char *model_name, uint64_t seed,
   for (size_t i = 0; i < n; i++) {
     b->size[i] = sizes[i];
     b->seed[i] = seed * 16 + i;
-    unsigned char *bytes = fill(b->seed[i], sizes[i]);
+    unsigned char *bytes = kc_testsrv_bytes(b->seed[i], sizes[i]);
     kc_sha256_hex(bytes, sizes[i], b->digest[i]);
     free(bytes);
     char path[40];
@@ -313,7 +278,7 @@ static long bundle_put(CURL *h, const char *base, const bundle *b,
                        size_t *blobs_acked) {
   char path[128];
   for (size_t i = 0; i < b->n; i++) {
-    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    unsigned char *bytes = kc_testsrv_bytes(b->seed[i], b->size[i]);
     snprintf(path, sizeof path, "/v1/blobs/%s", b->digest[i]);
     reply r = call(h, base, "PUT", path, bytes, b->size[i]);
     free(bytes);
@@ -349,7 +314,7 @@ static long serves(const kc_testsrv *t, const bundle *b) {
   kc_testsrv_resp_free(&r);
   for (size_t i = 0; i < b->n && !bad; i++) {
     r = get(t, "/v1/blobs/%s", b->digest[i]);
-    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    unsigned char *bytes = kc_testsrv_bytes(b->seed[i], b->size[i]);
     if (r.status != 200)
       bad = r.status ? r.status : -2;
     else if (r.len != b->size[i] || memcmp(r.body, bytes, r.len) != 0)
@@ -520,18 +485,6 @@ static void rgw_start(void) {
 
 static kcs3 *g_main_s3; /* g_s3 while t_bucket_gone points it elsewhere */
 
-/* Lines of a replica's log that contain needle. */
-static int log_count(const kc_testsrv *t, const char *needle) {
-  FILE *f = fopen(t->log, "r");
-  char line[4096];
-  int n = 0;
-  while (f && fgets(line, sizeof line, f))
-    n += strstr(line, needle) != NULL;
-  if (f)
-    fclose(f);
-  return n;
-}
-
 static int on_key(const kcs3_entry *e, void *ud) {
   char err[KC_ERRBUF_SIZE] = "";
   if (kcs3_delete(ud, e->key, err) != KC_OK)
@@ -570,17 +523,17 @@ static void t_bucket_gone(void **state) {
   bundle_new(&x, &g_a, "gone-1", 21, 1, (const size_t[]){3000});
   drain(&g_a, "A");
   empty_and_delete(gone);
-  int failed0 = log_count(&g_a, "S3 write-through: ");
+  int failed0 = kc_testsrv_log_count(&g_a, "S3 write-through: ", 0);
   bundle_new(&y, &g_a, "gone-2", 22, 2, (const size_t[]){5000, 6000});
   long t0 = kc_testsrv_now_ms();
-  while (log_count(&g_a, "S3 write-through: ") < failed0 + 9 &&
+  while (kc_testsrv_log_count(&g_a, "S3 write-through: ", 0) < failed0 + 9 &&
          kc_testsrv_now_ms() - t0 < DRAIN_MS)
     usleep(200000);
-  REQUIRE(log_count(&g_a, "S3 write-through: ") >= failed0 + 9,
+  REQUIRE(kc_testsrv_log_count(&g_a, "S3 write-through: ", 0) >= failed0 + 9,
           "A did not retry 9 times in %d ms", DRAIN_MS);
   assert_true(metric(&g_a, "kcached_s3_parked_total") == 0);
   assert_true(metric(&g_a, "kcached_s3_queue_depth") >= 3); /* y: 2 blobs + 1 */
-  assert_int_equal(log_count(&g_a, "set aside"), 0);
+  assert_int_equal(kc_testsrv_log_count(&g_a, "set aside", 0), 0);
   REQUIRE(kcs3_bucket_create(gone, err) == KC_OK, "%s", err);
   drain(&g_a, "A");
   assert_int_equal(in_bucket(&y), 0);
@@ -619,7 +572,7 @@ static void t_parked(void **state) {
                                (const size_t[]){4096, 4096}), 0);
   for (size_t i = 0; i < 2; i++) {
     char path[128];
-    unsigned char *bytes = fill(x.seed[i], x.size[i]);
+    unsigned char *bytes = kc_testsrv_bytes(x.seed[i], x.size[i]);
     snprintf(path, sizeof path, "/v1/blobs/%s", x.digest[i]);
     reply r = call(NULL, g_a.url, "PUT", path, bytes, x.size[i]);
     REQUIRE(r.status == 201, "PUT blob %zu: %ld", i, r.status);
@@ -627,7 +580,7 @@ static void t_parked(void **state) {
     free(bytes);
   }
   assert_int_equal(kc_testsrv_stop(&g_a), 0);
-  unsigned char *bytes = fill(x.seed[0], x.size[0]);
+  unsigned char *bytes = kc_testsrv_bytes(x.seed[0], x.size[0]);
   REQUIRE(kc_testsrv_rot(&g_a, bytes, x.size[0]) >= 1, "blob 0 not found");
   free(bytes);
   rgw_start();
@@ -642,7 +595,7 @@ static void t_parked(void **state) {
   long up = kc_testsrv_now_ms() - t0;
   REQUIRE(up < 3000, "blob 1 went up %ld ms after the park", up);
   assert_true(metric(&g_a, "kcached_s3_parked_total") == 1);
-  assert_int_equal(log_count(&g_a, "set aside"), 1);
+  assert_int_equal(kc_testsrv_log_count(&g_a, "set aside", 0), 1);
   assert_int_equal(obj_head("blobs", x.digest[0]), KC_NOT_FOUND);
   assert_int_equal(obj_head("blobs", x.digest[1]), KC_OK);
   assert_int_equal(kc_testsrv_stop(&g_a), 0);
@@ -661,7 +614,7 @@ static void t_scrub_heals(void **state) {
   bundle_new(&b, &g_a, "scrub-m", 3, 1, (const size_t[]){4096});
   drain(&g_a, "A");
   assert_int_equal(kc_testsrv_stop(&g_a), 0);
-  unsigned char *bytes = fill(b.seed[0], b.size[0]);
+  unsigned char *bytes = kc_testsrv_bytes(b.seed[0], b.size[0]);
   REQUIRE(kc_testsrv_rot(&g_a, bytes, b.size[0]) >= 1, "blob not found");
   free(bytes);
   REQUIRE(kc_testsrv_restart(&g_a) == 0, "replica A did not restart");
@@ -912,7 +865,7 @@ static void t_s3_down(void **state) {
    * must be in B's store all the same once S3 is gone. */
   char bpath[120];
   snprintf(bpath, sizeof bpath, "/v1/blobs/%s", x2.digest[0]);
-  unsigned char *want = fill(x2.seed[0], x2.size[0]);
+  unsigned char *want = kc_testsrv_bytes(x2.seed[0], x2.size[0]);
   for (int pass = 0; pass < 2; pass++) {
     if (pass == 1)
       rgw_stop();
@@ -1004,7 +957,7 @@ static void t_corrupt(void **state) {
 
   /* The blob: same length, one byte flipped. */
   char k[KCS3_KEY_MAX + 1], err[KC_ERRBUF_SIZE] = "", code[64];
-  unsigned char *bad = fill(b.seed[0], 4096);
+  unsigned char *bad = kc_testsrv_bytes(b.seed[0], 4096);
   bad[1234] ^= 0x20;
   obj_key(k, "blobs", b.digest[0]);
   assert_int_equal(kcs3_put(g_s3, k, bad, 4096, NULL, NULL, err), KC_OK);
@@ -1165,20 +1118,8 @@ static void t_bad_config(void **state) {
 
 static int rgw_group_setup(void **state) {
   (void)state;
-  char err[KC_ERRBUF_SIZE] = "";
-  snprintf(g_bucket, sizeof g_bucket, "kcache-scaleout-%ld", (long)getpid());
-  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = g_bucket,
-                 .region = g_rgw.region, .path_style = 1,
-                 .access_key = g_rgw.access, .secret_key = g_rgw.secret};
-  if (kcs3_open(&o, &g_s3, err) != KC_OK ||
-      kcs3_bucket_create(g_s3, err) != KC_OK) {
-    fprintf(stderr, "bucket %s: %s\n", g_bucket, err);
-    return -1;
-  }
-  /* the replicas take their credentials from the environment */
-  setenv("AWS_ACCESS_KEY_ID", g_rgw.access, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", g_rgw.secret, 1);
-  return 0;
+  return kc_testrgw_bucket(&g_rgw, "kcache-scaleout", g_bucket,
+                           sizeof g_bucket, &g_s3);
 }
 
 static int rgw_group_teardown(void **state) {

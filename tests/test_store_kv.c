@@ -1073,20 +1073,8 @@ static kc_store_s3 rgw_s3(void) {
 
 static int rgw_setup(void **state) {
   (void)state;
-  snprintf(g_bucket, sizeof g_bucket, "kcache-kv-%ld", (long)getpid());
-  kc_store_s3 s3 = rgw_s3();
-  kcs3_opts o = {.endpoint = s3.endpoint, .bucket = s3.bucket,
-                 .region = s3.region, .path_style = 1,
-                 .access_key = s3.access_key, .secret_key = s3.secret_key};
-  kcs3 *c = NULL;
-  char err[KC_ERRBUF_SIZE] = "";
-  if (kcs3_open(&o, &c, err) || kcs3_bucket_create(c, err)) {
-    print_error("bucket: %s\n", err);
-    kcs3_close(c);
-    return -1;
-  }
-  kcs3_close(c);
-  return 0;
+  return kc_testrgw_bucket(&g_rgw, "kcache-kv", g_bucket, sizeof g_bucket,
+                           NULL);
 }
 
 static void drain(kc_store *s) {

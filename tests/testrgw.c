@@ -147,3 +147,25 @@ int kc_testrgw_finish(kc_testrgw *r, int up, int fails) {
     return 1;
   return up == 77 ? 77 : 0;
 }
+
+int kc_testrgw_bucket(const kc_testrgw *r, const char *stem, char *bucket,
+                      size_t cap, kcs3 **s3) {
+  char err[KC_ERRBUF_SIZE] = "";
+  kcs3 *c = NULL;
+  snprintf(bucket, cap, "%s-%ld", stem, (long)getpid());
+  kcs3_opts o = {.endpoint = r->endpoint, .bucket = bucket,
+                 .region = r->region, .path_style = 1,
+                 .access_key = r->access, .secret_key = r->secret};
+  if (kcs3_open(&o, &c, err) != KC_OK || kcs3_bucket_create(c, err) != KC_OK) {
+    fprintf(stderr, "bucket %s: %s\n", bucket, err);
+    kcs3_close(c);
+    return -1;
+  }
+  setenv("AWS_ACCESS_KEY_ID", r->access, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", r->secret, 1);
+  if (s3)
+    *s3 = c;
+  else
+    kcs3_close(c);
+  return 0;
+}

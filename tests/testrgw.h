@@ -15,6 +15,10 @@
 #ifndef KC_TESTRGW_H
 #define KC_TESTRGW_H
 
+#include <stddef.h>
+
+#include "kcs3.h"
+
 typedef struct kc_testrgw {
   char dir[256];      /* the cluster's directory ("" when none) */
   int owned;          /* 1: started here, kc_testrgw_down stops and removes */
@@ -28,6 +32,12 @@ typedef struct kc_testrgw {
  * the messages on stderr. 0 up; 77 skip (said why on stderr); -1 failed
  * (said why). */
 int kc_testrgw_up(kc_testrgw *r, const char *who);
+/* Creates the bucket "<stem>-<pid>" (its name into bucket) and sets
+ * AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY to r's (kcached replicas take
+ * their credentials from the environment). *s3 (may be NULL: closed) is an
+ * open client of it, the caller's. 0 ok, -1 failed (said why on stderr). */
+int kc_testrgw_bucket(const kc_testrgw *r, const char *stem, char *bucket,
+                      size_t cap, kcs3 **s3);
 /* Stops radosgw alone ("S3 is down": connections are refused) / starts it
  * again on the same port and data. 0 ok, else the script's status. */
 int kc_testrgw_gateway_stop(kc_testrgw *r);

@@ -286,6 +286,51 @@ void kc_testsrv_show_log(const kc_testsrv *t, const char *name) {
           name ? name : "", t->log, n, buf);
 }
 
+int kc_testsrv_log_count(const kc_testsrv *t, const char *needle, int echo) {
+  FILE *f = fopen(t->log, "r");
+  char line[4096];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (strstr(line, needle)) {
+      if (echo)
+        printf("  log: %s", line);
+      n++;
+    }
+  if (f)
+    fclose(f);
+  return n;
+}
+
+int kc_testsrv_wait_log(const kc_testsrv *t, const char *text, int times,
+                        long ms) {
+  for (long t0 = kc_testsrv_now_ms();; kc_testsrv_sleep_ms(20)) {
+    char *log = kc_testsrv_slurp(t->log);
+    int n = 0;
+    for (const char *p = log; p && (p = strstr(p, text)); p++)
+      n++;
+    free(log);
+    if (n >= times)
+      return 1;
+    if (kc_testsrv_now_ms() - t0 >= ms)
+      return 0;
+  }
+}
+
+unsigned char *kc_testsrv_bytes(uint64_t seed, size_t n) {
+  unsigned char *p = malloc(n ? n : 1);
+  if (!p)
+    abort();
+  uint64_t x = seed;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    memcpy(p + i, &z, n - i < 8 ? n - i : 8);
+  }
+  return p;
+}
+
 int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n) {
   char path[400];
   snprintf(path, sizeof path, "%s/data.mdb", t->data);
@@ -324,9 +369,8 @@ int kc_testsrv_connect(int port) {
   return fd;
 }
 
-char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
-                          char (*digests)[65], const uint64_t *sizes, size_t n,
-                          char key[65]) {
+kc_manifest *kc_testsrv_manifest_base(const char *model, uint64_t batch,
+                                      const char *arch) {
   kc_manifest *m = kc_manifest_new();
   if (!m)
     return NULL;
@@ -339,6 +383,15 @@ char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
   m->fields.n_tools = 1;
   snprintf(m->fields.tools[0].name, KC_NAME_MAX + 1, "cuda");
   snprintf(m->fields.tools[0].value, KC_TOOL_VALUE_MAX + 1, "13.0");
+  return m;
+}
+
+char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
+                          char (*digests)[65], const uint64_t *sizes, size_t n,
+                          char key[65]) {
+  kc_manifest *m = kc_testsrv_manifest_base(model, batch, arch);
+  if (!m)
+    return NULL;
   const char *entries[] = {"gemm"};
   char *json = NULL;
   char err[KC_ERRBUF_SIZE] = "";
@@ -511,4 +564,35 @@ int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
       p++;
   }
   return 0;
+}
+
+double kc_testsrv_metric(const kc_testsrv *t, const char *series) {
+  kc_testsrv_resp r =
+      kc_testsrv_http(NULL, t->url, "/metrics", (kc_testsrv_req){0});
+  double v = -1;
+  size_t n = strlen(series);
+  int ok = r.rc == CURLE_OK && r.status == 200;
+  for (char *line = r.body; ok && line && *line;) {
+    char *nl = strchr(line, '\n');
+    if (strncmp(line, series, n) == 0 && line[n] == ' ') {
+      v = strtod(line + n + 1, NULL);
+      break;
+    }
+    line = nl ? nl + 1 : NULL;
+  }
+  kc_testsrv_resp_free(&r);
+  return v;
+}
+
+long kc_testsrv_drain(const kc_testsrv *t, long max_ms, double *depth) {
+  long t0 = kc_testsrv_now_ms();
+  double d = -1;
+  while (kc_testsrv_now_ms() - t0 < max_ms) {
+    if ((d = kc_testsrv_metric(t, "kcached_s3_queue_depth")) == 0)
+      return kc_testsrv_now_ms() - t0;
+    kc_testsrv_sleep_ms(100);
+  }
+  if (depth)
+    *depth = d;
+  return -1;
 }

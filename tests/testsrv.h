@@ -20,6 +20,8 @@
 
 #include <curl/curl.h>
 
+#include "kc_schema.h"
+
 #define KC_TESTSRV_MAX_ARGS 32
 
 typedef struct kc_testsrv {
@@ -71,10 +73,25 @@ char *kc_testsrv_slurp(const char *path);
  * for failure messages. */
 void kc_testsrv_show_log(const kc_testsrv *t, const char *name);
 
+/* Lines of t's log that contain needle; echo: print them ("  log: ...") on
+ * stdout too. */
+int kc_testsrv_log_count(const kc_testsrv *t, const char *needle, int echo);
+/* Waits up to ms for text to stand times times in t's log: 1 when it does,
+ * else 0. */
+int kc_testsrv_wait_log(const kc_testsrv *t, const char *text, int times,
+                        long ms);
+/* Deterministic bytes for a seed (splitmix64), malloc'd (aborts when out of
+ * memory: worker threads call it). */
+unsigned char *kc_testsrv_bytes(uint64_t seed, size_t n);
+
 /* A TCP connection to 127.0.0.1:port (close-on-exec, reads time out after
  * 20 s), for what libcurl will not send; the fd, -1 on error. */
 int kc_testsrv_connect(int port);
 
+/* A manifest of model, bucket {"batch": batch}, arch, a build of 'b's and
+ * tool cuda 13.0, without files, not sealed; NULL when out of memory. */
+kc_manifest *kc_testsrv_manifest_base(const char *model, uint64_t batch,
+                                      const char *arch);
 /* The canonical JSON (malloc'd) of a sealed manifest of model, bucket
  * {"batch": batch}, arch, a build of 'b's and tool cuda 13.0, with one file
  * k<i>.cubin (entry gemm) per digest; writes its key. NULL on error (said on
@@ -121,5 +138,13 @@ void kc_testsrv_resp_free(kc_testsrv_resp *r);
  * or 0 when absent. */
 int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
                       size_t cap);
+
+/* A sample of t's /metrics: series is the name with its labels, exactly
+ * as the server writes it. -1 when absent (or /metrics did not answer 200). */
+double kc_testsrv_metric(const kc_testsrv *t, const char *series);
+/* Polls kcached_s3_queue_depth until the write-through queue is empty: the
+ * ms it took, -1 when it was not empty after max_ms (*depth: the last
+ * sample, may be NULL). */
+long kc_testsrv_drain(const kc_testsrv *t, long max_ms, double *depth);
 
 #endif
