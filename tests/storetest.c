@@ -98,18 +98,18 @@ int fx_teardown(void **state) {
 
 /* ---- helpers ---- */
 
-kc_store *open_store(const char *dir, uint64_t max_bytes, uint64_t map_size,
-                     uint64_t grace_s) {
-  kc_store_opts o;
-  memset(&o, 0, sizeof o);
-  o.dir = dir;
-  o.max_bytes = max_bytes;
-  o.map_size = map_size;
-  o.grace_s = grace_s;
+kc_store *open_with(const kc_store_opts *o) {
   kc_store *s = NULL;
-  OK(kc_store_open(&o, &s, errbuf));
+  OK(kc_store_open(o, &s, errbuf));
   assert_non_null(s);
   return s;
+}
+
+kc_store *open_store(const char *dir, uint64_t max_bytes, uint64_t map_size,
+                     uint64_t grace_s) {
+  kc_store_opts o = {.dir = dir, .max_bytes = max_bytes, .map_size = map_size,
+                     .grace_s = grace_s};
+  return open_with(&o);
 }
 
 /* Deterministic bytes from a seed (xorshift64). */

@@ -78,6 +78,8 @@ int storetest_run(const char *group, const struct CMUnitTest *tests, size_t n);
 
 /* "a/b", malloc'd. */
 char *path_join(const char *a, const char *b);
+/* Opens (creating) the store o describes. */
+kc_store *open_with(const kc_store_opts *o);
 /* Opens (creating) the store in dir; 0 for a limit means the default. */
 kc_store *open_store(const char *dir, uint64_t max_bytes, uint64_t map_size,
                      uint64_t grace_s);

@@ -45,20 +45,9 @@
 #define DRAIN_MS 60000 /* the queue's backoff tops out at 30 s */
 #define SETTLE_MS 5000 /* after B's queue drained: B serves the bucket's */
 
-static kc_testrgw g_rgw;
-static char g_bucket[64];
-static kcs3 *g_s3;          /* the test's own view of the bucket */
-static kc_testsrv g_a, g_b; /* the replicas of the running case */
-static char g_prefix[64];   /* the running case's --s3-prefix */
+static kc_testrgw_pair P; /* the RGW, the bucket, the replicas A and B */
 
-#define REQUIRE(cond, ...)                                                     \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      kc_testsrv_show_log(&g_a, "A");                                          \
-      kc_testsrv_show_log(&g_b, "B");                                          \
-      fail_msg(__VA_ARGS__);                                                   \
-    }                                                                          \
-  } while (0)
+#define REQUIRE(cond, ...) KC_TESTRGW_REQUIRE(&P, cond, __VA_ARGS__)
 
 /* ---- HTTP (kc_testsrv_http) ---- */
 
@@ -73,17 +62,6 @@ static reply call(const char *base, const char *method, const char *path,
   if (r.rc != CURLE_OK)
     r.status = 0;
   return r;
-}
-
-static reply get(const kc_testsrv *t, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static reply get(const kc_testsrv *t, const char *fmt, ...) {
-  char path[400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(path, sizeof path, fmt, ap);
-  va_end(ap);
-  return call(t->url, "GET", path, NULL, 0);
 }
 
 /* A member of a JSON reply's top-level object, as text ("" when absent; a
@@ -176,13 +154,13 @@ static reply bundle_put(const kc_testsrv *t, const bundle *b) {
 /* 0 when t serves the bundle exactly (manifest bytes and every blob), else
  * the first status that was not 200 (or -1: other bytes). */
 static long serves(const kc_testsrv *t, const bundle *b) {
-  reply r = get(t, "/v1/bundles/%s", b->key);
+  reply r = kc_testsrv_get(t, "/v1/bundles/%s", b->key);
   long bad = r.status != 200 ? (r.status ? r.status : -2)
              : strcmp(r.body, b->json) != 0 ? -1
                                             : 0;
   kc_testsrv_resp_free(&r);
   for (size_t i = 0; i < NFILES && !bad; i++) {
-    r = get(t, "/v1/blobs/%s", b->digest[i]);
+    r = kc_testsrv_get(t, "/v1/blobs/%s", b->digest[i]);
     unsigned char *bytes = kc_testsrv_bytes(b->seed[i], b->size[i]);
     if (r.status != 200)
       bad = r.status ? r.status : -2;
@@ -197,10 +175,10 @@ static long serves(const kc_testsrv *t, const bundle *b) {
 /* The bucket holds b's manifest, byte for byte. */
 static int bucket_holds(const bundle *b) {
   char k[KCS3_KEY_MAX + 1], err[KC_ERRBUF_SIZE] = "";
-  snprintf(k, sizeof k, "%s/bundles/%s", g_prefix, b->key);
+  snprintf(k, sizeof k, "%s/bundles/%s", P.prefix, b->key);
   void *data = NULL;
   size_t len = 0;
-  kc_err e = kcs3_get(g_s3, k, 1 << 20, &data, &len, NULL, err);
+  kc_err e = kcs3_get(P.s3, k, 1 << 20, &data, &len, NULL, err);
   int same = e == KC_OK && len == strlen(b->json) &&
              memcmp(data, b->json, len) == 0;
   if (e)
@@ -211,44 +189,19 @@ static int bucket_holds(const bundle *b) {
 
 /* ---- the replicas ---- */
 
-static void start_pair(const char *prefix) {
-  snprintf(g_prefix, sizeof g_prefix, "%s", prefix);
-  const char *args[] = {"--s3-endpoint", g_rgw.endpoint, "--s3-bucket",
-                        g_bucket,        "--s3-prefix",  g_prefix,
-                        "--s3-region",   g_rgw.region,   "--s3-path-style",
-                        NULL};
-  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
-  REQUIRE(kc_testsrv_start(&g_b, args) == 0, "replica B did not start");
-}
-
-/* After each case: both replicas stop cleanly; radosgw up again (a failed
- * case may have left it stopped). */
+/* After each case: both replicas stop cleanly, no secret in their logs;
+ * radosgw up again (kc_testrgw_pair_stop). */
 static int case_teardown(void **state) {
   (void)state;
-  int rc = 0;
-  kc_testsrv *both[] = {&g_a, &g_b};
-  for (int i = 0; i < 2; i++) {
-    int st = kc_testsrv_stop(both[i]);
-    if (st != 0 && st != -1) {
-      fprintf(stderr, "replica %s exited %d on SIGTERM\n", i ? "B" : "A", st);
-      kc_testsrv_show_log(both[i], i ? "B" : "A");
-      rc = -1;
-    }
-    kc_testsrv_cleanup(both[i]);
-    memset(both[i], 0, sizeof *both[i]);
-  }
-  if (kc_testrgw_gateway_start(&g_rgw) != 0) {
-    fprintf(stderr, "radosgw did not come back\n");
-    rc = -1;
-  }
-  return rc;
+  return kc_testrgw_pair_stop(&P);
 }
 
 /* ---- 1. B is offered a key the bucket already holds ---- */
 
 static void t_refused(void **state) {
   (void)state;
-  start_pair("once-refused");
+  REQUIRE(kc_testrgw_pair_start(&P, "once-refused", NULL) == 0,
+          "the replicas did not start");
   bundle same, k_a, k_b;
   bundle_make(&same, 1, 0);
   bundle_make(&k_a, 2, 0);
@@ -257,36 +210,36 @@ static void t_refused(void **state) {
   assert_string_not_equal(k_a.json, k_b.json);
   char v[64];
   for (int i = 0; i < 2; i++) {
-    reply r = bundle_put(&g_a, i ? &k_a : &same);
+    reply r = bundle_put(&P.a, i ? &k_a : &same);
     REQUIRE(r.status == 201, "A: PUT bundle: %ld %s", r.status, r.body);
     kc_testsrv_resp_free(&r);
   }
-  drain(&g_a, "A");
+  drain(&P.a, "A");
   REQUIRE(bucket_holds(&same) && bucket_holds(&k_a), "A's bundles not in S3");
 
   /* Another manifest for A's key: refused, and A's is what B serves. */
-  reply r = bundle_put(&g_b, &k_b);
+  reply r = bundle_put(&P.b, &k_b);
   REQUIRE(r.status == 409 && strcmp(member(&r, "error", v), "conflict") == 0,
           "B: PUT of a different manifest for a key in the bucket: %ld %s "
           "(want 409 conflict)", r.status, r.body);
   printf("refused: B answered %ld %s\n", r.status, r.body);
   kc_testsrv_resp_free(&r);
-  long s = serves(&g_b, &k_a);
+  long s = serves(&P.b, &k_a);
   REQUIRE(s == 0, "B does not serve A's manifest after the 409: %ld", s);
-  REQUIRE(kc_testsrv_metric(&g_b, REFUSED) == 1, "B: %s %g (want 1)", REFUSED,
-          kc_testsrv_metric(&g_b, REFUSED));
-  drain(&g_b, "B"); /* B's blobs of k_b go up; its manifest never does */
+  REQUIRE(kc_testsrv_metric(&P.b, REFUSED) == 1, "B: %s %g (want 1)", REFUSED,
+          kc_testsrv_metric(&P.b, REFUSED));
+  drain(&P.b, "B"); /* B's blobs of k_b go up; its manifest never does */
   REQUIRE(bucket_holds(&k_a), "the bucket lost A's manifest");
-  REQUIRE(serves(&g_b, &k_a) == 0 && serves(&g_a, &k_a) == 0,
+  REQUIRE(serves(&P.b, &k_a) == 0 && serves(&P.a, &k_a) == 0,
           "the replicas do not both serve A's manifest");
-  assert_true(kc_testsrv_metric(&g_b, REPLACED) == 0);
+  assert_true(kc_testsrv_metric(&P.b, REPLACED) == 0);
   /* The same manifest: already present, as on A. */
-  r = bundle_put(&g_b, &same);
+  r = bundle_put(&P.b, &same);
   REQUIRE(r.status == 200 && strcmp(member(&r, "created", v), "false") == 0,
           "B: PUT of the bucket's own manifest: %ld %s (want 200, created "
           "false)", r.status, r.body);
   kc_testsrv_resp_free(&r);
-  REQUIRE(serves(&g_b, &same) == 0, "B does not serve the bucket's manifest");
+  REQUIRE(serves(&P.b, &same) == 0, "B does not serve the bucket's manifest");
   free(same.json);
   free(k_a.json);
   free(k_b.json);
@@ -296,27 +249,28 @@ static void t_refused(void **state) {
 
 static void t_race(void **state) {
   (void)state;
-  start_pair("once-race");
+  REQUIRE(kc_testrgw_pair_start(&P, "once-race", NULL) == 0,
+          "the replicas did not start");
   bundle k_a, k_b;
   bundle_make(&k_a, 3, 0);
   bundle_make(&k_b, 3, 1);
-  reply r = bundle_put(&g_a, &k_a);
+  reply r = bundle_put(&P.a, &k_a);
   REQUIRE(r.status == 201, "A: PUT bundle: %ld %s", r.status, r.body);
   kc_testsrv_resp_free(&r);
-  drain(&g_a, "A");
-  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
+  drain(&P.a, "A");
+  REQUIRE(kc_testrgw_gateway_stop(&P.rgw) == 0, "rgw-stop failed");
   /* The bucket cannot be asked: B decides alone (and serves its own). */
-  r = bundle_put(&g_b, &k_b);
+  r = bundle_put(&P.b, &k_b);
   REQUIRE(r.status == 201, "B with S3 down: PUT bundle: %ld %s (want 201)",
           r.status, r.body);
   kc_testsrv_resp_free(&r);
-  long s = serves(&g_b, &k_b);
+  long s = serves(&P.b, &k_b);
   REQUIRE(s == 0, "B with S3 down does not serve what it accepted: %ld", s);
-  REQUIRE(kc_testrgw_gateway_start(&g_rgw) == 0, "rgw-start failed");
+  REQUIRE(kc_testrgw_gateway_start(&P.rgw) == 0, "rgw-start failed");
   long t0 = kc_testsrv_now_ms();
-  drain(&g_b, "B");
+  drain(&P.b, "B");
   long drained = kc_testsrv_now_ms() - t0, t1 = kc_testsrv_now_ms();
-  while ((s = serves(&g_b, &k_a)) != 0 && kc_testsrv_now_ms() - t1 < SETTLE_MS)
+  while ((s = serves(&P.b, &k_a)) != 0 && kc_testsrv_now_ms() - t1 < SETTLE_MS)
     usleep(100000);
   REQUIRE(s == 0, "B still does not serve A's manifest %d ms after its queue "
           "drained (%ld): two replicas answer one key differently",
@@ -324,35 +278,22 @@ static void t_race(void **state) {
   printf("race: radosgw back; B's queue drained in %ld ms, B served A's "
          "manifest %ld ms later\n", drained, kc_testsrv_now_ms() - t1);
   REQUIRE(bucket_holds(&k_a), "the bucket lost A's manifest");
-  REQUIRE(serves(&g_a, &k_a) == 0, "A does not serve its manifest");
-  REQUIRE(kc_testsrv_metric(&g_b, REPLACED) == 1, "B: %s %g (want 1)", REPLACED,
-          kc_testsrv_metric(&g_b, REPLACED));
-  REQUIRE(kc_testsrv_log_count(&g_b, "was replaced by it", 0) == 1,
+  REQUIRE(serves(&P.a, &k_a) == 0, "A does not serve its manifest");
+  REQUIRE(kc_testsrv_metric(&P.b, REPLACED) == 1, "B: %s %g (want 1)", REPLACED,
+          kc_testsrv_metric(&P.b, REPLACED));
+  REQUIRE(kc_testsrv_log_count(&P.b, "was replaced by it", 0) == 1,
           "B's log does not say its bundle was replaced");
   /* and it stays so: a restart of B serves A's manifest from its store */
-  REQUIRE(kc_testsrv_stop(&g_b) == 0, "B did not stop");
-  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
-  REQUIRE(kc_testsrv_restart(&g_b) == 0, "B did not restart");
-  REQUIRE(serves(&g_b, &k_a) == 0, "B after a restart, S3 down, does not "
+  REQUIRE(kc_testsrv_stop(&P.b) == 0, "B did not stop");
+  REQUIRE(kc_testrgw_gateway_stop(&P.rgw) == 0, "rgw-stop failed");
+  REQUIRE(kc_testsrv_restart(&P.b) == 0, "B did not restart");
+  REQUIRE(serves(&P.b, &k_a) == 0, "B after a restart, S3 down, does not "
           "serve A's manifest");
   free(k_a.json);
   free(k_b.json);
 }
 
 /* ---- main ---- */
-
-static int rgw_group_setup(void **state) {
-  (void)state;
-  return kc_testrgw_bucket(&g_rgw, "kcache-once", g_bucket, sizeof g_bucket,
-                           &g_s3);
-}
-
-static int rgw_group_teardown(void **state) {
-  (void)state;
-  kcs3_close(g_s3);
-  g_s3 = NULL;
-  return 0;
-}
 
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
@@ -362,11 +303,9 @@ int main(void) {
       cmocka_unit_test_teardown(t_refused, case_teardown),
       cmocka_unit_test_teardown(t_race, case_teardown),
   };
-  int fails = 0;
-  int up = kc_testrgw_up(&g_rgw, "test_scaleout_once");
-  if (up == 0)
-    fails = cmocka_run_group_tests_name("scaleout_once", rgw,
-                                        rgw_group_setup, rgw_group_teardown);
+  int rc = kc_testrgw_pair_run(&P, "test_scaleout_once", "kcache-once",
+                               "scaleout_once", rgw,
+                               sizeof rgw / sizeof rgw[0], 0);
   curl_global_cleanup();
-  return kc_testrgw_finish(&g_rgw, up, fails);
+  return rc;
 }

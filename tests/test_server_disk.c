@@ -220,21 +220,11 @@ static void t_two_servers_one_dir(void **state) {
 /* ---- the model listing ---- */
 
 #define M1 "5a7cc462c675f9d5693bae11d480f09c3c01ae53617500e6475623784622159c"
-#define B1 "e844adc60c72d254b27e713b88e72a8338fbb13944b1499c212495e376cd3d11"
 
 /* A manifest of 3000 files (~300 KB) naming one blob, bucket batch=b. */
 static char *big_manifest(uint64_t b, const char *blob, char key[65]) {
-  kc_manifest *m = kc_manifest_new();
-  kc_key_fields *k = &m->fields;
-  strcpy(k->model, M1);
-  strcpy(k->build, B1);
-  strcpy(k->arch, b % 2 ? "sm_90a" : "sm_80");
-  k->bucket.n = 1;
-  strcpy(k->bucket.dims[0].name, "batch");
-  k->bucket.dims[0].value = b;
-  k->n_tools = 1;
-  strcpy(k->tools[0].name, "cuda");
-  strcpy(k->tools[0].value, "13.0");
+  kc_manifest *m = kc_testsrv_manifest_base(M1, b, b % 2 ? "sm_90a" : "sm_80");
+  assert_non_null(m);
   for (size_t i = 0; i < 3000; i++) {
     char path[64];
     const char *entries[] = {"a_kernel_entry_point_with_a_long_name"};

@@ -45,16 +45,9 @@
 
 static kc_store *open_kv(const char *dir, uint64_t max_bytes,
                          uint64_t kv_max_bytes, uint64_t map_size) {
-  kc_store_opts o;
-  memset(&o, 0, sizeof o);
-  o.dir = dir;
-  o.max_bytes = max_bytes;
-  o.kv_max_bytes = kv_max_bytes;
-  o.map_size = map_size;
-  kc_store *s = NULL;
-  OK(kc_store_open(&o, &s, errbuf));
-  assert_non_null(s);
-  return s;
+  kc_store_opts o = {.dir = dir, .max_bytes = max_bytes,
+                     .kv_max_bytes = kv_max_bytes, .map_size = map_size};
+  return open_with(&o);
 }
 
 static int64_t now_ms(void) {
@@ -232,6 +225,23 @@ static kc_manifest *one_file_manifest(const char *hex, uint64_t size) {
   OK(kc_manifest_add_file(m, "f.cubin", hex, size, KC_KIND_CUBIN, entries, 1,
                           errbuf));
   OK(kc_manifest_seal(m, errbuf));
+  return m;
+}
+
+/* Stores a bundle, bucket {"batch": bucket}, of one new blob of n bytes
+ * from seed; returns its manifest. */
+static kc_manifest *bundle_of_new_blob(kc_store *s, size_t n, uint64_t seed,
+                                       uint64_t bucket) {
+  char hex[KC_HEX_LEN + 1];
+  uint8_t *p = bytes(n, seed);
+  assert_int_equal(kc_sha256_hex(p, n, hex), KC_OK);
+  int created;
+  OK(kc_store_blob_put(s, hex, p, n, &created, errbuf));
+  kc_manifest *m = one_file_manifest(hex, n);
+  m->fields.bucket.dims[0].value = bucket;
+  OK(kc_manifest_seal(m, errbuf));
+  OK(kc_store_bundle_put(s, m, &created, NULL, NULL, errbuf));
+  free(p);
   return m;
 }
 
@@ -649,18 +659,8 @@ static void test_evict_kv_cap_spares_bundles(void **state) {
   fx *f = *state;
   kc_store *s = open_kv(f->dir, 4 * MiB, 1 * MiB, 0);
   kc_manifest *m[4];
-  for (int i = 0; i < 4; i++) {
-    char hex[KC_HEX_LEN + 1];
-    uint8_t *p = bytes(512 * KiB, 100 + (uint64_t)i);
-    assert_int_equal(kc_sha256_hex(p, 512 * KiB, hex), KC_OK);
-    int created;
-    OK(kc_store_blob_put(s, hex, p, 512 * KiB, &created, errbuf));
-    m[i] = one_file_manifest(hex, 512 * KiB);
-    m[i]->fields.bucket.dims[0].value = (uint64_t)i;
-    OK(kc_manifest_seal(m[i], errbuf));
-    OK(kc_store_bundle_put(s, m[i], &created, NULL, NULL, errbuf));
-    free(p);
-  }
+  for (int i = 0; i < 4; i++)
+    m[i] = bundle_of_new_blob(s, 512 * KiB, 100 + (uint64_t)i, (uint64_t)i);
   sleep(1); /* the bundles are older than every RESP key */
   char k[32];
   for (int i = 0; i < 100; i++) {
@@ -698,18 +698,8 @@ static void test_evict_bundles_over_share(void **state) {
   set_seed(s, "old2", 256 * KiB, 2);
   sleep(1);
   kc_manifest *m[6];
-  for (int i = 0; i < 6; i++) {
-    char hex[KC_HEX_LEN + 1];
-    uint8_t *p = bytes(512 * KiB, 200 + (uint64_t)i);
-    assert_int_equal(kc_sha256_hex(p, 512 * KiB, hex), KC_OK);
-    int created;
-    OK(kc_store_blob_put(s, hex, p, 512 * KiB, &created, errbuf));
-    m[i] = one_file_manifest(hex, 512 * KiB);
-    m[i]->fields.bucket.dims[0].value = (uint64_t)i;
-    OK(kc_manifest_seal(m[i], errbuf));
-    OK(kc_store_bundle_put(s, m[i], &created, NULL, NULL, errbuf));
-    free(p);
-  }
+  for (int i = 0; i < 6; i++)
+    m[i] = bundle_of_new_blob(s, 512 * KiB, 200 + (uint64_t)i, (uint64_t)i);
   assert_int_equal(get_stats(s).evicted_bundles, 0);
   set_seed(s, "new", 512 * KiB, 3);
   kc_store_stats st = get_stats(s);
@@ -731,13 +721,7 @@ static void test_evict_oldest_across_sides(void **state) {
   kc_store *s = open_kv(f->dir, 2 * MiB, 0, 0);
   set_seed(s, "old", 512 * KiB, 1);
   sleep(1);
-  char hex[KC_HEX_LEN + 1];
-  uint8_t *p = bytes(512 * KiB, 2);
-  assert_int_equal(kc_sha256_hex(p, 512 * KiB, hex), KC_OK);
-  int created;
-  OK(kc_store_blob_put(s, hex, p, 512 * KiB, &created, errbuf));
-  kc_manifest *m = one_file_manifest(hex, 512 * KiB);
-  OK(kc_store_bundle_put(s, m, &created, NULL, NULL, errbuf));
+  kc_manifest *m = bundle_of_new_blob(s, 512 * KiB, 2, 1);
   sleep(1);
   set_seed(s, "new1", 512 * KiB, 3);
   set_seed(s, "new2", 512 * KiB, 4); /* over 95%: evicts the oldest */
@@ -748,7 +732,6 @@ static void test_evict_oldest_across_sides(void **state) {
   OK(kc_store_verify(s, errbuf));
   kc_manifest_free(m);
   kc_store_close(s);
-  free(p);
 }
 
 /* ---- a batch ---- */
@@ -1018,9 +1001,7 @@ static void test_scrub_rotted_value(void **state) {
 static kc_store *open_tier(const char *dir, uint64_t max_bytes,
                            const kc_store_s3 *s3) {
   kc_store_opts o = {.dir = dir, .max_bytes = max_bytes, .s3 = s3};
-  kc_store *s = NULL;
-  OK(kc_store_open(&o, &s, errbuf)); /* S3 is not contacted to open */
-  return s;
+  return open_with(&o); /* S3 is not contacted to open */
 }
 
 /* S3 down: writes are acknowledged and queued (the value's blob, then the

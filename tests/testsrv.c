@@ -2,6 +2,7 @@
 #include "testsrv.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
@@ -212,6 +213,15 @@ int kc_testsrv_stop(kc_testsrv *t) {
     rc = wait_exit(t, STOP_WAIT_MS);
   }
   return rc;
+}
+
+int kc_testsrv_stop_checked(kc_testsrv *t, const char *name) {
+  int rc = kc_testsrv_stop(t);
+  if (rc == 0 || rc == -1)
+    return 0;
+  fprintf(stderr, "kcached %s exited %d on SIGTERM\n", name ? name : "", rc);
+  kc_testsrv_show_log(t, name);
+  return -1;
 }
 
 void kc_testsrv_kill(kc_testsrv *t) {
@@ -539,6 +549,18 @@ kc_testsrv_resp kc_testsrv_http(CURL *c, const char *base, const char *path,
     curl_easy_cleanup(c);
   if (!r.body)
     r.body = calloc(1, 1);
+  return r;
+}
+
+kc_testsrv_resp kc_testsrv_get(const kc_testsrv *t, const char *fmt, ...) {
+  char path[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(path, sizeof path, fmt, ap);
+  va_end(ap);
+  kc_testsrv_resp r = kc_testsrv_http(NULL, t->url, path, (kc_testsrv_req){0});
+  if (r.rc != CURLE_OK)
+    r.status = 0;
   return r;
 }
 

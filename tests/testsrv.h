@@ -47,6 +47,10 @@ int kc_testsrv_start(kc_testsrv *t, const char *const *extra_args);
 /* SIGTERM and wait (30 s, then SIGKILL). Returns the exit status, 128+signal
  * when killed by one, -1 when not running. */
 int kc_testsrv_stop(kc_testsrv *t);
+/* kc_testsrv_stop, and when kcached did not exit 0 on SIGTERM (sanitizers
+ * and valgrind report through it), says so on stderr with the log's tail,
+ * headed by name. 0: exited 0 or was not running; -1 otherwise. */
+int kc_testsrv_stop_checked(kc_testsrv *t, const char *name);
 /* SIGKILL and wait: a crash, as far as the store can tell. */
 void kc_testsrv_kill(kc_testsrv *t);
 /* Stops if running and starts again on the same directory and arguments. */
@@ -134,6 +138,10 @@ typedef struct kc_testsrv_resp {
 kc_testsrv_resp kc_testsrv_http(CURL *c, const char *base, const char *path,
                                 kc_testsrv_req q);
 void kc_testsrv_resp_free(kc_testsrv_resp *r);
+/* GET of the path printf makes of fmt, on a fresh handle to t; status is
+ * 0 unless the transfer completed. */
+kc_testsrv_resp kc_testsrv_get(const kc_testsrv *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* The value of response header name (case-insensitive), copied to out: 1,
  * or 0 when absent. */
 int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
