@@ -211,16 +211,8 @@ static void test_large_value(void **state) {
 /* ---- dedup and refcounts ---- */
 
 static kc_manifest *one_file_manifest(const char *hex, uint64_t size) {
-  kc_manifest *m = kc_manifest_new();
-  assert_non_null(m);
-  kc_key_fields *k = &m->fields;
-  memset(k, 0, sizeof *k);
-  strcpy(k->model, M1);
-  strcpy(k->build, B1);
-  strcpy(k->arch, "sm_90a");
-  k->bucket.n = 1;
-  strcpy(k->bucket.dims[0].name, "batch");
-  k->bucket.dims[0].value = 1;
+  kc_manifest *m = manifest_base(M1, 1);
+  m->fields.n_tools = 0; /* no toolchain */
   const char *entries[] = {"k"};
   OK(kc_manifest_add_file(m, "f.cubin", hex, size, KC_KIND_CUBIN, entries, 1,
                           errbuf));
