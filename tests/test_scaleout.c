@@ -236,24 +236,10 @@ static void bundle_new(bundle *b, const kc_testsrv *t, const char *model_name,
 }
 
 /* 0 when t serves the bundle exactly (manifest bytes and every blob), else
- * the first status that was not 200 (or -1: wrong bytes). */
+ * the first status that was not 200 (or -1: wrong bytes): kc_testsrv_serves. */
 static long serves(const kc_testsrv *t, const bundle *b) {
-  reply r = kc_testsrv_get(t, "/v1/bundles/%s", b->key);
-  long bad = r.status != 200                 ? (r.status ? r.status : -2)
-             : strcmp(r.body, b->json) != 0 ? -1
-                                            : 0;
-  kc_testsrv_resp_free(&r);
-  for (size_t i = 0; i < b->n && !bad; i++) {
-    r = kc_testsrv_get(t, "/v1/blobs/%s", b->digest[i]);
-    unsigned char *bytes = kc_testsrv_bytes(b->seed[i], b->size[i]);
-    if (r.status != 200)
-      bad = r.status ? r.status : -2;
-    else if (r.len != b->size[i] || memcmp(r.body, bytes, r.len) != 0)
-      bad = -1;
-    free(bytes);
-    kc_testsrv_resp_free(&r);
-  }
-  return bad;
+  return kc_testsrv_serves(t, b->key, b->json, b->digest, b->size, b->seed,
+                           b->n);
 }
 
 /* ---- the bucket ---- */

@@ -564,6 +564,27 @@ kc_testsrv_resp kc_testsrv_get(const kc_testsrv *t, const char *fmt, ...) {
   return r;
 }
 
+long kc_testsrv_serves(const kc_testsrv *t, const char *key, const char *json,
+                       const char (*digest)[65], const size_t *size,
+                       const uint64_t *seed, size_t n) {
+  kc_testsrv_resp r = kc_testsrv_get(t, "/v1/bundles/%s", key);
+  long bad = r.status != 200 ? (r.status ? r.status : -2)
+             : strcmp(r.body, json) != 0 ? -1
+                                         : 0;
+  kc_testsrv_resp_free(&r);
+  for (size_t i = 0; i < n && !bad; i++) {
+    r = kc_testsrv_get(t, "/v1/blobs/%s", digest[i]);
+    unsigned char *bytes = kc_testsrv_bytes(seed[i], size[i]);
+    if (r.status != 200)
+      bad = r.status ? r.status : -2;
+    else if (r.len != size[i] || memcmp(r.body, bytes, r.len) != 0)
+      bad = -1;
+    free(bytes);
+    kc_testsrv_resp_free(&r);
+  }
+  return bad;
+}
+
 void kc_testsrv_resp_free(kc_testsrv_resp *r) {
   free(r->body);
   r->body = NULL;

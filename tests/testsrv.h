@@ -142,6 +142,13 @@ void kc_testsrv_resp_free(kc_testsrv_resp *r);
  * 0 unless the transfer completed. */
 kc_testsrv_resp kc_testsrv_get(const kc_testsrv *t, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* 0 when t serves the bundle key exactly: json as its manifest, and n blobs
+ * digest[i] of size[i] bytes made by kc_testsrv_bytes(seed[i], size[i]);
+ * else the first status that was not 200 (-2: no answer), or -1 when the
+ * bytes differ. */
+long kc_testsrv_serves(const kc_testsrv *t, const char *key, const char *json,
+                       const char (*digest)[65], const size_t *size,
+                       const uint64_t *seed, size_t n);
 /* The value of response header name (case-insensitive), copied to out: 1,
  * or 0 when absent. */
 int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
