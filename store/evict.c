@@ -15,10 +15,15 @@ static int64_t time_of(const unsigned char *k) {
 
 /* ---- flush ---- */
 
-typedef struct uses_ctx {
-  kcs_use *u;
-  size_t n;
-} uses_ctx;
+kc_err kcs_lru_move(MDB_txn *txn, MDB_dbi lru, int64_t from, int64_t to,
+                    const char *hex, char *err) {
+  unsigned char old[8 + KC_HEX_LEN], neu[8 + KC_HEX_LEN];
+  kcs_time_key(old, from, hex);
+  kcs_time_key(neu, to, hex);
+  MDB_val ov = {sizeof old, old}, nv = {sizeof neu, neu}, empty = {0, ""};
+  kc_err e = kcs_del(txn, lru, &ov, err);
+  return e ? e : kcs_put(txn, lru, &nv, &empty, 0, err);
+}
 
 static kc_err flush_one(kc_store *s, MDB_txn *txn, const kcs_use *use,
                         char *err) {
@@ -29,12 +34,8 @@ static kc_err flush_one(kc_store *s, MDB_txn *txn, const kcs_use *use,
   memcpy(&bm, v.mv_data, sizeof bm);
   kc_err e;
   if (use->last_used > bm.last_used) {
-    unsigned char old[8 + KC_HEX_LEN], neu[8 + KC_HEX_LEN];
-    kcs_time_key(old, bm.last_used, use->key);
-    kcs_time_key(neu, use->last_used, use->key);
-    MDB_val ov = {sizeof old, old}, nv = {sizeof neu, neu}, empty = {0, ""};
-    if ((e = kcs_del(txn, s->lru, &ov, err)) ||
-        (e = kcs_put(txn, s->lru, &nv, &empty, 0, err)))
+    if ((e = kcs_lru_move(txn, s->lru, bm.last_used, use->last_used,
+                          use->key, err)))
       return e;
     bm.last_used = use->last_used;
   }
@@ -43,20 +44,31 @@ static kc_err flush_one(kc_store *s, MDB_txn *txn, const kcs_use *use,
   return kcs_put(txn, s->bundlemeta, &k, &mv, 0, err);
 }
 
+typedef struct uses_ctx {
+  kcs_use *u;
+  size_t n;
+  kcs_use_fn *one;
+} uses_ctx;
+
 static kc_err flush_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   uses_ctx *c = ud;
   kc_err e = KC_OK;
   for (size_t i = 0; !e && i < c->n; i++)
-    e = flush_one(s, txn, &c->u[i], err);
+    e = c->one(s, txn, &c->u[i], err);
+  return e;
+}
+
+kc_err kcs_uses_flush(kc_store *s, kcs_uses *u, kcs_use_fn *one) {
+  uses_ctx c = {.one = one};
+  c.n = kcs_uses_take(u, &c.u);
+  kc_err e = c.n ? kcs_write(s, flush_op, &c, NULL) : KC_OK;
+  free(c.u); /* on failure the records are dropped: they are advisory */
   return e;
 }
 
 kc_err kc_store_flush(kc_store *s) {
   kcs_uses_prune(&s->touched, kcs_now() - KCS_UPLOAD_WINDOW_S);
-  uses_ctx c = {0};
-  c.n = kcs_uses_take(&s->uses, &c.u);
-  kc_err e = c.n ? kcs_write(s, flush_op, &c, NULL) : KC_OK;
-  free(c.u); /* on failure the records are dropped: they are advisory */
+  kc_err e = kcs_uses_flush(s, &s->uses, flush_one);
   kc_err ek = kcs_kv_flush(s); /* RESP keys' (kv_evict.c) */
   return e ? e : ek;
 }
@@ -85,22 +97,20 @@ static int first_of(MDB_txn *txn, MDB_dbi dbi, char hex[KC_HEX_LEN + 1],
   return rc == 0 && k.mv_size == 8 + KC_HEX_LEN ? 0 : -1;
 }
 
-/* The least recently used bundle whose only copy is not waiting for the
- * durable tier's queue (a bundle not yet in S3 must stay). */
-static int first_evictable(kc_store *s, MDB_txn *txn,
-                           char key[KC_HEX_LEN + 1], int64_t *t) {
+int kcs_first_unqueued(kc_store *s, MDB_txn *txn, MDB_dbi dbi,
+                       char hex[KC_HEX_LEN + 1], int64_t *t) {
   MDB_cursor *cur;
   MDB_val k, v;
-  if (mdb_cursor_open(txn, s->lru, &cur))
+  if (mdb_cursor_open(txn, dbi, &cur))
     return -1;
   int found = -1;
   for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     if (k.mv_size != 8 + KC_HEX_LEN)
       continue;
-    memcpy(key, (char *)k.mv_data + 8, KC_HEX_LEN);
-    key[KC_HEX_LEN] = '\0';
-    if (!kcs_queue_pending(s, txn, key)) {
+    memcpy(hex, (char *)k.mv_data + 8, KC_HEX_LEN);
+    hex[KC_HEX_LEN] = '\0';
+    if (!kcs_queue_pending(s, txn, hex)) {
       *t = time_of(k.mv_data);
       found = 0;
       break;
@@ -141,7 +151,7 @@ kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
     }
     char key[KC_HEX_LEN + 1];
     int64_t t = 0;
-    int have = first_evictable(s, txn, key, &t) == 0;
+    int have = kcs_first_unqueued(s, txn, s->lru, key, &t) == 0;
     int kv = kcs_kv_evict_first(s, txn, have, t, &e, err); /* kv_evict.c */
     if (kv < 0)
       return e;
@@ -190,17 +200,26 @@ kc_err kc_store_evict(kc_store *s, uint64_t target_bytes, char *err) {
   return e;
 }
 
+int kcs_over_high(const kc_store *s, uint64_t limit, uint64_t used,
+                  uint64_t incoming, uint64_t *target) {
+  if (!limit || used + incoming <= limit / 100 * (uint64_t)s->high_pct)
+    return 0;
+  uint64_t low = limit / 100 * (uint64_t)s->low_pct;
+  *target = low > incoming ? low - incoming : 0;
+  return 1;
+}
+
 kc_err kcs_maybe_evict(kc_store *s, uint64_t incoming, char *err) {
   if (!s->max_bytes)
     return KC_OK;
   kc_store_stats st;
+  uint64_t target;
   kc_err e = kc_store_stats_get(s, &st);
   if (e)
     return kc_errf(err, e, "reading the store's size");
-  if (st.bytes_used + incoming <= s->max_bytes / 100 * (uint64_t)s->high_pct)
+  if (!kcs_over_high(s, s->max_bytes, st.bytes_used, incoming, &target))
     return KC_OK;
-  uint64_t target = kcs_low_target(s, st.bytes_used);
-  return kc_store_evict(s, target > incoming ? target - incoming : 0, err);
+  return kc_store_evict(s, target, err);
 }
 
 /* ---- gc ---- */

@@ -9,37 +9,12 @@
 
 #define KV_EVICT_BATCH 512 /* RESP keys removed per write transaction */
 
-/* The least recently used RESP key whose record is not waiting for the
- * durable tier's queue: its LMDB key and last use (ms). 0 found, -1 none. */
-static int oldest(kc_store *s, MDB_txn *txn, char hex[KC_HEX_LEN + 1],
-                  int64_t *t) {
-  MDB_cursor *cur;
-  MDB_val k, v;
-  if (mdb_cursor_open(txn, s->kvlru, &cur))
-    return -1;
-  int found = -1;
-  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    if (k.mv_size != 8 + KC_HEX_LEN)
-      continue;
-    *t = (int64_t)kcs_be64_get(k.mv_data);
-    memcpy(hex, (char *)k.mv_data + 8, KC_HEX_LEN);
-    hex[KC_HEX_LEN] = '\0';
-    if (!kcs_queue_pending(s, txn, hex)) {
-      found = 0;
-      break;
-    }
-  }
-  mdb_cursor_close(cur);
-  return found;
-}
-
 /* Evicts the oldest RESP key. 1 evicted, 0 none, -1 error in *e. */
 static int evict_oldest(kc_store *s, MDB_txn *txn, kc_err *e, char *err) {
   char hex[KC_HEX_LEN + 1];
   int64_t t;
   kcs_kv_rec rec;
-  if (oldest(s, txn, hex, &t))
+  if (kcs_first_unqueued(s, txn, s->kvlru, hex, &t))
     return 0;
   *e = kcs_kv_rec_get(txn, s, hex, &rec, NULL);
   if (*e == KC_NOT_FOUND) { /* an index entry without its record */
@@ -62,7 +37,7 @@ int kcs_kv_evict_first(kc_store *s, MDB_txn *txn, int have_bundle,
   char hex[KC_HEX_LEN + 1];
   int64_t t;
   uint64_t kv_bytes = 0, used = 0;
-  if (oldest(s, txn, hex, &t))
+  if (kcs_first_unqueued(s, txn, s->kvlru, hex, &t))
     return 0;
   if ((*e = kcs_kv_bytes_get(txn, s, &kv_bytes)) ||
       (*e = kcs_bytes_get(txn, s, &used)))
@@ -109,26 +84,19 @@ kc_err kcs_kv_maybe_evict(kc_store *s, uint64_t incoming, char *err) {
   if (!s->kv_max_bytes)
     return KC_OK;
   kc_store_stats st;
+  cap_ctx c = {0, 0};
   kc_err e = kc_store_stats_get(s, &st);
   if (e)
     return kc_errf(err, e, "reading the store's size");
-  uint64_t high = s->kv_max_bytes / 100 * (uint64_t)s->high_pct;
-  if (st.kv_bytes + incoming <= high)
+  if (!kcs_over_high(s, s->kv_max_bytes, st.kv_bytes, incoming, &c.target))
     return KC_OK;
-  uint64_t low = s->kv_max_bytes / 100 * (uint64_t)s->low_pct;
   kc_store_flush(s); /* recent reads count before choosing victims */
-  cap_ctx c = {low > incoming ? low - incoming : 0, 0};
   while (!e && !c.done)
     e = kcs_write(s, cap_op, &c, err);
   return e;
 }
 
 /* ---- last uses ---- */
-
-typedef struct uses_ctx {
-  kcs_use *u;
-  size_t n;
-} uses_ctx;
 
 /* Moves a key's LRU entry to its last use; rewrites its record. */
 static kc_err flush_one(kc_store *s, MDB_txn *txn, const kcs_use *use,
@@ -143,13 +111,9 @@ static kc_err flush_one(kc_store *s, MDB_txn *txn, const kcs_use *use,
   memcpy(&rec, v.mv_data, sizeof rec);
   if (use->last_used <= rec.last_used_ms)
     return KC_OK;
-  unsigned char old[8 + KC_HEX_LEN], neu[8 + KC_HEX_LEN];
-  kcs_time_key(old, rec.last_used_ms, hex);
-  kcs_time_key(neu, use->last_used, hex);
-  MDB_val ov = {sizeof old, old}, nv = {sizeof neu, neu}, empty = {0, ""};
-  kc_err e;
-  if ((e = kcs_del(txn, s->kvlru, &ov, err)) ||
-      (e = kcs_put(txn, s->kvlru, &nv, &empty, 0, err)))
+  kc_err e = kcs_lru_move(txn, s->kvlru, rec.last_used_ms, use->last_used,
+                          hex, err);
+  if (e)
     return e;
   /* The record rewritten with its new last use; v points into a page the
    * put may move, hence the copy. */
@@ -166,18 +130,6 @@ static kc_err flush_one(kc_store *s, MDB_txn *txn, const kcs_use *use,
   return e;
 }
 
-static kc_err flush_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
-  uses_ctx *c = ud;
-  kc_err e = KC_OK;
-  for (size_t i = 0; !e && i < c->n; i++)
-    e = flush_one(s, txn, &c->u[i], err);
-  return e;
-}
-
 kc_err kcs_kv_flush(kc_store *s) {
-  uses_ctx c = {0};
-  c.n = kcs_uses_take(&s->kvuses, &c.u);
-  kc_err e = c.n ? kcs_write(s, flush_op, &c, NULL) : KC_OK;
-  free(c.u); /* on failure the records are dropped: they are advisory */
-  return e;
+  return kcs_uses_flush(s, &s->kvuses, flush_one);
 }

@@ -199,6 +199,25 @@ kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
                        int drop_blobs, char *err);
 /* evict.c: evicts in the open txn until bytes used <= target. */
 kc_err kcs_evict_txn(kc_store *s, MDB_txn *txn, uint64_t target, char *err);
+/* evict.c: moves hex's entry in a time-keyed index (lru, kvlru) from time
+ * `from` to time `to`. */
+kc_err kcs_lru_move(MDB_txn *txn, MDB_dbi lru, int64_t from, int64_t to,
+                    const char *hex, char *err);
+/* evict.c: writes the last uses batched in u, each with one, in one write
+ * transaction (kc_store_flush: bundles'; kcs_kv_flush: RESP keys'). */
+typedef kc_err kcs_use_fn(kc_store *s, MDB_txn *txn, const kcs_use *use,
+                          char *err);
+kc_err kcs_uses_flush(kc_store *s, kcs_uses *u, kcs_use_fn *one);
+/* evict.c: whether used + incoming bytes cross limit's high-water mark; if
+ * so, *target: the low-water mark less incoming (what eviction leaves). */
+int kcs_over_high(const kc_store *s, uint64_t limit, uint64_t used,
+                  uint64_t incoming, uint64_t *target);
+/* evict.c: the least recently used entry of a time-keyed index (lru for
+ * bundles, kvlru for RESP keys) whose item is not waiting for the durable
+ * tier's queue (an item not yet in S3 must stay): its 64-hex tail and time.
+ * 0 found, -1 none. */
+int kcs_first_unqueued(kc_store *s, MDB_txn *txn, MDB_dbi dbi,
+                       char hex[KC_HEX_LEN + 1], int64_t *t);
 /* evict.c: the low-water target for a store holding `used` bytes. */
 uint64_t kcs_low_target(const kc_store *s, uint64_t used);
 /* evict.c: before a write that adds `incoming` bytes: above the high-water

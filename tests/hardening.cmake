@@ -14,15 +14,14 @@ if(NOT TARGET PkgConfig::JANSSON)
 endif()
 
 add_executable(test_store_limits ${CMAKE_CURRENT_LIST_DIR}/test_store_limits.c)
-target_link_libraries(test_store_limits PRIVATE kc_store kc_schema
-                      PkgConfig::CMOCKA PkgConfig::LMDB PkgConfig::JANSSON)
+target_link_libraries(test_store_limits PRIVATE kc_storetest
+                      PkgConfig::LMDB PkgConfig::JANSSON)
 add_test(NAME store_limits COMMAND test_store_limits)
 set_tests_properties(store_limits PROPERTIES TIMEOUT 300)
 
 if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_server_disk.c)
   add_executable(test_server_disk ${CMAKE_CURRENT_LIST_DIR}/test_server_disk.c)
-  target_link_libraries(test_server_disk PRIVATE kc_testsrv kc_schema
-                        PkgConfig::CMOCKA PkgConfig::CURL PkgConfig::JANSSON
+  target_link_libraries(test_server_disk PRIVATE kc_servertest
                         PkgConfig::LMDB)
   add_test(NAME server_disk COMMAND test_server_disk)
   # exit 77: the tmpfs could not be mounted (not root): skipped

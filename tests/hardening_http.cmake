@@ -6,6 +6,7 @@
 #   server_auth_reload  token-file reloads that must keep the old tokens
 add_library(kc_rawhttp STATIC ${CMAKE_CURRENT_LIST_DIR}/rawhttp.c)
 target_include_directories(kc_rawhttp PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(kc_rawhttp PUBLIC kc_testsrv)
 
 foreach(t slow http auth_reload)
   add_executable(test_server_${t} ${CMAKE_CURRENT_LIST_DIR}/test_server_${t}.c)

@@ -8,9 +8,8 @@ endif()
 
 add_executable(test_server_slowread
                ${CMAKE_CURRENT_LIST_DIR}/test_server_slowread.c)
-target_link_libraries(test_server_slowread PRIVATE kc_testsrv kc_client
-                      kc_store kc_schema PkgConfig::CMOCKA PkgConfig::CURL
-                      PkgConfig::JANSSON PkgConfig::LMDB)
+target_link_libraries(test_server_slowread PRIVATE kc_servertest kc_client
+                      kc_store PkgConfig::LMDB)
 add_test(NAME server_slowread COMMAND test_server_slowread)
 # Writes 340 MiB through a small store; slower under the sanitizers.
 set_tests_properties(server_slowread PROPERTIES TIMEOUT 600)

@@ -1,5 +1,6 @@
 /* rawhttp.c: raw TCP helpers of the HTTP hardening tests (see rawhttp.h). */
 #include "rawhttp.h"
+#include "testsrv.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -11,26 +12,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-long raw_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
-}
-
-int raw_connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -1;
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((unsigned short)port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 int raw_send(int fd, const char *s) {
   size_t n = strlen(s);
@@ -48,10 +29,10 @@ int raw_send(int fd, const char *s) {
 
 int raw_read(int fd, char *buf, size_t cap, int ms) {
   size_t len = 0;
-  long end = raw_now_ms() + ms;
+  long end = kc_testsrv_now_ms() + ms;
   int rc = 0;
   for (;;) {
-    long left = end - raw_now_ms();
+    long left = end - kc_testsrv_now_ms();
     struct pollfd p = {.fd = fd, .events = POLLIN};
     if (left <= 0 || poll(&p, 1, (int)left) <= 0)
       break;
@@ -79,7 +60,7 @@ int raw_closed_within(int fd, int ms) {
 }
 
 int raw_exchange(int port, const char *req, char *buf, size_t cap, int ms) {
-  int fd = raw_connect(port);
+  int fd = kc_testsrv_connect(port);
   if (fd < 0)
     return -1;
   int rc = raw_send(fd, req) == 0 ? raw_read(fd, buf, cap, ms) : -1;

@@ -1,13 +1,12 @@
 /* rawhttp.h: raw TCP for the HTTP hardening tests (tests/hardening_http.cmake):
  * bytes exactly as written (libcurl would fix what the tests break on
- * purpose), and what came back until the server closed or a timeout. */
+ * purpose), and what came back until the server closed or a timeout.
+ * Connections: kc_testsrv_connect; the clock: kc_testsrv_now_ms (testsrv.h). */
 #ifndef KC_RAWHTTP_H
 #define KC_RAWHTTP_H
 
 #include <stddef.h>
 
-/* A blocking socket connected to 127.0.0.1:port; -1 on error. */
-int raw_connect(int port);
 /* Writes all of s; 0 ok, -1 when the server closed or reset. */
 int raw_send(int fd, const char *s);
 /* Reads into buf (NUL-terminated, at most cap - 1 bytes) until the server
@@ -23,7 +22,5 @@ int raw_exchange(int port, const char *req, char *buf, size_t cap, int ms);
 int raw_status(const char *resp);
 /* A free loopback port (bound, read back, closed). */
 int raw_free_port(void);
-/* Monotonic milliseconds. */
-long raw_now_ms(void);
 
 #endif

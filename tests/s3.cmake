@@ -11,6 +11,8 @@ endif()
 add_library(kc_testrgw STATIC ${CMAKE_CURRENT_LIST_DIR}/testrgw.c)
 target_include_directories(kc_testrgw PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_compile_definitions(kc_testrgw PRIVATE KC_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+target_link_libraries(kc_testrgw PUBLIC kc_testsrv kc_store kc_schema
+                      PkgConfig::CMOCKA)
 
 add_executable(test_s3 ${CMAKE_CURRENT_LIST_DIR}/test_s3.c)
 target_link_libraries(test_s3 PRIVATE kc_testrgw kc_store kc_schema

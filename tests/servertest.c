@@ -60,17 +60,7 @@ int error_mentions(const resp *r, const char *needle) {
 }
 
 long metric(const kc_testsrv *t, const char *name) {
-  resp r = http(t, "/metrics", (req){0});
-  long v = -1;
-  for (const char *p = r.body; p && (p = strstr(p, name));) {
-    if ((p == r.body || p[-1] == '\n') && p[strlen(name)] == ' ') {
-      v = atol(p + strlen(name) + 1);
-      break;
-    }
-    p += strlen(name);
-  }
-  resp_free(&r);
-  return v;
+  return (long)kc_testsrv_metric(t, name);
 }
 
 const char *const bad_hex[N_BAD_HEX] = {

@@ -98,18 +98,18 @@ int fx_teardown(void **state) {
 
 /* ---- helpers ---- */
 
-kc_store *open_store(const char *dir, uint64_t max_bytes, uint64_t map_size,
-                     uint64_t grace_s) {
-  kc_store_opts o;
-  memset(&o, 0, sizeof o);
-  o.dir = dir;
-  o.max_bytes = max_bytes;
-  o.map_size = map_size;
-  o.grace_s = grace_s;
+kc_store *open_with(const kc_store_opts *o) {
   kc_store *s = NULL;
-  OK(kc_store_open(&o, &s, errbuf));
+  OK(kc_store_open(o, &s, errbuf));
   assert_non_null(s);
   return s;
+}
+
+kc_store *open_store(const char *dir, uint64_t max_bytes, uint64_t map_size,
+                     uint64_t grace_s) {
+  kc_store_opts o = {.dir = dir, .max_bytes = max_bytes, .map_size = map_size,
+                     .grace_s = grace_s};
+  return open_with(&o);
 }
 
 /* Deterministic bytes from a seed (xorshift64). */
@@ -152,11 +152,7 @@ int bundle_present(kc_store *s, const char *key) {
   return e == KC_OK;
 }
 
-/* A sealed manifest of model, bucket {"batch": bucket}, with one file per
- * digest (path f<i>.cubin). */
-kc_manifest *make_manifest(const char *model, uint64_t bucket, size_t n,
-                           char digests[][KC_HEX_LEN + 1],
-                           const uint64_t *sizes) {
+kc_manifest *manifest_base(const char *model, uint64_t bucket) {
   kc_manifest *m = kc_manifest_new();
   assert_non_null(m);
   kc_key_fields *f = &m->fields;
@@ -170,6 +166,15 @@ kc_manifest *make_manifest(const char *model, uint64_t bucket, size_t n,
   f->n_tools = 1;
   strcpy(f->tools[0].name, "cuda");
   strcpy(f->tools[0].value, "13.0");
+  return m;
+}
+
+/* A sealed manifest of model, bucket {"batch": bucket}, with one file per
+ * digest (path f<i>.cubin). */
+kc_manifest *make_manifest(const char *model, uint64_t bucket, size_t n,
+                           char digests[][KC_HEX_LEN + 1],
+                           const uint64_t *sizes) {
+  kc_manifest *m = manifest_base(model, bucket);
   for (size_t i = 0; i < n; i++) {
     char path[32];
     const char *entries[] = {"k"};
@@ -330,6 +335,13 @@ kc_store_stats get_stats(kc_store *s) {
   memset(&st, 0xab, sizeof st);
   OK(kc_store_stats_get(s, &st));
   return st;
+}
+
+uint64_t queue_depth(kc_store *s) {
+  kc_store_tier_stats t;
+  OK(kc_store_tier_stats_get(s, &t));
+  assert_int_equal(t.enabled, 1);
+  return t.queue_depth;
 }
 
 static int manifest_len_cb(const kc_store_bundle_info *info, void *ud) {

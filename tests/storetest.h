@@ -78,6 +78,8 @@ int storetest_run(const char *group, const struct CMUnitTest *tests, size_t n);
 
 /* "a/b", malloc'd. */
 char *path_join(const char *a, const char *b);
+/* Opens (creating) the store o describes. */
+kc_store *open_with(const kc_store_opts *o);
 /* Opens (creating) the store in dir; 0 for a limit means the default. */
 kc_store *open_store(const char *dir, uint64_t max_bytes, uint64_t map_size,
                      uint64_t grace_s);
@@ -89,6 +91,9 @@ uint8_t *make_bytes(size_t n, uint64_t seed, char hex[KC_HEX_LEN + 1]);
 void put_seed(kc_store *s, size_t n, uint64_t seed, char hex[KC_HEX_LEN + 1]);
 int blob_present(kc_store *s, const char *hex);
 int bundle_present(kc_store *s, const char *key);
+/* A manifest of model, build B1, arch sm_90a, bucket {"batch": bucket} and
+ * tool cuda 13.0, without files, not sealed. */
+kc_manifest *manifest_base(const char *model, uint64_t bucket);
 /* A sealed manifest of model, bucket {"batch": bucket}, with one file per
  * digest (path f<i>.cubin). */
 kc_manifest *make_manifest(const char *model, uint64_t bucket, size_t n,
@@ -113,6 +118,8 @@ void write_all(int fd, const void *p, size_t n);
 /* Regular files under dir, recursively (temporary upload files show up). */
 size_t count_files(const char *dir);
 kc_store_stats get_stats(kc_store *s);
+/* The durable tier's queue depth (the tier must be enabled). */
+uint64_t queue_depth(kc_store *s);
 /* bytes_used less the manifests of the test models: the blobs' bytes. */
 uint64_t blob_bytes(kc_store *s);
 

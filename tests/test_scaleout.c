@@ -65,20 +65,9 @@
 #define DRAIN_MS 60000   /* the queue's backoff tops out at 30 s */
 #define PROMPT_MS 5000   /* a miss while S3 is down */
 
-static kc_testrgw g_rgw;
-static char g_bucket[64];
-static kcs3 *g_s3;           /* the test's own view of the bucket */
-static kc_testsrv g_a, g_b;  /* the replicas of the running case */
-static char g_prefix[64];    /* the running case's --s3-prefix */
+static kc_testrgw_pair P; /* the RGW, the bucket, the replicas A and B */
 
-#define REQUIRE(cond, ...)                                                     \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      kc_testsrv_show_log(&g_a, "A");                                          \
-      kc_testsrv_show_log(&g_b, "B");                                          \
-      fail_msg(__VA_ARGS__);                                                   \
-    }                                                                          \
-  } while (0)
+#define REQUIRE(cond, ...) KC_TESTRGW_REQUIRE(&P, cond, __VA_ARGS__)
 
 /* ---- HTTP (kc_testsrv_http) ---- */
 
@@ -102,17 +91,6 @@ static long retry_after(const reply *r) {
   return kc_testsrv_header(r, "Retry-After", v, sizeof v) ? atol(v) : -1;
 }
 
-static reply get(const kc_testsrv *t, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static reply get(const kc_testsrv *t, const char *fmt, ...) {
-  char path[400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(path, sizeof path, fmt, ap);
-  va_end(ap);
-  return call(NULL, t->url, "GET", path, NULL, 0);
-}
-
 /* The JSON error code of a reply ("" when it has none). */
 static const char *error_code(const reply *r, char out[64]) {
   json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
@@ -124,99 +102,33 @@ static const char *error_code(const reply *r, char out[64]) {
   return out;
 }
 
-/* A sample from /metrics: `series` is the name with its labels, exactly as
- * the server writes it. -1 when absent. */
+/* A sample from /metrics (kc_testsrv_metric). */
 static double metric(const kc_testsrv *t, const char *series) {
-  reply r = get(t, "/metrics");
-  double v = -1;
-  size_t n = strlen(series);
-  for (char *line = r.body; r.status == 200 && line && *line;) {
-    char *nl = strchr(line, '\n');
-    if (strncmp(line, series, n) == 0 && line[n] == ' ') {
-      v = strtod(line + n + 1, NULL);
-      break;
-    }
-    line = nl ? nl + 1 : NULL;
-  }
-  kc_testsrv_resp_free(&r);
-  return v;
+  return kc_testsrv_metric(t, series);
 }
 
 /* Waits until the replica's write-through queue is empty; the ms it took. */
 static long drain(const kc_testsrv *t, const char *name) {
-  long t0 = kc_testsrv_now_ms();
   double depth = -1;
-  while (kc_testsrv_now_ms() - t0 < DRAIN_MS) {
-    depth = metric(t, "kcached_s3_queue_depth");
-    if (depth == 0)
-      return kc_testsrv_now_ms() - t0;
-    usleep(100000);
-  }
-  REQUIRE(0, "replica %s: kcached_s3_queue_depth still %g after %d ms", name,
-          depth, DRAIN_MS);
-  return -1;
+  long ms = kc_testsrv_drain(t, DRAIN_MS, &depth);
+  REQUIRE(ms >= 0, "replica %s: kcached_s3_queue_depth still %g after %d ms",
+          name, depth, DRAIN_MS);
+  return ms;
 }
 
 /* ---- the replicas ---- */
 
-/* Starts g_a and g_b on prefix (and extra args for both). */
+/* Starts A and B under prefix, with extra arguments (may be NULL). */
 static void start_pair(const char *prefix, const char *const *extra) {
-  snprintf(g_prefix, sizeof g_prefix, "%s", prefix);
-  const char *args[KC_TESTSRV_MAX_ARGS] = {
-      "--s3-endpoint", g_rgw.endpoint, "--s3-bucket", g_bucket,
-      "--s3-prefix",   g_prefix,       "--s3-region", g_rgw.region,
-      "--s3-path-style"};
-  size_t n = 9;
-  for (size_t i = 0; extra && extra[i]; i++)
-    args[n++] = extra[i];
-  args[n] = NULL;
-  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
-  REQUIRE(kc_testsrv_start(&g_b, args) == 0, "replica B did not start");
-}
-
-/* 1 when a kcached log holds the secret. */
-static int log_has_secret(const kc_testsrv *t) {
-  FILE *f = t->log[0] ? fopen(t->log, "r") : NULL;
-  if (!f)
-    return 0;
-  char *text = NULL;
-  size_t len = 0;
-  int found = getdelim(&text, &len, '\0', f) > 0 && strstr(text, g_rgw.secret);
-  free(text);
-  fclose(f);
-  return found;
+  REQUIRE(kc_testrgw_pair_start(&P, prefix, extra) == 0,
+          "the replicas did not start");
 }
 
 /* After each case: both replicas stop cleanly, no secret in their logs;
- * radosgw up again (a failed case may have left it stopped). */
+ * radosgw up again (kc_testrgw_pair_stop). */
 static int case_teardown(void **state) {
   (void)state;
-  int rc = 0;
-  kc_testsrv *both[] = {&g_a, &g_b};
-  for (int i = 0; i < 2; i++) {
-    /* a clean exit on SIGTERM (sanitizers and valgrind report through it) */
-    int st = kc_testsrv_stop(both[i]);
-    if (st != 0 && st != -1) {
-      fprintf(stderr, "replica %s exited %d on SIGTERM\n", i ? "B" : "A", st);
-      kc_testsrv_show_log(both[i], i ? "B" : "A");
-      rc = -1;
-    }
-    if (log_has_secret(both[i])) {
-      fprintf(stderr, "the S3 secret appears in %s\n", both[i]->log);
-      rc = -1;
-    }
-  }
-  kc_testsrv_cleanup(&g_a);
-  kc_testsrv_cleanup(&g_b);
-  memset(&g_a, 0, sizeof g_a);
-  memset(&g_b, 0, sizeof g_b);
-  setenv("AWS_ACCESS_KEY_ID", g_rgw.access, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", g_rgw.secret, 1);
-  if (kc_testrgw_gateway_start(&g_rgw) != 0) {
-    fprintf(stderr, "radosgw did not come back\n");
-    rc = -1;
-  }
-  return rc;
+  return kc_testrgw_pair_stop(&P);
 }
 
 /* ---- bundles ---- */
@@ -230,24 +142,8 @@ typedef struct bundle {
   size_t n;
   char digest[MAX_FILES][65];
   size_t size[MAX_FILES];
-  uint64_t seed[MAX_FILES]; /* the bytes: fill(seed, size) */
+  uint64_t seed[MAX_FILES]; /* the bytes: kc_testsrv_bytes(seed, size) */
 } bundle;
-
-/* Deterministic bytes for a seed (splitmix64). */
-static unsigned char *fill(uint64_t seed, size_t n) {
-  unsigned char *p = malloc(n ? n : 1);
-  if (!p)
-    abort();
-  uint64_t x = seed;
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    memcpy(p + i, &z, n - i < 8 ? n - i : 8);
-  }
-  return p;
-}
 
 static void model_of(const char *name, char out[65]) {
   kc_sha256_hex(name, strlen(name), out);
@@ -279,7 +175,7 @@ static int bundle_make(bundle *b, const char *model_name, uint64_t seed,
   for (size_t i = 0; i < n; i++) {
     b->size[i] = sizes[i];
     b->seed[i] = seed * 16 + i;
-    unsigned char *bytes = fill(b->seed[i], sizes[i]);
+    unsigned char *bytes = kc_testsrv_bytes(b->seed[i], sizes[i]);
     kc_sha256_hex(bytes, sizes[i], b->digest[i]);
     free(bytes);
     char path[40];
@@ -313,7 +209,7 @@ static long bundle_put(CURL *h, const char *base, const bundle *b,
                        size_t *blobs_acked) {
   char path[128];
   for (size_t i = 0; i < b->n; i++) {
-    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    unsigned char *bytes = kc_testsrv_bytes(b->seed[i], b->size[i]);
     snprintf(path, sizeof path, "/v1/blobs/%s", b->digest[i]);
     reply r = call(h, base, "PUT", path, bytes, b->size[i]);
     free(bytes);
@@ -340,24 +236,10 @@ static void bundle_new(bundle *b, const kc_testsrv *t, const char *model_name,
 }
 
 /* 0 when t serves the bundle exactly (manifest bytes and every blob), else
- * the first status that was not 200 (or -1: wrong bytes). */
+ * the first status that was not 200 (or -1: wrong bytes): kc_testsrv_serves. */
 static long serves(const kc_testsrv *t, const bundle *b) {
-  reply r = get(t, "/v1/bundles/%s", b->key);
-  long bad = r.status != 200                 ? (r.status ? r.status : -2)
-             : strcmp(r.body, b->json) != 0 ? -1
-                                            : 0;
-  kc_testsrv_resp_free(&r);
-  for (size_t i = 0; i < b->n && !bad; i++) {
-    r = get(t, "/v1/blobs/%s", b->digest[i]);
-    unsigned char *bytes = fill(b->seed[i], b->size[i]);
-    if (r.status != 200)
-      bad = r.status ? r.status : -2;
-    else if (r.len != b->size[i] || memcmp(r.body, bytes, r.len) != 0)
-      bad = -1;
-    free(bytes);
-    kc_testsrv_resp_free(&r);
-  }
-  return bad;
+  return kc_testsrv_serves(t, b->key, b->json, b->digest, b->size, b->seed,
+                           b->n);
 }
 
 /* ---- the bucket ---- */
@@ -365,13 +247,13 @@ static long serves(const kc_testsrv *t, const bundle *b) {
 /* The object key of a kind ("blobs", "bundles", "leases", "models/<m>"). */
 static void obj_key(char out[KCS3_KEY_MAX + 1], const char *kind,
                     const char *hex) {
-  snprintf(out, KCS3_KEY_MAX + 1, "%s/%s/%s", g_prefix, kind, hex);
+  snprintf(out, KCS3_KEY_MAX + 1, "%s/%s/%s", P.prefix, kind, hex);
 }
 
 static kc_err obj_head(const char *kind, const char *hex) {
   char k[KCS3_KEY_MAX + 1], err[KC_ERRBUF_SIZE] = "";
   obj_key(k, kind, hex);
-  kc_err e = kcs3_head(g_s3, k, NULL, NULL, err);
+  kc_err e = kcs3_head(P.s3, k, NULL, NULL, err);
   if (e != KC_OK && e != KC_NOT_FOUND)
     fprintf(stderr, "HEAD %s: %s\n", k, err);
   return e;
@@ -389,7 +271,7 @@ static int in_bucket(const bundle *b) {
   obj_key(k, "bundles", b->key);
   void *data = NULL;
   size_t len = 0;
-  kc_err e = kcs3_get(g_s3, k, 1 << 20, &data, &len, NULL, err);
+  kc_err e = kcs3_get(P.s3, k, 1 << 20, &data, &len, NULL, err);
   int same = e == KC_OK && len == strlen(b->json) &&
              memcmp(data, b->json, len) == 0;
   free(data);
@@ -400,7 +282,7 @@ static int in_bucket(const bundle *b) {
   }
   snprintf(models, sizeof models, "models/%s", b->model);
   if (obj_head(models, b->key) != KC_OK) {
-    fprintf(stderr, "bucket lacks %s/%s/%s\n", g_prefix, models, b->key);
+    fprintf(stderr, "bucket lacks %s/%s/%s\n", P.prefix, models, b->key);
     return -1;
   }
   return 0;
@@ -413,18 +295,18 @@ static void t_through(void **state) {
   start_pair("through", NULL);
   bundle k1, k2, k3;
   const size_t two[] = {4096, 100 * 1024 + 3}, one[] = {777};
-  bundle_new(&k1, &g_a, "through-m1", 1, 2, two);
-  bundle_new(&k2, &g_a, "through-m1", 2, 1, one);
-  bundle_new(&k3, &g_a, "through-m2", 3, 1, one);
-  long ms = drain(&g_a, "A");
+  bundle_new(&k1, &P.a, "through-m1", 1, 2, two);
+  bundle_new(&k2, &P.a, "through-m1", 2, 1, one);
+  bundle_new(&k3, &P.a, "through-m2", 3, 1, one);
+  long ms = drain(&P.a, "A");
   printf("through: A's queue drained %ld ms after the last PUT\n", ms);
   assert_int_equal(in_bucket(&k1), 0);
   assert_int_equal(in_bucket(&k2), 0);
   assert_int_equal(in_bucket(&k3), 0);
-  assert_true(metric(&g_a, "kcached_s3_uploaded_total") >= 3 + 4);
+  assert_true(metric(&P.a, "kcached_s3_uploaded_total") >= 3 + 4);
 
   /* A model B never saw: listed from the bucket. */
-  reply r = get(&g_b, "/v1/models/%s", k3.model);
+  reply r = kc_testsrv_get(&P.b, "/v1/models/%s", k3.model);
   REQUIRE(r.status == 200, "B: GET /v1/models (never seen): %ld %s", r.status,
           r.body);
   json_t *j = json_loadb(r.body, r.len, 0, NULL);
@@ -440,7 +322,7 @@ static void t_through(void **state) {
   char unknown[65], body[300];
   kc_sha256_hex("nobody built this", 17, unknown);
   snprintf(body, sizeof body, "{\"keys\":[\"%s\",\"%s\"]}", k2.key, unknown);
-  r = call(NULL, g_b.url, "POST", "/v1/lookup", body, strlen(body));
+  r = call(NULL, P.b.url, "POST", "/v1/lookup", body, strlen(body));
   REQUIRE(r.status == 200, "B: lookup: %ld %s", r.status, r.body);
   j = json_loadb(r.body, r.len, 0, NULL);
   json_t *want = json_loads(k2.json, 0, NULL);
@@ -457,24 +339,24 @@ static void t_through(void **state) {
   kc_testsrv_resp_free(&r);
 
   /* GET bundle and blobs on B: the same bytes. */
-  long s1 = serves(&g_b, &k1), s2 = serves(&g_b, &k2);
+  long s1 = serves(&P.b, &k1), s2 = serves(&P.b, &k2);
   REQUIRE(s1 == 0 && s2 == 0, "B does not serve k1 (%ld) or k2 (%ld)", s1, s2);
   /* The model's listing on B: both bundles of m1. */
-  r = get(&g_b, "/v1/models/%s", k1.model);
+  r = kc_testsrv_get(&P.b, "/v1/models/%s", k1.model);
   j = json_loadb(r.body, r.len, 0, NULL);
   REQUIRE(json_array_size(json_object_get(j, "bundles")) == 2, "B lists m1: %s",
           r.body);
   json_decref(j);
   kc_testsrv_resp_free(&r);
   printf("through: read-through on B: hits %g, misses %g\n",
-         metric(&g_b, "kcached_s3_read_through_total{result=\"hit\"}"),
-         metric(&g_b, "kcached_s3_read_through_total{result=\"miss\"}"));
-  assert_true(metric(&g_b, "kcached_s3_read_through_total{result=\"hit\"}") >=
+         metric(&P.b, "kcached_s3_read_through_total{result=\"hit\"}"),
+         metric(&P.b, "kcached_s3_read_through_total{result=\"miss\"}"));
+  assert_true(metric(&P.b, "kcached_s3_read_through_total{result=\"hit\"}") >=
               1);
-  assert_int_equal(metric(&g_a, "kcached_s3_up"), 1);
-  assert_int_equal(metric(&g_a, "kcached_s3_conditional_writes"), 1);
-  assert_true(metric(&g_a, "kcached_s3_requests_total") > 0);
-  assert_true(metric(&g_a, "kcached_s3_request_duration_seconds_count") > 0);
+  assert_int_equal(metric(&P.a, "kcached_s3_up"), 1);
+  assert_int_equal(metric(&P.a, "kcached_s3_conditional_writes"), 1);
+  assert_true(metric(&P.a, "kcached_s3_requests_total") > 0);
+  assert_true(metric(&P.a, "kcached_s3_request_duration_seconds_count") > 0);
   bundle_free(&k1);
   bundle_free(&k2);
   bundle_free(&k3);
@@ -485,12 +367,12 @@ static void t_through(void **state) {
  * queue checks a manifest's blobs before uploading it). */
 static void t_tier_added(void **state) {
   (void)state;
-  snprintf(g_prefix, sizeof g_prefix, "added");
-  REQUIRE(kc_testsrv_start(&g_a, NULL) == 0, "A without S3 did not start");
+  snprintf(P.prefix, sizeof P.prefix, "added");
+  REQUIRE(kc_testsrv_start(&P.a, NULL) == 0, "A without S3 did not start");
   bundle x, y;
   const size_t sizes[] = {4096};
-  bundle_new(&x, &g_a, "added-old", 7, 1, sizes);
-  assert_int_equal(kc_testsrv_stop(&g_a), 0);
+  bundle_new(&x, &P.a, "added-old", 7, 1, sizes);
+  assert_int_equal(kc_testsrv_stop(&P.a), 0);
   start_pair("added", NULL);
   /* the same blob (same seed) under another model: only the manifest is
    * sent, the blob is already held and was never queued */
@@ -498,39 +380,27 @@ static void t_tier_added(void **state) {
   assert_string_equal(x.digest[0], y.digest[0]);
   char path[100];
   snprintf(path, sizeof path, "/v1/bundles/%s", y.key);
-  reply r = call(NULL, g_a.url, "PUT", path, y.json, strlen(y.json));
+  reply r = call(NULL, P.a.url, "PUT", path, y.json, strlen(y.json));
   REQUIRE(r.status == 201, "PUT manifest only: %ld %s", r.status, r.body);
   kc_testsrv_resp_free(&r);
-  drain(&g_a, "A");
+  drain(&P.a, "A");
   assert_int_equal(in_bucket(&y), 0);
-  REQUIRE(serves(&g_b, &y) == 0, "B does not serve the new bundle");
+  REQUIRE(serves(&P.b, &y) == 0, "B does not serve the new bundle");
   bundle_free(&x);
   bundle_free(&y);
 }
 
 static void rgw_stop(void) {
-  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
+  REQUIRE(kc_testrgw_gateway_stop(&P.rgw) == 0, "rgw-stop failed");
 }
 
 static void rgw_start(void) {
-  REQUIRE(kc_testrgw_gateway_start(&g_rgw) == 0, "rgw-start failed");
+  REQUIRE(kc_testrgw_gateway_start(&P.rgw) == 0, "rgw-start failed");
 }
 
 /* ---- the bucket deleted under a running replica ---- */
 
-static kcs3 *g_main_s3; /* g_s3 while t_bucket_gone points it elsewhere */
-
-/* Lines of a replica's log that contain needle. */
-static int log_count(const kc_testsrv *t, const char *needle) {
-  FILE *f = fopen(t->log, "r");
-  char line[4096];
-  int n = 0;
-  while (f && fgets(line, sizeof line, f))
-    n += strstr(line, needle) != NULL;
-  if (f)
-    fclose(f);
-  return n;
-}
+static kcs3 *g_main_s3; /* P.s3 while t_bucket_gone points it elsewhere */
 
 static int on_key(const kcs3_entry *e, void *ud) {
   char err[KC_ERRBUF_SIZE] = "";
@@ -552,37 +422,37 @@ static void empty_and_delete(kcs3 *c) {
 static void t_bucket_gone(void **state) {
   (void)state;
   char bucket[80], err[KC_ERRBUF_SIZE] = "";
-  snprintf(bucket, sizeof bucket, "%s-gone", g_bucket);
-  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = bucket,
-                 .region = g_rgw.region, .path_style = 1,
-                 .access_key = g_rgw.access, .secret_key = g_rgw.secret};
+  snprintf(bucket, sizeof bucket, "%s-gone", P.bucket);
+  kcs3_opts o = {.endpoint = P.rgw.endpoint, .bucket = bucket,
+                 .region = P.rgw.region, .path_style = 1,
+                 .access_key = P.rgw.access, .secret_key = P.rgw.secret};
   kcs3 *gone = NULL;
   REQUIRE(kcs3_open(&o, &gone, err) == KC_OK, "%s", err);
-  g_main_s3 = g_s3; /* in_bucket() looks at g_s3; the teardown puts it back */
-  g_s3 = gone;
+  g_main_s3 = P.s3; /* in_bucket() looks at P.s3; the teardown puts it back */
+  P.s3 = gone;
   REQUIRE(kcs3_bucket_create(gone, err) == KC_OK, "%s", err);
-  snprintf(g_prefix, sizeof g_prefix, "gone");
-  const char *args[] = {"--s3-endpoint", g_rgw.endpoint, "--s3-bucket",
-                        bucket, "--s3-prefix", g_prefix, "--s3-region",
-                        g_rgw.region, "--s3-path-style", NULL};
-  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
+  snprintf(P.prefix, sizeof P.prefix, "gone");
+  const char *args[KC_TESTSRV_MAX_ARGS];
+  assert_int_equal(kc_testrgw_replica_args(&P.rgw, bucket, P.prefix, NULL,
+                                           args, KC_TESTSRV_MAX_ARGS), 0);
+  REQUIRE(kc_testsrv_start(&P.a, args) == 0, "replica A did not start");
   bundle x, y;
-  bundle_new(&x, &g_a, "gone-1", 21, 1, (const size_t[]){3000});
-  drain(&g_a, "A");
+  bundle_new(&x, &P.a, "gone-1", 21, 1, (const size_t[]){3000});
+  drain(&P.a, "A");
   empty_and_delete(gone);
-  int failed0 = log_count(&g_a, "S3 write-through: ");
-  bundle_new(&y, &g_a, "gone-2", 22, 2, (const size_t[]){5000, 6000});
+  int failed0 = kc_testsrv_log_count(&P.a, "S3 write-through: ", 0);
+  bundle_new(&y, &P.a, "gone-2", 22, 2, (const size_t[]){5000, 6000});
   long t0 = kc_testsrv_now_ms();
-  while (log_count(&g_a, "S3 write-through: ") < failed0 + 9 &&
+  while (kc_testsrv_log_count(&P.a, "S3 write-through: ", 0) < failed0 + 9 &&
          kc_testsrv_now_ms() - t0 < DRAIN_MS)
     usleep(200000);
-  REQUIRE(log_count(&g_a, "S3 write-through: ") >= failed0 + 9,
+  REQUIRE(kc_testsrv_log_count(&P.a, "S3 write-through: ", 0) >= failed0 + 9,
           "A did not retry 9 times in %d ms", DRAIN_MS);
-  assert_true(metric(&g_a, "kcached_s3_parked_total") == 0);
-  assert_true(metric(&g_a, "kcached_s3_queue_depth") >= 3); /* y: 2 blobs + 1 */
-  assert_int_equal(log_count(&g_a, "set aside"), 0);
+  assert_true(metric(&P.a, "kcached_s3_parked_total") == 0);
+  assert_true(metric(&P.a, "kcached_s3_queue_depth") >= 3); /* y: 2 blobs + 1 */
+  assert_int_equal(kc_testsrv_log_count(&P.a, "set aside", 0), 0);
   REQUIRE(kcs3_bucket_create(gone, err) == KC_OK, "%s", err);
-  drain(&g_a, "A");
+  drain(&P.a, "A");
   assert_int_equal(in_bucket(&y), 0);
   bundle_free(&x);
   bundle_free(&y);
@@ -591,8 +461,8 @@ static void t_bucket_gone(void **state) {
 
 static int gone_teardown(void **state) {
   if (g_main_s3) {
-    kcs3_close(g_s3);
-    g_s3 = g_main_s3;
+    kcs3_close(P.s3);
+    P.s3 = g_main_s3;
     g_main_s3 = NULL;
   }
   return case_teardown(state);
@@ -606,48 +476,49 @@ static int gone_teardown(void **state) {
  * queues it again. */
 static void t_parked(void **state) {
   (void)state;
-  snprintf(g_prefix, sizeof g_prefix, "parked");
+  snprintf(P.prefix, sizeof P.prefix, "parked");
   /* the scrub off: it would remove the rotted blob before S3 refused it */
-  const char *args[] = {"--s3-endpoint", g_rgw.endpoint, "--s3-bucket",
-                        g_bucket, "--s3-prefix", g_prefix, "--s3-region",
-                        g_rgw.region, "--s3-path-style", "--scrub-rate", "0",
-                        NULL};
+  const char *const scrub_off[] = {"--scrub-rate", "0", NULL};
+  const char *args[KC_TESTSRV_MAX_ARGS];
+  assert_int_equal(kc_testrgw_replica_args(&P.rgw, P.bucket, P.prefix,
+                                           scrub_off, args,
+                                           KC_TESTSRV_MAX_ARGS), 0);
   rgw_stop(); /* so both blobs wait in the queue */
-  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
+  REQUIRE(kc_testsrv_start(&P.a, args) == 0, "replica A did not start");
   bundle x;
   assert_int_equal(bundle_make(&x, "parked", 41, 2,
                                (const size_t[]){4096, 4096}), 0);
   for (size_t i = 0; i < 2; i++) {
     char path[128];
-    unsigned char *bytes = fill(x.seed[i], x.size[i]);
+    unsigned char *bytes = kc_testsrv_bytes(x.seed[i], x.size[i]);
     snprintf(path, sizeof path, "/v1/blobs/%s", x.digest[i]);
-    reply r = call(NULL, g_a.url, "PUT", path, bytes, x.size[i]);
+    reply r = call(NULL, P.a.url, "PUT", path, bytes, x.size[i]);
     REQUIRE(r.status == 201, "PUT blob %zu: %ld", i, r.status);
     kc_testsrv_resp_free(&r);
     free(bytes);
   }
-  assert_int_equal(kc_testsrv_stop(&g_a), 0);
-  unsigned char *bytes = fill(x.seed[0], x.size[0]);
-  REQUIRE(kc_testsrv_rot(&g_a, bytes, x.size[0]) >= 1, "blob 0 not found");
+  assert_int_equal(kc_testsrv_stop(&P.a), 0);
+  unsigned char *bytes = kc_testsrv_bytes(x.seed[0], x.size[0]);
+  REQUIRE(kc_testsrv_rot(&P.a, bytes, x.size[0]) >= 1, "blob 0 not found");
   free(bytes);
   rgw_start();
-  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not restart");
+  REQUIRE(kc_testsrv_start(&P.a, args) == 0, "replica A did not restart");
   long t0 = kc_testsrv_now_ms();
-  while (metric(&g_a, "kcached_s3_parked_total") < 1 &&
+  while (metric(&P.a, "kcached_s3_parked_total") < 1 &&
          kc_testsrv_now_ms() - t0 < DRAIN_MS)
     usleep(50000);
   /* the next entry goes at once, not after the parked one's backoff */
   t0 = kc_testsrv_now_ms();
-  drain(&g_a, "A");
+  drain(&P.a, "A");
   long up = kc_testsrv_now_ms() - t0;
   REQUIRE(up < 3000, "blob 1 went up %ld ms after the park", up);
-  assert_true(metric(&g_a, "kcached_s3_parked_total") == 1);
-  assert_int_equal(log_count(&g_a, "set aside"), 1);
+  assert_true(metric(&P.a, "kcached_s3_parked_total") == 1);
+  assert_int_equal(kc_testsrv_log_count(&P.a, "set aside", 0), 1);
   assert_int_equal(obj_head("blobs", x.digest[0]), KC_NOT_FOUND);
   assert_int_equal(obj_head("blobs", x.digest[1]), KC_OK);
-  assert_int_equal(kc_testsrv_stop(&g_a), 0);
-  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not restart");
-  assert_true(metric(&g_a, "kcached_s3_queue_depth") == 1);
+  assert_int_equal(kc_testsrv_stop(&P.a), 0);
+  REQUIRE(kc_testsrv_start(&P.a, args) == 0, "replica A did not restart");
+  assert_true(metric(&P.a, "kcached_s3_queue_depth") == 1);
   bundle_free(&x);
 }
 
@@ -658,25 +529,25 @@ static void t_scrub_heals(void **state) {
   (void)state;
   start_pair("scrubheal", NULL);
   bundle b;
-  bundle_new(&b, &g_a, "scrub-m", 3, 1, (const size_t[]){4096});
-  drain(&g_a, "A");
-  assert_int_equal(kc_testsrv_stop(&g_a), 0);
-  unsigned char *bytes = fill(b.seed[0], b.size[0]);
-  REQUIRE(kc_testsrv_rot(&g_a, bytes, b.size[0]) >= 1, "blob not found");
+  bundle_new(&b, &P.a, "scrub-m", 3, 1, (const size_t[]){4096});
+  drain(&P.a, "A");
+  assert_int_equal(kc_testsrv_stop(&P.a), 0);
+  unsigned char *bytes = kc_testsrv_bytes(b.seed[0], b.size[0]);
+  REQUIRE(kc_testsrv_rot(&P.a, bytes, b.size[0]) >= 1, "blob not found");
   free(bytes);
-  REQUIRE(kc_testsrv_restart(&g_a) == 0, "replica A did not restart");
+  REQUIRE(kc_testsrv_restart(&P.a) == 0, "replica A did not restart");
   long t0 = kc_testsrv_now_ms();
-  while (metric(&g_a, "kcached_scrub_corrupt_total") < 1 &&
+  while (metric(&P.a, "kcached_scrub_corrupt_total") < 1 &&
          kc_testsrv_now_ms() - t0 < 10000)
     usleep(50000);
-  assert_true(metric(&g_a, "kcached_scrub_corrupt_total") == 1);
-  assert_true(metric(&g_a, "kcached_store_bundles") == 0);
+  assert_true(metric(&P.a, "kcached_scrub_corrupt_total") == 1);
+  assert_true(metric(&P.a, "kcached_store_bundles") == 0);
   assert_int_equal(obj_head("blobs", b.digest[0]), KC_OK);
   assert_int_equal(obj_head("bundles", b.key), KC_OK);
-  REQUIRE(serves(&g_a, &b) == 0, "A does not serve the bundle back from S3");
-  assert_true(metric(&g_a, "kcached_store_bundles") == 1);
+  REQUIRE(serves(&P.a, &b) == 0, "A does not serve the bundle back from S3");
+  assert_true(metric(&P.a, "kcached_store_bundles") == 1);
   assert_true(
-      metric(&g_a, "kcached_s3_read_through_total{result=\"hit\"}") >= 2);
+      metric(&P.a, "kcached_s3_read_through_total{result=\"hit\"}") >= 2);
   bundle_free(&b);
 }
 
@@ -733,32 +604,32 @@ static void t_leases(void **state) {
   start_pair("leases", NULL);
   char key[65], tok[128], k[KCS3_KEY_MAX + 1];
   kc_sha256_hex("lease across replicas", 21, key);
-  take(&g_a, key, "a", 60, tok);
+  take(&P.a, key, "a", 60, tok);
   obj_key(k, "leases", key);
-  assert_int_equal(kcs3_head(g_s3, k, NULL, NULL, NULL), KC_OK);
-  refused(&g_b, key, "a");
-  release(&g_a, key, tok);
-  take(&g_b, key, "b", 60, tok);
-  refused(&g_a, key, "b");
+  assert_int_equal(kcs3_head(P.s3, k, NULL, NULL, NULL), KC_OK);
+  refused(&P.b, key, "a");
+  release(&P.a, key, tok);
+  take(&P.b, key, "b", 60, tok);
+  refused(&P.a, key, "b");
   /* Released through the replica that did not grant it (a load balancer
    * need not send it back): the bucket's lease ends all the same, replaced
    * by an expired one on its ETag, and A takes it at once. */
-  release(&g_a, key, tok);
-  assert_int_equal(kcs3_head(g_s3, k, NULL, NULL, NULL), KC_OK);
-  take(&g_a, key, "a2", 60, tok);
+  release(&P.a, key, tok);
+  assert_int_equal(kcs3_head(P.s3, k, NULL, NULL, NULL), KC_OK);
+  take(&P.a, key, "a2", 60, tok);
   /* and the other way round: B granted nothing, A's record goes when the
    * bucket says its lease ended */
-  release(&g_b, key, tok);
-  take(&g_a, key, "a3", 60, tok);
-  release(&g_a, key, tok);
+  release(&P.b, key, tok);
+  take(&P.a, key, "a3", 60, tok);
+  release(&P.a, key, tok);
 
   /* An expired lease is taken over through the other replica. */
   kc_sha256_hex("lease that expires", 18, key);
-  take(&g_a, key, "a", 1, tok);
-  refused(&g_b, key, "a");
+  take(&P.a, key, "a", 1, tok);
+  refused(&P.b, key, "a");
   usleep(2500 * 1000);
-  take(&g_b, key, "b", 60, tok);
-  refused(&g_a, key, "b");
+  take(&P.b, key, "b", 60, tok);
+  refused(&P.a, key, "b");
 }
 
 /* ---- 3. SIGKILL with a queue ---- */
@@ -768,7 +639,7 @@ static void check_all(bundle *v, size_t n, const char *what) {
   for (size_t i = 0; i < n; i++) {
     REQUIRE(in_bucket(&v[i]) == 0, "%s: acknowledged bundle %zu (%s) is not "
             "whole in the bucket", what, i, v[i].key);
-    long s = serves(&g_b, &v[i]);
+    long s = serves(&P.b, &v[i]);
     REQUIRE(s == 0, "%s: B does not serve acknowledged bundle %s: %ld", what,
             v[i].key, s);
   }
@@ -831,20 +702,20 @@ static void t_kill(void **state) {
   /* Round 1: S3 down, N bundles acknowledged, SIGKILL, restart. */
   rgw_stop();
   for (int i = 0; i < N; i++)
-    bundle_new(&v[i], &g_a, "kill-queued", (uint64_t)i + 1, 2, sizes);
-  reply r = get(&g_a, "/readyz");
+    bundle_new(&v[i], &P.a, "kill-queued", (uint64_t)i + 1, 2, sizes);
+  reply r = kc_testsrv_get(&P.a, "/readyz");
   REQUIRE(r.status == 200, "A: /readyz with S3 down: %ld", r.status);
   kc_testsrv_resp_free(&r);
-  double depth = metric(&g_a, "kcached_s3_queue_depth");
+  double depth = metric(&P.a, "kcached_s3_queue_depth");
   REQUIRE(depth >= N, "A: queue depth %g after %d bundles with S3 down", depth,
           N);
-  kc_testsrv_kill(&g_a);
-  REQUIRE(kc_testsrv_restart(&g_a) == 0, "A did not restart (S3 down)");
-  double after = metric(&g_a, "kcached_s3_queue_depth");
+  kc_testsrv_kill(&P.a);
+  REQUIRE(kc_testsrv_restart(&P.a) == 0, "A did not restart (S3 down)");
+  double after = metric(&P.a, "kcached_s3_queue_depth");
   REQUIRE(after == depth, "A: queue depth %g before SIGKILL, %g after restart",
           depth, after);
   rgw_start();
-  long ms = drain(&g_a, "A");
+  long ms = drain(&P.a, "A");
   printf("kill: %d bundles queued with S3 down (depth %g), SIGKILL, restart "
          "(depth %g), radosgw back: drained in %ld ms\n", N, depth, after, ms);
   check_all(v, N, "kill, S3 down");
@@ -855,7 +726,7 @@ static void t_kill(void **state) {
   uploader *u = calloc(1, sizeof *u);
   assert_non_null(u);
   pthread_mutex_init(&u->mu, NULL);
-  u->url = g_a.url;
+  u->url = P.a.url;
   pthread_t th[4];
   worker w[4];
   for (int i = 0; i < 4; i++) {
@@ -866,14 +737,14 @@ static void t_kill(void **state) {
        acked_now(u) == 0 && kc_testsrv_now_ms() - t0 < 30000;)
     usleep(5000);
   usleep(150000);
-  double depth2 = metric(&g_a, "kcached_s3_queue_depth");
-  kc_testsrv_kill(&g_a);
+  double depth2 = metric(&P.a, "kcached_s3_queue_depth");
+  kc_testsrv_kill(&P.a);
   atomic_store(&u->stop, 1);
   for (int i = 0; i < 4; i++)
     pthread_join(th[i], NULL);
   REQUIRE(u->n_acked > 0, "no bundle acknowledged before the kill");
-  REQUIRE(kc_testsrv_restart(&g_a) == 0, "A did not restart");
-  ms = drain(&g_a, "A");
+  REQUIRE(kc_testsrv_restart(&P.a) == 0, "A did not restart");
+  ms = drain(&P.a, "A");
   for (size_t i = 0; i < u->n_blobs; i++)
     REQUIRE(obj_head("blobs", u->blobs[i]) == KC_OK,
             "acknowledged blob %s is not in the bucket", u->blobs[i]);
@@ -904,19 +775,19 @@ static void t_s3_down(void **state) {
   start_pair("down", NULL);
   bundle x1, x2, x3;
   const size_t sizes[] = {4096, 1000};
-  bundle_new(&x1, &g_a, "down-m", 1, 2, sizes);
-  bundle_new(&x2, &g_a, "down-m", 2, 2, sizes);
-  drain(&g_a, "A");
-  REQUIRE(serves(&g_b, &x1) == 0, "B does not read x1 through");
+  bundle_new(&x1, &P.a, "down-m", 1, 2, sizes);
+  bundle_new(&x2, &P.a, "down-m", 2, 2, sizes);
+  drain(&P.a, "A");
+  REQUIRE(serves(&P.b, &x1) == 0, "B does not read x1 through");
   /* A blob alone read through: served from memory before B's commit; it
    * must be in B's store all the same once S3 is gone. */
   char bpath[120];
   snprintf(bpath, sizeof bpath, "/v1/blobs/%s", x2.digest[0]);
-  unsigned char *want = fill(x2.seed[0], x2.size[0]);
+  unsigned char *want = kc_testsrv_bytes(x2.seed[0], x2.size[0]);
   for (int pass = 0; pass < 2; pass++) {
     if (pass == 1)
       rgw_stop();
-    reply br = get(&g_b, bpath);
+    reply br = kc_testsrv_get(&P.b, "%s", bpath);
     REQUIRE(br.status == 200 && br.len == x2.size[0] &&
                 memcmp(br.body, want, br.len) == 0,
             "B: blob of x2 %s S3: %ld, %zu bytes", pass ? "without" : "from",
@@ -926,19 +797,19 @@ static void t_s3_down(void **state) {
   free(want);
 
   /* What each holds, each serves. */
-  REQUIRE(serves(&g_a, &x1) == 0 && serves(&g_a, &x2) == 0,
+  REQUIRE(serves(&P.a, &x1) == 0 && serves(&P.a, &x2) == 0,
           "A with S3 down does not serve what it holds");
-  REQUIRE(serves(&g_b, &x1) == 0, "B with S3 down does not serve x1");
+  REQUIRE(serves(&P.b, &x1) == 0, "B with S3 down does not serve x1");
   /* Writes queue. */
-  bundle_new(&x3, &g_a, "down-m", 3, 2, sizes);
-  REQUIRE(serves(&g_a, &x3) == 0, "A does not serve x3");
-  double depth = metric(&g_a, "kcached_s3_queue_depth");
+  bundle_new(&x3, &P.a, "down-m", 3, 2, sizes);
+  REQUIRE(serves(&P.a, &x3) == 0, "A does not serve x3");
+  double depth = metric(&P.a, "kcached_s3_queue_depth");
   REQUIRE(depth > 0, "A: queue depth %g after a write with S3 down", depth);
   /* Misses answer 404 at once, on both. */
   char path[200], unknown[65];
   kc_sha256_hex("down: nobody has this", 21, unknown);
   for (int i = 0; i < 3; i++) {
-    const kc_testsrv *t = i == 1 ? &g_a : &g_b;
+    const kc_testsrv *t = i == 1 ? &P.a : &P.b;
     const char *name = i == 1 ? "A" : "B";
     snprintf(path, sizeof path, "/v1/bundles/%s", unknown);
     expect_prompt_404(t, name, path);
@@ -946,12 +817,12 @@ static void t_s3_down(void **state) {
     expect_prompt_404(t, name, path);
   }
   snprintf(path, sizeof path, "/v1/bundles/%s", x3.key); /* only A has it */
-  expect_prompt_404(&g_b, "B", path);
+  expect_prompt_404(&P.b, "B", path);
   snprintf(path, sizeof path, "/v1/blobs/%s", x3.digest[0]);
-  expect_prompt_404(&g_b, "B", path);
+  expect_prompt_404(&P.b, "B", path);
   char body[300];
   snprintf(body, sizeof body, "{\"keys\":[\"%s\",\"%s\"]}", x1.key, x2.key);
-  reply r = call(NULL, g_b.url, "POST", "/v1/lookup", body, strlen(body));
+  reply r = call(NULL, P.b.url, "POST", "/v1/lookup", body, strlen(body));
   REQUIRE(r.status == 200 && r.ms < PROMPT_MS,
           "B: lookup with S3 down: %ld after %ld ms", r.status, r.ms);
   json_t *j = json_loadb(r.body, r.len, 0, NULL);
@@ -962,30 +833,30 @@ static void t_s3_down(void **state) {
   kc_testsrv_resp_free(&r);
   /* Ready, and the metrics say what is going on. */
   for (int i = 0; i < 2; i++) {
-    r = get(i ? &g_b : &g_a, "/readyz");
+    r = kc_testsrv_get(i ? &P.b : &P.a, "/readyz");
     REQUIRE(r.status == 200, "%s: /readyz with S3 down: %ld",
             i ? "B" : "A", r.status);
     kc_testsrv_resp_free(&r);
   }
-  double errors = metric(&g_a, "kcached_s3_errors_total");
+  double errors = metric(&P.a, "kcached_s3_errors_total");
   REQUIRE(errors > 0, "A: kcached_s3_errors_total %g with S3 down", errors);
-  REQUIRE(metric(&g_a, "kcached_s3_up") == 0, "A: kcached_s3_up %g with S3 down",
-          metric(&g_a, "kcached_s3_up"));
+  REQUIRE(metric(&P.a, "kcached_s3_up") == 0, "A: kcached_s3_up %g with S3 down",
+          metric(&P.a, "kcached_s3_up"));
   printf("s3 down: A queue depth %g, errors %g; B errors %g, read-through "
-         "errors %g\n", depth, errors, metric(&g_b, "kcached_s3_errors_total"),
-         metric(&g_b, "kcached_s3_read_through_total{result=\"error\"}"));
+         "errors %g\n", depth, errors, metric(&P.b, "kcached_s3_errors_total"),
+         metric(&P.b, "kcached_s3_read_through_total{result=\"error\"}"));
 
   rgw_start();
-  long ms = drain(&g_a, "A");
+  long ms = drain(&P.a, "A");
   assert_int_equal(in_bucket(&x3), 0);
   /* B may still fail fast for a moment after its last failure. */
   long t0 = kc_testsrv_now_ms(), s;
-  while ((s = serves(&g_b, &x3)) != 0 && kc_testsrv_now_ms() - t0 < 5000)
+  while ((s = serves(&P.b, &x3)) != 0 && kc_testsrv_now_ms() - t0 < 5000)
     usleep(200000);
   REQUIRE(s == 0, "B does not serve x3 after S3 came back: %ld", s);
   printf("s3 down: radosgw back: A drained in %ld ms; B served x3 after %ld "
          "ms more\n", ms, kc_testsrv_now_ms() - t0);
-  assert_int_equal(metric(&g_a, "kcached_s3_up"), 1);
+  assert_int_equal(metric(&P.a, "kcached_s3_up"), 1);
   bundle_free(&x1);
   bundle_free(&x2);
   bundle_free(&x3);
@@ -998,50 +869,50 @@ static void t_corrupt(void **state) {
   start_pair("corrupt", NULL);
   bundle b, c;
   const size_t sizes[] = {4096};
-  bundle_new(&b, &g_a, "corrupt-m", 1, 1, sizes);
-  bundle_new(&c, &g_a, "corrupt-m", 2, 1, (const size_t[]){5000});
-  drain(&g_a, "A");
+  bundle_new(&b, &P.a, "corrupt-m", 1, 1, sizes);
+  bundle_new(&c, &P.a, "corrupt-m", 2, 1, (const size_t[]){5000});
+  drain(&P.a, "A");
 
   /* The blob: same length, one byte flipped. */
   char k[KCS3_KEY_MAX + 1], err[KC_ERRBUF_SIZE] = "", code[64];
-  unsigned char *bad = fill(b.seed[0], 4096);
+  unsigned char *bad = kc_testsrv_bytes(b.seed[0], 4096);
   bad[1234] ^= 0x20;
   obj_key(k, "blobs", b.digest[0]);
-  assert_int_equal(kcs3_put(g_s3, k, bad, 4096, NULL, NULL, err), KC_OK);
-  reply r = get(&g_b, "/v1/blobs/%s", b.digest[0]);
+  assert_int_equal(kcs3_put(P.s3, k, bad, 4096, NULL, NULL, err), KC_OK);
+  reply r = kc_testsrv_get(&P.b, "/v1/blobs/%s", b.digest[0]);
   REQUIRE(r.status == 500 && strcmp(error_code(&r, code), "corrupt") == 0,
           "B: GET of a corrupt blob: %ld %.200s (want 500 corrupt)", r.status,
           r.status == 200 ? "(the bytes)" : r.body);
   assert_null(memmem(r.body, r.len, bad + 1024, 512));
   printf("corrupt blob: B answered %ld %s\n", r.status, r.body);
   kc_testsrv_resp_free(&r);
-  assert_int_equal(metric(&g_b, "kcached_s3_corrupt_total"), 1);
+  assert_int_equal(metric(&P.b, "kcached_s3_corrupt_total"), 1);
   assert_int_equal(
-      metric(&g_b, "kcached_s3_read_through_total{result=\"corrupt\"}"), 1);
+      metric(&P.b, "kcached_s3_read_through_total{result=\"corrupt\"}"), 1);
   assert_int_equal(obj_head("blobs", b.digest[0]), KC_NOT_FOUND);
-  r = get(&g_b, "/v1/blobs/%s", b.digest[0]);
+  r = kc_testsrv_get(&P.b, "/v1/blobs/%s", b.digest[0]);
   REQUIRE(r.status == 404, "B: GET of the deleted corrupt blob: %ld", r.status);
   kc_testsrv_resp_free(&r);
   /* The bundle that names it is not served whole either. */
-  r = get(&g_b, "/v1/bundles/%s", b.key);
+  r = kc_testsrv_get(&P.b, "/v1/bundles/%s", b.key);
   REQUIRE(r.status != 200, "B serves bundle %s without its blob", b.key);
   kc_testsrv_resp_free(&r);
   /* A still has the good bytes. */
-  assert_int_equal(serves(&g_a, &b), 0);
+  assert_int_equal(serves(&P.a, &b), 0);
   free(bad);
 
   /* A manifest replaced by another valid one that does not match its key. */
   obj_key(k, "bundles", c.key);
-  assert_int_equal(kcs3_put(g_s3, k, b.json, strlen(b.json), NULL, NULL, err),
+  assert_int_equal(kcs3_put(P.s3, k, b.json, strlen(b.json), NULL, NULL, err),
                    KC_OK);
-  r = get(&g_b, "/v1/bundles/%s", c.key);
+  r = kc_testsrv_get(&P.b, "/v1/bundles/%s", c.key);
   REQUIRE(r.status == 500 && strcmp(error_code(&r, code), "corrupt") == 0,
           "B: GET of a manifest under the wrong key: %ld %s (want 500 corrupt)",
           r.status, r.body);
   printf("corrupt manifest: B answered %ld %s\n", r.status, r.body);
   assert_null(strstr(r.body, "\"files\"")); /* an error, not a manifest */
   kc_testsrv_resp_free(&r);
-  assert_int_equal(metric(&g_b, "kcached_s3_corrupt_total"), 2);
+  assert_int_equal(metric(&P.b, "kcached_s3_corrupt_total"), 2);
   assert_int_equal(obj_head("bundles", c.key), KC_NOT_FOUND);
   bundle_free(&b);
   bundle_free(&c);
@@ -1052,24 +923,24 @@ static void t_corrupt(void **state) {
 static void t_credentials_file(void **state) {
   (void)state;
   char creds[512];
-  assert_int_equal(kc_testsrv_init(&g_a), 0);
-  snprintf(creds, sizeof creds, "%s/credentials", g_a.dir);
+  assert_int_equal(kc_testsrv_init(&P.a), 0);
+  snprintf(creds, sizeof creds, "%s/credentials", P.a.dir);
   FILE *f = fopen(creds, "w");
   assert_non_null(f);
   fprintf(f, "# kcache test\n[other]\naws_access_key_id = WRONG\n"
              "aws_secret_access_key = wrong\n\n[default]\n"
              "aws_access_key_id = %s\naws_secret_access_key=%s\n",
-          g_rgw.access, g_rgw.secret);
+          P.rgw.access, P.rgw.secret);
   fclose(f);
   unsetenv("AWS_ACCESS_KEY_ID");
   unsetenv("AWS_SECRET_ACCESS_KEY");
   const char *extra[] = {"--s3-credentials", creds, NULL};
   start_pair("creds", extra); /* case_teardown sets them again */
   bundle b;
-  bundle_new(&b, &g_a, "creds-m", 1, 1, (const size_t[]){100});
-  drain(&g_a, "A");
+  bundle_new(&b, &P.a, "creds-m", 1, 1, (const size_t[]){100});
+  drain(&P.a, "A");
   assert_int_equal(in_bucket(&b), 0);
-  assert_int_equal(serves(&g_b, &b), 0);
+  assert_int_equal(serves(&P.b, &b), 0);
   bundle_free(&b);
 }
 
@@ -1163,31 +1034,6 @@ static void t_bad_config(void **state) {
 
 /* ---- main ---- */
 
-static int rgw_group_setup(void **state) {
-  (void)state;
-  char err[KC_ERRBUF_SIZE] = "";
-  snprintf(g_bucket, sizeof g_bucket, "kcache-scaleout-%ld", (long)getpid());
-  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = g_bucket,
-                 .region = g_rgw.region, .path_style = 1,
-                 .access_key = g_rgw.access, .secret_key = g_rgw.secret};
-  if (kcs3_open(&o, &g_s3, err) != KC_OK ||
-      kcs3_bucket_create(g_s3, err) != KC_OK) {
-    fprintf(stderr, "bucket %s: %s\n", g_bucket, err);
-    return -1;
-  }
-  /* the replicas take their credentials from the environment */
-  setenv("AWS_ACCESS_KEY_ID", g_rgw.access, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", g_rgw.secret, 1);
-  return 0;
-}
-
-static int rgw_group_teardown(void **state) {
-  (void)state;
-  kcs3_close(g_s3);
-  g_s3 = NULL;
-  return 0;
-}
-
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1208,10 +1054,9 @@ int main(void) {
   };
   int fails = cmocka_run_group_tests_name("scaleout_config", offline, NULL,
                                           NULL);
-  int up = kc_testrgw_up(&g_rgw, "test_scaleout");
-  if (up == 0)
-    fails += cmocka_run_group_tests_name("scaleout_rgw", rgw, rgw_group_setup,
-                                         rgw_group_teardown);
+  int rc = kc_testrgw_pair_run(&P, "test_scaleout", "kcache-scaleout",
+                               "scaleout_rgw", rgw,
+                               sizeof rgw / sizeof rgw[0], fails);
   curl_global_cleanup();
-  return kc_testrgw_finish(&g_rgw, up, fails);
+  return rc;
 }

@@ -45,104 +45,23 @@
 #define DRAIN_MS 60000 /* the queue's backoff tops out at 30 s */
 #define SETTLE_MS 5000 /* after B's queue drained: B serves the bucket's */
 
-static kc_testrgw g_rgw;
-static char g_bucket[64];
-static kcs3 *g_s3;          /* the test's own view of the bucket */
-static kc_testsrv g_a, g_b; /* the replicas of the running case */
-static char g_prefix[64];   /* the running case's --s3-prefix */
+static kc_testrgw_pair P; /* the RGW, the bucket, the replicas A and B */
 
-static long mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#define REQUIRE(cond, ...) KC_TESTRGW_REQUIRE(&P, cond, __VA_ARGS__)
 
-/* The last bytes of a replica's log, for failure messages. */
-static void show_log(const kc_testsrv *t, const char *name) {
-  FILE *f = t->log[0] ? fopen(t->log, "r") : NULL;
-  if (!f)
-    return;
-  char buf[4001];
-  fseek(f, 0, SEEK_END);
-  long end = ftell(f);
-  fseek(f, end > 4000 ? end - 4000 : 0, SEEK_SET);
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-  fprintf(stderr, "---- kcached %s log (%s) ----\n%s\n", name, t->log, buf);
-}
+/* ---- HTTP (kc_testsrv_http) ---- */
 
-#define REQUIRE(cond, ...)                                                     \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      show_log(&g_a, "A");                                                     \
-      show_log(&g_b, "B");                                                     \
-      fail_msg(__VA_ARGS__);                                                   \
-    }                                                                          \
-  } while (0)
+typedef kc_testsrv_resp reply;
 
-/* Lines of a replica's log that contain needle. */
-static int log_count(const kc_testsrv *t, const char *needle) {
-  FILE *f = fopen(t->log, "r");
-  char line[4096];
-  int n = 0;
-  while (f && fgets(line, sizeof line, f))
-    n += strstr(line, needle) != NULL;
-  if (f)
-    fclose(f);
-  return n;
-}
-
-/* ---- HTTP ---- */
-
-typedef struct reply {
-  long code; /* 0: the transfer failed */
-  char *body; /* NUL-terminated, malloc'd */
-  size_t len;
-} reply;
-
-static void reply_free(reply *r) {
-  free(r->body);
-  r->body = NULL;
-}
-
+/* One request on a fresh handle; status is 0 unless the transfer completed. */
 static reply call(const char *base, const char *method, const char *path,
                   const void *body, size_t len) {
-  reply r = {0};
-  CURL *c = curl_easy_init();
-  FILE *mem = open_memstream(&r.body, &r.len);
-  assert_non_null(c);
-  assert_non_null(mem);
-  char url[512];
-  snprintf(url, sizeof url, "%s%s", base, path);
-  struct curl_slist *hdr = curl_slist_append(NULL, "Expect:");
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, mem);
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 60000L);
-  curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-  if (body) {
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-  }
-  if (curl_easy_perform(c) == CURLE_OK)
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.code);
-  fclose(mem);
-  curl_slist_free_all(hdr);
-  curl_easy_cleanup(c);
+  reply r = kc_testsrv_http(
+      NULL, base, path,
+      (kc_testsrv_req){.method = method, .body = body, .len = len});
+  if (r.rc != CURLE_OK)
+    r.status = 0;
   return r;
-}
-
-static reply get(const kc_testsrv *t, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static reply get(const kc_testsrv *t, const char *fmt, ...) {
-  char path[400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(path, sizeof path, fmt, ap);
-  va_end(ap);
-  return call(t->url, "GET", path, NULL, 0);
 }
 
 /* A member of a JSON reply's top-level object, as text ("" when absent; a
@@ -158,37 +77,14 @@ static const char *member(const reply *r, const char *name, char out[64]) {
   return out;
 }
 
-/* A sample of /metrics (`series` exactly as written, labels included); -1
- * when absent. */
-static double metric(const kc_testsrv *t, const char *series) {
-  reply r = get(t, "/metrics");
-  double v = -1;
-  size_t n = strlen(series);
-  for (char *line = r.body; r.code == 200 && line && *line;) {
-    char *nl = strchr(line, '\n');
-    if (strncmp(line, series, n) == 0 && line[n] == ' ') {
-      v = strtod(line + n + 1, NULL);
-      break;
-    }
-    line = nl ? nl + 1 : NULL;
-  }
-  reply_free(&r);
-  return v;
-}
-
 #define REFUSED "kcached_s3_write_once_conflicts_total{outcome=\"refused\"}"
 #define REPLACED "kcached_s3_write_once_conflicts_total{outcome=\"replaced\"}"
 
 /* Waits until the replica's write-through queue is empty. */
 static void drain(const kc_testsrv *t, const char *name) {
-  long t0 = mono_ms();
   double depth = -1;
-  while (mono_ms() - t0 < DRAIN_MS) {
-    if ((depth = metric(t, "kcached_s3_queue_depth")) == 0)
-      return;
-    usleep(100000);
-  }
-  REQUIRE(0, "replica %s: kcached_s3_queue_depth still %g after %d ms", name,
+  REQUIRE(kc_testsrv_drain(t, DRAIN_MS, &depth) >= 0,
+          "replica %s: kcached_s3_queue_depth still %g after %d ms", name,
           depth, DRAIN_MS);
 }
 
@@ -201,23 +97,8 @@ typedef struct bundle {
   char *json; /* canonical manifest */
   char digest[NFILES][65];
   size_t size[NFILES];
-  uint64_t seed[NFILES]; /* the bytes: fill(seed, size) */
+  uint64_t seed[NFILES]; /* the bytes: kc_testsrv_bytes(seed, size) */
 } bundle;
-
-/* Deterministic bytes for a seed (splitmix64). */
-static unsigned char *fill(uint64_t seed, size_t n) {
-  unsigned char *p = malloc(n ? n : 1);
-  assert_non_null(p);
-  uint64_t x = seed;
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    memcpy(p + i, &z, n - i < 8 ? n - i : 8);
-  }
-  return p;
-}
 
 /* A bundle whose key depends on `seq` alone and whose kernels (two files)
  * on `variant` too: two variants of one seq are two different manifests
@@ -238,7 +119,7 @@ static void bundle_make(bundle *b, unsigned seq, unsigned variant) {
   for (size_t i = 0; i < NFILES; i++) {
     b->size[i] = 3000 + 1000 * i + variant;
     b->seed[i] = (uint64_t)seq * 1000 + variant * 10 + i;
-    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    unsigned char *bytes = kc_testsrv_bytes(b->seed[i], b->size[i]);
     kc_sha256_hex(bytes, b->size[i], b->digest[i]);
     free(bytes);
     char path[40];
@@ -258,46 +139,32 @@ static void bundle_make(bundle *b, unsigned seq, unsigned variant) {
 static reply bundle_put(const kc_testsrv *t, const bundle *b) {
   char path[128];
   for (size_t i = 0; i < NFILES; i++) {
-    unsigned char *bytes = fill(b->seed[i], b->size[i]);
+    unsigned char *bytes = kc_testsrv_bytes(b->seed[i], b->size[i]);
     snprintf(path, sizeof path, "/v1/blobs/%s", b->digest[i]);
     reply r = call(t->url, "PUT", path, bytes, b->size[i]);
     free(bytes);
-    REQUIRE(r.code == 200 || r.code == 201, "PUT blob %s: %ld %s",
-            b->digest[i], r.code, r.body);
-    reply_free(&r);
+    REQUIRE(r.status == 200 || r.status == 201, "PUT blob %s: %ld %s",
+            b->digest[i], r.status, r.body);
+    kc_testsrv_resp_free(&r);
   }
   snprintf(path, sizeof path, "/v1/bundles/%s", b->key);
   return call(t->url, "PUT", path, b->json, strlen(b->json));
 }
 
 /* 0 when t serves the bundle exactly (manifest bytes and every blob), else
- * the first status that was not 200 (or -1: other bytes). */
+ * the first status that was not 200 (or -1: other bytes): kc_testsrv_serves. */
 static long serves(const kc_testsrv *t, const bundle *b) {
-  reply r = get(t, "/v1/bundles/%s", b->key);
-  long bad = r.code != 200 ? (r.code ? r.code : -2)
-             : strcmp(r.body, b->json) != 0 ? -1
-                                            : 0;
-  reply_free(&r);
-  for (size_t i = 0; i < NFILES && !bad; i++) {
-    r = get(t, "/v1/blobs/%s", b->digest[i]);
-    unsigned char *bytes = fill(b->seed[i], b->size[i]);
-    if (r.code != 200)
-      bad = r.code ? r.code : -2;
-    else if (r.len != b->size[i] || memcmp(r.body, bytes, r.len) != 0)
-      bad = -1;
-    free(bytes);
-    reply_free(&r);
-  }
-  return bad;
+  return kc_testsrv_serves(t, b->key, b->json, b->digest, b->size, b->seed,
+                           NFILES);
 }
 
 /* The bucket holds b's manifest, byte for byte. */
 static int bucket_holds(const bundle *b) {
   char k[KCS3_KEY_MAX + 1], err[KC_ERRBUF_SIZE] = "";
-  snprintf(k, sizeof k, "%s/bundles/%s", g_prefix, b->key);
+  snprintf(k, sizeof k, "%s/bundles/%s", P.prefix, b->key);
   void *data = NULL;
   size_t len = 0;
-  kc_err e = kcs3_get(g_s3, k, 1 << 20, &data, &len, NULL, err);
+  kc_err e = kcs3_get(P.s3, k, 1 << 20, &data, &len, NULL, err);
   int same = e == KC_OK && len == strlen(b->json) &&
              memcmp(data, b->json, len) == 0;
   if (e)
@@ -308,44 +175,19 @@ static int bucket_holds(const bundle *b) {
 
 /* ---- the replicas ---- */
 
-static void start_pair(const char *prefix) {
-  snprintf(g_prefix, sizeof g_prefix, "%s", prefix);
-  const char *args[] = {"--s3-endpoint", g_rgw.endpoint, "--s3-bucket",
-                        g_bucket,        "--s3-prefix",  g_prefix,
-                        "--s3-region",   g_rgw.region,   "--s3-path-style",
-                        NULL};
-  REQUIRE(kc_testsrv_start(&g_a, args) == 0, "replica A did not start");
-  REQUIRE(kc_testsrv_start(&g_b, args) == 0, "replica B did not start");
-}
-
-/* After each case: both replicas stop cleanly; radosgw up again (a failed
- * case may have left it stopped). */
+/* After each case: both replicas stop cleanly, no secret in their logs;
+ * radosgw up again (kc_testrgw_pair_stop). */
 static int case_teardown(void **state) {
   (void)state;
-  int rc = 0;
-  kc_testsrv *both[] = {&g_a, &g_b};
-  for (int i = 0; i < 2; i++) {
-    int st = kc_testsrv_stop(both[i]);
-    if (st != 0 && st != -1) {
-      fprintf(stderr, "replica %s exited %d on SIGTERM\n", i ? "B" : "A", st);
-      show_log(both[i], i ? "B" : "A");
-      rc = -1;
-    }
-    kc_testsrv_cleanup(both[i]);
-    memset(both[i], 0, sizeof *both[i]);
-  }
-  if (kc_testrgw_gateway_start(&g_rgw) != 0) {
-    fprintf(stderr, "radosgw did not come back\n");
-    rc = -1;
-  }
-  return rc;
+  return kc_testrgw_pair_stop(&P);
 }
 
 /* ---- 1. B is offered a key the bucket already holds ---- */
 
 static void t_refused(void **state) {
   (void)state;
-  start_pair("once-refused");
+  REQUIRE(kc_testrgw_pair_start(&P, "once-refused", NULL) == 0,
+          "the replicas did not start");
   bundle same, k_a, k_b;
   bundle_make(&same, 1, 0);
   bundle_make(&k_a, 2, 0);
@@ -354,36 +196,36 @@ static void t_refused(void **state) {
   assert_string_not_equal(k_a.json, k_b.json);
   char v[64];
   for (int i = 0; i < 2; i++) {
-    reply r = bundle_put(&g_a, i ? &k_a : &same);
-    REQUIRE(r.code == 201, "A: PUT bundle: %ld %s", r.code, r.body);
-    reply_free(&r);
+    reply r = bundle_put(&P.a, i ? &k_a : &same);
+    REQUIRE(r.status == 201, "A: PUT bundle: %ld %s", r.status, r.body);
+    kc_testsrv_resp_free(&r);
   }
-  drain(&g_a, "A");
+  drain(&P.a, "A");
   REQUIRE(bucket_holds(&same) && bucket_holds(&k_a), "A's bundles not in S3");
 
   /* Another manifest for A's key: refused, and A's is what B serves. */
-  reply r = bundle_put(&g_b, &k_b);
-  REQUIRE(r.code == 409 && strcmp(member(&r, "error", v), "conflict") == 0,
+  reply r = bundle_put(&P.b, &k_b);
+  REQUIRE(r.status == 409 && strcmp(member(&r, "error", v), "conflict") == 0,
           "B: PUT of a different manifest for a key in the bucket: %ld %s "
-          "(want 409 conflict)", r.code, r.body);
-  printf("refused: B answered %ld %s\n", r.code, r.body);
-  reply_free(&r);
-  long s = serves(&g_b, &k_a);
+          "(want 409 conflict)", r.status, r.body);
+  printf("refused: B answered %ld %s\n", r.status, r.body);
+  kc_testsrv_resp_free(&r);
+  long s = serves(&P.b, &k_a);
   REQUIRE(s == 0, "B does not serve A's manifest after the 409: %ld", s);
-  REQUIRE(metric(&g_b, REFUSED) == 1, "B: %s %g (want 1)", REFUSED,
-          metric(&g_b, REFUSED));
-  drain(&g_b, "B"); /* B's blobs of k_b go up; its manifest never does */
+  REQUIRE(kc_testsrv_metric(&P.b, REFUSED) == 1, "B: %s %g (want 1)", REFUSED,
+          kc_testsrv_metric(&P.b, REFUSED));
+  drain(&P.b, "B"); /* B's blobs of k_b go up; its manifest never does */
   REQUIRE(bucket_holds(&k_a), "the bucket lost A's manifest");
-  REQUIRE(serves(&g_b, &k_a) == 0 && serves(&g_a, &k_a) == 0,
+  REQUIRE(serves(&P.b, &k_a) == 0 && serves(&P.a, &k_a) == 0,
           "the replicas do not both serve A's manifest");
-  assert_true(metric(&g_b, REPLACED) == 0);
+  assert_true(kc_testsrv_metric(&P.b, REPLACED) == 0);
   /* The same manifest: already present, as on A. */
-  r = bundle_put(&g_b, &same);
-  REQUIRE(r.code == 200 && strcmp(member(&r, "created", v), "false") == 0,
+  r = bundle_put(&P.b, &same);
+  REQUIRE(r.status == 200 && strcmp(member(&r, "created", v), "false") == 0,
           "B: PUT of the bucket's own manifest: %ld %s (want 200, created "
-          "false)", r.code, r.body);
-  reply_free(&r);
-  REQUIRE(serves(&g_b, &same) == 0, "B does not serve the bucket's manifest");
+          "false)", r.status, r.body);
+  kc_testsrv_resp_free(&r);
+  REQUIRE(serves(&P.b, &same) == 0, "B does not serve the bucket's manifest");
   free(same.json);
   free(k_a.json);
   free(k_b.json);
@@ -393,75 +235,51 @@ static void t_refused(void **state) {
 
 static void t_race(void **state) {
   (void)state;
-  start_pair("once-race");
+  REQUIRE(kc_testrgw_pair_start(&P, "once-race", NULL) == 0,
+          "the replicas did not start");
   bundle k_a, k_b;
   bundle_make(&k_a, 3, 0);
   bundle_make(&k_b, 3, 1);
-  reply r = bundle_put(&g_a, &k_a);
-  REQUIRE(r.code == 201, "A: PUT bundle: %ld %s", r.code, r.body);
-  reply_free(&r);
-  drain(&g_a, "A");
-  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
+  reply r = bundle_put(&P.a, &k_a);
+  REQUIRE(r.status == 201, "A: PUT bundle: %ld %s", r.status, r.body);
+  kc_testsrv_resp_free(&r);
+  drain(&P.a, "A");
+  REQUIRE(kc_testrgw_gateway_stop(&P.rgw) == 0, "rgw-stop failed");
   /* The bucket cannot be asked: B decides alone (and serves its own). */
-  r = bundle_put(&g_b, &k_b);
-  REQUIRE(r.code == 201, "B with S3 down: PUT bundle: %ld %s (want 201)",
-          r.code, r.body);
-  reply_free(&r);
-  long s = serves(&g_b, &k_b);
+  r = bundle_put(&P.b, &k_b);
+  REQUIRE(r.status == 201, "B with S3 down: PUT bundle: %ld %s (want 201)",
+          r.status, r.body);
+  kc_testsrv_resp_free(&r);
+  long s = serves(&P.b, &k_b);
   REQUIRE(s == 0, "B with S3 down does not serve what it accepted: %ld", s);
-  REQUIRE(kc_testrgw_gateway_start(&g_rgw) == 0, "rgw-start failed");
-  long t0 = mono_ms();
-  drain(&g_b, "B");
-  long drained = mono_ms() - t0, t1 = mono_ms();
-  while ((s = serves(&g_b, &k_a)) != 0 && mono_ms() - t1 < SETTLE_MS)
+  REQUIRE(kc_testrgw_gateway_start(&P.rgw) == 0, "rgw-start failed");
+  long t0 = kc_testsrv_now_ms();
+  drain(&P.b, "B");
+  long drained = kc_testsrv_now_ms() - t0, t1 = kc_testsrv_now_ms();
+  while ((s = serves(&P.b, &k_a)) != 0 && kc_testsrv_now_ms() - t1 < SETTLE_MS)
     usleep(100000);
   REQUIRE(s == 0, "B still does not serve A's manifest %d ms after its queue "
           "drained (%ld): two replicas answer one key differently",
           SETTLE_MS, s);
   printf("race: radosgw back; B's queue drained in %ld ms, B served A's "
-         "manifest %ld ms later\n", drained, mono_ms() - t1);
+         "manifest %ld ms later\n", drained, kc_testsrv_now_ms() - t1);
   REQUIRE(bucket_holds(&k_a), "the bucket lost A's manifest");
-  REQUIRE(serves(&g_a, &k_a) == 0, "A does not serve its manifest");
-  REQUIRE(metric(&g_b, REPLACED) == 1, "B: %s %g (want 1)", REPLACED,
-          metric(&g_b, REPLACED));
-  REQUIRE(log_count(&g_b, "was replaced by it") == 1,
+  REQUIRE(serves(&P.a, &k_a) == 0, "A does not serve its manifest");
+  REQUIRE(kc_testsrv_metric(&P.b, REPLACED) == 1, "B: %s %g (want 1)", REPLACED,
+          kc_testsrv_metric(&P.b, REPLACED));
+  REQUIRE(kc_testsrv_log_count(&P.b, "was replaced by it", 0) == 1,
           "B's log does not say its bundle was replaced");
   /* and it stays so: a restart of B serves A's manifest from its store */
-  REQUIRE(kc_testsrv_stop(&g_b) == 0, "B did not stop");
-  REQUIRE(kc_testrgw_gateway_stop(&g_rgw) == 0, "rgw-stop failed");
-  REQUIRE(kc_testsrv_restart(&g_b) == 0, "B did not restart");
-  REQUIRE(serves(&g_b, &k_a) == 0, "B after a restart, S3 down, does not "
+  REQUIRE(kc_testsrv_stop(&P.b) == 0, "B did not stop");
+  REQUIRE(kc_testrgw_gateway_stop(&P.rgw) == 0, "rgw-stop failed");
+  REQUIRE(kc_testsrv_restart(&P.b) == 0, "B did not restart");
+  REQUIRE(serves(&P.b, &k_a) == 0, "B after a restart, S3 down, does not "
           "serve A's manifest");
   free(k_a.json);
   free(k_b.json);
 }
 
 /* ---- main ---- */
-
-static int rgw_group_setup(void **state) {
-  (void)state;
-  char err[KC_ERRBUF_SIZE] = "";
-  snprintf(g_bucket, sizeof g_bucket, "kcache-once-%ld", (long)getpid());
-  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = g_bucket,
-                 .region = g_rgw.region, .path_style = 1,
-                 .access_key = g_rgw.access, .secret_key = g_rgw.secret};
-  if (kcs3_open(&o, &g_s3, err) != KC_OK ||
-      kcs3_bucket_create(g_s3, err) != KC_OK) {
-    fprintf(stderr, "bucket %s: %s\n", g_bucket, err);
-    return -1;
-  }
-  /* the replicas take their credentials from the environment */
-  setenv("AWS_ACCESS_KEY_ID", g_rgw.access, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", g_rgw.secret, 1);
-  return 0;
-}
-
-static int rgw_group_teardown(void **state) {
-  (void)state;
-  kcs3_close(g_s3);
-  g_s3 = NULL;
-  return 0;
-}
 
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
@@ -471,11 +289,9 @@ int main(void) {
       cmocka_unit_test_teardown(t_refused, case_teardown),
       cmocka_unit_test_teardown(t_race, case_teardown),
   };
-  int fails = 0;
-  int up = kc_testrgw_up(&g_rgw, "test_scaleout_once");
-  if (up == 0)
-    fails = cmocka_run_group_tests_name("scaleout_once", rgw,
-                                        rgw_group_setup, rgw_group_teardown);
+  int rc = kc_testrgw_pair_run(&P, "test_scaleout_once", "kcache-once",
+                               "scaleout_once", rgw,
+                               sizeof rgw / sizeof rgw[0], 0);
   curl_global_cleanup();
-  return kc_testrgw_finish(&g_rgw, up, fails);
+  return rc;
 }

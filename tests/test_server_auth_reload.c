@@ -45,30 +45,6 @@ static int stats_status(const kc_testsrv *t, const char *token) {
   return raw_status(buf);
 }
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return strdup("");
-  char *b = calloc(1, 1 << 20);
-  size_t n = fread(b, 1, (1 << 20) - 1, f);
-  b[n] = '\0';
-  fclose(f);
-  return b;
-}
-
-/* Waits up to 5 s for the server's log to contain s. */
-static int log_has(const kc_testsrv *t, const char *s) {
-  for (int i = 0; i < 250; i++) {
-    char *log = slurp(t->log);
-    int hit = strstr(log, s) != NULL;
-    free(log);
-    if (hit)
-      return 1;
-    usleep(20 * 1000);
-  }
-  return 0;
-}
-
 static void start_with(kc_testsrv *t, const char *content, char *file,
                        size_t cap) {
   assert_int_equal(kc_testsrv_init(t), 0);
@@ -89,14 +65,14 @@ static void t_reload_empty_file(void **state) {
   assert_int_equal(stats_status(&t, TOK_A), 200);
   write_file(file, "# being rewritten\n");
   kill(t.pid, SIGHUP);
-  assert_true(log_has(&t, "no token in the file"));
-  assert_true(log_has(&t, "keeping the old tokens"));
+  assert_true(kc_testsrv_wait_log(&t, "no token in the file", 1, 5000));
+  assert_true(kc_testsrv_wait_log(&t, "keeping the old tokens", 1, 5000));
   assert_int_equal(stats_status(&t, TOK_A), 200);
   /* a later good file is loaded */
   token_line(line, sizeof line, "read", "b", TOK_B);
   write_file(file, line);
   kill(t.pid, SIGHUP);
-  assert_true(log_has(&t, "reloaded 1 tokens"));
+  assert_true(kc_testsrv_wait_log(&t, "reloaded 1 tokens", 1, 5000));
   assert_int_equal(stats_status(&t, TOK_B), 200);
   assert_int_equal(stats_status(&t, TOK_A), 401);
   kc_testsrv_cleanup(&t);
@@ -110,7 +86,7 @@ static void t_start_empty_file(void **state) {
   start_with(&t, "", file, sizeof file);
   const char *const args[] = {"--tokens", file, NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
-  assert_true(log_has(&t, "warn no token in"));
+  assert_true(kc_testsrv_wait_log(&t, "warn no token in", 1, 5000));
   assert_int_equal(stats_status(&t, TOK_A), 401);
   kc_testsrv_cleanup(&t);
 }
@@ -127,7 +103,7 @@ static void t_duplicate_hash(void **state) {
   start_with(&t, text, file, sizeof file);
   const char *const args[] = {"--tokens", file, NULL};
   assert_int_equal(kc_testsrv_start(&t, args), -1);
-  char *log = slurp(t.log);
+  char *log = kc_testsrv_slurp(t.log);
   assert_non_null(strstr(log, "tokens:4: the same token hash as line 2"));
   free(log);
   /* on reload: the loaded table stays */
@@ -135,8 +111,10 @@ static void t_duplicate_hash(void **state) {
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   write_file(file, text);
   kill(t.pid, SIGHUP);
-  assert_true(log_has(&t, "line 2 (read a); each token may appear once; "
-                          "keeping the old tokens"));
+  assert_true(kc_testsrv_wait_log(&t,
+                                  "line 2 (read a); each token may appear "
+                                  "once; keeping the old tokens",
+                                  1, 5000));
   assert_int_equal(stats_status(&t, TOK_A), 200);
   kc_testsrv_cleanup(&t);
 }

@@ -32,57 +32,13 @@
 #include <lmdb.h>
 
 #include "kc_schema.h"
-#include "testsrv.h"
+#include "servertest.h"
 
 /* ---- helpers ---- */
 
-typedef struct resp {
-  long status;
-  char *body;
-  size_t len;
-  CURLcode rc;
-} resp;
-
-static size_t on_body(char *p, size_t s, size_t n, void *ud) {
-  resp *r = ud;
-  char *nb = realloc(r->body, r->len + s * n + 1);
-  if (!nb)
-    return 0;
-  memcpy(nb + r->len, p, s * n);
-  r->body = nb;
-  r->len += s * n;
-  r->body[r->len] = '\0';
-  return s * n;
-}
-
-static resp http(const kc_testsrv *t, const char *method, const char *path,
-                 const void *body, size_t len) {
-  resp r = {0};
-  CURL *c = curl_easy_init();
-  char url[512];
-  snprintf(url, sizeof url, "%s%s", t->url, path);
-  struct curl_slist *h = curl_slist_append(NULL, "Expect:");
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-  curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-  if (body) {
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-  }
-  r.rc = curl_easy_perform(c);
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-  curl_slist_free_all(h);
-  curl_easy_cleanup(c);
-  return r;
-}
-
 /* The error code of a JSON error body, "" when none. */
 static const char *code_of(const resp *r, char out[64]) {
-  json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
+  json_t *j = body_json(r);
   const char *e = json_string_value(json_object_get(j, "error"));
   snprintf(out, 64, "%s", e ? e : "");
   json_decref(j);
@@ -100,55 +56,18 @@ static const char *code_of(const resp *r, char out[64]) {
                (code) ? (code) : "");                                          \
   } while (0)
 
-static void fill_bytes(unsigned char *p, size_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    p[i] = (unsigned char)(x >> 24);
-  }
-}
-
 /* PUT /v1/blobs/<digest> of n bytes made from seed. */
-static resp put_blob(const kc_testsrv *t, size_t n, uint64_t seed,
-                     char hex[KC_HEX_LEN + 1]) {
-  unsigned char *p = malloc(n);
-  fill_bytes(p, n, seed);
-  assert_int_equal(kc_sha256_hex(p, n, hex), KC_OK);
+static resp put_seed_blob(const kc_testsrv *t, size_t n, unsigned seed,
+                          char hex[KC_HEX_LEN + 1]) {
+  char *p = malloc(n);
+  assert_non_null(p);
+  fill_random(p, n, seed);
+  sha_hex(p, n, hex);
   char path[128];
   snprintf(path, sizeof path, "/v1/blobs/%s", hex);
-  resp r = http(t, "PUT", path, p, n);
+  resp r = http(t, path, (req){.method = "PUT", .body = p, .len = n});
   free(p);
   return r;
-}
-
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  char *buf = NULL;
-  size_t n = 0;
-  if (f) {
-    buf = malloc(1 << 22);
-    n = fread(buf, 1, (1 << 22) - 1, f);
-    fclose(f);
-  }
-  if (!buf)
-    buf = malloc(1);
-  buf[n] = '\0';
-  return buf;
-}
-
-/* Waits up to 5 s for text in the file; 1 when found. */
-static int wait_for_text(const char *path, const char *text, int times) {
-  for (int i = 0; i < 100; i++) {
-    char *s = slurp(path);
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, text)); p++)
-      n++;
-    free(s);
-    if (n >= times)
-      return 1;
-    usleep(50 * 1000);
-  }
-  return 0;
 }
 
 /* Writes zeros into path until the file system is full. */
@@ -202,43 +121,43 @@ static void t_disk_full(void **state) {
   const char *args[] = {"--data-dir", data, NULL};
   assert_int_equal(kc_testsrv_start(&f->t, args), 0);
   char a[KC_HEX_LEN + 1], h[KC_HEX_LEN + 1], path[128];
-  resp r = put_blob(&f->t, 10000, 1, a);
+  resp r = put_seed_blob(&f->t, 10000, 1, a);
   EXPECT_HTTP(r, 201, NULL);
-  free(r.body);
+  resp_free(&r);
 
   fill_disk(filler);
-  r = put_blob(&f->t, 100 * 1024, 2, h); /* in memory, then the commit */
+  r = put_seed_blob(&f->t, 100 * 1024, 2, h); /* in memory, then the commit */
   EXPECT_HTTP(r, 507, "disk_full");
-  free(r.body);
-  r = put_blob(&f->t, 3 * 1024 * 1024, 3, h); /* spooled to a file */
+  resp_free(&r);
+  r = put_seed_blob(&f->t, 3 * 1024 * 1024, 3, h); /* spooled to a file */
   EXPECT_HTTP(r, 507, "disk_full");
-  free(r.body);
-  r = http(&f->t, "GET", "/readyz", NULL, 0);
+  resp_free(&r);
+  r = http(&f->t, "/readyz", (req){0});
   EXPECT_HTTP(r, 503, "disk_full");
-  free(r.body);
-  r = http(&f->t, "GET", "/healthz", NULL, 0);
+  resp_free(&r);
+  r = http(&f->t, "/healthz", (req){0});
   EXPECT_HTTP(r, 200, NULL);
-  free(r.body);
+  resp_free(&r);
   snprintf(path, sizeof path, "/v1/blobs/%s", a);
-  r = http(&f->t, "GET", path, NULL, 0); /* reads still work */
+  r = http(&f->t, path, (req){0}); /* reads still work */
   EXPECT_HTTP(r, 200, NULL);
   assert_int_equal(r.len, 10000);
-  free(r.body);
-  assert_true(wait_for_text(f->t.log, "is full: writes fail", 1));
+  resp_free(&r);
+  assert_true(kc_testsrv_wait_log(&f->t, "is full: writes fail", 1, 5000));
 
   assert_int_equal(unlink(filler), 0); /* space freed */
-  r = put_blob(&f->t, 100 * 1024, 2, h);
+  r = put_seed_blob(&f->t, 100 * 1024, 2, h);
   EXPECT_HTTP(r, 201, NULL);
-  free(r.body);
-  r = http(&f->t, "GET", "/readyz", NULL, 0);
+  resp_free(&r);
+  r = http(&f->t, "/readyz", (req){0});
   EXPECT_HTTP(r, 200, NULL);
-  free(r.body);
-  r = put_blob(&f->t, 3 * 1024 * 1024, 3, h);
+  resp_free(&r);
+  r = put_seed_blob(&f->t, 3 * 1024 * 1024, 3, h);
   EXPECT_HTTP(r, 201, NULL);
-  free(r.body);
-  assert_true(wait_for_text(f->t.log, "writes succeed again", 1));
+  resp_free(&r);
+  assert_true(kc_testsrv_wait_log(&f->t, "writes succeed again", 1, 5000));
   /* logged once per change, not per failed request */
-  char *log = slurp(f->t.log);
+  char *log = kc_testsrv_slurp(f->t.log);
   const char *first = strstr(log, "is full: writes fail");
   assert_non_null(first);
   assert_null(strstr(first + 1, "is full: writes fail"));
@@ -279,7 +198,7 @@ static void t_two_servers_one_dir(void **state) {
   char out[300], want[64];
   snprintf(out, sizeof out, "%s/second.log", a.dir);
   int rc = run_second(a.data, out);
-  char *log = slurp(out);
+  char *log = kc_testsrv_slurp(out);
   snprintf(want, sizeof want, "pid %ld", (long)a.pid);
   if (rc != 3 || !strstr(log, want))
     fail_msg("second kcached: exit %d, want 3 and \"%s\" in:\n%s", rc, want,
@@ -290,9 +209,9 @@ static void t_two_servers_one_dir(void **state) {
   assert_int_equal(kc_testsrv_init(&b), 0);
   const char *args[] = {"--data-dir", a.data, NULL};
   assert_int_equal(kc_testsrv_start(&b, args), 0);
-  resp r = http(&b, "GET", "/readyz", NULL, 0);
+  resp r = http(&b, "/readyz", (req){0});
   EXPECT_HTTP(r, 200, NULL);
-  free(r.body);
+  resp_free(&r);
   kc_testsrv_stop(&b);
   kc_testsrv_cleanup(&b);
   kc_testsrv_cleanup(&a);
@@ -301,21 +220,11 @@ static void t_two_servers_one_dir(void **state) {
 /* ---- the model listing ---- */
 
 #define M1 "5a7cc462c675f9d5693bae11d480f09c3c01ae53617500e6475623784622159c"
-#define B1 "e844adc60c72d254b27e713b88e72a8338fbb13944b1499c212495e376cd3d11"
 
 /* A manifest of 3000 files (~300 KB) naming one blob, bucket batch=b. */
 static char *big_manifest(uint64_t b, const char *blob, char key[65]) {
-  kc_manifest *m = kc_manifest_new();
-  kc_key_fields *k = &m->fields;
-  strcpy(k->model, M1);
-  strcpy(k->build, B1);
-  strcpy(k->arch, b % 2 ? "sm_90a" : "sm_80");
-  k->bucket.n = 1;
-  strcpy(k->bucket.dims[0].name, "batch");
-  k->bucket.dims[0].value = b;
-  k->n_tools = 1;
-  strcpy(k->tools[0].name, "cuda");
-  strcpy(k->tools[0].value, "13.0");
+  kc_manifest *m = kc_testsrv_manifest_base(M1, b, b % 2 ? "sm_90a" : "sm_80");
+  assert_non_null(m);
   for (size_t i = 0; i < 3000; i++) {
     char path[64];
     const char *entries[] = {"a_kernel_entry_point_with_a_long_name"};
@@ -335,12 +244,12 @@ static char *big_manifest(uint64_t b, const char *blob, char key[65]) {
 static json_t *list_models(const kc_testsrv *t, double *ms) {
   struct timespec a, b;
   clock_gettime(CLOCK_MONOTONIC, &a);
-  resp r = http(t, "GET", "/v1/models/" M1, NULL, 0);
+  resp r = http(t, "/v1/models/" M1, (req){0});
   clock_gettime(CLOCK_MONOTONIC, &b);
   *ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
   EXPECT_HTTP(r, 200, NULL);
   json_t *j = json_loadb(r.body, r.len, 0, NULL);
-  free(r.body);
+  resp_free(&r);
   json_t *list = json_incref(json_object_get(j, "bundles"));
   json_decref(j);
   assert_non_null(list);
@@ -379,15 +288,16 @@ static void t_model_listing(void **state) {
   kc_testsrv t = {0};
   assert_int_equal(kc_testsrv_start(&t, NULL), 0);
   char blob[KC_HEX_LEN + 1], key[65], path[128];
-  resp r = put_blob(&t, 100, 9, blob);
+  resp r = put_seed_blob(&t, 100, 9, blob);
   EXPECT_HTTP(r, 201, NULL);
-  free(r.body);
+  resp_free(&r);
   for (uint64_t i = 1; i <= 128; i++) {
     char *json = big_manifest(i, blob, key);
     snprintf(path, sizeof path, "/v1/bundles/%s", key);
-    r = http(&t, "PUT", path, json, strlen(json));
+    r = http(&t, path, (req){.method = "PUT", .body = json,
+                             .len = strlen(json)});
     EXPECT_HTTP(r, 201, NULL);
-    free(r.body);
+    resp_free(&r);
     free(json);
   }
   double now_ms, old_ms;

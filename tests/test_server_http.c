@@ -43,13 +43,13 @@ static int n_responses(const char *r) {
  * and the connection closed, all within 3 s. */
 static void refused(const char *req, int status, const char *code) {
   char buf[16384], want[128];
-  long t0 = raw_now_ms();
+  long t0 = kc_testsrv_now_ms();
   int rc = raw_exchange(S.port, req, buf, sizeof buf, 3000);
   if (raw_status(buf) != status || rc != 1)
     print_message("request:\n%s\nanswer (rc %d):\n%s\n", req, rc, buf);
   assert_int_equal(raw_status(buf), status);
   assert_int_equal(rc, 1); /* closed by the server, not timed out */
-  assert_true(raw_now_ms() - t0 < 3000);
+  assert_true(kc_testsrv_now_ms() - t0 < 3000);
   snprintf(want, sizeof want, "{\"error\":\"%s\",\"message\":", code);
   assert_non_null(strstr(buf, want));
   assert_non_null(strcasestr(buf, "\r\nConnection: close\r\n"));
@@ -139,7 +139,7 @@ static void t_bad_content_length(void **state) {
  * chunked lookup, then a GET. */
 static void t_good_framing_kept_alive(void **state) {
   (void)state;
-  int fd = raw_connect(S.port);
+  int fd = kc_testsrv_connect(S.port);
   assert_true(fd >= 0);
   assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: x\r\n"
                                 "Transfer-Encoding: chunked\r\n\r\n"

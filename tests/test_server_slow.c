@@ -57,34 +57,34 @@ static void t_slow_headers(void **state) {
   int fd[POOL];
   long opened[POOL], closed_at[POOL];
   for (int i = 0; i < POOL; i++) {
-    fd[i] = raw_connect(t.port);
+    fd[i] = kc_testsrv_connect(t.port);
     assert_true(fd[i] >= 0);
-    opened[i] = raw_now_ms();
+    opened[i] = kc_testsrv_now_ms();
     closed_at[i] = 0;
     raw_send(fd[i], "GET /healthz HTTP/1.1\r\n");
   }
-  long t0 = raw_now_ms();
+  long t0 = kc_testsrv_now_ms();
   int probed = 0, left = POOL;
-  while (left > 0 && raw_now_ms() - t0 < 8000) {
+  while (left > 0 && kc_testsrv_now_ms() - t0 < 8000) {
     usleep(400 * 1000);
     for (int i = 0; i < POOL; i++) {
       if (closed_at[i])
         continue;
       if (is_closed(fd[i]) || raw_send(fd[i], "X-Slow: 1\r\n") != 0) {
-        closed_at[i] = raw_now_ms();
+        closed_at[i] = kc_testsrv_now_ms();
         left--;
       }
     }
-    if (!probed && raw_now_ms() - t0 > 800 && left == POOL) {
+    if (!probed && kc_testsrv_now_ms() - t0 > 800 && left == POOL) {
       /* the pool is full: the main port does not answer, the probe
        * listener does */
       probed = 1;
       assert_int_equal(get_status(t.port, "/healthz", 300), 0);
-      long p0 = raw_now_ms();
+      long p0 = kc_testsrv_now_ms();
       assert_int_equal(get_status(hport, "/healthz", 1000), 200);
       assert_int_equal(get_status(hport, "/readyz", 1000), 200);
       print_message("pool full: /healthz on --health-listen in %ld ms\n",
-                    raw_now_ms() - p0);
+                    kc_testsrv_now_ms() - p0);
     }
   }
   assert_true(probed);
@@ -113,16 +113,16 @@ static void t_slow_headers(void **state) {
  * closed fd, -1 if the whole body went out, -2 if neither in 8 s. */
 static long drip_body(int fd, const char *body, size_t len, size_t piece,
                       int every_ms) {
-  long t0 = raw_now_ms();
+  long t0 = kc_testsrv_now_ms();
   for (size_t off = 0; off < len; off += piece) {
-    if (raw_now_ms() - t0 > 8000)
+    if (kc_testsrv_now_ms() - t0 > 8000)
       return -2;
     char buf[8192];
     size_t k = len - off < piece ? len - off : piece;
     memcpy(buf, body + off, k);
     buf[k] = '\0';
     if (is_closed(fd) || raw_send(fd, buf) != 0)
-      return raw_now_ms() - t0;
+      return kc_testsrv_now_ms() - t0;
     usleep((useconds_t)every_ms * 1000);
   }
   return -1;
@@ -130,7 +130,7 @@ static long drip_body(int fd, const char *body, size_t len, size_t piece,
 
 static int put_blob_head(int port, const char *digest, size_t len) {
   char head[512];
-  int fd = raw_connect(port);
+  int fd = kc_testsrv_connect(port);
   snprintf(head, sizeof head, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: x\r\n"
            "Content-Length: %zu\r\n\r\n", digest, len);
   raw_send(fd, head);
@@ -172,7 +172,7 @@ static void t_prompt_clients_unaffected(void **state) {
   kc_testsrv t = {0};
   const char *const args[] = {"--header-timeout", "2", NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
-  int fd = raw_connect(t.port);
+  int fd = kc_testsrv_connect(t.port);
   char buf[8192];
   for (int i = 0; i < 3; i++) {
     usleep(1000 * 1000); /* 3 requests 1 s apart: 3 s on one connection */
@@ -194,9 +194,10 @@ static void t_per_ip_cap(void **state) {
   usleep(200 * 1000); /* the readiness probe's connection is gone */
   int fd[5];
   for (int i = 0; i < 5; i++)
-    assert_true((fd[i] = raw_connect(t.port)) >= 0);
+    assert_true((fd[i] = kc_testsrv_connect(t.port)) >= 0);
   usleep(200 * 1000);
-  int extra = raw_connect(t.port); /* the kernel accepts; kcached closes */
+  /* the kernel accepts; kcached closes */
+  int extra = kc_testsrv_connect(t.port);
   assert_true(extra >= 0);
   raw_send(extra, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
   char buf[8192];

@@ -43,104 +43,23 @@
 #include "kc_schema.h"
 #include "kc_store.h"
 #include "kcache.h"
-#include "testsrv.h"
+#include "servertest.h"
 
 #define MiB (1024u * 1024u)
 
-/* ---- small helpers ---- */
+/* ---- HTTP (servertest.h) ---- */
 
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-static void fill(char *p, size_t n, uint64_t seed) {
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (size_t i = 0; i < n; i++) {
-    s ^= s >> 12;
-    s ^= s << 25;
-    s ^= s >> 27;
-    p[i] = (char)((s * 2685821657736338717ull) >> 56);
-  }
-}
-
-static void sha_hex(const void *p, size_t n, char out[65]) {
-  assert_int_equal(kc_sha256_hex(p, n, out), KC_OK);
-}
-
-static void dump_log(const kc_testsrv *t) {
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "tail -c 3000 '%s' >&2", t->log);
-  if (system(cmd) != 0)
-    fprintf(stderr, "(no log)\n");
-}
-
-/* ---- HTTP with libcurl ---- */
-
-typedef struct resp {
-  long status;
-  char *body;
-  size_t len;
-  CURLcode rc;
-} resp;
-
-static size_t on_body(char *p, size_t s, size_t n, void *ud) {
-  resp *r = ud;
-  char *nb = realloc(r->body, r->len + s * n + 1);
-  if (!nb)
-    return 0;
-  memcpy(nb + r->len, p, s * n);
-  r->body = nb;
-  r->len += s * n;
-  r->body[r->len] = '\0';
-  return s * n;
-}
-
-/* One request on c (NULL: a fresh handle); body NULL: none. */
-static resp http_on(CURL *c, const char *base, const char *method,
-                    const char *path, const void *body, size_t len) {
-  resp r = {0};
-  int own = c == NULL;
-  if (own)
-    c = curl_easy_init();
-  else
-    curl_easy_reset(c);
-  char url[512];
-  snprintf(url, sizeof url, "%s%s", base, path);
-  struct curl_slist *h = curl_slist_append(NULL, "Expect:");
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 60000L);
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-  curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-  if (body) {
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-  }
-  r.rc = curl_easy_perform(c);
-  if (r.rc == CURLE_OK)
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-  curl_slist_free_all(h);
-  if (own)
-    curl_easy_cleanup(c);
-  return r;
-}
-
-static void resp_free(resp *r) {
-  free(r->body);
-  r->body = NULL;
-}
-
-static long put_blob(CURL *c, const kc_testsrv *t, const void *p, size_t n,
-                     char digest[65]) {
+/* PUT of a blob on c (NULL: a fresh handle); a failed transfer fails the
+ * test with the log. */
+static long put_blob_on(CURL *c, const kc_testsrv *t, const void *p, size_t n,
+                        char digest[65]) {
   char path[128];
   sha_hex(p, n, digest);
   snprintf(path, sizeof path, "/v1/blobs/%s", digest);
-  resp r = http_on(c, t->url, "PUT", path, p, n);
+  resp r = http_on(c, t->url, path,
+                   (req){.method = "PUT", .body = p, .len = n});
   if (r.rc != CURLE_OK) {
-    dump_log(t);
+    kc_testsrv_show_log(t, NULL);
     fail_msg("PUT blob: curl error %d (server died?)", r.rc);
   }
   resp_free(&r);
@@ -151,9 +70,10 @@ static long put_bundle(CURL *c, const kc_testsrv *t, const char *key,
                        const char *json, resp *out) {
   char path[128];
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
-  resp r = http_on(c, t->url, "PUT", path, json, strlen(json));
+  resp r = http_on(c, t->url, path,
+                   (req){.method = "PUT", .body = json, .len = strlen(json)});
   if (r.rc != CURLE_OK) {
-    dump_log(t);
+    kc_testsrv_show_log(t, NULL);
     fail_msg("PUT bundle: curl error %d (server died?)", r.rc);
   }
   if (out)
@@ -163,36 +83,11 @@ static long put_bundle(CURL *c, const kc_testsrv *t, const char *key,
   return r.status;
 }
 
-/* A metric's value from /metrics; -1 when absent. */
-static double metric(const kc_testsrv *t, const char *name) {
-  resp r = http_on(NULL, t->url, "GET", "/metrics", NULL, 0);
-  assert_int_equal(r.status, 200);
-  double v = -1;
-  size_t n = strlen(name);
-  for (const char *p = r.body; p && *p;) {
-    if (strncmp(p, name, n) == 0 && p[n] == ' ')
-      v = strtod(p + n + 1, NULL);
-    p = strchr(p, '\n');
-    p = p ? p + 1 : NULL;
-  }
-  resp_free(&r);
-  return v;
-}
-
 /* ---- manifests ---- */
 
 static kc_manifest *manifest_new(const char *model, uint64_t batch) {
-  kc_manifest *m = kc_manifest_new();
+  kc_manifest *m = kc_testsrv_manifest_base(model, batch, "sm_90a");
   assert_non_null(m);
-  snprintf(m->fields.model, sizeof m->fields.model, "%s", model);
-  memset(m->fields.build, 'b', KC_HEX_LEN);
-  snprintf(m->fields.arch, sizeof m->fields.arch, "sm_90a");
-  m->fields.bucket.n = 1;
-  snprintf(m->fields.bucket.dims[0].name, KC_NAME_MAX + 1, "batch");
-  m->fields.bucket.dims[0].value = batch;
-  m->fields.n_tools = 1;
-  snprintf(m->fields.tools[0].name, KC_NAME_MAX + 1, "cuda");
-  snprintf(m->fields.tools[0].value, KC_TOOL_VALUE_MAX + 1, "13.0");
   return m;
 }
 
@@ -311,8 +206,8 @@ static int churn(const kc_testsrv *t, const char *model) {
   int full = 0;
   for (int i = 0; i < CHURN_N; i++) {
     char d[65], key[65];
-    fill(buf, CHURN_BLOB, 1000 + (uint64_t)i);
-    long st = put_blob(c, t, buf, CHURN_BLOB, d);
+    fill_random(buf, CHURN_BLOB, 1000 + (unsigned)i);
+    long st = put_blob_on(c, t, buf, CHURN_BLOB, d);
     if (st == 507) {
       full++;
       continue;
@@ -355,20 +250,20 @@ static void t_slow_reader_no_pin(void **state) {
   char model[65], kept[65], gone[65], key[65];
   sha_hex("slow reader", 11, model);
   char *a = malloc(BIG), *b = malloc(BIG);
-  fill(a, BIG, 1);
-  fill(b, BIG, 2);
+  fill_random(a, BIG, 1);
+  fill_random(b, BIG, 2);
   /* `gone`: in the least recently used bundle, evicted by the churn;
    * `kept`: an upload no bundle names yet, spared for its upload window. */
-  assert_int_equal(put_blob(NULL, &t, a, BIG, gone), 201);
+  assert_int_equal(put_blob_on(NULL, &t, a, BIG, gone), 201);
   kc_manifest *m = manifest_new(model, 1);
   add_files(m, 1, gone, BIG, 0);
   char *json = manifest_seal(m, key);
   assert_int_equal(put_bundle(NULL, &t, key, json, NULL), 201);
   free(json);
-  assert_int_equal(put_blob(NULL, &t, b, BIG, kept), 201);
+  assert_int_equal(put_blob_on(NULL, &t, b, BIG, kept), 201);
   /* and a manifest of about 1 MB (3,000 files of one small blob) */
   char small[65], mkey[65];
-  assert_int_equal(put_blob(NULL, &t, a, 4096, small), 201);
+  assert_int_equal(put_blob_on(NULL, &t, a, 4096, small), 201);
   m = manifest_new(model, 2);
   add_files(m, 3000, small, 4096, 1);
   char *mjson = manifest_seal(m, mkey);
@@ -386,11 +281,11 @@ static void t_slow_reader_no_pin(void **state) {
   slow_read(&s3, 32 * 1024);
   /* All three stall here, mid-body, while the store is rewritten 20 times. */
   int full = churn(&t, model);
-  double oldest = metric(&t, "kcached_store_oldest_read_seconds");
+  double oldest = kc_testsrv_metric(&t, "kcached_store_oldest_read_seconds");
   printf("churn of %d x %u MiB with three stalled readers: %d answers 507; "
          "oldest read %.3f s\n", CHURN_N, CHURN_BLOB / MiB, full, oldest);
   if (full)
-    dump_log(&t);
+    kc_testsrv_show_log(&t, NULL);
   assert_int_equal(full, 0);
   assert_true(oldest >= 0 && oldest < 2.0);
   slow_read(&s1, BIG);
@@ -419,23 +314,23 @@ static void t_many_slow_readers(void **state) {
                               NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   char *a = malloc(BIG), big[65], small[65], path[128];
-  fill(a, BIG, 3);
-  assert_int_equal(put_blob(NULL, &t, a, BIG, big), 201);
-  assert_int_equal(put_blob(NULL, &t, a, 4096, small), 201);
+  fill_random(a, BIG, 3);
+  assert_int_equal(put_blob_on(NULL, &t, a, BIG, big), 201);
+  assert_int_equal(put_blob_on(NULL, &t, a, 4096, small), 201);
   static slow s[N];
   snprintf(path, sizeof path, "/v1/blobs/%s", big);
   for (int i = 0; i < N; i++)
     slow_open(&s[i], t.port, path, 0); /* sent, never read */
-  sleep_ms(1000);
+  kc_testsrv_sleep_ms(1000);
   snprintf(path, sizeof path, "/v1/blobs/%s", small);
   int ok = 0;
   for (int i = 0; i < 20; i++) {
-    resp r = http_on(NULL, t.url, "GET", path, NULL, 0);
+    resp r = http_on(NULL, t.url, path, (req){0});
     ok += r.status == 200 && r.len == 4096 && memcmp(r.body, a, 4096) == 0;
     resp_free(&r);
   }
-  double refused = metric(&t, "kcached_store_readers_full_total");
-  double open = metric(&t, "kcached_store_reads_open");
+  double refused = kc_testsrv_metric(&t, "kcached_store_readers_full_total");
+  double open = kc_testsrv_metric(&t, "kcached_store_reads_open");
   printf("%d stalled GETs of a %u MiB blob: %d of 20 small GETs 200; reads "
          "open %.0f, refused for a full reader table %.0f\n", N, BIG / MiB,
          ok, open, refused);
@@ -451,22 +346,8 @@ static void t_many_slow_readers(void **state) {
 
 /* ---- a full reader table is logged ---- */
 
-static int count_in_log(const kc_testsrv *t, const char *needle) {
-  FILE *f = fopen(t->log, "r");
-  char line[2048];
-  int n = 0;
-  while (f && fgets(line, sizeof line, f))
-    if (strstr(line, needle)) {
-      printf("  log: %s", line);
-      n++;
-    }
-  if (f)
-    fclose(f);
-  return n;
-}
-
 static long get_status(const kc_testsrv *t, const char *path) {
-  resp r = http_on(NULL, t->url, "GET", path, NULL, 0);
+  resp r = http_on(NULL, t->url, path, (req){0});
   resp_free(&r);
   return r.status;
 }
@@ -478,8 +359,8 @@ static void t_readers_full_logged(void **state) {
   kc_testsrv t = {0};
   assert_int_equal(kc_testsrv_start(&t, NULL), 0);
   char blob[4096], d[65], path[128];
-  fill(blob, sizeof blob, 7);
-  assert_int_equal(put_blob(NULL, &t, blob, sizeof blob, d), 201);
+  fill_random(blob, sizeof blob, 7);
+  assert_int_equal(put_blob_on(NULL, &t, blob, sizeof blob, d), 201);
   snprintf(path, sizeof path, "/v1/blobs/%s", d);
   assert_int_equal(kc_testsrv_stop(&t), 0);
   /* Opened alone, this process sizes the table (a few dozen slots, LMDB
@@ -502,16 +383,16 @@ static void t_readers_full_logged(void **state) {
   int busy = 0;
   for (int i = 0; i < 6; i++) {
     busy += get_status(&t, path) == 503;
-    sleep_ms(500);
+    kc_testsrv_sleep_ms(500);
   }
-  sleep_ms(1500);
-  double refused = metric(&t, "kcached_store_readers_full_total");
-  int full_lines = count_in_log(&t, "reader table is full");
+  kc_testsrv_sleep_ms(1500);
+  double refused = kc_testsrv_metric(&t, "kcached_store_readers_full_total");
+  int full_lines = kc_testsrv_log_count(&t, "reader table is full", 1);
   for (size_t i = 0; i < held; i++)
     mdb_txn_abort(txn[i]);
   long after = get_status(&t, path);
-  sleep_ms(12500); /* said after 10 s without a refusal */
-  int room_lines = count_in_log(&t, "no read refused for 10 s");
+  kc_testsrv_sleep_ms(12500); /* said after 10 s without a refusal */
+  int room_lines = kc_testsrv_log_count(&t, "no read refused for 10 s", 1);
   printf("%zu slots held by another process: %d of 6 GETs 503, %.0f reads "
          "refused, logged full %d time(s); after release GET %ld, logged "
          "room %d time(s)\n", held, busy, refused, full_lines, after,
@@ -536,7 +417,7 @@ static void t_store_reads(void **state) {
   kc_store *s = NULL;
   assert_int_equal(kc_store_open(&o, &s, err), KC_OK);
   char data[300000], d[65], piece[100000];
-  fill(data, sizeof data, 4);
+  fill_random(data, sizeof data, 4);
   sha_hex(data, sizeof data, d);
   int created = 0;
   assert_int_equal(kc_store_blob_put(s, d, data, sizeof data, &created, err),
@@ -568,7 +449,7 @@ static void t_store_reads(void **state) {
   while (held < MAX && (e = kc_store_read_begin(s, &r[held])) == KC_OK) {
     held++;
     if (held == 1)
-      sleep_ms(300);
+      kc_testsrv_sleep_ms(300);
   }
   assert_int_equal(e, KC_BUSY);
   kc_store_read_stats_get(s, &rs);
@@ -601,8 +482,8 @@ static void t_lookup_bounded(void **state) {
   kc_testsrv t = {0};
   assert_int_equal(kc_testsrv_start(&t, NULL), 0);
   char blob[4096], d[65], model[65], keys[LOOKUP_N][65], absent[65];
-  fill(blob, sizeof blob, 5);
-  assert_int_equal(put_blob(NULL, &t, blob, sizeof blob, d), 201);
+  fill_random(blob, sizeof blob, 5);
+  assert_int_equal(put_blob_on(NULL, &t, blob, sizeof blob, d), 201);
   sha_hex("lookup model", 12, model);
   sha_hex("absent key", 10, absent);
   size_t each = 0;
@@ -621,7 +502,8 @@ static void t_lookup_bounded(void **state) {
   for (int i = 0; i < LOOKUP_N; i++)
     pos += (size_t)snprintf(body + pos, cap - pos, ",\"%s\"", keys[i]);
   snprintf(body + pos, cap - pos, "]}");
-  resp r = http_on(NULL, t.url, "POST", "/v1/lookup", body, strlen(body));
+  resp r = http_on(NULL, t.url, "/v1/lookup",
+              (req){.method = "POST", .body = body, .len = strlen(body)});
   assert_int_equal(r.status, 200);
   json_t *j = json_loadb(r.body, r.len, 0, NULL);
   assert_non_null(j);
@@ -652,7 +534,8 @@ static void t_lookup_bounded(void **state) {
   snprintf(body + pos, cap - pos, "]}");
   json_decref(j);
   resp_free(&r);
-  r = http_on(NULL, t.url, "POST", "/v1/lookup", body, strlen(body));
+  r = http_on(NULL, t.url, "/v1/lookup",
+              (req){.method = "POST", .body = body, .len = strlen(body)});
   assert_int_equal(r.status, 200);
   j = json_loadb(r.body, r.len, 0, NULL);
   assert_int_equal(json_object_size(json_object_get(j, "found")), nt);
@@ -744,8 +627,8 @@ static void t_server_max_files(void **state) {
   kc_testsrv t = {0};
   assert_int_equal(kc_testsrv_start(&t, NULL), 0);
   char blob[4096], d[65], key[65];
-  fill(blob, sizeof blob, 6);
-  assert_int_equal(put_blob(NULL, &t, blob, sizeof blob, d), 201);
+  fill_random(blob, sizeof blob, 6);
+  assert_int_equal(put_blob_on(NULL, &t, blob, sizeof blob, d), 201);
   char *json = json_with_files(KC_MANIFEST_MAX_FILES + 1, d, key);
   resp r;
   assert_int_equal(put_bundle(NULL, &t, key, json, &r), 400);

@@ -401,13 +401,6 @@ static kc_store *open_unreachable_tier(const char *dir, uint64_t max_bytes) {
   return s;
 }
 
-static uint64_t queue_depth(kc_store *s) {
-  kc_store_tier_stats t;
-  OK(kc_store_tier_stats_get(s, &t));
-  assert_int_equal(t.enabled, 1);
-  return t.queue_depth;
-}
-
 /* Writes are acknowledged and queued while S3 is down; the queue survives a
  * restart; eviction never drops a bundle whose only copy is local; reads of
  * what is absent answer at once; leases fall back to this replica alone. */

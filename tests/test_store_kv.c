@@ -35,111 +35,25 @@
 #include "kc_schema.h"
 #include "kc_store.h"
 #include "kcs3.h"
+#include "storetest.h"
 #include "testrgw.h"
 
-#define M1 "5a7cc462c675f9d5693bae11d480f09c3c01ae53617500e6475623784622159c"
-#define B1 "e844adc60c72d254b27e713b88e72a8338fbb13944b1499c212495e376cd3d11"
 #define KiB 1024u
 #define MiB (1024u * 1024u)
-
-static char errbuf[KC_ERRBUF_SIZE];
-
-#if defined(__SANITIZE_ADDRESS__)
-/* LMDB 0.9.24 leaks the spilled-page list of a write transaction that
- * dirties more than 2^16 pages (see test_store.c). */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) {
-  return "leak:mdb_midl_alloc\n";
-}
-#endif
-
-static void check_err_at(kc_err got, kc_err want, const char *what,
-                         const char *file, int line) {
-  if (got == want)
-    return;
-  print_error("%s:%d: %s\n    got %s (%s), want %s\n", file, line, what,
-              kc_err_name(got), errbuf, kc_err_name(want));
-  _fail(file, line);
-}
-#define EXPECT(call, want)                                                     \
-  do {                                                                         \
-    errbuf[0] = '\0';                                                          \
-    check_err_at((call), (want), #call, __FILE__, __LINE__);                   \
-  } while (0)
-#define OK(call) EXPECT(call, KC_OK)
-
-/* ---- fixture: a temporary directory ---- */
-
-typedef struct fx {
-  char *tmp, *dir;
-} fx;
-
-static int rm_entry(const char *p, const struct stat *st, int flag,
-                    struct FTW *ftw) {
-  (void)st, (void)flag, (void)ftw;
-  return remove(p);
-}
-
-static int fx_setup(void **state) {
-  fx *f = calloc(1, sizeof *f);
-  const char *base = getenv("TMPDIR");
-  char tmpl[4096];
-  snprintf(tmpl, sizeof tmpl, "%s/kc_store_kv_test.XXXXXX",
-           base && *base ? base : "/tmp");
-  if (!f || !mkdtemp(tmpl))
-    return -1;
-  f->tmp = strdup(tmpl);
-  f->dir = malloc(strlen(tmpl) + 8);
-  sprintf(f->dir, "%s/store", tmpl);
-  *state = f;
-  return 0;
-}
-
-static int fx_teardown(void **state) {
-  fx *f = *state;
-  int rc = nftw(f->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-  free(f->dir);
-  free(f->tmp);
-  free(f);
-  return rc;
-}
 
 /* ---- helpers ---- */
 
 static kc_store *open_kv(const char *dir, uint64_t max_bytes,
                          uint64_t kv_max_bytes, uint64_t map_size) {
-  kc_store_opts o;
-  memset(&o, 0, sizeof o);
-  o.dir = dir;
-  o.max_bytes = max_bytes;
-  o.kv_max_bytes = kv_max_bytes;
-  o.map_size = map_size;
-  kc_store *s = NULL;
-  OK(kc_store_open(&o, &s, errbuf));
-  assert_non_null(s);
-  return s;
+  kc_store_opts o = {.dir = dir, .max_bytes = max_bytes,
+                     .kv_max_bytes = kv_max_bytes, .map_size = map_size};
+  return open_with(&o);
 }
 
 static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static kc_store_stats stats(kc_store *s) {
-  kc_store_stats st;
-  OK(kc_store_stats_get(s, &st));
-  return st;
-}
-
-static void fill(uint8_t *p, size_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 0x1234567ULL;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    p[i] = (uint8_t)(x >> 24);
-  }
 }
 
 static uint8_t *bytes(size_t n, uint64_t seed) {
@@ -257,7 +171,7 @@ static void test_roundtrip_binary(void **state) {
   kc_store_read_end(r);
   assert_int_equal(size, 0);
   assert_int_equal(exp, 0);
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_int_equal(st.kv_keys, 2);
   assert_int_equal(st.kv_bytes, sizeof val);
   assert_int_equal(st.kv_hits, 2);
@@ -297,20 +211,29 @@ static void test_large_value(void **state) {
 /* ---- dedup and refcounts ---- */
 
 static kc_manifest *one_file_manifest(const char *hex, uint64_t size) {
-  kc_manifest *m = kc_manifest_new();
-  assert_non_null(m);
-  kc_key_fields *k = &m->fields;
-  memset(k, 0, sizeof *k);
-  strcpy(k->model, M1);
-  strcpy(k->build, B1);
-  strcpy(k->arch, "sm_90a");
-  k->bucket.n = 1;
-  strcpy(k->bucket.dims[0].name, "batch");
-  k->bucket.dims[0].value = 1;
+  kc_manifest *m = manifest_base(M1, 1);
+  m->fields.n_tools = 0; /* no toolchain */
   const char *entries[] = {"k"};
   OK(kc_manifest_add_file(m, "f.cubin", hex, size, KC_KIND_CUBIN, entries, 1,
                           errbuf));
   OK(kc_manifest_seal(m, errbuf));
+  return m;
+}
+
+/* Stores a bundle, bucket {"batch": bucket}, of one new blob of n bytes
+ * from seed; returns its manifest. */
+static kc_manifest *bundle_of_new_blob(kc_store *s, size_t n, uint64_t seed,
+                                       uint64_t bucket) {
+  char hex[KC_HEX_LEN + 1];
+  uint8_t *p = bytes(n, seed);
+  assert_int_equal(kc_sha256_hex(p, n, hex), KC_OK);
+  int created;
+  OK(kc_store_blob_put(s, hex, p, n, &created, errbuf));
+  kc_manifest *m = one_file_manifest(hex, n);
+  m->fields.bucket.dims[0].value = bucket;
+  OK(kc_manifest_seal(m, errbuf));
+  OK(kc_store_bundle_put(s, m, &created, NULL, NULL, errbuf));
+  free(p);
   return m;
 }
 
@@ -322,20 +245,20 @@ static void test_dedup_and_refcounts(void **state) {
   int64_t now = now_ms();
   set(s, "a", p, n, 0, 0, now);
   set(s, "b", p, n, 0, 0, now);
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_int_equal(st.blobs, 1); /* stored once */
   assert_int_equal(st.bytes_used, n);
   assert_int_equal(st.kv_bytes, 2 * n);
   /* a blob only RESP keys reference is no orphan: gc keeps it */
   OK(kc_store_gc(s, time(NULL) + 100000, errbuf));
-  assert_int_equal(stats(s).gc_blobs, 0);
+  assert_int_equal(get_stats(s).gc_blobs, 0);
   assert_int_equal(del(s, "a"), 1);
   assert_int_equal(del(s, "a"), 0);
   expect_val(s, "b", 1, p, n, now);
-  assert_int_equal(stats(s).blobs, 1);
+  assert_int_equal(get_stats(s).blobs, 1);
   /* the last reference frees the value at once */
   assert_int_equal(del(s, "b"), 1);
-  st = stats(s);
+  st = get_stats(s);
   assert_int_equal(st.blobs, 0);
   assert_int_equal(st.bytes_used, 0);
   assert_int_equal(st.kv_bytes, 0);
@@ -373,7 +296,7 @@ static void test_shared_with_bundle(void **state) {
   expect_str(s, "d", "x");
   set(s, "d", "y", 1, 0, 0, now);
   expect_str(s, "d", "y");
-  assert_int_equal(stats(s).blobs, 2); /* the bundle's and "y" */
+  assert_int_equal(get_stats(s).blobs, 2); /* the bundle's and "y" */
   OK(kc_store_verify(s, errbuf));
   kc_manifest_free(m);
   kc_store_close(s);
@@ -470,7 +393,7 @@ static void test_expire_persist(void **state) {
   /* an expiry in the past deletes */
   assert_int_equal(expire(s, "k", 0, now - 5, now), 1);
   assert_int_equal(count(s), 0);
-  assert_int_equal(stats(s).blobs, 0);
+  assert_int_equal(get_stats(s).blobs, 0);
   OK(kc_store_verify(s, errbuf));
   kc_store_close(s);
 }
@@ -502,7 +425,7 @@ static void test_expiry_read_reclaim_reopen(void **state) {
   OK(kc_store_kv_expire_step(s, later, 100, &removed, errbuf));
   assert_int_equal(removed, 1);
   assert_int_equal(count(s), 1);
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_int_equal(st.blobs, 1);
   assert_int_equal(st.kv_bytes, 1);
   assert_true(present_at(s, "never", later * 2));
@@ -670,7 +593,7 @@ static void test_flush(void **state) {
   assert_int_equal(op.err, KC_OK);
   assert_int_equal(op.done, 51);
   assert_int_equal(count(s), 0);
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_int_equal(st.kv_bytes, 0);
   assert_int_equal(st.blobs, 1); /* the bundle's */
   assert_int_equal(kc_store_bundle_has(s, m->key), KC_OK);
@@ -711,7 +634,7 @@ static void test_evict_max_bytes(void **state) {
     if (i % 4 == 0)
       assert_true(present(s, "k0"));
   }
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_true(st.bytes_used <= 1 * MiB);
   assert_true(st.evicted_kv > 0);
   assert_true(present(s, "k0"));
@@ -728,25 +651,15 @@ static void test_evict_kv_cap_spares_bundles(void **state) {
   fx *f = *state;
   kc_store *s = open_kv(f->dir, 4 * MiB, 1 * MiB, 0);
   kc_manifest *m[4];
-  for (int i = 0; i < 4; i++) {
-    char hex[KC_HEX_LEN + 1];
-    uint8_t *p = bytes(512 * KiB, 100 + (uint64_t)i);
-    assert_int_equal(kc_sha256_hex(p, 512 * KiB, hex), KC_OK);
-    int created;
-    OK(kc_store_blob_put(s, hex, p, 512 * KiB, &created, errbuf));
-    m[i] = one_file_manifest(hex, 512 * KiB);
-    m[i]->fields.bucket.dims[0].value = (uint64_t)i;
-    OK(kc_manifest_seal(m[i], errbuf));
-    OK(kc_store_bundle_put(s, m[i], &created, NULL, NULL, errbuf));
-    free(p);
-  }
+  for (int i = 0; i < 4; i++)
+    m[i] = bundle_of_new_blob(s, 512 * KiB, 100 + (uint64_t)i, (uint64_t)i);
   sleep(1); /* the bundles are older than every RESP key */
   char k[32];
   for (int i = 0; i < 100; i++) {
     snprintf(k, sizeof k, "torch:%d", i);
     set_seed(s, k, 64 * KiB, 1000 + (uint64_t)i);
   }
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_true(st.kv_bytes <= 1 * MiB);
   assert_true(st.bytes_used <= 4 * MiB);
   assert_true(st.evicted_kv > 0);
@@ -777,21 +690,11 @@ static void test_evict_bundles_over_share(void **state) {
   set_seed(s, "old2", 256 * KiB, 2);
   sleep(1);
   kc_manifest *m[6];
-  for (int i = 0; i < 6; i++) {
-    char hex[KC_HEX_LEN + 1];
-    uint8_t *p = bytes(512 * KiB, 200 + (uint64_t)i);
-    assert_int_equal(kc_sha256_hex(p, 512 * KiB, hex), KC_OK);
-    int created;
-    OK(kc_store_blob_put(s, hex, p, 512 * KiB, &created, errbuf));
-    m[i] = one_file_manifest(hex, 512 * KiB);
-    m[i]->fields.bucket.dims[0].value = (uint64_t)i;
-    OK(kc_manifest_seal(m[i], errbuf));
-    OK(kc_store_bundle_put(s, m[i], &created, NULL, NULL, errbuf));
-    free(p);
-  }
-  assert_int_equal(stats(s).evicted_bundles, 0);
+  for (int i = 0; i < 6; i++)
+    m[i] = bundle_of_new_blob(s, 512 * KiB, 200 + (uint64_t)i, (uint64_t)i);
+  assert_int_equal(get_stats(s).evicted_bundles, 0);
   set_seed(s, "new", 512 * KiB, 3);
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_true(st.evicted_bundles >= 1);
   assert_int_equal(st.evicted_kv, 0);
   assert_true(present(s, "old1"));
@@ -810,13 +713,7 @@ static void test_evict_oldest_across_sides(void **state) {
   kc_store *s = open_kv(f->dir, 2 * MiB, 0, 0);
   set_seed(s, "old", 512 * KiB, 1);
   sleep(1);
-  char hex[KC_HEX_LEN + 1];
-  uint8_t *p = bytes(512 * KiB, 2);
-  assert_int_equal(kc_sha256_hex(p, 512 * KiB, hex), KC_OK);
-  int created;
-  OK(kc_store_blob_put(s, hex, p, 512 * KiB, &created, errbuf));
-  kc_manifest *m = one_file_manifest(hex, 512 * KiB);
-  OK(kc_store_bundle_put(s, m, &created, NULL, NULL, errbuf));
+  kc_manifest *m = bundle_of_new_blob(s, 512 * KiB, 2, 1);
   sleep(1);
   set_seed(s, "new1", 512 * KiB, 3);
   set_seed(s, "new2", 512 * KiB, 4); /* over 95%: evicts the oldest */
@@ -827,7 +724,6 @@ static void test_evict_oldest_across_sides(void **state) {
   OK(kc_store_verify(s, errbuf));
   kc_manifest_free(m);
   kc_store_close(s);
-  free(p);
 }
 
 /* ---- a batch ---- */
@@ -1076,7 +972,7 @@ static void test_scrub_rotted_value(void **state) {
   assert_false(present(s, "r2"));
   expect_val(s, "ok", 2, good, 7000, now);
   assert_int_equal(count(s), 1);
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_int_equal(st.kv_bytes, 7000);
   assert_int_equal(st.blobs, 1);
   OK(kc_store_verify(s, errbuf));
@@ -1097,16 +993,7 @@ static void test_scrub_rotted_value(void **state) {
 static kc_store *open_tier(const char *dir, uint64_t max_bytes,
                            const kc_store_s3 *s3) {
   kc_store_opts o = {.dir = dir, .max_bytes = max_bytes, .s3 = s3};
-  kc_store *s = NULL;
-  OK(kc_store_open(&o, &s, errbuf)); /* S3 is not contacted to open */
-  return s;
-}
-
-static uint64_t queue_depth(kc_store *s) {
-  kc_store_tier_stats t;
-  OK(kc_store_tier_stats_get(s, &t));
-  assert_int_equal(t.enabled, 1);
-  return t.queue_depth;
+  return open_with(&o); /* S3 is not contacted to open */
 }
 
 /* S3 down: writes are acknowledged and queued (the value's blob, then the
@@ -1131,7 +1018,7 @@ static void test_tier_queue_when_s3_down(void **state) {
   OK(kc_store_evict(s, 0, errbuf));
   assert_true(present(s, "a"));
   assert_true(present(s, "d"));
-  assert_int_equal(stats(s).evicted_kv, 0);
+  assert_int_equal(get_stats(s).evicted_kv, 0);
   kc_store_kv_op op = apply1(s, KC_KV_FLUSH, NULL, NULL, 0, 0, 0, now);
   assert_int_equal(op.done, 4);
   assert_int_equal(queue_depth(s), 13);
@@ -1159,20 +1046,8 @@ static kc_store_s3 rgw_s3(void) {
 
 static int rgw_setup(void **state) {
   (void)state;
-  snprintf(g_bucket, sizeof g_bucket, "kcache-kv-%ld", (long)getpid());
-  kc_store_s3 s3 = rgw_s3();
-  kcs3_opts o = {.endpoint = s3.endpoint, .bucket = s3.bucket,
-                 .region = s3.region, .path_style = 1,
-                 .access_key = s3.access_key, .secret_key = s3.secret_key};
-  kcs3 *c = NULL;
-  char err[KC_ERRBUF_SIZE] = "";
-  if (kcs3_open(&o, &c, err) || kcs3_bucket_create(c, err)) {
-    print_error("bucket: %s\n", err);
-    kcs3_close(c);
-    return -1;
-  }
-  kcs3_close(c);
-  return 0;
+  return kc_testrgw_bucket(&g_rgw, "kcache-kv", g_bucket, sizeof g_bucket,
+                           NULL);
 }
 
 static void drain(kc_store *s) {
@@ -1240,16 +1115,6 @@ static void test_tier_write_read_through(void **state) {
 
 /* ---- main ---- */
 
-static int name_matches(const char *list, const char *name) {
-  char *copy = strdup(list), *save = NULL;
-  int hit = 0;
-  for (char *g = strtok_r(copy, ",", &save); g && !hit;
-       g = strtok_r(NULL, ",", &save))
-    hit = fnmatch(g, name, 0) == 0;
-  free(copy);
-  return hit;
-}
-
 static int run_rgw(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_tier_write_read_through, fx_setup,
@@ -1263,39 +1128,31 @@ static int run_rgw(void) {
 }
 
 int main(int argc, char **argv) {
-  signal(SIGPIPE, SIG_IGN);
-  kc_store_global_init();
-  if (argc > 1 && strcmp(argv[1], "s3") == 0)
+  if (argc > 1 && strcmp(argv[1], "s3") == 0) {
+    signal(SIGPIPE, SIG_IGN);
+    kc_store_global_init();
     return run_rgw();
-#define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
+  }
   const struct CMUnitTest tests[] = {
-      T(test_roundtrip_binary),
-      T(test_large_value),
-      T(test_dedup_and_refcounts),
-      T(test_shared_with_bundle),
-      T(test_set_flags),
-      T(test_expire_persist),
-      T(test_expiry_read_reclaim_reopen),
-      T(test_scan),
-      T(test_glob),
-      T(test_flush),
-      T(test_evict_max_bytes),
-      T(test_evict_kv_cap_spares_bundles),
-      T(test_evict_bundles_over_share),
-      T(test_evict_oldest_across_sides),
-      T(test_batch_one_failing),
-      T(test_concurrent_writers),
-      T(test_crash_sigkill),
-      T(test_scrub_rotted_value),
-      T(test_tier_queue_when_s3_down),
+      ST(test_roundtrip_binary),
+      ST(test_large_value),
+      ST(test_dedup_and_refcounts),
+      ST(test_shared_with_bundle),
+      ST(test_set_flags),
+      ST(test_expire_persist),
+      ST(test_expiry_read_reclaim_reopen),
+      ST(test_scan),
+      ST(test_glob),
+      ST(test_flush),
+      ST(test_evict_max_bytes),
+      ST(test_evict_kv_cap_spares_bundles),
+      ST(test_evict_bundles_over_share),
+      ST(test_evict_oldest_across_sides),
+      ST(test_batch_one_failing),
+      ST(test_concurrent_writers),
+      ST(test_crash_sigkill),
+      ST(test_scrub_rotted_value),
+      ST(test_tier_queue_when_s3_down),
   };
-#undef T
-  const char *only = getenv("KC_TEST_FILTER"), *skip = getenv("KC_TEST_SKIP");
-  struct CMUnitTest chosen[sizeof tests / sizeof tests[0]];
-  size_t n = 0;
-  for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
-    if ((!only || name_matches(only, tests[i].name)) &&
-        !(skip && name_matches(skip, tests[i].name)))
-      chosen[n++] = tests[i];
-  return _cmocka_run_group_tests("store_kv", chosen, n, NULL, NULL);
+  return storetest_run("store_kv", tests, sizeof tests / sizeof tests[0]);
 }

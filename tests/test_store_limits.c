@@ -28,71 +28,22 @@
 
 #include "kc_schema.h"
 #include "kc_store.h"
+#include "storetest.h"
 
-#define M1 "5a7cc462c675f9d5693bae11d480f09c3c01ae53617500e6475623784622159c"
-#define B1 "e844adc60c72d254b27e713b88e72a8338fbb13944b1499c212495e376cd3d11"
 #define MiB (1024ull * 1024)
 
-static char errbuf[KC_ERRBUF_SIZE];
+/* ---- fixture: storetest's, and a tmpfs mounted by a test ---- */
 
-#define OK(call)                                                               \
-  do {                                                                         \
-    errbuf[0] = '\0';                                                          \
-    kc_err e_ = (call);                                                        \
-    if (e_ != KC_OK)                                                           \
-      fail_msg("%s: %s (%s)", #call, kc_err_name(e_), errbuf);                 \
-  } while (0)
+static char g_mnt[280]; /* unmounted at teardown; tests run one at a time */
 
-/* ---- fixture ---- */
-
-typedef struct fx {
-  char tmp[256];
-  char dir[300];
-  char mnt[280]; /* a tmpfs mounted by the test, unmounted at teardown */
-} fx;
-
-static int rm_entry(const char *p, const struct stat *st, int flag,
-                    struct FTW *ftw) {
-  (void)st, (void)flag, (void)ftw;
-  return remove(p);
-}
-
-static int fx_setup(void **state) {
-  fx *f = calloc(1, sizeof *f);
-  const char *base = getenv("TMPDIR");
-  snprintf(f->tmp, sizeof f->tmp, "%s/kc_limits.XXXXXX",
-           base && *base ? base : "/tmp");
-  if (!mkdtemp(f->tmp))
-    return -1;
-  snprintf(f->dir, sizeof f->dir, "%s/store", f->tmp);
-  *state = f;
-  return 0;
-}
-
-static int fx_teardown(void **state) {
-  fx *f = *state;
-  if (f->mnt[0])
-    umount2(f->mnt, MNT_DETACH);
-  int rc = nftw(f->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-  free(f);
-  return rc;
+static int limits_teardown(void **state) {
+  if (g_mnt[0])
+    umount2(g_mnt, MNT_DETACH);
+  g_mnt[0] = '\0';
+  return fx_teardown(state);
 }
 
 /* ---- helpers ---- */
-
-static kc_store *open_store(const char *dir, uint64_t max_bytes,
-                            uint64_t map_size) {
-  kc_store_opts o = {.dir = dir, .max_bytes = max_bytes, .map_size = map_size};
-  kc_store *s = NULL;
-  OK(kc_store_open(&o, &s, errbuf));
-  return s;
-}
-
-static kc_store_stats stats(kc_store *s) {
-  kc_store_stats st;
-  OK(kc_store_stats_get(s, &st));
-  return st;
-}
 
 static double now_s(void) {
   struct timespec ts;
@@ -103,13 +54,7 @@ static double now_s(void) {
 /* Stores n deterministic bytes from seed; writes their digest. */
 static void put_blob(kc_store *s, size_t n, uint64_t seed,
                      char hex[KC_HEX_LEN + 1]) {
-  unsigned char *p = malloc(n);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    p[i] = (unsigned char)(x >> 24);
-  }
-  assert_int_equal(kc_sha256_hex(p, n, hex), KC_OK);
+  uint8_t *p = make_bytes(n, seed, hex);
   int created;
   OK(kc_store_blob_put(s, hex, p, n, &created, errbuf));
   free(p);
@@ -119,17 +64,7 @@ static void put_blob(kc_store *s, size_t n, uint64_t seed,
  * (size bytes) at n_files paths: a large manifest over one small blob. */
 static kc_manifest *manifest_of(uint64_t bucket, const char *blob,
                                 uint64_t size, size_t n_files) {
-  kc_manifest *m = kc_manifest_new();
-  kc_key_fields *f = &m->fields;
-  strcpy(f->model, M1);
-  strcpy(f->build, B1);
-  strcpy(f->arch, "sm_90a");
-  f->bucket.n = 1;
-  strcpy(f->bucket.dims[0].name, "batch");
-  f->bucket.dims[0].value = bucket;
-  f->n_tools = 1;
-  strcpy(f->tools[0].name, "cuda");
-  strcpy(f->tools[0].value, "13.0");
+  kc_manifest *m = manifest_base(M1, bucket);
   for (size_t i = 0; i < n_files; i++) {
     char path[64];
     const char *entries[] = {"a_kernel_entry_point_with_a_long_name"};
@@ -185,11 +120,11 @@ static void with_env(const char *dir, void (*fn)(MDB_env *, MDB_txn *)) {
 static void test_lowered_limit_recovers(void **state) {
   fx *f = *state;
   const uint64_t map = 24 * MiB, limit = 2 * MiB;
-  kc_store *s = open_store(f->dir, 0, map);
+  kc_store *s = open_store(f->dir, 0, map, 0);
   uint64_t n = 0;
-  while (stats(s).map_used < map / 100 * 93)
+  while (get_stats(s).map_used < map / 100 * 93)
     put_bundle_blob(s, ++n, 256 * 1024);
-  kc_store_stats before = stats(s);
+  kc_store_stats before = get_stats(s);
   print_message("filled: %llu bundles, %llu bytes used, map %llu of %llu\n",
                 (unsigned long long)before.bundles,
                 (unsigned long long)before.bytes_used,
@@ -197,8 +132,8 @@ static void test_lowered_limit_recovers(void **state) {
                 (unsigned long long)before.map_size);
   kc_store_close(s);
 
-  s = open_store(f->dir, limit, 4 * MiB);
-  kc_store_stats st = stats(s);
+  s = open_store(f->dir, limit, 4 * MiB, 0);
+  kc_store_stats st = get_stats(s);
   print_message("reopened with a %llu-byte limit: %llu bytes used, %llu "
                 "bundles, %llu evicted\n", (unsigned long long)limit,
                 (unsigned long long)st.bytes_used,
@@ -209,7 +144,7 @@ static void test_lowered_limit_recovers(void **state) {
   assert_int_equal(st.evicted_blobs + st.gc_blobs, before.blobs - st.blobs);
   for (int i = 0; i < 40; i++) /* writes work, and go on working */
     put_bundle_blob(s, 100000 + (uint64_t)i, 256 * 1024);
-  st = stats(s);
+  st = get_stats(s);
   assert_true(st.bytes_used <= limit);
   assert_int_equal(st.evicted_bundles, before.bundles + 40 - st.bundles);
   assert_int_equal(st.evicted_blobs + st.gc_blobs, before.blobs + 40 - st.blobs);
@@ -217,8 +152,8 @@ static void test_lowered_limit_recovers(void **state) {
   kc_store_close(s);
 
   /* The limit with the map derived from it (no map size given) too. */
-  s = open_store(f->dir, limit / 4, 0);
-  st = stats(s);
+  s = open_store(f->dir, limit / 4, 0, 0);
+  st = get_stats(s);
   assert_true(st.bytes_used <= limit / 4);
   put_bundle_blob(s, 200000, 100 * 1024);
   OK(kc_store_verify(s, errbuf));
@@ -244,8 +179,8 @@ static void fill_disk(const char *path) {
  * flag at the next commit, and the counters then equal what was removed. */
 static void test_disk_full(void **state) {
   fx *f = *state;
-  char *mnt = f->mnt, filler[300];
-  snprintf(f->mnt, sizeof f->mnt, "%s/mnt", f->tmp);
+  char *mnt = g_mnt, filler[300];
+  snprintf(g_mnt, sizeof g_mnt, "%s/mnt", f->tmp);
   snprintf(filler, sizeof filler, "%s/filler", mnt);
   assert_int_equal(mkdir(mnt, 0700), 0);
   if (mount("tmpfs", mnt, "tmpfs", 0, "size=16m") != 0) {
@@ -253,11 +188,12 @@ static void test_disk_full(void **state) {
     mnt[0] = '\0';
     skip();
   }
-  snprintf(f->dir, sizeof f->dir, "%s/store", mnt);
-  kc_store *s = open_store(f->dir, 0, 0);
+  free(f->dir);
+  f->dir = path_join(mnt, "store");
+  kc_store *s = open_store(f->dir, 0, 0, 0);
   for (uint64_t i = 0; i < 300; i++)
     put_bundle_blob(s, i + 1, 2048);
-  kc_store_stats before = stats(s);
+  kc_store_stats before = get_stats(s);
   fill_disk(filler);
   char d[KC_HEX_LEN + 1];
   unsigned char p[100 * 1024] = {1};
@@ -267,10 +203,10 @@ static void test_disk_full(void **state) {
   assert_int_equal(kc_store_blob_put(s, d, p, sizeof p, &created, errbuf),
                    KC_DISK_FULL);
   assert_non_null(strstr(errbuf, "full"));
-  assert_true(stats(s).disk_full_since > 0);
+  assert_true(get_stats(s).disk_full_since > 0);
   assert_true(kc_store_disk_full_since(s) > 0);
   kc_err e = kc_store_evict(s, 0, errbuf);
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   print_message("evicting everything on a full disk: %s, %llu of %llu "
                 "bundles left\n", kc_err_name(e),
                 (unsigned long long)st.bundles,
@@ -279,9 +215,9 @@ static void test_disk_full(void **state) {
   assert_int_equal(st.evicted_blobs, before.blobs - st.blobs);
   assert_int_equal(unlink(filler), 0);
   OK(kc_store_blob_put(s, d, p, sizeof p, &created, errbuf));
-  assert_int_equal(stats(s).disk_full_since, 0);
+  assert_int_equal(get_stats(s).disk_full_since, 0);
   OK(kc_store_evict(s, 0, errbuf));
-  st = stats(s);
+  st = get_stats(s);
   assert_int_equal(st.bundles, 0);
   assert_int_equal(st.evicted_bundles, before.bundles);
   OK(kc_store_verify(s, errbuf));
@@ -305,7 +241,7 @@ static void drop_counted(MDB_env *env, MDB_txn *txn) {
  * what takes the room, and what bytes used must show. */
 static void test_manifests_counted(void **state) {
   fx *f = *state;
-  kc_store *s = open_store(f->dir, 0, 0);
+  kc_store *s = open_store(f->dir, 0, 0, 0);
   char d[KC_HEX_LEN + 1];
   put_blob(s, 100, 7, d);
   uint64_t want = 100;
@@ -323,21 +259,21 @@ static void test_manifests_counted(void **state) {
     kc_manifest_free(m);
   }
   assert_true(want > 16 * 100000);
-  assert_int_equal(stats(s).bytes_used, want);
+  assert_int_equal(get_stats(s).bytes_used, want);
   OK(kc_store_verify(s, errbuf));
   OK(kc_store_bundle_delete(s, first, errbuf));
   want -= first_len;
-  assert_int_equal(stats(s).bytes_used, want);
+  assert_int_equal(get_stats(s).bytes_used, want);
   kc_store_close(s);
 
   /* A store from before manifests counted: recounted at open. */
   with_env(f->dir, drop_counted);
-  s = open_store(f->dir, 0, 0);
-  assert_int_equal(stats(s).bytes_used, want);
+  s = open_store(f->dir, 0, 0, 0);
+  assert_int_equal(get_stats(s).bytes_used, want);
   OK(kc_store_verify(s, errbuf));
   kc_store_close(s);
-  s = open_store(f->dir, 0, 0); /* once only */
-  assert_int_equal(stats(s).bytes_used, want);
+  s = open_store(f->dir, 0, 0, 0); /* once only */
+  assert_int_equal(get_stats(s).bytes_used, want);
   kc_store_close(s);
 }
 
@@ -346,7 +282,7 @@ static void test_manifests_counted(void **state) {
 static void test_manifests_evicted(void **state) {
   fx *f = *state;
   const uint64_t limit = 1 * MiB;
-  kc_store *s = open_store(f->dir, limit, 0);
+  kc_store *s = open_store(f->dir, limit, 0, 0);
   char d[KC_HEX_LEN + 1];
   put_blob(s, 100, 7, d);
   for (uint64_t i = 0; i < 24; i++) {
@@ -354,9 +290,9 @@ static void test_manifests_evicted(void **state) {
     int created;
     OK(kc_store_bundle_put(s, m, &created, NULL, NULL, errbuf));
     kc_manifest_free(m);
-    assert_true(stats(s).bytes_used <= limit);
+    assert_true(get_stats(s).bytes_used <= limit);
   }
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_true(st.bundles < 24);
   assert_int_equal(st.evicted_bundles, 24 - st.bundles);
   OK(kc_store_verify(s, errbuf));
@@ -365,16 +301,16 @@ static void test_manifests_evicted(void **state) {
 
 /* ---- item 8: the model listing ---- */
 
-typedef struct listing {
+typedef struct field_check {
   size_t n, with_fields;
   int bad;
   double fields_s, manifest_s; /* parsing each, as the server's handler does */
-} listing;
+} field_check;
 
 /* Checks an entry: the index's key fields are the manifest's, bytes and
  * created are right. */
-static int list_cb(const kc_store_bundle_info *info, void *ud) {
-  listing *l = ud;
+static int check_cb(const kc_store_bundle_info *info, void *ud) {
+  field_check *l = ud;
   l->n++;
   double t0 = now_s();
   json_t *k = info->fields
@@ -428,7 +364,7 @@ static void empty_index(MDB_env *env, MDB_txn *txn) {
 
 static void test_model_list_fields(void **state) {
   fx *f = *state;
-  kc_store *s = open_store(f->dir, 0, 0);
+  kc_store *s = open_store(f->dir, 0, 0, 0);
   char d[KC_HEX_LEN + 1];
   put_blob(s, 100, 7, d);
   for (uint64_t i = 0; i < 128; i++) {
@@ -437,8 +373,8 @@ static void test_model_list_fields(void **state) {
     OK(kc_store_bundle_put(s, m, &created, NULL, NULL, errbuf));
     kc_manifest_free(m);
   }
-  listing l = {0};
-  OK(kc_store_model_list(s, M1, list_cb, &l));
+  field_check l = {0};
+  OK(kc_store_model_list(s, M1, check_cb, &l));
   assert_int_equal(l.n, 128);
   assert_int_equal(l.with_fields, 128);
   assert_false(l.bad);
@@ -447,9 +383,9 @@ static void test_model_list_fields(void **state) {
                 "manifests\n", l.fields_s * 1000, l.manifest_s * 1000);
   kc_store_close(s);
   with_env(f->dir, empty_index); /* an index as an older version wrote it */
-  s = open_store(f->dir, 0, 0);
-  listing old = {0};
-  OK(kc_store_model_list(s, M1, list_cb, &old));
+  s = open_store(f->dir, 0, 0, 0);
+  field_check old = {0};
+  OK(kc_store_model_list(s, M1, check_cb, &old));
   assert_int_equal(old.n, 128);
   assert_int_equal(old.with_fields, 0); /* the handler parses the manifest */
   assert_false(old.bad);
@@ -460,7 +396,7 @@ static void test_model_list_fields(void **state) {
 
 static void test_lock(void **state) {
   fx *f = *state;
-  kc_store *s = open_store(f->dir, 0, 0);
+  kc_store *s = open_store(f->dir, 0, 0, 0);
   kc_store_opts o = {.dir = f->dir};
   kc_store *s2 = NULL;
   char want[32];
@@ -485,28 +421,13 @@ static void test_lock(void **state) {
   kc_store_close(s2);
 }
 
-static int filtered(const char *name) {
-  const char *g = getenv("KC_TEST_FILTER");
-  return g && *g && fnmatch(g, name, 0) != 0;
-}
-
 int main(void) {
-  struct CMUnitTest all[] = {
-      cmocka_unit_test_setup_teardown(test_lowered_limit_recovers, fx_setup,
-                                      fx_teardown),
-      cmocka_unit_test_setup_teardown(test_disk_full, fx_setup, fx_teardown),
-      cmocka_unit_test_setup_teardown(test_manifests_counted, fx_setup,
-                                      fx_teardown),
-      cmocka_unit_test_setup_teardown(test_manifests_evicted, fx_setup,
-                                      fx_teardown),
-      cmocka_unit_test_setup_teardown(test_model_list_fields, fx_setup,
-                                      fx_teardown),
-      cmocka_unit_test_setup_teardown(test_lock, fx_setup, fx_teardown),
+#define LT(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, limits_teardown)
+  const struct CMUnitTest tests[] = {
+      LT(test_lowered_limit_recovers), LT(test_disk_full),
+      LT(test_manifests_counted),      LT(test_manifests_evicted),
+      LT(test_model_list_fields),      LT(test_lock),
   };
-  struct CMUnitTest run[sizeof all / sizeof all[0]];
-  size_t n = 0;
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (!filtered(all[i].name))
-      run[n++] = all[i];
-  return _cmocka_run_group_tests("store_limits", run, n, NULL, NULL);
+#undef LT
+  return storetest_run("store_limits", tests, sizeof tests / sizeof tests[0]);
 }

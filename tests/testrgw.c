@@ -2,6 +2,13 @@
  * testrgw.h). */
 #include "testrgw.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,4 +153,117 @@ int kc_testrgw_finish(kc_testrgw *r, int up, int fails) {
   if (fails || (up != 0 && up != 77))
     return 1;
   return up == 77 ? 77 : 0;
+}
+
+int kc_testrgw_bucket(const kc_testrgw *r, const char *stem, char *bucket,
+                      size_t cap, kcs3 **s3) {
+  char err[KC_ERRBUF_SIZE] = "";
+  kcs3 *c = NULL;
+  snprintf(bucket, cap, "%s-%ld", stem, (long)getpid());
+  kcs3_opts o = {.endpoint = r->endpoint, .bucket = bucket,
+                 .region = r->region, .path_style = 1,
+                 .access_key = r->access, .secret_key = r->secret};
+  if (kcs3_open(&o, &c, err) != KC_OK || kcs3_bucket_create(c, err) != KC_OK) {
+    fprintf(stderr, "bucket %s: %s\n", bucket, err);
+    kcs3_close(c);
+    return -1;
+  }
+  setenv("AWS_ACCESS_KEY_ID", r->access, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", r->secret, 1);
+  if (s3)
+    *s3 = c;
+  else
+    kcs3_close(c);
+  return 0;
+}
+
+int kc_testrgw_replica_args(const kc_testrgw *r, const char *bucket,
+                            const char *prefix, const char *const *extra,
+                            const char **args, size_t cap) {
+  const char *base[] = {"--s3-endpoint", r->endpoint, "--s3-bucket", bucket,
+                        "--s3-prefix",   prefix,      "--s3-region", r->region,
+                        "--s3-path-style"};
+  size_t nb = sizeof base / sizeof base[0], ne = 0;
+  while (extra && extra[ne])
+    ne++;
+  if (nb + ne + 1 > cap)
+    return -1;
+  memcpy(args, base, sizeof base);
+  for (size_t i = 0; i < ne; i++)
+    args[nb + i] = extra[i];
+  args[nb + ne] = NULL;
+  return 0;
+}
+
+/* ---- two kcached replicas over one bucket ---- */
+
+int kc_testrgw_pair_start(kc_testrgw_pair *p, const char *prefix,
+                          const char *const *extra) {
+  const char *args[KC_TESTSRV_MAX_ARGS];
+  snprintf(p->prefix, sizeof p->prefix, "%s", prefix);
+  if (kc_testrgw_replica_args(&p->rgw, p->bucket, p->prefix, extra, args,
+                              KC_TESTSRV_MAX_ARGS) != 0) {
+    fprintf(stderr, "too many arguments for the replicas\n");
+    return -1;
+  }
+  if (kc_testsrv_start(&p->a, args) != 0) {
+    fprintf(stderr, "replica A did not start\n");
+    return -1;
+  }
+  if (kc_testsrv_start(&p->b, args) != 0) {
+    fprintf(stderr, "replica B did not start\n");
+    return -1;
+  }
+  return 0;
+}
+
+/* 1 when a kcached log holds the secret. */
+static int log_has_secret(const kc_testsrv *t, const char *secret) {
+  char *text = t->log[0] ? kc_testsrv_slurp(t->log) : NULL;
+  int found = text && secret[0] && strstr(text, secret) != NULL;
+  free(text);
+  return found;
+}
+
+int kc_testrgw_pair_stop(kc_testrgw_pair *p) {
+  int rc = 0;
+  kc_testsrv *both[] = {&p->a, &p->b};
+  for (int i = 0; i < 2; i++) {
+    if (kc_testsrv_stop_checked(both[i], i ? "B" : "A"))
+      rc = -1;
+    if (log_has_secret(both[i], p->rgw.secret)) {
+      fprintf(stderr, "the S3 secret appears in %s\n", both[i]->log);
+      rc = -1;
+    }
+    kc_testsrv_cleanup(both[i]);
+    memset(both[i], 0, sizeof *both[i]);
+  }
+  setenv("AWS_ACCESS_KEY_ID", p->rgw.access, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", p->rgw.secret, 1);
+  if (kc_testrgw_gateway_start(&p->rgw) != 0) {
+    fprintf(stderr, "radosgw did not come back\n");
+    rc = -1;
+  }
+  return rc;
+}
+
+void kc_testrgw_pair_show_logs(const kc_testrgw_pair *p) {
+  kc_testsrv_show_log(&p->a, "A");
+  kc_testsrv_show_log(&p->b, "B");
+}
+
+int kc_testrgw_pair_run(kc_testrgw_pair *p, const char *who,
+                        const char *stem, const char *group,
+                        const struct CMUnitTest *tests, size_t n, int fails) {
+  int up = kc_testrgw_up(&p->rgw, who);
+  if (up == 0) {
+    if (kc_testrgw_bucket(&p->rgw, stem, p->bucket, sizeof p->bucket,
+                          &p->s3) != 0)
+      fails++;
+    else
+      fails += _cmocka_run_group_tests(group, tests, n, NULL, NULL);
+    kcs3_close(p->s3);
+    p->s3 = NULL;
+  }
+  return kc_testrgw_finish(&p->rgw, up, fails);
 }

@@ -2,6 +2,7 @@
 #include "testsrv.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
@@ -214,6 +215,15 @@ int kc_testsrv_stop(kc_testsrv *t) {
   return rc;
 }
 
+int kc_testsrv_stop_checked(kc_testsrv *t, const char *name) {
+  int rc = kc_testsrv_stop(t);
+  if (rc == 0 || rc == -1)
+    return 0;
+  fprintf(stderr, "kcached %s exited %d on SIGTERM\n", name ? name : "", rc);
+  kc_testsrv_show_log(t, name);
+  return -1;
+}
+
 void kc_testsrv_kill(kc_testsrv *t) {
   if (t->pid <= 0)
     return;
@@ -286,6 +296,51 @@ void kc_testsrv_show_log(const kc_testsrv *t, const char *name) {
           name ? name : "", t->log, n, buf);
 }
 
+int kc_testsrv_log_count(const kc_testsrv *t, const char *needle, int echo) {
+  FILE *f = fopen(t->log, "r");
+  char line[4096];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (strstr(line, needle)) {
+      if (echo)
+        printf("  log: %s", line);
+      n++;
+    }
+  if (f)
+    fclose(f);
+  return n;
+}
+
+int kc_testsrv_wait_log(const kc_testsrv *t, const char *text, int times,
+                        long ms) {
+  for (long t0 = kc_testsrv_now_ms();; kc_testsrv_sleep_ms(20)) {
+    char *log = kc_testsrv_slurp(t->log);
+    int n = 0;
+    for (const char *p = log; p && (p = strstr(p, text)); p++)
+      n++;
+    free(log);
+    if (n >= times)
+      return 1;
+    if (kc_testsrv_now_ms() - t0 >= ms)
+      return 0;
+  }
+}
+
+unsigned char *kc_testsrv_bytes(uint64_t seed, size_t n) {
+  unsigned char *p = malloc(n ? n : 1);
+  if (!p)
+    abort();
+  uint64_t x = seed;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    memcpy(p + i, &z, n - i < 8 ? n - i : 8);
+  }
+  return p;
+}
+
 int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n) {
   char path[400];
   snprintf(path, sizeof path, "%s/data.mdb", t->data);
@@ -324,9 +379,8 @@ int kc_testsrv_connect(int port) {
   return fd;
 }
 
-char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
-                          char (*digests)[65], const uint64_t *sizes, size_t n,
-                          char key[65]) {
+kc_manifest *kc_testsrv_manifest_base(const char *model, uint64_t batch,
+                                      const char *arch) {
   kc_manifest *m = kc_manifest_new();
   if (!m)
     return NULL;
@@ -339,6 +393,15 @@ char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
   m->fields.n_tools = 1;
   snprintf(m->fields.tools[0].name, KC_NAME_MAX + 1, "cuda");
   snprintf(m->fields.tools[0].value, KC_TOOL_VALUE_MAX + 1, "13.0");
+  return m;
+}
+
+char *kc_testsrv_manifest(const char *model, uint64_t batch, const char *arch,
+                          char (*digests)[65], const uint64_t *sizes, size_t n,
+                          char key[65]) {
+  kc_manifest *m = kc_testsrv_manifest_base(model, batch, arch);
+  if (!m)
+    return NULL;
   const char *entries[] = {"gemm"};
   char *json = NULL;
   char err[KC_ERRBUF_SIZE] = "";
@@ -489,6 +552,39 @@ kc_testsrv_resp kc_testsrv_http(CURL *c, const char *base, const char *path,
   return r;
 }
 
+kc_testsrv_resp kc_testsrv_get(const kc_testsrv *t, const char *fmt, ...) {
+  char path[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(path, sizeof path, fmt, ap);
+  va_end(ap);
+  kc_testsrv_resp r = kc_testsrv_http(NULL, t->url, path, (kc_testsrv_req){0});
+  if (r.rc != CURLE_OK)
+    r.status = 0;
+  return r;
+}
+
+long kc_testsrv_serves(const kc_testsrv *t, const char *key, const char *json,
+                       const char (*digest)[65], const size_t *size,
+                       const uint64_t *seed, size_t n) {
+  kc_testsrv_resp r = kc_testsrv_get(t, "/v1/bundles/%s", key);
+  long bad = r.status != 200 ? (r.status ? r.status : -2)
+             : strcmp(r.body, json) != 0 ? -1
+                                         : 0;
+  kc_testsrv_resp_free(&r);
+  for (size_t i = 0; i < n && !bad; i++) {
+    r = kc_testsrv_get(t, "/v1/blobs/%s", digest[i]);
+    unsigned char *bytes = kc_testsrv_bytes(seed[i], size[i]);
+    if (r.status != 200)
+      bad = r.status ? r.status : -2;
+    else if (r.len != size[i] || memcmp(r.body, bytes, r.len) != 0)
+      bad = -1;
+    free(bytes);
+    kc_testsrv_resp_free(&r);
+  }
+  return bad;
+}
+
 void kc_testsrv_resp_free(kc_testsrv_resp *r) {
   free(r->body);
   r->body = NULL;
@@ -511,4 +607,35 @@ int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
       p++;
   }
   return 0;
+}
+
+double kc_testsrv_metric(const kc_testsrv *t, const char *series) {
+  kc_testsrv_resp r =
+      kc_testsrv_http(NULL, t->url, "/metrics", (kc_testsrv_req){0});
+  double v = -1;
+  size_t n = strlen(series);
+  int ok = r.rc == CURLE_OK && r.status == 200;
+  for (char *line = r.body; ok && line && *line;) {
+    char *nl = strchr(line, '\n');
+    if (strncmp(line, series, n) == 0 && line[n] == ' ') {
+      v = strtod(line + n + 1, NULL);
+      break;
+    }
+    line = nl ? nl + 1 : NULL;
+  }
+  kc_testsrv_resp_free(&r);
+  return v;
+}
+
+long kc_testsrv_drain(const kc_testsrv *t, long max_ms, double *depth) {
+  long t0 = kc_testsrv_now_ms();
+  double d = -1;
+  while (kc_testsrv_now_ms() - t0 < max_ms) {
+    if ((d = kc_testsrv_metric(t, "kcached_s3_queue_depth")) == 0)
+      return kc_testsrv_now_ms() - t0;
+    kc_testsrv_sleep_ms(100);
+  }
+  if (depth)
+    *depth = d;
+  return -1;
 }

@@ -20,6 +20,8 @@
 
 #include <curl/curl.h>
 
+#include "kc_schema.h"
+
 #define KC_TESTSRV_MAX_ARGS 32
 
 typedef struct kc_testsrv {
@@ -45,6 +47,10 @@ int kc_testsrv_start(kc_testsrv *t, const char *const *extra_args);
 /* SIGTERM and wait (30 s, then SIGKILL). Returns the exit status, 128+signal
  * when killed by one, -1 when not running. */
 int kc_testsrv_stop(kc_testsrv *t);
+/* kc_testsrv_stop, and when kcached did not exit 0 on SIGTERM (sanitizers
+ * and valgrind report through it), says so on stderr with the log's tail,
+ * headed by name. 0: exited 0 or was not running; -1 otherwise. */
+int kc_testsrv_stop_checked(kc_testsrv *t, const char *name);
 /* SIGKILL and wait: a crash, as far as the store can tell. */
 void kc_testsrv_kill(kc_testsrv *t);
 /* Stops if running and starts again on the same directory and arguments. */
@@ -71,10 +77,25 @@ char *kc_testsrv_slurp(const char *path);
  * for failure messages. */
 void kc_testsrv_show_log(const kc_testsrv *t, const char *name);
 
+/* Lines of t's log that contain needle; echo: print them ("  log: ...") on
+ * stdout too. */
+int kc_testsrv_log_count(const kc_testsrv *t, const char *needle, int echo);
+/* Waits up to ms for text to stand times times in t's log: 1 when it does,
+ * else 0. */
+int kc_testsrv_wait_log(const kc_testsrv *t, const char *text, int times,
+                        long ms);
+/* Deterministic bytes for a seed (splitmix64), malloc'd (aborts when out of
+ * memory: worker threads call it). */
+unsigned char *kc_testsrv_bytes(uint64_t seed, size_t n);
+
 /* A TCP connection to 127.0.0.1:port (close-on-exec, reads time out after
  * 20 s), for what libcurl will not send; the fd, -1 on error. */
 int kc_testsrv_connect(int port);
 
+/* A manifest of model, bucket {"batch": batch}, arch, a build of 'b's and
+ * tool cuda 13.0, without files, not sealed; NULL when out of memory. */
+kc_manifest *kc_testsrv_manifest_base(const char *model, uint64_t batch,
+                                      const char *arch);
 /* The canonical JSON (malloc'd) of a sealed manifest of model, bucket
  * {"batch": batch}, arch, a build of 'b's and tool cuda 13.0, with one file
  * k<i>.cubin (entry gemm) per digest; writes its key. NULL on error (said on
@@ -117,9 +138,28 @@ typedef struct kc_testsrv_resp {
 kc_testsrv_resp kc_testsrv_http(CURL *c, const char *base, const char *path,
                                 kc_testsrv_req q);
 void kc_testsrv_resp_free(kc_testsrv_resp *r);
+/* GET of the path printf makes of fmt, on a fresh handle to t; status is
+ * 0 unless the transfer completed. */
+kc_testsrv_resp kc_testsrv_get(const kc_testsrv *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* 0 when t serves the bundle key exactly: json as its manifest, and n blobs
+ * digest[i] of size[i] bytes made by kc_testsrv_bytes(seed[i], size[i]);
+ * else the first status that was not 200 (-2: no answer), or -1 when the
+ * bytes differ. */
+long kc_testsrv_serves(const kc_testsrv *t, const char *key, const char *json,
+                       const char (*digest)[65], const size_t *size,
+                       const uint64_t *seed, size_t n);
 /* The value of response header name (case-insensitive), copied to out: 1,
  * or 0 when absent. */
 int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
                       size_t cap);
+
+/* A sample of t's /metrics: series is the name with its labels, exactly
+ * as the server writes it. -1 when absent (or /metrics did not answer 200). */
+double kc_testsrv_metric(const kc_testsrv *t, const char *series);
+/* Polls kcached_s3_queue_depth until the write-through queue is empty: the
+ * ms it took, -1 when it was not empty after max_ms (*depth: the last
+ * sample, may be NULL). */
+long kc_testsrv_drain(const kc_testsrv *t, long max_ms, double *depth);
 
 #endif
