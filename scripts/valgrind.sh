@@ -39,9 +39,11 @@ KC_TEST_SKIP=test_large_blob_256mib run store_blob "$build/tests/test_store_blob
 for t in bundle evict crash concurrency scrub; do
   run "store_$t" "$build/tests/test_store_$t"
 done
-for t in blob bundle lease auth ops; do
+run store_kv "$build/tests/test_store_kv"
+for t in blob bundle lease auth ops http auth_reload demand models; do
   run "server_$t" "$build/tests/test_server_$t"
 done
+run suggest "$build/tests/test_suggest"
 run s3 "$build/tests/test_s3"
 run scaleout "$build/tests/test_scaleout"
 run scaleout_once "$build/tests/test_scaleout_once"

@@ -439,7 +439,7 @@ static void t_purge_concurrent(void **state) {
 /* Complete 10-second slots of the counters; none after a restart. */
 static void t_history(void **state) {
   (void)state;
-  kc_testsrv h;
+  kc_testsrv h = {0};
   assert_int_equal(kc_testsrv_start(&h, NULL), 0);
   char d[65];
   assert_int_equal(put_blob(&h, NULL, "history-blob", 12, d), 201);
