@@ -21,9 +21,12 @@
  * (kcd_conn_close, from MHD_CONNECTION_NOTIFY_CLOSED) before it closes the
  * descriptor, so a descriptor found in the list under the lock is still this
  * connection's and cannot have been reused. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #include "kcd.h"
@@ -35,6 +38,7 @@ struct kcd_conn {
   _Atomic int raw_nul;               /* the request's raw URI holds %00 */
   _Atomic uint64_t body_since_us;    /* this body window began; 0: no body */
   _Atomic uint64_t body_bytes;       /* body bytes in this window */
+  char remote[INET6_ADDRSTRLEN];     /* the peer's address, for the log */
 };
 
 struct kcd_conns {
@@ -60,11 +64,29 @@ void kcd_conns_free(kcd_conns *l) {
   free(l);
 }
 
+/* Once per connection, not per request's log line. */
+static void remote_of(int fd, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  memcpy(out, "-", 2);
+  if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
+    return;
+  if (ss.ss_family == AF_INET)
+    inet_ntop(AF_INET, &((const struct sockaddr_in *)&ss)->sin_addr, out,
+              (socklen_t)cap);
+  else if (ss.ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)&ss)->sin6_addr, out,
+              (socklen_t)cap);
+}
+
+const char *kcd_conn_remote(const kcd_conn *c) { return c ? c->remote : "-"; }
+
 kcd_conn *kcd_conn_open(kcd_conns *l, int fd) {
   kcd_conn *c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
   c->fd = fd;
+  remote_of(fd, c->remote, sizeof c->remote);
   atomic_store(&c->waiting_since_us, kcd_now_us());
   pthread_mutex_lock(&l->lock);
   c->next = l->head;
