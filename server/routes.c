@@ -86,22 +86,34 @@ static const kcd_route routes[KCD_N_ROUTES] = {
           "GET, HEAD", OPS(model_demand_ops), "/demand"),
 };
 
-/* A route with a suffix: url is path + param + suffix. */
-static int match_suffix(const kcd_route *rt, const char *url, char *param,
-                        size_t cap) {
-  size_t n = strlen(rt->path), u = strlen(url), x = strlen(rt->suffix);
-  if (u <= n + x || strncmp(url, rt->path, n) ||
-      strcmp(url + u - x, rt->suffix))
+/* Copies s[0..n) into param[cap], cut to fit (no printf: every request
+ * comes here). */
+static void set_param(char *param, size_t cap, const char *s, size_t n) {
+  if (n >= cap)
+    n = cap - 1;
+  memcpy(param, s, n);
+  param[n] = '\0';
+}
+
+/* A route with a suffix: url (u bytes) is path + param + suffix. */
+static int match_suffix(const kcd_route *rt, const char *url, size_t u,
+                        char *param, size_t cap) {
+  size_t n = strlen(rt->path);
+  if (strncmp(url, rt->path, n))
     return 0;
-  snprintf(param, cap, "%.*s", (int)(u - n - x), url + n);
+  size_t x = strlen(rt->suffix);
+  if (u <= n + x || strcmp(url + u - x, rt->suffix))
+    return 0;
+  set_param(param, cap, url + n, u - n - x);
   return 1;
 }
 
 const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
+  size_t u = strlen(url);
   param[0] = '\0';
   for (size_t i = 0; i < KCD_N_ROUTES; i++)
     if (routes[i].path && routes[i].suffix &&
-        match_suffix(&routes[i], url, param, cap))
+        match_suffix(&routes[i], url, u, param, cap))
       return &routes[i];
   for (size_t i = 0; i < KCD_N_ROUTES; i++) {
     const kcd_route *rt = &routes[i];
@@ -112,7 +124,7 @@ const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
       if (strcmp(url, rt->path) == 0)
         return rt;
     } else if (strncmp(url, rt->path, n) == 0) {
-      snprintf(param, cap, "%s", url + n);
+      set_param(param, cap, url + n, u - n);
       return rt;
     }
   }
