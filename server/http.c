@@ -71,7 +71,7 @@ static void read_length(kcd_req *r) {
 
 /* Requests are recycled: each MHD thread keeps up to REQ_FREE_MAX finished
  * ones, so a GET costs no calloc/free of this ~1 KiB struct and zeroes only
- * its head (KCD_REQ_ZEROED), not the strings. A request is begun and ended
+ * its fields (from KCD_REQ_ZERO_FROM), not the strings. A request is begun and ended
  * on its connection's thread; the lists are freed when the thread ends. */
 #define REQ_FREE_MAX 64
 
@@ -102,7 +102,7 @@ static kcd_req *req_alloc(void) {
   } else if (!(r = malloc(sizeof *r))) {
     return NULL;
   }
-  memset(r, 0, KCD_REQ_ZEROED);
+  memset((char *)r + KCD_REQ_ZERO_FROM, 0, sizeof *r - KCD_REQ_ZERO_FROM);
   return r;
 }
 
