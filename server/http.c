@@ -375,8 +375,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
                          void **con_cls, enum MHD_RequestTerminationCode toe) {
   kcd_state *st = cls;
   kcd_req *r = *con_cls;
+  kcd_conn *c = conn_of(conn);
   (void)toe;
-  kcd_conn_request_done(conn_of(conn)); /* the next headers' wait begins */
+  uint64_t now = kcd_now_us(); /* one clock reading serves all below */
+  kcd_conn_request_done(c, now); /* the next headers' wait begins */
   if (!r)
     return;
   *con_cls = NULL;
@@ -386,12 +388,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
   }
   kc_store_read_end(r->read); /* the zero-copy response is sent (or dead) */
   int status = r->status ? r->status : 499; /* nginx's "client closed" */
-  uint64_t us = kcd_now_us() - r->t0_us;
+  uint64_t us = now - r->t0_us;
   kcd_route_id id = r->rt ? r->rt->id : KCD_R_OTHER;
   kcd_metrics_observe(&st->metrics, id, r->method, status, r->bytes_in,
                       r->bytes_out, us);
-  kcd_access a = {r->method_str, r->path, kcd_conn_remote(conn_of(conn)),
-                  r->token_name, status, r->bytes_in, r->bytes_out, us};
+  kcd_access a = {r->method_str, r->path, kcd_conn_remote(c), r->token_name,
+                  status, r->bytes_in, r->bytes_out, us, now};
   kcd_log_access(st, &a);
   atomic_fetch_sub(&st->metrics.in_flight, 1);
   req_release(r);

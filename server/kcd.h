@@ -322,7 +322,7 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c);
 /* The headers of a request are complete / a request ended (waiting for the
  * next one's headers from now). c may be NULL. */
 void kcd_conn_headers_done(kcd_conn *c);
-void kcd_conn_request_done(kcd_conn *c);
+void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kcd_now_us */
 /* Whether the raw URI of the request being read held "%00". */
 void kcd_conn_set_raw_nul(kcd_conn *c, int nul);
 int kcd_conn_raw_nul(const kcd_conn *c);
@@ -386,6 +386,7 @@ typedef struct kcd_access {
   const char *method, *path, *remote, *token;
   int status;
   uint64_t bytes_in, bytes_out, us;
+  uint64_t now_us; /* kcd_now_us() at the end, for the timestamp; 0: none */
 } kcd_access;
 void kcd_log_access(const kcd_state *st, const kcd_access *a);
 

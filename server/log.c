@@ -208,26 +208,47 @@ void kcd_log(const kcd_state *st, const char *level, const char *fmt, ...) {
 
 /* ---- the access line, without printf ---- */
 
-/* The second's part of the timestamp, "2026-11-22T08:00:00", converted once
- * a second per thread. */
+/* Per thread: the second's part of the timestamp, "2026-11-22T08:00:00",
+ * converted once a second, and the wall clock's offset from the monotonic
+ * one, measured once a second, so that a line stamped with the request's
+ * own monotonic reading costs no clock call (a step of the wall clock shows
+ * within a second; NTP's slewing moves it 0.5 ms a second at most). */
 static _Thread_local struct {
   time_t sec;
   char text[24];
-} ts_cache = {-1, ""};
+  uint64_t calib_us; /* monotonic, when offset_us was measured; 0: never */
+  int64_t offset_us; /* wall minus monotonic */
+} ts_cache = {-1, "", 0, 0};
 
-/* "2026-11-22T08:00:00.123Z" into out (25 bytes, no NUL); returns 24. */
-static size_t fast_timestamp(char *out) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  if (ts.tv_sec != ts_cache.sec) {
+static int64_t wall_us(uint64_t mono_us) {
+  if (!mono_us || !ts_cache.calib_us || mono_us < ts_cache.calib_us ||
+      mono_us - ts_cache.calib_us > 1000000u) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t m = kcd_now_us();
+    ts_cache.offset_us =
+        (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 - (int64_t)m;
+    ts_cache.calib_us = m;
+    if (!mono_us)
+      mono_us = m;
+  }
+  return (int64_t)mono_us + ts_cache.offset_us;
+}
+
+/* "2026-11-22T08:00:00.123Z" into out (24 bytes, no NUL) for a monotonic
+ * reading (0: now); returns 24. */
+static size_t fast_timestamp(char *out, uint64_t mono_us) {
+  int64_t w = wall_us(mono_us);
+  time_t sec = (time_t)(w / 1000000);
+  if (sec != ts_cache.sec) {
     struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
+    gmtime_r(&sec, &tm);
     if (strftime(ts_cache.text, sizeof ts_cache.text, "%Y-%m-%dT%H:%M:%S",
                  &tm) != 19)
       memcpy(ts_cache.text, "1970-01-01T00:00:00", 19);
-    ts_cache.sec = ts.tv_sec;
+    ts_cache.sec = sec;
   }
-  unsigned ms = (unsigned)(ts.tv_nsec / 1000000L);
+  unsigned ms = (unsigned)(w / 1000 % 1000);
   memcpy(out, ts_cache.text, 19);
   out[19] = '.';
   out[20] = (char)('0' + ms / 100);
@@ -286,7 +307,7 @@ static void put_str(line *l, const char *s, int json) {
 
 static void access_json(line *l, const kcd_access *a) {
   PUT_LIT(l, "{\"ts\":\"");
-  l->pos += fast_timestamp(l->buf + l->pos);
+  l->pos += fast_timestamp(l->buf + l->pos, a->now_us);
   PUT_LIT(l, "\",\"level\":\"access\",\"remote\":\"");
   put_str(l, a->remote, 1);
   PUT_LIT(l, "\",\"method\":\"");
@@ -307,7 +328,7 @@ static void access_json(line *l, const kcd_access *a) {
 }
 
 static void access_text(line *l, const kcd_access *a) {
-  l->pos += fast_timestamp(l->buf + l->pos);
+  l->pos += fast_timestamp(l->buf + l->pos, a->now_us);
   PUT_LIT(l, " access ");
   put_str(l, a->remote, 0);
   PUT_LIT(l, " ");
