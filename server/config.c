@@ -247,6 +247,13 @@ static int set_log_format(kcd_config *c, const char *v) {
   return 0;
 }
 
+static int set_access_log(kcd_config *c, const char *v) {
+  if (!*v)
+    return -1;
+  c->access_log = v; /* "off", or a file opened at start (log.c) */
+  return 0;
+}
+
 static const opt opts[] = {
     {"listen", "HOST:PORT", "KCACHED_LISTEN",
      "address to serve on (default 127.0.0.1:8080); port 0 picks a free one",
@@ -321,6 +328,10 @@ static const opt opts[] = {
      set_metrics_role},
     {"log-format", "text|json", "KCACHED_LOG_FORMAT",
      "log lines on stderr (default text)", set_log_format},
+    {"access-log", "off|FILE", "KCACHED_ACCESS_LOG",
+     "one line per request: off, or appended to FILE (default: with the "
+     "other log lines on stderr)",
+     set_access_log},
     {"s3-endpoint", "URL", "KCACHED_S3_ENDPOINT",
      "durable tier: an S3-compatible endpoint (https://s3.amazonaws.com, "
      "http://rgw:7480); bundles are written through to it and read through "

@@ -21,12 +21,21 @@
  * (kcd_conn_close, from MHD_CONNECTION_NOTIFY_CLOSED) before it closes the
  * descriptor, so a descriptor found in the list under the lock is still this
  * connection's and cannot have been reused. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #include "kcd.h"
+
+/* The fields below are written by the connection's thread and read by the
+ * tick's sweep, each on its own: no order between them is needed, so the
+ * per-request stores are relaxed (a seq_cst store is a full barrier). */
+#define STORE(a, v) atomic_store_explicit((a), (v), memory_order_relaxed)
+#define LOAD(a) atomic_load_explicit((a), memory_order_relaxed)
 
 struct kcd_conn {
   kcd_conn *prev, *next;
@@ -35,6 +44,7 @@ struct kcd_conn {
   _Atomic int raw_nul;               /* the request's raw URI holds %00 */
   _Atomic uint64_t body_since_us;    /* this body window began; 0: no body */
   _Atomic uint64_t body_bytes;       /* body bytes in this window */
+  char remote[INET6_ADDRSTRLEN];     /* the peer's address, for the log */
 };
 
 struct kcd_conns {
@@ -60,12 +70,30 @@ void kcd_conns_free(kcd_conns *l) {
   free(l);
 }
 
+/* Once per connection, not per request's log line. */
+static void remote_of(int fd, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  memcpy(out, "-", 2);
+  if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
+    return;
+  if (ss.ss_family == AF_INET)
+    inet_ntop(AF_INET, &((const struct sockaddr_in *)&ss)->sin_addr, out,
+              (socklen_t)cap);
+  else if (ss.ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)&ss)->sin6_addr, out,
+              (socklen_t)cap);
+}
+
+const char *kcd_conn_remote(const kcd_conn *c) { return c ? c->remote : "-"; }
+
 kcd_conn *kcd_conn_open(kcd_conns *l, int fd) {
   kcd_conn *c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
   c->fd = fd;
-  atomic_store(&c->waiting_since_us, kcd_now_us());
+  remote_of(fd, c->remote, sizeof c->remote);
+  STORE(&c->waiting_since_us, kcd_now_us());
   pthread_mutex_lock(&l->lock);
   c->next = l->head;
   if (l->head)
@@ -91,48 +119,48 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
 
 void kcd_conn_headers_done(kcd_conn *c) {
   if (c)
-    atomic_store(&c->waiting_since_us, 0);
+    STORE(&c->waiting_since_us, 0);
 }
 
-void kcd_conn_request_done(kcd_conn *c) {
+void kcd_conn_request_done(kcd_conn *c, uint64_t now_us) {
   if (!c)
     return;
-  atomic_store(&c->body_since_us, 0);
-  atomic_store(&c->waiting_since_us, kcd_now_us());
+  STORE(&c->body_since_us, 0);
+  STORE(&c->waiting_since_us, now_us);
 }
 
 void kcd_conn_body_begin(kcd_conn *c) {
   if (!c)
     return;
-  atomic_store(&c->body_bytes, 0);
-  atomic_store(&c->body_since_us, kcd_now_us());
+  STORE(&c->body_bytes, 0);
+  STORE(&c->body_since_us, kcd_now_us());
 }
 
 void kcd_conn_body_end(kcd_conn *c) {
   if (c)
-    atomic_store(&c->body_since_us, 0);
+    STORE(&c->body_since_us, 0);
 }
 
 void kcd_conn_body_bytes(kcd_conn *c, size_t n) {
   if (c)
-    atomic_fetch_add(&c->body_bytes, n);
+    atomic_fetch_add_explicit(&c->body_bytes, n, memory_order_relaxed);
 }
 
 void kcd_conn_set_raw_nul(kcd_conn *c, int nul) {
   if (c)
-    atomic_store(&c->raw_nul, nul);
+    STORE(&c->raw_nul, nul);
 }
 
 int kcd_conn_raw_nul(const kcd_conn *c) {
-  return c ? atomic_load(&c->raw_nul) : 0;
+  return c ? LOAD(&c->raw_nul) : 0;
 }
 
 /* Whether c has waited for headers past the deadline. */
 static int headers_late(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
-  uint64_t since = atomic_load(&c->waiting_since_us);
+  uint64_t since = LOAD(&c->waiting_since_us);
   if (since == 0 || now < since || now - since < w->header_us)
     return 0;
-  atomic_store(&c->waiting_since_us, 0); /* once: MHD closes it soon */
+  STORE(&c->waiting_since_us, 0); /* once: MHD closes it soon */
   return 1;
 }
 
@@ -140,7 +168,7 @@ static int headers_late(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
  * a window that ended well starts the next one. The exchange fails when
  * the request ended meanwhile (body_since_us 0): nothing to judge. */
 static int body_slow(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
-  uint64_t since = atomic_load(&c->body_since_us);
+  uint64_t since = LOAD(&c->body_since_us);
   if (!w->body_min_rate || since == 0 || now < since ||
       now - since < w->body_window_us)
     return 0;

@@ -247,6 +247,7 @@ typedef struct kcd_config {
   const char *tokens;      /* token file or NULL */
   unsigned threads;
   kcd_log_format log_format;
+  const char *access_log;  /* NULL: with the log on stderr; "off"; a file */
   const char *port_file;
   const char *tls_cert, *tls_key;
   int allow_plaintext;
@@ -333,10 +334,12 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c);
 /* The headers of a request are complete / a request ended (waiting for the
  * next one's headers from now). c may be NULL. */
 void kcd_conn_headers_done(kcd_conn *c);
-void kcd_conn_request_done(kcd_conn *c);
+void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kcd_now_us */
 /* Whether the raw URI of the request being read held "%00". */
 void kcd_conn_set_raw_nul(kcd_conn *c, int nul);
 int kcd_conn_raw_nul(const kcd_conn *c);
+/* The peer's address as text, taken at kcd_conn_open; "-" for c NULL. */
+const char *kcd_conn_remote(const kcd_conn *c);
 /* A request body is being read (from its headers to its end): its bytes
  * are counted against --min-body-rate; the answer that follows is not. */
 void kcd_conn_body_begin(kcd_conn *c);
@@ -380,6 +383,9 @@ typedef struct kcd_logbuf kcd_logbuf; /* buffered access lines */
 kcd_logbuf *kcd_logbuf_new(void);
 /* Writes what is left, frees. NULL: nothing. */
 void kcd_logbuf_free(kcd_logbuf *b);
+/* Opens --access-log FILE (appending) for the access lines; NULL or "off":
+ * nothing to open. Call once at start, after kcd_logbuf_new. */
+kc_err kcd_log_access_open(kcd_state *st, char *err);
 /* Writes the buffered access lines now (the maintenance tick, once a second). */
 void kcd_log_flush(const kcd_state *st);
 
@@ -392,6 +398,7 @@ typedef struct kcd_access {
   const char *method, *path, *remote, *token;
   int status;
   uint64_t bytes_in, bytes_out, us;
+  uint64_t now_us; /* kcd_now_us() at the end, for the timestamp; 0: none */
 } kcd_access;
 void kcd_log_access(const kcd_state *st, const kcd_access *a);
 
@@ -404,16 +411,21 @@ int64_t kcd_unix_now(void); /* wall clock, seconds */
 
 /* What the handler of a route sees. Pointers live until the request ends. */
 struct kcd_req {
+  /* Requests are recycled per thread (http.c). These strings are set (or
+   * NUL-ended) by req_new, not zeroed: a GET would pay for 1 KiB of memset. */
+  char method_str[16];
+  char path[256];               /* for the log; truncated */
+  char param[96]; /* {sha256}/{key}/{model} of the path (any length < 96) */
+  char token_name[KCD_NAME_MAX];
+  char early_msg[KC_ERRBUF_SIZE];
+  /* Zeroed for each request from here to the end (KCD_REQ_ZERO_FROM): new
+   * fields go below. */
   kcd_state *st;
   struct MHD_Connection *conn;
   const kcd_route *rt; /* the matched route; NULL: none (404) */
   const kcd_op *op;    /* its operation for the method; NULL: none (405) */
   kcd_method method;
-  char method_str[16];
-  char path[256];               /* for the log; truncated */
-  char param[96]; /* {sha256}/{key}/{model} of the path (any length < 96) */
   kcd_role role;
-  char token_name[KCD_NAME_MAX];
   uint64_t t0_us;
   uint64_t content_length; /* UINT64_MAX: unknown (chunked or none) */
   int has_body;
@@ -425,7 +437,6 @@ struct kcd_req {
   int discard; /* read and drop the rest of the body */
   uint64_t drop_from; /* bytes_in when dropping began */
   kc_err early_err;
-  char early_msg[KC_ERRBUF_SIZE];
   /* JSON bodies */
   char *body;
   size_t body_len, body_cap;
@@ -433,7 +444,10 @@ struct kcd_req {
   kc_store_upload *upload; /* aborted at completion if still set */
   kc_store_read *read;     /* ended at completion (zero-copy responses) */
   int blob_present;
+  kcd_req *next_free; /* the thread's free list */
 };
+
+#define KCD_REQ_ZERO_FROM offsetof(kcd_req, st)
 
 /* Request accessors: a request header, a query argument; NULL: absent. */
 const char *kcd_header(kcd_req *r, const char *name);

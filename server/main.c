@@ -314,6 +314,10 @@ static int start_resp(kcd_state *st) {
 static int start(kcd_state *st, sigset_t *set) {
   char err[KC_ERRBUF_SIZE] = "";
   st->logbuf = kcd_logbuf_new(); /* NULL: lines are written one by one */
+  if (kcd_log_access_open(st, err)) {
+    fprintf(stderr, "kcached: %s\n", err);
+    return 2;
+  }
   if (kcd_auth_init(&st->auth))
     return 1;
   if (kcd_auth_load(&st->auth, st->cfg.tokens, err)) {

@@ -56,10 +56,20 @@ static void add_str(kcd_resp_buf *b, const char *s) {
   kcd_resp_buf_add(b, s, strlen(s));
 }
 
+/* "<type><v>\r\n", without printf: every reply has one or more. */
 static void add_line(kcd_resp_buf *b, char type, long long v) {
   char tmp[32];
-  int n = snprintf(tmp, sizeof tmp, "%c%lld\r\n", type, v);
-  kcd_resp_buf_add(b, tmp, (size_t)n);
+  size_t n = sizeof tmp;
+  unsigned long long u = v < 0 ? 0 - (unsigned long long)v : (unsigned long long)v;
+  tmp[--n] = '\n';
+  tmp[--n] = '\r';
+  do
+    tmp[--n] = (char)('0' + u % 10);
+  while (u /= 10);
+  if (v < 0)
+    tmp[--n] = '-';
+  tmp[--n] = type;
+  kcd_resp_buf_add(b, tmp + n, sizeof tmp - n);
 }
 
 void kcd_resp_simple(kcd_resp_buf *b, const char *s) {

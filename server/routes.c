@@ -120,25 +120,36 @@ static const kcd_route routes[KCD_N_ROUTES] = {
           OPS(page_ops)),
 };
 
-/* A route with a suffix: prefix, a param without '/', then the suffix. */
-static int suffix_match(const kcd_route *rt, const char *url, char *param,
-                        size_t cap) {
-  size_t n = strlen(rt->path), sl = strlen(rt->suffix), ul = strlen(url);
-  if (ul < n + sl || strncmp(url, rt->path, n) != 0 ||
-      strcmp(url + ul - sl, rt->suffix) != 0)
+/* Copies s[0..n) into param[cap], cut to fit (no printf: every request
+ * comes here). */
+static void set_param(char *param, size_t cap, const char *s, size_t n) {
+  if (n >= cap)
+    n = cap - 1;
+  memcpy(param, s, n);
+  param[n] = '\0';
+}
+
+/* A route with a suffix: url (u bytes) is path + param + suffix, the param
+ * without '/'. */
+static int suffix_match(const kcd_route *rt, const char *url, size_t u,
+                        char *param, size_t cap) {
+  size_t n = strlen(rt->path), sl = strlen(rt->suffix);
+  if (u < n + sl || strncmp(url, rt->path, n) != 0 ||
+      strcmp(url + u - sl, rt->suffix) != 0)
     return 0;
-  size_t pl = ul - n - sl;
+  size_t pl = u - n - sl;
   if (memchr(url + n, '/', pl))
     return 0;
-  snprintf(param, cap, "%.*s", (int)pl, url + n);
+  set_param(param, cap, url + n, pl);
   return 1;
 }
 
 const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
+  size_t u = strlen(url);
   param[0] = '\0';
   for (size_t i = 0; i < KCD_N_ROUTES; i++)
     if (routes[i].path && routes[i].suffix &&
-        suffix_match(&routes[i], url, param, cap))
+        suffix_match(&routes[i], url, u, param, cap))
       return &routes[i];
   for (size_t i = 0; i < KCD_N_ROUTES; i++) {
     const kcd_route *rt = &routes[i];
@@ -149,7 +160,7 @@ const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
       if (strcmp(url, rt->path) == 0)
         return rt;
     } else if (strncmp(url, rt->path, n) == 0) {
-      snprintf(param, cap, "%s", url + n);
+      set_param(param, cap, url + n, u - n);
       return rt;
     }
   }

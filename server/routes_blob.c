@@ -23,9 +23,13 @@ static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store);
  * per piece. */
 #define PIECE (128 * 1024)
 
-/* The param was checked to be 64 hex digits before any handler runs. */
+/* The param was checked to be 64 hex digits before any handler runs. (No
+ * printf: every GET comes here.) */
 static void etag_of(const kcd_req *r, char out[ETAG_SIZE]) {
-  snprintf(out, ETAG_SIZE, "\"%.64s\"", r->param);
+  out[0] = '"';
+  memcpy(out + 1, r->param, KC_HEX_LEN);
+  out[KC_HEX_LEN + 1] = '"';
+  out[KC_HEX_LEN + 2] = '\0';
 }
 
 /* X-Kcache-Repair: 1: the client got this blob from us and it failed its

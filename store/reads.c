@@ -7,46 +7,60 @@
  * and writes failed with 507 far below --max-bytes (issue 14). Large blobs
  * are therefore served by kc_store_blob_copy, one short read per piece, and
  * the age of the oldest read is exported so that a pinned map shows. */
+#include <stdatomic.h>
 #include <string.h>
 #include "store_internal.h"
 #include "tier.h" /* kcs_mono_ms */
 
-/* Appended at the tail: the list stays in begin order, so the head is the
- * oldest read (t0 is taken before the lock, so ties may differ by the time
- * it takes to get it: microseconds). */
-void kcs_read_link(kc_store *s, kc_store_read *r) {
-  r->t0_ms = kcs_mono_ms();
-  r->next = NULL;
-  r->prev = s->open_tail;
-  if (s->open_tail)
-    s->open_tail->next = r;
-  else
-    s->open_head = r;
-  s->open_tail = r;
-  s->n_open++;
+kcs_shard *kcs_shard_mine(kc_store *s) {
+  static atomic_uint next;
+  static _Thread_local unsigned mine = UINT32_MAX;
+  if (mine == UINT32_MAX)
+    mine = atomic_fetch_add(&next, 1) % KCS_SHARDS;
+  return &s->shards[mine];
 }
 
-void kcs_read_unlink(kc_store *s, kc_store_read *r) {
+/* Appended at the tail: each list stays in begin order, so its head is its
+ * oldest read, and the oldest of the heads is the store's. */
+void kcs_read_link(kcs_shard *sh, kc_store_read *r) {
+  r->t0_ms = kcs_mono_ms();
+  r->shard = sh;
+  r->next = NULL;
+  r->prev = sh->open_tail;
+  if (sh->open_tail)
+    sh->open_tail->next = r;
+  else
+    sh->open_head = r;
+  sh->open_tail = r;
+  sh->n_open++;
+}
+
+void kcs_read_unlink(kcs_shard *sh, kc_store_read *r) {
   if (r->prev)
     r->prev->next = r->next;
   else
-    s->open_head = r->next;
+    sh->open_head = r->next;
   if (r->next)
     r->next->prev = r->prev;
   else
-    s->open_tail = r->prev;
+    sh->open_tail = r->prev;
   r->prev = r->next = NULL;
-  s->n_open--;
+  sh->n_open--;
 }
 
 void kc_store_read_stats_get(kc_store *s, kc_store_read_stats *out) {
   memset(out, 0, sizeof *out);
-  uint64_t now = kcs_mono_ms();
-  pthread_mutex_lock(&s->pool_lock);
-  out->open = s->n_open;
-  if (s->open_head && now > s->open_head->t0_ms)
-    out->oldest_age_ms = now - s->open_head->t0_ms;
-  pthread_mutex_unlock(&s->pool_lock);
+  uint64_t now = kcs_mono_ms(), oldest = 0;
+  for (size_t i = 0; i < KCS_SHARDS; i++) {
+    kcs_shard *sh = &s->shards[i];
+    pthread_mutex_lock(&sh->lock);
+    out->open += sh->n_open;
+    if (sh->open_head && (!oldest || sh->open_head->t0_ms < oldest))
+      oldest = sh->open_head->t0_ms;
+    pthread_mutex_unlock(&sh->lock);
+  }
+  if (oldest && now > oldest)
+    out->oldest_age_ms = now - oldest;
   out->readers_full = atomic_load(&s->readers_full);
   unsigned slots = 0; /* LMDB's count: it rounds the table up to a page */
   if (mdb_env_get_maxreaders(s->env, &slots) == 0)

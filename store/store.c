@@ -272,7 +272,8 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
   s->low_pct = opts->low_water_pct > 0 ? opts->low_water_pct : 85;
   if (s->low_pct > s->high_pct)
     s->low_pct = s->high_pct;
-  pthread_mutex_init(&s->pool_lock, NULL);
+  for (size_t i = 0; i < KCS_SHARDS; i++)
+    pthread_mutex_init(&s->shards[i].lock, NULL);
   kc_err e = kcs_uses_init(&s->uses) || kcs_uses_init(&s->touched) ||
                      kcs_uses_init(&s->kvuses)
                  ? kc_errf(err, KC_NOMEM, "out of memory")
@@ -300,41 +301,57 @@ void kc_store_close(kc_store *s) {
   if (s->env) {
     kc_store_flush(s);
     kcs_demand_close(s);
-    for (size_t i = 0; i < s->n_pool; i++)
-      mdb_txn_abort(s->pool[i]);
+    for (size_t i = 0; i < KCS_SHARDS; i++)
+      for (size_t j = 0; j < s->shards[i].n_pool; j++) {
+        mdb_txn_abort(s->shards[i].pool[j]->txn);
+        free(s->shards[i].pool[j]);
+      }
     mdb_env_close(s->env);
   }
   kcs_unlock_dir(s); /* after LMDB is closed */
   kcs_uses_destroy(&s->uses);
   kcs_uses_destroy(&s->touched);
   kcs_uses_destroy(&s->kvuses);
-  pthread_mutex_destroy(&s->pool_lock);
+  for (size_t i = 0; i < KCS_SHARDS; i++)
+    pthread_mutex_destroy(&s->shards[i].lock);
   free(s->dir);
   free(s);
 }
 
 /* ---- read handles ---- */
 
-kc_err kc_store_read_begin(kc_store *s, kc_store_read **out) {
-  *out = NULL;
-  kc_store_read *r = malloc(sizeof *r);
-  if (!r)
-    return KC_NOMEM;
+/* A handle from the thread's shard's pool (its transaction reset), or a new
+ * one; linked open either way. */
+static kc_store_read *handle_get(kc_store *s) {
+  kcs_shard *sh = kcs_shard_mine(s);
+  pthread_mutex_lock(&sh->lock);
+  kc_store_read *r = sh->n_pool ? sh->pool[--sh->n_pool] : NULL;
+  if (r)
+    kcs_read_link(sh, r); /* counted open from here */
+  pthread_mutex_unlock(&sh->lock);
+  if (r || !(r = malloc(sizeof *r)))
+    return r;
   r->s = s;
   r->txn = NULL;
-  pthread_mutex_lock(&s->pool_lock);
-  if (s->n_pool)
-    r->txn = s->pool[--s->n_pool];
-  kcs_read_link(s, r); /* counted open from here: one lock per begin */
-  pthread_mutex_unlock(&s->pool_lock);
+  pthread_mutex_lock(&sh->lock);
+  kcs_read_link(sh, r);
+  pthread_mutex_unlock(&sh->lock);
+  return r;
+}
+
+kc_err kc_store_read_begin(kc_store *s, kc_store_read **out) {
+  *out = NULL;
+  kc_store_read *r = handle_get(s);
+  if (!r)
+    return KC_NOMEM;
   /* A reset transaction keeps its reader slot: renewing it is cheaper than
    * a new one, which matters for small GETs. */
   int rc = r->txn ? mdb_txn_renew(r->txn)
                   : mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
   if (rc) {
-    pthread_mutex_lock(&s->pool_lock);
-    kcs_read_unlink(s, r);
-    pthread_mutex_unlock(&s->pool_lock);
+    pthread_mutex_lock(&r->shard->lock);
+    kcs_read_unlink(r->shard, r);
+    pthread_mutex_unlock(&r->shard->lock);
     if (r->txn)
       mdb_txn_abort(r->txn);
     free(r);
@@ -346,21 +363,23 @@ kc_err kc_store_read_begin(kc_store *s, kc_store_read **out) {
   return KC_OK;
 }
 
+/* Back to the pool of the shard it began on (whichever thread ends it). */
 void kc_store_read_end(kc_store_read *r) {
   if (!r)
     return;
-  kc_store *s = r->s;
+  kcs_shard *sh = r->shard;
   mdb_txn_reset(r->txn);
-  pthread_mutex_lock(&s->pool_lock);
-  kcs_read_unlink(s, r);
-  if (s->n_pool < KCS_POOL_MAX) {
-    s->pool[s->n_pool++] = r->txn;
-    r->txn = NULL;
+  pthread_mutex_lock(&sh->lock);
+  kcs_read_unlink(sh, r);
+  if (sh->n_pool < KCS_SHARD_POOL) {
+    sh->pool[sh->n_pool++] = r;
+    r = NULL;
   }
-  pthread_mutex_unlock(&s->pool_lock);
-  if (r->txn)
+  pthread_mutex_unlock(&sh->lock);
+  if (r) {
     mdb_txn_abort(r->txn);
-  free(r);
+    free(r);
+  }
 }
 
 /* ---- stats ---- */

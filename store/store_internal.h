@@ -45,7 +45,21 @@
 /* Eviction spares a blob uploaded or offered (a PUT answered "already
  * present") this recently: its manifest is on its way. */
 #define KCS_UPLOAD_WINDOW_S 600
-#define KCS_POOL_MAX 64 /* reset read transactions kept for reuse */
+/* Read handles (with their reset transactions, which keep their reader
+ * slots) kept for reuse, in KCS_SHARDS pools: each thread uses one, so
+ * that a GET takes no lock another thread's GETs take (issue 15). */
+#define KCS_SHARDS 4
+#define KCS_SHARD_POOL 16 /* 64 in all */
+
+typedef struct kcs_shard {
+  pthread_mutex_t lock;
+  kc_store_read *pool[KCS_SHARD_POOL]; /* ended reads, transactions reset */
+  size_t n_pool;
+  /* Reads begun on this shard and open now, oldest first (reads.c). */
+  kc_store_read *open_head, *open_tail;
+  uint64_t n_open;
+  char pad[64]; /* the next shard's lock on another cache line */
+} kcs_shard;
 
 typedef struct kcs_blob_meta {
   uint64_t size;
@@ -106,9 +120,7 @@ struct kc_store {
   int high_pct, low_pct;
   kcs_uses uses;
   kcs_uses touched; /* blobs offered again by clients, by digest (memory) */
-  pthread_mutex_t pool_lock;
-  MDB_txn *pool[KCS_POOL_MAX]; /* reset read transactions */
-  size_t n_pool;
+  kcs_shard shards[KCS_SHARDS]; /* read handles: pools and open reads */
   _Atomic uint64_t hits, misses, evicted_bundles, evicted_blobs, gc_blobs;
   _Atomic uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* scrub.c */
   /* limits.c: the directory's lock (held while open), and when commits
@@ -118,10 +130,7 @@ struct kc_store {
   /* Removals by the write transaction in progress (only its thread touches
    * them: LMDB has one writer), added to the counters above at commit. */
   uint64_t txn_evicted_bundles, txn_evicted_blobs, txn_gc_blobs, txn_evicted_kv;
-  /* Reads open now, oldest first (under pool_lock; reads.c reports them),
-   * and reads refused because LMDB's reader table was full. */
-  kc_store_read *open_head, *open_tail;
-  uint64_t n_open;
+  /* Reads refused because LMDB's reader table was full. */
   _Atomic uint64_t readers_full;
 };
 
@@ -138,15 +147,19 @@ void kcs_demand_close(kc_store *s);
 
 struct kc_store_read {
   kc_store *s;
+  kcs_shard *shard;           /* whose pool and open list it is in */
   MDB_txn *txn;
-  kc_store_read *prev, *next; /* in s->open_head's list */
+  kc_store_read *prev, *next; /* in shard->open_head's list */
   uint64_t t0_ms;             /* when it began (monotonic) */
 };
 
-/* reads.c: links a read that just began into the open list, and unlinks
- * one that ends; the caller holds s->pool_lock. */
-void kcs_read_link(kc_store *s, kc_store_read *r);
-void kcs_read_unlink(kc_store *s, kc_store_read *r);
+/* reads.c: links a read that just began into its shard's open list, and
+ * unlinks one that ends; the caller holds the shard's lock. */
+void kcs_read_link(kcs_shard *sh, kc_store_read *r);
+void kcs_read_unlink(kcs_shard *sh, kc_store_read *r);
+/* The calling thread's shard of s (threads are spread over them in the
+ * order they first read). */
+kcs_shard *kcs_shard_mine(kc_store *s);
 
 /* One LMDB error to kc_err, with a sentence naming what was being done. */
 kc_err kcs_mdb_err(int rc, const char *what, char *err);

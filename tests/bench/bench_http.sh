@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# bench_http.sh: kcached against nginx on the same bytes, in one run.
+# bench_http.sh: kcached against nginx and its own HTTP library's ceiling.
 #
-# Serves one 4 KiB and one 16 MiB blob from kcached (zero-copy from LMDB) and
-# the same bytes from files through nginx (sendfile, access log off, a minimal
-# nginx.conf written to a temporary directory, run as the current user), each
-# on its own loopback port, and measures GETs with wrk; then PUTs of distinct
-# 16 MiB blobs into kcached with curl (one connection, many uploads). Prints
-# requests/s, bytes/s and the ratio kcached/nginx, medians of BENCH_RUNS.
+# Serves one 4 KiB and one 16 MiB blob from kcached, the same bytes from files
+# through nginx (sendfile, access log off, a minimal nginx.conf written to a
+# temporary directory, run as the current user), and through mhd_static (the
+# ceiling: libmicrohttpd answering a static buffer, tests/bench/mhd_static.c,
+# compiled here with cc), each on its own loopback port, and measures GETs
+# with wrk, the three interleaved in every run; then PUTs of distinct 16 MiB
+# blobs into kcached with curl (one connection, many uploads).
+#
+# Reports req/s and requests per server CPU-second (utime+stime from
+# /proc/PID/stat of the server's processes, children included, over the wrk
+# run), medians of BENCH_RUNS. The second is the one to compare: one wrk
+# thread on one core saturates before a fast server does, and then req/s
+# ratios say nothing about the server.
 #
 # Fair share on a small machine: wrk and curl run on CPU 0, both servers on
 # CPU 1 (taskset), each server with one worker (kcached --threads 1, nginx
 # worker_processes 1); set BENCH_PIN=0 to let the scheduler decide.
 #
 # Usage: tests/bench/bench_http.sh [path/to/kcached]
-#   env: BENCH_DURATION (5s) BENCH_CONNS (16) BENCH_RUNS (3) BENCH_PUTS (8)
+#   env: BENCH_DURATION (5s) BENCH_CONNS (16) BENCH_RUNS (3) BENCH_PUTS (8; 0: no PUTs)
 #        BENCH_PIN (1) BENCH_THREADS (1: kcached --threads) NGINX (nginx)
 #        NGINX_SENDFILE (on: Debian's default; off: read+write, which was the
 #        faster of the two for 16 MiB on a 2-CPU VM)
-# Needs: wrk, nginx, curl, python3 (a free port), sha256sum, taskset.
+# Needs: wrk, nginx, curl, python3 (a free port), sha256sum, taskset, cc and
+# libmicrohttpd's headers (for mhd_static; BENCH_MHD=0 skips that column).
 # Loopback only; every loop is bounded; the temporary directory is removed.
 set -euo pipefail
 
@@ -48,8 +56,10 @@ if [ "$pin" = 1 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
 fi
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kcache-bench-XXXXXX")
-kpid="" npid=""
+kpid="" npid="" mpid=""
 cleanup() {
+  # shellcheck disable=SC2086 # two pids
+  [ -n "$mpid" ] && kill $mpid 2>/dev/null && wait $mpid 2>/dev/null || true
   [ -n "$kpid" ] && kill "$kpid" 2>/dev/null && wait "$kpid" 2>/dev/null || true
   [ -n "$npid" ] && kill "$npid" 2>/dev/null && wait "$npid" 2>/dev/null || true
   rm -rf "$tmp"
@@ -137,27 +147,80 @@ chmod 755 "$tmp"
 npid=$!
 wait_http "http://127.0.0.1:$nport/v1/blobs/$small"
 
-# Both must serve the same bytes.
-for d in "$small" "$large"; do
-  a=$(curl -s "http://127.0.0.1:$kport/v1/blobs/$d" | sha256sum | cut -c1-64)
-  b=$(curl -s "http://127.0.0.1:$nport/v1/blobs/$d" | sha256sum | cut -c1-64)
-  [ "$a" = "$d" ] && [ "$b" = "$d" ] || { echo "bench_http: bytes differ for $d" >&2; exit 1; }
+# ---- mhd_static: one per size, each answering its file's bytes ----
+servers="k n"
+mport_small="" mport_large="" mpids=()
+if [ "${BENCH_MHD:-1}" = 1 ]; then
+  cc -O2 -o "$tmp/mhd_static" "$here/mhd_static.c" -lmicrohttpd
+  for f in small large; do
+    rm -f "$tmp/mport"
+    "${server_cpu[@]}" "$tmp/mhd_static" "$tmp/$f" "$tmp/mport" &
+    mpids+=($!)
+    for _ in $(seq 1 200); do [ -s "$tmp/mport" ] && break; sleep 0.05; done
+    eval "mport_$f=\$(cat \"\$tmp/mport\")"
+  done
+  mpid="${mpids[*]}"
+  servers="k n m"
+fi
+
+# Every server must serve the same bytes.
+url_of() { # server size -> url
+  local d port
+  d=$([ "$2" = small ] && echo "$small" || echo "$large")
+  case $1 in
+    k) port=$kport ;; n) port=$nport ;;
+    m) [ "$2" = small ] && port=$mport_small || port=$mport_large ;;
+  esac
+  echo "http://127.0.0.1:$port/v1/blobs/$d"
+}
+for size in small large; do
+  d=$([ $size = small ] && echo "$small" || echo "$large")
+  for s in $servers; do
+    a=$(curl -s "$(url_of $s $size)" | sha256sum | cut -c1-64)
+    [ "$a" = "$d" ] || { echo "bench_http: $s serves other bytes for $size" >&2; exit 1; }
+  done
 done
 
 # ---- GET with wrk ----
-wrk_rps() { # url -> requests/s
-  "${client_cpu[@]}" wrk -t1 -c"$conns" -d"$duration" "$1" |
-    awk '/^Requests\/sec:/ {print $2}'
+hz=$(getconf CLK_TCK)
+cpu_ticks() { # server size -> utime+stime of its processes and their children
+  local p pids ch t=0
+  case $1 in
+    k) pids=$kpid ;; n) pids=$npid ;;
+    m) [ "$2" = small ] && pids=${mpids[0]} || pids=${mpids[1]} ;;
+  esac
+  for p in $pids; do
+    ch=$(cat /proc/"$p"/task/*/children 2>/dev/null || true)
+    for c in $p $ch; do
+      # fields 14 and 15 after the ")" that ends the command name
+      t=$((t + $(sed 's/.*) //' /proc/"$c"/stat | awk '{print $12 + $13}')))
+    done
+  done
+  echo "$t"
+}
+
+# One wrk run -> "req/s req-per-CPU-second".
+wrk_run() { # server size
+  local t0 t1 out
+  t0=$(cpu_ticks "$1" "$2")
+  out=$("${client_cpu[@]}" wrk -t1 -c"$conns" -d"$duration" "$(url_of "$1" "$2")")
+  t1=$(cpu_ticks "$1" "$2")
+  awk -v hz="$hz" -v dt=$((t1 - t0)) '
+    / requests in / {n = $1}
+    /^Requests\/sec:/ {r = $2}
+    END {printf "%s %.0f\n", r, (dt > 0 ? n * hz / dt : 0)}' <<<"$out"
 }
 
 median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
-declare -A samples
+declare -A samples cpus
 for run in $(seq 1 "$runs"); do
   for size in small large; do
-    d=$([ $size = small ] && echo "$small" || echo "$large")
-    samples[k_$size]+="$(wrk_rps "http://127.0.0.1:$kport/v1/blobs/$d") "
-    samples[n_$size]+="$(wrk_rps "http://127.0.0.1:$nport/v1/blobs/$d") "
+    for s in $servers; do
+      read -r rps pcs < <(wrk_run "$s" "$size")
+      samples[${s}_$size]+="$rps "
+      cpus[${s}_$size]+="$pcs "
+    done
   done
   echo "bench_http: GET run $run/$runs done" >&2
 done
@@ -173,7 +236,8 @@ for i in $(seq 1 "$puts"); do
   put_args+=(-o /dev/null -T "$tmp/put$i" "http://127.0.0.1:PORT/v1/blobs/$d")
 done
 put_mbs=""
-for run in $(seq 1 "$runs"); do
+[ "$puts" -gt 0 ] || runs_put=0
+for run in $(seq 1 "${runs_put:-$runs}"); do
   rm -rf "$tmp/putdata"
   start_kcached "$tmp/putdata"
   args=("${put_args[@]//PORT/$kport}")
@@ -191,19 +255,30 @@ kver=$("$kcached" --version 2>/dev/null || echo kcached)
 nver=$("$nginx_bin" -v 2>&1 | sed 's/.*version: //')
 pinned=$([ ${#client_cpu[@]} -gt 0 ] && echo "wrk/curl on CPU 0, servers on CPU 1" || echo "unpinned")
 echo
-echo "$kver (--threads $threads) vs $nver (worker_processes 1, sendfile $sendfile); wrk -t1 -c$conns -d$duration; median of $runs; $pinned"
-printf '%-11s %14s %12s %14s %12s %8s %s\n' "" "kcached req/s" "kcached B/s" "nginx req/s" "nginx B/s" "ratio" "target"
+echo "$kver (--threads $threads) vs $nver (worker_processes 1, sendfile $sendfile) vs mhd_static; wrk -t1 -c$conns -d$duration; median of $runs; $pinned; $(nproc) CPUs, $(date -u +%F)"
+med() { tr ' ' '\n' <<<"$1" | grep . | median; }
+printf '%-11s %-9s %12s %12s %14s %14s\n' "" server "req/s" "bytes/s" "req/CPU-s" "vs nginx CPU-s"
 for size in small large; do
   bytes=$([ $size = small ] && echo 4096 || echo $((16 << 20)))
   label=$([ $size = small ] && echo "GET 4 KiB" || echo "GET 16 MiB")
-  target=$([ $size = small ] && echo ">= 1.5" || echo ">= 1.0")
-  k=$(tr ' ' '\n' <<<"${samples[k_$size]}" | grep . | median)
-  n=$(tr ' ' '\n' <<<"${samples[n_$size]}" | grep . | median)
-  awk -v l="$label" -v k="$k" -v n="$n" -v b="$bytes" -v t="$target" 'BEGIN {
-    printf "%-11s %14.0f %12s %14.0f %12s %7.2fx %s\n", l, k, h(k*b), n, h(n*b), k/n, t }
-    function h(x) { return x >= 1e9 ? sprintf("%.2f GB/s", x/1e9) : sprintf("%.1f MB/s", x/1e6) }'
+  nc=$(med "${cpus[n_$size]}")
+  for s in $servers; do
+    name=$(case $s in k) echo kcached ;; n) echo nginx ;; m) echo mhd_static ;; esac)
+    r=$(med "${samples[${s}_$size]}")
+    c=$(med "${cpus[${s}_$size]}")
+    awk -v l="$label" -v n="$name" -v r="$r" -v c="$c" -v nc="$nc" -v b="$bytes" 'BEGIN {
+      printf "%-11s %-10s %11.0f %12s %14.0f %13.2fx\n", l, n, r, h(r*b), c, (nc > 0 ? c/nc : 0) }
+      function h(x) { return x >= 1e9 ? sprintf("%.2f GB/s", x/1e9) : sprintf("%.1f MB/s", x/1e6) }'
+  done
+  if [ "${cpus[m_$size]+x}" ]; then
+    awk -v k="$(med "${cpus[k_$size]}")" -v m="$(med "${cpus[m_$size]}")" -v l="$label" \
+      'BEGIN {printf "%-11s kcached/mhd_static per CPU-second: %.2fx\n", l, (m > 0 ? k/m : 0)}'
+  fi
 done
-pm=$(tr ' ' '\n' <<<"$put_mbs" | grep . | median)
-printf '%-11s %s MB/s (kcached; %d distinct blobs per run over one connection; runs: %s) target >= 500\n' \
+pm=$(tr ' ' '\n' <<<"$put_mbs" | grep . | median || true)
+[ "$puts" -gt 0 ] && printf '%-11s %s MB/s (kcached; %d distinct blobs per run over one connection; runs: %s) target >= 500\n' \
   "PUT 16 MiB" "$pm" "$puts" "$put_mbs"
-echo "raw samples (req/s): kcached small: ${samples[k_small]}| nginx small: ${samples[n_small]}| kcached large: ${samples[k_large]}| nginx large: ${samples[n_large]}"
+for key in "${!samples[@]}"; do
+  echo "raw $key: req/s ${samples[$key]}| req/CPU-s ${cpus[$key]}"
+done | sort
+echo "targets: 4 KiB kcached >= 0.9x mhd_static per CPU-second; 16 MiB >= 1.5x nginx"
