@@ -3,9 +3,10 @@
  * runs every complete command in its buffer (pipelining) and writes the
  * replies with one write; writes go to the committer as one job per batch
  * (see resp.h for the ordering rules). Committed jobs come back through an
- * eventfd. With --tls-cert every connection speaks TLS (resp_tls.c): the
- * same loop, reads and writes through OpenSSL, the interest widened while
- * a read waits to write or a write to read. */
+ * eventfd. With --tls-cert (and not --resp-tls off) every connection
+ * speaks TLS (resp_tls.c): the same loop, reads and writes through
+ * OpenSSL, the interest widened while a read waits to write or a write to
+ * read. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>

@@ -1,5 +1,5 @@
 /* resp.h: kcached's Redis protocol listener (RESP2, and RESP3 after
- * HELLO 3; TLS with --tls-cert), internal to server/.
+ * HELLO 3; TLS with --tls-cert unless --resp-tls off), internal to server/.
  *
  * Parts:
  *   resp_proto.c  the parser (multibulk and inline commands, incremental,

@@ -1236,6 +1236,53 @@ class Tls(unittest.TestCase):
         self.assertLess(took, 15)
 
 
+class TlsOffForResp(unittest.TestCase):
+    """--resp-tls off: HTTP stays HTTPS, RESP speaks plaintext (Triton's
+    redis.Redis(host, port) on the same kcached)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.d = tempfile.mkdtemp(prefix="kc-resp-")
+        cls.toks, path = make_tokens(cls.d)
+        cls.ca, cls.cert, cls.key = make_pki(cls.d)
+        cls.srv = Server("--tokens", path, "--tls-cert", cls.cert,
+                         "--tls-key", cls.key, "--resp-tls", "off",
+                         "--resp-anonymous-role", "write",
+                         "--metrics-role", "none", data_dir=cls.d).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.d, ignore_errors=True)
+
+    def test_plain_resp_beside_https(self):
+        import ssl
+        r = redis.Redis(host="127.0.0.1", port=self.srv.port)
+        self.assertTrue(r.set("triton:k", b"v"))
+        self.assertEqual(r.get("triton:k"), b"v")
+        r.close()
+        r = redis.Redis(host="127.0.0.1", port=self.srv.port,
+                        password=self.toks["read"])
+        self.assertEqual(r.get("triton:k"), b"v")
+        r.close()
+        with open(os.path.join(self.d, "http-port")) as f:
+            port = int(f.read())
+        ctx = ssl.create_default_context(cafile=self.ca)
+        with urllib.request.urlopen("https://127.0.0.1:%d/metrics" % port,
+                                    timeout=10, context=ctx) as resp:
+            self.assertIn(b"kcached_resp_", resp.read())
+        with self.assertRaises(Exception):  # HTTP is not plaintext
+            urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
+                                   timeout=5).read()
+
+    def test_tls_client_fails(self):
+        import ssl
+        ctx = ssl.create_default_context(cafile=self.ca)
+        with socket.create_connection(("127.0.0.1", self.srv.port), 5) as s:
+            with self.assertRaises((ssl.SSLError, OSError)):
+                ctx.wrap_socket(s, server_hostname="127.0.0.1")
+
+
 class TlsConfig(unittest.TestCase):
     """Off loopback, RESP with --tokens needs TLS or --allow-plaintext."""
 
@@ -1256,6 +1303,29 @@ class TlsConfig(unittest.TestCase):
             self.assertIn(b"--allow-plaintext", out)
             p = self.run_kcached(d, "--tokens", path, "--tls-cert", cert,
                                  "--tls-key", key)
+            time.sleep(1.5)
+            self.assertIsNone(p.poll(), p.stdout.read() if p.poll() else "")
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=30)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_resp_tls_off_needs_allow_plaintext(self):
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        try:
+            toks, path = make_tokens(d)
+            ca, cert, key = make_pki(d)
+            tls = ["--tokens", path, "--tls-cert", cert, "--tls-key", key]
+            p = self.run_kcached(d, *tls, "--resp-tls", "off")
+            out = p.communicate(timeout=30)[0]
+            self.assertEqual(p.returncode, 2, out)
+            self.assertIn(b"--allow-plaintext", out)
+            p = self.run_kcached(d, "--resp-tls", "on")  # no certificate
+            out = p.communicate(timeout=30)[0]
+            self.assertEqual(p.returncode, 2, out)
+            self.assertIn(b"--resp-tls on", out)
+            p = self.run_kcached(d, *tls, "--resp-tls", "off",
+                                 "--allow-plaintext")
             time.sleep(1.5)
             self.assertIsNone(p.poll(), p.stdout.read() if p.poll() else "")
             p.send_signal(signal.SIGTERM)
