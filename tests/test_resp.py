@@ -1014,6 +1014,15 @@ class LargePipelines(unittest.TestCase):
                                  "%d GETs" % n)
                 self.assertTrue(same, "%d GETs" % n)
 
+    def test_large_gets_after_a_write(self):
+        """The GETs wait for the SET's group commit, then run from the
+        committer's return: past the mark they must go on too."""
+        with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
+            s.sendall(b"SET big:w 1\r\n" + b"GET big:1m\r\n" * 10)
+            self.assertEqual(read_exactly(s, 5), b"+OK\r\n")
+            want = big_gets_reply(10, len(self.value))
+            self.assertEqual(len(read_exactly(s, want)), want)
+
     def test_pipeline_then_eof_is_answered(self):
         with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
             s.sendall(b"GET big:1m\r\n" * 5)
