@@ -332,9 +332,15 @@ static kc_err set_rec(kc_store *s, MDB_txn *txn, kv_job *j, const kv_state *st,
   kc_err e = same && (st->live || blob_held(s, txn, j->digest))
                  ? KC_OK
                  : value_ref(s, txn, j->digest, op->val, op->vlen, err);
+  /* a replaced record keeps its LRU entry: the use goes with the reads'
+   * (kvuses, flushed once a second), not into this commit */
+  int64_t now = kcs_now_ms();
   kcs_kv_rec rec = {.size = op->vlen, .expire_ms = exp,
-                    .last_used_ms = kcs_now_ms(), .klen = (uint32_t)op->klen};
+                    .last_used_ms = st->present ? st->rec.last_used_ms : now,
+                    .klen = (uint32_t)op->klen};
   memcpy(rec.digest, j->digest, KC_HEX_LEN);
+  if (st->present)
+    kcs_uses_record(&s->kvuses, j->hex, now);
   if (e || (e = rec_put(s, txn, j->hex, &rec, st->present ? &st->rec : NULL,
                         op->key, batch, err)) ||
       !st->present || same)
