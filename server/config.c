@@ -351,8 +351,8 @@ static const opt opts[] = {
      "one). Strings only: GET SET MGET MSET DEL EXPIRE TTL SCAN KEYS "
      "MULTI/EXEC ...; KEYS returns at most 100000 keys. AUTH takes a token "
      "of --tokens (AUTH TOKEN or AUTH NAME TOKEN). With --tls-cert it speaks "
-     "TLS (rediss://) unless --resp-tls off; off loopback it needs --tokens, and TLS or "
-     "--allow-plaintext",
+     "TLS (rediss://) unless --resp-tls off; off loopback it needs "
+     "--tokens, and TLS or --allow-plaintext",
      set_resp_listen},
     {"resp-max-value", "SIZE", "KCACHED_RESP_MAX_VALUE",
      "longest RESP argument (value) accepted (default 512M)",
