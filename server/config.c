@@ -210,6 +210,9 @@ static int set_resp_anon(kcd_config *c, const char *v) {
              ? -1
              : 0;
 }
+static int set_resp_tls(kcd_config *c, const char *v) {
+  return parse_bool(v, &c->resp_tls);
+}
 static int set_resp_max_bytes(kcd_config *c, const char *v) {
   return parse_size(v, &c->resp_max_bytes);
 }
@@ -359,8 +362,8 @@ static const opt opts[] = {
      "one). Strings only: GET SET MGET MSET DEL EXPIRE TTL SCAN KEYS "
      "MULTI/EXEC ...; KEYS returns at most 100000 keys. AUTH takes a token "
      "of --tokens (AUTH TOKEN or AUTH NAME TOKEN). With --tls-cert it speaks "
-     "TLS (rediss://); off loopback it needs --tokens, and TLS or "
-     "--allow-plaintext",
+     "TLS (rediss://) unless --resp-tls off; off loopback it needs "
+     "--tokens, and TLS or --allow-plaintext",
      set_resp_listen},
     {"resp-max-value", "SIZE", "KCACHED_RESP_MAX_VALUE",
      "longest RESP argument (value) accepted (default 512M)",
@@ -373,6 +376,11 @@ static const opt opts[] = {
      "value bytes RESP keys may hold; above it their least recently used "
      "are evicted first (default 0: only --max-bytes)",
      set_resp_max_bytes},
+    {"resp-tls", "on|off", "KCACHED_RESP_TLS",
+     "whether the RESP listener speaks TLS when --tls-cert is given "
+     "(default on); off keeps RESP plaintext (Triton's redis.Redis) while "
+     "HTTP stays HTTPS; off loopback, off needs --allow-plaintext",
+     set_resp_tls},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -419,6 +427,7 @@ static void defaults(kcd_config *c) {
   c->shutdown_s = 10;
   c->lease_max_ttl_s = 3600;
   c->resp_max_value = 512ull << 20;
+  c->resp_tls = -1;
 }
 
 static int from_env(kcd_config *c) {
@@ -494,8 +503,12 @@ int kcd_host_is_loopback(const char *host) {
 }
 
 /* Off loopback RESP needs tokens, and TLS (--tls-cert: RESP speaks TLS
- * too) or --allow-plaintext. */
+ * too unless --resp-tls off) or --allow-plaintext. */
 static int kcd_resp_config_check(const kcd_config *c) {
+  if (c->resp_tls == 1 && !c->tls_cert) {
+    fprintf(stderr, "kcached: --resp-tls on needs --tls-cert/--tls-key\n");
+    return 2;
+  }
   if (kcd_host_is_loopback(c->resp_host))
     return 0;
   if (!c->tokens) {
@@ -503,10 +516,11 @@ static int kcd_resp_config_check(const kcd_config *c) {
             "anyone who can reach it could write and delete.\n", c->resp_host);
     return 2;
   }
-  if (!c->allow_plaintext && !c->tls_cert) {
+  if (!c->allow_plaintext && (!c->tls_cert || c->resp_tls == 0)) {
     fprintf(stderr, "kcached: --resp-listen on %s would send tokens in clear: "
-            "give --tls-cert/--tls-key (RESP then speaks TLS), or add "
-            "--allow-plaintext on a trusted network.\n", c->resp_host);
+            "give --tls-cert/--tls-key (RESP then speaks TLS; not with "
+            "--resp-tls off), or add --allow-plaintext on a trusted "
+            "network.\n", c->resp_host);
     return 2;
   }
   return 0;

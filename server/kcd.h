@@ -270,6 +270,8 @@ typedef struct kcd_config {
   uint64_t resp_max_value;  /* longest RESP argument */
   kcd_role resp_anon_role;  /* role before AUTH when tokens are on */
   uint64_t resp_max_bytes;  /* the store's kv_max_bytes; 0 none */
+  int resp_tls;             /* --resp-tls: -1 unset (on with a certificate),
+                               0 plaintext RESP beside HTTPS, 1 on */
   /* slow clients and probes (conns.c, http.c) */
   unsigned header_timeout_s; /* a request's headers must be in within it */
   unsigned max_conns_per_ip; /* 0: no per-address cap */

@@ -3,9 +3,10 @@
  * runs every complete command in its buffer (pipelining) and writes the
  * replies with one write; writes go to the committer as one job per batch
  * (see resp.h for the ordering rules). Committed jobs come back through an
- * eventfd. With --tls-cert every connection speaks TLS (resp_tls.c): the
- * same loop, reads and writes through OpenSSL, the interest widened while
- * a read waits to write or a write to read. */
+ * eventfd. With --tls-cert (and not --resp-tls off) every connection
+ * speaks TLS (resp_tls.c): the same loop, reads and writes through
+ * OpenSSL, the interest widened while a read waits to write or a write to
+ * read. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -88,18 +89,26 @@ static void conn_close(kcd_resp_conn *c) {
 
 static size_t pending(const kcd_resp_conn *c) { return c->out.len - c->out_off; }
 
-static int may_read(const kcd_resp_conn *c) {
+/* Commands may run: nothing in flight, not closing, output below the mark. */
+static int may_run(const kcd_resp_conn *c) {
   return !c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH;
 }
 
+/* Reading too (after the peer's EOF there is nothing more to read). */
+static int may_read(const kcd_resp_conn *c) { return may_run(c) && !c->eof; }
+
 /* Sets the epoll interest from the state: read while commands may run,
- * write while replies wait; with TLS also the way a read or a write that
- * could not go on waits (a handshake's write, a key update's read). */
+ * write while replies wait or while commands already buffered wait to run
+ * (backlog: the socket is writable at once, so the next round of events
+ * runs them, after the other connections' events of this round); with TLS
+ * also the way a read or a write that could not go on waits (a handshake's
+ * write, a key update's read). */
 static void conn_interest(kcd_resp_conn *c) {
   unsigned want = 0;
   if (may_read(c) || c->tls_wr_want_rd)
     want |= EPOLLIN;
-  if (pending(c) || (c->tls_rd_want_wr && may_read(c))) /* no spin */
+  if (pending(c) || (c->backlog && may_run(c)) ||
+      (c->tls_rd_want_wr && may_read(c))) /* no spin */
     want |= EPOLLOUT;
   if (want == c->events)
     return;
@@ -134,7 +143,7 @@ static int conn_flush(kcd_resp_conn *c) {
     c->out.len = c->out_off = 0;
     if (c->out.cap > KEEP_MAX)
       kcd_resp_buf_free(&c->out);
-    if (c->closing && !c->inflight)
+    if ((c->closing || (c->eof && !c->backlog)) && !c->inflight)
       return conn_close(c), -1;
   }
   if (c->out.oom)
@@ -268,10 +277,15 @@ static void compact(kcd_resp_conn *c) {
     kcd_resp_buf_free(&c->in);
 }
 
+/* Runs buffered commands until one must wait (more input, a commit, a
+ * fetch) or the output passes KCD_RESP_OUT_HIGH; then backlog says complete
+ * commands may remain, for conn_interest to come back to them. */
 static void process(kcd_resp_conn *c) {
-  while (!c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH &&
-         step(c))
+  int go;
+  c->backlog = 0;
+  while ((go = may_run(c)) && step(c))
     ;
+  c->backlog = !go && !c->inflight && !c->closing;
   submit(c);
   kc_store_read_end(c->rd);
   c->rd = NULL;
@@ -314,20 +328,17 @@ static void on_read(kcd_resp_conn *c) {
   ssize_t n = sock_read(c, c->in.p + c->in.len, c->in.cap - c->in.len);
   if (n < 0 && (errno == EAGAIN || errno == EINTR))
     return conn_interest(c); /* TLS: maybe waiting to write */
-  if (n <= 0) { /* EOF: answer what came, then close */
-    c->closing = 1;
-    if (n < 0)
-      return read_failed(c);
+  if (n < 0)
+    return read_failed(c);
+  if (n == 0) { /* EOF: answer what came, then close */
+    c->eof = 1;
   } else {
     c->in.len += (size_t)n;
     atomic_fetch_add(&c->srv->bytes_in, (uint64_t)n);
     if (read_tls_pending(c))
       return conn_close(c);
   }
-  int closing = c->closing;
-  c->closing = 0;
   process(c);
-  c->closing |= closing;
   conn_flush(c);
 }
 
@@ -348,7 +359,8 @@ static void on_event(kcd_resp_conn *c, unsigned ev) {
   if (ev & EPOLLOUT) {
     if (conn_flush(c))
       return;
-    if (!pending(c) && !c->inflight) { /* drained: run what is buffered */
+    /* drained, or below the mark with commands waiting: run them */
+    if ((!pending(c) || c->backlog) && may_run(c)) {
       process(c);
       conn_flush(c);
     }

@@ -1,5 +1,5 @@
 /* resp.h: kcached's Redis protocol listener (RESP2, and RESP3 after
- * HELLO 3; TLS with --tls-cert), internal to server/.
+ * HELLO 3; TLS with --tls-cert unless --resp-tls off), internal to server/.
  *
  * Parts:
  *   resp_proto.c  the parser (multibulk and inline commands, incremental,
@@ -240,6 +240,9 @@ struct kcd_resp_conn {
   kcd_resp_job *fetch; /* keys the command being run wants read through */
   int fetched;       /* the held command ran its read-through: no more */
   int closing;       /* close once out is sent */
+  int eof;           /* the peer sent EOF: answer what came, then close */
+  int backlog;       /* process() stopped at KCD_RESP_OUT_HIGH: complete
+                        commands may wait in the input buffer */
   int dead;          /* the socket is gone: free when the job returns */
   kc_store_read *rd; /* this batch's read transaction, or NULL */
   const char **av;   /* the parsed command as pointers, for the ctx */

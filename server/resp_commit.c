@@ -13,6 +13,9 @@
 #include "resp.h"
 
 #define BATCH_OPS 20000 /* ops of one apply (jobs are never split) */
+#ifndef GATHER_US
+#define GATHER_US 200 /* longest wait for the last batch's writers to return */
+#endif
 
 /* ---- jobs ---- */
 
@@ -86,18 +89,49 @@ void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j) {
   pthread_mutex_unlock(&r->qlock);
 }
 
+static size_t queued(const kcd_resp *r) {
+  size_t n = 0;
+  for (const kcd_resp_job *j = r->qhead; j; j = j->next)
+    n++;
+  return n;
+}
+
+/* The gather: when the last commit held jobs of several connections, they
+ * are likely writing again (a client answered sends its next write); wait
+ * up to GATHER_US for as many jobs as the last commit held, so the next
+ * sync is shared by them rather than paid twice. A lone writer (last batch
+ * of one job) never waits. Called with qlock held. */
+static void gather(kcd_resp *r, size_t last_jobs) {
+  if (GATHER_US <= 0 || last_jobs < 2 || queued(r) >= last_jobs)
+    return;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until); /* the condvar's clock */
+  until.tv_nsec += GATHER_US * 1000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  while (!r->qstop && queued(r) < last_jobs &&
+         pthread_cond_timedwait(&r->qcond, &r->qlock, &until) == 0)
+    ;
+}
+
 /* Takes jobs from the queue up to BATCH_OPS ops (at least one job); NULL
- * when stopping and nothing is left. */
-static kcd_resp_job *take(kcd_resp *r, size_t *nops) {
+ * when stopping and nothing is left. *njobs: in, the last batch's jobs;
+ * out, this one's. */
+static kcd_resp_job *take(kcd_resp *r, size_t *nops, size_t *njobs) {
   pthread_mutex_lock(&r->qlock);
   while (!r->qhead && !r->qstop)
     pthread_cond_wait(&r->qcond, &r->qlock);
+  gather(r, *njobs);
+  *njobs = 0;
   kcd_resp_job *head = r->qhead, *last = NULL;
   *nops = 0;
   for (kcd_resp_job *j = head; j; j = j->next) {
     if (last && *nops + j->nops > BATCH_OPS)
       break;
     *nops += j->nops;
+    ++*njobs;
     last = j;
   }
   if (last) {
@@ -173,9 +207,9 @@ static void apply(kcd_resp *r, kcd_resp_job *jobs, size_t n) {
 
 static void *commit_main(void *arg) {
   kcd_resp *r = arg;
-  size_t n;
+  size_t n, njobs = 0;
   kcd_resp_job *jobs;
-  while ((jobs = take(r, &n))) {
+  while ((jobs = take(r, &n, &njobs))) {
     apply(r, jobs, n);
     while (jobs) {
       kcd_resp_job *next = jobs->next;

@@ -53,8 +53,8 @@ static int use_key(SSL_CTX *ctx, const char *pem) {
 
 kc_err kcd_resp_tls_init(kcd_resp *r, char *err) {
   kcd_state *st = r->st;
-  if (!st->tls_cert_pem || !st->tls_key_pem)
-    return KC_OK;
+  if (!st->tls_cert_pem || !st->tls_key_pem || st->cfg.resp_tls == 0)
+    return KC_OK; /* plaintext RESP (--resp-tls off) */
   SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
   if (!ctx)
     return tls_err(err, "SSL_CTX_new");

@@ -27,8 +27,15 @@ kc_err kcs_kv_bytes_get(MDB_txn *txn, kc_store *s, uint64_t *out) {
   return KC_OK;
 }
 
+/* Adds delta to the RESP bytes counter in meta; with batch (a
+ * kc_store_kv_apply) only to *batch, written once per commit (kv_bytes_put):
+ * one meta write per commit, not two per op. */
 static kc_err kv_bytes_add(MDB_txn *txn, kc_store *s, int64_t delta,
-                           char *err) {
+                           int64_t *batch, char *err) {
+  if (batch)
+    return *batch += delta, KC_OK;
+  if (delta == 0)
+    return KC_OK;
   uint64_t used;
   kc_err e = kcs_kv_bytes_get(txn, s, &used);
   if (e)
@@ -167,8 +174,9 @@ static kc_err kv_unref(kc_store *s, MDB_txn *txn, const char *digest,
   return kcs_blob_unref(s, txn, digest, now, 0, err);
 }
 
-kc_err kcs_kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
-                   const kcs_kv_rec *rec, int evicting, char *err) {
+static kc_err kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
+                      const kcs_kv_rec *rec, int evicting, int64_t *batch,
+                      char *err) {
   char digest[KC_HEX_LEN + 1];
   memcpy(digest, rec->digest, KC_HEX_LEN);
   digest[KC_HEX_LEN] = '\0';
@@ -178,10 +186,15 @@ kc_err kcs_kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
       (e = idx_del(txn, s->kvlru, rec->last_used_ms, hex, err)) ||
       (rec->expire_ms && (e = idx_del(txn, s->kvexp, rec->expire_ms, hex,
                                       err))) ||
-      (e = kv_bytes_add(txn, s, -(int64_t)rec->size, err)) ||
+      (e = kv_bytes_add(txn, s, -(int64_t)rec->size, batch, err)) ||
       (e = kcs_queue_unpend(s, txn, hex, err)))
     return e;
   return kv_unref(s, txn, digest, evicting, err);
+}
+
+kc_err kcs_kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
+                   const kcs_kv_rec *rec, int evicting, char *err) {
+  return kv_drop(s, txn, hex, rec, evicting, NULL, err);
 }
 
 /* A reference to the value's blob, storing it when absent (refs 1: never
@@ -205,19 +218,38 @@ static kc_err value_ref(kc_store *s, MDB_txn *txn, const char *digest,
   return kcs_queue_add(s, txn, KCS_Q_BLOB, digest, NULL, err);
 }
 
-kc_err kcs_kv_rec_put(kc_store *s, MDB_txn *txn, const char *hex,
-                      const kcs_kv_rec *rec, const void *key, char *err) {
+static kc_err rec_write(kc_store *s, MDB_txn *txn, const char *hex,
+                        const kcs_kv_rec *rec, const void *key, char *err) {
   MDB_val k = kcs_hex_val(hex), v = {sizeof *rec + rec->klen, NULL};
   kc_err e = kcs_put(txn, s->kv, &k, &v, MDB_RESERVE, err);
   if (e)
     return e;
   memcpy(v.mv_data, rec, sizeof *rec);
   memcpy((char *)v.mv_data + sizeof *rec, key, rec->klen);
-  if ((e = idx_put(txn, s->kvlru, rec->last_used_ms, hex, err)) ||
-      (rec->expire_ms && (e = idx_put(txn, s->kvexp, rec->expire_ms, hex,
-                                      err))))
+  return KC_OK;
+}
+
+/* A new record, or one replacing old (its index entries then change only
+ * where their time did). key must not point into the map. */
+static kc_err rec_put(kc_store *s, MDB_txn *txn, const char *hex,
+                      const kcs_kv_rec *rec, const kcs_kv_rec *old,
+                      const void *key, int64_t *batch, char *err) {
+  kc_err e = rec_write(s, txn, hex, rec, key, err);
+  int64_t lru0 = old ? old->last_used_ms : 0, exp0 = old ? old->expire_ms : 0;
+  int lru = !old || lru0 != rec->last_used_ms, exp = exp0 != rec->expire_ms;
+  if (e || (lru && old && (e = idx_del(txn, s->kvlru, lru0, hex, err))) ||
+      (lru && (e = idx_put(txn, s->kvlru, rec->last_used_ms, hex, err))) ||
+      (exp && exp0 && (e = idx_del(txn, s->kvexp, exp0, hex, err))) ||
+      (exp && rec->expire_ms &&
+       (e = idx_put(txn, s->kvexp, rec->expire_ms, hex, err))))
     return e;
-  return kv_bytes_add(txn, s, (int64_t)rec->size, err);
+  return kv_bytes_add(txn, s, (int64_t)rec->size - (old ? (int64_t)old->size
+                                                        : 0), batch, err);
+}
+
+kc_err kcs_kv_rec_put(kc_store *s, MDB_txn *txn, const char *hex,
+                      const kcs_kv_rec *rec, const void *key, char *err) {
+  return rec_put(s, txn, hex, rec, NULL, key, NULL, err);
 }
 
 /* ---- kc_store_kv_apply ---- */
@@ -228,13 +260,15 @@ typedef struct kv_job {
   char hex[KC_HEX_LEN + 1];    /* LMDB key: sha256 of the RESP key */
   char digest[KC_HEX_LEN + 1]; /* SET: the value's */
   int skip;                    /* failed on its own (op->err) */
+  int noop;                    /* a SET that changed nothing stored */
 } kv_job;
 
 typedef struct apply_ctx {
   kv_job *jobs;
   size_t n;
   int64_t now_ms;
-  size_t at; /* the op running, for a full map */
+  size_t at;        /* the op running, for a full map */
+  int64_t kv_bytes; /* the batch's change to the RESP bytes counter */
 } apply_ctx;
 
 /* The key's state for an op: *present (a record, live or not), *live. */
@@ -272,8 +306,53 @@ static kc_err copy_old(kc_store_kv_op *op, const kv_state *st, char *err) {
   return KC_OK;
 }
 
+static int blob_held(kc_store *s, MDB_txn *txn, const char *digest) {
+  MDB_val k = kcs_hex_val(digest), v;
+  return mdb_get(txn, s->blobmeta, &k, &v) == 0;
+}
+
+/* The SET changes nothing stored: the key holds the same value with the same
+ * expiry (redis-benchmark's SETs, a cache writing what it just read). Only
+ * its use is recorded, in memory and batched as reads' are. */
+static int set_is_noop(const kv_job *j, const kv_state *st, int64_t exp) {
+  return st->live && st->rec.expire_ms == exp &&
+         st->rec.size == j->op->vlen &&
+         memcmp(st->rec.digest, j->digest, KC_HEX_LEN) == 0;
+}
+
+/* The key's record now names the op's value: the new reference before the
+ * old one goes (the same value is not freed and written again); a
+ * replaced record keeps the index entries whose times did not change. */
+static kc_err set_rec(kc_store *s, MDB_txn *txn, kv_job *j, const kv_state *st,
+                      int64_t exp, int64_t *batch, char *err) {
+  kc_store_kv_op *op = j->op;
+  /* the same value: the old record's reference passes to the new one; a
+   * blob scrubbed away under it (no reference left) is stored again */
+  int same = st->present && memcmp(st->rec.digest, j->digest, KC_HEX_LEN) == 0;
+  kc_err e = same && (st->live || blob_held(s, txn, j->digest))
+                 ? KC_OK
+                 : value_ref(s, txn, j->digest, op->val, op->vlen, err);
+  /* a replaced record keeps its LRU entry: the use goes with the reads'
+   * (kvuses, flushed once a second), not into this commit */
+  int64_t now = kcs_now_ms();
+  kcs_kv_rec rec = {.size = op->vlen, .expire_ms = exp,
+                    .last_used_ms = st->present ? st->rec.last_used_ms : now,
+                    .klen = (uint32_t)op->klen};
+  memcpy(rec.digest, j->digest, KC_HEX_LEN);
+  if (st->present)
+    kcs_uses_record(&s->kvuses, j->hex, now);
+  if (e || (e = rec_put(s, txn, j->hex, &rec, st->present ? &st->rec : NULL,
+                        op->key, batch, err)) ||
+      !st->present || same)
+    return e;
+  char old[KC_HEX_LEN + 1];
+  memcpy(old, st->rec.digest, KC_HEX_LEN);
+  old[KC_HEX_LEN] = '\0';
+  return kv_unref(s, txn, old, 0, err);
+}
+
 static kc_err op_set(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
-                     char *err) {
+                     int64_t *batch, char *err) {
   kc_store_kv_op *op = j->op;
   kv_state st;
   kc_err e = state_of(s, txn, j, now_ms, &st);
@@ -284,30 +363,25 @@ static kc_err op_set(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
     return e; /* done stays 0: refused */
   int64_t exp = (op->flags & KC_KV_KEEPTTL) && st.live ? st.rec.expire_ms
                                                        : op->expire_ms;
-  int dead = exp && exp <= now_ms; /* set in the past: gone at once */
-  /* The new reference before the old one goes: the same value is not
-   * freed and written again. */
-  if (!dead && (e = value_ref(s, txn, j->digest, op->val, op->vlen, err)))
-    return e;
-  if (st.present && (e = kcs_kv_drop(s, txn, j->hex, &st.rec, 0, err)))
-    return e;
   op->done = 1;
-  if (dead)
+  if (exp && exp <= now_ms) /* set in the past: gone at once */
+    return st.present ? kv_drop(s, txn, j->hex, &st.rec, 0, batch, err) : e;
+  if (set_is_noop(j, &st, exp)) {
+    j->noop = 1;
+    kcs_uses_record(&s->kvuses, j->hex, kcs_now_ms());
     return KC_OK;
-  kcs_kv_rec rec = {.size = op->vlen, .expire_ms = exp,
-                    .last_used_ms = kcs_now_ms(), .klen = (uint32_t)op->klen};
-  memcpy(rec.digest, j->digest, KC_HEX_LEN);
-  return kcs_kv_rec_put(s, txn, j->hex, &rec, op->key, err);
+  }
+  return set_rec(s, txn, j, &st, exp, batch, err);
 }
 
 static kc_err op_del(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
-                     char *err) {
+                     int64_t *batch, char *err) {
   kv_state st;
   kc_err e = state_of(s, txn, j, now_ms, &st);
   if (e || !st.present)
     return e;
   j->op->done = (uint64_t)st.live;
-  return kcs_kv_drop(s, txn, j->hex, &st.rec, 0, err);
+  return kv_drop(s, txn, j->hex, &st.rec, 0, batch, err);
 }
 
 /* Redis 7's EXPIRE flags; no expiry counts as an infinite one for GT/LT. */
@@ -322,7 +396,7 @@ static int expire_refused(int flags, int64_t cur, int64_t want) {
 }
 
 static kc_err op_expire(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
-                        char *err) {
+                        int64_t *batch, char *err) {
   kc_store_kv_op *op = j->op;
   kv_state st;
   kc_err e = state_of(s, txn, j, now_ms, &st);
@@ -331,7 +405,7 @@ static kc_err op_expire(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
     return e;
   op->done = 1;
   if (op->expire_ms <= now_ms)
-    return kcs_kv_drop(s, txn, j->hex, &st.rec, 0, err);
+    return kv_drop(s, txn, j->hex, &st.rec, 0, batch, err);
   return KC_OK; /* set below by retime */
 }
 
@@ -374,7 +448,8 @@ static kc_err op_persist(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
   return retime(s, txn, j, now_ms, 0, err);
 }
 
-static kc_err op_flush(kc_store *s, MDB_txn *txn, kv_job *j, char *err) {
+static kc_err op_flush(kc_store *s, MDB_txn *txn, kv_job *j, int64_t *batch,
+                       char *err) {
   MDB_cursor *cur;
   MDB_val k, v;
   int rc = mdb_cursor_open(txn, s->kv, &cur);
@@ -390,7 +465,7 @@ static kc_err op_flush(kc_store *s, MDB_txn *txn, kv_job *j, char *err) {
     }
     memcpy(hex, k.mv_data, KC_HEX_LEN);
     memcpy(&rec, v.mv_data, sizeof rec);
-    if (!(e = kcs_kv_drop(s, txn, hex, &rec, 0, err)) &&
+    if (!(e = kv_drop(s, txn, hex, &rec, 0, batch, err)) &&
         !(e = kcs_queue_add(s, txn, KCS_Q_KVDEL, hex, NULL, err)))
       j->op->done++;
   }
@@ -406,7 +481,8 @@ static kc_err op_flush(kc_store *s, MDB_txn *txn, kv_job *j, char *err) {
 static kc_err queue_key(kc_store *s, MDB_txn *txn, const kv_job *j,
                         char *err) {
   kc_store_kv_op *op = j->op;
-  if (!s->tier || op->op == KC_KV_FLUSH || (!op->done && op->op != KC_KV_DEL))
+  if (!s->tier || op->op == KC_KV_FLUSH || j->noop ||
+      (!op->done && op->op != KC_KV_DEL))
     return KC_OK;
   kcs_kv_rec rec;
   kc_err e = kcs_kv_rec_get(txn, s, j->hex, &rec, NULL);
@@ -416,24 +492,24 @@ static kc_err queue_key(kc_store *s, MDB_txn *txn, const kv_job *j,
 }
 
 static kc_err run_one(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
-                      char *err);
+                      int64_t *batch, char *err);
 
 static kc_err run_op(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
-                     char *err) {
-  kc_err e = run_one(s, txn, j, now_ms, err);
+                     int64_t *batch, char *err) {
+  kc_err e = run_one(s, txn, j, now_ms, batch, err);
   return e ? e : queue_key(s, txn, j, err);
 }
 
 static kc_err run_one(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
-                      char *err) {
+                      int64_t *batch, char *err) {
   kc_store_kv_op *op = j->op;
   switch (op->op) {
   case KC_KV_SET:
-    return op_set(s, txn, j, now_ms, err);
+    return op_set(s, txn, j, now_ms, batch, err);
   case KC_KV_DEL:
-    return op_del(s, txn, j, now_ms, err);
+    return op_del(s, txn, j, now_ms, batch, err);
   case KC_KV_EXPIRE: {
-    kc_err e = op_expire(s, txn, j, now_ms, err);
+    kc_err e = op_expire(s, txn, j, now_ms, batch, err);
     if (e || !op->done || op->expire_ms <= now_ms)
       return e;
     return retime(s, txn, j, now_ms, op->expire_ms, err);
@@ -441,7 +517,7 @@ static kc_err run_one(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
   case KC_KV_PERSIST:
     return op_persist(s, txn, j, now_ms, err);
   case KC_KV_FLUSH:
-    return op_flush(s, txn, j, err);
+    return op_flush(s, txn, j, batch, err);
   }
   return kc_errf(err, KC_EINVAL, "unknown RESP store op %d", (int)op->op);
 }
@@ -457,19 +533,22 @@ static void reset_results(kc_store_kv_op *op) {
 static kc_err apply_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   apply_ctx *c = ud;
   c->at = NONE;
+  c->kv_bytes = 0;
   for (size_t i = 0; i < c->n; i++)
-    if (!c->jobs[i].skip)
+    if (!c->jobs[i].skip) {
       reset_results(c->jobs[i].op);
+      c->jobs[i].noop = 0;
+    }
   for (size_t i = 0; i < c->n; i++) {
     if (c->jobs[i].skip)
       continue;
     c->at = i;
-    kc_err e = run_op(s, txn, &c->jobs[i], c->now_ms, err);
+    kc_err e = run_op(s, txn, &c->jobs[i], c->now_ms, &c->kv_bytes, err);
     if (e)
       return e;
   }
   c->at = NONE;
-  return KC_OK;
+  return kv_bytes_add(txn, s, c->kv_bytes, NULL, err);
 }
 
 /* Checks and hashes an op before the write lock: 0 to run it, else its own
@@ -528,7 +607,7 @@ static kc_err run_batch(kc_store *s, apply_ctx *c, char *err) {
 
 kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
                          int64_t now_ms, char *err) {
-  apply_ctx c = {calloc(n ? n : 1, sizeof *c.jobs), n, now_ms, NONE};
+  apply_ctx c = {calloc(n ? n : 1, sizeof *c.jobs), n, now_ms, NONE, 0};
   if (!c.jobs) {
     for (size_t i = 0; i < n; i++)
       ops[i].err = KC_NOMEM;

@@ -951,6 +951,106 @@ class Resp3Auth(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+def big_gets_reply(n, size):
+    """The bytes n GETs of a size-byte value answer."""
+    return n * (len(b"$%d\r\n" % size) + size + 2)
+
+
+def read_exactly(s, n, timeout=10):
+    """Reads n bytes from s; fewer when it waits more than timeout."""
+    s.settimeout(timeout)
+    out = bytearray()
+    try:
+        while len(out) < n:
+            d = s.recv(min(1 << 20, n - len(out)))
+            if not d:
+                break
+            out += d
+    except socket.timeout:
+        pass
+    return bytes(out)
+
+
+def pipelined_gets(sock, key, n, value):
+    """Sends n GETs of key at once, then reads every reply (the server runs
+    the buffered commands after draining its first replies, with no more
+    input to wake it)."""
+    cmd = b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key)
+    sock.sendall(cmd * n)
+    want = (b"$%d\r\n" % len(value) + value + b"\r\n") * n
+    got = read_exactly(sock, len(want))
+    return len(got), got == want
+
+
+def rss_anon_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return 0
+
+
+class LargePipelines(unittest.TestCase):
+    """Pipelined reads whose replies pass the output mark (1 MiB)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server().start()
+        cls.value = os.urandom(1 << 20)
+        r = cls.srv.client()
+        r.set("big:1m", cls.value)
+        r.close()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.srv.dir, ignore_errors=True)
+
+    def test_pipelines_of_1mib_gets(self):
+        for n in (3, 10, 50):
+            with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
+                got, same = pipelined_gets(s, b"big:1m", n, self.value)
+                self.assertEqual(got, big_gets_reply(n, len(self.value)),
+                                 "%d GETs" % n)
+                self.assertTrue(same, "%d GETs" % n)
+
+    def test_large_gets_after_a_write(self):
+        """The GETs wait for the SET's group commit, then run from the
+        committer's return: past the mark they must go on too."""
+        with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
+            s.sendall(b"SET big:w 1\r\n" + b"GET big:1m\r\n" * 10)
+            self.assertEqual(read_exactly(s, 5), b"+OK\r\n")
+            want = big_gets_reply(10, len(self.value))
+            self.assertEqual(len(read_exactly(s, want)), want)
+
+    def test_pipeline_then_eof_is_answered(self):
+        with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
+            s.sendall(b"GET big:1m\r\n" * 5)
+            s.shutdown(socket.SHUT_WR)
+            got = read_exactly(s, big_gets_reply(5, len(self.value)) + 1)
+            self.assertEqual(len(got), big_gets_reply(5, len(self.value)))
+
+    def test_slow_reader_bounded_memory(self):
+        """A client that pipelines 200 large GETs and reads slowly holds
+        about the output mark in the server, not 200 MiB."""
+        n = 200
+        before = rss_anon_kib(self.srv.proc.pid)
+        with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            s.sendall(b"GET big:1m\r\n" * n)
+            peak = 0
+            for _ in range(10):
+                read_exactly(s, 256 * 1024)
+                time.sleep(0.1)
+                peak = max(peak, rss_anon_kib(self.srv.proc.pid))
+            self.assertLess(peak - before, 48 * 1024, (before, peak))
+            rest = big_gets_reply(n, len(self.value)) - 10 * 256 * 1024
+            self.assertEqual(len(read_exactly(s, rest)), rest)
+        r = self.srv.client()
+        self.assertTrue(r.ping())
+        r.close()
+
+
 # ---- TLS ----
 
 def openssl(*args, cwd):
@@ -1108,6 +1208,24 @@ class Tls(unittest.TestCase):
         self.assertGreaterEqual(failures(self.metrics()),
                                 failures(before) + 2)
 
+    def test_pipelined_large_gets_over_tls(self):
+        import ssl
+        r = self.client()
+        value = os.urandom(1 << 20)
+        r.set("tls:1m", value)
+        r.close()
+        ctx = ssl.create_default_context(cafile=self.ca)
+        tok = self.toks["read"].encode()
+        for n in (3, 10, 50):
+            with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
+                with ctx.wrap_socket(s, server_hostname="127.0.0.1") as t:
+                    t.sendall(b"AUTH " + tok + b"\r\n")
+                    self.assertEqual(read_exactly(t, 5), b"+OK\r\n")
+                    got, same = pipelined_gets(t, b"tls:1m", n, value)
+                    self.assertEqual(got, big_gets_reply(n, len(value)),
+                                     "%d GETs" % n)
+                    self.assertTrue(same)
+
     def test_resp3_over_tls(self):
         tok = self.toks["read"].encode()
         want_end = b"*0\r\n_\r\n"
@@ -1125,6 +1243,53 @@ class Tls(unittest.TestCase):
         s.close()
         self.assertGreater(took, 8)
         self.assertLess(took, 15)
+
+
+class TlsOffForResp(unittest.TestCase):
+    """--resp-tls off: HTTP stays HTTPS, RESP speaks plaintext (Triton's
+    redis.Redis(host, port) on the same kcached)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.d = tempfile.mkdtemp(prefix="kc-resp-")
+        cls.toks, path = make_tokens(cls.d)
+        cls.ca, cls.cert, cls.key = make_pki(cls.d)
+        cls.srv = Server("--tokens", path, "--tls-cert", cls.cert,
+                         "--tls-key", cls.key, "--resp-tls", "off",
+                         "--resp-anonymous-role", "write",
+                         "--metrics-role", "none", data_dir=cls.d).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.d, ignore_errors=True)
+
+    def test_plain_resp_beside_https(self):
+        import ssl
+        r = redis.Redis(host="127.0.0.1", port=self.srv.port)
+        self.assertTrue(r.set("triton:k", b"v"))
+        self.assertEqual(r.get("triton:k"), b"v")
+        r.close()
+        r = redis.Redis(host="127.0.0.1", port=self.srv.port,
+                        password=self.toks["read"])
+        self.assertEqual(r.get("triton:k"), b"v")
+        r.close()
+        with open(os.path.join(self.d, "http-port")) as f:
+            port = int(f.read())
+        ctx = ssl.create_default_context(cafile=self.ca)
+        with urllib.request.urlopen("https://127.0.0.1:%d/metrics" % port,
+                                    timeout=10, context=ctx) as resp:
+            self.assertIn(b"kcached_resp_", resp.read())
+        with self.assertRaises(Exception):  # HTTP is not plaintext
+            urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
+                                   timeout=5).read()
+
+    def test_tls_client_fails(self):
+        import ssl
+        ctx = ssl.create_default_context(cafile=self.ca)
+        with socket.create_connection(("127.0.0.1", self.srv.port), 5) as s:
+            with self.assertRaises((ssl.SSLError, OSError)):
+                ctx.wrap_socket(s, server_hostname="127.0.0.1")
 
 
 class TlsConfig(unittest.TestCase):
@@ -1147,6 +1312,29 @@ class TlsConfig(unittest.TestCase):
             self.assertIn(b"--allow-plaintext", out)
             p = self.run_kcached(d, "--tokens", path, "--tls-cert", cert,
                                  "--tls-key", key)
+            time.sleep(1.5)
+            self.assertIsNone(p.poll(), p.stdout.read() if p.poll() else "")
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=30)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_resp_tls_off_needs_allow_plaintext(self):
+        d = tempfile.mkdtemp(prefix="kc-resp-")
+        try:
+            toks, path = make_tokens(d)
+            ca, cert, key = make_pki(d)
+            tls = ["--tokens", path, "--tls-cert", cert, "--tls-key", key]
+            p = self.run_kcached(d, *tls, "--resp-tls", "off")
+            out = p.communicate(timeout=30)[0]
+            self.assertEqual(p.returncode, 2, out)
+            self.assertIn(b"--allow-plaintext", out)
+            p = self.run_kcached(d, "--resp-tls", "on")  # no certificate
+            out = p.communicate(timeout=30)[0]
+            self.assertEqual(p.returncode, 2, out)
+            self.assertIn(b"--resp-tls on", out)
+            p = self.run_kcached(d, *tls, "--resp-tls", "off",
+                                 "--allow-plaintext")
             time.sleep(1.5)
             self.assertIsNone(p.poll(), p.stdout.read() if p.poll() else "")
             p.send_signal(signal.SIGTERM)

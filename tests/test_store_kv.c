@@ -21,6 +21,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1127,6 +1128,89 @@ static int run_rgw(void) {
   return kc_testrgw_finish(&g_rgw, up, fails);
 }
 
+/* ---- SETs that change little (appended) ---- */
+
+/* Bytes this process passed to write(2)/pwrite(2) so far. */
+static uint64_t wchar_now(void) {
+  FILE *fp = fopen("/proc/self/io", "r");
+  char line[128];
+  uint64_t v = 0;
+  while (fp && fgets(line, sizeof line, fp))
+    if (sscanf(line, "wchar: %" SCNu64, &v) == 1)
+      break;
+  if (fp)
+    fclose(fp);
+  return v;
+}
+
+/* A SET of the value and expiry the key holds writes nothing (no commit
+ * pages); one that changes the value or the expiry keeps the refcounts,
+ * kv_bytes and the expiry index right, in one batch or many. */
+static void test_set_same_and_replace(void **state) {
+  fx *f = *state;
+  kc_store *s = open_kv(f->dir, 0, 0, 0);
+  size_t n = 100 * KiB, m = 50 * KiB;
+  uint8_t *p = bytes(n, 21), *q = bytes(m, 22);
+  int64_t now = now_ms(), exp = now + 100000;
+  assert_int_equal(set(s, "k", p, n, 0, 0, now), 1);
+  uint64_t w0 = wchar_now();
+  for (int i = 0; i < 10; i++)
+    assert_int_equal(set(s, "k", p, n, 0, 0, now), 1);
+  if (w0) /* /proc/self/io readable */
+    assert_true(wchar_now() - w0 < 4096);
+  kc_store_stats st = stats(s);
+  assert_int_equal(st.blobs, 1);
+  assert_int_equal(st.kv_keys, 1);
+  assert_int_equal(st.kv_bytes, n);
+  expect_val(s, "k", 1, p, n, now);
+  /* the same value with an expiry, again, then none */
+  assert_int_equal(set(s, "k", p, n, 0, exp, now), 1);
+  assert_int_equal(set(s, "k", p, n, 0, exp, now), 1);
+  assert_int_equal(stats(s).kv_expires, 1);
+  assert_int_equal(expiry_of(s, "k", now), exp);
+  assert_int_equal(set(s, "k", p, n, KC_KV_KEEPTTL, 0, now), 1);
+  assert_int_equal(expiry_of(s, "k", now), exp);
+  assert_int_equal(set(s, "k", p, n, 0, 0, now), 1);
+  assert_int_equal(stats(s).kv_expires, 0);
+  /* another value: the old one is freed, the bytes follow */
+  assert_int_equal(set(s, "k", q, m, 0, exp, now), 1);
+  st = stats(s);
+  assert_int_equal(st.blobs, 1);
+  assert_int_equal(st.kv_bytes, m);
+  assert_int_equal(st.kv_expires, 1);
+  expect_val(s, "k", 1, q, m, now);
+  /* one batch: a=p, b=p, k=p (same expiry), a=q, b deleted */
+  kc_store_kv_op ops[5] = {
+      {.op = KC_KV_SET, .key = "a", .klen = 1, .val = p, .vlen = n},
+      {.op = KC_KV_SET, .key = "b", .klen = 1, .val = p, .vlen = n},
+      {.op = KC_KV_SET, .key = "k", .klen = 1, .val = p, .vlen = n,
+       .expire_ms = exp},
+      {.op = KC_KV_SET, .key = "a", .klen = 1, .val = q, .vlen = m},
+      {.op = KC_KV_DEL, .key = "b", .klen = 1}};
+  OK(kc_store_kv_apply(s, ops, 5, now, errbuf));
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(ops[i].err, KC_OK);
+    assert_int_equal(ops[i].done, 1);
+  }
+  st = stats(s);
+  assert_int_equal(st.kv_keys, 2);
+  assert_int_equal(st.kv_bytes, n + m);
+  assert_int_equal(st.blobs, 2);
+  assert_int_equal(st.kv_expires, 1);
+  expect_val(s, "a", 1, q, m, now);
+  expect_val(s, "k", 1, p, n, now);
+  /* every reference counted once: deleting both frees both values */
+  assert_int_equal(del(s, "a"), 1);
+  assert_int_equal(del(s, "k"), 1);
+  st = stats(s);
+  assert_int_equal(st.blobs, 0);
+  assert_int_equal(st.kv_bytes, 0);
+  assert_int_equal(st.kv_expires, 0);
+  kc_store_close(s);
+  free(p);
+  free(q);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "s3") == 0) {
     signal(SIGPIPE, SIG_IGN);
@@ -1153,6 +1237,7 @@ int main(int argc, char **argv) {
       ST(test_crash_sigkill),
       ST(test_scrub_rotted_value),
       ST(test_tier_queue_when_s3_down),
+      ST(test_set_same_and_replace),
   };
   return storetest_run("store_kv", tests, sizeof tests / sizeof tests[0]);
 }
