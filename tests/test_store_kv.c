@@ -1158,7 +1158,7 @@ static void test_set_same_and_replace(void **state) {
     assert_int_equal(set(s, "k", p, n, 0, 0, now), 1);
   if (w0) /* /proc/self/io readable */
     assert_true(wchar_now() - w0 < 4096);
-  kc_store_stats st = stats(s);
+  kc_store_stats st = get_stats(s);
   assert_int_equal(st.blobs, 1);
   assert_int_equal(st.kv_keys, 1);
   assert_int_equal(st.kv_bytes, n);
@@ -1174,7 +1174,7 @@ static void test_set_same_and_replace(void **state) {
   assert_int_equal(stats(s).kv_expires, 0);
   /* another value: the old one is freed, the bytes follow */
   assert_int_equal(set(s, "k", q, m, 0, exp, now), 1);
-  st = stats(s);
+  st = get_stats(s);
   assert_int_equal(st.blobs, 1);
   assert_int_equal(st.kv_bytes, m);
   assert_int_equal(st.kv_expires, 1);
@@ -1192,7 +1192,7 @@ static void test_set_same_and_replace(void **state) {
     assert_int_equal(ops[i].err, KC_OK);
     assert_int_equal(ops[i].done, 1);
   }
-  st = stats(s);
+  st = get_stats(s);
   assert_int_equal(st.kv_keys, 2);
   assert_int_equal(st.kv_bytes, n + m);
   assert_int_equal(st.blobs, 2);
@@ -1202,7 +1202,7 @@ static void test_set_same_and_replace(void **state) {
   /* every reference counted once: deleting both frees both values */
   assert_int_equal(del(s, "a"), 1);
   assert_int_equal(del(s, "k"), 1);
-  st = stats(s);
+  st = get_stats(s);
   assert_int_equal(st.blobs, 0);
   assert_int_equal(st.kv_bytes, 0);
   assert_int_equal(st.kv_expires, 0);
