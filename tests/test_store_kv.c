@@ -1166,12 +1166,12 @@ static void test_set_same_and_replace(void **state) {
   /* the same value with an expiry, again, then none */
   assert_int_equal(set(s, "k", p, n, 0, exp, now), 1);
   assert_int_equal(set(s, "k", p, n, 0, exp, now), 1);
-  assert_int_equal(stats(s).kv_expires, 1);
+  assert_int_equal(get_stats(s).kv_expires, 1);
   assert_int_equal(expiry_of(s, "k", now), exp);
   assert_int_equal(set(s, "k", p, n, KC_KV_KEEPTTL, 0, now), 1);
   assert_int_equal(expiry_of(s, "k", now), exp);
   assert_int_equal(set(s, "k", p, n, 0, 0, now), 1);
-  assert_int_equal(stats(s).kv_expires, 0);
+  assert_int_equal(get_stats(s).kv_expires, 0);
   /* another value: the old one is freed, the bytes follow */
   assert_int_equal(set(s, "k", q, m, 0, exp, now), 1);
   st = get_stats(s);
