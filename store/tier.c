@@ -286,6 +286,29 @@ static kc_err unpark_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   return e;
 }
 
+/* A blob's content for the bucket: a compressed one is decompressed into
+ * *heap (the caller frees it); objects hold content, named by its digest. */
+kc_err kcs_tier_blob_bytes(kc_store_read *r, const char *digest,
+                           const void **data, size_t *len, void **heap,
+                           char *err) {
+  kc_store_enc enc;
+  uint64_t size;
+  *heap = NULL;
+  kc_err e = kc_store_blob_get_stored(r, digest, data, len, &enc, &size);
+  if (e || enc == KC_STORE_RAW)
+    return e;
+  if (!(*heap = malloc(size ? size : 1)))
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  if ((e = kc_store_zstd_decode(*data, *len, *heap, size, err))) {
+    free(*heap);
+    *heap = NULL;
+    return e;
+  }
+  *data = *heap;
+  *len = size;
+  return KC_OK;
+}
+
 static kc_err put_obj(kcs_tier *t, const char *obj, const void *data,
                       size_t len, const kcs3_put_opts *po, char *err) {
   uint64_t t0 = kcs_tier_now_us();
@@ -296,7 +319,8 @@ static kc_err put_blob(kcs_tier *t, kc_store_read *r, const char *digest,
                        char *err) {
   const void *data;
   size_t len;
-  kc_err e = kc_store_blob_get(r, digest, &data, &len);
+  void *heap = NULL;
+  kc_err e = kcs_tier_blob_bytes(r, digest, &data, &len, &heap, err);
   if (e == KC_NOT_FOUND)
     return KC_OK; /* collected as garbage since: nothing to keep */
   if (e)
@@ -305,6 +329,7 @@ static kc_err put_blob(kcs_tier *t, kc_store_read *r, const char *digest,
   kcs_tier_obj(t, obj, "blobs", digest);
   kcs3_put_opts po = {.if_none_match = 1, .sha256_hex = digest};
   e = put_obj(t, obj, data, len, &po, err);
+  free(heap);
   return e == KC_CONFLICT ? KC_OK : e; /* the same bytes are there */
 }
 

@@ -1,0 +1,10 @@
+# tests/zstd.cmake: blobs held zstd-compressed and sent so (issue 18).
+# store_zstd: the store's side (store/zstd.c, blob.c): kept compressed when
+# that saves an eighth, uploads arriving as frames, bad frames and bombs,
+# verify and scrub, old stores, RESP values. server_zstd: GET/HEAD/PUT with
+# Accept-Encoding and Content-Encoding on a real kcached. s3_zstd: the S3
+# tier on the test RGW.
+add_executable(test_store_zstd ${CMAKE_CURRENT_LIST_DIR}/test_store_zstd.c)
+target_link_libraries(test_store_zstd PRIVATE kc_storetest PkgConfig::ZSTD)
+add_test(NAME store_zstd COMMAND test_store_zstd)
+set_tests_properties(store_zstd PROPERTIES TIMEOUT 300)
