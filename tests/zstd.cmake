@@ -8,3 +8,8 @@ add_executable(test_store_zstd ${CMAKE_CURRENT_LIST_DIR}/test_store_zstd.c)
 target_link_libraries(test_store_zstd PRIVATE kc_storetest PkgConfig::ZSTD)
 add_test(NAME store_zstd COMMAND test_store_zstd)
 set_tests_properties(store_zstd PROPERTIES TIMEOUT 300)
+
+add_executable(test_server_zstd ${CMAKE_CURRENT_LIST_DIR}/test_server_zstd.c)
+target_link_libraries(test_server_zstd PRIVATE kc_servertest PkgConfig::ZSTD)
+add_test(NAME server_zstd COMMAND test_server_zstd)
+set_tests_properties(server_zstd PROPERTIES TIMEOUT 300)
