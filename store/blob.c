@@ -529,6 +529,11 @@ kc_err kc_store_upload_write(kc_store_upload *u, const void *data, size_t len,
   return spool_write(u, data, len, err);
 }
 
+int kcs_upload_frame(const kc_store_upload *u, uint64_t *zlen) {
+  *zlen = u->max_out ? u->spooled : 0;
+  return u->max_out != 0;
+}
+
 uint64_t kc_store_upload_size(const kc_store_upload *u) {
   return u ? u->size : 0;
 }

@@ -37,13 +37,11 @@ static kc_err ensure_value(kcs_tier *t, kc_store_read *r, const char *digest,
     return e;
   const void *data;
   size_t len;
-  void *heap;
-  if ((e = kcs_tier_blob_bytes(r, digest, &data, &len, &heap, err)))
+  kcs3_put_opts po;
+  if ((e = kcs_tier_blob_obj(r, digest, &data, &len, &po)))
     return e == KC_NOT_FOUND ? KC_OK : e; /* gone: the record is moot */
-  kcs3_put_opts po = {.if_none_match = 1, .sha256_hex = digest};
   t0 = kcs_tier_now_us();
   e = kcs_tier_done(t, t0, kcs3_put(t->wh, obj, data, len, &po, NULL, err));
-  free(heap);
   return e == KC_CONFLICT ? KC_OK : e;
 }
 

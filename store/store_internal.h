@@ -238,6 +238,9 @@ kc_err kcs_zstd_hash(const void *z, size_t zlen, uint64_t raw,
  * (bytes_used + this = the content's size). */
 kc_err kcs_saved_add(MDB_txn *txn, kc_store *s, int64_t delta, char *err);
 kc_err kcs_saved_get(MDB_txn *txn, kc_store *s, uint64_t *out);
+/* blob.c: 1 (and the frame's bytes in *zlen) when the upload received a
+ * zstd frame (kc_store_upload_zstd): its spool holds the frame. */
+int kcs_upload_frame(const kc_store_upload *u, uint64_t *zlen);
 /* bundle.c: deletes a bundle, its index entries and its blob references. */
 kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
                        int drop_blobs, char *err);

@@ -286,27 +286,20 @@ static kc_err unpark_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   return e;
 }
 
-/* A blob's content for the bucket: a compressed one is decompressed into
- * *heap (the caller frees it); objects hold content, named by its digest. */
-kc_err kcs_tier_blob_bytes(kc_store_read *r, const char *digest,
-                           const void **data, size_t *len, void **heap,
-                           char *err) {
+/* A blob's object as held (issue 18): a compressed one goes up as its
+ * frame, marked x-amz-meta-kcache-encoding: zstd (S3 checks the payload
+ * hash of the frame, computed by s3.c); a raw one with its digest as the
+ * payload hash. Read-through decodes by that mark. */
+kc_err kcs_tier_blob_obj(kc_store_read *r, const char *digest,
+                         const void **data, size_t *len, kcs3_put_opts *po) {
   kc_store_enc enc;
-  uint64_t size;
-  *heap = NULL;
-  kc_err e = kc_store_blob_get_stored(r, digest, data, len, &enc, &size);
-  if (e || enc == KC_STORE_RAW)
-    return e;
-  if (!(*heap = malloc(size ? size : 1)))
-    return kc_errf(err, KC_NOMEM, "out of memory");
-  if ((e = kc_store_zstd_decode(*data, *len, *heap, size, err))) {
-    free(*heap);
-    *heap = NULL;
-    return e;
+  kc_err e = kc_store_blob_get_stored(r, digest, data, len, &enc, NULL);
+  *po = (kcs3_put_opts){.if_none_match = 1, .sha256_hex = digest};
+  if (!e && enc == KC_STORE_ZSTD) {
+    po->sha256_hex = NULL;
+    po->encoding = "zstd";
   }
-  *data = *heap;
-  *len = size;
-  return KC_OK;
+  return e;
 }
 
 static kc_err put_obj(kcs_tier *t, const char *obj, const void *data,
@@ -319,17 +312,15 @@ static kc_err put_blob(kcs_tier *t, kc_store_read *r, const char *digest,
                        char *err) {
   const void *data;
   size_t len;
-  void *heap = NULL;
-  kc_err e = kcs_tier_blob_bytes(r, digest, &data, &len, &heap, err);
+  kcs3_put_opts po;
+  kc_err e = kcs_tier_blob_obj(r, digest, &data, &len, &po);
   if (e == KC_NOT_FOUND)
     return KC_OK; /* collected as garbage since: nothing to keep */
   if (e)
     return kc_errf(err, e, "reading blob %s", digest);
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "blobs", digest);
-  kcs3_put_opts po = {.if_none_match = 1, .sha256_hex = digest};
   e = put_obj(t, obj, data, len, &po, err);
-  free(heap);
   return e == KC_CONFLICT ? KC_OK : e; /* the same bytes are there */
 }
 

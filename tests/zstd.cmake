@@ -13,3 +13,10 @@ add_executable(test_server_zstd ${CMAKE_CURRENT_LIST_DIR}/test_server_zstd.c)
 target_link_libraries(test_server_zstd PRIVATE kc_servertest PkgConfig::ZSTD)
 add_test(NAME server_zstd COMMAND test_server_zstd)
 set_tests_properties(server_zstd PROPERTIES TIMEOUT 300)
+
+add_executable(test_s3_zstd ${CMAKE_CURRENT_LIST_DIR}/test_s3_zstd.c)
+target_link_libraries(test_s3_zstd PRIVATE kc_testrgw kc_store kc_schema
+                      PkgConfig::CMOCKA PkgConfig::CURL PkgConfig::ZSTD
+                      Threads::Threads)
+add_test(NAME s3_zstd COMMAND test_s3_zstd)
+set_tests_properties(s3_zstd PROPERTIES TIMEOUT 400 SKIP_RETURN_CODE 77)
