@@ -19,11 +19,13 @@
 #    length of a GET with Accept-Encoding: zstd) against their content's
 #    size; /v1/stats bytes_used and bytes_raw of A and B.
 # 3. GET throughput of incompressible 16 MiB blobs on loopback: 4 distinct
-#    blobs, GETs in one curl over keep-alive, from a kcached with compression
-#    (request with Accept-Encoding: zstd) and one without (plain request);
-#    BENCH_GET_ROUNDS rounds interleaved, medians of MB/s. Also a compressible
-#    16 MiB blob from the compressing server, sent as the frame and decoded
-#    on the fly.
+#    blobs, 3 GETs of each in one curl over keep-alive, from a kcached with
+#    compression (request with Accept-Encoding: zstd) and, without the
+#    feature, from BENCH_BASE_KCACHED (a kcached built before it; plain
+#    request) when given, else from this kcached with --compress-level 0;
+#    BENCH_GET_ROUNDS rounds, the order alternating, medians of MB/s. Also a
+#    compressible 16 MiB blob from the compressing server, sent as the frame
+#    and decoded on the fly.
 #
 # Targets (issue 18): at 1 Gbit/s the warm of compressible cubins at least
 # 2x faster with zstd; no more than 5% loss on incompressible blobs; stored
@@ -31,8 +33,8 @@
 # MISSED; a missed target exits 1 only with BENCH_STRICT=1.
 #
 # Usage (root: netns, veth, tc): tests/bench/bench_zstd.sh [kcached [kcache]]
-#   env: BENCH_RUNS (5) SYN_BUCKETS (48) BENCH_GET_ROUNDS (5) BENCH_PARALLEL
-#        (8: kcache --parallel) BENCH_STRICT (0)
+#   env: BENCH_RUNS (5) SYN_BUCKETS (48) BENCH_GET_ROUNDS (9) BENCH_PARALLEL
+#        (8: kcache --parallel) BENCH_STRICT (0) BENCH_BASE_KCACHED (none)
 # Needs: ip, tc, curl, python3, NVRTC (/usr/local/cuda). Everything it makes
 # (the namespace, the veth pair, the servers by PID, the temporary
 # directory) is removed at exit by a trap; it touches nothing else.
@@ -44,7 +46,8 @@ kcached=${1:-$root/build/server/kcached}
 kcache=${2:-$root/build/client/kcache}
 runs=${BENCH_RUNS:-5}
 syn_buckets=${SYN_BUCKETS:-48}
-get_rounds=${BENCH_GET_ROUNDS:-5}
+get_rounds=${BENCH_GET_ROUNDS:-9}
+base=${BENCH_BASE_KCACHED:-}
 par=${BENCH_PARALLEL:-8}
 strict=${BENCH_STRICT:-0}
 [ -x "$kcached" ] && [ -x "$kcache" ] || { echo "bench_zstd: need kcached and kcache binaries" >&2; exit 2; }
@@ -96,8 +99,10 @@ start() { # name where(ns|lo) level -> sets url_<name>
   [ "$where" = ns ] && host=$nip &&
     pre=(ip netns exec "$ns" env KCACHED_TOKENS="$tmp/tokens" KCACHED_ALLOW_PLAINTEXT=1)
   mkdir -p "$tmp/$name"
-  "${pre[@]}" "$kcached" --listen $host:0 --port-file "$tmp/$name/port" \
-    --data-dir "$tmp/$name/data" --compress-level "$level" \
+  local bin=$kcached lv=(--compress-level "$level")
+  [ "$level" = base ] && bin=$base && lv=()
+  "${pre[@]}" "$bin" --listen $host:0 --port-file "$tmp/$name/port" \
+    --data-dir "$tmp/$name/data" "${lv[@]}" \
     --max-blob-bytes 64M --scrub-rate 0 >>"$tmp/$name/log" 2>&1 &
   pids+=($!)
   for _ in $(seq 200); do [ -s "$tmp/$name/port" ] && break; sleep 0.05; done
@@ -226,7 +231,7 @@ read -r b_used b_raw < <(kz stats "$url_B")
 
 # ---- GET throughput on loopback ----
 start C lo 3
-start D lo 0
+if [ -n "$base" ]; then start D lo base; else start D lo 0; fi
 for i in 1 2 3 4; do
   head -c $((16 << 20)) /dev/urandom >"$tmp/r$i"
   d=$(sha256sum "$tmp/r$i" | cut -c1-64); rd[$i]=$d
@@ -250,9 +255,14 @@ tput() { # url header digests... -> MB/s of content (16 MiB each), 3 GETs
     awk -v n=$n '{t += $1} END {printf "%.1f", n * 16777216 / t / 1e6}'
 }
 gz=() gr=() gc=() gd=()
-for _ in $(seq "$get_rounds"); do
-  gz+=($(tput "$url_C" "Accept-Encoding: zstd" "${rd[@]}"))
-  gr+=($(tput "$url_D" "" "${rd[@]}"))
+for r in $(seq "$get_rounds"); do
+  if [ $((r % 2)) = 1 ]; then
+    gz+=($(tput "$url_C" "Accept-Encoding: zstd" "${rd[@]}"))
+    gr+=($(tput "$url_D" "" "${rd[@]}"))
+  else
+    gr+=($(tput "$url_D" "" "${rd[@]}"))
+    gz+=($(tput "$url_C" "Accept-Encoding: zstd" "${rd[@]}"))
+  fi
   gc+=($(tput "$url_C" "Accept-Encoding: zstd" "$cd1"))
   gd+=($(tput "$url_C" "" "$cd1"))
 done
@@ -279,7 +289,7 @@ for m in "${models[@]}"; do
   echo "| stored bytes, $m model's cubins | ${held[$m]} | ${raw[$m]} | $(pct "${held[$m]}" "${raw[$m]}")% |"
 done
 echo "| store bytes_used (all blobs and manifests) | $a_used | $b_used | $(pct "$a_used" "$b_used")% |"
-echo "| GET 16 MiB incompressible, loopback, MB/s | $(med "${gz[@]}") | $(med "${gr[@]}") | ${loss}% loss |"
+echo "| GET 16 MiB incompressible, loopback, MB/s (without: ${base:+the kcached before the feature}${base:-this kcached, --compress-level 0}) | $(med "${gz[@]}") | $(med "${gr[@]}") | ${loss}% loss |"
 echo "| GET 16 MiB compressible (server holds a frame), MB/s of content: frame / decoded by the server | $(med "${gc[@]}") | $(med "${gd[@]}") | |"
 echo
 echo "targets: warm of compressible cubins at 1 Gbit/s >= 2x faster: ${sp1}x $(verdict "$(awk -v s="$sp1" 'BEGIN{print (s >= 2)}')")"
