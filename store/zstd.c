@@ -345,14 +345,15 @@ static long stream_decode(kc_store_blob_stream *b, const void *z, size_t zlen,
   ZSTD_outBuffer ob = {buf, max, 0};
   while (ob.pos < ob.size && !b->done) {
     ZSTD_inBuffer in = {(const char *)z + b->zpos, zlen - b->zpos, 0};
+    size_t before = ob.pos;
     size_t left = ZSTD_decompressStream(b->dc, &ob, &in);
     b->zpos += in.pos;
     if (ZSTD_isError(left))
       return -1;
     if (left == 0 && b->zpos == zlen)
       b->done = 1;
-    else if (in.pos == 0 && ob.pos == 0 && b->zpos == zlen)
-      return -1; /* truncated: no input left, no output either */
+    else if (in.pos == 0 && ob.pos == before && b->zpos == zlen)
+      break; /* truncated: no input left, no output either (-1 below) */
   }
   b->out += ob.pos;
   /* called only while bytes are due: none coming means a bad frame */
