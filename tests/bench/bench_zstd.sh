@@ -185,14 +185,13 @@ demo=$root/deploy/examples/demo-mlp/warmup.json
 models=(demo syn)
 declare -A man=([demo]=$demo [syn]=$syn/warmup.json)
 
-warm() { # manifest url dir -> prints seconds; checks all came from the server
-  local t0 t1 rc=0
-  t0=$(now)
-  "$kcache" warm "$1" --url "$2" --cache-dir "$3" --parallel "$par" \
-    --deadline 600 --json --strict --quiet >"$3.json" 2>"$3.err" || rc=$?
-  t1=$(now)
+warm() { # manifest url dir -> prints "wall cpu" seconds (cpu: the client's
+  # user+sys); checks all came from the server
+  local rc=0 TIMEFORMAT='%3R %3U %3S'
+  { time "$kcache" warm "$1" --url "$2" --cache-dir "$3" --parallel "$par" \
+      --deadline 600 --json --strict --quiet >"$3.json" 2>"$3.err" || rc=$?; } 2>"$3.time"
   [ $rc = 0 ] || { tail -3 "$3.err" >&2; die "warm $1 from $2 exited $rc"; }
-  awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.4f", b - a}'
+  awk '{printf "%.4f %.4f", $1, $2 + $3}' "$3.time"
 }
 
 start A ns 3
@@ -205,19 +204,26 @@ for m in "${models[@]}"; do
   kz copy "$url_A" "$url_B" "$(kz hash "${man[$m]}")"
 done
 
-declare -A res
+declare -A res cpu
 for rate in 1gbit 10gbit; do
   shape $rate
   for m in "${models[@]}"; do
-    ta=() tb=()
+    ta=() tb=() ca=() cb=()
     for r in $(seq "$runs"); do
-      ta+=($(warm "${man[$m]}" "$url_A" "$tmp/w-$rate-$m-A-$r"))
-      tb+=($(warm "${man[$m]}" "$url_B" "$tmp/w-$rate-$m-B-$r"))
+      w= c=
+      read -r w c < <(warm "${man[$m]}" "$url_A" "$tmp/w-$rate-$m-A-$r")
+      [ -n "$c" ] || die "a warm from A failed"
+      ta+=($w) ca+=($c)
+      w= c=
+      read -r w c < <(warm "${man[$m]}" "$url_B" "$tmp/w-$rate-$m-B-$r")
+      [ -n "$c" ] || die "a warm from B failed"
+      tb+=($w) cb+=($c)
       read -r hit built failed < <(kz report "$tmp/w-$rate-$m-A-$r.json")
       [ "$built" = 0 ] && [ "$failed" = 0 ] || die "a warm built or failed ($m)"
     done
     res[$rate,$m,A]=$(med "${ta[@]}") res[$rate,$m,B]=$(med "${tb[@]}")
-    echo "bench_zstd: $rate $m: zstd ${ta[*]} | raw ${tb[*]}" >&2
+    cpu[$rate,$m,A]=$(med "${ca[@]}") cpu[$rate,$m,B]=$(med "${cb[@]}")
+    echo "bench_zstd: $rate $m: zstd ${ta[*]} (cpu ${ca[*]}) | raw ${tb[*]} (cpu ${cb[*]})" >&2
   done
 done
 tc qdisc del dev "$vh" root 2>/dev/null || true
@@ -231,7 +237,9 @@ read -r b_used b_raw < <(kz stats "$url_B")
 
 # ---- GET throughput on loopback ----
 start C lo 3
+pid_C=${pids[-1]}
 if [ -n "$base" ]; then start D lo base; else start D lo 0; fi
+pid_D=${pids[-1]}
 for i in 1 2 3 4; do
   head -c $((16 << 20)) /dev/urandom >"$tmp/r$i"
   d=$(sha256sum "$tmp/r$i" | cut -c1-64); rd[$i]=$d
@@ -247,26 +255,30 @@ sys.stdout.buffer.write(w[:16 << 20])
 EOF
 cd1=$(sha256sum "$tmp/c1" | cut -c1-64)
 curl -sf -o /dev/null -X PUT --data-binary @"$tmp/c1" "$url_C/v1/blobs/$cd1"
-tput() { # url header digests... -> MB/s of content (16 MiB each), 3 GETs
-  local u=$1 h=$2 args=() n=0
-  shift 2
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+# url pid header digests... -> "MB/s ms": MB/s of content (16 MiB each) over
+# 3 GETs of each, and the server's CPU ms per GET (utime+stime from /proc:
+# steadier than wall time when other work shares the CPUs)
+tput() {
+  local u=$1 pid=$2 h=$3 args=() n=0 c0 c1
+  shift 3
   for _ in 1 2 3; do for d in "$@"; do args+=(-o /dev/null "$u/v1/blobs/$d"); n=$((n + 1)); done; done
-  curl -s ${h:+-H "$h"} -w '%{time_total}\n' "${args[@]}" |
-    awk -v n=$n '{t += $1} END {printf "%.1f", n * 16777216 / t / 1e6}'
+  c0=$(ticks "$pid")
+  curl -s ${h:+-H "$h"} -w '%{time_total}\n' "${args[@]}" >"$tmp/tput"
+  c1=$(ticks "$pid")
+  awk -v n=$n -v c=$((c1 - c0)) -v hz="$hz" '{t += $1}
+    END {printf "%.1f %.2f", n * 16777216 / t / 1e6, c / hz * 1000 / n}' "$tmp/tput"
 }
-gz=() gr=() gc=() gd=()
+gz=() gr=() gc=() gd=() kz_=() kr=() kc=() kd=()
+getz() { read -r a b < <(tput "$url_C" "$pid_C" "Accept-Encoding: zstd" "${rd[@]}"); gz+=($a) kz_+=($b); }
+getr() { read -r a b < <(tput "$url_D" "$pid_D" "" "${rd[@]}"); gr+=($a) kr+=($b); }
 for r in $(seq "$get_rounds"); do
-  if [ $((r % 2)) = 1 ]; then
-    gz+=($(tput "$url_C" "Accept-Encoding: zstd" "${rd[@]}"))
-    gr+=($(tput "$url_D" "" "${rd[@]}"))
-  else
-    gr+=($(tput "$url_D" "" "${rd[@]}"))
-    gz+=($(tput "$url_C" "Accept-Encoding: zstd" "${rd[@]}"))
-  fi
-  gc+=($(tput "$url_C" "Accept-Encoding: zstd" "$cd1"))
-  gd+=($(tput "$url_C" "" "$cd1"))
+  if [ $((r % 2)) = 1 ]; then getz; getr; else getr; getz; fi
+  read -r a b < <(tput "$url_C" "$pid_C" "Accept-Encoding: zstd" "$cd1"); gc+=($a) kc+=($b)
+  read -r a b < <(tput "$url_C" "$pid_C" "" "$cd1"); gd+=($a) kd+=($b)
 done
-echo "bench_zstd: GET MB/s incompressible zstd-server ${gz[*]} | raw-server ${gr[*]}" >&2
+echo "bench_zstd: GET MB/s incompressible zstd-server ${gz[*]} (cpu ms/GET ${kz_[*]}) | without ${gr[*]} (cpu ${kr[*]})" >&2
 
 # ---- results ----
 ok=1
@@ -276,13 +288,14 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a / b}'; }
 ms() { awk -v a="$1" 'BEGIN{printf "%.0f ms", a * 1000}'; }
 sp1=$(ratio "${res[1gbit,syn,B]}" "${res[1gbit,syn,A]}")
 loss=$(awk -v z="$(med "${gz[@]}")" -v r="$(med "${gr[@]}")" 'BEGIN{printf "%.1f", 100 * (r - z) / r}')
+closs=$(awk -v z="$(med "${kz_[@]}")" -v r="$(med "${kr[@]}")" 'BEGIN{printf "%.1f", 100 * (z - r) / r}')
 demo_pct=$(pct "${held[demo]}" "${raw[demo]}")
 echo
 echo "| measure | with zstd | without | ratio |"
 echo "|---|---|---|---|"
 for rate in 1gbit 10gbit; do
   for m in "${models[@]}"; do
-    echo "| warm, $m model (${nb[$m]} cubins, $((raw[$m] / 1024)) KiB), $rate | $(ms "${res[$rate,$m,A]}") | $(ms "${res[$rate,$m,B]}") | $(ratio "${res[$rate,$m,B]}" "${res[$rate,$m,A]}")x faster |"
+    echo "| warm, $m model (${nb[$m]} cubins, $((raw[$m] / 1024)) KiB), $rate: wall (client CPU) | $(ms "${res[$rate,$m,A]}") ($(ms "${cpu[$rate,$m,A]}")) | $(ms "${res[$rate,$m,B]}") ($(ms "${cpu[$rate,$m,B]}")) | $(ratio "${res[$rate,$m,B]}" "${res[$rate,$m,A]}")x faster |"
   done
 done
 for m in "${models[@]}"; do
@@ -290,10 +303,12 @@ for m in "${models[@]}"; do
 done
 echo "| store bytes_used (all blobs and manifests) | $a_used | $b_used | $(pct "$a_used" "$b_used")% |"
 echo "| GET 16 MiB incompressible, loopback, MB/s (without: ${base:+the kcached before the feature}${base:-this kcached, --compress-level 0}) | $(med "${gz[@]}") | $(med "${gr[@]}") | ${loss}% loss |"
-echo "| GET 16 MiB compressible (server holds a frame), MB/s of content: frame / decoded by the server | $(med "${gc[@]}") | $(med "${gd[@]}") | |"
+echo "| the same, server CPU ms per GET | $(med "${kz_[@]}") | $(med "${kr[@]}") | ${closs}% more |"
+echo "| GET 16 MiB compressible held as a frame: MB/s of content, frame sent / decoded by the server | $(med "${gc[@]}") | $(med "${gd[@]}") | |"
+echo "| the same, server CPU ms per GET | $(med "${kc[@]}") | $(med "${kd[@]}") | |"
 echo
 echo "targets: warm of compressible cubins at 1 Gbit/s >= 2x faster: ${sp1}x $(verdict "$(awk -v s="$sp1" 'BEGIN{print (s >= 2)}')")"
-echo "         loss on incompressible GETs <= 5%: ${loss}% $(verdict "$(awk -v l="$loss" 'BEGIN{print (l <= 5)}')")"
+echo "         loss on incompressible GETs <= 5%: ${loss}% in MB/s $(verdict "$(awk -v l="$loss" 'BEGIN{print (l <= 5)}')"), ${closs}% in server CPU per GET $(verdict "$(awk -v l="$closs" 'BEGIN{print (l <= 5)}')")"
 echo "         demo cubins stored <= 40% of raw: ${demo_pct}% $(verdict "$(awk -v p="$demo_pct" 'BEGIN{print (p <= 40)}')")"
 echo "(runs $runs; synthetic buckets $syn_buckets; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%F))"
 [ $ok = 1 ] || [ "$strict" != 1 ] || exit 1
