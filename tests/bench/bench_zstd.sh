@@ -191,7 +191,7 @@ warm() { # manifest url dir -> prints "wall cpu" seconds (cpu: the client's
   { time "$kcache" warm "$1" --url "$2" --cache-dir "$3" --parallel "$par" \
       --deadline 600 --json --strict --quiet >"$3.json" 2>"$3.err" || rc=$?; } 2>"$3.time"
   [ $rc = 0 ] || { tail -3 "$3.err" >&2; die "warm $1 from $2 exited $rc"; }
-  awk '{printf "%.4f %.4f", $1, $2 + $3}' "$3.time"
+  awk '{printf "%.4f %.4f\n", $1, $2 + $3}' "$3.time"
 }
 
 start A ns 3
@@ -268,7 +268,7 @@ tput() {
   curl -s ${h:+-H "$h"} -w '%{time_total}\n' "${args[@]}" >"$tmp/tput"
   c1=$(ticks "$pid")
   awk -v n=$n -v c=$((c1 - c0)) -v hz="$hz" '{t += $1}
-    END {printf "%.1f %.2f", n * 16777216 / t / 1e6, c / hz * 1000 / n}' "$tmp/tput"
+    END {printf "%.1f %.2f\n", n * 16777216 / t / 1e6, c / hz * 1000 / n}' "$tmp/tput"
 }
 gz=() gr=() gc=() gd=() kz_=() kr=() kc=() kd=()
 getz() { read -r a b < <(tput "$url_C" "$pid_C" "Accept-Encoding: zstd" "${rd[@]}"); gz+=($a) kz_+=($b); }
