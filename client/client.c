@@ -10,6 +10,8 @@
 
 #include <jansson.h>
 
+#include <zstd.h>
+
 #include "client_internal.h"
 
 /* The default kcache.h documents for o->cache_dir NULL, and the one place
@@ -255,21 +257,72 @@ kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
   return KC_OK;
 }
 
-kc_err kc_client_blob_put(kc_client *c, const void *data, size_t len,
-                          char digest_out[KC_HEX_LEN + 1], char *err) {
-  char path[128], d[KC_HEX_LEN + 1];
+static struct curl_slist *with_header(const struct curl_slist *l,
+                                      const char *h);
+
+/* The body compressed (level 3) when that saves an eighth (issue 18): sent
+ * with Content-Encoding: zstd, the server verifies the content's digest. */
+static void *compress_body(const void *data, size_t len, size_t *zlen) {
+  if (len < 64)
+    return NULL;
+  size_t cap = len - len / 8;
+  void *z = malloc(cap);
+  if (!z)
+    return NULL;
+  *zlen = ZSTD_compress(z, cap, data, len, 3);
+  if (ZSTD_isError(*zlen)) { /* did not fit: not worth it */
+    free(z);
+    return NULL;
+  }
+  return z;
+}
+
+static kc_err put_once(kc_client *c, const char *path, const void *body,
+                       size_t len, long *status, char *err) {
   kcc_http_resp r;
-  kc_sha256_hex(data, len, d);
-  if (digest_out)
-    memcpy(digest_out, d, sizeof d);
-  snprintf(path, sizeof path, "/v1/blobs/%s", d);
-  kc_err e = kcc_http_do(c, "PUT", path, data ? data : "", len, &r, err);
+  kc_err e = kcc_http_do(c, "PUT", path, body ? body : "", len, &r, err);
   if (e)
     return e;
+  *status = r.status;
   if (r.status != 200 && r.status != 201)
     e = kcc_http_error(&r, path, err);
   kcc_http_resp_free(&r);
   return e;
+}
+
+/* A frame, with its header; a server that predates issue 18 hashes the
+ * frame itself and answers 422 or 415: the content goes again, raw. */
+static kc_err put_zstd(kc_client *c, const char *path, const void *z,
+                       size_t zlen, long *status, char *err) {
+  struct curl_slist *saved = c->hdrs;
+  struct curl_slist *l = with_header(saved, "Content-Encoding: zstd");
+  if (!l)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  c->hdrs = l; /* kcc_http_do sends c->hdrs */
+  kc_err e = put_once(c, path, z, zlen, status, err);
+  c->hdrs = saved;
+  curl_slist_free_all(l);
+  return e;
+}
+
+kc_err kc_client_blob_put(kc_client *c, const void *data, size_t len,
+                          char digest_out[KC_HEX_LEN + 1], char *err) {
+  char path[128], d[KC_HEX_LEN + 1];
+  kc_sha256_hex(data, len, d);
+  if (digest_out)
+    memcpy(digest_out, d, sizeof d);
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  size_t zlen = 0;
+  void *z = compress_body(data, len, &zlen);
+  long status = 0;
+  kc_err e = KC_EINVAL;
+  if (z) {
+    e = put_zstd(c, path, z, zlen, &status, err);
+    free(z);
+    if (e == KC_OK || (status != 422 && status != 415 && status != 400))
+      return e;
+  }
+  return put_once(c, path, data, len, &status, err);
 }
 
 /* A copy of l with one more header; NULL when out of memory. */

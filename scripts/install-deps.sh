@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(
   build-essential cmake pkg-config git ca-certificates curl
-  liblmdb-dev lmdb-utils libmicrohttpd-dev libcurl4-openssl-dev libssl-dev
+  liblmdb-dev libzstd-dev lmdb-utils libmicrohttpd-dev libcurl4-openssl-dev libssl-dev
   libjansson-dev libcmocka-dev libexpat1-dev
   python3 python3-jsonschema python3-yaml openssl
   wrk nginx-light valgrind clang systemd

@@ -213,6 +213,13 @@ static int set_resp_anon(kcd_config *c, const char *v) {
 static int set_resp_tls(kcd_config *c, const char *v) {
   return parse_bool(v, &c->resp_tls);
 }
+static int set_compress_level(kcd_config *c, const char *v) {
+  unsigned n;
+  if (set_uint(&n, v, 0, 19))
+    return -1;
+  c->compress_level = (int)n;
+  return 0;
+}
 static int set_resp_max_bytes(kcd_config *c, const char *v) {
   return parse_size(v, &c->resp_max_bytes);
 }
@@ -372,6 +379,11 @@ static const opt opts[] = {
      "with --tokens, the role of a RESP client before AUTH (default none: "
      "-NOAUTH)",
      set_resp_anon},
+    {"compress-level", "N", "KCACHED_COMPRESS_LEVEL",
+     "zstd level (1-19) of blobs at rest: each is kept compressed when that "
+     "saves an eighth of its bytes, else raw, and sent compressed to clients "
+     "that accept zstd; --max-bytes counts stored bytes (default 3; 0: off)",
+     set_compress_level},
     {"resp-max-bytes", "SIZE", "KCACHED_RESP_MAX_BYTES",
      "value bytes RESP keys may hold; above it their least recently used "
      "are evicted first (default 0: only --max-bytes)",
@@ -428,6 +440,7 @@ static void defaults(kcd_config *c) {
   c->lease_max_ttl_s = 3600;
   c->resp_max_value = 512ull << 20;
   c->resp_tls = -1;
+  c->compress_level = 3;
 }
 
 static int from_env(kcd_config *c) {

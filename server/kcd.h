@@ -223,6 +223,9 @@ typedef struct kcd_metrics {
   _Atomic uint64_t leases_granted, leases_refused, leases_present;
   _Atomic uint64_t uploads_aborted;
   _Atomic uint64_t blobs_corrupt; /* repair offers that found the copy bad */
+  /* routes_zstd.c (issue 18): GETs of compressed blobs, those answered
+   * with the frame (Accept-Encoding: zstd), PUTs that arrived as frames */
+  _Atomic uint64_t zstd_gets, zstd_sent_frames, zstd_puts;
   /* connections shut down by the maintenance tick (conns.c) */
   _Atomic uint64_t cut_header_timeout, cut_slow_body;
   _Atomic int64_t in_flight; /* requests begun and not completed */
@@ -242,7 +245,8 @@ typedef struct kcd_config {
   unsigned port;           /* 0: pick one */
   const char *data_dir;
   uint64_t max_bytes;      /* store limit; 0 none */
-  uint64_t max_blob_bytes; /* one blob */
+  uint64_t max_blob_bytes; /* one blob (a zstd PUT: its decompressed bytes) */
+  int compress_level;      /* zstd level of blobs at rest; 0 raw (issue 18) */
   uint64_t max_json_bytes; /* manifests, lookups, lease requests */
   const char *tokens;      /* token file or NULL */
   unsigned threads;
@@ -527,6 +531,12 @@ kc_err kcd_blob_put_begin(kcd_req *r, char *err);
 kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err);
 int kcd_blob_put(kcd_req *r);
 int kcd_blob_get(kcd_req *r); /* GET and HEAD */
+/* routes_zstd.c: GET/HEAD of a blob held compressed (kc_store_blob_get said
+ * KC_STORE_ENCODED); whether a request accepts zstd, and whether its body is
+ * a zstd frame (Content-Encoding). */
+int kcd_blob_get_encoded(kcd_req *r);
+int kcd_accepts_zstd(kcd_req *r);
+int kcd_body_is_zstd(kcd_req *r);
 
 /* ---- bundles, lookup, models (routes_bundle.c) ---- */
 

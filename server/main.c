@@ -71,6 +71,7 @@ static int open_store(kcd_state *st, int will_retry) {
                      .max_readers = reader_slots(&st->cfg),
                      .s3 = kcd_s3_opts(st)};
   o.kv_max_bytes = st->cfg.resp_max_bytes;
+  o.compress_level = st->cfg.compress_level;
   char err[KC_ERRBUF_SIZE] = "";
   kc_store *s = NULL;
   kc_err e = kc_store_open(&o, &s, err);

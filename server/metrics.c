@@ -136,7 +136,10 @@ static void render_store(FILE *f, kcd_state *st) {
     render_reads(f, s);
   if (!up)
     return;
-  gauge(f, "kcached_store_bytes", "Blob bytes held.", ss.bytes_used);
+  gauge(f, "kcached_store_bytes", "Blob bytes held (stored: compressed "
+        "blobs count their compressed bytes).", ss.bytes_used);
+  gauge(f, "kcached_store_raw_bytes", "Blob bytes held, each counted at its "
+        "content's size (uncompressed).", ss.bytes_raw);
   gauge(f, "kcached_store_limit_bytes", "Store size limit (0: none).",
         ss.max_bytes);
   gauge(f, "kcached_store_map_bytes", "LMDB map size.", ss.map_size);
@@ -220,6 +223,13 @@ static void render_self(FILE *f, kcd_metrics *m) {
           GET(m->leases_present));
   counter(f, "kcached_uploads_aborted_total",
           "Uploads dropped (client gone, error).", GET(m->uploads_aborted));
+  counter(f, "kcached_zstd_gets_total",
+          "GETs of blobs held zstd-compressed.", GET(m->zstd_gets));
+  counter(f, "kcached_zstd_frames_sent_total",
+          "Of them, answered with the frame (Accept-Encoding: zstd).",
+          GET(m->zstd_sent_frames));
+  counter(f, "kcached_zstd_puts_total",
+          "Blob PUTs that arrived zstd-compressed.", GET(m->zstd_puts));
   counter(f, "kcached_blobs_corrupt_total",
           "Repair offers (X-Kcache-Repair) that found the held copy not "
           "hashing to its name; the offer's verified bytes replace it.",

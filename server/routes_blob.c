@@ -54,6 +54,10 @@ kc_err kcd_blob_put_begin(kcd_req *r, char *err) {
     return KC_OK;
   }
   kc_err e = kc_store_upload_begin(s, &r->upload, err);
+  if (!e && kcd_body_is_zstd(r)) { /* decoded as it arrives (routes_zstd.c) */
+    kc_store_upload_zstd(r->upload, r->st->cfg.max_blob_bytes);
+    atomic_fetch_add(&r->st->metrics.zstd_puts, 1);
+  }
   if (!e && held == KC_CORRUPT) { /* this upload, once verified, replaces it */
     kcd_log(r->st, "warn", "%s; taking the upload offered to replace it", why);
     atomic_fetch_add(&r->st->metrics.blobs_corrupt, 1);
@@ -181,6 +185,8 @@ int kcd_blob_get(kcd_req *r) {
   size_t len = 0;
   char err[KC_ERRBUF_SIZE] = "";
   kc_err e = read_blob(r, &data, &len, &heap, err);
+  if (e == KC_STORE_ENCODED) /* held compressed: routes_zstd.c */
+    return kcd_blob_get_encoded(r);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   char etag[ETAG_SIZE];

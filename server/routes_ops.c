@@ -70,6 +70,9 @@ int kcd_stats_get(kcd_req *r) {
   json_t *kv = stats_kv(&s, r->st);
   if (o && kv)
     json_object_update(o, kv);
+  /* bytes_used counts stored (compressed) bytes; bytes_raw the content */
+  if (o)
+    json_object_set_new(o, "bytes_raw", json_integer((json_int_t)s.bytes_raw));
   json_decref(kv);
   return kcd_reply_json(r, 200, o, NULL);
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "store_internal.h"
 
@@ -27,9 +28,8 @@ static kc_err get_meta(MDB_txn *txn, kc_store *s, const char *digest,
   int rc = mdb_get(txn, s->blobmeta, &k, &v);
   if (rc == MDB_NOTFOUND)
     return KC_NOT_FOUND;
-  if (rc || v.mv_size != sizeof *bm)
+  if (rc || kcs_blob_meta_read(&v, bm))
     return kcs_mdb_err(rc ? rc : MDB_CORRUPTED, "blob metadata", NULL);
-  memcpy(bm, v.mv_data, sizeof *bm);
   return KC_OK;
 }
 
@@ -57,7 +57,17 @@ kc_err kcs_blob_check(MDB_txn *txn, kc_store *s, const char *digest,
   if (rc)
     return kcs_mdb_err(rc, "reading a blob", err);
   char got[KC_HEX_LEN + 1];
-  kc_err e = kc_sha256_hex(v.mv_data, v.mv_size, got);
+  kcs_blob_meta bm;
+  kc_err e = get_meta(txn, s, digest, &bm);
+  if (!e && bm.enc == KC_STORE_ZSTD) { /* the content is what is hashed */
+    char why[KC_ERRBUF_SIZE] = "";
+    e = kcs_zstd_hash(v.mv_data, v.mv_size, bm.size, got, why);
+    if (e == KC_CORRUPT)
+      return kc_errf(err, e, "the held copy of blob %s does not decompress: "
+                     "%s", digest, why);
+  } else {
+    e = kc_sha256_hex(v.mv_data, v.mv_size, got);
+  }
   if (e)
     return kc_errf(err, e, "hashing blob %s", digest);
   if (strcmp(got, digest) != 0)
@@ -77,8 +87,9 @@ kc_err kc_store_blob_check(kc_store *s, const char *digest, char *err) {
   return e;
 }
 
-kc_err kc_store_blob_get(kc_store_read *r, const char *digest,
-                         const void **data, size_t *len) {
+kc_err kc_store_blob_get_stored(kc_store_read *r, const char *digest,
+                                const void **data, size_t *len,
+                                kc_store_enc *enc, uint64_t *size) {
   if (check_digest(digest, NULL))
     return KC_BAD_DIGEST;
   MDB_val k = kcs_hex_val(digest), v;
@@ -89,7 +100,29 @@ kc_err kc_store_blob_get(kc_store_read *r, const char *digest,
     return kcs_mdb_err(rc, "reading a blob", NULL);
   *data = v.mv_data;
   *len = v.mv_size;
+  *enc = KC_STORE_RAW;
+  if (size)
+    *size = v.mv_size;
+  /* Only a value that begins as a frame can be one: a raw blob's read pays
+   * four bytes' comparison, not a second lookup. */
+  if (!kcs_zstd_magic(v.mv_data, v.mv_size))
+    return KC_OK;
+  kcs_blob_meta bm;
+  kc_err e = get_meta(r->txn, r->s, digest, &bm);
+  if (e)
+    return e == KC_NOT_FOUND ? kcs_mdb_err(MDB_CORRUPTED, "blob metadata",
+                                           NULL) : e;
+  *enc = (kc_store_enc)bm.enc;
+  if (size)
+    *size = bm.size;
   return KC_OK;
+}
+
+kc_err kc_store_blob_get(kc_store_read *r, const char *digest,
+                         const void **data, size_t *len) {
+  kc_store_enc enc;
+  kc_err e = kc_store_blob_get_stored(r, digest, data, len, &enc, NULL);
+  return !e && enc != KC_STORE_RAW ? KC_STORE_ENCODED : e;
 }
 
 /* ---- writing one blob ---- */
@@ -102,7 +135,13 @@ typedef struct blob_src {
   int fd;
   int seekable;
   off_t off;
-  uint64_t len;
+  uint64_t len;  /* bytes written into the map */
+  uint64_t raw;  /* the content's size (len unless enc != raw) */
+  kc_store_enc enc;
+  uint64_t zlen; /* decode: the frame's bytes at mem or fd */
+  int decode;    /* the source is a zstd frame, stored decompressed */
+  void *own;     /* a compressed copy made here: freed after the put */
+  int own_fd;
   int verify;   /* hash while copying (fd sources not hashed yet) */
   int consumed; /* a pipe was read: it cannot be read again */
   int created;
@@ -134,6 +173,9 @@ static kc_err read_full(blob_src *src, unsigned char *dst, kc_sha256 *h,
 }
 
 static kc_err fill(blob_src *src, void *dst, char *err) {
+  if (src->decode)
+    return kcs_zstd_decode_into(src->mem, src->fd, src->zlen, dst, src->len,
+                                err);
   if (src->mem) {
     memcpy(dst, src->mem, (size_t)src->len);
     return KC_OK;
@@ -178,18 +220,25 @@ static kc_err repair_op(kc_store *s, MDB_txn *txn, blob_src *src,
                         kcs_blob_meta *bm, char *err) {
   MDB_val k = kcs_hex_val(src->digest);
   kc_err e = write_value(s, txn, src, err);
-  if (!e && bm->size != src->len) {
-    MDB_val mv = {sizeof *bm, bm};
-    int64_t delta = (int64_t)src->len - (int64_t)bm->size;
-    bm->size = src->len;
-    if (!(e = kcs_put(txn, s->blobmeta, &k, &mv, 0, err)))
-      e = kcs_bytes_add(txn, s, delta, err);
+  uint64_t old = kcs_blob_stored(bm), old_saved = bm->size - old;
+  if (!e && (old != src->len || bm->size != src->raw ||
+             bm->enc != (uint32_t)src->enc)) {
+    bm->size = src->raw;
+    bm->enc = src->enc;
+    bm->stored = src->len;
+    MDB_val mv = kcs_blob_meta_val(bm);
+    if (!(e = kcs_put(txn, s->blobmeta, &k, &mv, 0, err)) &&
+        !(e = kcs_bytes_add(txn, s, (int64_t)src->len - (int64_t)old, err)))
+      e = kcs_saved_add(txn, s, (int64_t)(src->raw - src->len) -
+                        (int64_t)old_saved, err);
   }
   return e ? e : written(s, txn, src, err);
 }
 
 static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   blob_src *src = ud;
+  if (src->enc == KC_STORE_RAW)
+    src->raw = src->len;
   kcs_blob_meta bm;
   kc_err e = get_meta(txn, s, src->digest, &bm);
   if (e == KC_OK && src->repair)
@@ -201,17 +250,73 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   if ((e = write_value(s, txn, src, err)))
     return e;
   int64_t now = kcs_now();
-  bm = (kcs_blob_meta){src->len, 0, now, now};
-  MDB_val k = kcs_hex_val(src->digest), mv = {sizeof bm, &bm};
+  bm = (kcs_blob_meta){src->raw, 0, now, now, src->len, src->enc, 0};
+  MDB_val k = kcs_hex_val(src->digest), mv = kcs_blob_meta_val(&bm);
   unsigned char ok[8 + KC_HEX_LEN];
   kcs_time_key(ok, now, src->digest);
   MDB_val okv = {sizeof ok, ok}, empty = {0, ""};
   if ((e = kcs_put(txn, s->blobmeta, &k, &mv, 0, err)) ||
       (e = kcs_put(txn, s->orphans, &okv, &empty, 0, err)) ||
-      (e = kcs_bytes_add(txn, s, (int64_t)src->len, err)))
+      (e = kcs_bytes_add(txn, s, (int64_t)src->len, err)) ||
+      (e = kcs_saved_add(txn, s, (int64_t)(src->raw - src->len), err)))
     return e;
   return written(s, txn, src, err);
 }
+
+/* A raw source is compressed before the write transaction (the writer lock
+ * is not held for it) and kept so when that saves an eighth. An fd source
+ * is hashed on the way when it was to be (verify). A pipe is not: it could
+ * not be read again if the frame is not worth keeping. */
+static kc_err maybe_compress(kc_store *s, blob_src *src, char *err) {
+  int level = s->compress_level;
+  if (level <= 0 || src->decode || src->enc != KC_STORE_RAW ||
+      src->len < KCS_ZSTD_MIN || (!src->mem && !src->seekable))
+    return KC_OK;
+  size_t zlen = 0;
+  if (src->mem) {
+    kc_err e = kcs_zstd_compress(level, src->mem, (size_t)src->len, &src->own,
+                                 &zlen, err);
+    if (e || !src->own)
+      return e;
+    src->mem = src->own;
+  } else {
+    kc_sha256 *h = src->verify ? kc_sha256_new() : NULL;
+    uint64_t n = 0;
+    int fd = -1;
+    char got[KC_HEX_LEN + 1];
+    kc_err e = src->verify && !h ? kc_errf(err, KC_NOMEM, "out of memory")
+                                 : kcs_zstd_compress_fd(s, level, src->fd, 1,
+                                                        src->off, src->len, h,
+                                                        &fd, &n, err);
+    if (!e && h && !kc_sha256_final(h, got) && strcmp(got, src->digest))
+      e = kc_errf(err, KC_DIGEST_MISMATCH, "the content hashes to %s, not %s",
+                  got, src->digest);
+    kc_sha256_free(h);
+    if (!e && h)
+      src->verify = 0; /* hashed just now */
+    if (e || fd < 0) {
+      if (fd >= 0)
+        close(fd);
+      return e;
+    }
+    src->fd = src->own_fd = fd;
+    src->off = 0;
+    zlen = (size_t)n;
+  }
+  src->raw = src->len;
+  src->len = zlen;
+  src->enc = KC_STORE_ZSTD;
+  return KC_OK;
+}
+
+static void src_done(blob_src *src) {
+  free(src->own);
+  if (src->own_fd > 0)
+    close(src->own_fd);
+}
+
+static kc_err put_checked(kc_store *s, blob_src *src, int *created,
+                          char *err);
 
 static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
   if (created)
@@ -224,6 +329,15 @@ static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
       kc_store_blob_touch(s, src->digest); /* its manifest is on its way */
     return KC_OK;
   }
+  if (!(e = maybe_compress(s, src, err)))
+    e = put_checked(s, src, created, err);
+  src_done(src);
+  return e;
+}
+
+static kc_err put_checked(kc_store *s, blob_src *src, int *created,
+                          char *err) {
+  kc_err e;
   if (s->max_bytes && src->len > s->max_bytes)
     return kc_errf(err, KC_STORE_FULL, "a blob of %llu bytes is larger than "
                    "the store's limit of %llu bytes",
@@ -274,7 +388,14 @@ struct kc_store_upload {
   unsigned char *buf; /* the first SPOOL_MEM bytes, until spilled */
   size_t len, cap;
   int fd; /* the spool file once over SPOOL_MEM; -1 before */
-  uint64_t size;
+  uint64_t size;    /* the content's bytes (hashed) */
+  uint64_t spooled; /* bytes received (== size unless zstd) */
+  /* kc_store_upload_zstd: the body is a frame, decoded as it arrives */
+  ZSTD_DCtx *dc;
+  unsigned char *zout;
+  uint64_t max_out;
+  size_t zleft; /* the decoder's last hint: 0 at the end of a frame */
+  unsigned char head[4]; /* the first bytes received (the frame's magic) */
   int from_tier;
   int verified; /* kcs_upload_verify passed: commit does not hash again */
   int repair;   /* kc_store_upload_repair */
@@ -348,12 +469,52 @@ static int grow(kc_store_upload *u, size_t need) {
   return 0;
 }
 
+void kc_store_upload_zstd(kc_store_upload *u, uint64_t max_out) {
+  u->dc = ZSTD_createDCtx();
+  u->zout = malloc(128 * 1024);
+  u->max_out = max_out;
+  u->zleft = 1; /* nothing yet: a frame is due */
+}
+
+/* Decodes one piece of the body, hashing what comes out. */
+static kc_err zstd_take(kc_store_upload *u, const void *data, size_t len,
+                        char *err) {
+  if (!u->dc || !u->zout)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  ZSTD_inBuffer in = {data, len, 0};
+  while (in.pos < in.size) {
+    ZSTD_outBuffer ob = {u->zout, 128 * 1024, 0};
+    size_t r = ZSTD_decompressStream(u->dc, &ob, &in);
+    if (ZSTD_isError(r))
+      return kc_errf(err, KC_EINVAL, "the body is not a valid zstd stream "
+                     "(Content-Encoding: zstd): %s", ZSTD_getErrorName(r));
+    u->zleft = r;
+    if ((u->size += ob.pos) > u->max_out)
+      return kc_errf(err, KC_TOO_LARGE, "the zstd body decompresses to more "
+                     "than the limit of %llu bytes",
+                     (unsigned long long)u->max_out);
+    kc_err e = kc_sha256_update(u->h, u->zout, ob.pos);
+    if (e)
+      return kc_errf(err, e, "hashing an upload");
+  }
+  return KC_OK;
+}
+
+static void keep_head(kc_store_upload *u, const void *data, size_t len) {
+  for (size_t i = 0; i < len && u->spooled + i < sizeof u->head; i++)
+    u->head[u->spooled + i] = ((const unsigned char *)data)[i];
+}
+
 kc_err kc_store_upload_write(kc_store_upload *u, const void *data, size_t len,
                              char *err) {
-  kc_err e = kc_sha256_update(u->h, data, len);
+  kc_err e = u->max_out ? zstd_take(u, data, len, err)
+                        : kc_sha256_update(u->h, data, len);
   if (e)
-    return kc_errf(err, e, "hashing an upload");
-  u->size += len;
+    return u->max_out ? e : kc_errf(err, e, "hashing an upload");
+  if (!u->max_out)
+    u->size += len;
+  keep_head(u, data, len);
+  u->spooled += len;
   if (len == 0) /* memcpy's pointers must be valid even for 0 bytes */
     return KC_OK;
   if (u->fd < 0 && u->len + len <= SPOOL_MEM) {
@@ -366,6 +527,11 @@ kc_err kc_store_upload_write(kc_store_upload *u, const void *data, size_t len,
   if (u->fd < 0 && (e = spill(u, err)))
     return e;
   return spool_write(u, data, len, err);
+}
+
+int kcs_upload_frame(const kc_store_upload *u, uint64_t *zlen) {
+  *zlen = u->max_out ? u->spooled : 0;
+  return u->max_out != 0;
 }
 
 uint64_t kc_store_upload_size(const kc_store_upload *u) {
@@ -381,6 +547,10 @@ kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
                          const void **mem, char *err) {
   char got[KC_HEX_LEN + 1];
   kc_err e = check_digest(digest, err);
+  if (!e && u->max_out && u->zleft)
+    e = kc_errf(err, KC_EINVAL, "the zstd body ends inside a frame "
+                "(truncated after %llu bytes)",
+                (unsigned long long)u->spooled);
   if (!e && (e = kc_sha256_final(u->h, got)))
     kc_errf(err, e, "hashing an upload");
   if (!e && strcmp(got, digest) != 0)
@@ -392,14 +562,34 @@ kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
   return e;
 }
 
+/* A frame received is kept as it came when the store compresses and it
+ * saves an eighth (and begins as a frame: reads tell a held frame by its
+ * magic); else the content goes into the map decompressed. */
+static blob_src upload_src(kc_store_upload *u, const char *digest) {
+  blob_src src = {.digest = digest, .mem = upload_mem(u), .fd = u->fd,
+                  .seekable = 1, .len = u->size, .from_tier = u->from_tier,
+                  .repair = u->repair};
+  if (!u->max_out)
+    return src;
+  if (u->s->compress_level > 0 && u->size >= KCS_ZSTD_MIN &&
+      kcs_zstd_magic(u->head, u->spooled) &&
+      kcs_zstd_worth(u->size, u->spooled)) {
+    src.enc = KC_STORE_ZSTD;
+    src.raw = u->size;
+    src.len = u->spooled;
+  } else {
+    src.decode = 1;
+    src.zlen = u->spooled;
+  }
+  return src;
+}
+
 kc_err kc_store_upload_commit(kc_store_upload *u, const char *digest,
                               int *created, char *err) {
   kc_err e = u->verified ? KC_OK : kcs_upload_verify(u, digest, NULL, err);
   if (!e) {
     /* Hashed as it arrived: copied into the map without hashing again. */
-    blob_src src = {.digest = digest, .mem = upload_mem(u), .fd = u->fd,
-                    .seekable = 1, .len = u->size, .from_tier = u->from_tier,
-                    .repair = u->repair};
+    blob_src src = upload_src(u, digest);
     e = put_src(u->s, &src, created, err);
   }
   kc_store_upload_abort(u);
@@ -430,9 +620,9 @@ kc_err kcs_upload_commit_batch(kc_store *s, kc_store_upload *const *u,
   for (size_t i = 0; !e && i < n; i++) {
     if (!u[i]->verified || u[i]->fd >= 0)
       e = kc_errf(err, KC_EINVAL, "a batch takes verified in-memory uploads");
-    b.src[i] = (blob_src){.digest = digests[i], .mem = upload_mem(u[i]),
-                          .fd = -1, .len = u[i]->size, .from_tier = 1};
-    total += u[i]->size;
+    b.src[i] = upload_src(u[i], digests[i]);
+    b.src[i].from_tier = 1;
+    total += b.src[i].len;
   }
   if (!e)
     e = kcs_maybe_evict(s, total, err);
@@ -449,6 +639,8 @@ void kc_store_upload_abort(kc_store_upload *u) {
     return;
   if (u->fd >= 0)
     close(u->fd);
+  ZSTD_freeDCtx(u->dc);
+  free(u->zout);
   kc_sha256_free(u->h);
   free(u->buf);
   free(u);
@@ -472,7 +664,7 @@ static kc_err retouch_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   bm.orphan_since = kcs_now();
   kcs_time_key(neu, bm.orphan_since, digest);
   MDB_val ov = {sizeof old, old}, nv = {sizeof neu, neu}, empty = {0, ""};
-  MDB_val k = kcs_hex_val(digest), v = {sizeof bm, &bm};
+  MDB_val k = kcs_hex_val(digest), v = kcs_blob_meta_val(&bm);
   if ((e = kcs_del(txn, s->orphans, &ov, err)) ||
       (e = kcs_put(txn, s->orphans, &nv, &empty, 0, err)))
     return e;
@@ -526,7 +718,10 @@ kc_err kcs_blob_drop(kc_store *s, MDB_txn *txn, const char *digest,
       (e = kcs_del(txn, s->blobmeta, &k, err)) ||
       (bm->refs == 0 && (e = kcs_del(txn, s->orphans, &okv, err))))
     return e;
-  return kcs_bytes_add(txn, s, -(int64_t)bm->size, err);
+  uint64_t stored = kcs_blob_stored(bm);
+  if ((e = kcs_saved_add(txn, s, -(int64_t)(bm->size - stored), err)))
+    return e;
+  return kcs_bytes_add(txn, s, -(int64_t)stored, err);
 }
 
 kc_err kcs_blob_remove(kc_store *s, MDB_txn *txn, const char *digest,
@@ -557,7 +752,7 @@ kc_err kcs_blob_unref(kc_store *s, MDB_txn *txn, const char *digest,
   }
   if (bm.refs == 0)
     return KC_OK; /* an orphan already */
-  MDB_val k = kcs_hex_val(digest), v = {sizeof bm, &bm};
+  MDB_val k = kcs_hex_val(digest), v = kcs_blob_meta_val(&bm);
   if (--bm.refs == 0) { /* an orphan from now: gc collects it after grace */
     bm.orphan_since = now;
     unsigned char ok[8 + KC_HEX_LEN];
@@ -582,6 +777,6 @@ kc_err kcs_blob_ref(kc_store *s, MDB_txn *txn, const char *digest, char *err) {
       return e;
   }
   bm.refs++;
-  MDB_val k = kcs_hex_val(digest), v = {sizeof bm, &bm};
+  MDB_val k = kcs_hex_val(digest), v = kcs_blob_meta_val(&bm);
   return kcs_put(txn, s->blobmeta, &k, &v, 0, err);
 }

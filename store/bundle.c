@@ -62,9 +62,8 @@ static kc_err check_sizes(kc_store *s, MDB_txn *txn, const kc_manifest *m,
   for (size_t i = 0; i < m->n_files; i++) {
     MDB_val k = kcs_hex_val(m->files[i].sha256), v;
     kcs_blob_meta bm;
-    if (mdb_get(txn, s->blobmeta, &k, &v) || v.mv_size != sizeof bm)
+    if (mdb_get(txn, s->blobmeta, &k, &v) || kcs_blob_meta_read(&v, &bm))
       continue; /* missing: find_missing says so */
-    memcpy(&bm, v.mv_data, sizeof bm);
     if (bm.size != m->files[i].size)
       return kc_errf(err, KC_BAD_MANIFEST, "files[%zu].size: %llu, but blob "
                      "%s holds %llu bytes", i,

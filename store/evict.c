@@ -129,11 +129,10 @@ static int drop_orphan(kc_store *s, MDB_txn *txn, int64_t older_than,
     return 0;
   MDB_val k = kcs_hex_val(digest), v;
   kcs_blob_meta bm;
-  if (mdb_get(txn, s->blobmeta, &k, &v) || v.mv_size != sizeof bm) {
+  if (mdb_get(txn, s->blobmeta, &k, &v) || kcs_blob_meta_read(&v, &bm)) {
     *e = kc_errf(err, KC_CORRUPT, "orphan %s has no metadata", digest);
     return -1;
   }
-  memcpy(&bm, v.mv_data, sizeof bm);
   *e = kcs_blob_drop(s, txn, digest, &bm, err);
   return *e ? -1 : 1;
 }

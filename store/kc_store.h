@@ -69,6 +69,11 @@ typedef struct kc_store_opts {
   const kc_store_s3 *s3;  /* NULL: no durable tier */
   uint64_t kv_max_bytes;  /* what RESP keys (kv.c) may reference, inside
                              max_bytes (--resp-max-bytes); 0: no own limit */
+  /* zstd level (1..22) for new blobs, each kept compressed when that saves
+   * at least an eighth of its bytes, else raw; 0: every blob raw
+   * (--compress-level; issue 18). Blobs are named by the SHA-256 of their
+   * content whatever the encoding; max_bytes counts stored bytes. */
+  int compress_level;
 } kc_store_opts;
 
 /* Process-wide set-up of the libraries the durable tier uses (libcurl's
@@ -95,10 +100,41 @@ kc_err kc_store_read_begin(kc_store *s, kc_store_read **out);
 /* Ends the read; every pointer it gave becomes invalid. NULL: nothing. */
 void kc_store_read_end(kc_store_read *r);
 
+/* How a blob's bytes are held (issue 18). */
+typedef enum kc_store_enc { KC_STORE_RAW = 0, KC_STORE_ZSTD = 1 } kc_store_enc;
+/* kc_store_blob_get's answer for a blob held compressed. */
+#define KC_STORE_ENCODED KC_NOT_IMPLEMENTED
+
 /* Blob bytes, pointing into LMDB's map: valid until kc_store_read_end(r).
- * Records a use of nothing (blobs are used through bundles). */
+ * Records a use of nothing (blobs are used through bundles). A blob held
+ * zstd-compressed answers KC_STORE_ENCODED: read it with
+ * kc_store_blob_get_stored or kc_store_blob_stream. */
 kc_err kc_store_blob_get(kc_store_read *r, const char *digest,
                          const void **data, size_t *len);
+/* The bytes as held (a zstd frame when *enc is KC_STORE_ZSTD), pointing into
+ * the map, and the content's size (*size, may be NULL). */
+kc_err kc_store_blob_get_stored(kc_store_read *r, const char *digest,
+                                const void **data, size_t *len,
+                                kc_store_enc *enc, uint64_t *size);
+
+/* A blob read piece by piece, each piece in a read of its own (as
+ * kc_store_blob_copy), decompressed on the way when `decode` (no whole-blob
+ * copy: a zstd stream decoder keeps its window), else as held. */
+typedef struct kc_store_blob_stream kc_store_blob_stream;
+/* *len: the bytes the pieces will give; *enc: how they come (KC_STORE_RAW
+ * when decoded); *size: the content's size. Any may be NULL. */
+kc_err kc_store_blob_stream_open(kc_store *s, const char *digest, int decode,
+                                 kc_store_blob_stream **out, uint64_t *len,
+                                 kc_store_enc *enc, uint64_t *size);
+/* The next up to max bytes into buf: how many (0 at the end), -1 when the
+ * blob went away or failed to decompress. */
+long kc_store_blob_stream_read(kc_store_blob_stream *b, char *buf,
+                               size_t max);
+void kc_store_blob_stream_free(kc_store_blob_stream *b);
+/* Decompresses a held frame (zlen bytes) into dst, which takes exactly raw
+ * bytes; KC_CORRUPT when the frame is not that. */
+kc_err kc_store_zstd_decode(const void *z, size_t zlen, void *dst, size_t raw,
+                            char *err);
 /* Copies up to cap bytes of a blob from offset off into buf (*n: how many;
  * 0 at or past the end) and its size into *size (may be NULL), inside a read
  * of its own that ends before the call returns: a response served piece by
@@ -170,6 +206,14 @@ void kc_store_upload_abort(kc_store_upload *u);
  * the upload's bytes, verified against the digest first. For an upload of a
  * blob kc_store_blob_check found corrupt. */
 void kc_store_upload_repair(kc_store_upload *u);
+/* Before the first write: the bytes to come are one zstd stream (a PUT with
+ * Content-Encoding: zstd). They are decompressed as they arrive, the digest
+ * is that of the output, and more than max_out bytes of output stop the
+ * upload (KC_TOO_LARGE: a decompression bomb); a corrupt frame answers
+ * KC_EINVAL at the write, a truncated one at the commit. The frame is kept as
+ * received when the store compresses and it saves an eighth, else the
+ * content is stored raw. kc_store_upload_size counts the output. */
+void kc_store_upload_zstd(kc_store_upload *u, uint64_t max_out);
 
 /* ---- Bundles ---- */
 
@@ -216,7 +260,8 @@ kc_err kc_store_model_list(kc_store *s, const char *model,
 /* ---- Bookkeeping, eviction, GC ---- */
 
 typedef struct kc_store_stats {
-  uint64_t bytes_used;    /* bytes of blobs and manifests held */
+  uint64_t bytes_used;    /* bytes of blobs and manifests held (a
+                             compressed blob counts its stored bytes) */
   uint64_t max_bytes;     /* 0: no limit */
   uint64_t map_size;
   uint64_t map_used;      /* pages in use * page size */
@@ -236,6 +281,8 @@ typedef struct kc_store_stats {
                              (a value two keys share counts twice) */
   uint64_t kv_max_bytes;  /* 0: no own limit */
   uint64_t kv_hits, kv_misses, evicted_kv; /* since open */
+  uint64_t bytes_raw;     /* bytes_used with each compressed blob counted at
+                             its content's size (== bytes_used: none) */
 } kc_store_stats;
 
 /* The same flag without a read transaction (for a readiness probe). */
@@ -422,6 +469,10 @@ typedef struct kc_store_kv_val {
                        kc_store_read_end() of the read it came from */
   size_t len;
   int64_t expire_ms; /* absolute unix ms; 0: no expiry */
+  /* KC_STORE_ZSTD: data is a zstd frame of len bytes that decompresses to
+   * the value's size bytes (kc_store_zstd_decode); raw: size == len. */
+  kc_store_enc enc;
+  uint64_t size;
 } kc_store_kv_val;
 
 /* KC_OK: found and not expired at now_ms (out filled). KC_NOT_FOUND: no such

@@ -112,6 +112,8 @@ typedef struct kcs3_put_opts {
                               (no hashing of a big body whose digest is not
                               known; TLS still protects it on the way) */
   const char *content_type; /* NULL: application/octet-stream */
+  const char *encoding;    /* non-NULL: x-amz-meta-kcache-encoding: this
+                              (a blob held compressed: "zstd"; issue 18) */
 } kcs3_put_opts;
 
 /* PUT len bytes from data (len may be 0). popts may be NULL (unconditional).
@@ -139,6 +141,11 @@ typedef kc_err (*kcs3_sink)(const void *data, size_t len, void *ud);
 kc_err kcs3_get_stream(kcs3 *c, const char *key, uint64_t max_bytes,
                        kcs3_sink sink, void *ud, uint64_t *size,
                        char etag[KCS3_ETAG_MAX], char *err);
+
+/* A header of the answer being received or last received on c (a sink may
+ * ask before its first piece is taken): 1 with its value in out, 0 when
+ * absent. For object metadata such as x-amz-meta-kcache-encoding. */
+int kcs3_answer_header(kcs3 *c, const char *name, char *out, size_t cap);
 
 /* HEAD: size and ETag (either may be NULL); KC_NOT_FOUND when absent. */
 kc_err kcs3_head(kcs3 *c, const char *key, uint64_t *size,

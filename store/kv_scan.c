@@ -312,9 +312,8 @@ static kc_err verify_rec(kc_store *s, MDB_txn *txn, const MDB_val *k,
   digest[KC_HEX_LEN] = '\0';
   MDB_val bk = kcs_hex_val(digest), bv;
   kcs_blob_meta bm;
-  if (mdb_get(txn, s->blobmeta, &bk, &bv) || bv.mv_size != sizeof bm ||
-      (memcpy(&bm, bv.mv_data, sizeof bm), bm.refs == 0 ||
-       bm.size != rec.size))
+  if (mdb_get(txn, s->blobmeta, &bk, &bv) || kcs_blob_meta_read(&bv, &bm) ||
+      bm.refs == 0 || bm.size != rec.size)
     return kc_errf(err, KC_CORRUPT, "RESP key %s: value blob %s missing, "
                    "unreferenced or of another size", hex, digest);
   unsigned char ik[8 + KC_HEX_LEN];

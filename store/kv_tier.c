@@ -37,9 +37,9 @@ static kc_err ensure_value(kcs_tier *t, kc_store_read *r, const char *digest,
     return e;
   const void *data;
   size_t len;
-  if ((e = kc_store_blob_get(r, digest, &data, &len)))
+  kcs3_put_opts po;
+  if ((e = kcs_tier_blob_obj(r, digest, &data, &len, &po)))
     return e == KC_NOT_FOUND ? KC_OK : e; /* gone: the record is moot */
-  kcs3_put_opts po = {.if_none_match = 1, .sha256_hex = digest};
   t0 = kcs_tier_now_us();
   e = kcs_tier_done(t, t0, kcs3_put(t->wh, obj, data, len, &po, NULL, err));
   return e == KC_CONFLICT ? KC_OK : e;

@@ -396,6 +396,7 @@ typedef struct kcs3_req {
   size_t body_len;
   const char *payload_sha; /* 64 hex of the body; NULL: hashed here */
   const char *if_none_match, *if_match, *content_type;
+  const char *encoding;    /* x-amz-meta-kcache-encoding, or NULL */
   size_t max_body;         /* cap of a success body */
   kcs3_sink sink;          /* non-NULL: stream a success body there */
   void *sink_ud;
@@ -458,6 +459,8 @@ static struct curl_slist *build_headers(const kcs3 *c, const kcs3_req *q,
     l = add_header(l, fail, "If-None-Match: %s", q->if_none_match);
   if (q->if_match) /* unquoted: RGW 16 compares it byte for byte */
     l = add_header(l, fail, "If-Match: %s", q->if_match);
+  if (q->encoding) /* signed like every x-amz- header */
+    l = add_header(l, fail, "x-amz-meta-kcache-encoding: %s", q->encoding);
   /* No "Expect:" here to save the 100-continue round trip: curl 7.88 signs
    * a header emptied that way but does not send it (SignatureDoesNotMatch). */
   if (q->body)
@@ -830,6 +833,8 @@ kc_err kcs3_put(kcs3 *c, const char *key, const void *data, size_t len,
     return kc_errf(err, KC_EINVAL, "S3 PUT %s: bad If-Match value", key);
   if (po->content_type && !header_safe(po->content_type))
     return kc_errf(err, KC_EINVAL, "S3 PUT %s: bad content type", key);
+  if (po->encoding && !header_safe(po->encoding))
+    return kc_errf(err, KC_EINVAL, "S3 PUT %s: bad encoding", key);
   if (po->sha256_hex && !kc_is_hex64(po->sha256_hex))
     return kc_errf(err, KC_EINVAL, "S3 PUT %s: sha256_hex is not 64 hex", key);
   const char *payload = po->unsigned_payload ? "UNSIGNED-PAYLOAD"
@@ -841,7 +846,7 @@ kc_err kcs3_put(kcs3 *c, const char *key, const void *data, size_t len,
                 .payload_sha = payload,
                 .if_none_match = po->if_none_match ? "*" : NULL,
                 .if_match = po->if_match ? match : NULL,
-                .content_type = po->content_type};
+                .content_type = po->content_type, .encoding = po->encoding};
   e = perform(c, &q, &r, err);
   if (e == KC_OK)
     copy_etag(etag, r.etag);
@@ -897,6 +902,15 @@ kc_err kcs3_get_stream(kcs3 *c, const char *key, uint64_t max_bytes,
   }
   resp_free(&r);
   return e;
+}
+
+int kcs3_answer_header(kcs3 *c, const char *name, char *out, size_t cap) {
+  struct curl_header *hd = NULL;
+  if (cap == 0 || curl_easy_header(c->h, name, 0, CURLH_HEADER, -1, &hd) !=
+                      CURLHE_OK)
+    return 0;
+  snprintf(out, cap, "%s", hd->value);
+  return 1;
 }
 
 kc_err kcs3_head(kcs3 *c, const char *key, uint64_t *size,

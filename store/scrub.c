@@ -64,11 +64,21 @@ static void key_hex(const MDB_val *k, char out[KC_HEX_LEN + 1]) {
 }
 
 /* Hashes one blob; a name that its bytes do not hash to goes to bad. */
-static kc_err hash_one(kc_store *s, const MDB_val *k, const MDB_val *v,
-                       kc_store_scrub *sc, char *err) {
-  char name[KC_HEX_LEN + 1], got[KC_HEX_LEN + 1];
+static kc_err hash_one(kc_store *s, MDB_txn *txn, const MDB_val *k,
+                       const MDB_val *v, kc_store_scrub *sc, char *err) {
+  char name[KC_HEX_LEN + 1], got[KC_HEX_LEN + 1] = "";
   key_hex(k, name);
-  kc_err e = kc_sha256_hex(v->mv_data, v->mv_size, got);
+  kcs_blob_meta bm = {.enc = KC_STORE_RAW};
+  MDB_val mv, mk = *k;
+  /* a compressed blob is hashed as its content (issue 18) */
+  if (kcs_zstd_magic(v->mv_data, v->mv_size) &&
+      !mdb_get(txn, s->blobmeta, &mk, &mv))
+    kcs_blob_meta_read(&mv, &bm);
+  kc_err e = bm.enc == KC_STORE_ZSTD
+                 ? kcs_zstd_hash(v->mv_data, v->mv_size, bm.size, got, NULL)
+                 : kc_sha256_hex(v->mv_data, v->mv_size, got);
+  if (e == KC_CORRUPT) /* does not decompress to its size: rotted */
+    e = KC_OK;
   if (e)
     return kc_errf(err, e, "hashing blob %s", name);
   sc->cost += v->mv_size > MIN_COST ? v->mv_size : MIN_COST;
@@ -94,7 +104,7 @@ static kc_err hash_some(kc_store *s, kc_store_scrub *sc, uint64_t budget,
   }
   int rc = seek(cur, sc->next, &k, &v);
   while (!e && rc == 0 && !*sc->bad && sc->cost < budget) {
-    e = hash_one(s, &k, &v, sc, err);
+    e = hash_one(s, r->txn, &k, &v, sc, err);
     rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
   }
   if (!e && rc == 0)

@@ -267,6 +267,7 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
   s->lock_fd = -1;
   s->max_bytes = opts->max_bytes;
   s->kv_max_bytes = opts->kv_max_bytes;
+  s->compress_level = opts->compress_level;
   s->grace_s = opts->grace_s ? opts->grace_s : 3600;
   s->high_pct = opts->high_water_pct > 0 ? opts->high_water_pct : 95;
   s->low_pct = opts->low_water_pct > 0 ? opts->low_water_pct : 85;
@@ -396,6 +397,10 @@ kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out) {
   if (e)
     return e;
   e = kcs_bytes_get(r->txn, s, &out->bytes_used);
+  uint64_t saved = 0;
+  if (!e)
+    e = kcs_saved_get(r->txn, s, &saved);
+  out->bytes_raw = out->bytes_used + saved;
   out->blobs = entries(r->txn, s->blobs);
   out->bundles = entries(r->txn, s->bundles);
   out->kv_keys = entries(r->txn, s->kv);

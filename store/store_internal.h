@@ -62,11 +62,27 @@ typedef struct kcs_shard {
 } kcs_shard;
 
 typedef struct kcs_blob_meta {
-  uint64_t size;
+  uint64_t size; /* of the content (uncompressed) */
   uint64_t refs;
   int64_t created;
   int64_t orphan_since; /* valid when refs == 0 */
+  /* Issue 18: a compressed blob's record is longer (KCS_BLOB_META_ZSTD
+   * bytes); a raw one keeps the old KCS_BLOB_META_RAW bytes, so stores
+   * written before compression read as they are. */
+  uint64_t stored; /* bytes held in `blobs` (enc != raw only) */
+  uint32_t enc;    /* kc_store_enc */
+  uint32_t pad;
 } kcs_blob_meta;
+#define KCS_BLOB_META_RAW 32
+#define KCS_BLOB_META_ZSTD ((size_t)sizeof(kcs_blob_meta))
+
+/* zstd.c: a blobmeta value of either length into *bm (a raw record's stored
+ * is its size); -1 when neither. */
+int kcs_blob_meta_read(const MDB_val *v, kcs_blob_meta *bm);
+/* The value to write for *bm: the raw record's length when it is raw. */
+MDB_val kcs_blob_meta_val(kcs_blob_meta *bm);
+/* Bytes the blob takes in the map (what bytes_used counts). */
+uint64_t kcs_blob_stored(const kcs_blob_meta *bm);
 
 typedef struct kcs_bundle_meta {
   uint64_t bytes;
@@ -118,6 +134,7 @@ struct kc_store {
   char *dir;
   uint64_t max_bytes, map_size, grace_s;
   int high_pct, low_pct;
+  int compress_level; /* zstd level for new blobs; 0: kept raw (issue 18) */
   kcs_uses uses;
   kcs_uses touched; /* blobs offered again by clients, by digest (memory) */
   kcs_shard shards[KCS_SHARDS]; /* read handles: pools and open reads */
@@ -207,6 +224,39 @@ kc_err kcs_blob_remove(kc_store *s, MDB_txn *txn, const char *digest,
  * KC_CORRUPT (err names the hash) when not, KC_NOT_FOUND when none is held. */
 kc_err kcs_blob_check(MDB_txn *txn, kc_store *s, const char *digest,
                       char *err);
+
+/* ---- zstd.c: compression of blobs (issue 18) ---- */
+
+#define KCS_ZSTD_MIN 64 /* smaller blobs are kept raw: no frame pays */
+/* Worth keeping: the frame saves at least an eighth of the content. */
+int kcs_zstd_worth(uint64_t raw, uint64_t z);
+/* Does the buffer begin with a zstd frame's magic number? */
+int kcs_zstd_magic(const void *p, size_t n);
+/* Compresses len bytes at level into a malloc'd *out when that is worth
+ * keeping; *out NULL (and KC_OK) when not. */
+kc_err kcs_zstd_compress(int level, const void *src, size_t len, void **out,
+                         size_t *outlen, char *err);
+/* Compresses len bytes read from fd (pread from off, or read when not
+ * seekable) into an unlinked temporary file in dir (*outfd, -1 when not
+ * worth keeping), hashing the content into h when h != NULL. */
+kc_err kcs_zstd_compress_fd(kc_store *s, int level, int fd, int seekable,
+                            off_t off, uint64_t len, kc_sha256 *h,
+                            int *outfd, uint64_t *outlen, char *err);
+/* Decompresses a whole frame (mem, or fd when mem is NULL: pread from 0)
+ * of zlen bytes into dst, which holds exactly raw bytes. */
+kc_err kcs_zstd_decode_into(const void *mem, int fd, uint64_t zlen,
+                            void *dst, uint64_t raw, char *err);
+/* Hashes what a stored frame decompresses to (hex into got); KC_CORRUPT
+ * when it does not decompress to exactly raw bytes. */
+kc_err kcs_zstd_hash(const void *z, size_t zlen, uint64_t raw,
+                     char got[KC_HEX_LEN + 1], char *err);
+/* meta "zstd_saved": content bytes minus stored bytes of compressed blobs
+ * (bytes_used + this = the content's size). */
+kc_err kcs_saved_add(MDB_txn *txn, kc_store *s, int64_t delta, char *err);
+kc_err kcs_saved_get(MDB_txn *txn, kc_store *s, uint64_t *out);
+/* blob.c: 1 (and the frame's bytes in *zlen) when the upload received a
+ * zstd frame (kc_store_upload_zstd): its spool holds the frame. */
+int kcs_upload_frame(const kc_store_upload *u, uint64_t *zlen);
 /* bundle.c: deletes a bundle, its index entries and its blob references. */
 kc_err kcs_bundle_drop(kc_store *s, MDB_txn *txn, const char *key,
                        int drop_blobs, char *err);

@@ -286,6 +286,22 @@ static kc_err unpark_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   return e;
 }
 
+/* A blob's object as held (issue 18): a compressed one goes up as its
+ * frame, marked x-amz-meta-kcache-encoding: zstd (S3 checks the payload
+ * hash of the frame, computed by s3.c); a raw one with its digest as the
+ * payload hash. Read-through decodes by that mark. */
+kc_err kcs_tier_blob_obj(kc_store_read *r, const char *digest,
+                         const void **data, size_t *len, kcs3_put_opts *po) {
+  kc_store_enc enc;
+  kc_err e = kc_store_blob_get_stored(r, digest, data, len, &enc, NULL);
+  *po = (kcs3_put_opts){.if_none_match = 1, .sha256_hex = digest};
+  if (!e && enc == KC_STORE_ZSTD) {
+    po->sha256_hex = NULL;
+    po->encoding = "zstd";
+  }
+  return e;
+}
+
 static kc_err put_obj(kcs_tier *t, const char *obj, const void *data,
                       size_t len, const kcs3_put_opts *po, char *err) {
   uint64_t t0 = kcs_tier_now_us();
@@ -296,14 +312,14 @@ static kc_err put_blob(kcs_tier *t, kc_store_read *r, const char *digest,
                        char *err) {
   const void *data;
   size_t len;
-  kc_err e = kc_store_blob_get(r, digest, &data, &len);
+  kcs3_put_opts po;
+  kc_err e = kcs_tier_blob_obj(r, digest, &data, &len, &po);
   if (e == KC_NOT_FOUND)
     return KC_OK; /* collected as garbage since: nothing to keep */
   if (e)
     return kc_errf(err, e, "reading blob %s", digest);
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "blobs", digest);
-  kcs3_put_opts po = {.if_none_match = 1, .sha256_hex = digest};
   e = put_obj(t, obj, data, len, &po, err);
   return e == KC_CONFLICT ? KC_OK : e; /* the same bytes are there */
 }

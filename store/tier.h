@@ -103,4 +103,10 @@ kc_err kcs_tier_adopt(kcs_tier *t, const char *key, const void *data,
 int kcs_filler_start(kcs_tier *t);
 void kcs_filler_stop(kcs_tier *t);
 
+/* tier.c: a blob's object for the bucket: its bytes as held (pointing into
+ * r's map) and the put's options (create-only; a compressed blob's
+ * x-amz-meta-kcache-encoding: zstd). */
+kc_err kcs_tier_blob_obj(kc_store_read *r, const char *digest,
+                         const void **data, size_t *len, kcs3_put_opts *po);
+
 #endif

@@ -129,8 +129,28 @@ kc_err kcs_tier_corrupt(kcs_tier *t, kcs3 *h, const char *obj, char *err) {
                  "not served", obj, why);
 }
 
+/* A blob object on its way into an upload: one marked
+ * x-amz-meta-kcache-encoding: zstd (issue 18) is a frame, decoded as it
+ * arrives (and kept as it came when the store compresses). */
+typedef struct obj_sink {
+  kc_store_upload *u;
+  kcs3 *h;
+  uint64_t max_out;
+  int looked; /* the mark was looked for (before the first piece) */
+} obj_sink;
+
+static void look_for_mark(obj_sink *o) {
+  char v[32];
+  if (!o->looked && kcs3_answer_header(o->h, "x-amz-meta-kcache-encoding", v,
+                                       sizeof v) && strcmp(v, "zstd") == 0)
+    kc_store_upload_zstd(o->u, o->max_out);
+  o->looked = 1;
+}
+
 static kc_err to_upload(const void *data, size_t len, void *ud) {
-  return kc_store_upload_write(ud, data, len, NULL);
+  obj_sink *o = ud;
+  look_for_mark(o);
+  return kc_store_upload_write(o->u, data, len, NULL);
 }
 
 /* ---- fills committed after the answer ---- */
@@ -224,14 +244,19 @@ static kc_err serve_then_fill(kcs_tier *t, kc_store_upload *u,
                               const char *digest, const void *mem,
                               fetch_ctx *c) {
   size_t len = (size_t)kc_store_upload_size(u);
+  uint64_t zlen = 0;
   kcs_fill *x = malloc(sizeof *x);
   void *copy = malloc(len ? len : 1);
-  if (!x || !copy) {
+  /* a frame received is served decoded (its content was verified) */
+  if (!x || !copy || (kcs_upload_frame(u, &zlen) &&
+                      kc_store_zstd_decode(mem, (size_t)zlen, copy, len,
+                                           NULL))) {
     free(x);
     free(copy);
     return KC_NOMEM;
   }
-  memcpy(copy, mem, len);
+  if (!zlen)
+    memcpy(copy, mem, len);
   *c->data = copy;
   *c->len = len;
   *x = (kcs_fill){.u = u, .f = c->f};
@@ -277,8 +302,11 @@ static kc_err get_blob(kcs_tier *t, const char *digest, fetch_ctx *c,
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "blobs", digest);
   uint64_t t0 = kcs_tier_now_us();
+  obj_sink o = {u, h, t->max_object, 0};
   e = kcs_tier_done(t, t0, kcs3_get_stream(h, obj, t->max_object, to_upload,
-                                           u, NULL, NULL, err));
+                                           &o, NULL, NULL, err));
+  if (!e)
+    look_for_mark(&o); /* an empty body took no piece */
   if (e)
     kc_store_upload_abort(u);
   else if ((e = keep_blob(t, u, digest, c, err)) == KC_DIGEST_MISMATCH)

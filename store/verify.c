@@ -16,16 +16,18 @@ static kc_err verify_blobs(kc_store *s, MDB_txn *txn, char *err) {
   int rc;
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !e && rc == 0;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    char name[KC_HEX_LEN + 1] = "", got[KC_HEX_LEN + 1] = "";
+    char name[KC_HEX_LEN + 1] = "";
     memcpy(name, k.mv_data, k.mv_size < KC_HEX_LEN ? k.mv_size : KC_HEX_LEN);
     MDB_val mv;
     kcs_blob_meta bm;
-    if (k.mv_size != KC_HEX_LEN || kc_sha256_hex(v.mv_data, v.mv_size, got) ||
-        strcmp(got, name) != 0)
-      e = kc_errf(err, KC_CORRUPT, "blob %s hashes to %s", name, got);
-    else if (mdb_get(txn, s->blobmeta, &k, &mv) || mv.mv_size != sizeof bm ||
-             (memcpy(&bm, mv.mv_data, sizeof bm), bm.size != v.mv_size))
+    /* a compressed blob is hashed as its content (kcs_blob_check) */
+    if (mdb_get(txn, s->blobmeta, &k, &mv) || kcs_blob_meta_read(&mv, &bm) ||
+        kcs_blob_stored(&bm) != v.mv_size)
       e = kc_errf(err, KC_CORRUPT, "blob %s: metadata missing or wrong", name);
+    else if (k.mv_size != KC_HEX_LEN)
+      e = kc_errf(err, KC_CORRUPT, "blob %s: a malformed name", name);
+    else
+      e = kcs_blob_check(txn, s, name, err);
     total += v.mv_size;
   }
   mdb_cursor_close(cur);
@@ -55,10 +57,10 @@ static kc_err verify_bundle(kc_store *s, MDB_txn *txn, MDB_val *k, MDB_val *v,
   for (size_t i = 0; !e && i < m->n_files; i++) {
     MDB_val bk = kcs_hex_val(m->files[i].sha256), bv;
     kcs_blob_meta bm;
-    if (mdb_get(txn, s->blobmeta, &bk, &bv) || bv.mv_size != sizeof bm)
+    if (mdb_get(txn, s->blobmeta, &bk, &bv) || kcs_blob_meta_read(&bv, &bm))
       e = kc_errf(err, KC_CORRUPT, "bundle %s: blob %s missing", key,
                   m->files[i].sha256);
-    else if (memcpy(&bm, bv.mv_data, sizeof bm), bm.refs == 0 ||
+    else if (bm.refs == 0 ||
              bm.size != m->files[i].size)
       e = kc_errf(err, KC_CORRUPT, "bundle %s: blob %s has %llu refs and "
                   "%llu bytes", key, m->files[i].sha256,

@@ -923,8 +923,10 @@ static void test_deadline(void **state) {
 static void test_server_blob_flipped(void **state) {
   fx *f = *state;
   need_nvrtc();
-  /* the scrub off: here the client is the one to find the rot */
-  const char *const args[] = {"--scrub-rate", "0", NULL};
+  /* the scrub off: here the client is the one to find the rot; blobs
+   * held raw, so the content's bytes are there to flip (issue 18) */
+  const char *const args[] = {"--scrub-rate", "0", "--compress-level", "0",
+                              NULL};
   assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
   f->have_srv = 1;
   char err[KC_ERRBUF_SIZE], key[65], p[PATH_MAX], cache2[400], d[65];
@@ -2702,6 +2704,50 @@ static void test_compat_many(void **state) {
   assert_non_null(strstr(out, "\"hit-remote\": 300"));
 }
 
+/* ---- zstd on the wire (issue 18) ---- */
+
+/* A counter of t's /metrics, -1 when absent. */
+static long zstd_metric(const kc_testsrv *t, const char *name) {
+  kc_testsrv_resp r = kc_testsrv_http(NULL, t->url, "/metrics",
+                                      (kc_testsrv_req){0});
+  long v = -1;
+  char pat[160];
+  snprintf(pat, sizeof pat, "\n%s ", name);
+  const char *at = r.body ? strstr(r.body, pat) : NULL;
+  if (at)
+    v = strtol(at + strlen(pat), NULL, 10);
+  kc_testsrv_resp_free(&r);
+  return v;
+}
+
+/* Real cubins go up compressed (the client compresses what saves an
+ * eighth), come down as the held frames (Accept-Encoding: zstd), decoded
+ * while they stream, verified, and kept uncompressed in the cache. */
+static void test_warm_zstd(void **state) {
+  fx *f = *state;
+  need_nvrtc();
+  start_server(f);
+  char err[KC_ERRBUF_SIZE], cache2[400];
+  kc_client *c = client_for(f->cache, f->srv.url);
+  kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
+  kc_warm_report r;
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_BUILT), 2);
+  kc_warm_report_free(&r);
+  kc_client_free(c);
+  assert_true(zstd_metric(&f->srv, "kcached_zstd_puts_total") >= 1);
+  long sent = zstd_metric(&f->srv, "kcached_zstd_frames_sent_total");
+  snprintf(cache2, sizeof cache2, "%s/cache2", f->dir);
+  c = client_for(cache2, f->srv.url);
+  assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
+  assert_int_equal(count(&r, KC_WARM_HIT_REMOTE), 2);
+  kc_warm_report_free(&r);
+  assert_true(zstd_metric(&f->srv, "kcached_zstd_frames_sent_total") > sent);
+  blobs_equal(f->cache, cache2); /* the cache holds the content */
+  kc_warmup_free(w);
+  kc_client_free(c);
+}
+
 int main(void) {
   /* Commands run without --cache-dir must not touch ~/.cache. */
   char home_cache[256];
@@ -2769,6 +2815,7 @@ int main(void) {
       T(test_compat_flags),
       T(test_fetch_small_and_large),
       T(test_compat_many),
+      T(test_warm_zstd),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();

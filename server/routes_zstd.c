@@ -1,0 +1,113 @@
+/* routes_zstd.c: blobs held zstd-compressed on the wire (issue 18).
+ *
+ * GET of a blob the store holds compressed: a client that sends
+ * Accept-Encoding: zstd gets the held frame as it is (Content-Encoding:
+ * zstd; zero-copy from the map up to KCD_ZERO_COPY_MAX, larger ones copied
+ * out piece by piece, one short read per piece, as routes_blob.c does);
+ * any other client gets the content, decompressed piece by piece with a
+ * short read per piece (never a whole-blob copy). HEAD gives the content's
+ * length; the ETag is the content's digest either way; Vary: Accept-Encoding.
+ * Raw blobs never come here: routes_blob.c serves them as always.
+ *
+ * PUT with Content-Encoding: zstd: the store decodes the body as it arrives
+ * (kc_store_upload_zstd), bounded by --max-blob-bytes of output. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "kcd.h"
+
+#define PIECE (128 * 1024)
+#define ETAG_SIZE (KC_HEX_LEN + 3)
+
+/* Does a comma-separated coding list name `coding` with a q other than 0? */
+static int lists_coding(const char *v, const char *coding) {
+  size_t cl = strlen(coding);
+  while (v && *v) {
+    while (*v == ' ' || *v == '\t' || *v == ',')
+      v++;
+    const char *end = v + strcspn(v, ",");
+    const char *semi = memchr(v, ';', (size_t)(end - v));
+    const char *name_end = semi ? semi : end;
+    while (name_end > v && (name_end[-1] == ' ' || name_end[-1] == '\t'))
+      name_end--;
+    if ((size_t)(name_end - v) == cl && strncasecmp(v, coding, cl) == 0) {
+      const char *q = semi ? strstr(semi, "q=") : NULL;
+      return !(q && q < end && strtod(q + 2, NULL) <= 0.0);
+    }
+    v = end;
+  }
+  return 0;
+}
+
+int kcd_accepts_zstd(kcd_req *r) {
+  return lists_coding(kcd_header(r, "Accept-Encoding"), "zstd");
+}
+
+int kcd_body_is_zstd(kcd_req *r) {
+  const char *v = kcd_header(r, "Content-Encoding");
+  return v && lists_coding(v, "zstd");
+}
+
+static int matches_etag(kcd_req *r, const char *tag) {
+  const char *inm = kcd_header(r, "If-None-Match");
+  if (!inm)
+    return 0;
+  while (*inm == ' ')
+    inm++;
+  return strcmp(inm, "*") == 0 || strstr(inm, tag) != NULL;
+}
+
+static long stream_piece(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos; /* asked for in order: the stream keeps its own place */
+  return kc_store_blob_stream_read(cls, buf, max);
+}
+
+static void stream_free(void *cls) { kc_store_blob_stream_free(cls); }
+
+/* The held frame, zero-copy: r->read ends once it is sent (completion). */
+static int reply_frame(kcd_req *r, const char *const *h) {
+  const void *data;
+  size_t len;
+  kc_store_enc enc;
+  kc_err e = kc_store_read_begin(atomic_load(&r->st->store), &r->read);
+  if (!e)
+    e = kc_store_blob_get_stored(r->read, r->param, &data, &len, &enc, NULL);
+  if (e) {
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    return kcd_reply_error_json(r, e, "cannot read the blob", NULL, NULL);
+  }
+  return kcd_reply(r, 200, "application/octet-stream", data, len,
+                   KCD_MEM_PERSISTENT, h);
+}
+
+int kcd_blob_get_encoded(kcd_req *r) {
+  char etag[ETAG_SIZE];
+  snprintf(etag, sizeof etag, "\"%.64s\"", r->param);
+  /* HEAD describes the content; a GET without zstd gets it decoded */
+  int frame = r->method != KCD_M_HEAD && kcd_accepts_zstd(r);
+  const char *const h[] = {"ETag", etag, "Cache-Control",
+                           "public, max-age=31536000, immutable", "Vary",
+                           "Accept-Encoding",
+                           frame ? "Content-Encoding" : NULL, "zstd", NULL};
+  if (matches_etag(r, etag))
+    return kcd_reply(r, 304, NULL, "", 0, KCD_MEM_PERSISTENT, h);
+  kc_store_blob_stream *b = NULL;
+  uint64_t len = 0;
+  kc_err e = kc_store_blob_stream_open(atomic_load(&r->st->store), r->param,
+                                       !frame, &b, &len, NULL, NULL);
+  if (e)
+    return kcd_reply_error_json(r, e, e == KC_NOT_FOUND ? "no such blob"
+                                : "cannot read the blob", NULL, NULL);
+  atomic_fetch_add(&r->st->metrics.zstd_gets, 1);
+  if (frame)
+    atomic_fetch_add(&r->st->metrics.zstd_sent_frames, 1);
+  if (frame && len <= KCD_ZERO_COPY_MAX) {
+    kc_store_blob_stream_free(b);
+    return reply_frame(r, h);
+  }
+  return kcd_reply_pieces(r, 200, "application/octet-stream", len, PIECE,
+                          stream_piece, b, stream_free, h);
+}

@@ -1,0 +1,396 @@
+/* zstd.c: blobs held zstd-compressed (issue 18). A blob is still named by
+ * the SHA-256 of its content; its blobmeta record says how its bytes are
+ * held (a raw blob keeps the short record stores always had). Compression,
+ * whole-frame decoding (verify, scrub, a PUT's frame stored raw), the
+ * "zstd_saved" counter behind stats' bytes_raw, and blobs read piece by
+ * piece, decompressed on the way, with one short read per piece. libzstd
+ * does every byte of the coding. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include "store_internal.h"
+
+#define IO_CHUNK (128 * 1024)
+
+/* ---- metadata ---- */
+
+int kcs_blob_meta_read(const MDB_val *v, kcs_blob_meta *bm) {
+  memset(bm, 0, sizeof *bm);
+  if (v->mv_size != KCS_BLOB_META_RAW && v->mv_size != KCS_BLOB_META_ZSTD)
+    return -1;
+  memcpy(bm, v->mv_data, v->mv_size);
+  if (v->mv_size == KCS_BLOB_META_RAW || bm->enc == KC_STORE_RAW) {
+    bm->enc = KC_STORE_RAW;
+    bm->stored = bm->size;
+  }
+  return 0;
+}
+
+MDB_val kcs_blob_meta_val(kcs_blob_meta *bm) {
+  MDB_val v = {bm->enc == KC_STORE_RAW ? KCS_BLOB_META_RAW
+                                       : KCS_BLOB_META_ZSTD, bm};
+  return v;
+}
+
+uint64_t kcs_blob_stored(const kcs_blob_meta *bm) {
+  return bm->enc == KC_STORE_RAW ? bm->size : bm->stored;
+}
+
+static MDB_val saved_name(void) {
+  MDB_val k = {10, (void *)"zstd_saved"};
+  return k;
+}
+
+kc_err kcs_saved_get(MDB_txn *txn, kc_store *s, uint64_t *out) {
+  MDB_val k = saved_name(), v;
+  int rc = mdb_get(txn, s->meta, &k, &v);
+  *out = 0;
+  if (rc == MDB_NOTFOUND)
+    return KC_OK;
+  if (rc || v.mv_size != sizeof *out)
+    return kcs_mdb_err(rc ? rc : MDB_CORRUPTED, "reading zstd_saved", NULL);
+  memcpy(out, v.mv_data, sizeof *out);
+  return KC_OK;
+}
+
+kc_err kcs_saved_add(MDB_txn *txn, kc_store *s, int64_t delta, char *err) {
+  uint64_t n;
+  kc_err e = kcs_saved_get(txn, s, &n);
+  if (e || delta == 0)
+    return e;
+  n = delta < 0 && (uint64_t)-delta > n ? 0 : n + (uint64_t)delta;
+  MDB_val k = saved_name(), v = {sizeof n, &n};
+  return kcs_put(txn, s->meta, &k, &v, 0, err);
+}
+
+/* ---- compression ---- */
+
+int kcs_zstd_worth(uint64_t raw, uint64_t z) { return z <= raw - raw / 8; }
+
+int kcs_zstd_magic(const void *p, size_t n) {
+  static const unsigned char m[4] = {0x28, 0xb5, 0x2f, 0xfd};
+  return n >= 4 && memcmp(p, m, 4) == 0;
+}
+
+kc_err kcs_zstd_compress(int level, const void *src, size_t len, void **out,
+                         size_t *outlen, char *err) {
+  *out = NULL;
+  *outlen = 0;
+  if (level <= 0 || len < KCS_ZSTD_MIN)
+    return KC_OK;
+  /* Room for an eighth less than the content only: a frame that does not
+   * fit is not worth keeping, and libzstd stops as soon as it knows. */
+  size_t cap = len - len / 8;
+  void *buf = malloc(cap);
+  if (!buf)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  size_t n = ZSTD_compress(buf, cap, src, len, level);
+  if (ZSTD_isError(n)) {
+    free(buf);
+    return KC_OK; /* dstSize_tooSmall: incompressible */
+  }
+  *out = buf;
+  *outlen = n;
+  return KC_OK;
+}
+
+static ssize_t read_at(int fd, int seekable, off_t off, void *buf, size_t n) {
+  for (;;) {
+    ssize_t r = seekable ? pread(fd, buf, n, off) : read(fd, buf, n);
+    if (r >= 0 || errno != EINTR)
+      return r;
+  }
+}
+
+static kc_err write_all(kc_store *s, int fd, const void *p, size_t n,
+                        char *err) {
+  const char *c = p;
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0)
+      return kcs_disk_err(s, errno, "spooling a compressed blob", err);
+    c += w;
+    n -= (size_t)w;
+  }
+  return KC_OK;
+}
+
+typedef struct zfd {
+  kc_store *s;
+  ZSTD_CCtx *cc;
+  int out;
+  uint64_t outlen, cap;
+  unsigned char *in, *obuf;
+} zfd;
+
+/* Feeds one piece (end: the last) and spools what comes out; 1 when the
+ * output outgrew what is worth keeping. */
+static int zfd_feed(zfd *z, const void *p, size_t n, int end, kc_err *e,
+                    char *err) {
+  ZSTD_inBuffer in = {p, n, 0};
+  size_t left;
+  do {
+    ZSTD_outBuffer ob = {z->obuf, IO_CHUNK, 0};
+    left = ZSTD_compressStream2(z->cc, &ob, &in, end ? ZSTD_e_end
+                                                     : ZSTD_e_continue);
+    if (ZSTD_isError(left)) {
+      *e = kc_errf(err, KC_INTERNAL, "zstd: %s", ZSTD_getErrorName(left));
+      return 0;
+    }
+    z->outlen += ob.pos;
+    if (z->outlen > z->cap)
+      return 1;
+    if ((*e = write_all(z->s, z->out, z->obuf, ob.pos, err)))
+      return 0;
+  } while (in.pos < in.size || (end && left));
+  return 0;
+}
+
+kc_err kcs_zstd_compress_fd(kc_store *s, int level, int fd, int seekable,
+                            off_t off, uint64_t len, kc_sha256 *h,
+                            int *outfd, uint64_t *outlen, char *err) {
+  *outfd = -1;
+  zfd z = {s, ZSTD_createCCtx(), -1, 0, len - len / 8, malloc(IO_CHUNK),
+           malloc(IO_CHUNK)};
+  kc_err e = z.cc && z.in && z.obuf ? KC_OK
+                                    : kc_errf(err, KC_NOMEM, "out of memory");
+  if (!e && (z.out = open(s->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)) < 0)
+    e = kcs_disk_err(s, errno, "making a spool file", err);
+  if (!e) {
+    ZSTD_CCtx_setParameter(z.cc, ZSTD_c_compressionLevel, level);
+    ZSTD_CCtx_setPledgedSrcSize(z.cc, len);
+  }
+  int over = 0;
+  for (uint64_t done = 0; !e && !over && done < len;) {
+    size_t want = len - done > IO_CHUNK ? IO_CHUNK : (size_t)(len - done);
+    ssize_t n = read_at(fd, seekable, off + (off_t)done, z.in, want);
+    if (n <= 0) {
+      e = kc_errf(err, KC_IO, "the blob's source ended after %llu of %llu "
+                  "bytes", (unsigned long long)done, (unsigned long long)len);
+      break;
+    }
+    done += (uint64_t)n;
+    if (h)
+      kc_sha256_update(h, z.in, (size_t)n);
+    over = zfd_feed(&z, z.in, (size_t)n, done == len, &e, err);
+  }
+  ZSTD_freeCCtx(z.cc);
+  free(z.in);
+  free(z.obuf);
+  if (e || over) {
+    if (z.out >= 0)
+      close(z.out);
+    return e;
+  }
+  *outfd = z.out;
+  *outlen = z.outlen;
+  return KC_OK;
+}
+
+/* ---- decoding ---- */
+
+/* Decodes the stored frame, chunk by chunk of input, calling sink on each
+ * piece of output; KC_CORRUPT when it is not one complete frame (or frames)
+ * of exactly raw bytes. */
+typedef kc_err (*zsink)(void *ud, const void *p, size_t n);
+
+static kc_err decode_each(const void *mem, int fd, uint64_t zlen, uint64_t raw,
+                          zsink sink, void *ud, char *err) {
+  ZSTD_DCtx *dc = ZSTD_createDCtx();
+  unsigned char *obuf = malloc(IO_CHUNK), *ibuf = mem ? NULL : malloc(IO_CHUNK);
+  kc_err e = dc && obuf && (mem || ibuf)
+                 ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  uint64_t got = 0, pos = 0;
+  size_t left = 1;
+  while (!e && pos < zlen) {
+    size_t want = zlen - pos > IO_CHUNK ? IO_CHUNK : (size_t)(zlen - pos);
+    ZSTD_inBuffer in = {(const char *)mem + pos, want, 0};
+    if (!mem) {
+      ssize_t n = read_at(fd, 1, (off_t)pos, ibuf, want);
+      if (n <= 0) {
+        e = kc_errf(err, KC_IO, "reading a spooled frame");
+        break;
+      }
+      in = (ZSTD_inBuffer){ibuf, (size_t)n, 0};
+    }
+    while (!e && in.pos < in.size) {
+      ZSTD_outBuffer ob = {obuf, IO_CHUNK, 0};
+      left = ZSTD_decompressStream(dc, &ob, &in);
+      if (ZSTD_isError(left))
+        e = kc_errf(err, KC_CORRUPT, "zstd: %s", ZSTD_getErrorName(left));
+      else if ((got += ob.pos) > raw)
+        e = kc_errf(err, KC_CORRUPT, "the frame decompresses to more than "
+                    "%llu bytes", (unsigned long long)raw);
+      else if (ob.pos)
+        e = sink(ud, obuf, ob.pos);
+    }
+    pos += in.size;
+  }
+  /* flush what the decoder still holds */
+  while (!e && left) {
+    ZSTD_inBuffer in = {NULL, 0, 0};
+    ZSTD_outBuffer ob = {obuf, IO_CHUNK, 0};
+    left = ZSTD_decompressStream(dc, &ob, &in);
+    if (ZSTD_isError(left) || ob.pos == 0)
+      break;
+    if ((got += ob.pos) > raw)
+      e = kc_errf(err, KC_CORRUPT, "the frame decompresses to too much");
+    else
+      e = sink(ud, obuf, ob.pos);
+  }
+  if (!e && (left || got != raw))
+    e = kc_errf(err, KC_CORRUPT, "the frame %s (%llu of %llu bytes)",
+                left ? "is truncated" : "decompresses to another size",
+                (unsigned long long)got, (unsigned long long)raw);
+  ZSTD_freeDCtx(dc);
+  free(obuf);
+  free(ibuf);
+  return e;
+}
+
+typedef struct into {
+  unsigned char *dst;
+  uint64_t at;
+} into;
+
+static kc_err sink_into(void *ud, const void *p, size_t n) {
+  into *d = ud;
+  memcpy(d->dst + d->at, p, n);
+  d->at += n;
+  return KC_OK;
+}
+
+kc_err kcs_zstd_decode_into(const void *mem, int fd, uint64_t zlen,
+                            void *dst, uint64_t raw, char *err) {
+  into d = {dst, 0};
+  return decode_each(mem, fd, zlen, raw, sink_into, &d, err);
+}
+
+kc_err kc_store_zstd_decode(const void *z, size_t zlen, void *dst, size_t raw,
+                            char *err) {
+  return kcs_zstd_decode_into(z, -1, zlen, dst, raw, err);
+}
+
+static kc_err sink_hash(void *ud, const void *p, size_t n) {
+  return kc_sha256_update(ud, p, n);
+}
+
+kc_err kcs_zstd_hash(const void *z, size_t zlen, uint64_t raw,
+                     char got[KC_HEX_LEN + 1], char *err) {
+  kc_sha256 *h = kc_sha256_new();
+  if (!h)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  kc_err e = decode_each(z ? z : "", -1, zlen, raw, sink_hash, h, err);
+  if (!e)
+    e = kc_sha256_final(h, got);
+  kc_sha256_free(h);
+  return e;
+}
+
+/* ---- a blob read piece by piece ---- */
+
+struct kc_store_blob_stream {
+  kc_store *s;
+  char digest[KC_HEX_LEN + 1];
+  ZSTD_DCtx *dc; /* NULL: the held bytes go out as they are */
+  uint64_t zpos; /* bytes of the held copy consumed */
+  uint64_t stored, out, len;
+  int done;
+};
+
+kc_err kc_store_blob_stream_open(kc_store *s, const char *digest, int decode,
+                                 kc_store_blob_stream **out, uint64_t *len,
+                                 kc_store_enc *enc, uint64_t *size) {
+  kc_store_read *r;
+  kc_err e = kc_store_read_begin(s, &r);
+  if (e)
+    return e;
+  const void *data;
+  size_t n;
+  kc_store_enc how = KC_STORE_RAW;
+  uint64_t sz = 0;
+  e = kc_store_blob_get_stored(r, digest, &data, &n, &how, &sz);
+  kc_store_read_end(r);
+  if (e)
+    return e;
+  kc_store_blob_stream *b = calloc(1, sizeof *b);
+  if (!b || (decode && how == KC_STORE_ZSTD && !(b->dc = ZSTD_createDCtx()))) {
+    free(b);
+    return KC_NOMEM;
+  }
+  b->s = s;
+  snprintf(b->digest, sizeof b->digest, "%s", digest);
+  b->stored = n;
+  b->len = b->dc ? sz : n;
+  *out = b;
+  if (len)
+    *len = b->len;
+  if (enc)
+    *enc = b->dc ? KC_STORE_RAW : how;
+  if (size)
+    *size = sz;
+  return KC_OK;
+}
+
+/* One step of decoding inside the caller's read: input from zpos on. */
+static long stream_decode(kc_store_blob_stream *b, const void *z, size_t zlen,
+                          char *buf, size_t max) {
+  ZSTD_outBuffer ob = {buf, max, 0};
+  while (ob.pos < ob.size && !b->done) {
+    ZSTD_inBuffer in = {(const char *)z + b->zpos, zlen - b->zpos, 0};
+    size_t before = ob.pos;
+    size_t left = ZSTD_decompressStream(b->dc, &ob, &in);
+    b->zpos += in.pos;
+    if (ZSTD_isError(left))
+      return -1;
+    if (left == 0 && b->zpos == zlen)
+      b->done = 1;
+    else if (in.pos == 0 && ob.pos == before && b->zpos == zlen)
+      break; /* truncated: no input left, no output either (-1 below) */
+  }
+  b->out += ob.pos;
+  /* called only while bytes are due: none coming means a bad frame */
+  return b->out > b->len || ob.pos == 0 ? -1 : (long)ob.pos;
+}
+
+long kc_store_blob_stream_read(kc_store_blob_stream *b, char *buf,
+                               size_t max) {
+  if (b->out >= b->len)
+    return 0;
+  kc_store_read *r;
+  if (kc_store_read_begin(b->s, &r))
+    return -1;
+  const void *z;
+  size_t zlen;
+  kc_store_enc enc;
+  long got = -1;
+  /* the blob's bytes never change under its digest; a copy of another
+   * length (evicted and stored again otherwise) aborts the response */
+  if (!kc_store_blob_get_stored(r, b->digest, &z, &zlen, &enc, NULL) &&
+      zlen == b->stored) {
+    if (b->dc) {
+      got = stream_decode(b, z, zlen, buf, max);
+    } else {
+      size_t take = zlen - b->out < max ? zlen - (size_t)b->out : max;
+      memcpy(buf, (const char *)z + b->out, take);
+      b->out += take;
+      got = (long)take;
+    }
+  }
+  kc_store_read_end(r);
+  return got;
+}
+
+void kc_store_blob_stream_free(kc_store_blob_stream *b) {
+  if (!b)
+    return;
+  ZSTD_freeDCtx(b->dc);
+  free(b);
+}

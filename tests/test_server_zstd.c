@@ -1,0 +1,294 @@
+/* test_server_zstd.c: kcached with blobs held zstd-compressed (issue 18):
+ * GET with and without Accept-Encoding: zstd (small zero-copy and large
+ * piece by piece), HEAD, ETag and If-None-Match, Vary; PUT raw and with
+ * Content-Encoding: zstd (plain and chunked); corrupt and truncated frames
+ * and a decompression bomb answered 4xx with nothing stored; stats and
+ * /metrics raw and stored bytes; a store written with --compress-level 0
+ * served by a server that compresses. The real kcached on loopback. */
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+
+#include "servertest.h"
+
+static char *text_bytes(size_t n, unsigned seed) {
+  char *p = malloc(n ? n : 1);
+  assert_non_null(p);
+  for (size_t i = 0; i < n;) {
+    char w[64];
+    int k = snprintf(w, sizeof w, "mov.u32 %%r%u, %%tid.x; // %zu\n", seed,
+                     (i / 41) % 113);
+    for (int j = 0; j < k && i < n; j++)
+      p[i++] = w[j];
+  }
+  return p;
+}
+
+static void *frame_of(const void *p, size_t n, size_t *zlen) {
+  size_t cap = ZSTD_compressBound(n);
+  void *z = malloc(cap);
+  *zlen = ZSTD_compress(z, cap, p, n, 3);
+  assert_false(ZSTD_isError(*zlen));
+  return z;
+}
+
+static resp get(const char *digest, int zstd, const char *method) {
+  char path[128];
+  snprintf(path, sizeof path, "/v1/blobs/%s", digest);
+  return http(&S, path, (req){.method = method,
+                              .header = zstd ? "Accept-Encoding: gzip, zstd"
+                                             : NULL});
+}
+
+/* GET both ways and HEAD: the content comes back whichever way it is sent. */
+static void expect_both_ways(const char *digest, const char *p, size_t n,
+                             int held_compressed) {
+  char v[128], etag[80];
+  snprintf(etag, sizeof etag, "\"%s\"", digest);
+  resp r = get(digest, 0, NULL);
+  assert_int_equal(r.status, 200);
+  assert_int_equal(r.len, n);
+  assert_memory_equal(r.body, p, n);
+  assert_false(header(&r, "Content-Encoding", v, sizeof v));
+  assert_true(header(&r, "ETag", v, sizeof v));
+  assert_string_equal(v, etag);
+  resp_free(&r);
+  r = get(digest, 1, NULL);
+  assert_int_equal(r.status, 200);
+  assert_true(header(&r, "ETag", v, sizeof v));
+  assert_string_equal(v, etag);
+  if (held_compressed) {
+    assert_true(header(&r, "Content-Encoding", v, sizeof v));
+    assert_string_equal(v, "zstd");
+    assert_true(header(&r, "Vary", v, sizeof v));
+    assert_string_equal(v, "Accept-Encoding");
+    assert_true(r.len < n);
+    char *out = malloc(n + 1);
+    size_t got = ZSTD_decompress(out, n + 1, r.body, r.len);
+    assert_false(ZSTD_isError(got));
+    assert_int_equal(got, n);
+    assert_memory_equal(out, p, n);
+    free(out);
+  } else {
+    assert_false(header(&r, "Content-Encoding", v, sizeof v));
+    assert_int_equal(r.len, n);
+    assert_memory_equal(r.body, p, n);
+  }
+  resp_free(&r);
+  r = get(digest, 1, "HEAD"); /* the content's length */
+  assert_int_equal(r.status, 200);
+  assert_true(header(&r, "Content-Length", v, sizeof v));
+  assert_int_equal(strtoull(v, NULL, 10), n);
+  assert_false(header(&r, "Content-Encoding", v, sizeof v));
+  resp_free(&r);
+}
+
+static void t_compressible_roundtrip(void **state) {
+  (void)state;
+  size_t sizes[] = {12280, 70000, 3u << 20}; /* zero-copy, pieces, large */
+  for (size_t i = 0; i < 3; i++) {
+    char *p = text_bytes(sizes[i], (unsigned)i), d[65];
+    assert_int_equal(put_blob(&S, NULL, p, sizes[i], d), 201);
+    expect_both_ways(d, p, sizes[i], 1);
+    free(p);
+  }
+  json_t *st = NULL;
+  resp r = http(&S, "/v1/stats", (req){0});
+  assert_int_equal(r.status, 200);
+  st = body_json(&r);
+  json_int_t used = json_integer_value(json_object_get(st, "bytes_used"));
+  json_int_t raw = json_integer_value(json_object_get(st, "bytes_raw"));
+  assert_true(raw >= (json_int_t)(12280 + 70000 + (3u << 20)));
+  assert_true(used * 2 < raw);
+  json_decref(st);
+  resp_free(&r);
+  assert_true(metric(&S, "kcached_store_raw_bytes") == (long)raw);
+  assert_true(metric(&S, "kcached_zstd_frames_sent_total") >= 3);
+}
+
+static void t_not_modified(void **state) {
+  (void)state;
+  char *p = text_bytes(5000, 9), d[65], inm[128], path[128];
+  assert_int_equal(put_blob(&S, NULL, p, 5000, d), 201);
+  snprintf(inm, sizeof inm, "If-None-Match: \"%s\"", d);
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  resp r = http(&S, path, (req){.header = inm});
+  assert_int_equal(r.status, 304);
+  resp_free(&r);
+  free(p);
+}
+
+static void t_incompressible_and_empty(void **state) {
+  (void)state;
+  char *p = malloc(100000), d[65];
+  fill_random(p, 100000, 77);
+  assert_int_equal(put_blob(&S, NULL, p, 100000, d), 201);
+  expect_both_ways(d, p, 100000, 0);
+  assert_int_equal(put_blob(&S, NULL, "", 0, d), 201);
+  expect_both_ways(d, "", 0, 0);
+  free(p);
+}
+
+static long put_frame(const char *digest, const void *z, size_t zlen,
+                      int chunked, resp *out) {
+  char path[128];
+  snprintf(path, sizeof path, "/v1/blobs/%s", digest);
+  resp r = http(&S, path, (req){.method = "PUT", .body = z, .len = zlen,
+                                .has_body = 1, .chunked = chunked,
+                                .header = "Content-Encoding: zstd"});
+  long st = r.status;
+  if (out)
+    *out = r;
+  else
+    resp_free(&r);
+  return st;
+}
+
+static void t_put_zstd(void **state) {
+  (void)state;
+  for (int chunked = 0; chunked < 2; chunked++) {
+    size_t n = 200000, zlen;
+    char *p = text_bytes(n, 20 + (unsigned)chunked), d[65];
+    sha_hex(p, n, d);
+    void *z = frame_of(p, n, &zlen);
+    resp r;
+    assert_int_equal(put_frame(d, z, zlen, chunked, &r), 201);
+    json_t *o = body_json(&r);
+    assert_int_equal(json_integer_value(json_object_get(o, "size")), n);
+    json_decref(o);
+    resp_free(&r);
+    expect_both_ways(d, p, n, 1);
+    r = get(d, 1, NULL); /* kept as it came */
+    assert_int_equal(r.len, zlen);
+    assert_memory_equal(r.body, z, zlen);
+    resp_free(&r);
+    assert_int_equal(put_frame(d, z, zlen, chunked, NULL), 200); /* held */
+    free(p);
+    free(z);
+  }
+  /* incompressible content sent as a frame: stored raw, served raw */
+  size_t n = 60000, zlen;
+  char *p = malloc(n), d[65];
+  fill_random(p, n, 5);
+  sha_hex(p, n, d);
+  void *z = frame_of(p, n, &zlen);
+  assert_int_equal(put_frame(d, z, zlen, 0, NULL), 201);
+  expect_both_ways(d, p, n, 0);
+  assert_true(metric(&S, "kcached_zstd_puts_total") >= 3);
+  free(p);
+  free(z);
+}
+
+static void expect_absent(const char *d) {
+  resp r = get(d, 0, NULL);
+  assert_int_equal(r.status, 404);
+  resp_free(&r);
+}
+
+static void t_put_bad_frames(void **state) {
+  (void)state;
+  size_t n = 100000, zlen;
+  char *p = text_bytes(n, 30), d[65];
+  sha_hex(p, n, d);
+  unsigned char *z = frame_of(p, n, &zlen);
+  resp r;
+  assert_int_equal(put_frame(d, z, zlen / 2, 0, &r), 400); /* truncated */
+  assert_true(error_mentions(&r, "truncated"));
+  resp_free(&r);
+  expect_absent(d);
+  assert_int_equal(put_frame(d, p, n, 0, &r), 400); /* not a frame */
+  assert_true(error_mentions(&r, "zstd"));
+  resp_free(&r);
+  expect_absent(d);
+  memset(z + 6, 0xff, 8); /* a frame whose first block is garbage */
+  long st = put_frame(d, z, zlen, 1, NULL);
+  assert_true(st == 400 || st == 422);
+  expect_absent(d);
+  /* 64 MiB of zeros in a few KiB: stopped at --max-blob-bytes (4M) */
+  size_t bn = 64u << 20, blen;
+  char *zeros = calloc(1, bn), bd[65];
+  sha_hex(zeros, bn, bd);
+  void *bomb = frame_of(zeros, bn, &blen);
+  assert_int_equal(put_frame(bd, bomb, blen, 0, &r), 413);
+  resp_free(&r);
+  expect_absent(bd);
+  /* a good frame under another name */
+  char other[65];
+  sha_hex("x", 1, other);
+  void *good = frame_of(p, n, &zlen);
+  assert_int_equal(put_frame(other, good, zlen, 0, NULL), 422);
+  expect_absent(other);
+  free(p);
+  free(z);
+  free(zeros);
+  free(bomb);
+  free(good);
+}
+
+/* Written by a server that does not compress, served by one that does. */
+static void t_old_store(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  static const char *const args[] = {"--compress-level", "0", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  size_t n = 40000;
+  char *p = text_bytes(n, 40), *q = text_bytes(n, 41), d[65], e[65];
+  assert_int_equal(put_blob(&t, NULL, p, n, d), 201);
+  resp r = http(&t, "/v1/stats", (req){0});
+  json_t *o = body_json(&r);
+  assert_int_equal(json_integer_value(json_object_get(o, "bytes_used")),
+                   json_integer_value(json_object_get(o, "bytes_raw")));
+  json_decref(o);
+  resp_free(&r);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  free(t.args[1]);
+  t.args[1] = strdup("3");
+  assert_int_equal(kc_testsrv_start(&t, NULL), 0);
+  char path[128], v[64];
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  r = http(&t, path, (req){.header = "Accept-Encoding: zstd"});
+  assert_int_equal(r.status, 200);
+  assert_false(header(&r, "Content-Encoding", v, sizeof v)); /* held raw */
+  assert_memory_equal(r.body, p, n);
+  resp_free(&r);
+  assert_int_equal(put_blob(&t, NULL, q, n, e), 201);
+  snprintf(path, sizeof path, "/v1/blobs/%s", e);
+  r = http(&t, path, (req){.header = "Accept-Encoding: zstd"});
+  assert_true(header(&r, "Content-Encoding", v, sizeof v));
+  resp_free(&r);
+  r = http(&t, path, (req){0});
+  assert_int_equal(r.len, n);
+  assert_memory_equal(r.body, q, n);
+  resp_free(&r);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+  free(p);
+  free(q);
+}
+
+static int zsetup(void **state) {
+  (void)state;
+  static const char *const args[] = {"--max-blob-bytes", "4M", NULL};
+  return kc_testsrv_start(&S, args);
+}
+
+int main(void) {
+  const struct CMUnitTest api[] = {
+      cmocka_unit_test(t_compressible_roundtrip),
+      cmocka_unit_test(t_not_modified),
+      cmocka_unit_test(t_incompressible_and_empty),
+      cmocka_unit_test(t_put_zstd),
+      cmocka_unit_test(t_put_bad_frames),
+  };
+  const struct CMUnitTest own[] = {
+      cmocka_unit_test(t_old_store),
+  };
+  servertest_init();
+  int fails = 0;
+  fails += cmocka_run_group_tests_name("api", api, zsetup, open_teardown);
+  fails += cmocka_run_group_tests_name("own servers", own, NULL, NULL);
+  curl_global_cleanup();
+  return fails ? 1 : 0;
+}

@@ -1,0 +1,481 @@
+/* test_store_zstd.c: store/ unit tests of blobs held zstd-compressed (issue
+ * 18): compressible, incompressible, empty and large blobs through put,
+ * put_fd and streamed uploads; uploads that arrive compressed (kept as
+ * received, stored raw when not worth it or when the store does not
+ * compress; corrupt, truncated and bomb frames refused, nothing stored);
+ * piece-by-piece reads decoded or as held; verify and the scrub catching a
+ * frame that decompresses to the wrong digest; a store written without
+ * compression opened with it; RESP values. Fixtures: storetest.h. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include "storetest.h"
+
+static kc_store *open_z(const char *dir, int level) {
+  kc_store_opts o;
+  memset(&o, 0, sizeof o);
+  o.dir = dir;
+  o.map_size = 256u << 20;
+  o.compress_level = level;
+  kc_store *s = NULL;
+  OK(kc_store_open(&o, &s, errbuf));
+  return s;
+}
+
+/* Text-like bytes: a few words repeated with a counter, as a cubin's tables
+ * repeat (about a quarter of their size at level 3). */
+static uint8_t *text_bytes(size_t n, uint64_t seed, char hex[KC_HEX_LEN + 1]) {
+  uint8_t *p = malloc(n ? n : 1);
+  assert_non_null(p);
+  for (size_t i = 0; i < n;) {
+    char w[64];
+    int k = snprintf(w, sizeof w, "ld.global.f32 %%r%llu, [%%rd%zu];\n",
+                     (unsigned long long)seed, (i / 37) % 97);
+    for (int j = 0; j < k && i < n; j++)
+      p[i++] = (uint8_t)w[j];
+  }
+  OK(kc_sha256_hex(p, n, hex));
+  return p;
+}
+
+static void expect_content(kc_store *s, const char *hex, const uint8_t *want,
+                           size_t n, size_t piece) {
+  kc_store_blob_stream *b = NULL;
+  uint64_t len = 0, size = 0;
+  kc_store_enc enc = KC_STORE_ZSTD;
+  OK(kc_store_blob_stream_open(s, hex, 1, &b, &len, &enc, &size));
+  assert_int_equal(len, n);
+  assert_int_equal(size, n);
+  assert_int_equal(enc, KC_STORE_RAW);
+  uint8_t *got = malloc(n + piece);
+  size_t at = 0;
+  long r;
+  while ((r = kc_store_blob_stream_read(b, (char *)got + at, piece)) > 0)
+    at += (size_t)r;
+  assert_int_equal(r, 0);
+  assert_int_equal(at, n);
+  assert_memory_equal(got, want, n);
+  kc_store_blob_stream_free(b);
+  free(got);
+}
+
+static kc_store_enc enc_of(kc_store *s, const char *hex, size_t *stored) {
+  kc_store_read *r;
+  OK(kc_store_read_begin(s, &r));
+  const void *d;
+  size_t len;
+  kc_store_enc enc;
+  uint64_t size;
+  OK(kc_store_blob_get_stored(r, hex, &d, &len, &enc, &size));
+  kc_store_read_end(r);
+  if (stored)
+    *stored = len;
+  return enc;
+}
+
+static void test_compressible_kept_compressed(void **state) {
+  fx *f = *state;
+  kc_store *s = open_z(f->dir, 3);
+  char hex[KC_HEX_LEN + 1];
+  const size_t n = 12280;
+  uint8_t *p = text_bytes(n, 1, hex);
+  int created = 0;
+  OK(kc_store_blob_put(s, hex, p, n, &created, errbuf));
+  assert_int_equal(created, 1);
+  size_t stored = 0;
+  assert_int_equal(enc_of(s, hex, &stored), KC_STORE_ZSTD);
+  assert_true(stored <= n - n / 8);
+  kc_store_stats st = get_stats(s);
+  assert_int_equal(st.bytes_used, stored); /* stored bytes are counted */
+  assert_int_equal(st.bytes_raw, n);
+  uint64_t size = 0;
+  OK(kc_store_blob_has(s, hex, &size));
+  assert_int_equal(size, n); /* the content's size */
+  kc_store_read *r;
+  OK(kc_store_read_begin(s, &r));
+  const void *d;
+  size_t len;
+  EXPECT(kc_store_blob_get(r, hex, &d, &len), KC_STORE_ENCODED);
+  kc_store_read_end(r);
+  expect_content(s, hex, p, n, 1000);
+  OK(kc_store_blob_check(s, hex, errbuf));
+  OK(kc_store_verify(s, errbuf));
+  /* a bundle over it, deleted, collected: the counters come back to 0 */
+  kc_manifest *m = make_manifest(M1, 1, 1, &hex, (uint64_t[]){n});
+  put_bundle(s, m, 1);
+  OK(kc_store_verify(s, errbuf));
+  OK(kc_store_bundle_delete(s, m->key, errbuf));
+  OK(kc_store_gc(s, INT64_MAX / 2, errbuf));
+  st = get_stats(s);
+  assert_false(blob_present(s, hex));
+  assert_int_equal(st.bytes_used, st.bytes_raw);
+  OK(kc_store_verify(s, errbuf));
+  kc_manifest_free(m);
+  kc_store_close(s);
+  free(p);
+}
+
+static void test_incompressible_empty_small_raw(void **state) {
+  fx *f = *state;
+  kc_store *s = open_z(f->dir, 3);
+  char hex[KC_HEX_LEN + 1];
+  size_t sizes[] = {0, 1, 63, 100000};
+  for (size_t i = 0; i < 4; i++) {
+    uint8_t *p = make_bytes(sizes[i], 40 + i, hex);
+    int created;
+    OK(kc_store_blob_put(s, hex, p, sizes[i], &created, errbuf));
+    assert_int_equal(enc_of(s, hex, NULL), KC_STORE_RAW);
+    kc_store_read *r;
+    OK(kc_store_read_begin(s, &r));
+    const void *d;
+    size_t len;
+    OK(kc_store_blob_get(r, hex, &d, &len)); /* zero-copy as always */
+    assert_int_equal(len, sizes[i]);
+    kc_store_read_end(r);
+    expect_content(s, hex, p, sizes[i], 4096);
+    free(p);
+  }
+  /* a tiny compressible one stays raw too: no frame pays under 64 bytes */
+  char small[40];
+  memset(small, 'a', sizeof small);
+  OK(kc_sha256_hex(small, sizeof small, hex));
+  OK(kc_store_blob_put(s, hex, small, sizeof small, NULL, errbuf));
+  assert_int_equal(enc_of(s, hex, NULL), KC_STORE_RAW);
+  kc_store_stats st = get_stats(s);
+  assert_int_equal(st.bytes_used, st.bytes_raw);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+}
+
+/* Large: through put_fd (a file) and a streamed upload spilled to disk. */
+static void test_large_fd_and_upload(void **state) {
+  fx *f = *state;
+  kc_store *s = open_z(f->dir, 3);
+  char hex[KC_HEX_LEN + 1], hex2[KC_HEX_LEN + 1];
+  const size_t n = 6u << 20;
+  uint8_t *p = text_bytes(n, 7, hex);
+  char *path = path_join(f->tmp, "big");
+  int fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0600);
+  write_all(fd, p, n);
+  lseek(fd, 0, SEEK_SET);
+  int created = 0;
+  OK(kc_store_blob_put_fd(s, hex, fd, n, &created, errbuf));
+  close(fd);
+  assert_int_equal(created, 1);
+  assert_int_equal(enc_of(s, hex, NULL), KC_STORE_ZSTD);
+  expect_content(s, hex, p, n, 128 * 1024);
+  uint8_t *q = text_bytes(n, 8, hex2);
+  kc_store_upload *u;
+  OK(kc_store_upload_begin(s, &u, errbuf));
+  for (size_t at = 0; at < n; at += 300000)
+    OK(kc_store_upload_write(u, q + at, n - at < 300000 ? n - at : 300000,
+                             errbuf));
+  OK(kc_store_upload_commit(u, hex2, &created, errbuf));
+  assert_int_equal(enc_of(s, hex2, NULL), KC_STORE_ZSTD);
+  expect_content(s, hex2, q, n, 100000);
+  /* a wrong digest on put_fd: nothing stored */
+  fd = open(path, O_RDONLY);
+  EXPECT(kc_store_blob_put_fd(s, Z64, fd, n, &created, errbuf),
+         KC_DIGEST_MISMATCH);
+  close(fd);
+  assert_false(blob_present(s, Z64));
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  unlink(path);
+  free(path);
+  free(p);
+  free(q);
+}
+
+static void *frame_of(const void *p, size_t n, int level, size_t *zlen) {
+  size_t cap = ZSTD_compressBound(n);
+  void *z = malloc(cap);
+  *zlen = ZSTD_compress(z, cap, p, n, level);
+  assert_false(ZSTD_isError(*zlen));
+  return z;
+}
+
+static kc_err upload_frame(kc_store *s, const char *hex, const void *z,
+                           size_t zlen, uint64_t max_out, size_t piece) {
+  kc_store_upload *u;
+  OK(kc_store_upload_begin(s, &u, errbuf));
+  kc_store_upload_zstd(u, max_out);
+  errbuf[0] = '\0';
+  for (size_t at = 0; at < zlen; at += piece) {
+    kc_err e = kc_store_upload_write(u, (const char *)z + at,
+                                     zlen - at < piece ? zlen - at : piece,
+                                     errbuf);
+    if (e) {
+      kc_store_upload_abort(u);
+      return e;
+    }
+  }
+  return kc_store_upload_commit(u, hex, NULL, errbuf);
+}
+
+static void test_upload_arrives_compressed(void **state) {
+  fx *f = *state;
+  kc_store *s = open_z(f->dir, 3);
+  char hex[KC_HEX_LEN + 1];
+  const size_t n = 200000;
+  uint8_t *p = text_bytes(n, 3, hex);
+  size_t zlen;
+  void *z = frame_of(p, n, 5, &zlen);
+  OK(upload_frame(s, hex, z, zlen, 1u << 30, 7000));
+  size_t stored = 0;
+  assert_int_equal(enc_of(s, hex, &stored), KC_STORE_ZSTD);
+  assert_int_equal(stored, zlen); /* kept as received */
+  kc_store_read *r;
+  OK(kc_store_read_begin(s, &r));
+  const void *d;
+  size_t len;
+  kc_store_enc enc;
+  OK(kc_store_blob_get_stored(r, hex, &d, &len, &enc, NULL));
+  assert_memory_equal(d, z, zlen);
+  kc_store_read_end(r);
+  expect_content(s, hex, p, n, 65536);
+  /* incompressible content sent as a frame: stored raw */
+  char hex2[KC_HEX_LEN + 1];
+  uint8_t *q = make_bytes(50000, 9, hex2);
+  size_t qlen;
+  void *qz = frame_of(q, 50000, 1, &qlen);
+  OK(upload_frame(s, hex2, qz, qlen, 1u << 30, 4096));
+  assert_int_equal(enc_of(s, hex2, &stored), KC_STORE_RAW);
+  assert_int_equal(stored, 50000);
+  expect_content(s, hex2, q, 50000, 4096);
+  /* the empty content as a frame */
+  size_t elen;
+  void *ez = frame_of("", 0, 3, &elen);
+  OK(upload_frame(s, SHA_EMPTY, ez, elen, 1u << 30, 100));
+  assert_int_equal(enc_of(s, SHA_EMPTY, &stored), KC_STORE_RAW);
+  assert_int_equal(stored, 0);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  /* a store that does not compress stores the content raw */
+  char *d2 = path_join(f->tmp, "plain");
+  s = open_z(d2, 0);
+  OK(upload_frame(s, hex, z, zlen, 1u << 30, 7000));
+  assert_int_equal(enc_of(s, hex, &stored), KC_STORE_RAW);
+  assert_int_equal(stored, n);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  free(d2);
+  free(p);
+  free(z);
+  free(q);
+  free(qz);
+  free(ez);
+}
+
+static void test_bad_frames_store_nothing(void **state) {
+  fx *f = *state;
+  kc_store *s = open_z(f->dir, 3);
+  char hex[KC_HEX_LEN + 1];
+  const size_t n = 100000;
+  uint8_t *p = text_bytes(n, 4, hex);
+  size_t zlen;
+  uint8_t *z = frame_of(p, n, 3, &zlen);
+  /* truncated: a clean prefix, then the body ends */
+  EXPECT(upload_frame(s, hex, z, zlen / 2, 1u << 30, 1000), KC_EINVAL);
+  assert_non_null(strstr(errbuf, "truncated"));
+  /* corrupt: not a frame at all */
+  EXPECT(upload_frame(s, hex, p, n, 1u << 30, 1000), KC_EINVAL);
+  assert_non_null(strstr(errbuf, "zstd"));
+  /* corrupt inside: a frame whose block header is garbage */
+  uint8_t *bad = malloc(zlen);
+  memcpy(bad, z, zlen);
+  memset(bad + 6, 0xff, 8);
+  kc_err e = upload_frame(s, hex, bad, zlen, 1u << 30, 1000);
+  assert_true(e == KC_EINVAL || e == KC_DIGEST_MISMATCH);
+  /* a bomb: 64 MiB of zeros in a few KiB, with a limit of 1 MiB of output */
+  size_t bn = 64u << 20, blen;
+  uint8_t *zeros = calloc(1, bn);
+  char bhex[KC_HEX_LEN + 1];
+  OK(kc_sha256_hex(zeros, bn, bhex));
+  void *bomb = frame_of(zeros, bn, 3, &blen);
+  assert_true(blen < 65536);
+  EXPECT(upload_frame(s, bhex, bomb, blen, 1u << 20, 4096), KC_TOO_LARGE);
+  /* a good frame under another name */
+  EXPECT(upload_frame(s, Z64, z, zlen, 1u << 30, 1000), KC_DIGEST_MISMATCH);
+  assert_false(blob_present(s, hex));
+  assert_false(blob_present(s, bhex));
+  assert_false(blob_present(s, Z64));
+  kc_store_stats st = get_stats(s);
+  assert_int_equal(st.blobs, 0);
+  assert_int_equal(st.bytes_used, 0);
+  assert_int_equal(count_files(f->dir), 3); /* data, lock, kcached.lock */
+  kc_store_close(s);
+  free(p);
+  free(z);
+  free(bad);
+  free(zeros);
+  free(bomb);
+}
+
+/* Flips a byte in the middle of every copy of pat in dir's files. */
+static int flip_in_dir(const char *dir, const uint8_t *pat, size_t plen) {
+  DIR *dp = opendir(dir);
+  assert_non_null(dp);
+  struct dirent *de;
+  int flipped = 0;
+  while ((de = readdir(dp)) != NULL) {
+    char *path = path_join(dir, de->d_name);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+      int fd = open(path, O_RDWR);
+      uint8_t *buf = malloc((size_t)st.st_size);
+      assert_int_equal(pread(fd, buf, (size_t)st.st_size, 0), st.st_size);
+      uint8_t *hit = memmem(buf, (size_t)st.st_size, pat, plen);
+      if (hit) {
+        /* a literal byte near the end: the frame still decodes, to other
+         * bytes (no checksum in the frame) or fails: both are rot */
+        uint8_t b = hit[plen - 9] ^ 0x01;
+        assert_int_equal(pwrite(fd, &b, 1, hit - buf + (off_t)plen - 9), 1);
+        flipped++;
+      }
+      free(buf);
+      close(fd);
+    }
+    free(path);
+  }
+  closedir(dp);
+  return flipped;
+}
+
+static void test_verify_and_scrub_catch_bad_frame(void **state) {
+  fx *f = *state;
+  kc_store *s = open_z(f->dir, 3);
+  char hex[KC_HEX_LEN + 1];
+  const size_t n = 30000;
+  uint8_t *p = text_bytes(n, 5, hex);
+  OK(kc_store_blob_put(s, hex, p, n, NULL, errbuf));
+  kc_store_read *r;
+  OK(kc_store_read_begin(s, &r));
+  const void *d;
+  size_t zlen;
+  kc_store_enc enc;
+  OK(kc_store_blob_get_stored(r, hex, &d, &zlen, &enc, NULL));
+  assert_int_equal(enc, KC_STORE_ZSTD);
+  uint8_t *frame = malloc(zlen);
+  memcpy(frame, d, zlen);
+  kc_store_read_end(r);
+  kc_manifest *m = make_manifest(M1, 1, 1, &hex, (uint64_t[]){n});
+  put_bundle(s, m, 1);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  assert_true(flip_in_dir(f->dir, frame, zlen) >= 1);
+  s = open_z(f->dir, 3);
+  EXPECT(kc_store_verify(s, errbuf), KC_CORRUPT);
+  EXPECT(kc_store_blob_check(s, hex, errbuf), KC_CORRUPT);
+  kc_store_scrub sc = {0};
+  for (int i = 0; i < 4 && !sc.removed; i++)
+    OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
+  assert_string_equal(sc.bad, hex);
+  assert_int_equal(sc.removed, 1);
+  assert_false(blob_present(s, hex));
+  assert_false(bundle_present(s, m->key));
+  OK(kc_store_verify(s, errbuf));
+  kc_store_stats st = get_stats(s);
+  assert_int_equal(st.bytes_used, st.bytes_raw);
+  kc_store_close(s);
+  kc_manifest_free(m);
+  free(frame);
+  free(p);
+}
+
+/* A store written with compression off (the old layout: raw blobs, short
+ * records) opened with it: old blobs read raw, new ones compressed, the
+ * byte count adds up; and back to off: the compressed ones still read. */
+static void test_old_store_keeps_working(void **state) {
+  fx *f = *state;
+  kc_store *s = open_z(f->dir, 0);
+  char h1[KC_HEX_LEN + 1], h2[KC_HEX_LEN + 1];
+  uint8_t *p1 = text_bytes(20000, 11, h1), *p2 = text_bytes(20000, 12, h2);
+  OK(kc_store_blob_put(s, h1, p1, 20000, NULL, errbuf));
+  assert_int_equal(enc_of(s, h1, NULL), KC_STORE_RAW);
+  kc_manifest *m1 = make_manifest(M1, 1, 1, &h1, (uint64_t[]){20000});
+  put_bundle(s, m1, 1);
+  kc_store_close(s);
+  s = open_z(f->dir, 3);
+  assert_int_equal(enc_of(s, h1, NULL), KC_STORE_RAW);
+  expect_content(s, h1, p1, 20000, 3000);
+  OK(kc_store_blob_put(s, h2, p2, 20000, NULL, errbuf));
+  assert_int_equal(enc_of(s, h2, NULL), KC_STORE_ZSTD);
+  char both[2][KC_HEX_LEN + 1];
+  strcpy(both[0], h1);
+  strcpy(both[1], h2);
+  kc_manifest *m2 = make_manifest(M2, 1, 2, both, (uint64_t[]){20000, 20000});
+  put_bundle(s, m2, 1);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  s = open_z(f->dir, 0);
+  expect_content(s, h2, p2, 20000, 3000);
+  OK(kc_store_bundle_delete(s, m1->key, errbuf));
+  OK(kc_store_bundle_delete(s, m2->key, errbuf));
+  OK(kc_store_gc(s, INT64_MAX / 2, errbuf));
+  kc_store_stats st = get_stats(s);
+  assert_int_equal(st.blobs, 0);
+  assert_int_equal(st.bytes_used, 0);
+  assert_int_equal(st.bytes_raw, 0);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  kc_manifest_free(m1);
+  kc_manifest_free(m2);
+  free(p1);
+  free(p2);
+}
+
+/* RESP values follow the same rule; a GET decodes them. */
+static void test_kv_values(void **state) {
+  fx *f = *state;
+  kc_store *s = open_z(f->dir, 3);
+  char hex[KC_HEX_LEN + 1];
+  uint8_t *p = text_bytes(9000, 13, hex);
+  kc_store_kv_op op = {.op = KC_KV_SET, .key = "k", .klen = 1, .val = p,
+                       .vlen = 9000};
+  OK(kc_store_kv_apply(s, &op, 1, 0, errbuf));
+  assert_int_equal(op.err, KC_OK);
+  assert_int_equal(enc_of(s, hex, NULL), KC_STORE_ZSTD);
+  kc_store_read *r;
+  OK(kc_store_read_begin(s, &r));
+  kc_store_kv_val v;
+  OK(kc_store_kv_get(r, "k", 1, 0, &v));
+  assert_int_equal(v.enc, KC_STORE_ZSTD);
+  assert_int_equal(v.size, 9000);
+  uint8_t *out = malloc(9000);
+  OK(kc_store_zstd_decode(v.data, v.len, out, 9000, errbuf));
+  assert_memory_equal(out, p, 9000);
+  kc_store_read_end(r);
+  /* SET ... GET hands back the old value decoded */
+  kc_store_kv_op op2 = {.op = KC_KV_SET, .key = "k", .klen = 1, .val = "x",
+                        .vlen = 1, .flags = KC_KV_GET};
+  OK(kc_store_kv_apply(s, &op2, 1, 0, errbuf));
+  assert_int_equal(op2.old_len, 9000);
+  assert_memory_equal(op2.old, p, 9000);
+  free(op2.old);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  free(out);
+  free(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      ST(test_compressible_kept_compressed),
+      ST(test_incompressible_empty_small_raw),
+      ST(test_large_fd_and_upload),
+      ST(test_upload_arrives_compressed),
+      ST(test_bad_frames_store_nothing),
+      ST(test_verify_and_scrub_catch_bad_frame),
+      ST(test_old_store_keeps_working),
+      ST(test_kv_values),
+  };
+  return storetest_run("store_zstd", tests, sizeof tests / sizeof tests[0]);
+}
