@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <lmdb.h>
 
 #include "kc_schema.h"
 #include "kc_store.h"
@@ -1260,6 +1261,48 @@ static void test_key_bytes_counted(void **state) {
   free(keys);
 }
 
+/* A store written before RESP keys' bytes counted: bytes_used without them
+ * and no "kv_keys_counted" flag in meta. */
+static void make_uncounted(const char *dir, uint64_t keys_bytes) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi meta;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, dir, 0, 0640), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+  assert_int_equal(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+  MDB_val flag = {15, "kv_keys_counted"}, used = {10, "bytes_used"}, v;
+  assert_int_equal(mdb_del(txn, meta, &flag, NULL), 0);
+  assert_int_equal(mdb_get(txn, meta, &used, &v), 0);
+  uint64_t n;
+  memcpy(&n, v.mv_data, sizeof n);
+  n -= keys_bytes;
+  v = (MDB_val){sizeof n, &n};
+  assert_int_equal(mdb_put(txn, meta, &used, &v, 0), 0);
+  assert_int_equal(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+}
+
+static void test_key_bytes_recounted_at_open(void **state) {
+  fx *f = *state;
+  kc_store *s = open_kv(f->dir, 0, 0, 0);
+  int64_t now = now_ms();
+  set(s, "alpha", "1", 1, 0, 0, now);
+  set(s, "beta", "22", 2, 0, 0, now);
+  uint64_t want = 3 + KC_KV_KEY_BYTES(5) + KC_KV_KEY_BYTES(4);
+  assert_int_equal(get_stats(s).bytes_used, want);
+  kc_store_close(s);
+  make_uncounted(f->dir, KC_KV_KEY_BYTES(5) + KC_KV_KEY_BYTES(4));
+  s = open_kv(f->dir, 0, 0, 0);
+  assert_int_equal(get_stats(s).bytes_used, want);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  s = open_kv(f->dir, 0, 0, 0); /* once: not counted again */
+  assert_int_equal(get_stats(s).bytes_used, want);
+  kc_store_close(s);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "s3") == 0) {
     signal(SIGPIPE, SIG_IGN);
@@ -1288,6 +1331,7 @@ int main(int argc, char **argv) {
       ST(test_tier_queue_when_s3_down),
       ST(test_set_same_and_replace),
       ST(test_key_bytes_counted),
+      ST(test_key_bytes_recounted_at_open),
   };
   return storetest_run("store_kv", tests, sizeof tests / sizeof tests[0]);
 }
