@@ -16,8 +16,9 @@
  * recently used bundles, then old unreferenced blobs) down to the low-water mark
  * of what is held and tries once more; KC_STORE_FULL when that is not enough.
  * With max_bytes set, a put that would cross the high-water mark evicts first.
- * What is held counts blobs and manifests. Eviction runs in transactions of a
- * few removals each; the eviction counters count what was committed.
+ * What is held counts blobs, manifests and RESP keys (KC_KV_KEY_BYTES each).
+ * Eviction runs in transactions of a few removals each; the eviction
+ * counters count what was committed.
  * A disk that is full (ENOSPC, EDQUOT) is KC_DISK_FULL, not KC_IO.
  *
  * On disk: dir/data.mdb and dir/lock.mdb (copy a live store with
@@ -260,8 +261,9 @@ kc_err kc_store_model_list(kc_store *s, const char *model,
 /* ---- Bookkeeping, eviction, GC ---- */
 
 typedef struct kc_store_stats {
-  uint64_t bytes_used;    /* bytes of blobs and manifests held (a
-                             compressed blob counts its stored bytes) */
+  uint64_t bytes_used;    /* bytes of blobs, manifests and RESP keys held
+                             (KC_KV_KEY_BYTES each; a compressed blob
+                             counts its stored bytes) */
   uint64_t max_bytes;     /* 0: no limit */
   uint64_t map_size;
   uint64_t map_used;      /* pages in use * page size */
@@ -461,6 +463,13 @@ kc_err kc_store_tier_stats_get(kc_store *s, kc_store_tier_stats *out);
  * with an expiry read as missing from then on and are reclaimed by
  * kc_store_kv_expire_step. Bad key length: KC_BAD_KEY. */
 #define KC_KV_KEY_MAX 65536 /* bytes of one RESP key */
+/* What one RESP key costs in bytes_used (and toward max_bytes) besides its
+ * value's blob: its record (a 96-byte header, the 64-hex LMDB key, the key's
+ * bytes) and its index entries (kvlru and kvexp, 72 bytes each, the expiry
+ * one counted whether or not the key has one), with LMDB's 8-byte node
+ * headers: 328 + the key's length. Not counted in kv_bytes (the values). */
+#define KC_KV_KEY_OVERHEAD 328
+#define KC_KV_KEY_BYTES(klen) ((uint64_t)KC_KV_KEY_OVERHEAD + (uint64_t)(klen))
 
 /* ---- reads: inside a kc_store_read (one LMDB read txn) ---- */
 

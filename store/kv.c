@@ -10,6 +10,10 @@
 
 #define NONE ((size_t)-1)
 
+_Static_assert(KC_KV_KEY_OVERHEAD >= sizeof(kcs_kv_rec) + KC_HEX_LEN +
+                                         2 * (8 + KC_HEX_LEN) + 3 * 8,
+               "KC_KV_KEY_OVERHEAD counts the record and both index entries");
+
 static MDB_val kv_bytes_name(void) {
   MDB_val k = {8, (void *)"kv_bytes"};
   return k;
@@ -197,6 +201,7 @@ static kc_err kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
       (rec->expire_ms && (e = idx_del(txn, s->kvexp, rec->expire_ms, hex,
                                       err))) ||
       (e = kv_bytes_add(txn, s, -(int64_t)rec->size, batch, err)) ||
+      (e = kcs_bytes_add(txn, s, -(int64_t)KC_KV_KEY_BYTES(rec->klen), err)) ||
       (e = kcs_queue_unpend(s, txn, hex, err)))
     return e;
   return kv_unref(s, txn, digest, evicting, err);
@@ -256,6 +261,11 @@ static kc_err rec_put(kc_store *s, MDB_txn *txn, const char *hex,
       (exp && exp0 && (e = idx_del(txn, s->kvexp, exp0, hex, err))) ||
       (exp && rec->expire_ms &&
        (e = idx_put(txn, s->kvexp, rec->expire_ms, hex, err))))
+    return e;
+  /* the key's own bytes toward max_bytes (an overwrite: the same key) */
+  int64_t meta = (int64_t)KC_KV_KEY_BYTES(rec->klen) -
+                 (old ? (int64_t)KC_KV_KEY_BYTES(old->klen) : 0);
+  if (meta && (e = kcs_bytes_add(txn, s, meta, err)))
     return e;
   return kv_bytes_add(txn, s, (int64_t)rec->size - (old ? (int64_t)old->size
                                                         : 0), batch, err);
@@ -587,7 +597,7 @@ static int prepare(kc_store *s, kv_job *j) {
     return -1;
   if (op->op != KC_KV_SET)
     return 0;
-  if ((s->max_bytes && op->vlen > s->max_bytes) ||
+  if ((s->max_bytes && op->vlen + KC_KV_KEY_BYTES(op->klen) > s->max_bytes) ||
       (s->kv_max_bytes && op->vlen > s->kv_max_bytes))
     op->err = KC_TOO_LARGE;
   else if (!op->val && op->vlen)
@@ -600,18 +610,21 @@ static int prepare(kc_store *s, kv_job *j) {
   return op->err ? -1 : 0;
 }
 
-/* Room for the batch's values before the write (eviction is writes of its
- * own): under max_bytes and under the RESP side's kv_max_bytes. */
+/* Room for the batch's values (and keys, which bytes_used counts) before
+ * the write (eviction is writes of its own): under max_bytes and under the
+ * RESP side's kv_max_bytes (values only). */
 static kc_err make_room(kc_store *s, const kv_job *jobs, size_t n,
                         char *err) {
-  uint64_t incoming = 0;
+  uint64_t values = 0, keys = 0;
   for (size_t i = 0; i < n; i++)
-    if (!jobs[i].skip && jobs[i].op->op == KC_KV_SET)
-      incoming += jobs[i].op->vlen;
-  if (!incoming)
+    if (!jobs[i].skip && jobs[i].op->op == KC_KV_SET) {
+      values += jobs[i].op->vlen;
+      keys += KC_KV_KEY_BYTES(jobs[i].op->klen);
+    }
+  if (!keys)
     return KC_OK;
-  kc_err e = kcs_kv_maybe_evict(s, incoming, err);
-  return e ? e : kcs_maybe_evict(s, incoming, err);
+  kc_err e = values ? kcs_kv_maybe_evict(s, values, err) : KC_OK;
+  return e ? e : kcs_maybe_evict(s, values + keys, err);
 }
 
 /* Runs the batch; an op that fails (a value the full map cannot take, an

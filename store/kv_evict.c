@@ -43,10 +43,16 @@ int kcs_kv_evict_first(kc_store *s, MDB_txn *txn, int have_bundle,
       (*e = kcs_bytes_get(txn, s, &used)))
     return -1;
   int over = s->kv_max_bytes && kv_bytes > s->kv_max_bytes;
-  /* The bundles' share is what the RESP side may not take. */
+  /* The bundles' share is what the RESP side may not take. bytes_used also
+   * counts each RESP key's own bytes (KC_KV_KEY_BYTES): take them off too,
+   * at least their fixed part, so keys are not counted as bundles. */
+  uint64_t kv_side = kv_bytes;
+  MDB_stat ms;
+  if (mdb_stat(txn, s->kv, &ms) == 0)
+    kv_side += (uint64_t)ms.ms_entries * KC_KV_KEY_OVERHEAD;
   int bundles_over = s->kv_max_bytes && s->max_bytes &&
                      s->max_bytes > s->kv_max_bytes &&
-                     used - (kv_bytes < used ? kv_bytes : used) >
+                     used - (kv_side < used ? kv_side : used) >
                          s->max_bytes - s->kv_max_bytes;
   if (have_bundle && !over &&
       (bundles_over || bundle_last_s * 1000 <= t))

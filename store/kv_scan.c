@@ -328,6 +328,29 @@ static kc_err verify_rec(kc_store *s, MDB_txn *txn, const MDB_val *k,
   return KC_OK;
 }
 
+kc_err kcs_kv_key_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum,
+                        char *err) {
+  MDB_cursor *cur;
+  MDB_val k, v;
+  kcs_kv_rec rec;
+  *sum = 0;
+  int rc = mdb_cursor_open(txn, s->kv, &cur);
+  if (rc)
+    return kcs_mdb_err(rc, "counting the RESP keys", err);
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (v.mv_size < sizeof rec) {
+      rc = MDB_CORRUPTED;
+      break;
+    }
+    memcpy(&rec, v.mv_data, sizeof rec);
+    *sum += KC_KV_KEY_BYTES(rec.klen);
+  }
+  mdb_cursor_close(cur);
+  return rc == MDB_NOTFOUND ? KC_OK
+                            : kcs_mdb_err(rc, "counting the RESP keys", err);
+}
+
 kc_err kcs_kv_verify(kc_store *s, MDB_txn *txn, char *err) {
   MDB_cursor *cur;
   MDB_val k, v;

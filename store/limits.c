@@ -195,8 +195,28 @@ static kc_err count_manifests_op(kc_store *s, MDB_txn *txn, void *ud,
   return e ? e : kcs_put(txn, s->meta, &k, &flag, 0, err);
 }
 
+/* Stores whose RESP keys were written before bytes_used counted them: add
+ * their bytes once. */
+static kc_err count_kv_keys_op(kc_store *s, MDB_txn *txn, void *ud,
+                               char *err) {
+  (void)ud;
+  MDB_val k = {15, (void *)"kv_keys_counted"}, v;
+  if (mdb_get(txn, s->meta, &k, &v) == 0)
+    return KC_OK; /* counted already */
+  uint64_t sum;
+  kc_err e = kcs_kv_key_bytes(s, txn, &sum, err);
+  if (e)
+    return e;
+  uint32_t one = 1;
+  MDB_val flag = {sizeof one, &one};
+  e = kcs_bytes_add(txn, s, (int64_t)sum, err);
+  return e ? e : kcs_put(txn, s->meta, &k, &flag, 0, err);
+}
+
 kc_err kcs_open_limits(kc_store *s, char *err) {
   kc_err e = kcs_write(s, count_manifests_op, NULL, err);
+  if (!e)
+    e = kcs_write(s, count_kv_keys_op, NULL, err);
   if (e == KC_STORE_FULL || e == KC_DISK_FULL)
     e = KC_OK; /* counted at the next open; the store still serves reads */
   if (e || !s->max_bytes)

@@ -12,9 +12,11 @@
  *   models    model key -> canonical key JSON (empty before it was kept):
  *             the per-model index, listed without parsing manifests
  *   lru       be64(last_used) key -> "" : bundles, least recently used first
- *   meta      "bytes_used" -> u64 (blobs and manifests), "layout" -> u32,
+ *   meta      "bytes_used" -> u64 (blobs, manifests, RESP keys), "layout" -> u32,
  *             "manifests_counted" -> u32 (bytes_used counts manifests; stores
  *             written before lack it and are recounted at open),
+ *             "kv_keys_counted" -> u32 (likewise for RESP keys' own bytes,
+ *             KC_KV_KEY_BYTES each),
  *             "scrub_next" -> 64 hex
  *             (where the scrub goes on; scrub.c)
  *   s3queue, s3pend, s3dead: the durable tier's upload queue (tier.h)
@@ -415,5 +417,8 @@ kc_err kcs_kv_drop_naming(kc_store *s, MDB_txn *txn, const char *digest,
                           size_t *n, char *err);
 /* kv_scan.c: checks every RESP key's record, blob and index entries. */
 kc_err kcs_kv_verify(kc_store *s, MDB_txn *txn, char *err);
+/* *sum: what the RESP keys count in bytes_used, KC_KV_KEY_BYTES each
+ * (kv_scan.c; verify and the recount of older stores at open). */
+kc_err kcs_kv_key_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err);
 
 #endif

@@ -35,9 +35,13 @@ static kc_err verify_blobs(kc_store *s, MDB_txn *txn, char *err) {
   if (!e)
     e = kcs_manifest_bytes(s, txn, &manifests, err);
   total += manifests;
+  uint64_t keys = 0; /* RESP keys' own bytes (KC_KV_KEY_BYTES) */
+  if (!e)
+    e = kcs_kv_key_bytes(s, txn, &keys, err);
+  total += keys;
   if (!e && (e = kcs_bytes_get(txn, s, &used)) == KC_OK && used != total)
-    e = kc_errf(err, KC_CORRUPT, "bytes used says %llu, blobs and manifests "
-                "hold %llu",
+    e = kc_errf(err, KC_CORRUPT, "bytes used says %llu, blobs, manifests and "
+                "RESP keys hold %llu",
                 (unsigned long long)used, (unsigned long long)total);
   return e;
 }

@@ -37,7 +37,8 @@ target_link_libraries(bench_store PRIVATE kc_store kc_schema)
 add_executable(test_store_kv ${CMAKE_CURRENT_LIST_DIR}/test_store_kv.c)
 # `test_store_kv s3` (store_kv_s3): write- and read-through against the
 # real RGW of tests/s3.cmake (kc_testrgw); skipped (77) where it cannot run.
-target_link_libraries(test_store_kv PRIVATE kc_storetest kc_testrgw)
+target_link_libraries(test_store_kv PRIVATE kc_storetest kc_testrgw
+                      PkgConfig::LMDB) # a store from before key bytes counted
 add_test(NAME store_kv COMMAND test_store_kv)
 set_tests_properties(store_kv PROPERTIES TIMEOUT 300)
 add_test(NAME store_kv_s3 COMMAND test_store_kv s3)

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <lmdb.h>
 
 #include "kc_schema.h"
 #include "kc_store.h"
@@ -178,7 +179,9 @@ static void test_roundtrip_binary(void **state) {
   assert_int_equal(st.kv_hits, 2);
   assert_int_equal(st.kv_misses, 1); /* the bad key is no miss */
   assert_int_equal(st.blobs, 2);
-  assert_int_equal(st.bytes_used, sizeof val);
+  /* the values and the two keys' own bytes */
+  assert_int_equal(st.bytes_used, sizeof val + KC_KV_KEY_BYTES(sizeof key) +
+                                      KC_KV_KEY_BYTES(5));
   OK(kc_store_verify(s, errbuf));
   kc_store_close(s);
 }
@@ -248,7 +251,7 @@ static void test_dedup_and_refcounts(void **state) {
   set(s, "b", p, n, 0, 0, now);
   kc_store_stats st = get_stats(s);
   assert_int_equal(st.blobs, 1); /* stored once */
-  assert_int_equal(st.bytes_used, n);
+  assert_int_equal(st.bytes_used, n + 2 * KC_KV_KEY_BYTES(1));
   assert_int_equal(st.kv_bytes, 2 * n);
   /* a blob only RESP keys reference is no orphan: gc keeps it */
   OK(kc_store_gc(s, time(NULL) + 100000, errbuf));
@@ -1211,6 +1214,95 @@ static void test_set_same_and_replace(void **state) {
   free(q);
 }
 
+/* RESP keys' own bytes count toward max_bytes (issue 14 item 7): long keys
+ * with 1-byte values cannot fill the disk past the limit. 10,000 keys of
+ * 2 KiB, batched as a pipelining client would, in a 4 MiB store. */
+static void test_key_bytes_counted(void **state) {
+  fx *f = *state;
+  uint64_t max = 4 * MiB;
+  kc_store *s = open_kv(f->dir, max, 0, 0);
+  enum { N = 10000, KLEN = 2 * KiB, BATCH = 100 };
+  char *keys = malloc((size_t)BATCH * KLEN);
+  assert_non_null(keys);
+  kc_store_kv_op ops[BATCH];
+  uint64_t peak = 0;
+  for (int b = 0; b < N / BATCH; b++) {
+    for (int i = 0; i < BATCH; i++) {
+      char *k = keys + (size_t)i * KLEN;
+      memset(k, 'k', KLEN);
+      snprintf(k, 16, "%08d", b * BATCH + i);
+      ops[i] = (kc_store_kv_op){.op = KC_KV_SET, .key = k, .klen = KLEN,
+                                .val = "v", .vlen = 1};
+    }
+    OK(kc_store_kv_apply(s, ops, BATCH, now_ms(), errbuf));
+    for (int i = 0; i < BATCH; i++)
+      assert_int_equal(ops[i].err, KC_OK);
+    kc_store_stats st = get_stats(s);
+    if (b == 0) /* grows by at least the key bytes */
+      assert_true(st.bytes_used >= 1 + (uint64_t)BATCH * KLEN);
+    assert_true(st.bytes_used <= max);
+    peak = st.bytes_used > peak ? st.bytes_used : peak;
+  }
+  kc_store_stats st = get_stats(s);
+  assert_true(st.evicted_kv > 0);
+  assert_true(st.kv_keys < N);
+  assert_true(st.kv_keys * KLEN <= st.bytes_used);
+  assert_int_equal(st.bytes_used, 1 + st.kv_keys * KC_KV_KEY_BYTES(KLEN));
+  assert_true(peak > max / 2);
+  OK(kc_store_verify(s, errbuf));
+  /* removing every key gives all of it back */
+  kc_store_kv_op fl = {.op = KC_KV_FLUSH};
+  OK(kc_store_kv_apply(s, &fl, 1, now_ms(), errbuf));
+  st = get_stats(s);
+  assert_int_equal(st.bytes_used, 0);
+  assert_int_equal(st.kv_keys, 0);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  free(keys);
+}
+
+/* A store written before RESP keys' bytes counted: bytes_used without them
+ * and no "kv_keys_counted" flag in meta. */
+static void make_uncounted(const char *dir, uint64_t keys_bytes) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi meta;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, dir, 0, 0640), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+  assert_int_equal(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+  MDB_val flag = {15, "kv_keys_counted"}, used = {10, "bytes_used"}, v;
+  assert_int_equal(mdb_del(txn, meta, &flag, NULL), 0);
+  assert_int_equal(mdb_get(txn, meta, &used, &v), 0);
+  uint64_t n;
+  memcpy(&n, v.mv_data, sizeof n);
+  n -= keys_bytes;
+  v = (MDB_val){sizeof n, &n};
+  assert_int_equal(mdb_put(txn, meta, &used, &v, 0), 0);
+  assert_int_equal(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+}
+
+static void test_key_bytes_recounted_at_open(void **state) {
+  fx *f = *state;
+  kc_store *s = open_kv(f->dir, 0, 0, 0);
+  int64_t now = now_ms();
+  set(s, "alpha", "1", 1, 0, 0, now);
+  set(s, "beta", "22", 2, 0, 0, now);
+  uint64_t want = 3 + KC_KV_KEY_BYTES(5) + KC_KV_KEY_BYTES(4);
+  assert_int_equal(get_stats(s).bytes_used, want);
+  kc_store_close(s);
+  make_uncounted(f->dir, KC_KV_KEY_BYTES(5) + KC_KV_KEY_BYTES(4));
+  s = open_kv(f->dir, 0, 0, 0);
+  assert_int_equal(get_stats(s).bytes_used, want);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  s = open_kv(f->dir, 0, 0, 0); /* once: not counted again */
+  assert_int_equal(get_stats(s).bytes_used, want);
+  kc_store_close(s);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "s3") == 0) {
     signal(SIGPIPE, SIG_IGN);
@@ -1238,6 +1330,8 @@ int main(int argc, char **argv) {
       ST(test_scrub_rotted_value),
       ST(test_tier_queue_when_s3_down),
       ST(test_set_same_and_replace),
+      ST(test_key_bytes_counted),
+      ST(test_key_bytes_recounted_at_open),
   };
   return storetest_run("store_kv", tests, sizeof tests / sizeof tests[0]);
 }
