@@ -41,6 +41,9 @@ static int64_t wall_ms(void) {
 kcd_state *kcd_resp_state(kcd_resp *r) { return r->st; }
 size_t kcd_resp_clients(kcd_resp *r) { return r ? atomic_load(&r->nconns) : 0; }
 uint64_t kcd_resp_port(kcd_resp *r) { return r ? r->port : 0; }
+kcd_resp_families *kcd_resp_families_of(kcd_resp *r) {
+  return r ? &r->families : NULL;
+}
 
 /* ---- connections ---- */
 

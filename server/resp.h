@@ -10,7 +10,8 @@
  *                 replies go out in one write), output bound per connection
  *   resp_tls.c    TLS (OpenSSL, independent of the HTTP side's GnuTLS):
  *                 the SSL_CTX, nonblocking reads and writes for resp.c
- *   resp_family.c hits and misses per key family, for /metrics
+ *   resp_family.c hits and misses per key family, for /metrics and
+ *                 /v1/stats
  *   resp_commit.c the committer thread: the group commit of writes
  *   resp_cmd.c    the command table, arity, auth and role checks, MULTI
  *   resp_kv.c     the string commands (GET/SET family, TTL, EXISTS, ...)
@@ -81,6 +82,9 @@ void kcd_resp_family_each(kcd_resp_families *t,
                           void (*fn)(const char *name, size_t len,
                                      uint64_t hits, uint64_t misses, void *ud),
                           void *ud);
+/* The family table of r (resp.c), read by /v1/stats; NULL when r is NULL
+ * (no --resp-listen). Owned by r: valid while the listener is. */
+kcd_resp_families *kcd_resp_families_of(struct kcd_resp *r);
 
 /* ---- buffers and replies (resp_proto.c) ---- */
 

@@ -1,7 +1,7 @@
 /* routes_ops.c: the operator's routes: GET/HEAD /healthz (the process
  * answers), /readyz (the store is open), /metrics (Prometheus text, rendered
  * by metrics.c) and /v1/stats (the store's figures as JSON: the bundles'
- * and the RESP keys'). */
+ * and the RESP keys', and the RESP reads per key family). */
 #include <stdatomic.h>
 
 #include "kcd.h"
@@ -52,6 +52,29 @@ static json_t *stats_kv(const kc_store_stats *s, kcd_state *st) {
                    (json_int_t)kcd_resp_clients(atomic_load(&st->resp)));
 }
 
+/* One key family of the RESP reads (resp_family.c) as a JSON object. The
+ * names are client bytes, but printable ASCII without '"' or '\' (else the
+ * key counts as "other"); jansson escapes them anyway. */
+static void family_json(const char *name, size_t len, uint64_t hits,
+                        uint64_t misses, void *ud) {
+  json_t *o = json_pack("{so sI sI}", "family",
+                        name ? json_stringn(name, len) : json_string("other"),
+                        "hits", (json_int_t)hits, "misses",
+                        (json_int_t)misses);
+  json_array_append_new(ud, o); /* NULL o (out of memory): not appended */
+}
+
+/* "resp_families": the RESP GET/MGET reads per key family, learned order,
+ * "other" last; absent without --resp-listen. */
+static void stats_families(json_t *o, kcd_state *st) {
+  kcd_resp_families *t = kcd_resp_families_of(atomic_load(&st->resp));
+  json_t *a = t ? json_array() : NULL;
+  if (!a)
+    return;
+  kcd_resp_family_each(t, family_json, a);
+  json_object_set_new(o, "resp_families", a);
+}
+
 int kcd_stats_get(kcd_req *r) {
   kc_store_stats s;
   kc_err e = kc_store_stats_get(atomic_load(&r->st->store), &s);
@@ -74,5 +97,7 @@ int kcd_stats_get(kcd_req *r) {
   if (o)
     json_object_set_new(o, "bytes_raw", json_integer((json_int_t)s.bytes_raw));
   json_decref(kv);
+  if (o)
+    stats_families(o, r->st);
   return kcd_reply_json(r, 200, o, NULL);
 }

@@ -9,6 +9,8 @@ its coverage matrix with the right present, missing and building cells, and
 figures equal to the API's; a model named <img src=x onerror=alert(1)> stays
 text (no <img> element at all); with a token file the page asks for a token,
 and a read token sees the models but no purge button, an admin token does.
+With --resp-listen the page shows the RESP reads per key family (a family
+named <img/src=x/onerror=alert(1)> stays text too); without it, no such table.
 A screenshot goes to ARTIFACTS_DIR/page.png.
 
 The token is given the way a person gives it: typed into the page's own form
@@ -24,6 +26,7 @@ import html.parser
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -151,6 +154,72 @@ class Server:
         if rc != 0:
             tail = open(os.path.join(self.dir, "kcached.log")).read()[-3000:]
             fail("kcached exited %d:\n%s" % (rc, tail))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def resp_send(port, *cmds):
+    """Sends RESP commands (multibulk) on one connection, then EOF; the
+    replies, read until kcached closes it."""
+    data = b""
+    for c in cmds:
+        data += b"*%d\r\n" % len(c)
+        for a in c:
+            a = a.encode()
+            data += b"$%d\r\n%s\r\n" % (len(a), a)
+    with socket.create_connection(("127.0.0.1", port), 10) as s:
+        s.settimeout(10)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while True:
+            d = s.recv(65536)
+            if not d:
+                return out
+            out += d
+
+
+EVIL_FAMILY = "<img/src=x/onerror=alert(1)>"
+
+
+def resp_reads(port):
+    """pt2: 2 hits, 1 miss; the hostile family: 1 miss."""
+    out = resp_send(port, ("SET", "pt2:a", "1"), ("GET", "pt2:a"),
+                    ("GET", "pt2:a"), ("GET", "pt2:b"),
+                    ("GET", EVIL_FAMILY + ":k"))
+    check(out == b"+OK\r\n$1\r\n1\r\n$1\r\n1\r\n$-1\r\n$-1\r\n",
+          "RESP replies %r" % out)
+
+
+def check_families(root, srv):
+    """The RESP key families table against /v1/stats."""
+    sec = root.find("section", id="families-section")
+    check(sec is not None and "hidden" not in sec.attrs,
+          "no RESP key families table with --resp-listen")
+    fams = srv.api("/v1/stats")["resp_families"]
+    check(any(f["family"] == EVIL_FAMILY for f in fams),
+          "the hostile family is not in /v1/stats: %s" % fams)
+    for f in fams:
+        row = root.find("tr", data_family=f["family"])
+        check(row is not None, "no row for family %r" % f["family"])
+        tds = row.find_all("td")
+        name = next(tds).all_text()
+        check(name == f["family"], "family %r, API %r" % (name, f["family"]))
+        for k in ("hits", "misses"):
+            td = next(n for n in row.find_all("td") if n.has_class(k))
+            check(int(td.attrs["data-value"]) == f[k] and
+                  td.all_text() == str(f[k]), "family %s %s: %s, API %s"
+                  % (f["family"], k, td.attrs["data-value"], f[k]))
+    pt2 = root.find("tr", data_family="pt2")
+    ratio = next(n for n in pt2.find_all("td") if n.has_class("ratio"))
+    check(ratio.all_text() == "66.7 %", "pt2's hit ratio %r"
+          % ratio.all_text())
 
 
 def model_hash(s):
@@ -390,6 +459,8 @@ def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
             who = root.find("span", id="who").all_text()
             check("role " + role in who, "role line %r" % who)
             has = any(b.has_class("purge") for b in root.find_all("button"))
+            check("hidden" in root.find("section", id="families-section")
+                  .attrs, "a RESP key families table without --resp-listen")
             check(has == purge, "%s token: purge button %s" %
                   (role, "missing" if purge else "offered"))
             check(toks[role] not in href and toks[role] not in dom,
@@ -413,7 +484,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kcache-page-")
     srv = None
     try:
-        srv = Server(kcached, tmp, "open")
+        resp_port = free_port()
+        srv = Server(kcached, tmp, "open",
+                     ["--resp-listen", "127.0.0.1:%d" % resp_port])
+        resp_reads(resp_port)
         demo, evil = model_hash("demo"), model_hash("evil")
         wd = warmup(tmp, "demo-mlp", demo, ["sm_80", "sm_89", "sm_90a"],
                     [1, 8, 32],
@@ -439,6 +513,7 @@ def main():
         url = srv.url + "/#" + demo
         root = parse(dump_dom(url))
         check_open_page(root, srv, demo, evil)
+        check_families(root, srv)
         states = check_matrix(root, srv, demo)
         check(states == {"present": 7, "missing": 1, "building": 1},
               "cell states %s" % states)

@@ -1484,6 +1484,28 @@ class Observability(unittest.TestCase):
         self.assertLessEqual(st["bytes_used"], st["bytes_raw"])
         self.assertEqual(st["bundles"], 0)
 
+    def test_stats_key_families(self):
+        """/v1/stats's resp_families: the reads per key family, as
+        /metrics counts them; a family name of odd bytes stays a string."""
+        r = self.r
+        self.assertEqual(self.stats()["resp_families"],
+                         [{"family": "other", "hits": 0, "misses": 0}])
+        r.set("pt2:a", "1")
+        r.set("triton:m1", "2")
+        self.assertEqual(r.get("pt2:a"), b"1")
+        self.assertIsNone(r.get("pt2:b"))
+        self.assertEqual(r.mget(["pt2:a", "triton:m1", "triton:m2",
+                                 "nocolon"]), [b"1", b"2", None, None])
+        hostile = '<img/src=x/onerror="x">'  # '"' in it: counts as other
+        r.get(hostile + ":k")
+        r.get("<b>&amp;:k")  # printable: its own family, sent as JSON text
+        fams = self.stats()["resp_families"]
+        self.assertEqual(fams, [
+            {"family": "pt2", "hits": 2, "misses": 1},
+            {"family": "triton", "hits": 1, "misses": 1},
+            {"family": "<b>&amp;", "hits": 0, "misses": 1},
+            {"family": "other", "hits": 0, "misses": 2}])
+
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:

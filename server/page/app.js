@@ -116,6 +116,25 @@ function renderCards(stats, hist) {
   $('cards').replaceChildren(...cards);
 }
 
+// ---- RESP key families (only with --resp-listen) ----
+
+// fams: /v1/stats's resp_families, [{family, hits, misses}], "other" last.
+// A family is a prefix of a client's keys: text only, like model names.
+function renderFamilies(fams) {
+  $('families-section').hidden = !fams;
+  if (!fams) return;
+  const rows = fams.map((f) => {
+    const n = f.hits + f.misses;
+    return el('tr', {'data-family': f.family},
+      el('td', {class: 'family'}, f.family),
+      el('td', {class: 'hits num', 'data-value': f.hits}, f.hits),
+      el('td', {class: 'misses num', 'data-value': f.misses}, f.misses),
+      el('td', {class: 'ratio num'},
+         n ? (100 * f.hits / n).toFixed(1) + ' %' : '–'));
+  });
+  $('families').tBodies[0].replaceChildren(...rows);
+}
+
 // ---- charts: inline SVG ----
 
 const SVGNS = 'http://www.w3.org/2000/svg';
@@ -332,6 +351,7 @@ async function refresh() {
     $('status').textContent = 'up ' + stats.uptime_s + ' s, updated ' +
       new Date().toLocaleTimeString();
     renderCards(stats, hist);
+    renderFamilies(stats.resp_families);
     renderCharts(hist);
     renderModels(hist.now);
     await loadMatrix();
