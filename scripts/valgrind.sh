@@ -10,7 +10,9 @@ build=$(cd "${1:-build}" && pwd)
 logs=$(mktemp -d "${TMPDIR:-/tmp}/kcache-vg-XXXXXX")
 chmod 1777 "$logs" # the reliability test runs kcached as nobody too
 trap 'rm -rf "$logs"' EXIT
-vg=(valgrind -q --error-exitcode=99 --leak-check=full
+# --fair-sched: Valgrind runs one thread at a time, and its default lock
+# let store_concurrency's readers starve its writer (838 s instead of ~60 s).
+vg=(valgrind -q --fair-sched=yes --error-exitcode=99 --leak-check=full
     --errors-for-leak-kinds=definite --show-leak-kinds=definite)
 
 # kcached started by tests/testsrv.c runs under memcheck too. Its log has a
@@ -39,7 +41,9 @@ KC_TEST_SKIP=test_large_blob_256mib run store_blob "$build/tests/test_store_blob
 for t in bundle evict crash concurrency scrub; do
   run "store_$t" "$build/tests/test_store_$t"
 done
-run store_kv "$build/tests/test_store_kv"
+# Opening the store's environment with raw LMDB (an old store made by hand)
+# fails under Valgrind (EINVAL: the store's large map); the ASan build runs it.
+KC_TEST_SKIP=test_key_bytes_recounted_at_open run store_kv "$build/tests/test_store_kv"
 for t in blob bundle lease auth ops http auth_reload demand models; do
   run "server_$t" "$build/tests/test_server_$t"
 done
