@@ -449,17 +449,22 @@ static kc_err lookup_parse(const kcc_http_resp *r, const char *const *keys,
       refused[i] = e;
     free(s);
   }
-  json_t *t = json_object_get(root, "truncated");
-  for (size_t j = 0; j < json_array_size(t); j++) {
+  /* The truncated keys as a set: one look-up per key asked for, not a
+   * comparison with each (4096 x 4096 at the most). */
+  json_t *t = json_object_get(root, "truncated"), *set = json_object();
+  for (size_t j = 0; set && j < json_array_size(t); j++) {
     const char *k = json_string_value(json_array_get(t, j));
-    for (size_t i = 0; k && i < n; i++)
-      if (!left[i] && !found[i] && strcmp(keys[i], k) == 0) {
-        left[i] = 1;
-        (*n_left)++;
-      }
+    if (k && json_object_set_new(set, k, json_true()))
+      break;
   }
+  for (size_t i = 0; set && i < n; i++)
+    if (!left[i] && !found[i] && json_object_get(set, keys[i])) {
+      left[i] = 1;
+      (*n_left)++;
+    }
+  json_decref(set);
   json_decref(root);
-  return KC_OK;
+  return set ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
 }
 
 /* One POST /v1/lookup of keys (found, refused and left as lookup_parse). */
