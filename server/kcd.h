@@ -497,11 +497,6 @@ int kcd_reply_error_json(kcd_req *r, kc_err e, const char *msg, json_t *extra,
                          const char *const *headers);
 int kcd_reply_error(kcd_req *r, kc_err e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* A miss after the durable tier was asked (its answer e, its sentence in
- * err): KC_NOT_FOUND with the sentence fmt, plus why S3 could not say when
- * it failed, written into err. */
-kc_err kcd_miss(kc_err e, char *err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 /* An error decided before the body was read: kcd_set_early records it in
  * r->early*, kcd_reply_early answers it (http.c calls it once the body was
  * read or dropped, or at once when there is none to wait for). */

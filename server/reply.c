@@ -162,18 +162,6 @@ int kcd_reply_error(kcd_req *r, kc_err e, const char *fmt, ...) {
   return kcd_reply_error_json(r, e, m, NULL, NULL);
 }
 
-kc_err kcd_miss(kc_err e, char *err, const char *fmt, ...) {
-  char m[KC_ERRBUF_SIZE], why[KC_ERRBUF_SIZE];
-  snprintf(why, sizeof why, "%s", err);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(m, sizeof m, fmt, ap);
-  va_end(ap);
-  if (e == KC_NOT_FOUND || !*why)
-    return kc_errf(err, KC_NOT_FOUND, "%s", m);
-  return kc_errf(err, KC_NOT_FOUND, "%s (and S3 could not say: %s)", m, why);
-}
-
 /* ---- early answers ---- */
 
 void kcd_set_early(kcd_req *r, kc_err e, const char *fmt, ...) {

@@ -1,6 +1,7 @@
 /* resp_fetch.c: read-through from the durable tier for RESP reads. A GET or
  * MGET that misses, with --s3-endpoint set, hands its missing keys to these
- * threads (kc_store_kv_fetch: up to ~2 s of S3 each) instead of replying;
+ * threads (kc_store_kv_read_through, the read-through every front end
+ * shares: up to ~2 s of S3 each) instead of replying;
  * the connection waits as for a commit (resp.h), then runs the command
  * again, which now finds the keys or replies the miss. The listener thread
  * never waits for S3. Fetch errors (S3 unreachable, corrupt) read as a miss:
@@ -65,7 +66,7 @@ static void *fetch_main(void *arg) {
       clock_gettime(CLOCK_REALTIME, &ts);
       int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
       char err[KC_ERRBUF_SIZE];
-      kc_store_kv_fetch(s, j->ops[i].key, j->ops[i].klen, now, err);
+      kc_store_kv_read_through(s, j->ops[i].key, j->ops[i].klen, now, err);
     }
     kcd_resp_job_done(r, j);
   }

@@ -121,36 +121,6 @@ static int not_modified(kcd_req *r) {
   return strcmp(inm, "*") == 0 || strstr(inm, tag) != NULL;
 }
 
-/* Begins r->read and finds the blob; a miss asks the durable tier once. A
- * small blob fetched from it comes back in *heap (malloc'd) instead: served
- * before the store's commit. */
-static kc_err read_blob(kcd_req *r, const void **data, size_t *len,
-                        void **heap, char *err) {
-  for (int fetched = 0;; fetched = 1) {
-    kc_err e = kc_store_read_begin(store_of(r), &r->read);
-    if (e)
-      return kc_errf(err, e, "cannot begin a read of the store");
-    e = kc_store_blob_get(r->read, r->param, data, len);
-    if (!e)
-      return KC_OK;
-    kc_store_read_end(r->read);
-    r->read = NULL;
-    if (e != KC_NOT_FOUND)
-      return kc_errf(err, e, "cannot read blob %s", r->param);
-    if (fetched)
-      return kc_errf(err, e, "no blob %s", r->param);
-    e = kc_store_fetch_blob_copy(store_of(r), r->param, heap, len, err);
-    if (!e && *heap) {
-      *data = *heap;
-      return KC_OK;
-    }
-    if (e == KC_CORRUPT)
-      return e;
-    if (e) /* not in S3 either, or S3 unreachable: a miss */
-      return kcd_miss(e, err, "no blob %s", r->param);
-  }
-}
-
 typedef struct blob_pieces {
   kc_store *s;
   char digest[KC_HEX_LEN + 1];
@@ -184,7 +154,8 @@ int kcd_blob_get(kcd_req *r) {
   void *heap = NULL;
   size_t len = 0;
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = read_blob(r, &data, &len, &heap, err);
+  kc_err e = kc_store_blob_read(store_of(r), r->param, &r->read, &data, &len,
+                                &heap, err);
   if (e == KC_STORE_ENCODED) /* held compressed: routes_zstd.c */
     return kcd_blob_get_encoded(r);
   if (e)

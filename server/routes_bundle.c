@@ -9,35 +9,12 @@
 
 static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store); }
 
-/* Begins r->read and finds the bundle; a miss asks the durable tier once. */
-static kc_err read_bundle(kcd_req *r, const char **json, size_t *len,
-                          char *err) {
-  for (int fetched = 0;; fetched = 1) {
-    kc_err e = kc_store_read_begin(store_of(r), &r->read);
-    if (e)
-      return kc_errf(err, e, "cannot begin a read of the store");
-    e = kc_store_bundle_get(r->read, r->param, json, len);
-    if (!e)
-      return KC_OK;
-    kc_store_read_end(r->read);
-    r->read = NULL;
-    if (e != KC_NOT_FOUND)
-      return kc_errf(err, e, "cannot read bundle %s", r->param);
-    if (fetched)
-      return kc_errf(err, e, "no bundle %s", r->param);
-    e = kc_store_fetch_bundle(store_of(r), r->param, err);
-    if (e == KC_CORRUPT)
-      return e;
-    if (e)
-      return kcd_miss(e, err, "no bundle %s", r->param);
-  }
-}
-
 int kcd_bundle_get(kcd_req *r) {
   const char *json = NULL;
   size_t len = 0;
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = read_bundle(r, &json, &len, err);
+  kc_err e = kc_store_bundle_read(store_of(r), r->param, &r->read, &json,
+                                  &len, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   if (len > KCD_ZERO_COPY_MAX) { /* copied: the read ends now (kcd.h) */

@@ -403,6 +403,21 @@ void kc_store_fetch_bundles(kc_store *s, const char *const *keys, size_t n,
  * kc_store_model_list shows them. KC_OK also when S3 lists none. */
 kc_err kc_store_fetch_model(kc_store *s, const char *model, char *err);
 
+/* A GET's read with read-through, what every front end calls: begins *rd
+ * and finds the blob (data, len point into the map until
+ * kc_store_read_end(*rd)); a miss asks the tier once. A small blob fetched
+ * by this call comes back in *heap instead (malloc'd, the caller frees;
+ * *data points at it, *rd is NULL): answered before the store's commit.
+ * Errors end *rd (NULL): KC_STORE_ENCODED (read it stored), KC_CORRUPT,
+ * KC_NOT_FOUND (also when S3 could not be asked: err says why), or the
+ * store's error. */
+kc_err kc_store_blob_read(kc_store *s, const char *digest, kc_store_read **rd,
+                          const void **data, size_t *len, void **heap,
+                          char *err);
+/* The same for a bundle's manifest. */
+kc_err kc_store_bundle_read(kc_store *s, const char *key, kc_store_read **rd,
+                            const char **json, size_t *len, char *err);
+
 #define KC_STORE_HOLDER_MAX 128
 /* A build lease in the bucket, shared by every replica: created with
  * If-None-Match: *, an expired one taken over with If-Match on its ETag.
@@ -548,6 +563,11 @@ kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
  * reclaim here leave the bucket's copy. Threads: any; not inside a read. */
 kc_err kc_store_kv_fetch(kc_store *s, const void *key, size_t klen,
                          int64_t now_ms, char *err);
+/* kc_store_kv_fetch with the read-through's rule of the other kinds: S3
+ * unreachable or failing reads as a miss (KC_NOT_FOUND, err says why);
+ * KC_OK and KC_CORRUPT as they are. What RESP's fetchers call. */
+kc_err kc_store_kv_read_through(kc_store *s, const void *key, size_t klen,
+                                int64_t now_ms, char *err);
 
 /* ---- iteration, counts, expiry ---- */
 

@@ -507,3 +507,82 @@ kc_err kc_store_fetch_model(kc_store *s, const char *model, char *err) {
   free(res);
   return e;
 }
+
+/* ---- the read-through of every front end ----
+ * What a GET of a blob, a bundle or a RESP key does on a miss, in one place
+ * (HTTP's handlers and RESP's fetchers call these): ask the tier once, and
+ * read an answer other than "found" or "corrupt" as a miss, whose sentence
+ * says why S3 could not tell when it failed. A cache miss is always a safe
+ * answer. */
+
+static kc_err rt_miss(kc_err e, char *err, const char *what, const char *id) {
+  char why[KC_ERRBUF_SIZE];
+  if (!err)
+    return KC_NOT_FOUND;
+  snprintf(why, sizeof why, "%s", err);
+  if (e == KC_NOT_FOUND || !*why)
+    return kc_errf(err, KC_NOT_FOUND, "no %s%s%s", what, id ? " " : "",
+                   id ? id : "");
+  return kc_errf(err, KC_NOT_FOUND, "no %s%s%s (and S3 could not say: %s)",
+                 what, id ? " " : "", id ? id : "", why);
+}
+
+kc_err kc_store_blob_read(kc_store *s, const char *digest, kc_store_read **rd,
+                          const void **data, size_t *len, void **heap,
+                          char *err) {
+  *heap = NULL;
+  for (int fetched = 0;; fetched = 1) {
+    kc_err e = kc_store_read_begin(s, rd);
+    if (e)
+      return kc_errf(err, e, "cannot begin a read of the store");
+    e = kc_store_blob_get(*rd, digest, data, len);
+    if (!e)
+      return KC_OK;
+    kc_store_read_end(*rd);
+    *rd = NULL;
+    if (e != KC_NOT_FOUND)
+      return kc_errf(err, e, "cannot read blob %s", digest);
+    if (fetched)
+      return kc_errf(err, e, "no blob %s", digest);
+    e = kc_store_fetch_blob_copy(s, digest, heap, len, err);
+    if (!e && *heap) {
+      *data = *heap;
+      return KC_OK;
+    }
+    if (e == KC_CORRUPT)
+      return e;
+    if (e) /* not in S3 either, or S3 unreachable: a miss */
+      return rt_miss(e, err, "blob", digest);
+  }
+}
+
+kc_err kc_store_bundle_read(kc_store *s, const char *key, kc_store_read **rd,
+                            const char **json, size_t *len, char *err) {
+  for (int fetched = 0;; fetched = 1) {
+    kc_err e = kc_store_read_begin(s, rd);
+    if (e)
+      return kc_errf(err, e, "cannot begin a read of the store");
+    e = kc_store_bundle_get(*rd, key, json, len);
+    if (!e)
+      return KC_OK;
+    kc_store_read_end(*rd);
+    *rd = NULL;
+    if (e != KC_NOT_FOUND)
+      return kc_errf(err, e, "cannot read bundle %s", key);
+    if (fetched)
+      return kc_errf(err, e, "no bundle %s", key);
+    e = kc_store_fetch_bundle(s, key, err);
+    if (e == KC_CORRUPT)
+      return e;
+    if (e)
+      return rt_miss(e, err, "bundle", key);
+  }
+}
+
+kc_err kc_store_kv_read_through(kc_store *s, const void *key, size_t klen,
+                                int64_t now_ms, char *err) {
+  kc_err e = kc_store_kv_fetch(s, key, klen, now_ms, err);
+  if (!e || e == KC_CORRUPT)
+    return e;
+  return rt_miss(e, err, "such key", NULL);
+}
