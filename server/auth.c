@@ -226,16 +226,6 @@ size_t kcd_auth_count(kcd_auth *a) {
   return n;
 }
 
-/* The token of "Bearer <token>", or NULL. */
-static const char *bearer(const char *h) {
-  if (strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t'))
-    return NULL;
-  h += 6;
-  while (*h == ' ' || *h == '\t')
-    h++;
-  return *h ? h : NULL;
-}
-
 /* Compares against every entry, whatever matches, so that the time taken
  * does not tell which entry (or how much of one) a guess came close to. */
 static const kcd_token *find_token(const kcd_auth *a,
@@ -249,32 +239,6 @@ static const kcd_token *find_token(const kcd_auth *a,
   return hit;
 }
 
-kcd_authn kcd_auth_check(kcd_auth *a, const char *header, kcd_role *role,
-                         char name[KCD_NAME_MAX]) {
-  *role = KCD_ROLE_NONE;
-  snprintf(name, KCD_NAME_MAX, "-");
-  pthread_rwlock_rdlock(&a->lock);
-  kcd_authn res = KCD_AUTHN_ANON;
-  if (!a->enabled) {
-    *role = KCD_ROLE_ADMIN; /* open mode: loopback only, enforced at start */
-    res = KCD_AUTHN_OK;
-  } else if (header) {
-    const char *tok = bearer(header);
-    unsigned char d[32];
-    unsigned int dlen = 0;
-    const kcd_token *t = NULL;
-    if (tok && EVP_Digest(tok, strlen(tok), d, &dlen, EVP_sha256(), NULL))
-      t = find_token(a, d);
-    res = t ? KCD_AUTHN_OK : KCD_AUTHN_BAD;
-    if (t) {
-      *role = t->role;
-      snprintf(name, KCD_NAME_MAX, "%s", t->name);
-    }
-  }
-  pthread_rwlock_unlock(&a->lock);
-  return res;
-}
-
 kcd_authn kcd_auth_check_token(kcd_auth *a, const char *want_name,
                                const void *token, size_t len, kcd_role *role,
                                char name[KCD_NAME_MAX]) {
@@ -285,16 +249,20 @@ kcd_authn kcd_auth_check_token(kcd_auth *a, const char *want_name,
   pthread_rwlock_rdlock(&a->lock);
   const kcd_token *t = NULL;
   int on = a->enabled;
-  if (on && EVP_Digest(token, len, d, &dlen, EVP_sha256(), NULL))
+  /* An empty token names none, even were its hash in the file. */
+  if (on && token && len && EVP_Digest(token, len, d, &dlen, EVP_sha256(),
+                                       NULL))
     t = find_token(a, d);
   if (t && want_name && strcmp(t->name, want_name) != 0)
     t = NULL; /* names are not secret: a plain compare */
-  if (t || !on) {
+  if (t || !on) { /* tokens off: admin (loopback only, enforced at start) */
     *role = t ? t->role : KCD_ROLE_ADMIN;
     snprintf(name, KCD_NAME_MAX, "%s", t ? t->name : "-");
   }
   pthread_rwlock_unlock(&a->lock);
-  return t || !on ? KCD_AUTHN_OK : KCD_AUTHN_BAD;
+  if (t || !on)
+    return KCD_AUTHN_OK;
+  return token ? KCD_AUTHN_BAD : KCD_AUTHN_ANON;
 }
 
 /* ---- kcached token ROLE NAME ---- */

@@ -145,16 +145,34 @@ static kcd_req *req_new(kcd_state *st, struct MHD_Connection *conn,
   r->early_msg[0] = '\0';
   memcpy(r->token_name, "-", 2);
   read_length(r);
-  atomic_fetch_add(&st->metrics.in_flight, 1);
+  kcd_svc_begin(st, KCD_FE_HTTP);
   return r;
+}
+
+const char *kcd_http_bearer(const char *h) {
+  if (!h)
+    return NULL;
+  if (strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t'))
+    return "";
+  h += 6;
+  while (*h == ' ' || *h == '\t')
+    h++;
+  return h;
+}
+
+kcd_authn kcd_http_auth(kcd_state *st, const char *header, kcd_role *role,
+                        char name[KCD_NAME_MAX]) {
+  const char *tok = kcd_http_bearer(header);
+  return kcd_svc_auth(st, KCD_FE_HTTP, NULL, tok, tok ? strlen(tok) : 0, role,
+                      name);
 }
 
 /* 401 or 403 unless the caller's token grants `need`. */
 static int authorize(kcd_req *r, kcd_role need) {
   if (need == KCD_ROLE_NONE)
     return 0;
-  kcd_authn a = kcd_auth_check(&r->st->auth, kcd_header(r, "Authorization"),
-                               &r->role, r->token_name);
+  kcd_authn a = kcd_http_auth(r->st, kcd_header(r, "Authorization"), &r->role,
+                              r->token_name);
   if (a == KCD_AUTHN_ANON)
     kcd_set_early(r, KC_UNAUTHORIZED, "this route needs a token "
                                       "(Authorization: Bearer <token>)");
@@ -395,7 +413,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
   kcd_access a = {r->method_str, r->path, kcd_conn_remote(c), r->token_name,
                   status, r->bytes_in, r->bytes_out, us, now};
   kcd_log_access(st, &a);
-  atomic_fetch_sub(&st->metrics.in_flight, 1);
+  kcd_svc_end(st, KCD_FE_HTTP);
   req_release(r);
 }
 

@@ -61,11 +61,11 @@ typedef struct kcd_auth {
   size_t n;
 } kcd_auth;
 
-/* Outcome of checking a request's Authorization header. */
+/* Outcome of checking a token. */
 typedef enum kcd_authn {
-  KCD_AUTHN_ANON,  /* no header (role NONE) */
+  KCD_AUTHN_ANON,  /* none offered (role NONE) */
   KCD_AUTHN_OK,    /* a known token: role and name filled */
-  KCD_AUTHN_BAD    /* a header that names no token, or is malformed */
+  KCD_AUTHN_BAD    /* one that names no token (HTTP: or a malformed header) */
 } kcd_authn;
 
 int kcd_auth_init(kcd_auth *a);
@@ -76,11 +76,11 @@ void kcd_auth_destroy(kcd_auth *a);
  * the table holds some (a rewrite caught half-way; an empty file at start
  * is loaded, main.c warns). */
 kc_err kcd_auth_load(kcd_auth *a, const char *path, char *err);
-/* Checks "Bearer <token>" (header may be NULL) in constant time per entry. */
-kcd_authn kcd_auth_check(kcd_auth *a, const char *header, kcd_role *role,
-                         char name[KCD_NAME_MAX]);
-/* Checks a raw token (RESP's AUTH [name] token) the same way; with want_name
- * the token must also be that name's. Auth disabled: KCD_AUTHN_OK, admin. */
+/* Checks a token in constant time per entry (the front end took it from
+ * its framing: HTTP's Bearer header, RESP's AUTH [name] token); with
+ * want_name the token must also be that name's. token NULL: none offered,
+ * KCD_AUTHN_ANON; an empty one: KCD_AUTHN_BAD. Tokens off: KCD_AUTHN_OK,
+ * admin, whatever is offered. Front ends call it through kcd_svc_auth. */
 kcd_authn kcd_auth_check_token(kcd_auth *a, const char *want_name,
                                const void *token, size_t len, kcd_role *role,
                                char name[KCD_NAME_MAX]);
@@ -212,6 +212,32 @@ kc_err kcd_json_object(const kcd_req *r, const char *const *allowed,
 
 /* ---- metrics (metrics.c) ---- */
 
+/* The front ends, and the operations they share: the op label of
+ * kcached_ops_total (service.c counts them, metrics.c names them). */
+typedef enum kcd_fe { KCD_FE_HTTP, KCD_FE_RESP, KCD_N_FE } kcd_fe;
+typedef enum kcd_svc_op {
+  KCD_OP_GET,           /* a blob, a bundle (HTTP), a key (RESP) */
+  KCD_OP_LOOKUP,        /* each key of POST /v1/lookup */
+  KCD_OP_PUT,           /* a blob offered for upload */
+  KCD_OP_LEASE_TAKE,
+  KCD_OP_LEASE_RELEASE,
+  KCD_OP_AUTH,          /* a token checked (tokens on) */
+  KCD_N_OPS
+} kcd_svc_op;
+typedef enum kcd_svc_res {
+  KCD_RES_OK,
+  KCD_RES_HIT,
+  KCD_RES_MISS,
+  KCD_RES_ERROR,
+  KCD_RES_PRESENT, /* put: held already; lease_take: the bundle exists */
+  KCD_RES_NEW,     /* put: the upload is taken */
+  KCD_RES_REPAIR,  /* put: taken to replace a held copy that fails its hash */
+  KCD_RES_GRANTED, /* lease_take */
+  KCD_RES_HELD,    /* lease_take: another holder has it */
+  KCD_RES_DENIED,  /* auth: no such token; lease_release: not its token */
+  KCD_N_RES
+} kcd_svc_res;
+
 #define KCD_N_STATUS 20 /* distinct statuses counted, the last is "other" */
 #define KCD_N_BUCKETS 16 /* request-duration histogram bounds, +Inf apart */
 
@@ -228,7 +254,11 @@ typedef struct kcd_metrics {
   _Atomic uint64_t zstd_gets, zstd_sent_frames, zstd_puts;
   /* connections shut down by the maintenance tick (conns.c) */
   _Atomic uint64_t cut_header_timeout, cut_slow_body;
-  _Atomic int64_t in_flight; /* requests begun and not completed */
+  /* operations begun and not answered, per front end (service.c): HTTP
+   * requests, RESP commands waiting for a commit or a fetch */
+  _Atomic int64_t in_flight[KCD_N_FE];
+  /* kcached_ops_total{op,frontend,result} (service.c) */
+  _Atomic uint64_t ops[KCD_N_OPS][KCD_N_FE][KCD_N_RES];
 } kcd_metrics;
 
 /* Prometheus text of every metric; malloc'd, *len set. NULL: no memory. */
@@ -322,6 +352,61 @@ struct kcd_state {
    * first tick */
   _Atomic(struct kcd_history *) history;
 };
+
+/* ---- the service layer (service.c) ----
+ * The rules both front ends (HTTP: routes_*.c, RESP: resp_*.c) share, over
+ * the daemon state and plain arguments, never a request: a handler parses,
+ * calls one of these (or the store's read-through, kc_store_blob_read and
+ * kin), and replies. Each counts itself in kcached_ops_total under the
+ * front end it is given. Threads: any. */
+
+/* An operation begun / answered (HTTP: a request; RESP: a command waiting
+ * for a commit or a fetch); graceful shutdown waits for their sum. */
+void kcd_svc_begin(kcd_state *st, kcd_fe fe);
+void kcd_svc_end(kcd_state *st, kcd_fe fe);
+int64_t kcd_svc_in_flight(kcd_state *st); /* every front end's */
+/* Counts n operations op of fe with result res (a relaxed atomic add). */
+void kcd_svc_count(kcd_state *st, kcd_svc_op op, kcd_fe fe, kcd_svc_res res,
+                   uint64_t n);
+/* Counts a GET's answer: KC_OK or KC_STORE_ENCODED a hit, KC_NOT_FOUND a
+ * miss, anything else an error. */
+void kcd_svc_count_get(kcd_state *st, kcd_fe fe, kc_err e);
+
+/* Checks a token (the front end took it from its own framing: HTTP's
+ * "Bearer", RESP's AUTH). token NULL: none offered (KCD_AUTHN_ANON); an
+ * empty one names no token (KCD_AUTHN_BAD); want_name non-NULL: the token
+ * must be that name's. Tokens off: KCD_AUTHN_OK, admin, whatever is
+ * offered. */
+kcd_authn kcd_svc_auth(kcd_state *st, kcd_fe fe, const char *want_name,
+                       const void *token, size_t len, kcd_role *role,
+                       char name[KCD_NAME_MAX]);
+
+/* A blob offered for upload: KCD_RES_PRESENT (held: touched for the
+ * manifest to come; skip the body), KCD_RES_NEW (take the upload), or
+ * KCD_RES_REPAIR (repair_asked, and the held copy fails its hash: take the
+ * upload, kc_store_upload_repair, to replace it; logged). Only an offer that
+ * asks for repair pays for hashing the held copy. */
+kcd_svc_res kcd_svc_blob_offer(kcd_state *st, kcd_fe fe, const char *digest,
+                               int repair_asked);
+
+/* The build lease of a bundle key. *present set: the bundle exists (held,
+ * or read through from the tier), no lease taken. Otherwise KC_OK granted
+ * (info->token), KC_LEASED (info->holder, remaining_ms), KC_BUSY (the table
+ * is full), or another error. The local lease first (single-flight in this
+ * replica), then the bucket's, which every replica sees. */
+kc_err kcd_svc_lease_take(kcd_state *st, kcd_fe fe, const char *key,
+                          const char *holder, uint64_t ttl_s,
+                          kcd_lease_info *info, int *present);
+/* KC_OK released, KC_NOT_FOUND no live lease, KC_FORBIDDEN another token. A
+ * lease granted through another replica is released too (the bucket's copy
+ * decides). */
+kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
+                             const char *token);
+
+/* Before a lookup's read: the keys the store lacks are fetched from the
+ * durable tier, in parallel (nothing without one). */
+void kcd_svc_prefetch_bundles(kcd_state *st, const char *const *keys,
+                              size_t n);
 
 /* ---- open connections (conns.c) ---- */
 
@@ -458,6 +543,14 @@ struct kcd_req {
 /* Request accessors: a request header, a query argument; NULL: absent. */
 const char *kcd_header(kcd_req *r, const char *name);
 const char *kcd_query(kcd_req *r, const char *name);
+
+/* The token of an Authorization header's value: NULL for no header, ""
+ * when it is not "Bearer <token>" (which then names no token). */
+const char *kcd_http_bearer(const char *header);
+/* The caller of an Authorization header (may be NULL): kcd_svc_auth of its
+ * Bearer token. */
+kcd_authn kcd_http_auth(kcd_state *st, const char *header, kcd_role *role,
+                        char name[KCD_NAME_MAX]);
 
 /* Starts libmicrohttpd; fills st->mhd and *port. */
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err);

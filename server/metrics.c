@@ -234,9 +234,59 @@ static void render_self(FILE *f, kcd_metrics *m) {
           "Repair offers (X-Kcache-Repair) that found the held copy not "
           "hashing to its name; the offer's verified bytes replace it.",
           GET(m->blobs_corrupt));
-  int64_t inflight = atomic_load(&m->in_flight);
+  int64_t inflight = atomic_load(&m->in_flight[KCD_FE_HTTP]);
   gauge(f, "kcached_requests_in_flight", "Requests being served.",
         inflight > 0 ? (uint64_t)inflight : 0);
+}
+
+/* ---- operations both front ends share (service.c counts them) ---- */
+
+static const char *const fe_names[KCD_N_FE] = {"http", "resp"};
+static const char *const op_names[KCD_N_OPS] = {
+    "get", "lookup", "put", "lease_take", "lease_release", "auth"};
+static const char *const res_names[KCD_N_RES] = {
+    "ok",      "hit",     "miss", "error",  "present",
+    "new",     "repair",  "granted", "held", "denied"};
+
+/* The results each op can have (shown at 0 until counted); -1 ends. */
+static const int op_results[KCD_N_OPS][6] = {
+    [KCD_OP_GET] = {KCD_RES_HIT, KCD_RES_MISS, KCD_RES_ERROR, -1},
+    [KCD_OP_LOOKUP] = {KCD_RES_HIT, KCD_RES_MISS, -1},
+    [KCD_OP_PUT] = {KCD_RES_PRESENT, KCD_RES_NEW, KCD_RES_REPAIR, -1},
+    [KCD_OP_LEASE_TAKE] = {KCD_RES_GRANTED, KCD_RES_HELD, KCD_RES_PRESENT,
+                           KCD_RES_ERROR, -1},
+    [KCD_OP_LEASE_RELEASE] = {KCD_RES_OK, KCD_RES_MISS, KCD_RES_DENIED,
+                              KCD_RES_ERROR, -1},
+    [KCD_OP_AUTH] = {KCD_RES_OK, KCD_RES_DENIED, -1},
+};
+
+/* Which front end serves which op: RESP has no bundles, lookups or leases
+ * (yet); an op shown for a front end that never does it would only read as
+ * "unused". */
+static int fe_does(int fe, int op) {
+  return fe == KCD_FE_HTTP || op == KCD_OP_GET || op == KCD_OP_AUTH;
+}
+
+static void render_ops(FILE *f, kcd_metrics *m) {
+  fputs("# HELP kcached_ops_total Operations by what they were (the same "
+        "op for every front end), the front end that served them, and "
+        "their result.\n# TYPE kcached_ops_total counter\n", f);
+  for (int op = 0; op < KCD_N_OPS; op++)
+    for (int fe = 0; fe < KCD_N_FE; fe++)
+      for (int i = 0; fe_does(fe, op) && op_results[op][i] >= 0; i++) {
+        int res = op_results[op][i];
+        fprintf(f, "kcached_ops_total{op=\"%s\",frontend=\"%s\","
+                "result=\"%s\"} %llu\n", op_names[op], fe_names[fe],
+                res_names[res], (unsigned long long)GET(m->ops[op][fe][res]));
+      }
+  fputs("# HELP kcached_ops_in_flight Operations begun and not answered, "
+        "by front end (graceful shutdown waits for them).\n# TYPE "
+        "kcached_ops_in_flight gauge\n", f);
+  for (int fe = 0; fe < KCD_N_FE; fe++) {
+    int64_t v = atomic_load(&m->in_flight[fe]);
+    fprintf(f, "kcached_ops_in_flight{frontend=\"%s\"} %lld\n", fe_names[fe],
+            (long long)(v > 0 ? v : 0));
+  }
 }
 
 /* Connections the header deadline and the body rate cut (conns.c). */
@@ -260,6 +310,7 @@ char *kcd_metrics_render(kcd_state *st, size_t *len) {
   render_histogram(f, &st->metrics);
   render_self(f, &st->metrics);
   render_cuts(f, &st->metrics);
+  render_ops(f, &st->metrics);
   render_store(f, st);
   render_s3(f, st);
   kcd_resp_metrics_render(st, f);

@@ -92,6 +92,15 @@ static void conn_close(kcd_resp_conn *c) {
 
 static size_t pending(const kcd_resp_conn *c) { return c->out.len - c->out_off; }
 
+/* A job is with the committer or the fetchers: an operation in flight
+ * (service.c), which graceful shutdown waits for, until on_done wrote its
+ * reply. */
+static void inflight_begin(kcd_resp_conn *c) {
+  c->inflight = 1;
+  kcd_svc_begin(c->srv->st, KCD_FE_RESP);
+}
+
+
 /* Commands may run: nothing in flight, not closing, output below the mark. */
 static int may_run(const kcd_resp_conn *c) {
   return !c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH;
@@ -186,7 +195,7 @@ static void submit(kcd_resp_conn *c) {
     kcd_resp_job_free(j);
     return;
   }
-  c->inflight = 1;
+  inflight_begin(c);
   kcd_resp_commit_submit(c->srv, j);
 }
 
@@ -262,7 +271,7 @@ static int step(kcd_resp_conn *c) {
     c->held = 1;
     kc_store_read_end(c->rd);
     c->rd = NULL;
-    c->inflight = 1;
+    inflight_begin(c);
     kcd_resp_fetch_submit(c->srv, j);
     return 0;
   }
@@ -451,9 +460,11 @@ static void on_done(kcd_resp *r) {
     } else {
       kcd_resp_job_reply(j, &c->out);
       kcd_resp_job_free(j);
-      process(c);
+      process(c); /* may hand the next job over (in flight again) */
       conn_flush(c);
     }
+    kcd_svc_end(r->st, KCD_FE_RESP); /* its reply is written, or no one
+                                        waits for it */
     j = next;
   }
 }
@@ -497,11 +508,22 @@ static void sweep_handshakes(kcd_resp *r, int64_t *last) {
   }
 }
 
+/* Graceful shutdown (kcd_resp_quiesce): no new connection; the open ones
+ * go on until kcd_resp_stop. */
+static void stop_accepting(kcd_resp *r) {
+  if (!atomic_load(&r->quiesce) || r->lfd < 0)
+    return;
+  epoll_ctl(r->ep, EPOLL_CTL_DEL, r->lfd, NULL);
+  close(r->lfd);
+  r->lfd = -1;
+}
+
 static void *io_main(void *arg) {
   kcd_resp *r = arg;
   struct epoll_event ev[EVENTS];
   int64_t swept = mono_ms();
   while (!atomic_load(&r->stop)) {
+    stop_accepting(r);
     int n = epoll_wait(r->ep, ev, EVENTS, 1000);
     for (int i = 0; i < n; i++) {
       if (ev[i].data.ptr == &r->lfd)
@@ -594,6 +616,16 @@ kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err) {
   return KC_OK;
 }
 
+void kcd_resp_quiesce(kcd_state *st) {
+  kcd_resp *r = st->resp;
+  if (!r)
+    return;
+  atomic_store(&r->quiesce, 1);
+  uint64_t one = 1; /* wakes the listener (on_done finds no job) */
+  ssize_t n = write(r->efd, &one, sizeof one);
+  (void)n;
+}
+
 /* After both threads are gone: jobs the committer finished for
  * connections that closed meanwhile. */
 static void drain_done(kcd_resp *r) {
@@ -604,6 +636,7 @@ static void drain_done(kcd_resp *r) {
     kcd_resp_conn *c = j->conn;
     kcd_resp_job_free(j);
     conn_free(c);
+    kcd_svc_end(r->st, KCD_FE_RESP);
     j = next;
   }
 }

@@ -262,6 +262,7 @@ struct kcd_resp {
   pthread_t io, committer;
   int io_started, committer_started;
   _Atomic int stop;
+  _Atomic int quiesce; /* graceful shutdown: stop accepting (resp.c) */
   uint64_t next_id;
   _Atomic size_t nconns;
   _Atomic uint64_t conns_total, commands_total, commits, committed_ops;
@@ -437,6 +438,10 @@ void kcd_resp_metrics_render(kcd_state *st, void *f);
 
 /* Binds --resp-listen and starts the threads; *port: the bound port. */
 kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err);
+/* Graceful shutdown: accepts no new connection; those open go on (their
+ * operations in flight end as kcd_svc_in_flight counts). NULL st->resp:
+ * nothing. */
+void kcd_resp_quiesce(kcd_state *st);
 /* Closes every connection, stops the threads. NULL st->resp: nothing. */
 void kcd_resp_stop(kcd_state *st);
 kcd_state *kcd_resp_state(kcd_resp *r);

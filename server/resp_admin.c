@@ -59,7 +59,8 @@ static int authenticate(kcd_resp_ctx *x, const char *name, size_t nlen,
     wp = want;
   }
   kcd_role role;
-  if (kcd_auth_check_token(a, wp, tok, tlen, &role, got) != KCD_AUTHN_OK) {
+  if (kcd_svc_auth(x->st, KCD_FE_RESP, wp, tok, tlen, &role, got) !=
+      KCD_AUTHN_OK) {
     kcd_resp_error(x->out, "WRONGPASS invalid username-password pair or user "
                    "is disabled.");
     return -1;

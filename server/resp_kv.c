@@ -94,7 +94,10 @@ void kcd_resp_c_get(kcd_resp_ctx *x) {
   } else if (e == KC_NOT_FOUND && !kcd_resp_fetch_key(x, ARG(1))) {
     family(x, 1, 0); /* a miss read through is counted when it replies */
     kcd_resp_nil(x->out, x->c->resp3);
+  } else if (e == KC_NOT_FOUND) {
+    return; /* asked of the tier: counted when run again */
   }
+  kcd_svc_count_get(x->st, KCD_FE_RESP, e);
 }
 
 /* With the durable tier: asks for every missing key (1: asked, no reply
@@ -125,6 +128,7 @@ void kcd_resp_c_mget(kcd_resp_ctx *x) {
                    ? kc_store_kv_get(x->c->rd, ARG(i), x->now_ms, &v)
                    : KC_NOT_FOUND;
     family(x, i, e == KC_OK);
+    kcd_svc_count_get(x->st, KCD_FE_RESP, e);
     if (e == KC_OK)
       reply_value(x->out, &v, x->c->resp3);
     else /* an error cannot be one element of a reply already begun */

@@ -40,29 +40,20 @@ static int repair_asked(kcd_req *r) {
 }
 
 kc_err kcd_blob_put_begin(kcd_req *r, char *err) {
-  kc_store *s = store_of(r);
-  char why[KC_ERRBUF_SIZE] = "";
-  kc_err held = kc_store_blob_has(s, r->param, NULL);
-  /* Only an offer that says so pays for hashing the held copy. */
-  if (held == KC_OK && repair_asked(r))
-    held = kc_store_blob_check(s, r->param, why);
-  /* Content-addressed: a held blob is these bytes already; skip the body. */
-  if (held == KC_OK) {
-    kc_store_blob_touch(s, r->param); /* kept for the manifest to come */
+  kcd_svc_res offer =
+      kcd_svc_blob_offer(r->st, KCD_FE_HTTP, r->param, repair_asked(r));
+  if (offer == KCD_RES_PRESENT) { /* skip the body */
     r->blob_present = 1;
     r->discard = 1;
     return KC_OK;
   }
-  kc_err e = kc_store_upload_begin(s, &r->upload, err);
+  kc_err e = kc_store_upload_begin(store_of(r), &r->upload, err);
   if (!e && kcd_body_is_zstd(r)) { /* decoded as it arrives (routes_zstd.c) */
     kc_store_upload_zstd(r->upload, r->st->cfg.max_blob_bytes);
     atomic_fetch_add(&r->st->metrics.zstd_puts, 1);
   }
-  if (!e && held == KC_CORRUPT) { /* this upload, once verified, replaces it */
-    kcd_log(r->st, "warn", "%s; taking the upload offered to replace it", why);
-    atomic_fetch_add(&r->st->metrics.blobs_corrupt, 1);
+  if (!e && offer == KCD_RES_REPAIR) /* once verified, replaces the copy */
     kc_store_upload_repair(r->upload);
-  }
   return e;
 }
 
@@ -156,6 +147,7 @@ int kcd_blob_get(kcd_req *r) {
   char err[KC_ERRBUF_SIZE] = "";
   kc_err e = kc_store_blob_read(store_of(r), r->param, &r->read, &data, &len,
                                 &heap, err);
+  kcd_svc_count_get(r->st, KCD_FE_HTTP, e);
   if (e == KC_STORE_ENCODED) /* held compressed: routes_zstd.c */
     return kcd_blob_get_encoded(r);
   if (e)

@@ -15,6 +15,7 @@ int kcd_bundle_get(kcd_req *r) {
   char err[KC_ERRBUF_SIZE] = "";
   kc_err e = kc_store_bundle_read(store_of(r), r->param, &r->read, &json,
                                   &len, err);
+  kcd_svc_count_get(r->st, KCD_FE_HTTP, e);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   if (len > KCD_ZERO_COPY_MAX) { /* copied: the read ends now (kcd.h) */
@@ -156,7 +157,7 @@ static void lookup_list(FILE *f, const char *name, const char **keys,
  * are left out and listed in "truncated" (the client asks for them again);
  * the first one found always goes in. */
 static kc_err lookup_write(kc_store_read *rd, const char **keys, size_t n,
-                           uint64_t cap, FILE *f) {
+                           uint64_t cap, FILE *f, size_t *missing) {
   char *state = calloc(n ? n : 1, 1);
   if (!state)
     return KC_NOMEM;
@@ -169,6 +170,7 @@ static kc_err lookup_write(kc_store_read *rd, const char **keys, size_t n,
     kc_err e = kc_store_bundle_get(rd, keys[i], &json, &len);
     if (e) { /* unreadable counts as missing: the client rebuilds */
       state[i] = L_MISSING;
+      (*missing)++;
       continue;
     }
     if (!first && total + len > cap) {
@@ -188,33 +190,23 @@ static kc_err lookup_write(kc_store_read *rd, const char **keys, size_t n,
   return KC_OK;
 }
 
-/* Keys the store lacks are asked of the durable tier, in parallel, first. */
-static void lookup_fetch(kc_store *s, const char **keys, size_t n) {
-  const char **miss = malloc((n ? n : 1) * sizeof *miss);
-  kc_err *res = malloc((n ? n : 1) * sizeof *res);
-  size_t m = 0;
-  for (size_t i = 0; miss && res && i < n; i++)
-    if (kc_store_bundle_has(s, keys[i]) == KC_NOT_FOUND)
-      miss[m++] = keys[i];
-  if (m)
-    kc_store_fetch_bundles(s, miss, m, res);
-  free(miss);
-  free(res);
-}
-
 static int lookup_reply(kcd_req *r, const char **keys, size_t n) {
   kc_store_read *rd = NULL;
-  if (r->st->s3)
-    lookup_fetch(store_of(r), keys, n);
+  kcd_svc_prefetch_bundles(r->st, keys, n);
   kc_err e = kc_store_read_begin(store_of(r), &rd);
   if (e)
     return kcd_reply_error(r, e, "cannot begin a read of the store");
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
+  size_t missing = 0;
   if (f)
-    e = lookup_write(rd, keys, n, lookup_cap(&r->st->cfg), f);
+    e = lookup_write(rd, keys, n, lookup_cap(&r->st->cfg), f, &missing);
   kc_store_read_end(rd);
+  if (f && !e) {
+    kcd_svc_count(r->st, KCD_OP_LOOKUP, KCD_FE_HTTP, KCD_RES_HIT, n - missing);
+    kcd_svc_count(r->st, KCD_OP_LOOKUP, KCD_FE_HTTP, KCD_RES_MISS, missing);
+  }
   if (!f || fclose(f) != 0 || e) {
     free(buf);
     return kcd_reply_error(r, KC_NOMEM, "out of memory");

@@ -64,48 +64,24 @@ static int reply_leased(kcd_req *r, const kcd_lease_info *info) {
            info->holder, (unsigned long long)secs);
   json_t *extra = json_pack("{ss sI}", "holder", info->holder, "expires_s",
                             (json_int_t)secs);
-  atomic_fetch_add(&r->st->metrics.leases_refused, 1);
   return kcd_reply_error_json(r, KC_LEASED, msg, extra, h);
 }
 
-/* The local lease first (cheap, and single-flight within this replica), then
- * the one in the bucket that every replica sees. */
-static kc_err acquire(kcd_req *r, const lease_req *q, kcd_lease_info *info) {
-  kc_err e = kcd_lease_acquire(r->st->leases, r->param, q->holder,
-                               q->ttl_s * 1000, kcd_now_us() / 1000, info);
-  /* Our record of a lease its holder released through another replica: the
-   * bucket says it ended, so forget it and grant. */
-  if (e == KC_LEASED && r->st->s3 &&
-      kc_store_lease_ended(atomic_load(&r->st->store), r->param,
-                           info->token) &&
-      kcd_lease_release(r->st->leases, r->param, info->token,
-                        kcd_now_us() / 1000) == KC_OK)
-    e = kcd_lease_acquire(r->st->leases, r->param, q->holder, q->ttl_s * 1000,
-                          kcd_now_us() / 1000, info);
-  if (e || !r->st->s3)
-    return e;
-  uint64_t remaining = 0;
-  e = kc_store_lease_acquire(atomic_load(&r->st->store), r->param, q->holder,
-                             info->token, q->ttl_s * 1000, info->holder,
-                             &remaining, NULL);
-  if (e == KC_LEASED) {
-    kcd_lease_release(r->st->leases, r->param, info->token,
-                      kcd_now_us() / 1000);
-    info->remaining_ms = remaining;
-  }
-  return e;
-}
-
-static int grant(kcd_req *r, const lease_req *q) {
+/* The bundle present, a lease granted, or why not (service.c decides). */
+static int take(kcd_req *r, const lease_req *q) {
   kcd_lease_info info;
-  kc_err e = acquire(r, q, &info);
+  int present = 0;
+  kc_err e = kcd_svc_lease_take(r->st, KCD_FE_HTTP, r->param, q->holder,
+                                q->ttl_s, &info, &present);
+  if (present)
+    return kcd_reply_json(r, 200, json_pack("{ss}", "status", "present"),
+                          NULL);
   if (e == KC_LEASED)
     return reply_leased(r, &info);
   if (e == KC_BUSY)
     return kcd_reply_error(r, e, "too many leases held; try again later");
   if (e)
     return kcd_reply_error(r, e, "cannot grant a lease");
-  atomic_fetch_add(&r->st->metrics.leases_granted, 1);
   return kcd_reply_json(r, 201,
                         json_pack("{ss ss sI}", "lease", info.token, "key",
                                   r->param, "expires_s", (json_int_t)q->ttl_s),
@@ -117,18 +93,7 @@ int kcd_lease_post(kcd_req *r) {
   json_t *root = NULL;
   lease_req q;
   kc_err e = parse_lease(r, &root, &q, err);
-  int ret;
-  if (e) {
-    ret = kcd_reply_error_json(r, e, err, NULL, NULL);
-  } else if (kc_store_bundle_has(atomic_load(&r->st->store), r->param) ==
-                 KC_OK ||
-             kc_store_fetch_bundle(atomic_load(&r->st->store), r->param,
-                                   NULL) == KC_OK) {
-    atomic_fetch_add(&r->st->metrics.leases_present, 1);
-    ret = kcd_reply_json(r, 200, json_pack("{ss}", "status", "present"), NULL);
-  } else {
-    ret = grant(r, &q);
-  }
+  int ret = e ? kcd_reply_error_json(r, e, err, NULL, NULL) : take(r, &q);
   json_decref(root); /* q.holder may point into it until here */
   return ret;
 }
@@ -138,16 +103,7 @@ int kcd_lease_delete(kcd_req *r) {
   if (!token || !*token)
     return kcd_reply_error(r, KC_EINVAL,
                            "lease: the ?lease=<token> query is missing");
-  kc_err e = kcd_lease_release(r->st->leases, r->param, token,
-                               kcd_now_us() / 1000);
-  /* Granted here or through another replica (a load balancer need not send
-   * the release where the lease came from): the bucket's copy decides, and
-   * a local record that disagrees is another replica's stale grant. */
-  kc_err se = r->st->s3 ? kc_store_lease_release(atomic_load(&r->st->store),
-                                                 r->param, token)
-                        : KC_NOT_FOUND;
-  if (se == KC_OK || (e == KC_NOT_FOUND && se == KC_FORBIDDEN))
-    e = se;
+  kc_err e = kcd_svc_lease_release(r->st, KCD_FE_HTTP, r->param, token);
   if (e == KC_NOT_FOUND)
     return kcd_reply_error(r, e, "no live lease on %s", r->param);
   if (e == KC_FORBIDDEN)

@@ -1,6 +1,7 @@
 /* fuzz_auth.c: libFuzzer target for kcached's token file (auth.c):
- * kcd_auth_load on a file made of the input, then kcd_auth_check on an
- * Authorization header taken from the input.
+ * kcd_auth_load on a file made of the input, then kcd_http_auth (http.c's
+ * Bearer parsing, then service.c's token check) on an Authorization header
+ * taken from the input.
  *
  * Input: the first line is the header ("Bearer <token>"; an empty first line
  * means no header), the rest is the token file. The file is a memfd read
@@ -166,14 +167,14 @@ static const ref_tok *ref_find(const ref_tok *v, size_t n,
   return NULL;
 }
 
-/* Checks kcd_auth_check(header) against the table `v` (as the reference
- * reads it). */
-static void check_header(kcd_auth *a, const char *header, const ref_tok *v,
+/* Checks kcd_http_auth(header) (HTTP's Bearer parsing, then the service
+ * layer's token check) against the table `v` (as the reference reads it). */
+static void check_header(kcd_state *st, const char *header, const ref_tok *v,
                          size_t n) {
   kcd_role role = (kcd_role)77;
   char name[KCD_NAME_MAX];
   memset(name, 'X', sizeof name);
-  kcd_authn r = kcd_auth_check(a, header, &role, name);
+  kcd_authn r = kcd_http_auth(st, header, &role, name);
   FZ_CHECK(memchr(name, '\0', sizeof name), "name not NUL-terminated");
   if (!header) {
     FZ_CHECK(r == KCD_AUTHN_ANON && role == KCD_ROLE_NONE,
@@ -225,33 +226,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t flen = size - (size_t)(file - in);
   put(fd_file, file, flen);
 
-  kcd_auth a;
-  FZ_CHECK(kcd_auth_init(&a) == 0, "kcd_auth_init");
+  kcd_state *st = calloc(1, sizeof *st);
+  FZ_CHECK(st, "calloc");
+  kcd_auth *a = &st->auth;
+  FZ_CHECK(kcd_auth_init(a) == 0, "kcd_auth_init");
   char err[KC_ERRBUF_SIZE];
 
   /* Open mode: every request is admin. */
-  FZ_CHECK(kcd_auth_load(&a, NULL, err) == KC_OK, "load(NULL): %s", err);
-  FZ_CHECK(!kcd_auth_enabled(&a) && kcd_auth_count(&a) == 0, "open mode");
+  FZ_CHECK(kcd_auth_load(a, NULL, err) == KC_OK, "load(NULL): %s", err);
+  FZ_CHECK(!kcd_auth_enabled(a) && kcd_auth_count(a) == 0, "open mode");
   kcd_role role;
   char name[KCD_NAME_MAX];
-  FZ_CHECK(kcd_auth_check(&a, header, &role, name) == KCD_AUTHN_OK &&
+  FZ_CHECK(kcd_http_auth(st, header, &role, name) == KCD_AUTHN_OK &&
                role == KCD_ROLE_ADMIN,
            "open mode is not admin");
 
   ref_tok base;
-  FZ_CHECK(kcd_auth_load(&a, path_base, err) == KC_OK, "base: %s", err);
-  FZ_CHECK(kcd_auth_enabled(&a) && kcd_auth_count(&a) == 1, "base table");
+  FZ_CHECK(kcd_auth_load(a, path_base, err) == KC_OK, "base: %s", err);
+  FZ_CHECK(kcd_auth_enabled(a) && kcd_auth_count(a) == 1, "base table");
   memset(&base, 0, sizeof base);
   base.role = KCD_ROLE_READ;
   snprintf(base.name, sizeof base.name, "base");
-  memcpy(base.digest, a.tokens[0].digest, 32);
+  memcpy(base.digest, a->tokens[0].digest, 32);
 
   ref_tok *v = NULL;
   size_t n_ok = 0;
   size_t lines = ref_read(file, flen, &v, &n_ok);
 
   fz_err_reset(err);
-  kc_err e = kcd_auth_load(&a, path_file, err);
+  kc_err e = kcd_auth_load(a, path_file, err);
   /* A good file: every non-comment line well-formed, no token twice, and at
    * least one token (the base table has one: an empty file is refused). */
   int good = lines == n_ok && n_ok > 0 && !ref_dup(v, n_ok);
@@ -262,20 +265,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZ_CHECK(strstr(err, path_file), "message does not name the file: %s",
              err);
     /* The old table stays. */
-    FZ_CHECK(kcd_auth_enabled(&a) && kcd_auth_count(&a) == 1,
+    FZ_CHECK(kcd_auth_enabled(a) && kcd_auth_count(a) == 1,
              "a failed load changed the table");
-    check_header(&a, header, &base, 1);
+    check_header(a, header, &base, 1);
   } else {
     FZ_CHECK(good, "a file the reference refuses was loaded (%zu lines, %zu "
              "well-formed, empty or a token twice?)", lines, n_ok);
-    FZ_CHECK(kcd_auth_enabled(&a), "loaded but not enabled");
-    size_t n = kcd_auth_count(&a);
+    FZ_CHECK(kcd_auth_enabled(a), "loaded but not enabled");
+    size_t n = kcd_auth_count(a);
     /* Each entry loaded is one well-formed line of the file, in order. */
     FZ_CHECK(n == lines && n == n_ok,
              "loaded %zu entries from a file of %zu non-comment lines (%zu "
              "well-formed)", n, lines, n_ok);
     for (size_t i = 0; i < n; i++) {
-      const kcd_token *t = &a.tokens[i];
+      const kcd_token *t = &a->tokens[i];
       FZ_CHECK(t->role == v[i].role && strcmp(t->name, v[i].name) == 0 &&
                    memcmp(t->digest, v[i].digest, 32) == 0,
                "entry %zu ('%s', role %d) is not line %zu of the file", i,
@@ -286,10 +289,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FZ_CHECK(isalnum((unsigned char)*c) || strchr("_.@-", *c),
                  "name '%s' has byte 0x%02x", t->name, (unsigned char)*c);
     }
-    check_header(&a, header, v, n);
+    check_header(a, header, v, n);
   }
   free(v);
-  kcd_auth_destroy(&a);
+  kcd_auth_destroy(a);
+  free(st);
   free(header);
   return 0;
 }
