@@ -4,6 +4,9 @@
 #             (server/resp_proto.c): every frame fed whole and byte by byte
 # resp        tests/test_resp.py: redis-py, redis-cli, redis-benchmark and raw
 #             sockets against a real kcached; skipped (77) without python3-redis
+# server_service  tests/test_service.py: the service layer both front ends
+#             share: kcached_ops_total from HTTP and RESP under one op label,
+#             SIGTERM waiting for a RESP command in flight (needs redis-py)
 add_executable(test_resp_proto ${CMAKE_CURRENT_LIST_DIR}/test_resp_proto.c)
 target_link_libraries(test_resp_proto PRIVATE kcd_core PkgConfig::CMOCKA)
 add_test(NAME resp_proto COMMAND test_resp_proto)
@@ -15,4 +18,8 @@ if(KCACHE_PYTHON3)
   add_test(NAME resp COMMAND ${KCACHE_PYTHON3}
            ${CMAKE_CURRENT_LIST_DIR}/test_resp.py $<TARGET_FILE:kcached>)
   set_tests_properties(resp PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+  add_test(NAME server_service COMMAND ${KCACHE_PYTHON3}
+           ${CMAKE_CURRENT_LIST_DIR}/test_service.py $<TARGET_FILE:kcached>)
+  set_tests_properties(server_service PROPERTIES TIMEOUT 120
+                       SKIP_RETURN_CODE 77)
 endif()

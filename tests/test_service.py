@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""test_service.py: the service layer both front ends share (server/
+service.c): kcached_ops_total counts an operation under the same op label
+whichever front end served it (HTTP GET of a blob, RESP GET of a key: both
+op="get"), and graceful shutdown (SIGTERM) waits for a RESP command in
+flight as it does for an HTTP request. A real kcached on free loopback
+ports over a temporary LMDB store (test_resp.py's Server and fake S3).
+
+usage: test_service.py KCACHED [unittest args]   (exit 77: redis-py missing)
+"""
+import hashlib
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_resp  # noqa: E402  (exits 77 without redis-py)
+from test_resp import FakeS3, Server, make_tokens  # noqa: E402
+
+import redis  # noqa: E402
+
+
+def http_port(srv):
+    with open(os.path.join(srv.dir, "http-port")) as f:
+        return int(f.read())
+
+
+def call(srv, method, path, body=None, token=None):
+    """(status, body) of one request to srv's HTTP port."""
+    req = urllib.request.Request(
+        "http://127.0.0.1:%d%s" % (http_port(srv), path), data=body,
+        method=method)
+    if token is not None:
+        req.add_header("Authorization", token)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+OPS = re.compile(r'^kcached_ops_total\{op="([a-z_]+)",frontend="([a-z]+)",'
+                 r'result="([a-z]+)"\} (\d+)$', re.M)
+
+
+def ops(srv):
+    """{(op, frontend, result): count} from /metrics."""
+    return {(o, fe, res): int(n) for o, fe, res, n in OPS.findall(
+        srv.metrics())}
+
+
+class OpsMetric(unittest.TestCase):
+    """No token file: every operation allowed (loopback only)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server().start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+        shutil.rmtree(cls.srv.dir, ignore_errors=True)
+
+    def delta(self, before, **want):
+        after = ops(self.srv)
+        for k, n in want.items():
+            key = tuple(k.split("__"))
+            self.assertEqual(after.get(key, 0) - before.get(key, 0), n,
+                             "%s: %r" % (k, after))
+
+    def test_get_hit_and_miss_on_both_front_ends(self):
+        before = ops(self.srv)
+        # every op the front end serves is listed before it happened
+        for res in ("hit", "miss", "error"):
+            self.assertIn(("get", "http", res), before)
+            self.assertIn(("get", "resp", res), before)
+        self.assertNotIn(("lease_take", "resp", "granted"), before)
+        data = b"a blob for the op metric"
+        d = hashlib.sha256(data).hexdigest()
+        self.assertEqual(call(self.srv, "PUT", "/v1/blobs/" + d, data)[0], 201)
+        self.assertEqual(call(self.srv, "GET", "/v1/blobs/" + d),
+                         (200, data))
+        self.assertEqual(call(self.srv, "HEAD", "/v1/blobs/" + d)[0], 200)
+        self.assertEqual(call(self.srv, "GET", "/v1/blobs/" + "0" * 64)[0],
+                         404)
+        self.assertEqual(call(self.srv, "GET", "/v1/bundles/" + "1" * 64)[0],
+                         404)
+        r = self.srv.client()
+        r.set("svc:k", "v")
+        self.assertEqual(r.get("svc:k"), b"v")
+        self.assertIsNone(r.get("svc:nope"))
+        self.assertEqual(r.mget("svc:k", "svc:gone"), [b"v", None])
+        r.close()
+        self.delta(before, get__http__hit=2, get__http__miss=2,
+                   get__http__error=0, get__resp__hit=2, get__resp__miss=2,
+                   get__resp__error=0, put__http__new=1)
+        # the same offer again: held already, the body is skipped
+        before = ops(self.srv)
+        self.assertEqual(call(self.srv, "PUT", "/v1/blobs/" + d, data)[0], 200)
+        self.delta(before, put__http__present=1, put__http__new=0)
+
+    def test_leases_and_lookups(self):
+        before = ops(self.srv)
+        key = hashlib.sha256(b"svc lease").hexdigest()
+        st, body = call(self.srv, "POST", "/v1/leases/" + key, b"")
+        self.assertEqual(st, 201)
+        tok = json.loads(body)["lease"]
+        self.assertEqual(call(self.srv, "POST", "/v1/leases/" + key, b"")[0],
+                         409)
+        self.assertEqual(call(self.srv, "DELETE", "/v1/leases/%s?lease=%s" %
+                              (key, "f" * 32))[0], 403)
+        self.assertEqual(call(self.srv, "DELETE", "/v1/leases/%s?lease=%s" %
+                              (key, tok))[0], 204)
+        self.assertEqual(call(self.srv, "DELETE", "/v1/leases/%s?lease=%s" %
+                              (key, tok))[0], 404)
+        st, body = call(self.srv, "POST", "/v1/lookup",
+                        json.dumps({"keys": [key, "2" * 64]}).encode())
+        self.assertEqual(st, 200)
+        self.assertEqual(json.loads(body)["missing"], sorted([key, "2" * 64]))
+        self.delta(before, lease_take__http__granted=1,
+                   lease_take__http__held=1, lease_release__http__denied=1,
+                   lease_release__http__ok=1, lease_release__http__miss=1,
+                   lookup__http__miss=2, lookup__http__hit=0)
+
+    def test_in_flight_gauge(self):
+        text = self.srv.metrics()
+        # this very request is the one HTTP operation in flight
+        self.assertIn('kcached_ops_in_flight{frontend="http"} 1', text)
+        self.assertIn('kcached_ops_in_flight{frontend="resp"} 0', text)
+        self.assertIn("kcached_requests_in_flight 1", text)
+
+
+class AuthOnBothFrontEnds(unittest.TestCase):
+    """One token check (service.c) behind HTTP's Bearer and RESP's AUTH."""
+
+    def test_auth_counted_under_one_op(self):
+        d = tempfile.mkdtemp(prefix="kc-svc-")
+        toks, path = make_tokens(d)
+        srv = Server("--tokens", path, "--metrics-role", "none",
+                     data_dir=d).start()
+        try:
+            before = ops(srv)
+            blob = "/v1/blobs/" + "3" * 64
+            self.assertEqual(call(srv, "GET", blob)[0], 401)  # none offered
+            self.assertEqual(call(srv, "GET", blob, token="Bearer nope")[0],
+                             401)
+            self.assertEqual(call(srv, "GET", blob, token="Basic xyz")[0],
+                             401)
+            self.assertEqual(call(srv, "GET", blob, token="Bearer ")[0], 401)
+            self.assertEqual(call(srv, "GET", blob, token="Bearer " +
+                                  toks["read"])[0], 404)
+            r = srv.client()
+            with self.assertRaises((redis.exceptions.ResponseError,
+                                    redis.exceptions.AuthenticationError)):
+                r.execute_command("AUTH", "nope")
+            with self.assertRaises((redis.exceptions.ResponseError,
+                                    redis.exceptions.AuthenticationError)):
+                r.execute_command("AUTH", "")
+            with self.assertRaises((redis.exceptions.ResponseError,
+                                    redis.exceptions.AuthenticationError)):
+                r.execute_command("AUTH", "writer", toks["read"])
+            self.assertTrue(r.execute_command("AUTH", "reader",
+                                              toks["read"]))
+            self.assertIsNone(r.get("svc:none"))
+            r.close()
+            after = ops(srv)
+
+            def n(*k):
+                return after.get(k, 0) - before.get(k, 0)
+            self.assertEqual(n("auth", "http", "denied"), 3)
+            self.assertEqual(n("auth", "http", "ok"), 1)
+            self.assertEqual(n("auth", "resp", "denied"), 3)
+            self.assertEqual(n("auth", "resp", "ok"), 1)
+            self.assertEqual(n("get", "http", "miss"), 1)
+            self.assertEqual(n("get", "resp", "miss"), 1)
+        finally:
+            srv.stop()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class GracefulShutdown(unittest.TestCase):
+    """SIGTERM: no new connection on either port; a RESP GET waiting for
+    the durable tier (the fake S3 answers a key's read after a second) is
+    answered before kcached exits, as an HTTP request in flight is."""
+
+    def test_sigterm_waits_for_resp_read_through(self):
+        s3 = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeS3)
+        threading.Thread(target=s3.serve_forever, daemon=True).start()
+        d = tempfile.mkdtemp(prefix="kc-svc-")
+        old = os.environ.copy()
+        os.environ.update(AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b")
+        srv = Server("--s3-endpoint", "http://127.0.0.1:%d" %
+                     s3.server_address[1], "--s3-bucket", "bkt",
+                     "--s3-path-style", "--shutdown-timeout", "10",
+                     data_dir=d).start()
+        os.environ.clear()
+        os.environ.update(old)
+        try:
+            r = srv.client()
+            self.assertTrue(r.ping())
+            got = {}
+
+            def slow():
+                t = time.time()
+                try:
+                    got["value"] = r.get("svc:in-s3?")
+                except Exception as e:  # noqa: BLE001 (the failure shown)
+                    got["error"] = repr(e)
+                got["secs"] = time.time() - t
+            t = threading.Thread(target=slow)
+            t.start()
+            time.sleep(0.3)  # the GET waits on the fetcher now
+            srv.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            with self.assertRaises(OSError):  # quiesced: no new client
+                socket.create_connection(("127.0.0.1", srv.port), 1).close()
+            t.join(15)
+            self.assertNotIn("error", got)
+            self.assertIsNone(got["value"])  # the bucket lacks it: a miss
+            self.assertGreaterEqual(got["secs"], 0.9)
+            self.assertEqual(srv.proc.wait(15), 0)
+            r.close()
+        finally:
+            srv.stop()
+            s3.shutdown()
+            s3.server_close()
+            with open(os.path.join(d, "kcached.log"), "rb") as f:
+                log = f.read().decode(errors="replace")
+            shutil.rmtree(d, ignore_errors=True)
+        self.assertNotIn("cutting off", log)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print(__doc__)
+        sys.exit(2)
+    test_resp.KCACHED = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)
