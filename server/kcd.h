@@ -4,11 +4,13 @@
  *
  * A request flows one way: main.c starts http.c (libmicrohttpd glue), which
  * finds the route and method in the table (routes.c), checks the token
- * (auth.c) and calls the handler (routes_*.c); the handler answers through
- * reply.c. Handlers call back into http.c only through the request accessors
- * kcd_header and kcd_query; http.c knows handlers only through the table.
- * When the request completes, http.c counts it (metrics.c) and logs it
- * (log.c).
+ * (its Bearer, through service.c and auth.c) and calls the handler
+ * (routes_*.c); the handler parses, calls the service layer (service.c) or
+ * the store, and answers through reply.c. Handlers call back into http.c
+ * only through the request accessors kcd_header and kcd_query; http.c knows
+ * handlers only through the table. When the request completes, http.c
+ * counts it (metrics.c) and logs it (log.c). The RESP front end (resp.h)
+ * calls the same service functions: main -> http/resp -> service -> store.
  *
  * Threads: the state is shared by every libmicrohttpd worker thread and the
  * main thread; its parts are either immutable after start (cfg), atomic
