@@ -100,7 +100,6 @@ static void inflight_begin(kcd_resp_conn *c) {
   kcd_svc_begin(c->srv->st, KCD_FE_RESP);
 }
 
-
 /* Commands may run: nothing in flight, not closing, output below the mark. */
 static int may_run(const kcd_resp_conn *c) {
   return !c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH;

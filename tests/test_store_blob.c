@@ -597,6 +597,43 @@ static void test_bad_digests(void **state) {
   kc_store_close(s);
 }
 
+/* The read every front end's GET calls (kc_store_blob_read and kin): a
+ * hit leaves the read open on the map's bytes; a miss without a tier ends
+ * it and says what is missing. */
+static void test_read_for_a_get(void **state) {
+  fx *f = *state;
+  kc_store *s = open_store(f->dir, 0, 0, 0);
+  char hex[KC_HEX_LEN + 1];
+  put_seed(s, 5000, 7, hex);
+  uint8_t *p = make_bytes(5000, 7, hex);
+  kc_store_read *rd = NULL;
+  const void *data = NULL;
+  void *heap = (void *)1;
+  size_t len = 0;
+  OK(kc_store_blob_read(s, hex, &rd, &data, &len, &heap, errbuf));
+  assert_non_null(rd);
+  assert_null(heap);
+  assert_int_equal(len, 5000);
+  assert_memory_equal(data, p, 5000);
+  kc_store_read_end(rd);
+
+  rd = NULL;
+  EXPECT(kc_store_blob_read(s, Z64, &rd, &data, &len, &heap, errbuf),
+         KC_NOT_FOUND);
+  assert_null(rd);
+  assert_null(heap);
+  assert_string_equal(errbuf, "no blob " Z64);
+  const char *json = NULL;
+  EXPECT(kc_store_bundle_read(s, Z64, &rd, &json, &len, errbuf),
+         KC_NOT_FOUND);
+  assert_null(rd);
+  assert_string_equal(errbuf, "no bundle " Z64);
+  EXPECT(kc_store_kv_read_through(s, "k", 1, 0, errbuf), KC_NOT_FOUND);
+  assert_string_equal(errbuf, "no such key");
+  free(p);
+  kc_store_close(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       ST(test_open_creates_dir_and_empty_stats),
@@ -609,6 +646,7 @@ int main(void) {
       ST(test_upload_stream),
       ST(test_large_blob_256mib),
       ST(test_bad_digests),
+      ST(test_read_for_a_get),
   };
   return storetest_run("store_blob", tests, sizeof tests / sizeof tests[0]);
 }
