@@ -267,7 +267,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* The old table stays. */
     FZ_CHECK(kcd_auth_enabled(a) && kcd_auth_count(a) == 1,
              "a failed load changed the table");
-    check_header(a, header, &base, 1);
+    check_header(st, header, &base, 1);
   } else {
     FZ_CHECK(good, "a file the reference refuses was loaded (%zu lines, %zu "
              "well-formed, empty or a token twice?)", lines, n_ok);
@@ -289,7 +289,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FZ_CHECK(isalnum((unsigned char)*c) || strchr("_.@-", *c),
                  "name '%s' has byte 0x%02x", t->name, (unsigned char)*c);
     }
-    check_header(a, header, v, n);
+    check_header(st, header, v, n);
   }
   free(v);
   kcd_auth_destroy(a);
