@@ -29,6 +29,8 @@ struct kc_client {
   size_t answer_max;     /* > 0: the largest answer kcc_http_do takes
                             (kc_client_blob_get: any); 0: KCC_ANSWER_MAX */
   _Atomic(struct kcc_demand *) demand; /* demand.c; NULL until first used */
+  int no_batch;          /* the server lacks POST /v1/blobs/fetch (it
+                            answered 404/405): GETs only from then on */
   unsigned char blob_dir[256]; /* what is known of blobs/<2 hex>/: KCC_DIR_* */
 };
 
@@ -102,6 +104,21 @@ kc_err kcc_lease_take(kc_client *c, const char *key, int ttl_s,
  * received (may be NULL). */
 kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
                        char *ok, uint64_t *fetched, char *err);
+
+/* ---- fetch_batch.c: many small blobs per request ---- */
+
+/* What became of a file's blob in a fetch. */
+enum { KCC_FETCH_TODO = 0, KCC_FETCH_DONE = 1, KCC_FETCH_FAILED = 2 };
+/* Fetches the blobs of files[todo[0..n)] (distinct, not cached, each small
+ * enough to be held in memory) with POST /v1/blobs/fetch over up to
+ * c->parallel pooled connections, verifying each before it is renamed into
+ * place. state[todo[k]] becomes DONE, FAILED (it came and was refused: the
+ * error says why), or stays TODO: for a GET (missing on the server, an
+ * answer cut short, a server without the route: c->no_batch is set then).
+ * Returns the first failure; *fetched gets the bytes received. */
+kc_err kcc_fetch_batched(kc_client *c, const kc_file *const *files,
+                         const size_t *todo, size_t n, char *state,
+                         uint64_t *fetched, char *err);
 
 /* ---- cache.c ---- */
 

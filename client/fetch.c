@@ -8,7 +8,11 @@
  * written to a temporary file with one write and renamed into place
  * (open, write, close, rename); a larger one streams into its temporary
  * file with raw writes. Fan-out directories are made once per client, and a
- * blob is probed for only where its directory existed. */
+ * blob is probed for only where its directory existed.
+ *
+ * Small blobs go first many per request (fetch_batch.c: POST
+ * /v1/blobs/fetch); the GETs here take what that did not bring, and the
+ * blobs too large to hold in memory. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,7 +61,9 @@ typedef struct fetch_run {
   size_t *head; /* head[i]: the first file with files[i]'s digest (a
                     blob shared by two bundles is fetched once) */
   size_t n, next;
-  char *ok;
+  size_t *todo;   /* the distinct blobs not cached, in list order */
+  size_t n_todo;
+  char *state;    /* per file: KCC_FETCH_* (duplicates: see head) */
   uint64_t fetched;
   kc_err first;
   char *err;
@@ -272,8 +278,7 @@ static void finish(fetch_run *r, xfer *x, CURLcode rc) {
     fail(r, e, "%s", e2);
     return;
   }
-  if (r->ok)
-    r->ok[x->idx] = 1;
+  r->state[x->idx] = KCC_FETCH_DONE;
   r->fetched += x->got;
 }
 
@@ -303,18 +308,48 @@ static int mark_dups(fetch_run *r) {
   return 0;
 }
 
-/* The next digest that still needs fetching, or n. A duplicate's ok is
- * its first copy's (set at the end). */
-static size_t next_needed(fetch_run *r) {
-  while (r->next < r->n) {
-    size_t i = r->next++;
+/* The distinct blobs not cached yet into r->todo (the others are DONE);
+ * a duplicate's state is its first copy's (set at the end). 0, or -1 out
+ * of memory. */
+static int find_todo(fetch_run *r) {
+  if (!(r->todo = malloc((r->n ? r->n : 1) * sizeof *r->todo)))
+    return -1;
+  for (size_t i = 0; i < r->n; i++) {
     const kc_file *f = r->files[i];
     if (r->head[i] != i)
       continue;
-    if (!kcc_cache_blob_maybe(r->c, f->sha256, f->size))
+    if (kcc_cache_blob_maybe(r->c, f->sha256, f->size))
+      r->state[i] = KCC_FETCH_DONE;
+    else
+      r->todo[r->n_todo++] = i;
+  }
+  return 0;
+}
+
+/* The small blobs of the list, many per request; what they do not bring
+ * stays TODO for the GETs. */
+static void batched(fetch_run *r) {
+  size_t *small = malloc((r->n_todo ? r->n_todo : 1) * sizeof *small), ns = 0;
+  uint64_t got = 0;
+  if (!small)
+    return; /* the GETs take them all */
+  for (size_t k = 0; k < r->n_todo; k++)
+    if (r->files[r->todo[k]]->size <= KCC_FETCH_MEM)
+      small[ns++] = r->todo[k];
+  kc_err e = kcc_fetch_batched(r->c, r->files, small, ns, r->state, &got,
+                               r->err);
+  if (e && !r->first)
+    r->first = e; /* its sentence is in r->err */
+  r->fetched += got;
+  free(small);
+}
+
+/* The next blob a GET must bring, or n. */
+static size_t next_needed(fetch_run *r) {
+  while (r->next < r->n_todo) {
+    size_t i = r->todo[r->next++];
+    if (r->state[i] == KCC_FETCH_TODO)
       return i;
-    if (r->ok)
-      r->ok[i] = 1;
   }
   return r->n;
 }
@@ -372,11 +407,14 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");
   int nx = c->parallel < (int)n ? c->parallel : (int)n;
   xfer *xs = calloc(nx ? (size_t)nx : 1, sizeof *xs);
-  fetch_run r = {c, files, NULL, n, 0, ok, 0, KC_OK, err};
-  kc_err e = xs && mark_dups(&r) == 0
+  fetch_run r = {.c = c, .files = files, .n = n, .err = err};
+  kcc_cache_forget_dirs(c); /* a look at a directory holds for one fetch */
+  kc_err e = xs && (r.state = calloc(n ? n : 1, 1)) && mark_dups(&r) == 0 &&
+                     find_todo(&r) == 0
                  ? KC_OK
                  : kc_errf(err, KC_NOMEM, "out of memory");
-  kcc_cache_forget_dirs(c); /* a look at a directory holds for one fetch */
+  if (!e)
+    batched(&r);
   for (int k = 0; xs && k < nx; k++)
     xs[k].fd = -1;
   for (int k = 0; !e && k < nx; k++)
@@ -386,6 +424,8 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
       e = kc_errf(err, KC_NOMEM, "out of memory");
   if (!e)
     e = run(&r, xs, nx);
+  if (!e)
+    e = r.first; /* a batch's failure */
   for (int k = 0; xs && k < nx; k++) {
     if (xs[k].busy) { /* interrupted: leave nothing behind */
       curl_multi_remove_handle(c->multi, xs[k].h);
@@ -403,9 +443,11 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
     curl_slist_free_all(xs[k].hdrs);
   }
   free(xs);
-  for (size_t i = 0; ok && r.head && i < n; i++)
-    ok[i] = ok[r.head[i]]; /* a duplicate is there when its first copy is */
+  for (size_t i = 0; ok && r.head && i < n; i++) /* a duplicate is there */
+    ok[i] = r.state[r.head[i]] == KCC_FETCH_DONE; /* when its first copy is */
   free(r.head);
+  free(r.todo);
+  free(r.state);
   if (fetched)
     *fetched = r.fetched;
   return e;

@@ -150,6 +150,7 @@ typedef enum kcd_route_id {
   KCD_R_PAGE,        /* GET / and its two assets (server/page/) */
   KCD_R_PAGE_JS,
   KCD_R_PAGE_CSS,
+  KCD_R_BLOBS_FETCH, /* POST /v1/blobs/fetch (routes_fetch.c) */
   KCD_N_ROUTES
 } kcd_route_id;
 
@@ -627,6 +628,15 @@ int kcd_blob_get(kcd_req *r); /* GET and HEAD */
 int kcd_blob_get_encoded(kcd_req *r);
 int kcd_accepts_zstd(kcd_req *r);
 int kcd_body_is_zstd(kcd_req *r);
+
+/* ---- many blobs in one answer (routes_fetch.c) ---- */
+
+/* POST /v1/blobs/fetch: at most this many digests, and this many bytes of
+ * blobs (as held) per answer (413 above either). */
+#define KCD_FETCH_MAX_ITEMS 4096
+#define KCD_FETCH_MAX_BYTES ((uint64_t)256 << 20)
+#define KCD_FETCH_CTYPE "application/vnd.kcache.blobs"
+int kcd_blobs_fetch(kcd_req *r);
 
 /* ---- bundles, lookup, models (routes_bundle.c) ---- */
 

@@ -224,7 +224,8 @@ static void render_self(FILE *f, kcd_metrics *m) {
   counter(f, "kcached_uploads_aborted_total",
           "Uploads dropped (client gone, error).", GET(m->uploads_aborted));
   counter(f, "kcached_zstd_gets_total",
-          "GETs of blobs held zstd-compressed.", GET(m->zstd_gets));
+          "Blobs held zstd-compressed read by GETs and by items of POST "
+          "/v1/blobs/fetch.", GET(m->zstd_gets));
   counter(f, "kcached_zstd_frames_sent_total",
           "Of them, answered with the frame (Accept-Encoding: zstd).",
           GET(m->zstd_sent_frames));

@@ -33,6 +33,9 @@ static const kcd_op blob_ops[] = {
     {KCD_M_HEAD, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_blob_get},
     {KCD_M_PUT, W, 1, KCD_BODY_STREAM, kcd_blob_put_begin, kcd_blob_put_data,
      kcd_blob_put}};
+/* Many blobs in one answer: a read, as each blob's GET is. */
+static const kcd_op blobs_fetch_ops[] = {
+    {KCD_M_POST, R, 1, KCD_BODY_JSON, NULL, NULL, kcd_blobs_fetch}};
 static const kcd_op bundle_ops[] = {
     {KCD_M_GET, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_bundle_get},
     {KCD_M_HEAD, R, 1, KCD_BODY_NONE, NULL, NULL, kcd_bundle_get},
@@ -81,7 +84,9 @@ static const kcd_op page_ops[] = {
 
 /* docs/DESIGN.md's HTTP API. No path is a prefix of another, except that routes
  * with a suffix (/v1/models/{model}/warmup) share their prefix with the
- * plain param route; kcd_route_find tries those first. */
+ * plain param route, and /v1/blobs/fetch begins as a blob's path does;
+ * kcd_route_find tries those with a suffix first, then exact paths, then
+ * the param routes. */
 static const kcd_route routes[KCD_N_ROUTES] = {
     ROUTE(KCD_R_HEALTHZ, "healthz", "/healthz", KCD_P_NONE, "GET, HEAD",
           OPS(healthz_ops)),
@@ -118,6 +123,8 @@ static const kcd_route routes[KCD_N_ROUTES] = {
           OPS(page_ops)),
     ROUTE(KCD_R_PAGE_CSS, "page_css", "/style.css", KCD_P_NONE, "GET, HEAD",
           OPS(page_ops)),
+    ROUTE(KCD_R_BLOBS_FETCH, "blobs_fetch", "/v1/blobs/fetch", KCD_P_NONE,
+          "POST", OPS(blobs_fetch_ops)),
 };
 
 /* Copies s[0..n) into param[cap], cut to fit (no printf: every request
@@ -151,15 +158,16 @@ const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
     if (routes[i].path && routes[i].suffix &&
         suffix_match(&routes[i], url, u, param, cap))
       return &routes[i];
+  for (size_t i = 0; i < KCD_N_ROUTES; i++)
+    if (routes[i].path && routes[i].param == KCD_P_NONE &&
+        strcmp(url, routes[i].path) == 0)
+      return &routes[i];
   for (size_t i = 0; i < KCD_N_ROUTES; i++) {
     const kcd_route *rt = &routes[i];
-    if (!rt->path || rt->suffix)
+    if (!rt->path || rt->suffix || rt->param == KCD_P_NONE)
       continue;
     size_t n = strlen(rt->path);
-    if (rt->param == KCD_P_NONE) {
-      if (strcmp(url, rt->path) == 0)
-        return rt;
-    } else if (strncmp(url, rt->path, n) == 0) {
+    if (strncmp(url, rt->path, n) == 0) {
       set_param(param, cap, url + n, u - n);
       return rt;
     }

@@ -1111,6 +1111,10 @@ typedef struct fake {
   const char *lookup_body; /* answer to POST /v1/lookup */
   const char *bundle_body; /* answer to GET /v1/bundles/... */
   const char *blob_body;   /* answer to GET /v1/blobs/... */
+  const char *fetch_body;  /* answer to POST /v1/blobs/fetch (else 500) */
+  int fetch_status;        /* ... with this status (0: 200) */
+  int fetches;             /* POST /v1/blobs/fetch requests seen (atomic) */
+  int gets;                /* GET /v1/blobs/... requests seen (atomic) */
   fault lookup_fault;      /* instead of answering POST /v1/lookup */
   fault blob_fault;        /* instead of answering GET /v1/blobs/... */
   size_t blob_flood;       /* > 0: GET /v1/blobs/ answers this many bytes */
@@ -1212,6 +1216,10 @@ static void fake_serve(fake *s, int c) {
     req[n] = '\0';
   }
   req[n] = '\0';
+  if (!strncmp(req, "POST /v1/blobs/fetch ", 21))
+    __atomic_add_fetch(&s->fetches, 1, __ATOMIC_SEQ_CST);
+  if (!strncmp(req, "GET /v1/blobs/", 14))
+    __atomic_add_fetch(&s->gets, 1, __ATOMIC_SEQ_CST);
   fault f = !strncmp(req, "POST /v1/lookup", 15) ? s->lookup_fault
             : !strncmp(req, "GET /v1/blobs/", 14) ? s->blob_fault
                                                    : FAULT_NONE;
@@ -1236,6 +1244,8 @@ static void fake_serve(fake *s, int c) {
     fake_reply(c, 200, s->bundle_body);
   else if (!strncmp(req, "GET /v1/blobs/", 14) && s->blob_body)
     fake_reply(c, 200, s->blob_body);
+  else if (!strncmp(req, "POST /v1/blobs/fetch ", 21) && s->fetch_body)
+    fake_reply(c, s->fetch_status ? s->fetch_status : 200, s->fetch_body);
   else
     fake_reply(c, 500, "{\"error\":\"internal\",\"message\":\"fake\"}");
   shutdown(c, SHUT_WR);
@@ -2472,6 +2482,14 @@ static void test_fetch_small_and_large(void **state) {
     assert_int_equal(entries_in(p), 0);
     snprintf(p, sizeof p, "%s/blobs", cache2);
     assert_int_equal(entries_in(p), 3); /* "alpha" once */
+    /* the two small blobs in one POST /v1/blobs/fetch, the large one (over
+     * what is held in memory) with a GET */
+    assert_true(kc_testsrv_metric(&f->srv, "kcached_requests_total{route="
+                                  "\"blobs_fetch\",method=\"POST\","
+                                  "status=\"200\"}") == round + 1);
+    assert_true(kc_testsrv_metric(&f->srv, "kcached_requests_total{route="
+                                  "\"blobs\",method=\"GET\","
+                                  "status=\"200\"}") == round + 1);
     /* another process empties the cache under this handle */
     snprintf(p, sizeof p, "rm -rf '%s'/blobs/* '%s'/bundles/*", cache2,
              cache2);
@@ -2480,6 +2498,119 @@ static void test_fetch_small_and_large(void **state) {
   kc_client_free(c);
   kc_manifest_free(m);
   free(blob);
+}
+
+/* ---- issue 17: many blobs per request (POST /v1/blobs/fetch) ---- */
+
+/* A fake's bundle of one file "the real bytes", pulled into a fresh cache
+ * (tag): kc_client_pull's code; *landed: whether the blob is cached. */
+static kc_err pull_from(fx *f, fake *s, const char *key, const char *tag,
+                        int *landed, char *err) {
+  char cache[400], p[PATH_MAX], d[65];
+  snprintf(cache, sizeof cache, "%s/%s", f->dir, tag);
+  kc_client *c = client_for(cache, s->url);
+  kc_manifest *got = NULL;
+  kc_err e = kc_client_pull(c, key, &got, err);
+  print_message("%s: %s: %s\n", tag, kc_err_name(e), e ? err : "");
+  kc_sha256_hex("the real bytes", 14, d);
+  kc_cache_blob_path(c, d, p, sizeof p);
+  *landed = access(p, F_OK) == 0;
+  snprintf(p, sizeof p, "%s/tmp", cache);
+  assert_int_equal(entries_in(p), 0); /* no temporary file left */
+  kc_manifest_free(got);
+  kc_client_free(c);
+  return e;
+}
+
+/* A batch answer is verified as a GET's: bytes that do not hash to their
+ * name, a frame of another size, are refused and never land; an answer
+ * that is not for the blob asked (or cut short) leaves it to a GET. */
+static void test_fetch_batch_verified(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE], key[65], d[65], lie[200], other[200];
+  kc_key_fields *k = NULL;
+  char keys[2][65];
+  kc_warmup *w = fault_warmup(f, &k, keys);
+  char *man = fake_manifest(&k[0], "a.cubin", "the real bytes", key);
+  kc_sha256_hex("the real bytes", 14, d);
+  snprintf(lie, sizeof lie, "%s 14 raw\nthe fake bytes", d);
+  fake s = {.bundle_body = man, .fetch_body = lie};
+  fake_start(&s);
+  int landed = 1;
+  assert_int_equal(pull_from(f, &s, key, "lie", &landed, err),
+                   KC_DIGEST_MISMATCH);
+  assert_non_null(strstr(err, "hashes to"));
+  assert_false(landed);
+  assert_int_equal(__atomic_load_n(&s.gets, __ATOMIC_SEQ_CST), 0);
+  snprintf(lie, sizeof lie, "%s 15 raw\nthe wrong bytes", d);
+  assert_int_equal(pull_from(f, &s, key, "size", &landed, err),
+                   KC_DIGEST_MISMATCH);
+  assert_false(landed);
+  fake_stop(&s);
+  /* another blob's line, a cut answer: the GET brings the real bytes */
+  const char *bodies[] = {other, "", "no line at all"};
+  snprintf(other, sizeof other, "%064d 14 raw\nthe real bytes", 0);
+  for (size_t i = 0; i < 3; i++) {
+    fake t = {.bundle_body = man, .fetch_body = bodies[i],
+              .blob_body = "the real bytes"};
+    fake_start(&t);
+    char tag[16];
+    snprintf(tag, sizeof tag, "get%zu", i);
+    assert_int_equal(pull_from(f, &t, key, tag, &landed, err), KC_OK);
+    assert_true(landed);
+    assert_int_equal(__atomic_load_n(&t.gets, __ATOMIC_SEQ_CST), 1);
+    fake_stop(&t);
+  }
+  free(man);
+  free(k);
+  kc_warmup_free(w);
+}
+
+/* A server without the route (404 or 405): the blobs come with GETs, and
+ * the client does not ask again. A missing item also goes to a GET. */
+static void test_fetch_batch_fallback(void **state) {
+  fx *f = *state;
+  char err[KC_ERRBUF_SIZE], key[65], d[65], missing[200], cache[400];
+  kc_key_fields *k = NULL;
+  char keys[2][65];
+  kc_warmup *w = fault_warmup(f, &k, keys);
+  char *man = fake_manifest(&k[0], "a.cubin", "the real bytes", key);
+  const int statuses[] = {404, 405};
+  for (int i = 0; i < 2; i++) {
+    fake s = {.bundle_body = man, .blob_body = "the real bytes",
+              .fetch_status = statuses[i],
+              .fetch_body = "{\"error\":\"not_found\",\"message\":\"x\"}"};
+    fake_start(&s);
+    snprintf(cache, sizeof cache, "%s/old%d", f->dir, i);
+    kc_client *c = client_for(cache, s.url);
+    for (int round = 0; round < 2; round++) {
+      kc_manifest *got = NULL;
+      assert_int_equal(kc_client_pull(c, key, &got, err), KC_OK);
+      kc_manifest_free(got);
+      char cmd[1000];
+      snprintf(cmd, sizeof cmd, "rm -rf '%s'/blobs/* '%s'/bundles/*", cache,
+               cache);
+      assert_int_equal(system(cmd), 0);
+    }
+    assert_int_equal(__atomic_load_n(&s.fetches, __ATOMIC_SEQ_CST), 1);
+    assert_int_equal(__atomic_load_n(&s.gets, __ATOMIC_SEQ_CST), 2);
+    kc_client_free(c);
+    fake_stop(&s);
+  }
+  kc_sha256_hex("the real bytes", 14, d);
+  snprintf(missing, sizeof missing, "%s 0 missing\n", d);
+  fake s = {.bundle_body = man, .blob_body = "the real bytes",
+            .fetch_body = missing};
+  fake_start(&s);
+  int landed = 0;
+  assert_int_equal(pull_from(f, &s, key, "missing", &landed, err), KC_OK);
+  assert_true(landed);
+  assert_int_equal(__atomic_load_n(&s.fetches, __ATOMIC_SEQ_CST), 1);
+  assert_int_equal(__atomic_load_n(&s.gets, __ATOMIC_SEQ_CST), 1);
+  fake_stop(&s);
+  free(man);
+  free(k);
+  kc_warmup_free(w);
 }
 
 /* ---- issue 17: compatible-arch fallback ---- */
@@ -2789,6 +2920,8 @@ int main(void) {
       T(test_tokens),
       T(test_https),
       T(test_served_blob_corrupt),
+      T(test_fetch_batch_verified),
+      T(test_fetch_batch_fallback),
       T(test_served_path_traversal),
       T(test_fault_lookup),
       T(test_fault_blob),

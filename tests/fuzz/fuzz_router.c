@@ -40,6 +40,8 @@ static const struct ref_route {
     {"/metrics", KCD_R_METRICS, 0, "GET HEAD", NULL},
     {"/v1/stats", KCD_R_STATS, 0, "GET HEAD", NULL},
     {"/v1/lookup", KCD_R_LOOKUP, 0, "POST", NULL},
+    /* before "/v1/blobs/": an exact path wins over a param route */
+    {"/v1/blobs/fetch", KCD_R_BLOBS_FETCH, 0, "POST", NULL},
     {"/v1/blobs/", KCD_R_BLOBS, 1, "GET HEAD PUT", NULL},
     {"/v1/bundles/", KCD_R_BUNDLES, 1, "GET HEAD PUT DELETE", NULL},
     {"/v1/models/", KCD_R_MODELS, 1, "GET HEAD DELETE", NULL},
@@ -176,8 +178,10 @@ static void check_route(const char *path, size_t cap) {
 static void check_body(const kcd_route *rt, const char *body, size_t len) {
   static const char *const lookup[] = {"keys", NULL};
   static const char *const lease[] = {"holder", "ttl_s", NULL};
-  const char *const *allowed =
-      rt && rt->id == KCD_R_LEASES ? lease : lookup;
+  static const char *const fetch[] = {"digests", NULL};
+  const char *const *allowed = rt && rt->id == KCD_R_LEASES        ? lease
+                               : rt && rt->id == KCD_R_BLOBS_FETCH ? fetch
+                                                                   : lookup;
   kcd_req r;
   memset(&r, 0, sizeof r);
   char *copy = NULL;

@@ -1,0 +1,411 @@
+/* fetch_batch.c: small blobs fetched many per request (issue 17), with
+ * POST /v1/blobs/fetch (docs/DESIGN.md): a warm of 1024 bundles of 4 files
+ * made 4096 GETs, and their per-request work on both sides, not the bytes,
+ * set its time.
+ *
+ * The blobs are cut into batches (at most KCC_BATCH_ITEMS, KCC_BATCH_BYTES,
+ * and at least as many batches as --parallel allows, so every connection
+ * works, unless that leaves fewer than KCC_BATCH_MIN files to a batch),
+ * each one POST on one of the pooled connections. Its answer is a
+ * stream of items, "<sha256> <length> raw|zstd|missing\n" and the bytes;
+ * each item is taken into memory as it streams (a zstd frame decoded on the
+ * way, never past the manifest's size), hashed, and only when it hashes to
+ * its name written to a temporary file with one write and renamed into
+ * place, as a GET's blob is (fetch.c): nothing unverified is ever visible.
+ *
+ * What a batch does not bring (a blob marked missing, an answer cut short or
+ * refused, a server without the route: 404/405, remembered for the client's
+ * life) is left to the per-blob GETs of fetch.c, which also read through the
+ * durable tier. A blob that came and failed its hash is a failure, as from a
+ * GET, and is not asked for again. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+
+#include "client_internal.h"
+
+#define KCC_BATCH_ITEMS 1024
+#define KCC_BATCH_BYTES ((uint64_t)8 << 20)
+#define KCC_BATCH_MIN 8 /* files: fewer are not worth a connection more */
+#define LINE_CAP 128 /* "<64 hex> <length> missing\n" is under 100 */
+
+typedef struct brun brun;
+
+typedef struct batch {
+  brun *r;
+  CURL *h;
+  const size_t *idx; /* its files (into run.files) */
+  size_t n;
+  char *body;        /* the request's JSON */
+  size_t cur;        /* the item whose line or bytes come next */
+  int in_data;       /* its bytes are coming (else its line) */
+  int skip;          /* they are dropped: the item was refused */
+  int zstd, zbad;
+  size_t zleft;      /* the decoder's last hint: 0 at a frame's end */
+  int status_seen, not_ok, broken; /* broken: the answer cannot be followed */
+  char line[LINE_CAP];
+  size_t line_len;
+  uint64_t left;     /* the current item's bytes still to come */
+  char *buf;         /* its content (cap allocated; want + 1 used) */
+  size_t cap;
+  uint64_t got, want;
+  ZSTD_DCtx *dc;
+  int busy;
+  char ebuf[CURL_ERROR_SIZE];
+} batch;
+
+struct brun {
+  kc_client *c;
+  const kc_file *const *files;
+  char *state;     /* per file: KCC_FETCH_* */
+  size_t *idx;     /* the batched files, batch by batch */
+  size_t *starts;  /* batch k: idx[starts[k] .. starts[k + 1]) */
+  size_t nb, next; /* batches, the next to send */
+  struct curl_slist *hdrs;
+  char url[512];
+  uint64_t fetched;
+  kc_err first;
+  char *err;
+};
+
+__attribute__((format(printf, 3, 4))) static void
+bfail(brun *r, kc_err e, const char *fmt, ...) {
+  va_list ap;
+  if (r->first)
+    return;
+  r->first = e;
+  if (!r->err)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(r->err, KC_ERRBUF_SIZE, fmt, ap);
+  va_end(ap);
+}
+
+static const kc_file *file_of(brun *r, const batch *b) {
+  return r->files[b->idx[b->cur]];
+}
+
+/* The item is over: the next one's line comes. */
+static void next_item(batch *b) {
+  b->cur++;
+  b->in_data = b->skip = 0;
+  b->line_len = 0;
+}
+
+/* A whole item arrived: verified, then written once and renamed. */
+static void item_done(brun *r, batch *b) {
+  const kc_file *f = file_of(r, b);
+  char d[KC_HEX_LEN + 1], tmp[PATH_MAX], e2[KC_ERRBUF_SIZE];
+  char *st = &r->state[b->idx[b->cur]];
+  *st = KCC_FETCH_FAILED;
+  if (b->skip) {
+    /* refused at its line; fail() said why */
+  } else if (b->zstd && (b->zbad || b->zleft))
+    bfail(r, KC_DIGEST_MISMATCH,
+          "fetch blob %.16s...: the server's zstd frame is corrupt or cut "
+          "short; discarded", f->sha256);
+  else if (b->got != b->want)
+    bfail(r, KC_DIGEST_MISMATCH,
+          "fetch blob %.16s...: the server sent %llu bytes, the manifest "
+          "declares %llu; discarded", f->sha256,
+          (unsigned long long)b->got, (unsigned long long)b->want);
+  else if (kc_sha256_hex(b->buf, (size_t)b->got, d) || strcmp(d, f->sha256))
+    bfail(r, KC_DIGEST_MISMATCH,
+          "blob %.16s... from the server hashes to %.16s...; discarded",
+          f->sha256, d);
+  else {
+    kc_err e = kcc_cache_write_tmp(r->c, b->buf, (size_t)b->got, tmp, e2);
+    if (!e)
+      e = kcc_cache_blob_publish(r->c, tmp, f->sha256, e2);
+    if (e)
+      bfail(r, e, "%s", e2);
+    else {
+      *st = KCC_FETCH_DONE;
+      r->fetched += b->got;
+    }
+  }
+  next_item(b);
+}
+
+/* An item's line: which blob, how long, how sent. 0, or -1 when the answer
+ * cannot be followed (the rest is left to GETs). */
+static int on_line(brun *r, batch *b) {
+  const kc_file *f = file_of(r, b);
+  char *end;
+  b->line[b->line_len] = '\0';
+  if (b->line_len < KC_HEX_LEN + 2 || b->line[KC_HEX_LEN] != ' ' ||
+      memcmp(b->line, f->sha256, KC_HEX_LEN) != 0)
+    return -1; /* not the blob asked for next */
+  const char *p = b->line + KC_HEX_LEN + 1;
+  if (*p < '0' || *p > '9')
+    return -1;
+  unsigned long long len = strtoull(p, &end, 10);
+  if (*end != ' ')
+    return -1;
+  const char *how = end + 1;
+  if (!strcmp(how, "missing")) { /* left for a GET (S3 read-through) */
+    next_item(b);
+    return 0;
+  }
+  b->zstd = !strcmp(how, "zstd");
+  if (!b->zstd && strcmp(how, "raw"))
+    return -1;
+  b->in_data = 1;
+  b->left = len;
+  b->got = b->zbad = 0;
+  b->zleft = 0;
+  b->want = f->size;
+  /* A raw blob of another size, or a frame larger than a frame of its
+   * content can be (zstd's bound), is refused before its bytes. */
+  if (b->zstd ? len > ZSTD_compressBound((size_t)f->size) : len != f->size) {
+    bfail(r, KC_DIGEST_MISMATCH,
+          "fetch blob %.16s...: the server sends %llu bytes %s for %llu "
+          "declared; discarded", f->sha256, len, how,
+          (unsigned long long)f->size);
+    b->skip = 1;
+  } else if (b->zstd) {
+    ZSTD_DCtx_reset(b->dc, ZSTD_reset_session_only);
+  }
+  if (!b->skip && b->cap < f->size + 1) {
+    char *nb = realloc(b->buf, (size_t)f->size + 1);
+    if (!nb) {
+      bfail(r, KC_NOMEM, "out of memory");
+      return -1;
+    }
+    b->buf = nb;
+    b->cap = (size_t)f->size + 1;
+  }
+  if (!b->left)
+    item_done(r, b);
+  return 0;
+}
+
+/* Some of the current item's bytes. A frame decodes into buf, whose one
+ * byte beyond the manifest's size tells a too-large content. */
+static void on_bytes(batch *b, const char *p, size_t k) {
+  if (b->skip)
+    return;
+  if (!b->zstd) {
+    memcpy(b->buf + b->got, p, k);
+    b->got += k;
+    return;
+  }
+  ZSTD_inBuffer in = {p, k, 0};
+  ZSTD_outBuffer ob = {b->buf, (size_t)b->want + 1, (size_t)b->got};
+  while (!b->zbad && in.pos < in.size) {
+    size_t in0 = in.pos, out0 = ob.pos;
+    size_t rc = ZSTD_decompressStream(b->dc, &ob, &in);
+    if (ZSTD_isError(rc) || ob.pos > b->want ||
+        (in.pos == in0 && ob.pos == out0))
+      b->zbad = 1;
+    else
+      b->zleft = rc;
+  }
+  b->got = ob.pos;
+}
+
+static size_t on_data(char *data, size_t size, size_t nmemb, void *arg) {
+  batch *b = arg;
+  brun *r = b->r;
+  size_t n = size * nmemb;
+  if (!b->status_seen) {
+    long status = 0;
+    curl_easy_getinfo(b->h, CURLINFO_RESPONSE_CODE, &status);
+    b->status_seen = 1;
+    b->not_ok = status != 200;
+  }
+  if (b->not_ok) /* an error's JSON: read and dropped */
+    return n;
+  for (const char *p = data, *end = data + n; p < end;) {
+    if (b->cur >= b->n)
+      return 0; /* more than asked for: stop */
+    if (!b->in_data) {
+      const char *nl = memchr(p, '\n', (size_t)(end - p));
+      size_t k = (size_t)((nl ? nl : end) - p);
+      if (b->line_len + k >= LINE_CAP)
+        return 0;
+      memcpy(b->line + b->line_len, p, k);
+      b->line_len += k;
+      p += k + (nl != NULL);
+      if (nl && on_line(r, b) != 0)
+        return 0;
+      continue;
+    }
+    size_t k = (size_t)(end - p) < b->left ? (size_t)(end - p) : b->left;
+    on_bytes(b, p, k);
+    b->left -= k;
+    p += k;
+    if (!b->left)
+      item_done(r, b);
+  }
+  return n;
+}
+
+/* The request of batch k on b; 0, or -1 (its files are left to GETs). */
+static int start(brun *r, batch *b, size_t k) {
+  long budget = kcc_http_budget_ms(r->c);
+  size_t from = r->starts[k], n = r->starts[k + 1] - from;
+  if (budget <= 0)
+    return -1; /* the GETs say the deadline passed */
+  free(b->body);
+  if (!(b->body = malloc(n * (KC_HEX_LEN + 3) + 16)))
+    return -1;
+  size_t len = (size_t)sprintf(b->body, "{\"digests\":[");
+  for (size_t i = 0; i < n; i++)
+    len += (size_t)sprintf(b->body + len, "%s\"%s\"", i ? "," : "",
+                           r->files[r->idx[from + i]]->sha256);
+  len += (size_t)sprintf(b->body + len, "]}");
+  b->idx = r->idx + from;
+  b->n = n;
+  b->cur = 0;
+  b->in_data = b->skip = b->status_seen = b->not_ok = 0;
+  b->line_len = 0;
+  b->ebuf[0] = '\0';
+  curl_easy_reset(b->h);
+  kcc_http_setup(r->c, b->h, budget);
+  curl_easy_setopt(b->h, CURLOPT_URL, r->url);
+  curl_easy_setopt(b->h, CURLOPT_HTTPHEADER, r->hdrs);
+  curl_easy_setopt(b->h, CURLOPT_POSTFIELDS, b->body);
+  curl_easy_setopt(b->h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+  curl_easy_setopt(b->h, CURLOPT_WRITEFUNCTION, on_data);
+  curl_easy_setopt(b->h, CURLOPT_WRITEDATA, b);
+  curl_easy_setopt(b->h, CURLOPT_ERRORBUFFER, b->ebuf);
+  curl_easy_setopt(b->h, CURLOPT_BUFFERSIZE, 256L << 10);
+  if (curl_multi_add_handle(r->c->multi, b->h) != CURLM_OK)
+    return -1;
+  b->busy = 1;
+  return 0;
+}
+
+/* A batch's request ended: a server without the route is remembered. */
+static void finish(brun *r, batch *b) {
+  long status = 0;
+  curl_easy_getinfo(b->h, CURLINFO_RESPONSE_CODE, &status);
+  curl_multi_remove_handle(r->c->multi, b->h);
+  b->busy = 0;
+  if (status == 404 || status == 405)
+    r->c->no_batch = 1;
+}
+
+static void start_next(brun *r, batch *b, int *active) {
+  while (r->next < r->nb && !r->c->no_batch)
+    if (start(r, b, r->next++) == 0) {
+      (*active)++;
+      return;
+    }
+}
+
+static void run(brun *r, batch *bs, int nx) {
+  int active = 0, running;
+  for (int k = 0; k < nx; k++)
+    start_next(r, &bs[k], &active);
+  while (active > 0) {
+    if (curl_multi_perform(r->c->multi, &running) != CURLM_OK)
+      break;
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(r->c->multi, &left))) {
+      if (msg->msg != CURLMSG_DONE)
+        continue;
+      batch *b = NULL;
+      for (int k = 0; k < nx && !b; k++)
+        if (bs[k].h == msg->easy_handle)
+          b = &bs[k];
+      finish(r, b);
+      active--;
+      start_next(r, b, &active);
+    }
+    if (active > 0)
+      curl_multi_poll(r->c->multi, NULL, 0, 200, NULL);
+  }
+}
+
+/* Cuts the files into batches: contiguous, each under the caps and near
+ * an even share of the files and bytes, at least one batch per
+ * connection. 0, or -1 out of memory. */
+static int cut(brun *r, const size_t *todo, size_t n, int parallel) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++)
+    bytes += r->files[todo[i]]->size;
+  size_t want = (n + KCC_BATCH_ITEMS - 1) / KCC_BATCH_ITEMS;
+  size_t by_bytes = (size_t)((bytes + KCC_BATCH_BYTES - 1) / KCC_BATCH_BYTES);
+  size_t conns = (size_t)(parallel > 0 ? parallel : 1);
+  if (conns > (n + KCC_BATCH_MIN - 1) / KCC_BATCH_MIN)
+    conns = (n + KCC_BATCH_MIN - 1) / KCC_BATCH_MIN;
+  want = want > by_bytes ? want : by_bytes;
+  want = want > conns ? want : conns;
+  want = want < n ? want : n;
+  size_t per_n = (n + want - 1) / want;
+  uint64_t per_b = (bytes + want - 1) / want;
+  if (!(r->starts = calloc(n + 1, sizeof *r->starts)) ||
+      !(r->idx = malloc((n ? n : 1) * sizeof *r->idx)))
+    return -1;
+  memcpy(r->idx, todo, n * sizeof *todo);
+  uint64_t b = 0;
+  for (size_t i = 0, cnt = 0; i < n; i++) {
+    uint64_t s = r->files[todo[i]]->size;
+    if (cnt && (cnt >= per_n || b + s > per_b + per_b / 4 ||
+                b + s > KCC_BATCH_BYTES)) {
+      r->starts[++r->nb] = i;
+      cnt = 0;
+      b = 0;
+    }
+    cnt++;
+    b += s;
+  }
+  if (n)
+    r->starts[++r->nb] = n;
+  return 0;
+}
+
+/* The client's headers, the JSON body's type and Accept-Encoding: zstd. */
+static struct curl_slist *headers_of(const struct curl_slist *l) {
+  struct curl_slist *n = NULL, *t;
+  for (; l; l = l->next, n = t)
+    if (!(t = curl_slist_append(n, l->data)))
+      break;
+  if (!l && (t = curl_slist_append(n, "Content-Type: application/json")) &&
+      (n = t) && (t = curl_slist_append(n, "Accept-Encoding: zstd")))
+    return t;
+  curl_slist_free_all(n);
+  return NULL;
+}
+
+kc_err kcc_fetch_batched(kc_client *c, const kc_file *const *files,
+                         const size_t *todo, size_t n, char *state,
+                         uint64_t *fetched, char *err) {
+  brun r = {.c = c, .files = files, .state = state, .err = err};
+  int nx = 0;
+  batch *bs = NULL;
+  *fetched = 0;
+  if (!n || c->no_batch || !c->url)
+    return KC_OK;
+  snprintf(r.url, sizeof r.url, "%s/v1/blobs/fetch", c->url);
+  if (cut(&r, todo, n, c->parallel) == 0 && (r.hdrs = headers_of(c->hdrs))) {
+    nx = c->parallel < (int)r.nb ? c->parallel : (int)r.nb;
+    bs = calloc((size_t)(nx > 0 ? nx : 1), sizeof *bs);
+  }
+  int ready = bs != NULL;
+  for (int k = 0; ready && k < nx; k++)
+    ready = (bs[k].r = &r) && (bs[k].h = curl_easy_init()) && (bs[k].dc = ZSTD_createDCtx());
+  if (ready)
+    run(&r, bs, nx);
+  for (int k = 0; bs && k < nx; k++) {
+    if (bs[k].busy)
+      curl_multi_remove_handle(c->multi, bs[k].h);
+    if (bs[k].h)
+      curl_easy_cleanup(bs[k].h);
+    ZSTD_freeDCtx(bs[k].dc);
+    free(bs[k].buf);
+    free(bs[k].body);
+  }
+  free(bs);
+  free(r.idx);
+  free(r.starts);
+  curl_slist_free_all(r.hdrs);
+  *fetched = r.fetched;
+  /* out of memory here only costs the batching: the GETs follow */
+  return r.first;
+}
