@@ -138,6 +138,12 @@ typedef struct kc_manifest {
  * (KC_KEY_MISMATCH otherwise). *out is owned by the caller. */
 kc_err kc_manifest_parse(const char *json, size_t len, kc_manifest **out,
                          char *err);
+/* The same from a parsed JSON value (jansson's json_t, loaded with
+ * JSON_REJECT_DUPLICATES by the caller): a lookup answer's manifests are
+ * taken from the answer as parsed, not dumped and parsed again. */
+struct json_t;
+kc_err kc_manifest_parse_json(struct json_t *root, kc_manifest **out,
+                              char *err);
 /* Validate every rule of an in-memory manifest except the key. */
 kc_err kc_manifest_validate(const kc_manifest *m, char *err);
 /* Validate, then compute and store m->key from m->fields. */

@@ -135,7 +135,6 @@ static kc_err manifest_from_json(const kci_ctx *c, json_t *root,
 
 kc_err kc_manifest_parse(const char *json, size_t len, kc_manifest **out,
                          char *err) {
-  const kci_ctx c = {KC_BAD_MANIFEST, err};
   json_t *root;
   if (!out)
     return kci_err(err, KC_EINVAL, "manifest: NULL output");
@@ -143,10 +142,19 @@ kc_err kc_manifest_parse(const char *json, size_t len, kc_manifest **out,
   kc_err e = kci_load(json, len, &root, err);
   if (e)
     return e;
-  kc_manifest *m = kc_manifest_new();
-  e = m ? manifest_from_json(&c, root, m)
-        : kci_err(err, KC_NOMEM, "manifest: out of memory");
+  e = kc_manifest_parse_json(root, out, err);
   json_decref(root);
+  return e;
+}
+
+kc_err kc_manifest_parse_json(json_t *root, kc_manifest **out, char *err) {
+  const kci_ctx c = {KC_BAD_MANIFEST, err};
+  if (!out)
+    return kci_err(err, KC_EINVAL, "manifest: NULL output");
+  *out = NULL;
+  kc_manifest *m = kc_manifest_new();
+  kc_err e = m ? manifest_from_json(&c, root, m)
+               : kci_err(err, KC_NOMEM, "manifest: out of memory");
   /* The struct rules (unique paths) and then the key, which is only worth
    * hashing once everything else holds. */
   if (!e)
