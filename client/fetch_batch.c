@@ -42,7 +42,7 @@ typedef struct batch {
   size_t cur;        /* the item whose line or bytes come next */
   int in_data;       /* its bytes are coming (else its line) */
   int skip;          /* they are dropped: the item was refused */
-  int zstd, zbad;
+  int zstd, zbad;    /* zbad: 1 corrupt, 2 decodes to more than declared */
   size_t zleft;      /* the decoder's last hint: 0 at a frame's end */
   int status_seen, not_ok, broken; /* broken: the answer cannot be followed */
   char line[LINE_CAP];
@@ -102,7 +102,12 @@ static void item_done(brun *r, batch *b) {
   *st = KCC_FETCH_FAILED;
   if (b->skip) {
     /* refused at its line; fail() said why */
-  } else if (b->zstd && (b->zbad || b->zleft))
+  } else if (b->zstd && b->zbad == 2)
+    bfail(r, KC_DIGEST_MISMATCH,
+          "fetch blob %.16s...: the server's zstd frame decodes to more than "
+          "the %llu bytes the manifest declares; cut off", f->sha256,
+          (unsigned long long)b->want);
+  else if (b->zstd && (b->zbad || b->zleft))
     bfail(r, KC_DIGEST_MISMATCH,
           "fetch blob %.16s...: the server's zstd frame is corrupt or cut "
           "short; discarded", f->sha256);
@@ -197,8 +202,9 @@ static void on_bytes(batch *b, const char *p, size_t k) {
   while (!b->zbad && in.pos < in.size) {
     size_t in0 = in.pos, out0 = ob.pos;
     size_t rc = ZSTD_decompressStream(b->dc, &ob, &in);
-    if (ZSTD_isError(rc) || ob.pos > b->want ||
-        (in.pos == in0 && ob.pos == out0))
+    if (!ZSTD_isError(rc) && ob.pos > b->want)
+      b->zbad = 2; /* too large */
+    else if (ZSTD_isError(rc) || (in.pos == in0 && ob.pos == out0))
       b->zbad = 1;
     else
       b->zleft = rc;

@@ -9,7 +9,7 @@ endif()
 add_executable(test_client ${CMAKE_CURRENT_LIST_DIR}/test_client.c)
 # kc_gpu and libcurl are used here directly (kc_client keeps them PRIVATE).
 target_link_libraries(test_client PRIVATE kc_client kc_gpu kc_testsrv
-  PkgConfig::CMOCKA PkgConfig::CURL Threads::Threads)
+  PkgConfig::CMOCKA PkgConfig::CURL PkgConfig::ZSTD Threads::Threads)
 target_compile_definitions(test_client PRIVATE
   KC_TEST_KERNELS="${CMAKE_CURRENT_LIST_DIR}/kernels"
   KCACHE_BIN="$<TARGET_FILE:kcache>"

@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 #include <curl/curl.h>
+#include <zstd.h>
 
 #include "kc_gpu.h"
 #include "kcache.h"
@@ -1112,6 +1113,7 @@ typedef struct fake {
   const char *bundle_body; /* answer to GET /v1/bundles/... */
   const char *blob_body;   /* answer to GET /v1/blobs/... */
   const char *fetch_body;  /* answer to POST /v1/blobs/fetch (else 500) */
+  size_t fetch_len;        /* ... its length (0: strlen) */
   int fetch_status;        /* ... with this status (0: 200) */
   int fetches;             /* POST /v1/blobs/fetch requests seen (atomic) */
   int gets;                /* GET /v1/blobs/... requests seen (atomic) */
@@ -1125,14 +1127,18 @@ typedef struct fake {
   int stop;
 } fake;
 
-static void fake_reply(int c, int status, const char *body) {
+static void fake_reply_n(int c, int status, const char *body, size_t len) {
   char head[256];
   int n = snprintf(head, sizeof head,
                    "HTTP/1.1 %d X\r\nContent-Length: %zu\r\nContent-Type: "
                    "application/json\r\nConnection: close\r\n\r\n",
-                   status, strlen(body));
-  if (write(c, head, (size_t)n) < 0 || write(c, body, strlen(body)) < 0)
+                   status, len);
+  if (write(c, head, (size_t)n) < 0 || write(c, body, len) < 0)
     return;
+}
+
+static void fake_reply(int c, int status, const char *body) {
+  fake_reply_n(c, status, body, strlen(body));
 }
 
 /* Misbehaves on connection c, whose request head has been read. */
@@ -1245,7 +1251,8 @@ static void fake_serve(fake *s, int c) {
   else if (!strncmp(req, "GET /v1/blobs/", 14) && s->blob_body)
     fake_reply(c, 200, s->blob_body);
   else if (!strncmp(req, "POST /v1/blobs/fetch ", 21) && s->fetch_body)
-    fake_reply(c, s->fetch_status ? s->fetch_status : 200, s->fetch_body);
+    fake_reply_n(c, s->fetch_status ? s->fetch_status : 200, s->fetch_body,
+                 s->fetch_len ? s->fetch_len : strlen(s->fetch_body));
   else
     fake_reply(c, 500, "{\"error\":\"internal\",\"message\":\"fake\"}");
   shutdown(c, SHUT_WR);
@@ -2547,6 +2554,32 @@ static void test_fetch_batch_verified(void **state) {
                    KC_DIGEST_MISMATCH);
   assert_false(landed);
   fake_stop(&s);
+  /* zstd items: a frame of other bytes, one that decodes to more than the
+   * manifest's 14 (a bomb is cut at the 15th byte), one cut short */
+  const char *contents[] = {"the fake bytes", "the real bytes and then more",
+                            "the real bytes"};
+  for (size_t i = 0; i < 3; i++) {
+    char z[256], body[512];
+    size_t zl = ZSTD_compress(z, sizeof z, contents[i], strlen(contents[i]), 1);
+    assert_false(ZSTD_isError(zl));
+    if (i == 2)
+      zl -= 3;
+    int hl = snprintf(body, sizeof body, "%s %zu zstd\n", d, zl);
+    memcpy(body + hl, z, zl);
+    fake t = {.bundle_body = man, .fetch_body = body,
+              .fetch_len = (size_t)hl + zl};
+    fake_start(&t);
+    char tag[16];
+    snprintf(tag, sizeof tag, "zstd%zu", i);
+    assert_int_equal(pull_from(f, &t, key, tag, &landed, err),
+                     KC_DIGEST_MISMATCH);
+    assert_false(landed);
+    assert_non_null(strstr(err, i == 0   ? "hashes to"
+                                : i == 1 ? "decodes to more"
+                                         : "cut short"));
+    assert_int_equal(__atomic_load_n(&t.gets, __ATOMIC_SEQ_CST), 0);
+    fake_stop(&t);
+  }
   /* another blob's line, a cut answer: the GET brings the real bytes */
   const char *bodies[] = {other, "", "no line at all"};
   snprintf(other, sizeof other, "%064d 14 raw\nthe real bytes", 0);
