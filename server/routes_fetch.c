@@ -178,6 +178,7 @@ static kc_err look_up(kcd_req *r, answer *a, int zstd_ok, uint64_t *total,
   if (e)
     return kc_errf(err, e, "cannot begin a read of the store");
   *total = *held = 0;
+  uint64_t misses = 0;
   for (size_t i = 0; !e && i < a->n; i++) {
     item *x = &a->it[i];
     const void *data;
@@ -186,6 +187,7 @@ static kc_err look_up(kcd_req *r, answer *a, int zstd_ok, uint64_t *total,
     e = kc_store_blob_get_stored(rd, x->digest, &data, &len, &x->enc, &size);
     if (e == KC_NOT_FOUND) {
       x->missing = 1;
+      misses++;
       e = KC_OK;
     } else if (e) {
       kc_errf(err, e, "cannot read blob %s", x->digest);
@@ -202,6 +204,10 @@ static kc_err look_up(kcd_req *r, answer *a, int zstd_ok, uint64_t *total,
     *held += x->len;
   }
   kc_store_read_end(rd);
+  if (!e) { /* each item as a GET of it (kcached_ops_total{op="get"}) */
+    kcd_svc_count(r->st, KCD_OP_GET, KCD_FE_HTTP, KCD_RES_HIT, a->n - misses);
+    kcd_svc_count(r->st, KCD_OP_GET, KCD_FE_HTTP, KCD_RES_MISS, misses);
+  }
   return e;
 }
 

@@ -120,6 +120,9 @@ static void t_mixed(void **state) {
     expect_item(&it[5], d[1], txt, 70000);
     resp_free(&r);
   }
+  /* each item counts as a GET of it: five hits and a miss per answer */
+  assert_int_equal(metric(&S, "kcached_ops_total{op=\"get\",frontend="
+                              "\"http\",result=\"miss\"}"), 2);
   resp r = fetch(&S, NULL, "{\"digests\":[]}", 0); /* nothing asked */
   assert_int_equal(r.status, 200);
   assert_int_equal(r.len, 0);
