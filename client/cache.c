@@ -2,6 +2,7 @@
  * their SHA-256, canonical bundle manifests by key. Everything lands by
  * rename, so a crash or a second process never sees half a file, and every
  * read is re-hashed, so a file damaged on disk is noticed and fetched again. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -306,6 +307,20 @@ static kc_err read_manifest(const char *p, char **json, size_t *len,
   *json = buf;
   *len = got;
   return KC_OK;
+}
+
+int kcc_cache_has_bundles(const kc_client *c) {
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/bundles", c->cache_dir);
+  DIR *d = opendir(p);
+  if (!d)
+    return errno != ENOENT; /* cannot tell: look for each */
+  const struct dirent *e;
+  int any = 0;
+  while (!any && (e = readdir(d)))
+    any = strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+  closedir(d);
+  return any;
 }
 
 kc_err kc_cache_bundle_get(kc_client *c, const char *key, kc_manifest **out,

@@ -141,6 +141,9 @@ kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
                               const char *digest, char *err);
 /* A temporary file in cache/tmp; path must hold PATH_MAX. fd or -1. */
 int kcc_cache_tmp(const kc_client *c, char *path, char *err);
+/* 0 when bundles/ holds no entry (a fresh cache: a warm need not look for
+ * each of its keys), 1 when it does or cannot be read. */
+int kcc_cache_has_bundles(const kc_client *c);
 /* Loads a blob file verified against digest and its manifest's size into
  * memory (NUL after). A mismatch, a symlink or any other type than a regular
  * file deletes the name (KC_CORRUPT); c's deadline stops the hashing

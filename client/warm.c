@@ -322,6 +322,10 @@ static kc_err remote_cause(const wctx *x, size_t i, const char **why) {
 /* ---- phase 1: local cache ---- */
 
 static void phase_local(wctx *x) {
+  /* An empty cache (a new replica): one look at bundles/ instead of a
+   * failed open per key (1024 of them for 1024 bundles). */
+  if (x->rep->n_items > 8 && !kcc_cache_has_bundles(x->c))
+    return;
   for (size_t i = 0; i < x->rep->n_items; i++) {
     kc_manifest *m = NULL;
     char e2[KC_ERRBUF_SIZE];

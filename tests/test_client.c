@@ -2863,9 +2863,17 @@ static void test_compat_many(void **state) {
                                "--quiet",
                                out, sizeof out),
                    0);
-  unsetenv("KC_TEST_BUCKETS");
   assert_non_null(strstr(out, "\"hit-compat\": 300"));
   assert_non_null(strstr(out, "\"hit-remote\": 300"));
+  /* again into the same cache: its bundles are found there (a warm of a
+   * fresh cache skips looking for each key; this one must not) */
+  assert_int_equal(compat_warm(f, "m1", "\"sm_89\",\"sm_86\"", "", "",
+                               "--device-arch sm_89 --no-build --strict "
+                               "--quiet",
+                               out, sizeof out),
+                   0);
+  unsetenv("KC_TEST_BUCKETS");
+  assert_non_null(strstr(out, "\"hit-local\": 300"));
 }
 
 /* ---- zstd on the wire (issue 18) ---- */
