@@ -86,21 +86,20 @@
 #   16x300x48, ext4      4.91 s       6.15 s      2.13 s  1.73 s  2.9x       3.6x
 # (ext4 per-round ratios, after: 1.52x and 1.49x against tar x.)
 # Then small blobs many per request (POST /v1/blobs/fetch: the 1024-bundle
-# warm makes 8 POSTs instead of 4096 GETs) and lookup manifests taken as
-# parsed; same container, same session, 2026-11-25, load average 3-6,
-# alternating the build of main and this one (each with its own kcached),
-# two runs of BENCH_RUNS=5 BENCH_DEMO=0 each, TMPDIR=/dev/shm (medians;
-# per-round ratio medians in brackets):
+# warm makes 8 POSTs instead of 4096 GETs), lookup manifests taken as
+# parsed, and no per-key probe of a fresh cache; same container, same
+# session, 2026-11-25, alternating the build of main and this one (each
+# with its own kcached), BENCH_RUNS=5 BENCH_DEMO=0 TMPDIR=/dev/shm, load
+# average about 1 (medians; per-round ratio medians in brackets):
 #   shape, run   main: warm  tar x   curl    new: warm  tar x   curl    new/tar       new/curl
-#   1024x4x16 1  390 ms      119 ms  295 ms  351 ms     187 ms  456 ms  1.88x (2.64)  0.77x (0.91)
-#   1024x4x16 2  511 ms      183 ms  395 ms  363 ms     159 ms  393 ms  2.29x (2.19)  0.92x (0.97)
-#   16x300x48 1  862 ms      432 ms  814 ms  559 ms     372 ms  691 ms  1.50x (1.39)  0.81x (0.84)
-#   16x300x48 2  632 ms      250 ms  522 ms  472 ms     220 ms  518 ms  2.14x (2.13)  0.91x (0.91)
-# (main against the same yardsticks: 2.8-3.3x tar x, 1.06-1.32x curl.)
-# warm <= curl is met for both shapes; warm <= 1.5x tar x is not for
-# 1024x4x16 (about 2.2x) and only in one run of two for 16x300x48. The
+#   1024x4x16 1  371 ms      116 ms  277 ms  252 ms     118 ms  266 ms  2.13x (2.14)  0.95x (0.94)
+#   1024x4x16 2  380 ms      118 ms  290 ms  248 ms     113 ms  265 ms  2.21x (2.20)  0.94x (0.94)
+#   16x300x48 1  505 ms      222 ms  411 ms  403 ms     227 ms  417 ms  1.78x (1.76)  0.97x (0.94)
+#   16x300x48 2  501 ms      232 ms  412 ms  389 ms     219 ms  410 ms  1.78x (1.77)  0.95x (0.93)
+# (main against the same yardsticks: 3.2x / 2.2x tar x, 1.3x / 1.2x curl.)
+# warm <= curl is met for both shapes; warm <= 1.5x tar x is not. The
 # default TMPDIR (ext4 on a disk other sessions were loading) measured the
-# disk: tar x of the same files took 0.17-5.7 s within one run.
+# disk: tar x of the same files took 0.17-4.2 s within one run.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
