@@ -16,7 +16,10 @@
 #    Every size starts with FLUSHDB, so a GET finds only values of its size.
 #    Note: redis-benchmark's values are the same bytes every time; kcached
 #    stores a value once by its SHA-256, so its SETs here write a key record
-#    and not the value. Step 2's fill uses distinct values.
+#    and not the value, and once a key holds the value (after its first SET
+#    of -r's keyspace) a SET of it again is answered from the committed
+#    state without a commit (kc_store_kv_set_settled). 4K-new: nearly every
+#    SET a new key (a commit each). Step 2's fill uses distinct values.
 # 2. Restart: SET BENCH_FILL_COUNT (50000) distinct 64 KiB values (3.28 GB)
 #    with resp_tool.py (pipelined), stop, start again, and time from the
 #    start until the first GET returns a value, and the server's RSS then.
@@ -37,7 +40,10 @@
 #          BENCH_BASE_KCACHED=path: a second kcached build, e.g. main's, in
 #          the same run, its column before kcached's)
 #        BENCH_OPS ("set get"; "set": the SETs only)
-#        BENCH_TESTS ("4K 64K 1M 4K-P16": the sizes to run, by label)
+#        BENCH_TESTS ("4K 64K 1M 4K-P16 4K-new": the tests to run, by
+#          label; 4K-new: -r 100000000, nearly every SET a new key, so a
+#          written key record each, where the other tests' SETs mostly
+#          find the value already held under their key)
 # Needs: redis-server, redis-benchmark, redis-cli, python3, taskset.
 # Loopback only, on free ports; every loop is bounded; the temporary
 # directory is removed.
@@ -153,8 +159,9 @@ all_tests=(
   "64K 65536 20000 2000 1"
   "1M 1048576 2000 200 1"
   "4K-P16 4096 400000 10000 16"
+  "4K-new 4096 50000 100000000 1"
 )
-want_tests=" ${BENCH_TESTS:-4K 64K 1M 4K-P16} "
+want_tests=" ${BENCH_TESTS:-4K 64K 1M 4K-P16 4K-new} "
 tests=()
 for t in "${all_tests[@]}"; do
   [[ $want_tests == *" ${t%% *} "* ]] && tests+=("$t")
