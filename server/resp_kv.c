@@ -1,7 +1,8 @@
 /* resp_kv.c: the string commands over kc_store_kv_*: reads run here in the
  * batch's read transaction (values copied into the reply); writes become
  * ops of the connection's job (resp_commit.c commits them) and their
- * replies are written when the job comes back (kcd_resp_job_reply).
+ * replies are written when the job comes back (kcd_resp_job_reply), but
+ * for a SET the committed state already settles (set_settled).
  * Options, their conflicts and error texts follow Redis 7. */
 #include <limits.h>
 #include <stdlib.h>
