@@ -223,13 +223,17 @@ int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
  * (the open job's ops are not in that state) and outside EXEC. 1: replied;
  * 0: o goes to the commit, with its hashes. */
 static int set_settled(kcd_resp_ctx *x, kc_store_kv_op *o, kcd_resp_rk rk) {
-  if (x->job || x->exec || !atomic_load(&x->st->store) ||
-      (rk != KCD_RK_SET && rk != KCD_RK_SUM))
+  kc_store *s = atomic_load(&x->st->store);
+  kcd_resp_conn *c = x->c;
+  if (x->job || x->exec || !s || (rk != KCD_RK_SET && rk != KCD_RK_SUM))
     return 0;
-  kc_store_read *r = kcd_resp_read(x);
-  if (!r)
-    return 1; /* the error is written */
-  if (!kc_store_kv_set_settled(r, o, x->now_ms))
+  /* the batch's read (kcd_resp_read's), but no error reply when LMDB
+   * refuses one (no reader slot): the SET then just goes to the commit */
+  if (!c->rd && kc_store_read_begin(s, &c->rd) != KC_OK) {
+    c->rd = NULL;
+    return 0;
+  }
+  if (!kc_store_kv_set_settled(c->rd, o, x->now_ms))
     return 0;
   if (rk == KCD_RK_SUM)
     kcd_resp_int(x->out, (long long)o->done);
