@@ -468,9 +468,13 @@ static void on_done(kcd_resp *r) {
   }
 }
 
+/* Only the first job of a list the listener has not taken yet rings the
+ * eventfd: on_done takes the whole list (a commit of 30 jobs: one write,
+ * one wakeup, not 30). */
 void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j) {
   j->next = NULL;
   pthread_mutex_lock(&r->dlock);
+  int ring = !r->dhead;
   if (r->dtail)
     r->dtail->next = j;
   else
@@ -478,7 +482,7 @@ void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j) {
   r->dtail = j;
   pthread_mutex_unlock(&r->dlock);
   uint64_t one = 1;
-  ssize_t n = write(r->efd, &one, sizeof one);
+  ssize_t n = ring ? write(r->efd, &one, sizeof one) : 0;
   (void)n;
 }
 

@@ -280,6 +280,11 @@ struct kcd_resp {
   pthread_cond_t qcond;
   kcd_resp_job *qhead, *qtail;
   int qstop;
+  /* the committer's own condition (resp_commit.c): a submit signals it only
+   * when the committer waits for that many jobs (qwant, 0: not waiting),
+   * so a gather is not woken by every job */
+  pthread_cond_t ccond;
+  size_t qlen, qwant;
   /* jobs committed, for the listener */
   pthread_mutex_t dlock;
   kcd_resp_job *dhead, *dtail;

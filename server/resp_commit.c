@@ -85,15 +85,22 @@ void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j) {
   else
     r->qhead = j;
   r->qtail = j;
-  pthread_cond_broadcast(&r->qcond); /* fetchers share it */
+  /* wake the committer only when it waits for this many: a gather's
+   * writers arriving one by one do not each switch to it */
+  if (++r->qlen >= r->qwant && r->qwant)
+    pthread_cond_signal(&r->ccond);
   pthread_mutex_unlock(&r->qlock);
 }
 
-static size_t queued(const kcd_resp *r) {
-  size_t n = 0;
-  for (const kcd_resp_job *j = r->qhead; j; j = j->next)
-    n++;
-  return n;
+/* Waits on ccond until qlen reaches want or qstop, up to until (NULL: no
+ * limit). Called with qlock held. */
+static void wait_for(kcd_resp *r, size_t want, const struct timespec *until) {
+  r->qwant = want;
+  while (!r->qstop && r->qlen < want)
+    if (until ? pthread_cond_timedwait(&r->ccond, &r->qlock, until)
+              : pthread_cond_wait(&r->ccond, &r->qlock))
+      break; /* timed out */
+  r->qwant = 0;
 }
 
 /* The gather: when the last commit held jobs of several connections, they
@@ -102,18 +109,16 @@ static size_t queued(const kcd_resp *r) {
  * sync is shared by them rather than paid twice. A lone writer (last batch
  * of one job) never waits. Called with qlock held. */
 static void gather(kcd_resp *r, size_t last_jobs) {
-  if (GATHER_US <= 0 || last_jobs < 2 || queued(r) >= last_jobs)
+  if (GATHER_US <= 0 || last_jobs < 2 || r->qlen >= last_jobs)
     return;
   struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until); /* the condvar's clock */
+  clock_gettime(CLOCK_MONOTONIC, &until); /* ccond's clock */
   until.tv_nsec += GATHER_US * 1000L;
   if (until.tv_nsec >= 1000000000L) {
     until.tv_sec++;
     until.tv_nsec -= 1000000000L;
   }
-  while (!r->qstop && queued(r) < last_jobs &&
-         pthread_cond_timedwait(&r->qcond, &r->qlock, &until) == 0)
-    ;
+  wait_for(r, last_jobs, &until);
 }
 
 /* Takes jobs from the queue up to BATCH_OPS ops (at least one job); NULL
@@ -121,8 +126,8 @@ static void gather(kcd_resp *r, size_t last_jobs) {
  * out, this one's. */
 static kcd_resp_job *take(kcd_resp *r, size_t *nops, size_t *njobs) {
   pthread_mutex_lock(&r->qlock);
-  while (!r->qhead && !r->qstop)
-    pthread_cond_wait(&r->qcond, &r->qlock);
+  if (!r->qhead)
+    wait_for(r, 1, NULL);
   gather(r, *njobs);
   *njobs = 0;
   kcd_resp_job *head = r->qhead, *last = NULL;
@@ -139,6 +144,7 @@ static kcd_resp_job *take(kcd_resp *r, size_t *nops, size_t *njobs) {
     if (!r->qhead)
       r->qtail = NULL;
     last->next = NULL;
+    r->qlen -= *njobs;
   }
   pthread_mutex_unlock(&r->qlock);
   return last ? head : NULL;
@@ -221,8 +227,19 @@ static void *commit_main(void *arg) {
 }
 
 int kcd_resp_commit_start(kcd_resp *r) {
-  if (pthread_create(&r->committer, NULL, commit_main, r))
+  pthread_condattr_t a;
+  if (pthread_condattr_init(&a))
     return -1;
+  int bad = pthread_condattr_setclock(&a, CLOCK_MONOTONIC) ||
+            pthread_cond_init(&r->ccond, &a);
+  pthread_condattr_destroy(&a);
+  if (bad)
+    return -1;
+  r->qlen = r->qwant = 0;
+  if (pthread_create(&r->committer, NULL, commit_main, r)) {
+    pthread_cond_destroy(&r->ccond);
+    return -1;
+  }
   r->committer_started = 1;
   return 0;
 }
@@ -232,8 +249,9 @@ void kcd_resp_commit_stop(kcd_resp *r) {
     return;
   pthread_mutex_lock(&r->qlock);
   r->qstop = 1;
-  pthread_cond_broadcast(&r->qcond); /* fetchers share it */
+  pthread_cond_signal(&r->ccond);
   pthread_mutex_unlock(&r->qlock);
   pthread_join(r->committer, NULL);
+  pthread_cond_destroy(&r->ccond);
   r->committer_started = 0;
 }

@@ -1,7 +1,8 @@
 /* resp_kv.c: the string commands over kc_store_kv_*: reads run here in the
  * batch's read transaction (values copied into the reply); writes become
  * ops of the connection's job (resp_commit.c commits them) and their
- * replies are written when the job comes back (kcd_resp_job_reply).
+ * replies are written when the job comes back (kcd_resp_job_reply), but
+ * for a SET the committed state already settles (set_settled).
  * Options, their conflicts and error texts follow Redis 7. */
 #include <limits.h>
 #include <stdlib.h>
@@ -219,9 +220,43 @@ int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
   return 0;
 }
 
-/* Adds a SET op and its reply item. */
+/* A SET the committed state settles (kc_store_kv_set_settled: the key
+ * holds this value and expiry already, or NX/XX refuse it) is answered at
+ * once, with no commit: that state is synced, so the +OK promises what a
+ * commit's would. Only with no write of this connection open before it
+ * (the open job's ops are not in that state) and outside EXEC. 1: replied;
+ * 0: o goes to the commit, with its hashes. */
+static int set_settled(kcd_resp_ctx *x, kc_store_kv_op *o, kcd_resp_rk rk) {
+  kc_store *s = atomic_load(&x->st->store);
+  kcd_resp_conn *c = x->c;
+  if (x->job || x->exec || !s || (rk != KCD_RK_SET && rk != KCD_RK_SUM))
+    return 0;
+  /* the batch's read (kcd_resp_read's), but no error reply when LMDB
+   * refuses one (no reader slot): the SET then just goes to the commit */
+  if (!c->rd && kc_store_read_begin(s, &c->rd) != KC_OK) {
+    c->rd = NULL;
+    return 0;
+  }
+  if (!kc_store_kv_set_settled(c->rd, o, x->now_ms))
+    return 0;
+  if (rk == KCD_RK_SUM)
+    kcd_resp_int(x->out, (long long)o->done);
+  else if (o->done)
+    kcd_resp_simple(x->out, "OK");
+  else
+    kcd_resp_nil(x->out, x->c->resp3);
+  return 1;
+}
+
+/* Adds a SET op and its reply item (or replies at once: set_settled). */
 static void add_set(kcd_resp_ctx *x, int flags, int64_t exp, kcd_resp_rk rk,
                     size_t ki) {
+  kc_store_kv_op op = {.op = KC_KV_SET, .key = x->argv[ki],
+                       .klen = x->lens[ki], .val = x->argv[ki + 1],
+                       .vlen = x->lens[ki + 1], .flags = flags,
+                       .expire_ms = exp};
+  if (set_settled(x, &op, rk))
+    return;
   kcd_resp_job *j = kcd_resp_job_of(x);
   if (!j)
     return;
@@ -231,10 +266,7 @@ static void add_set(kcd_resp_ctx *x, int flags, int64_t exp, kcd_resp_rk rk,
     j->nops = first;
     return kcd_resp_error(x->out, "OOM out of memory");
   }
-  o->val = x->argv[ki + 1];
-  o->vlen = x->lens[ki + 1];
-  o->flags = flags;
-  o->expire_ms = exp;
+  *o = op;
   j->val_bytes += o->vlen;
 }
 

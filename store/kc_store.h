@@ -542,6 +542,11 @@ typedef struct kc_store_kv_op {
   int had_old;    /* KC_KV_GET: the key existed */
   void *old;      /* KC_KV_GET: malloc'd copy of the old value; caller frees */
   size_t old_len;
+  /* SET: the SHA-256 (hex) of key and value when already computed
+   * (kc_store_kv_set_settled did): hashed set, apply does not hash again.
+   * Zero them (hashed 0) when key or value change. */
+  int hashed;
+  char key_hex[KC_HEX_LEN + 1], val_hex[KC_HEX_LEN + 1];
 } kc_store_kv_op;
 
 /* Applies ops in order in one write transaction and commits it (durable on
@@ -552,6 +557,19 @@ typedef struct kc_store_kv_op {
  * (then every op's err is set too). */
 kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
                          int64_t now_ms, char *err);
+
+/* A SET decided from the committed state alone, without a write: a read
+ * r's snapshot is committed and synced (LMDB publishes a transaction to
+ * readers only after its sync), so when the key already holds this value
+ * and this expiry (1, op->done = 1; its use is recorded as a GET's), or NX
+ * or XX refuse the SET (1, op->done = 0), nothing need be written and the
+ * caller may answer at once, as durably as after a commit. 0: it must go
+ * through kc_store_kv_apply (the hashes stay in op for it). The caller
+ * must have no write of its own not yet applied before this one (its
+ * effect would be missed). KC_KV_GET, an expiry in the past, a value over
+ * the limits, a bad key: 0. */
+int kc_store_kv_set_settled(kc_store_read *r, kc_store_kv_op *op,
+                            int64_t now_ms);
 
 /* Read-through (the durable tier, opts->s3): after a miss, makes the key
  * local from the bucket (its record and value, verified) unless it expired

@@ -287,6 +287,7 @@ typedef struct kv_job {
   int noop;                    /* a SET that changed nothing stored */
   void *zval;                  /* SET: the value compressed, or NULL */
   size_t zlen;
+  int ztried;                  /* compression tried (zval may stay NULL) */
 } kv_job;
 
 typedef struct apply_ctx {
@@ -359,10 +360,17 @@ static kc_err set_rec(kc_store *s, MDB_txn *txn, kv_job *j, const kv_state *st,
   /* the same value: the old record's reference passes to the new one; a
    * blob scrubbed away under it (no reference left) is stored again */
   int same = st->present && memcmp(st->rec.digest, j->digest, KC_HEX_LEN) == 0;
-  kc_err e = same && (st->live || blob_held(s, txn, j->digest))
-                 ? KC_OK
-                 : value_ref(s, txn, j->digest, op->val, op->vlen, j->zval,
-                             j->zlen, err);
+  int held = same && (st->live || blob_held(s, txn, j->digest));
+  kc_err e = KC_OK;
+  if (!held && !blob_held(s, txn, j->digest) && !j->ztried) {
+    /* gone since compress_new looked (evicted meanwhile): compress now */
+    j->ztried = 1;
+    e = kcs_zstd_compress(s->compress_level, op->val, op->vlen, &j->zval,
+                          &j->zlen, err);
+  }
+  if (!e && !held)
+    e = value_ref(s, txn, j->digest, op->val, op->vlen, j->zval, j->zlen,
+                  err);
   /* a replaced record keeps its LRU entry: the use goes with the reads'
    * (kvuses, flushed once a second), not into this commit */
   int64_t now = kcs_now_ms();
@@ -582,6 +590,14 @@ static kc_err apply_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   return kv_bytes_add(txn, s, c->kv_bytes, NULL, err);
 }
 
+/* A SET's own refusals: too large for the limits, no value. */
+static kc_err set_checks(const kc_store *s, const kc_store_kv_op *op) {
+  if ((s->max_bytes && op->vlen + KC_KV_KEY_BYTES(op->klen) > s->max_bytes) ||
+      (s->kv_max_bytes && op->vlen > s->kv_max_bytes))
+    return KC_TOO_LARGE;
+  return !op->val && op->vlen ? KC_EINVAL : KC_OK;
+}
+
 /* Checks and hashes an op before the write lock: 0 to run it, else its own
  * error is set. */
 static int prepare(kc_store *s, kv_job *j) {
@@ -593,21 +609,49 @@ static int prepare(kc_store *s, kv_job *j) {
   op->err = KC_OK;
   if (op->op == KC_KV_FLUSH)
     return 0;
-  if ((op->err = key_hex(op->key, op->klen, j->hex)))
+  int hashed = op->op == KC_KV_SET && op->hashed;
+  if (hashed)
+    memcpy(j->hex, op->key_hex, sizeof j->hex);
+  else if ((op->err = key_hex(op->key, op->klen, j->hex)))
     return -1;
   if (op->op != KC_KV_SET)
     return 0;
-  if ((s->max_bytes && op->vlen + KC_KV_KEY_BYTES(op->klen) > s->max_bytes) ||
-      (s->kv_max_bytes && op->vlen > s->kv_max_bytes))
-    op->err = KC_TOO_LARGE;
-  else if (!op->val && op->vlen)
-    op->err = KC_EINVAL;
+  if ((op->err = set_checks(s, op)))
+    return -1;
+  if (hashed)
+    memcpy(j->digest, op->val_hex, sizeof j->digest);
   else
     op->err = kc_sha256_hex(op->vlen ? op->val : "", op->vlen, j->digest);
-  if (!op->err) /* kept compressed when that saves an eighth (issue 18) */
-    op->err = kcs_zstd_compress(s->compress_level, op->val, op->vlen,
-                                &j->zval, &j->zlen, NULL);
   return op->err ? -1 : 0;
+}
+
+/* Values whose blob is not held yet are compressed, before the write lock,
+ * when that saves an eighth (issue 18); one already held (the same value
+ * SET again, or under another key) is not: compressing it is wasted work
+ * (most of a 4 KiB SET's CPU). A blob gone by the write is compressed
+ * there (set_rec). */
+static kc_err compress_new(kc_store *s, kv_job *jobs, size_t n) {
+  if (s->compress_level <= 0)
+    return KC_OK;
+  kc_store_read *r = NULL;
+  for (size_t i = 0; i < n; i++) {
+    kv_job *j = &jobs[i];
+    if (j->skip || j->op->op != KC_KV_SET || j->op->vlen < KCS_ZSTD_MIN)
+      continue;
+    if (!r && kc_store_read_begin(s, &r))
+      r = NULL; /* no read: compress every value */
+    if (r && blob_held(s, r->txn, j->digest))
+      continue;
+    j->ztried = 1;
+    kc_err e = kcs_zstd_compress(s->compress_level, j->op->val, j->op->vlen,
+                                 &j->zval, &j->zlen, NULL);
+    if (e) {
+      j->op->err = e;
+      j->skip = 1;
+    }
+  }
+  kc_store_read_end(r);
+  return KC_OK;
 }
 
 /* Room for the batch's values (and keys, which bytes_used counts) before
@@ -654,6 +698,7 @@ kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
     c.jobs[i].op = &ops[i];
     c.jobs[i].skip = prepare(s, &c.jobs[i]) != 0;
   }
+  compress_new(s, c.jobs, n);
   size_t runnable = 0;
   for (size_t i = 0; i < n; i++)
     runnable += !c.jobs[i].skip;
@@ -671,4 +716,57 @@ kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
     free(c.jobs[i].zval);
   free(c.jobs);
   return e;
+}
+
+/* ---- a SET settled without a write ---- */
+
+/* The live value st holds is val's bytes. A raw blob is compared, not
+ * hashed: memcmp runs at memory speed, SHA-256 several times slower (most
+ * of a 1 MiB SET's CPU), and equal bytes are equal digests. A compressed
+ * one by its digest (op->val_hex, computed here): decompressing costs more
+ * than hashing. */
+static int same_value(const kv_state *st, kc_store_kv_op *op) {
+  if (st->rec.size != op->vlen)
+    return 0;
+  if (st->enc != KC_STORE_ZSTD)
+    return st->len == op->vlen &&
+           (!op->vlen || memcmp(st->data, op->val, op->vlen) == 0);
+  if (kc_sha256_hex(op->vlen ? op->val : "", op->vlen, op->val_hex))
+    return 0;
+  op->hashed = 1; /* key_hex is filled by the caller */
+  return memcmp(st->rec.digest, op->val_hex, KC_HEX_LEN) == 0;
+}
+
+int kc_store_kv_set_settled(kc_store_read *r, kc_store_kv_op *op,
+                            int64_t now_ms) {
+  kc_store *s = r->s;
+  if (op->op != KC_KV_SET || (op->flags & KC_KV_GET) || set_checks(s, op))
+    return 0;
+  kv_job j = {.op = op};
+  if (op->hashed)
+    memcpy(j.hex, op->key_hex, sizeof j.hex);
+  else if (key_hex(op->key, op->klen, j.hex))
+    return 0;
+  kv_state st;
+  if (state_of(s, r->txn, &j, now_ms, &st))
+    return 0;
+  if (((op->flags & KC_KV_NX) && st.live) ||
+      ((op->flags & KC_KV_XX) && !st.live)) {
+    op->done = 0; /* refused, as op_set would */
+    return 1;
+  }
+  int64_t exp = (op->flags & KC_KV_KEEPTTL) && st.live ? st.rec.expire_ms
+                                                       : op->expire_ms;
+  memcpy(op->key_hex, j.hex, sizeof op->key_hex);
+  if (st.live && exp == st.rec.expire_ms && (!exp || exp > now_ms) &&
+      same_value(&st, op)) {
+    op->done = 1;
+    kcs_uses_record(&s->kvuses, j.hex, kcs_now_ms());
+    return 1;
+  }
+  /* to the commit: hashed here, not under the write lock */
+  if (!op->hashed &&
+      kc_sha256_hex(op->vlen ? op->val : "", op->vlen, op->val_hex) == KC_OK)
+    op->hashed = 1;
+  return 0;
 }

@@ -219,6 +219,38 @@ class OpenServer(unittest.TestCase):
         self.assertEqual(r.unlink("n", "n"), 1)
         self.assertEqual(r.type("k"), b"string")
 
+    def test_set_of_what_is_held(self):
+        """A SET of the value and expiry a key holds is answered without a
+        commit (nothing changes); anything else commits: a TTL cleared by
+        SET without EX, a new value after an identical one, and SETs behind
+        an earlier write of the same pipeline (not yet committed)."""
+        r, v, w = self.r, b"x" * 5000, b"y" * 5000
+        for _ in range(3):
+            self.assertTrue(r.set("k", v))
+        self.assertEqual(r.get("k"), v)
+        self.assertTrue(r.set("k", w))
+        self.assertEqual(r.get("k"), w)
+        self.assertTrue(r.set("k", w, ex=100))
+        self.assertTrue(r.set("k", w, keepttl=True))
+        self.assertGreater(r.ttl("k"), 90)
+        self.assertTrue(r.set("k", w))
+        self.assertEqual(r.ttl("k"), -1)
+        self.assertIsNone(r.set("k", w, nx=True))
+        self.assertEqual(r.setnx("k", w), False)
+        self.assertIsNone(r.set("absent", w, xx=True))
+        self.assertEqual(r.exists("absent"), 0)
+        # the second SET k w follows an open write of k: it must commit
+        p = r.pipeline(transaction=False)
+        p.set("k", v).set("k", w).get("k")
+        self.assertEqual(p.execute(), [True, True, w])
+        p = r.pipeline(transaction=False)
+        p.delete("k").set("k", w).get("k")
+        self.assertEqual(p.execute(), [1, True, w])
+        p = r.pipeline(transaction=True)
+        p.set("k", w).set("k", v)
+        self.assertEqual(p.execute(), [True, True])
+        self.assertEqual(r.get("k"), v)
+
     def test_expiry(self):
         r = self.r
         r.set("s", "v", ex=1)

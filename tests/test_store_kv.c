@@ -97,9 +97,18 @@ static void expect_val(kc_store *s, const void *key, size_t klen,
   kc_store_kv_val v;
   OK(kc_store_read_begin(s, &r));
   OK(kc_store_kv_get(r, key, klen, now, &v));
-  assert_int_equal(v.len, vlen);
-  if (vlen)
-    assert_memory_equal(v.data, val, vlen);
+  assert_int_equal(v.size, vlen);
+  if (v.enc == KC_STORE_ZSTD) { /* held compressed */
+    uint8_t *raw = malloc(vlen ? vlen : 1);
+    assert_non_null(raw);
+    OK(kc_store_zstd_decode(v.data, v.len, raw, vlen, errbuf));
+    assert_memory_equal(raw, val, vlen);
+    free(raw);
+  } else {
+    assert_int_equal(v.len, vlen);
+    if (vlen)
+      assert_memory_equal(v.data, val, vlen);
+  }
   kc_store_read_end(r);
 }
 
@@ -1214,6 +1223,146 @@ static void test_set_same_and_replace(void **state) {
   free(q);
 }
 
+/* kc_store_kv_set_settled on its own read. */
+static int settled(kc_store *s, kc_store_kv_op *op, int64_t now) {
+  kc_store_read *r;
+  OK(kc_store_read_begin(s, &r));
+  int v = kc_store_kv_set_settled(r, op, now);
+  kc_store_read_end(r);
+  return v;
+}
+
+static kc_store_kv_op set_op(const char *key, const void *val, size_t vlen,
+                             int flags, int64_t exp) {
+  kc_store_kv_op op = {.op = KC_KV_SET, .key = key, .klen = strlen(key),
+                       .val = val, .vlen = vlen, .flags = flags,
+                       .expire_ms = exp};
+  return op;
+}
+
+/* One op through the commit: the op as it is (hashes and all). */
+static void apply_op(kc_store *s, kc_store_kv_op *op, int64_t now) {
+  OK(kc_store_kv_apply(s, op, 1, now, errbuf));
+  assert_int_equal(op->err, KC_OK);
+  free(op->old);
+  op->old = NULL;
+}
+
+/* A SET the committed state settles needs no commit: the value and expiry
+ * the key holds already (a raw blob compared, a compressed one by digest;
+ * KEEPTTL), and NX/XX refusals. Anything that changes what is stored goes
+ * to the commit, hashed once: a new key, another value of the same size
+ * after an identical SET, an expiry added or cleared (SET without EX
+ * clears a TTL, as in Redis), a key expired, and SET ... GET. */
+static void settled_cases(kc_store *s, const uint8_t *p, const uint8_t *q,
+                          size_t n) {
+  int64_t now = now_ms(), exp = now + 100000;
+  kc_store_kv_op op = set_op("k", p, n, 0, 0);
+  assert_int_equal(settled(s, &op, now), 0); /* a new key */
+  char hex[KC_HEX_LEN + 1];
+  assert_int_equal(op.hashed, 1);
+  OK(kc_sha256_hex(p, n, hex));
+  assert_string_equal(op.val_hex, hex);
+  OK(kc_sha256_hex("k", 1, hex));
+  assert_string_equal(op.key_hex, hex);
+  apply_op(s, &op, now);
+  assert_int_equal(op.done, 1);
+  expect_val(s, "k", 1, p, n, now);
+  kc_store_stats st0 = get_stats(s);
+  /* the same value again: settled, nothing written */
+  for (int i = 0; i < 3; i++) {
+    op = set_op("k", p, n, 0, 0);
+    op.done = 7;
+    assert_int_equal(settled(s, &op, now), 1);
+    assert_int_equal(op.done, 1);
+  }
+  kc_store_stats st = get_stats(s);
+  assert_int_equal(st.kv_keys, st0.kv_keys);
+  assert_int_equal(st.bytes_used, st0.bytes_used);
+  /* NX on a live key, XX on a missing one: refused without a write; NX
+   * on a missing key and GET are the commit's */
+  op = set_op("k", q, n, KC_KV_NX, 0);
+  assert_int_equal(settled(s, &op, now), 1);
+  assert_int_equal(op.done, 0);
+  op = set_op("none", q, n, KC_KV_XX, 0);
+  assert_int_equal(settled(s, &op, now), 1);
+  assert_int_equal(op.done, 0);
+  assert_false(present(s, "none"));
+  op = set_op("none", q, n, KC_KV_NX, 0);
+  assert_int_equal(settled(s, &op, now), 0);
+  op = set_op("k", p, n, KC_KV_GET, 0);
+  assert_int_equal(settled(s, &op, now), 0);
+  /* another value of the same size after the identical one */
+  op = set_op("k", q, n, 0, 0);
+  assert_int_equal(settled(s, &op, now), 0);
+  apply_op(s, &op, now);
+  expect_val(s, "k", 1, q, n, now);
+  op = set_op("k", q, n, 0, 0);
+  assert_int_equal(settled(s, &op, now), 1);
+  /* an expiry added: the commit's; then the same expiry, and KEEPTTL */
+  op = set_op("k", q, n, 0, exp);
+  assert_int_equal(settled(s, &op, now), 0);
+  apply_op(s, &op, now);
+  assert_int_equal(expiry_of(s, "k", now), exp);
+  op = set_op("k", q, n, 0, exp);
+  assert_int_equal(settled(s, &op, now), 1);
+  op = set_op("k", q, n, KC_KV_KEEPTTL, 0);
+  assert_int_equal(settled(s, &op, now), 1);
+  assert_int_equal(expiry_of(s, "k", now), exp);
+  /* the same value without EX clears the TTL: not settled */
+  op = set_op("k", q, n, 0, 0);
+  assert_int_equal(settled(s, &op, now), 0);
+  apply_op(s, &op, now);
+  assert_int_equal(expiry_of(s, "k", now), 0);
+  /* expired by then: the key is gone, the SET is a write */
+  op = set_op("k", q, n, 0, exp);
+  apply_op(s, &op, now);
+  op = set_op("k", q, n, 0, exp);
+  assert_int_equal(settled(s, &op, exp + 1), 0);
+  op = set_op("k", q, n, KC_KV_NX, 0);
+  assert_int_equal(settled(s, &op, exp + 1), 0);
+  OK(kc_store_verify(s, errbuf));
+}
+
+static void test_set_settled(void **state) {
+  fx *f = *state;
+  size_t n = 8 * KiB;
+  uint8_t *p = bytes(n, 31), *q = bytes(n, 32);
+  kc_store *s = open_kv(f->dir, 0, 0, 0);
+  settled_cases(s, p, q, n); /* raw blobs: compared */
+  kc_store_close(s);
+  free(p);
+  free(q);
+}
+
+/* The same with compressed blobs (compared by digest), and a value whose
+ * blob is held already is not compressed again but shares it. */
+static void test_set_settled_compressed(void **state) {
+  fx *f = *state;
+  size_t n = 8 * KiB;
+  uint8_t *p = malloc(n), *q = malloc(n);
+  assert_non_null(p);
+  assert_non_null(q);
+  for (size_t i = 0; i < n; i++) {
+    p[i] = (uint8_t)("compressible "[i % 13]);
+    q[i] = (uint8_t)("other text "[i % 11]);
+  }
+  kc_store_opts o = {.dir = f->dir, .compress_level = 3};
+  kc_store *s = open_with(&o);
+  settled_cases(s, p, q, n);
+  kc_store_stats st = get_stats(s);
+  assert_true(st.bytes_used < n); /* q held compressed */
+  int64_t now = now_ms();
+  assert_int_equal(set(s, "k2", q, n, 0, 0, now), 1);
+  assert_int_equal(get_stats(s).blobs, st.blobs);
+  assert_int_equal(del(s, "k"), 1);
+  expect_val(s, "k2", 2, q, n, now);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  free(p);
+  free(q);
+}
+
 /* RESP keys' own bytes count toward max_bytes (issue 14 item 7): long keys
  * with 1-byte values cannot fill the disk past the limit. 10,000 keys of
  * 2 KiB, batched as a pipelining client would, in a 4 MiB store. */
@@ -1330,6 +1479,8 @@ int main(int argc, char **argv) {
       ST(test_scrub_rotted_value),
       ST(test_tier_queue_when_s3_down),
       ST(test_set_same_and_replace),
+      ST(test_set_settled),
+      ST(test_set_settled_compressed),
       ST(test_key_bytes_counted),
       ST(test_key_bytes_recounted_at_open),
   };

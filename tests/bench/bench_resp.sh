@@ -16,7 +16,10 @@
 #    Every size starts with FLUSHDB, so a GET finds only values of its size.
 #    Note: redis-benchmark's values are the same bytes every time; kcached
 #    stores a value once by its SHA-256, so its SETs here write a key record
-#    and not the value. Step 2's fill uses distinct values.
+#    and not the value, and once a key holds the value (after its first SET
+#    of -r's keyspace) a SET of it again is answered from the committed
+#    state without a commit (kc_store_kv_set_settled). 4K-new: nearly every
+#    SET a new key (a commit each). Step 2's fill uses distinct values.
 # 2. Restart: SET BENCH_FILL_COUNT (50000) distinct 64 KiB values (3.28 GB)
 #    with resp_tool.py (pipelined), stop, start again, and time from the
 #    start until the first GET returns a value, and the server's RSS then.
@@ -33,6 +36,14 @@
 #   env: BENCH_DIR (a directory with 8 GB free; default $TMPDIR or /tmp)
 #        BENCH_SCALE (1: multiplies every request count) BENCH_PIN (1)
 #        BENCH_FILL_COUNT (50000) BENCH_SKIP_RESTART (0) REDIS_SERVER
+#        BENCH_SERVERS ("kcached off everysec always"; add "base" with
+#          BENCH_BASE_KCACHED=path: a second kcached build, e.g. main's, in
+#          the same run, its column before kcached's)
+#        BENCH_OPS ("set get"; "set": the SETs only)
+#        BENCH_TESTS ("4K 64K 1M 4K-P16 4K-new": the tests to run, by
+#          label; 4K-new: -r 100000000, nearly every SET a new key, so a
+#          written key record each, where the other tests' SETs mostly
+#          find the value already held under their key)
 # Needs: redis-server, redis-benchmark, redis-cli, python3, taskset.
 # Loopback only, on free ports; every loop is bounded; the temporary
 # directory is removed.
@@ -42,6 +53,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 kcached=${1:-${KCACHED:-$root/build/server/kcached}}
 [ -x "$kcached" ] || { echo "bench_resp: no kcached binary at $kcached (give its path)" >&2; exit 2; }
+base_kcached=${BENCH_BASE_KCACHED:-}
 redis_bin=${REDIS_SERVER:-$(command -v redis-server || echo /usr/bin/redis-server)}
 for tool in redis-benchmark redis-cli python3 "$redis_bin"; do
   command -v "$tool" >/dev/null || { echo "bench_resp: $tool not found (scripts/install-deps.sh)" >&2; exit 2; }
@@ -89,8 +101,8 @@ wait_ours() {
   exit 1
 }
 
-kcached_cmd() { # data dir -> argv in cmdv
-  cmdv=("${server_cpu[@]}" "$kcached" --listen 127.0.0.1:0 --data-dir "$1"
+kcached_cmd() { # data dir [binary] -> argv in cmdv
+  cmdv=("${server_cpu[@]}" "${2:-$kcached}" --listen 127.0.0.1:0 --data-dir "$1"
         --resp-listen "127.0.0.1:$port" --threads 1)
 }
 
@@ -107,6 +119,8 @@ start_server() { # kind: kcached | off | everysec | always | rdb
   rm -rf "$d" && mkdir -p "$d"
   case $1 in
     kcached) kcached_cmd "$d" ;;
+    base) [ -x "$base_kcached" ] || { echo "bench_resp: BENCH_BASE_KCACHED is not a kcached" >&2; exit 2; }
+      kcached_cmd "$d" "$base_kcached" ;;
     off) redis_cmd "$d" --save '' --appendonly no ;;
     everysec) redis_cmd "$d" --save '' --appendonly yes --appendfsync everysec ;;
     always) redis_cmd "$d" --save '' --appendonly yes --appendfsync always ;;
@@ -140,12 +154,19 @@ bench_one() {
 }
 
 # Test table: label, -d, -n (x scale), -r, -P
-tests=(
+all_tests=(
   "4K 4096 100000 10000 1"
   "64K 65536 20000 2000 1"
   "1M 1048576 2000 200 1"
   "4K-P16 4096 400000 10000 16"
+  "4K-new 4096 50000 100000000 1"
 )
+want_tests=" ${BENCH_TESTS:-4K 64K 1M 4K-P16 4K-new} "
+tests=()
+for t in "${all_tests[@]}"; do
+  [[ $want_tests == *" ${t%% *} "* ]] && tests+=("$t")
+done
+read -ra ops <<<"${BENCH_OPS:-set get}"
 read -ra servers <<<"${BENCH_SERVERS:-kcached off everysec always}"
 declare -A rps cpu
 for s in "${servers[@]}"; do
@@ -155,7 +176,8 @@ for s in "${servers[@]}"; do
     n=$(awk -v n="$n" -v k="$scale" 'BEGIN { printf "%d", n * k }')
     # Only this size's keys: the GETs must not meet values of another test.
     redis-cli -p "$port" flushdb >/dev/null
-    for op in set get; do
+    for op in "${ops[@]}"; do
+      [ "$op:$label" = get:4K-new ] && continue # its keys: mostly misses
       read -r r c < <(bench_one -t "$op" -d "$size" -n "$n" -r "$keys" -c 50 -P "$pipe")
       rps[$s,$op,$label]=$r cpu[$s,$op,$label]=$c
       echo "bench_resp: $s $op $label: $r req/s, server CPU $c s for $n requests" >&2
@@ -197,22 +219,29 @@ fi
 pinned=$([ ${#client_cpu[@]} -gt 0 ] && echo "redis-benchmark on CPU 0, servers on CPU 1" || echo "unpinned")
 echo
 echo "$("$kcached" --version) vs redis-server $("$redis_bin" --version | sed 's/.*v=\([^ ]*\).*/\1/'); redis-benchmark -c 50 --csv, request counts x$scale; $pinned"
-echo "req/s (requests per server CPU-second); ratios: kcached / redis"
-printf '%-12s %22s %22s %22s %22s %9s %9s %9s\n' test kcached "redis off" "redis everysec" "redis always" "/off" "/always" "target"
+echo "req/s (requests per server CPU-second); ratios: kcached / redis, req/s then per CPU-second"
+declare -A colname=([kcached]=kcached [base]="kcached base" [off]="redis off" [everysec]="redis everysec" [always]="redis always")
+header=$(printf '%-12s' test)
+for s in "${servers[@]}"; do header+=$(printf ' %22s' "${colname[$s]}"); done
+echo "$header$(printf ' %17s %17s %s' "/off" "/always" target)"
 for t in "${tests[@]}"; do
-  read -r label _ _ _ _ <<<"$t"
-  for op in set get; do
+  read -r label _ n _ _ <<<"$t"
+  n=$(awk -v n="$n" -v k="$scale" 'BEGIN { printf "%d", n * k }')
+  for op in "${ops[@]}"; do
+    [ "$op:$label" = get:4K-new ] && continue
     line=$(printf '%-12s' "${op^^} $label")
+    declare -A pcs=()
     for s in "${servers[@]}"; do
-      line+=$(awk -v r="${rps[$s,$op,$label]:-0}" -v c="${cpu[$s,$op,$label]:-0}" -v n="$(awk -v t="$t" -v k="$scale" 'BEGIN { split(t, a, " "); printf "%d", a[3] * k }')" \
-        'BEGIN { printf " %11.0f (%8.0f)", r, (c > 0 ? n / c : 0) }')
+      c=${cpu[$s,$op,$label]:-0}
+      pcs[$s]=$(awk -v n="$n" -v c="$c" 'BEGIN { printf "%.0f", (c > 0 ? n / c : 0) }')
+      line+=$(awk -v r="${rps[$s,$op,$label]:-0}" -v p="${pcs[$s]}" 'BEGIN { printf " %11.0f (%8.0f)", r, p }')
     done
-    k=${rps[kcached,$op,$label]:-0}
     target="-"
     [ "$op" = get ] && target=">=0.8 off"
     [ "$op" = set ] && target=">=0.3 off, >=1.0 always"
-    line+=$(awk -v k="$k" -v o="${rps[off,$op,$label]:-0}" -v a="${rps[always,$op,$label]:-0}" -v t="$target" \
-      'BEGIN { printf " %9s %9s  %s", x(k, o), x(k, a), t }
+    line+=$(awk -v k="${rps[kcached,$op,$label]:-0}" -v o="${rps[off,$op,$label]:-0}" -v a="${rps[always,$op,$label]:-0}" \
+      -v kc="${pcs[kcached]:-0}" -v oc="${pcs[off]:-0}" -v ac="${pcs[always]:-0}" -v t="$target" \
+      'BEGIN { printf " %8s %8s %8s %8s  %s", x(k, o), x(kc, oc), x(k, a), x(kc, ac), t }
        function x(p, q) { return q > 0 ? sprintf("%.2fx", p / q) : "-" }')
     echo "$line"
   done
