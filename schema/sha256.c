@@ -14,13 +14,19 @@ struct kc_sha256 {
   int done; /* EVP forbids updates after final: refuse them ourselves */
 };
 
+/* Lowercase hex digits (every request's digest or key is checked). */
+static const unsigned char is_hex[256] = {
+    ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1,
+    ['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1, ['a'] = 1, ['b'] = 1,
+    ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1};
+
 int kc_is_hex64(const char *s) {
-  if (!s)
+  if (!s || strnlen(s, KC_HEX_LEN + 1) != KC_HEX_LEN)
     return 0;
+  unsigned ok = 1; /* no early exit: the loop vectorizes */
   for (int i = 0; i < KC_HEX_LEN; i++)
-    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-      return 0;
-  return s[KC_HEX_LEN] == '\0';
+    ok &= is_hex[(unsigned char)s[i]];
+  return (int)ok;
 }
 
 static void kc_hex(const unsigned char *md, char out[KC_HEX_LEN + 1]) {
