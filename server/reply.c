@@ -1,7 +1,8 @@
-/* reply.c: how a request is answered. Every answer goes through kcd_reply,
- * which queues one libmicrohttpd response on the request's connection and
- * records its status and size for the access log and metrics (http.c reads
- * them when the request completes). Above it: JSON bodies, error bodies with
+/* reply.c: how a request is answered. Every answer goes through kcd_reply
+ * (or kcd_reply_map, which reuses a small blob's response, or
+ * kcd_reply_pieces), which queues one libmicrohttpd response on the
+ * request's connection and records its status and size for the access log
+ * and metrics (http.c reads them when the request completes). Above it: JSON bodies, error bodies with
  * the headers their status implies (WWW-Authenticate, Allow, Retry-After),
  * and early answers: errors decided before the body was read, answered once
  * http.c has read or dropped it.
