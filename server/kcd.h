@@ -572,6 +572,16 @@ int kcd_tls_supported(void);
 enum kcd_mem { KCD_MEM_COPY, KCD_MEM_PERSISTENT, KCD_MEM_FREE };
 int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
               size_t len, enum kcd_mem mem, const char *const *headers);
+/* A 200 whose body is len bytes at data inside the map of the request's
+ * read (r->read, ended when the response is sent), with headers that
+ * depend only on `key` (64 hex digits: the blob's digest) and ctype. Each
+ * thread keeps the last responses built (REUSE_SLOTS), and one built for
+ * the same key, address and length is queued again instead of a new one
+ * (a GET then costs no response allocation nor header copies). Valid:
+ * the read has just found key's bytes at data, so the old response's body
+ * is exactly these bytes, read under this request's read. */
+int kcd_reply_map(kcd_req *r, const char *key, const char *ctype,
+                  const void *data, size_t len, const char *const *headers);
 /* A body produced piece by piece: fill buf with up to max bytes of it from
  * offset pos; return how many (> 0), or -1 to abort the response (the
  * connection closes: the client sees a body shorter than its length). */

@@ -1,13 +1,15 @@
-/* reply.c: how a request is answered. Every answer goes through kcd_reply,
- * which queues one libmicrohttpd response on the request's connection and
- * records its status and size for the access log and metrics (http.c reads
- * them when the request completes). Above it: JSON bodies, error bodies with
+/* reply.c: how a request is answered. Every answer goes through kcd_reply
+ * (or kcd_reply_map, which reuses a small blob's response, or
+ * kcd_reply_pieces), which queues one libmicrohttpd response on the
+ * request's connection and records its status and size for the access log
+ * and metrics (http.c reads them when the request completes). Above it: JSON bodies, error bodies with
  * the headers their status implies (WWW-Authenticate, Allow, Retry-After),
  * and early answers: errors decided before the body was read, answered once
  * http.c has read or dropped it.
  *
  * Handlers (routes_*.c) and http.c call in here; nothing here calls back into
  * http.c or a handler. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,77 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
   r->queued = 1;
   int bodyless = r->method == KCD_M_HEAD || status == 204 || status == 304;
   r->bytes_out = bodyless ? 0 : len;
+  return ret;
+}
+
+/* ---- responses of the map, reused ---- */
+
+/* Per thread, direct-mapped by the key's first hex digits. A slot holds one
+ * reference to its response; MHD takes its own for each queue. */
+#define REUSE_SLOTS 64
+
+typedef struct reuse_slot {
+  struct MHD_Response *resp;
+  const void *data;
+  size_t len;
+  const char *ctype;
+  char key[KC_HEX_LEN];
+} reuse_slot;
+
+static _Thread_local reuse_slot reuse[REUSE_SLOTS];
+static pthread_key_t reuse_key;
+static pthread_once_t reuse_once = PTHREAD_ONCE_INIT;
+
+/* At the thread's end (MHD's workers end with the daemon). */
+static void reuse_free(void *slots) {
+  reuse_slot *t = slots;
+  for (size_t i = 0; i < REUSE_SLOTS; i++) {
+    if (t[i].resp)
+      MHD_destroy_response(t[i].resp);
+    t[i].resp = NULL;
+  }
+}
+
+static void reuse_key_make(void) { pthread_key_create(&reuse_key, reuse_free); }
+
+static unsigned hexval(char c) {
+  return c <= '9' ? (unsigned)(c - '0') : (unsigned)(c - 'a' + 10);
+}
+
+static struct MHD_Response *map_response(const char *key, const char *ctype,
+                                         const void *data, size_t len,
+                                         const char *const *headers) {
+  reuse_slot *sl = &reuse[(hexval(key[0]) << 4 | hexval(key[1])) % REUSE_SLOTS];
+  if (sl->resp && sl->data == data && sl->len == len && sl->ctype == ctype &&
+      memcmp(sl->key, key, KC_HEX_LEN) == 0)
+    return sl->resp;
+  struct MHD_Response *resp = make_response(data, len, KCD_MEM_PERSISTENT);
+  if (!resp)
+    return NULL;
+  if (ctype)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+  for (size_t i = 0; headers && headers[i] && headers[i + 1]; i += 2)
+    MHD_add_response_header(resp, headers[i], headers[i + 1]);
+  if (!sl->resp) {
+    pthread_once(&reuse_once, reuse_key_make);
+    pthread_setspecific(reuse_key, reuse);
+  } else {
+    MHD_destroy_response(sl->resp); /* dropped here; MHD may still hold it */
+  }
+  *sl = (reuse_slot){resp, data, len, ctype, ""};
+  memcpy(sl->key, key, KC_HEX_LEN);
+  return resp;
+}
+
+int kcd_reply_map(kcd_req *r, const char *key, const char *ctype,
+                  const void *data, size_t len, const char *const *headers) {
+  struct MHD_Response *resp = map_response(key, ctype, data, len, headers);
+  if (!resp)
+    return MHD_NO;
+  enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
+  r->status = 200;
+  r->queued = 1;
+  r->bytes_out = r->method == KCD_M_HEAD ? 0 : len;
   return ret;
 }
 

@@ -152,6 +152,13 @@ static int suffix_match(const kcd_route *rt, const char *url, size_t u,
 }
 
 const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
+  /* The hot route first: no suffix route shares its prefix. */
+  static const char blobs[] = "/v1/blobs/";
+  if (strncmp(url, blobs, sizeof blobs - 1) == 0) {
+    const char *p = url + sizeof blobs - 1;
+    set_param(param, cap, p, strlen(p));
+    return &routes[KCD_R_BLOBS];
+  }
   size_t u = strlen(url);
   param[0] = '\0';
   for (size_t i = 0; i < KCD_N_ROUTES; i++)

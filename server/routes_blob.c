@@ -173,6 +173,5 @@ int kcd_blob_get(kcd_req *r) {
   }
   /* The bytes stay in LMDB's map; r->read ends in the completion callback,
    * after MHD sent them. */
-  return kcd_reply(r, 200, "application/octet-stream", data, len,
-                   KCD_MEM_PERSISTENT, h);
+  return kcd_reply_map(r, r->param, "application/octet-stream", data, len, h);
 }

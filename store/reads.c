@@ -9,6 +9,7 @@
  * the age of the oldest read is exported so that a pinned map shows. */
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 #include "store_internal.h"
 #include "tier.h" /* kcs_mono_ms */
 
@@ -22,8 +23,17 @@ kcs_shard *kcs_shard_mine(kc_store *s) {
 
 /* Appended at the tail: each list stays in begin order, so its head is its
  * oldest read, and the oldest of the heads is the store's. */
+/* The read's start for the age of the oldest read: whole milliseconds
+ * compared with kcs_mono_ms, so the coarse clock (a tick or so behind, no
+ * TSC read: every GET begins a read) is enough. */
+static uint64_t coarse_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 void kcs_read_link(kcs_shard *sh, kc_store_read *r) {
-  r->t0_ms = kcs_mono_ms();
+  r->t0_ms = coarse_ms();
   r->shard = sh;
   r->next = NULL;
   r->prev = sh->open_tail;

@@ -5,6 +5,7 @@
  * Helpers and the shared open server: servertest.h. */
 #include <setjmp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -43,6 +44,42 @@ static void t_blob_roundtrip(void **state) {
   r = http(&S, path, (req){.header = "If-None-Match: \"0000\""});
   assert_int_equal(r.status, 200);
   resp_free(&r);
+}
+
+/* Each server thread reuses the response it built for a small blob
+ * (reply.c, kcd_reply_map), a slot per digest's first byte: blobs that
+ * share a slot, asked for in turns, must each come with their own bytes
+ * and ETag. */
+static void t_blob_reused_responses(void **state) {
+  (void)state;
+  enum { N = 24 };
+  static char data[N][1200];
+  char d[N][65], path[128], v[128], etag[80];
+  int slot_of[64] = {0}, shared = 0;
+  for (int i = 0; i < N; i++) {
+    size_t n = 100 + (size_t)i * 37;
+    fill_random(data[i], n, 700 + (unsigned)i);
+    assert_int_equal(put_blob(&S, NULL, data[i], n, d[i]), 201);
+    unsigned b = (unsigned)strtoul((char[3]){d[i][0], d[i][1], 0}, NULL, 16);
+    shared |= slot_of[b % 64]++ > 0;
+  }
+  assert_true(shared); /* the seeds give two digests one slot */
+  for (int round = 0; round < 3; round++)
+    for (int i = 0; i < N; i++) {
+      size_t n = 100 + (size_t)i * 37;
+      snprintf(path, sizeof path, "/v1/blobs/%.64s", d[i]);
+      resp r = http(&S, path, (req){.method = round == 1 ? "HEAD" : NULL});
+      assert_int_equal(r.status, 200);
+      assert_int_equal(r.len, round == 1 ? 0 : n);
+      if (round != 1)
+        assert_memory_equal(r.body, data[i], n);
+      snprintf(etag, sizeof etag, "\"%.64s\"", d[i]);
+      assert_true(header(&r, "ETag", v, sizeof v));
+      assert_string_equal(v, etag);
+      assert_true(header(&r, "Content-Length", v, sizeof v));
+      assert_int_equal(atoi(v), (int)n);
+      resp_free(&r);
+    }
 }
 
 static void t_blob_missing(void **state) {
@@ -271,6 +308,7 @@ static void t_scrub_removes_rotted(void **state) {
 int main(void) {
   const struct CMUnitTest api[] = {
       cmocka_unit_test(t_blob_roundtrip),
+      cmocka_unit_test(t_blob_reused_responses),
       cmocka_unit_test(t_blob_missing),
       cmocka_unit_test(t_blob_bad_digest),
       cmocka_unit_test(t_blob_mismatch),

@@ -22,6 +22,7 @@
 # Usage: tests/bench/bench_http.sh [path/to/kcached]
 #   env: BENCH_DURATION (5s) BENCH_CONNS (16) BENCH_RUNS (3) BENCH_PUTS (8; 0: no PUTs)
 #        BENCH_PIN (1) BENCH_THREADS (1: kcached --threads) NGINX (nginx)
+#        KCACHED_ARGS (more kcached flags, e.g. "--access-log off")
 #        NGINX_SENDFILE (on: Debian's default; off: read+write, which was the
 #        faster of the two for 16 MiB on a 2-CPU VM)
 # Needs: wrk, nginx, curl, python3 (a free port), sha256sum, taskset, cc and
@@ -82,8 +83,10 @@ wait_http() {
 
 start_kcached() { # data dir
   rm -f "$tmp/port"
+  # shellcheck disable=SC2086 # KCACHED_ARGS: words
   "${server_cpu[@]}" "$kcached" --listen 127.0.0.1:0 --port-file "$tmp/port" \
-    --data-dir "$1" --threads "$threads" --max-blob-bytes 64M 2>"$tmp/kcached.log" &
+    --data-dir "$1" --threads "$threads" --max-blob-bytes 64M ${KCACHED_ARGS:-} \
+    2>"$tmp/kcached.log" &
   kpid=$!
   for _ in $(seq 1 200); do [ -s "$tmp/port" ] && break; sleep 0.05; done
   kport=$(cat "$tmp/port")
@@ -255,7 +258,7 @@ kver=$("$kcached" --version 2>/dev/null || echo kcached)
 nver=$("$nginx_bin" -v 2>&1 | sed 's/.*version: //')
 pinned=$([ ${#client_cpu[@]} -gt 0 ] && echo "wrk/curl on CPU 0, servers on CPU 1" || echo "unpinned")
 echo
-echo "$kver (--threads $threads) vs $nver (worker_processes 1, sendfile $sendfile) vs mhd_static; wrk -t1 -c$conns -d$duration; median of $runs; $pinned; $(nproc) CPUs, $(date -u +%F)"
+echo "$kver (--threads $threads${KCACHED_ARGS:+ $KCACHED_ARGS}) vs $nver (worker_processes 1, sendfile $sendfile) vs mhd_static; wrk -t1 -c$conns -d$duration; median of $runs; $pinned; $(nproc) CPUs, $(date -u +%F)"
 med() { tr ' ' '\n' <<<"$1" | grep . | median; }
 printf '%-11s %-9s %12s %12s %14s %14s\n' "" server "req/s" "bytes/s" "req/CPU-s" "vs nginx CPU-s"
 for size in small large; do
