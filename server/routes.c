@@ -152,9 +152,11 @@ static int suffix_match(const kcd_route *rt, const char *url, size_t u,
 }
 
 const kcd_route *kcd_route_find(const char *url, char *param, size_t cap) {
-  /* The hot route first: no suffix route shares its prefix. */
+  /* The hot route first: no suffix route shares its prefix, and the one
+   * exact path under it (/v1/blobs/fetch) is left to the table. */
   static const char blobs[] = "/v1/blobs/";
-  if (strncmp(url, blobs, sizeof blobs - 1) == 0) {
+  if (strncmp(url, blobs, sizeof blobs - 1) == 0 &&
+      strcmp(url, routes[KCD_R_BLOBS_FETCH].path) != 0) {
     const char *p = url + sizeof blobs - 1;
     set_param(param, cap, p, strlen(p));
     return &routes[KCD_R_BLOBS];
