@@ -225,6 +225,7 @@ typedef enum kcd_svc_op {
   KCD_OP_LEASE_TAKE,
   KCD_OP_LEASE_RELEASE,
   KCD_OP_AUTH,          /* a token checked (tokens on) */
+  KCD_OP_SET,           /* a key written: a bundle (HTTP PUT), a key (RESP) */
   KCD_N_OPS
 } kcd_svc_op;
 typedef enum kcd_svc_res {
@@ -238,6 +239,7 @@ typedef enum kcd_svc_res {
   KCD_RES_GRANTED, /* lease_take */
   KCD_RES_HELD,    /* lease_take: another holder has it */
   KCD_RES_DENIED,  /* auth: no such token; lease_release: not its token */
+  KCD_RES_REFUSED, /* set: NX/XX (RESP) said no */
   KCD_N_RES
 } kcd_svc_res;
 

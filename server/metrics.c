@@ -244,10 +244,10 @@ static void render_self(FILE *f, kcd_metrics *m) {
 
 static const char *const fe_names[KCD_N_FE] = {"http", "resp"};
 static const char *const op_names[KCD_N_OPS] = {
-    "get", "lookup", "put", "lease_take", "lease_release", "auth"};
+    "get", "lookup", "put", "lease_take", "lease_release", "auth", "set"};
 static const char *const res_names[KCD_N_RES] = {
     "ok",      "hit",     "miss", "error",  "present",
-    "new",     "repair",  "granted", "held", "denied"};
+    "new",     "repair",  "granted", "held", "denied", "refused"};
 
 /* The results each op can have (shown at 0 until counted); -1 ends. */
 static const int op_results[KCD_N_OPS][6] = {
@@ -259,13 +259,16 @@ static const int op_results[KCD_N_OPS][6] = {
     [KCD_OP_LEASE_RELEASE] = {KCD_RES_OK, KCD_RES_MISS, KCD_RES_DENIED,
                               KCD_RES_ERROR, -1},
     [KCD_OP_AUTH] = {KCD_RES_OK, KCD_RES_DENIED, -1},
+    [KCD_OP_SET] = {KCD_RES_NEW, KCD_RES_PRESENT, KCD_RES_REFUSED,
+                    KCD_RES_ERROR, -1},
 };
 
 /* Which front end serves which op: RESP has no bundles, lookups or leases
  * (yet); an op shown for a front end that never does it would only read as
  * "unused". */
 static int fe_does(int fe, int op) {
-  return fe == KCD_FE_HTTP || op == KCD_OP_GET || op == KCD_OP_AUTH;
+  return fe == KCD_FE_HTTP || op == KCD_OP_GET || op == KCD_OP_AUTH ||
+         op == KCD_OP_SET;
 }
 
 static void render_ops(FILE *f, kcd_metrics *m) {

@@ -224,6 +224,23 @@ static void count_reply(const kcd_resp_job *j, const kcd_resp_item *it,
                    1);
 }
 
+/* The SETs of a committed item, under kcached_ops_total's op="set" (the
+ * ones the committed state settled are counted in resp_kv.c). */
+static void count_sets(const kcd_resp_job *j, const kcd_resp_item *it) {
+  if (it->kind == KCD_RK_PRE || !j->conn)
+    return;
+  kcd_state *st = j->conn->srv->st;
+  for (size_t k = 0; k < it->n; k++) {
+    const kc_store_kv_op *o = j->ops + it->first + k;
+    if (o->op != KC_KV_SET)
+      continue;
+    kcd_svc_res res = j->err || o->err ? KCD_RES_ERROR
+                      : o->done        ? KCD_RES_NEW
+                                       : KCD_RES_REFUSED;
+    kcd_svc_count(st, KCD_OP_SET, KCD_FE_RESP, res, 1);
+  }
+}
+
 void kcd_resp_job_reply(kcd_resp_job *j, kcd_resp_buf *out) {
   for (size_t i = 0; i < j->nitems; i++) {
     const kcd_resp_item *it = &j->items[i];
@@ -233,5 +250,6 @@ void kcd_resp_job_reply(kcd_resp_job *j, kcd_resp_buf *out) {
     else
       reply_ops(j, it, out);
     count_reply(j, it, out, before);
+    count_sets(j, it);
   }
 }

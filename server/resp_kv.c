@@ -239,6 +239,8 @@ static int set_settled(kcd_resp_ctx *x, kc_store_kv_op *o, kcd_resp_rk rk) {
   }
   if (!kc_store_kv_set_settled(c->rd, o, x->now_ms))
     return 0;
+  kcd_svc_count(x->st, KCD_OP_SET, KCD_FE_RESP,
+                o->done ? KCD_RES_PRESENT : KCD_RES_REFUSED, 1);
   if (rk == KCD_RK_SUM)
     kcd_resp_int(x->out, (long long)o->done);
   else if (o->done)

@@ -65,6 +65,8 @@ int kcd_bundle_put(kcd_req *r) {
   e = kc_store_bundle_put_once(store_of(r), m, &created, &missing, &n_missing,
                                err);
   kc_manifest_free(m);
+  kcd_svc_count(r->st, KCD_OP_SET, KCD_FE_HTTP,
+                e ? KCD_RES_ERROR : created ? KCD_RES_NEW : KCD_RES_PRESENT, 1);
   if (e == KC_MISSING_BLOBS)
     return reply_missing(r, err, missing, n_missing);
   kc_store_strv_free(missing, n_missing);

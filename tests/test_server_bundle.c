@@ -12,12 +12,20 @@
 static void t_bundle_roundtrip(void **state) {
   (void)state;
   char key[65], path[128];
+  const char *present = "kcached_ops_total{op=\"set\",frontend=\"http\","
+                        "result=\"present\"}";
+  const char *created = "kcached_ops_total{op=\"set\",frontend=\"http\","
+                        "result=\"new\"}";
+  double p0 = kc_testsrv_metric(&S, present), n0 = kc_testsrv_metric(&S, created);
   char *json = store_bundle(&S, NULL, MODEL_A, 1, 11, key);
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
   resp r = http(&S, path, (req){.method = "PUT", .body = json,
                                 .len = strlen(json)});
   assert_int_equal(r.status, 200); /* identical, already there */
   resp_free(&r);
+  /* the shared op label: one bundle written, then offered again */
+  assert_true(kc_testsrv_metric(&S, created) == n0 + 1);
+  assert_true(kc_testsrv_metric(&S, present) == p0 + 1);
   r = http(&S, path, (req){0});
   assert_int_equal(r.status, 200);
   assert_int_equal(r.len, strlen(json));

@@ -110,6 +110,22 @@ class OpsMetric(unittest.TestCase):
         self.assertEqual(call(self.srv, "PUT", "/v1/blobs/" + d, data)[0], 200)
         self.delta(before, put__http__present=1, put__http__new=0)
 
+    def test_set_on_resp(self):
+        """RESP writes count as op="set" (HTTP bundle PUTs: test_server_bundle):
+        written (new), held already with no commit (present), refused by NX
+        or XX (refused)."""
+        before = ops(self.srv)
+        self.assertIn(("set", "resp", "new"), before)
+        r = self.srv.client()
+        self.assertTrue(r.set("svc:set", b"one"))
+        self.assertTrue(r.set("svc:set", b"one"))  # held: settled, no commit
+        self.assertIsNone(r.set("svc:set", b"two", nx=True))
+        self.assertIsNone(r.set("svc:absent", b"x", xx=True))
+        self.assertTrue(r.mset({"svc:m1": b"a", "svc:m2": b"b"}))
+        r.close()
+        self.delta(before, set__resp__new=3, set__resp__present=1,
+                   set__resp__refused=2, set__resp__error=0)
+
     def test_leases_and_lookups(self):
         before = ops(self.srv)
         key = hashlib.sha256(b"svc lease").hexdigest()
