@@ -44,7 +44,7 @@ done
 # Opening the store's environment with raw LMDB (an old store made by hand)
 # fails under Valgrind (EINVAL: the store's large map); the ASan build runs it.
 KC_TEST_SKIP=test_key_bytes_recounted_at_open run store_kv "$build/tests/test_store_kv"
-for t in blob bundle lease auth ops http auth_reload demand models; do
+for t in blob bundle lease auth ops http auth_reload demand models fetch; do
   run "server_$t" "$build/tests/test_server_$t"
 done
 run suggest "$build/tests/test_suggest"
