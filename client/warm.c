@@ -361,13 +361,35 @@ static void got_bundle(wctx *x, size_t i, kc_manifest *m) {
 static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
                          size_t n, const char *ok, kc_err e,
                          const char *why) {
+  /* first the bundles whose blobs all came, stored together */
+  const kc_manifest **put = calloc(n + 1, sizeof *put);
+  kc_err *res = calloc(n + 1, sizeof *res);
+  char *all = calloc(n + 1, 1);
+  size_t np = 0;
+  if (!put || !res || !all) {
+    free(put);
+    free(res);
+    free(all);
+    for (size_t k = 0; k < n; k++)
+      if (found[k] && !is_compat(x, idx[k], found[k]))
+        note(x, idx[k], KC_NOMEM, "out of memory");
+    return;
+  }
   for (size_t k = 0; k < n; k++) {
     if (!found[k])
       continue;
-    int all = 1;
+    all[k] = 1;
     for (size_t j = 0; j < found[k]->n_files; j++)
-      all &= *ok++;
-    if (all && kc_cache_bundle_put(x->c, found[k], NULL) == KC_OK) {
+      all[k] &= *ok++;
+    if (all[k])
+      put[np++] = found[k];
+  }
+  kcc_cache_bundles_put(x->c, put, np, res);
+  np = 0;
+  for (size_t k = 0; k < n; k++) {
+    if (!found[k])
+      continue;
+    if (all[k] && res[np++] == KC_OK) {
       got_bundle(x, idx[k], found[k]);
       found[k] = NULL;
       continue;
@@ -379,6 +401,9 @@ static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
     if (e)
       note(x, idx[k], e, why);
   }
+  free(put);
+  free(res);
+  free(all);
 }
 
 /* The served bundles' blobs, all at once: one pool of transfers. */
