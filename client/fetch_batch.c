@@ -12,6 +12,8 @@
  * way, never past the manifest's size), hashed, and only when it hashes to
  * its name written to a temporary file with one write and renamed into
  * place, as a GET's blob is (fetch.c): nothing unverified is ever visible.
+ * That hashing and writing is shared with a writer thread (see
+ * KCC_WRITER_BYTES), joined before kcc_fetch_batched returns.
  *
  * What a batch does not bring (a blob marked missing, an answer cut short or
  * refused, a server without the route: 404/405, remembered for the client's
