@@ -198,18 +198,21 @@ kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
   int k = fan_of(digest);
   kc_cache_blob_path(c, digest, dst, sizeof dst);
   for (int tries = 0; tries < 2; tries++) {
-    if (!(c->blob_dir[k] & KCC_DIR_MADE)) {
+    /* atomic: a batch's writer thread publishes beside the receiving one
+     * (fetch_batch.c); a lost bit would only cost a mkdir */
+    if (!(__atomic_load_n(&c->blob_dir[k], __ATOMIC_RELAXED) & KCC_DIR_MADE)) {
       char dir[PATH_MAX];
       snprintf(dir, sizeof dir, "%s/blobs/%.2s", c->cache_dir, digest);
       if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         break;
-      c->blob_dir[k] |= KCC_DIR_MADE;
+      __atomic_fetch_or(&c->blob_dir[k], KCC_DIR_MADE, __ATOMIC_RELAXED);
     }
     if (rename(tmp, dst) == 0)
       return KC_OK;
     if (errno != ENOENT)
       break;
-    c->blob_dir[k] &= (unsigned char)~KCC_DIR_MADE; /* gone: make it again */
+    __atomic_fetch_and(&c->blob_dir[k], (unsigned char)~KCC_DIR_MADE,
+                       __ATOMIC_RELAXED); /* gone: make it again */
   }
   int saved = errno;
   unlink(tmp);
