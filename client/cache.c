@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,18 +198,21 @@ kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
   int k = fan_of(digest);
   kc_cache_blob_path(c, digest, dst, sizeof dst);
   for (int tries = 0; tries < 2; tries++) {
-    if (!(c->blob_dir[k] & KCC_DIR_MADE)) {
+    /* atomic: a batch's writer thread publishes beside the receiving one
+     * (fetch_batch.c); a lost bit would only cost a mkdir */
+    if (!(__atomic_load_n(&c->blob_dir[k], __ATOMIC_RELAXED) & KCC_DIR_MADE)) {
       char dir[PATH_MAX];
       snprintf(dir, sizeof dir, "%s/blobs/%.2s", c->cache_dir, digest);
       if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         break;
-      c->blob_dir[k] |= KCC_DIR_MADE;
+      __atomic_fetch_or(&c->blob_dir[k], KCC_DIR_MADE, __ATOMIC_RELAXED);
     }
     if (rename(tmp, dst) == 0)
       return KC_OK;
     if (errno != ENOENT)
       break;
-    c->blob_dir[k] &= (unsigned char)~KCC_DIR_MADE; /* gone: make it again */
+    __atomic_fetch_and(&c->blob_dir[k], (unsigned char)~KCC_DIR_MADE,
+                       __ATOMIC_RELAXED); /* gone: make it again */
   }
   int saved = errno;
   unlink(tmp);
@@ -371,4 +375,35 @@ kc_err kc_cache_bundle_put(kc_client *c, const kc_manifest *m, char *err) {
     e = kc_errf(err, KC_IO, "rename into %s: %s", p, strerror(saved));
   }
   return e;
+}
+
+/* Many manifests at once (a warm of many bundles): each is its own file,
+ * so two threads write them, one half each; a warm of 1024 bundles spent
+ * about an eighth of its CPU here, on one core of two. */
+typedef struct puts_part {
+  kc_client *c;
+  const kc_manifest *const *ms;
+  size_t n;
+  kc_err *res;
+} puts_part;
+
+static void *puts_run(void *arg) {
+  puts_part *p = arg;
+  for (size_t k = 0; k < p->n; k++)
+    p->res[k] = kc_cache_bundle_put(p->c, p->ms[k], NULL);
+  return NULL;
+}
+
+void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,
+                           size_t n, kc_err *res) {
+  size_t half = n >= 32 ? n / 2 : 0;
+  puts_part a = {c, ms, half, res}, b = {c, ms + half, n - half, res + half};
+  pthread_t th;
+  int two = half && pthread_create(&th, NULL, puts_run, &a) == 0;
+  if (!two) { /* one thread does it all */
+    b = (puts_part){c, ms, n, res};
+  }
+  puts_run(&b);
+  if (two)
+    pthread_join(th, NULL);
 }

@@ -12,12 +12,15 @@
  * way, never past the manifest's size), hashed, and only when it hashes to
  * its name written to a temporary file with one write and renamed into
  * place, as a GET's blob is (fetch.c): nothing unverified is ever visible.
+ * That hashing and writing is shared with a writer thread (see
+ * KCC_WRITER_BYTES), joined before kcc_fetch_batched returns.
  *
  * What a batch does not bring (a blob marked missing, an answer cut short or
  * refused, a server without the route: 404/405, remembered for the client's
  * life) is left to the per-blob GETs of fetch.c, which also read through the
  * durable tier. A blob that came and failed its hash is a failure, as from a
  * GET, and is not asked for again. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +33,15 @@
 #define KCC_BATCH_BYTES ((uint64_t)8 << 20)
 #define KCC_BATCH_MIN 8 /* files: fewer are not worth a connection more */
 #define LINE_CAP 128 /* "<64 hex> <length> missing\n" is under 100 */
+/* Verify-and-write is shared with a second thread (the writer): the hash
+ * and the file system were most of a warm of many small files' CPU, all on
+ * one core of two. An item goes to the writer while less than
+ * KCC_WRITER_BYTES wait for it, else this thread (which also receives)
+ * takes it itself, so both stay busy and neither waits on the other until
+ * the end. Below KCC_WRITER_MIN files the thread is not worth starting. */
+#define KCC_WRITER_MIN 32
+#define KCC_WRITER_BYTES ((uint64_t)1 << 20)
+#define KCC_WRITER_SLOTS 1024
 
 typedef struct brun brun;
 
@@ -56,6 +68,25 @@ typedef struct batch {
   char ebuf[CURL_ERROR_SIZE];
 } batch;
 
+/* A received item waiting for the writer: its file and its bytes. */
+typedef struct witem {
+  size_t fi; /* into run.files and run.state */
+  char *buf; /* malloc'd; the writer frees it */
+  size_t len;
+} witem;
+
+/* The writer's queue: a ring of KCC_WRITER_SLOTS, under one mutex. */
+typedef struct writer {
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t more;
+  witem q[KCC_WRITER_SLOTS];
+  size_t head, len;
+  uint64_t bytes; /* queued or being written */
+  int idle;       /* waiting for more */
+  int closed;
+} writer;
+
 struct brun {
   kc_client *c;
   const kc_file *const *files;
@@ -68,19 +99,24 @@ struct brun {
   uint64_t fetched;
   kc_err first;
   char *err;
+  writer *w; /* NULL: items are verified and written inline */
 };
 
 __attribute__((format(printf, 3, 4))) static void
 bfail(brun *r, kc_err e, const char *fmt, ...) {
   va_list ap;
-  if (r->first)
-    return;
-  r->first = e;
-  if (!r->err)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(r->err, KC_ERRBUF_SIZE, fmt, ap);
-  va_end(ap);
+  if (r->w) /* the writer may fail at the same time */
+    pthread_mutex_lock(&r->w->mu);
+  if (!r->first) {
+    r->first = e;
+    if (r->err) {
+      va_start(ap, fmt);
+      vsnprintf(r->err, KC_ERRBUF_SIZE, fmt, ap);
+      va_end(ap);
+    }
+  }
+  if (r->w)
+    pthread_mutex_unlock(&r->w->mu);
 }
 
 static const kc_file *file_of(brun *r, const batch *b) {
@@ -94,10 +130,114 @@ static void next_item(batch *b) {
   b->line_len = 0;
 }
 
-/* A whole item arrived: verified, then written once and renamed. */
+/* An item's bytes, complete and of the declared size: hashed, and only when
+ * they hash to the blob's name written once to tmp/ and renamed into place.
+ * On the writer thread when there is one (it alone touches the cache while
+ * the batches run), else inline. */
+static void verify_write(brun *r, size_t fi, const char *buf, size_t len) {
+  const kc_file *f = r->files[fi];
+  char d[KC_HEX_LEN + 1], tmp[PATH_MAX], e2[KC_ERRBUF_SIZE];
+  if (kc_sha256_hex(buf, len, d) || strcmp(d, f->sha256)) {
+    bfail(r, KC_DIGEST_MISMATCH,
+          "blob %.16s... from the server hashes to %.16s...; discarded",
+          f->sha256, d);
+    return;
+  }
+  kc_err e = kcc_cache_write_tmp(r->c, buf, len, tmp, e2);
+  if (!e)
+    e = kcc_cache_blob_publish(r->c, tmp, f->sha256, e2);
+  if (e) {
+    bfail(r, e, "%s", e2);
+    return;
+  }
+  r->state[fi] = KCC_FETCH_DONE; /* each file's byte: one writer */
+  __atomic_add_fetch(&r->fetched, len, __ATOMIC_RELAXED);
+}
+
+static void *writer_main(void *arg) {
+  brun *r = arg;
+  writer *w = r->w;
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    while (!w->len && !w->closed) {
+      w->idle = 1;
+      pthread_cond_wait(&w->more, &w->mu);
+      w->idle = 0;
+    }
+    if (!w->len)
+      break; /* closed and drained */
+    witem it = w->q[w->head];
+    w->head = (w->head + 1) % KCC_WRITER_SLOTS;
+    w->len--;
+    pthread_mutex_unlock(&w->mu);
+    verify_write(r, it.fi, it.buf, it.len);
+    free(it.buf);
+    pthread_mutex_lock(&w->mu);
+    w->bytes -= it.len;
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+/* Queues b's item for the writer, which takes its buffer (b gets a new one
+ * at its next item), unless enough waits for it already. 0, or -1: the
+ * caller does it itself. */
+static int hand_over(brun *r, batch *b) {
+  writer *w = r->w;
+  pthread_mutex_lock(&w->mu);
+  if (w->len == KCC_WRITER_SLOTS || (w->len && w->bytes >= KCC_WRITER_BYTES)) {
+    pthread_mutex_unlock(&w->mu);
+    return -1;
+  }
+  w->q[(w->head + w->len) % KCC_WRITER_SLOTS] =
+      (witem){b->idx[b->cur], b->buf, (size_t)b->got};
+  w->len++;
+  w->bytes += b->got;
+  if (w->idle)
+    pthread_cond_signal(&w->more);
+  pthread_mutex_unlock(&w->mu);
+  b->buf = NULL;
+  b->cap = 0;
+  return 0;
+}
+
+/* The writer for a run of n items, or none (r->w stays NULL). */
+static void writer_start(brun *r, size_t n) {
+  writer *w;
+  if (n < KCC_WRITER_MIN || !(w = calloc(1, sizeof *w)))
+    return;
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->more, NULL);
+  r->w = w;
+  if (pthread_create(&w->th, NULL, writer_main, r) != 0) {
+    r->w = NULL;
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->more);
+    free(w);
+  }
+}
+
+/* Lets the writer finish what is queued, and joins it: afterwards the
+ * process is single-threaded again (builds fork). */
+static void writer_stop(brun *r) {
+  writer *w = r->w;
+  if (!w)
+    return;
+  pthread_mutex_lock(&w->mu);
+  w->closed = 1;
+  pthread_cond_signal(&w->more);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->th, NULL);
+  r->w = NULL;
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->more);
+  free(w);
+}
+
+/* A whole item arrived: checked here, then verified and written (by the
+ * writer when there is one). */
 static void item_done(brun *r, batch *b) {
   const kc_file *f = file_of(r, b);
-  char d[KC_HEX_LEN + 1], tmp[PATH_MAX], e2[KC_ERRBUF_SIZE];
   char *st = &r->state[b->idx[b->cur]];
   *st = KCC_FETCH_FAILED;
   if (b->skip) {
@@ -116,21 +256,8 @@ static void item_done(brun *r, batch *b) {
           "fetch blob %.16s...: the server sent %llu bytes, the manifest "
           "declares %llu; discarded", f->sha256,
           (unsigned long long)b->got, (unsigned long long)b->want);
-  else if (kc_sha256_hex(b->buf, (size_t)b->got, d) || strcmp(d, f->sha256))
-    bfail(r, KC_DIGEST_MISMATCH,
-          "blob %.16s... from the server hashes to %.16s...; discarded",
-          f->sha256, d);
-  else {
-    kc_err e = kcc_cache_write_tmp(r->c, b->buf, (size_t)b->got, tmp, e2);
-    if (!e)
-      e = kcc_cache_blob_publish(r->c, tmp, f->sha256, e2);
-    if (e)
-      bfail(r, e, "%s", e2);
-    else {
-      *st = KCC_FETCH_DONE;
-      r->fetched += b->got;
-    }
-  }
+  else if (!r->w || hand_over(r, b) != 0)
+    verify_write(r, b->idx[b->cur], b->buf, (size_t)b->got);
   next_item(b);
 }
 
@@ -396,8 +523,11 @@ kc_err kcc_fetch_batched(kc_client *c, const kc_file *const *files,
   int ready = bs != NULL;
   for (int k = 0; ready && k < nx; k++)
     ready = (bs[k].r = &r) && (bs[k].h = curl_easy_init()) && (bs[k].dc = ZSTD_createDCtx());
-  if (ready)
+  if (ready) {
+    writer_start(&r, n);
     run(&r, bs, nx);
+    writer_stop(&r);
+  }
   for (int k = 0; bs && k < nx; k++) {
     if (bs[k].busy)
       curl_multi_remove_handle(c->multi, bs[k].h);

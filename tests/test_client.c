@@ -2549,11 +2549,14 @@ static void test_fetch_batch_verified(void **state) {
   assert_non_null(strstr(err, "hashes to"));
   assert_false(landed);
   assert_int_equal(__atomic_load_n(&s.gets, __ATOMIC_SEQ_CST), 0);
+  fake_stop(&s); /* its thread may still read lie: a new fake for the next */
   snprintf(lie, sizeof lie, "%s 15 raw\nthe wrong bytes", d);
-  assert_int_equal(pull_from(f, &s, key, "size", &landed, err),
+  fake sz = {.bundle_body = man, .fetch_body = lie};
+  fake_start(&sz);
+  assert_int_equal(pull_from(f, &sz, key, "size", &landed, err),
                    KC_DIGEST_MISMATCH);
   assert_false(landed);
-  fake_stop(&s);
+  fake_stop(&sz);
   /* zstd items: a frame of other bytes, one that decodes to more than the
    * manifest's 14 (a bomb is cut at the 15th byte), one cut short */
   const char *contents[] = {"the fake bytes", "the real bytes and then more",
@@ -2595,6 +2598,65 @@ static void test_fetch_batch_verified(void **state) {
     fake_stop(&t);
   }
   free(man);
+  free(k);
+  kc_warmup_free(w);
+}
+
+/* Enough small blobs in one batch that the writer thread verifies and
+ * writes them (fetch_batch.c): one of 40 that hashes to another digest is
+ * refused, from that thread, and never lands; the other 39 land, and no
+ * temporary file is left. */
+static void test_fetch_batch_writer(void **state) {
+  fx *f = *state;
+  enum { NF = 40, BAD = 23 };
+  char err[KC_ERRBUF_SIZE], path[32], content[32], d[NF][65], *json = NULL;
+  char cache[400], p[PATH_MAX];
+  kc_key_fields *k = NULL;
+  char keys[2][65];
+  kc_warmup *w = fault_warmup(f, &k, keys);
+  kc_manifest *m = kc_manifest_new();
+  m->fields = k[0];
+  for (int i = 0; i < NF; i++) {
+    snprintf(path, sizeof path, "f%02d.bin", i);
+    snprintf(content, sizeof content, "blob number %02d", i);
+    kc_sha256_hex(content, strlen(content), d[i]);
+    assert_int_equal(kc_manifest_add_file(m, path, d[i], strlen(content),
+                                          KC_KIND_FILE, NULL, 0, err),
+                     KC_OK);
+  }
+  assert_int_equal(kc_manifest_seal(m, err), KC_OK);
+  assert_int_equal(kc_manifest_to_json(m, &json, err), KC_OK);
+  /* the items in the manifest's order (the order they are asked for) */
+  char *body = malloc(NF * 100), *at = body;
+  for (size_t j = 0; j < m->n_files; j++) {
+    int i = atoi(m->files[j].path + 1);
+    at += sprintf(at, "%s 14 raw\nblob %s %02d", m->files[j].sha256,
+                  i == BAD ? "NUMBER" : "number", i);
+  }
+  fake s = {.bundle_body = json, .fetch_body = body};
+  fake_start(&s);
+  snprintf(cache, sizeof cache, "%s/writer", f->dir);
+  kc_client_opts o = {.url = s.url, .cache_dir = cache, .timeout_ms = 20000,
+                      .connect_timeout_ms = 1000, .parallel = 1};
+  kc_client *c = NULL;
+  assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
+  kc_manifest *got = NULL;
+  assert_int_equal(kc_client_pull(c, m->key, &got, err), KC_DIGEST_MISMATCH);
+  assert_non_null(strstr(err, "hashes to"));
+  assert_null(got);
+  assert_int_equal(__atomic_load_n(&s.fetches, __ATOMIC_SEQ_CST), 1);
+  for (int i = 0; i < NF; i++) {
+    kc_cache_blob_path(c, d[i], p, sizeof p);
+    if ((access(p, F_OK) == 0) != (i != BAD))
+      fail_msg("blob %d: %s", i, i == BAD ? "landed" : "missing");
+  }
+  snprintf(p, sizeof p, "%s/tmp", cache);
+  assert_int_equal(entries_in(p), 0);
+  kc_client_free(c);
+  fake_stop(&s);
+  free(body);
+  free(json);
+  kc_manifest_free(m);
   free(k);
   kc_warmup_free(w);
 }
@@ -2963,6 +3025,7 @@ int main(void) {
       T(test_served_blob_corrupt),
       T(test_fetch_batch_verified),
       T(test_fetch_batch_fallback),
+      T(test_fetch_batch_writer),
       T(test_served_path_traversal),
       T(test_fault_lookup),
       T(test_fault_blob),
