@@ -56,6 +56,9 @@
 #define KCD_RESP_FAMILIES 32           /* key families counted by name */
 #define KCD_RESP_FAMILY_MAX 48         /* longest family name counted */
 #define KCD_RESP_BATCH_BUCKETS 14      /* the commit batch size histogram */
+#define KCD_RESP_POOL_N 8              /* big input buffers kept (resp.c) */
+#define KCD_RESP_POOL_BYTES (32u << 20) /* their capacity in all */
+#define KCD_RESP_POOL_IDLE_MS 2000     /* freed after this without a taker */
 
 /* ---- key families (resp_family.c) ----
  * A key's family is its prefix before the first ':' ("pt2:..." -> "pt2");
@@ -275,6 +278,12 @@ struct kcd_resp {
   _Atomic uint64_t cmd_ok[KCD_RESP_N_CMDS + 1], cmd_err[KCD_RESP_N_CMDS + 1];
   kcd_resp_conn *conns; /* listener thread only */
   kcd_resp_conn *grave; /* closed, freed after this round of events */
+  /* input buffers of big values, kept for the next one (resp.c; listener
+   * thread only): at most KCD_RESP_POOL_N, KCD_RESP_POOL_BYTES in all,
+   * freed after KCD_RESP_POOL_IDLE_MS without a taker */
+  kcd_resp_buf pool[KCD_RESP_POOL_N];
+  size_t npool, pool_bytes;
+  int64_t pool_used_ms;
   /* jobs waiting for the committer */
   pthread_mutex_t qlock;
   pthread_cond_t qcond;
