@@ -762,6 +762,8 @@ static int same_value(const kv_state *st, kc_store_kv_op *op) {
   if (st->enc != KC_STORE_ZSTD)
     return st->len == op->vlen &&
            (!op->vlen || memcmp(st->data, op->val, op->vlen) == 0);
+  if (op->hashed) /* the caller's digest of val (kc_store_kv_op) */
+    return memcmp(st->rec.digest, op->val_hex, KC_HEX_LEN) == 0;
   if (op->vlen >= CMP_Z_MIN && st->len <= op->vlen / CMP_Z_RATIO)
     return frame_is(st->data, st->len, op->val, op->vlen);
   if (kc_sha256_hex(op->vlen ? op->val : "", op->vlen, op->val_hex))
