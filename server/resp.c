@@ -45,6 +45,89 @@ kcd_resp_families *kcd_resp_families_of(kcd_resp *r) {
   return r ? &r->families : NULL;
 }
 
+/* ---- the pool of big input buffers ----
+ * A big value's input buffer grows from READ_MIN by doubling (realloc
+ * copies what came so far, and the new pages fault in) and is freed once
+ * the value ran. The next big value of any connection instead takes a
+ * buffer that a value which really arrived left here: warm pages, one copy
+ * of the few bytes read so far. A client's declared length only chooses
+ * among buffers held already; it never makes one (the parser's rule: the
+ * buffer grows with bytes that arrived). Bounded in count and bytes, freed
+ * when no value took one for KCD_RESP_POOL_IDLE_MS. A taker gets the
+ * buffer's old bytes past its len, which nothing reads: every read of the
+ * input stops at len. Listener thread only. */
+
+/* Keeps b's memory for a later taker (b is emptied either way). */
+static void pool_put(kcd_resp *r, kcd_resp_buf *b) {
+  if (!b->oom && b->cap <= KCD_RESP_POOL_BYTES &&
+      r->npool < KCD_RESP_POOL_N &&
+      r->pool_bytes + b->cap <= KCD_RESP_POOL_BYTES) {
+    r->pool[r->npool++] = (kcd_resp_buf){.p = b->p, .cap = b->cap};
+    r->pool_bytes += b->cap;
+    memset(b, 0, sizeof *b);
+    return;
+  }
+  kcd_resp_buf_free(b);
+}
+
+/* Moves in's bytes into a pooled buffer of at least need bytes, the
+ * smallest that holds fit (the value as declared) if one does, else the
+ * largest; 0 when none is big enough. */
+static int pool_swap(kcd_resp *r, kcd_resp_buf *in, size_t need, size_t fit) {
+  size_t best = r->npool;
+  for (size_t i = 0; i < r->npool; i++) {
+    size_t cap = r->pool[i].cap;
+    if (cap < need)
+      continue;
+    if (best == r->npool) {
+      best = i;
+      continue;
+    }
+    size_t bc = r->pool[best].cap;
+    if (cap >= fit ? bc < fit || cap < bc : bc < fit && cap > bc)
+      best = i;
+  }
+  if (best == r->npool)
+    return 0;
+  kcd_resp_buf b = r->pool[best];
+  r->pool[best] = r->pool[--r->npool];
+  r->pool_bytes -= b.cap;
+  r->pool_used_ms = mono_ms();
+  if (in->len)
+    memcpy(b.p, in->p, in->len);
+  b.len = in->len;
+  if (in->cap > KEEP_MAX)
+    pool_put(r, in);
+  else
+    kcd_resp_buf_free(in);
+  *in = b;
+  return 1;
+}
+
+/* Frees the pool when no value took from it for a while. */
+static void pool_trim(kcd_resp *r, int force) {
+  if (!r->npool ||
+      (!force && mono_ms() - r->pool_used_ms < KCD_RESP_POOL_IDLE_MS))
+    return;
+  while (r->npool)
+    free(r->pool[--r->npool].p);
+  r->pool_bytes = 0;
+}
+
+/* Room for `room` more input bytes: a pooled buffer before a realloc.
+ * fit: the bytes the command being read declares it needs in all. */
+static int in_reserve(kcd_resp_conn *c, size_t room, size_t fit) {
+  kcd_resp_buf *b = &c->in;
+  if (b->cap - b->len >= room && !b->oom)
+    return 0;
+  /* a first READ_MIN buffer is not taken from the pool: most commands
+   * are small; past it, READ_MIN bytes have arrived */
+  if (!b->oom && b->len + room > READ_MIN &&
+      pool_swap(c->srv, b, b->len + room, fit))
+    return 0;
+  return kcd_resp_buf_reserve(b, room);
+}
+
 /* ---- connections ---- */
 
 static void conn_free(kcd_resp_conn *c) {
@@ -284,8 +367,10 @@ static void compact(kcd_resp_conn *c) {
   memmove(c->in.p, c->in.p + n, c->in.len - n);
   c->in.len -= n;
   kcd_resp_parser_shift(&c->parser, n);
-  if (c->in.len == 0 && c->in.cap > KEEP_MAX && !c->parser.inmb)
-    kcd_resp_buf_free(&c->in);
+  if (c->in.len == 0 && c->in.cap > KEEP_MAX && !c->parser.inmb) {
+    c->srv->pool_used_ms = mono_ms(); /* a fresh buffer waits its time */
+    pool_put(c->srv, &c->in);
+  }
 }
 
 /* Runs buffered commands until one must wait (more input, a commit, a
@@ -334,7 +419,7 @@ static void on_read(kcd_resp_conn *c) {
   size_t room = want > c->in.len ? c->in.len : want;
   if (room < READ_MIN)
     room = READ_MIN;
-  if (kcd_resp_buf_reserve(&c->in, room))
+  if (in_reserve(c, room, c->in.len + want))
     return conn_close(c);
   ssize_t n = sock_read(c, c->in.p + c->in.len, c->in.cap - c->in.len);
   if (n < 0 && (errno == EAGAIN || errno == EINTR))
@@ -538,10 +623,14 @@ static void *io_main(void *arg) {
     }
     sweep_handshakes(r, &swept);
     free_grave(r);
+    pool_trim(r, 0);
+    kcd_resp_seen_trim(r, 0);
   }
   while (r->conns)
     conn_close(r->conns);
   free_grave(r);
+  pool_trim(r, 1);
+  kcd_resp_seen_trim(r, 1);
   return NULL;
 }
 
