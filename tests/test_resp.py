@@ -134,8 +134,9 @@ def make_tokens(d):
     return toks, path
 
 
-class OpenServer(unittest.TestCase):
-    """No token file: every command allowed (loopback only)."""
+class ServerCase(unittest.TestCase):
+    """One kcached with default flags for the whole class (self.srv); its
+    data directory is removed afterwards. test_service.py uses it too."""
 
     @classmethod
     def setUpClass(cls):
@@ -145,6 +146,10 @@ class OpenServer(unittest.TestCase):
     def tearDownClass(cls):
         cls.srv.stop()
         shutil.rmtree(cls.srv.dir, ignore_errors=True)
+
+
+class OpenServer(ServerCase):
+    """No token file: every command allowed (loopback only)."""
 
     def setUp(self):
         self.r = self.srv.client()
@@ -879,20 +884,11 @@ def resp3_frames(p, *cmds):
     return raw(p, data)
 
 
-class Resp3(unittest.TestCase):
+class Resp3(ServerCase):
     """HELLO 3: the connection's replies switch to RESP3 (maps, `_` nil,
     verbatim INFO); HELLO 2 switches back. redis-py 4.3.4 has no RESP3
     client, so the frames are checked byte for byte on raw sockets (and
     with redis-py >= 5 when it is the one installed)."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = Server().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.stop()
-        shutil.rmtree(cls.srv.dir, ignore_errors=True)
 
     def setUp(self):
         raw(self.srv.port, b"FLUSHDB\r\n", b"+OK\r\n")
@@ -1015,28 +1011,25 @@ def pipelined_gets(sock, key, n, value):
 
 
 def rss_anon_kib(pid, field="RssAnon:"):
+    """field's value (KiB) in /proc/PID/status; raises when it is absent
+    (a 0 would let the memory bounds below pass without measuring)."""
     with open("/proc/%d/status" % pid) as f:
         for line in f:
             if line.startswith(field):
                 return int(line.split()[1])
-    return 0
+    raise AssertionError("no %s in /proc/%d/status" % (field, pid))
 
 
-class LargePipelines(unittest.TestCase):
+class LargePipelines(ServerCase):
     """Pipelined reads whose replies pass the output mark (1 MiB)."""
 
     @classmethod
     def setUpClass(cls):
-        cls.srv = Server().start()
+        super().setUpClass()
         cls.value = os.urandom(1 << 20)
         r = cls.srv.client()
         r.set("big:1m", cls.value)
         r.close()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.stop()
-        shutil.rmtree(cls.srv.dir, ignore_errors=True)
 
     def test_pipelines_of_1mib_gets(self):
         for n in (3, 10, 50):
@@ -1088,20 +1081,11 @@ def set_cmd(key, value):
             (len(key), key, len(value)) + value + b"\r\n")
 
 
-class BigInputBuffers(unittest.TestCase):
+class BigInputBuffers(ServerCase):
     """Big values' input buffers come from a pool that values which
     really arrived left (server/resp.c): a declared length borrows at most
     what is held already, allocates nothing, and one connection's bytes
     never show through another's."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = Server().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.stop()
-        shutil.rmtree(cls.srv.dir, ignore_errors=True)
 
     def fill_pool(self):
         with socket.create_connection(("127.0.0.1", self.srv.port)) as s:

@@ -26,7 +26,8 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_resp  # noqa: E402  (exits 77 without redis-py)
-from test_resp import FakeS3, Server, make_tokens  # noqa: E402
+from test_resp import (FakeS3, Server, ServerCase,  # noqa: E402
+                       make_tokens)
 
 import redis  # noqa: E402
 
@@ -60,17 +61,8 @@ def ops(srv):
         srv.metrics())}
 
 
-class OpsMetric(unittest.TestCase):
+class OpsMetric(ServerCase):
     """No token file: every operation allowed (loopback only)."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = Server().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.stop()
-        shutil.rmtree(cls.srv.dir, ignore_errors=True)
 
     def delta(self, before, **want):
         after = ops(self.srv)
