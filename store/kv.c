@@ -361,9 +361,10 @@ static kc_err set_rec(kc_store *s, MDB_txn *txn, kv_job *j, const kv_state *st,
   /* the same value: the old record's reference passes to the new one; a
    * blob scrubbed away under it (no reference left) is stored again */
   int same = st->present && memcmp(st->rec.digest, j->digest, KC_HEX_LEN) == 0;
-  int held = same && (st->live || blob_held(s, txn, j->digest));
+  int blob = (same && st->live) || blob_held(s, txn, j->digest);
+  int held = same && blob;
   kc_err e = KC_OK;
-  if (!held && !blob_held(s, txn, j->digest) && !j->ztried) {
+  if (!blob && !j->ztried) {
     /* gone since compress_new looked (evicted meanwhile): compress now */
     j->ztried = 1;
     e = kcs_zstd_compress(s->compress_level, op->val, op->vlen, &j->zval,
@@ -793,8 +794,8 @@ int kc_store_kv_set_settled(kc_store_read *r, kc_store_kv_op *op,
   int64_t exp = (op->flags & KC_KV_KEEPTTL) && st.live ? st.rec.expire_ms
                                                        : op->expire_ms;
   memcpy(op->key_hex, j.hex, sizeof op->key_hex);
-  if (st.live && exp == st.rec.expire_ms && (!exp || exp > now_ms) &&
-      same_value(&st, op)) {
+  /* live: not expired at now_ms, so neither is exp */
+  if (st.live && exp == st.rec.expire_ms && same_value(&st, op)) {
     op->done = 1;
     kcs_uses_record(&s->kvuses, j.hex, kcs_now_ms());
     return 1;
