@@ -91,16 +91,18 @@ static kc_err live_rec(MDB_txn *txn, kc_store *s, const char *hex,
   MDB_val k = kcs_hex_val(digest), v;
   /* A blob evicted or scrubbed away under the key: a miss. */
   int rc = mdb_get(txn, s->blobs, &k, &v);
-  kcs_blob_meta bm = {.size = v.mv_size};
-  MDB_val mv;
-  /* a frame's magic: the blob may be held compressed (issue 18) */
-  if (rc == 0 && kcs_zstd_magic(v.mv_data, v.mv_size) &&
-      (mdb_get(txn, s->blobmeta, &k, &mv) || kcs_blob_meta_read(&mv, &bm)))
-    return KC_NOT_FOUND;
-  if (rc == MDB_NOTFOUND || (rc == 0 && bm.size != rec->size))
+  if (rc == MDB_NOTFOUND)
     return KC_NOT_FOUND;
   if (rc)
     return kcs_mdb_err(rc, "reading a RESP value", NULL);
+  kcs_blob_meta bm = {.size = v.mv_size};
+  MDB_val mv;
+  /* a frame's magic: the blob may be held compressed (issue 18) */
+  if (kcs_zstd_magic(v.mv_data, v.mv_size) &&
+      (mdb_get(txn, s->blobmeta, &k, &mv) || kcs_blob_meta_read(&mv, &bm)))
+    return KC_NOT_FOUND;
+  if (bm.size != rec->size)
+    return KC_NOT_FOUND;
   if (enc)
     *enc = (kc_store_enc)bm.enc;
   if (data)
