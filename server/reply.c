@@ -28,6 +28,23 @@ static struct MHD_Response *make_response(const void *data, size_t len,
       mem == KCD_MEM_PERSISTENT ? MHD_RESPMEM_PERSISTENT : MHD_RESPMEM_MUST_COPY);
 }
 
+/* Content-Type (when given) and headers: name, value pairs, NULL-ended. */
+static void add_headers(struct MHD_Response *resp, const char *ctype,
+                        const char *const *headers) {
+  if (ctype)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+  for (size_t i = 0; headers && headers[i] && headers[i + 1]; i += 2)
+    MHD_add_response_header(resp, headers[i], headers[i + 1]);
+}
+
+/* Records a queued answer for the access log and metrics. */
+static void note_queued(kcd_req *r, int status, uint64_t len) {
+  r->status = status;
+  r->queued = 1;
+  int bodyless = r->method == KCD_M_HEAD || status == 204 || status == 304;
+  r->bytes_out = bodyless ? 0 : len;
+}
+
 int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
               size_t len, enum kcd_mem mem, const char *const *headers) {
   struct MHD_Response *resp = make_response(data, len, mem);
@@ -36,16 +53,10 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
       free((void *)data);
     return MHD_NO;
   }
-  if (ctype)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-  for (size_t i = 0; headers && headers[i] && headers[i + 1]; i += 2)
-    MHD_add_response_header(resp, headers[i], headers[i + 1]);
+  add_headers(resp, ctype, headers);
   enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
   MHD_destroy_response(resp);
-  r->status = status;
-  r->queued = 1;
-  int bodyless = r->method == KCD_M_HEAD || status == 204 || status == 304;
-  r->bytes_out = bodyless ? 0 : len;
+  note_queued(r, status, len);
   return ret;
 }
 
@@ -93,10 +104,7 @@ static struct MHD_Response *map_response(const char *key, const char *ctype,
   struct MHD_Response *resp = make_response(data, len, KCD_MEM_PERSISTENT);
   if (!resp)
     return NULL;
-  if (ctype)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-  for (size_t i = 0; headers && headers[i] && headers[i + 1]; i += 2)
-    MHD_add_response_header(resp, headers[i], headers[i + 1]);
+  add_headers(resp, ctype, headers);
   if (!sl->resp) {
     pthread_once(&reuse_once, reuse_key_make);
     pthread_setspecific(reuse_key, reuse);
@@ -114,9 +122,7 @@ int kcd_reply_map(kcd_req *r, const char *key, const char *ctype,
   if (!resp)
     return MHD_NO;
   enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
-  r->status = 200;
-  r->queued = 1;
-  r->bytes_out = r->method == KCD_M_HEAD ? 0 : len;
+  note_queued(r, 200, len);
   return ret;
 }
 
@@ -157,15 +163,10 @@ int kcd_reply_pieces(kcd_req *r, int status, const char *ctype, uint64_t len,
     free(p);
     return MHD_NO;
   }
-  if (ctype)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-  for (size_t i = 0; headers && headers[i] && headers[i + 1]; i += 2)
-    MHD_add_response_header(resp, headers[i], headers[i + 1]);
+  add_headers(resp, ctype, headers);
   enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
   MHD_destroy_response(resp); /* freed with p once MHD is done with it */
-  r->status = status;
-  r->queued = 1;
-  r->bytes_out = r->method == KCD_M_HEAD ? 0 : len;
+  note_queued(r, status, len);
   return ret;
 }
 

@@ -26,12 +26,6 @@
 #define KEEP_MAX (256 * 1024) /* buffers above this are freed when empty */
 #define EVENTS 64
 
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int64_t wall_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -92,7 +86,7 @@ static int pool_swap(kcd_resp *r, kcd_resp_buf *in, size_t need, size_t fit) {
   kcd_resp_buf b = r->pool[best];
   r->pool[best] = r->pool[--r->npool];
   r->pool_bytes -= b.cap;
-  r->pool_used_ms = mono_ms();
+  r->pool_used_ms = kcd_resp_mono_ms();
   if (in->len)
     memcpy(b.p, in->p, in->len);
   b.len = in->len;
@@ -107,7 +101,7 @@ static int pool_swap(kcd_resp *r, kcd_resp_buf *in, size_t need, size_t fit) {
 /* Frees the pool when no value took from it for a while. */
 static void pool_trim(kcd_resp *r, int force) {
   if (!r->npool ||
-      (!force && mono_ms() - r->pool_used_ms < KCD_RESP_POOL_IDLE_MS))
+      (!force && kcd_resp_mono_ms() - r->pool_used_ms < KCD_RESP_POOL_IDLE_MS))
     return;
   while (r->npool)
     free(r->pool[--r->npool].p);
@@ -368,7 +362,7 @@ static void compact(kcd_resp_conn *c) {
   c->in.len -= n;
   kcd_resp_parser_shift(&c->parser, n);
   if (c->in.len == 0 && c->in.cap > KEEP_MAX && !c->parser.inmb) {
-    c->srv->pool_used_ms = mono_ms(); /* a fresh buffer waits its time */
+    c->srv->pool_used_ms = kcd_resp_mono_ms(); /* a fresh buffer waits its time */
     pool_put(c->srv, &c->in);
   }
 }
@@ -496,7 +490,7 @@ static void on_accept(kcd_resp *r) {
     c->srv = r;
     c->fd = fd;
     c->id = ++r->next_id;
-    c->accepted_ms = mono_ms();
+    c->accepted_ms = kcd_resp_mono_ms();
     if (r->tls_ctx && kcd_resp_tls_accept(c)) {
       free(c);
       close(fd);
@@ -582,7 +576,7 @@ static void free_grave(kcd_resp *r) {
 /* TLS: connections whose handshake is not done in time are closed (a
  * client that connects and says nothing holds no slot for long). */
 static void sweep_handshakes(kcd_resp *r, int64_t *last) {
-  int64_t now = mono_ms();
+  int64_t now = kcd_resp_mono_ms();
   if (!r->tls_ctx || now - *last < 1000)
     return;
   *last = now;
@@ -609,7 +603,7 @@ static void stop_accepting(kcd_resp *r) {
 static void *io_main(void *arg) {
   kcd_resp *r = arg;
   struct epoll_event ev[EVENTS];
-  int64_t swept = mono_ms();
+  int64_t swept = kcd_resp_mono_ms();
   while (!atomic_load(&r->stop)) {
     stop_accepting(r);
     int n = epoll_wait(r->ep, ev, EVENTS, 1000);

@@ -59,6 +59,12 @@
 #define KCD_RESP_POOL_N 8              /* big input buffers kept (resp.c) */
 #define KCD_RESP_POOL_BYTES (32u << 20) /* their capacity in all */
 #define KCD_RESP_POOL_IDLE_MS 2000     /* freed after this without a taker */
+
+/* Milliseconds of the monotonic clock (kcd_now_us's), for the pools' idle
+ * times. */
+static inline int64_t kcd_resp_mono_ms(void) {
+  return (int64_t)(kcd_now_us() / 1000);
+}
 #define KCD_RESP_SEEN_N 4              /* big values remembered (resp_kv.c) */
 #define KCD_RESP_SEEN_MIN (16u << 10)  /* the smallest one */
 #define KCD_RESP_SEEN_BYTES (16u << 20) /* their bytes in all */

@@ -7,7 +7,6 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "resp.h"
 
@@ -233,18 +232,12 @@ int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
  * remembered byte is ever served. Freed when none was met for
  * KCD_RESP_POOL_IDLE_MS. */
 
-static int64_t seen_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* The digest of val's bytes when they are a value seen lately. */
 static const char *seen_find(kcd_resp *r, const void *val, size_t len) {
   for (size_t i = 0; i < KCD_RESP_SEEN_N; i++) {
     kcd_resp_seen *e = &r->seen[i];
     if (e->p && e->len == len && memcmp(e->p, val, len) == 0) {
-      r->seen_used_ms = seen_now();
+      r->seen_used_ms = kcd_resp_mono_ms();
       return e->hex;
     }
   }
@@ -297,12 +290,12 @@ static void seen_add(kcd_resp *r, const void *val, size_t len,
   memcpy(e->hex, hex, KC_HEX_LEN + 1);
   r->seen_bytes = held + len;
   r->seen_next = (r->seen_next + 1) % KCD_RESP_SEEN_N;
-  r->seen_used_ms = seen_now();
+  r->seen_used_ms = kcd_resp_mono_ms();
 }
 
 void kcd_resp_seen_trim(kcd_resp *r, int force) {
   if (!r->seen_bytes ||
-      (!force && seen_now() - r->seen_used_ms < KCD_RESP_POOL_IDLE_MS))
+      (!force && kcd_resp_mono_ms() - r->seen_used_ms < KCD_RESP_POOL_IDLE_MS))
     return;
   for (size_t i = 0; i < KCD_RESP_SEEN_N; i++) {
     free(r->seen[i].p);

@@ -91,16 +91,18 @@ static kc_err live_rec(MDB_txn *txn, kc_store *s, const char *hex,
   MDB_val k = kcs_hex_val(digest), v;
   /* A blob evicted or scrubbed away under the key: a miss. */
   int rc = mdb_get(txn, s->blobs, &k, &v);
-  kcs_blob_meta bm = {.size = v.mv_size};
-  MDB_val mv;
-  /* a frame's magic: the blob may be held compressed (issue 18) */
-  if (rc == 0 && kcs_zstd_magic(v.mv_data, v.mv_size) &&
-      (mdb_get(txn, s->blobmeta, &k, &mv) || kcs_blob_meta_read(&mv, &bm)))
-    return KC_NOT_FOUND;
-  if (rc == MDB_NOTFOUND || (rc == 0 && bm.size != rec->size))
+  if (rc == MDB_NOTFOUND)
     return KC_NOT_FOUND;
   if (rc)
     return kcs_mdb_err(rc, "reading a RESP value", NULL);
+  kcs_blob_meta bm = {.size = v.mv_size};
+  MDB_val mv;
+  /* a frame's magic: the blob may be held compressed (issue 18) */
+  if (kcs_zstd_magic(v.mv_data, v.mv_size) &&
+      (mdb_get(txn, s->blobmeta, &k, &mv) || kcs_blob_meta_read(&mv, &bm)))
+    return KC_NOT_FOUND;
+  if (bm.size != rec->size)
+    return KC_NOT_FOUND;
   if (enc)
     *enc = (kc_store_enc)bm.enc;
   if (data)
@@ -361,9 +363,10 @@ static kc_err set_rec(kc_store *s, MDB_txn *txn, kv_job *j, const kv_state *st,
   /* the same value: the old record's reference passes to the new one; a
    * blob scrubbed away under it (no reference left) is stored again */
   int same = st->present && memcmp(st->rec.digest, j->digest, KC_HEX_LEN) == 0;
-  int held = same && (st->live || blob_held(s, txn, j->digest));
+  int blob = (same && st->live) || blob_held(s, txn, j->digest);
+  int held = same && blob;
   kc_err e = KC_OK;
-  if (!held && !blob_held(s, txn, j->digest) && !j->ztried) {
+  if (!blob && !j->ztried) {
     /* gone since compress_new looked (evicted meanwhile): compress now */
     j->ztried = 1;
     e = kcs_zstd_compress(s->compress_level, op->val, op->vlen, &j->zval,
@@ -793,8 +796,8 @@ int kc_store_kv_set_settled(kc_store_read *r, kc_store_kv_op *op,
   int64_t exp = (op->flags & KC_KV_KEEPTTL) && st.live ? st.rec.expire_ms
                                                        : op->expire_ms;
   memcpy(op->key_hex, j.hex, sizeof op->key_hex);
-  if (st.live && exp == st.rec.expire_ms && (!exp || exp > now_ms) &&
-      same_value(&st, op)) {
+  /* live: not expired at now_ms, so neither is exp */
+  if (st.live && exp == st.rec.expire_ms && same_value(&st, op)) {
     op->done = 1;
     kcs_uses_record(&s->kvuses, j.hex, kcs_now_ms());
     return 1;

@@ -157,11 +157,6 @@ uint64_t kcs_map_with_room(const char *dir, uint64_t want) {
   return (uint64_t)st.st_size + (uint64_t)st.st_size / 16 + MAP_ROOM_MIN;
 }
 
-static MDB_val counted_name(void) {
-  MDB_val k = {17, (void *)"manifests_counted"};
-  return k;
-}
-
 kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum,
                           char *err) {
   MDB_cursor *cur;
@@ -178,33 +173,20 @@ kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum,
                             : kcs_mdb_err(rc, "counting the manifests", err);
 }
 
-/* Stores written before manifests were counted: add their bytes once. */
-static kc_err count_manifests_op(kc_store *s, MDB_txn *txn, void *ud,
-                                 char *err) {
-  (void)ud;
-  MDB_val k = counted_name(), v;
-  if (mdb_get(txn, s->meta, &k, &v) == 0)
-    return KC_OK; /* counted already */
-  uint64_t sum;
-  kc_err e = kcs_manifest_bytes(s, txn, &sum, err);
-  if (e)
-    return e;
-  uint32_t one = 1;
-  MDB_val flag = {sizeof one, &one};
-  e = kcs_bytes_add(txn, s, (int64_t)sum, err);
-  return e ? e : kcs_put(txn, s->meta, &k, &flag, 0, err);
-}
+/* A byte count added to bytes_used once per store, remembered by a flag in
+ * meta: stores written before the count existed. */
+typedef struct {
+  const char *flag;
+  kc_err (*bytes)(kc_store *, MDB_txn *, uint64_t *, char *);
+} count_once;
 
-/* Stores whose RESP keys were written before bytes_used counted them: add
- * their bytes once. */
-static kc_err count_kv_keys_op(kc_store *s, MDB_txn *txn, void *ud,
-                               char *err) {
-  (void)ud;
-  MDB_val k = {15, (void *)"kv_keys_counted"}, v;
+static kc_err count_once_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
+  const count_once *c = ud;
+  MDB_val k = {strlen(c->flag), (void *)c->flag}, v;
   if (mdb_get(txn, s->meta, &k, &v) == 0)
     return KC_OK; /* counted already */
   uint64_t sum;
-  kc_err e = kcs_kv_key_bytes(s, txn, &sum, err);
+  kc_err e = c->bytes(s, txn, &sum, err);
   if (e)
     return e;
   uint32_t one = 1;
@@ -214,9 +196,12 @@ static kc_err count_kv_keys_op(kc_store *s, MDB_txn *txn, void *ud,
 }
 
 kc_err kcs_open_limits(kc_store *s, char *err) {
-  kc_err e = kcs_write(s, count_manifests_op, NULL, err);
+  /* Manifests first, then RESP keys (their counts came later). */
+  count_once manifests = {"manifests_counted", kcs_manifest_bytes};
+  count_once kv_keys = {"kv_keys_counted", kcs_kv_key_bytes};
+  kc_err e = kcs_write(s, count_once_op, &manifests, err);
   if (!e)
-    e = kcs_write(s, count_kv_keys_op, NULL, err);
+    e = kcs_write(s, count_once_op, &kv_keys, err);
   if (e == KC_STORE_FULL || e == KC_DISK_FULL)
     e = KC_OK; /* counted at the next open; the store still serves reads */
   if (e || !s->max_bytes)
