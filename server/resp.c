@@ -618,13 +618,11 @@ static void *io_main(void *arg) {
     sweep_handshakes(r, &swept);
     free_grave(r);
     pool_trim(r, 0);
-    kcd_resp_seen_trim(r, 0);
   }
   while (r->conns)
     conn_close(r->conns);
   free_grave(r);
   pool_trim(r, 1);
-  kcd_resp_seen_trim(r, 1);
   return NULL;
 }
 

@@ -65,9 +65,6 @@
 static inline int64_t kcd_resp_mono_ms(void) {
   return (int64_t)(kcd_now_us() / 1000);
 }
-#define KCD_RESP_SEEN_N 4              /* big values remembered (resp_kv.c) */
-#define KCD_RESP_SEEN_MIN (16u << 10)  /* the smallest one */
-#define KCD_RESP_SEEN_BYTES (16u << 20) /* their bytes in all */
 
 /* ---- key families (resp_family.c) ----
  * A key's family is its prefix before the first ':' ("pt2:..." -> "pt2");
@@ -267,12 +264,6 @@ struct kcd_resp_conn {
 };
 
 /* The listener (resp.c) and its committer (resp_commit.c). */
-/* A value a SET carried and its SHA-256 (resp_kv.c). */
-typedef struct kcd_resp_seen {
-  char *p;
-  size_t len;
-  char hex[KC_HEX_LEN + 1];
-} kcd_resp_seen;
 
 struct kcd_resp {
   kcd_state *st;
@@ -300,15 +291,6 @@ struct kcd_resp {
   kcd_resp_buf pool[KCD_RESP_POOL_N];
   size_t npool, pool_bytes;
   int64_t pool_used_ms;
-  /* big values SET lately, with their SHA-256 (resp_kv.c; listener thread
-   * only): a SET of the same bytes is compared, not hashed again */
-  kcd_resp_seen seen[KCD_RESP_SEEN_N];
-  size_t seen_bytes, seen_next;
-  /* values hashed once: (length, sample) of the last few; a value met
-   * again is remembered in seen (a value SET once costs no copy) */
-  struct { size_t len; uint64_t fp; } cand[2 * KCD_RESP_SEEN_N];
-  size_t cand_next;
-  int64_t seen_used_ms;
   /* jobs waiting for the committer */
   pthread_mutex_t qlock;
   pthread_cond_t qcond;
@@ -434,9 +416,6 @@ int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
 void kcd_resp_c_get(kcd_resp_ctx *x);
 void kcd_resp_c_mget(kcd_resp_ctx *x);
 void kcd_resp_c_set(kcd_resp_ctx *x);
-/* Forgets the values SET lately (kcd_resp.seen) when none was met for
- * KCD_RESP_POOL_IDLE_MS, or at once with force. Listener thread. */
-void kcd_resp_seen_trim(kcd_resp *r, int force);
 void kcd_resp_c_setex(kcd_resp_ctx *x);
 void kcd_resp_c_psetex(kcd_resp_ctx *x);
 void kcd_resp_c_setnx(kcd_resp_ctx *x);

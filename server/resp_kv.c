@@ -220,104 +220,6 @@ int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
   return 0;
 }
 
-/* ---- big values SET lately ----
- * SHA-256 of a big value is most of its SET's CPU (about 1.8 GB/s with
- * SHA-NI here; memcmp runs at memory speed). A client often SETs the same
- * bytes again (a cache writing what it just read; redis-benchmark's every
- * SET), under the same key or another: the listener remembers the last
- * KCD_RESP_SEEN_N values of at least KCD_RESP_SEEN_MIN bytes that it
- * hashed twice (a value SET once, the usual case, costs no copy), with
- * their digest, and a SET whose bytes equal one of them (memcmp) takes
- * that digest instead of hashing. Only the digest is reused: no
- * remembered byte is ever served. Freed when none was met for
- * KCD_RESP_POOL_IDLE_MS. */
-
-/* The digest of val's bytes when they are a value seen lately. */
-static const char *seen_find(kcd_resp *r, const void *val, size_t len) {
-  for (size_t i = 0; i < KCD_RESP_SEEN_N; i++) {
-    kcd_resp_seen *e = &r->seen[i];
-    if (e->p && e->len == len && memcmp(e->p, val, len) == 0) {
-      r->seen_used_ms = kcd_resp_mono_ms();
-      return e->hex;
-    }
-  }
-  return NULL;
-}
-
-/* A sample of val: FNV-1a of its first, middle and last 64 bytes. Only
- * picks values worth a copy; equality is always memcmp's. */
-static uint64_t seen_fp(const unsigned char *v, size_t len) {
-  uint64_t h = 1469598103934665603ull;
-  size_t at[3] = {0, len / 2 - 32, len - 64}; /* len >= SEEN_MIN */
-  for (size_t k = 0; k < 3; k++)
-    for (size_t i = 0; i < 64; i++)
-      h = (h ^ v[at[k] + i]) * 1099511628211ull;
-  return h;
-}
-
-/* 1 when a value of this sample was hashed lately (it is met again),
- * else it is recorded as such. */
-static int seen_again(kcd_resp *r, const void *val, size_t len) {
-  uint64_t fp = seen_fp(val, len);
-  size_t n = sizeof r->cand / sizeof r->cand[0];
-  for (size_t i = 0; i < n; i++)
-    if (r->cand[i].len == len && r->cand[i].fp == fp)
-      return 1;
-  r->cand[r->cand_next].len = len;
-  r->cand[r->cand_next].fp = fp;
-  r->cand_next = (r->cand_next + 1) % n;
-  return 0;
-}
-
-/* Remembers val (hashed to hex) in place of the oldest when it is met a
- * second time, within KCD_RESP_SEEN_BYTES; nothing when memory is
- * short. */
-static void seen_add(kcd_resp *r, const void *val, size_t len,
-                     const char *hex) {
-  if (!seen_again(r, val, len))
-    return;
-  kcd_resp_seen *e = &r->seen[r->seen_next];
-  size_t held = r->seen_bytes - (e->p ? e->len : 0);
-  if (len > KCD_RESP_SEEN_BYTES - held)
-    return;
-  char *p = e->p && e->len == len ? e->p : malloc(len);
-  if (!p)
-    return;
-  if (p != e->p)
-    free(e->p);
-  memcpy(p, val, len);
-  *e = (kcd_resp_seen){.p = p, .len = len};
-  memcpy(e->hex, hex, KC_HEX_LEN + 1);
-  r->seen_bytes = held + len;
-  r->seen_next = (r->seen_next + 1) % KCD_RESP_SEEN_N;
-  r->seen_used_ms = kcd_resp_mono_ms();
-}
-
-void kcd_resp_seen_trim(kcd_resp *r, int force) {
-  if (!r->seen_bytes ||
-      (!force && kcd_resp_mono_ms() - r->seen_used_ms < KCD_RESP_POOL_IDLE_MS))
-    return;
-  for (size_t i = 0; i < KCD_RESP_SEEN_N; i++) {
-    free(r->seen[i].p);
-    memset(&r->seen[i], 0, sizeof r->seen[i]);
-  }
-  r->seen_bytes = r->seen_next = 0;
-  memset(r->cand, 0, sizeof r->cand);
-}
-
-/* op's hashes from a value seen lately (the key's hashed here: short);
- * 1 when found. */
-static int seen_hashes(kcd_resp *r, kc_store_kv_op *op) {
-  if (op->vlen < KCD_RESP_SEEN_MIN)
-    return 0;
-  const char *hex = seen_find(r, op->val, op->vlen);
-  if (!hex || kc_sha256_hex(op->key, op->klen, op->key_hex))
-    return 0;
-  memcpy(op->val_hex, hex, KC_HEX_LEN + 1);
-  op->hashed = 1;
-  return 1;
-}
-
 /* A SET the committed state settles (kc_store_kv_set_settled: the key
  * holds this value and expiry already, or NX/XX refuse it) is answered at
  * once, with no commit: that state is synced, so the +OK promises what a
@@ -335,11 +237,7 @@ static int set_settled(kcd_resp_ctx *x, kc_store_kv_op *o, kcd_resp_rk rk) {
     c->rd = NULL;
     return 0;
   }
-  int known = seen_hashes(c->srv, o);
-  int settled = kc_store_kv_set_settled(c->rd, o, x->now_ms);
-  if (!known && o->hashed && o->vlen >= KCD_RESP_SEEN_MIN)
-    seen_add(c->srv, o->val, o->vlen, o->val_hex);
-  if (!settled)
+  if (!kc_store_kv_set_settled(c->rd, o, x->now_ms))
     return 0;
   kcd_svc_count(x->st, KCD_OP_SET, KCD_FE_RESP,
                 o->done ? KCD_RES_PRESENT : KCD_RES_REFUSED, 1);

@@ -1173,9 +1173,9 @@ class BigInputBuffers(ServerCase):
         r.close()
 
     def test_same_bytes_again_under_other_keys(self):
-        """A big value SET again is compared with the values SET lately
-        rather than hashed; one that differs in a byte its sample does not
-        see (not the first, middle or last 64) is not taken for it."""
+        """One big value under several keys (one blob), and a value that
+        differs from it in a single byte inside: each key holds exactly its
+        own bytes, and a SET of what a key holds is settled."""
         r = self.srv.client()
         v = os.urandom(200000)
         w = bytearray(v)

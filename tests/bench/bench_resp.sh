@@ -18,10 +18,8 @@
 #    stores a value once by its SHA-256, so its SETs here write a key record
 #    and not the value, and once a key holds the value (after its first SET
 #    of -r's keyspace) a SET of it again is answered from the committed
-#    state without a commit (kc_store_kv_set_settled). Values of 16 KiB and
-#    more met again are compared with the last few the listener hashed and
-#    not hashed again (DESIGN.md "Values met again"): the 64K and 1M SETs
-#    here are that best case, distinct big values pay SHA-256 each.
+#    state without a commit (kc_store_kv_set_settled); every SET's value
+#    is still hashed once (SHA-256: most of a 1M SET's CPU).
 #    4K-new: nearly every SET a new key (a commit each). Step 2's fill uses
 #    distinct values.
 # 2. Restart: SET BENCH_FILL_COUNT (50000) distinct 64 KiB values (3.28 GB)
