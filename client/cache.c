@@ -170,18 +170,8 @@ kc_err kcc_cache_write_tmp(const kc_client *c, const void *data, size_t len,
   int fd = kcc_cache_tmp(c, tmp, err);
   if (fd < 0)
     return KC_IO;
-  const char *p = data;
-  size_t left = len;
-  while (left) {
-    ssize_t n = write(fd, p, left);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      break;
-    p += n;
-    left -= (size_t)n;
-  }
-  int saved = left ? (errno ? errno : ENOSPC) : 0;
+  errno = 0;
+  int saved = kcc_write_all(fd, data, len) ? (errno ? errno : ENOSPC) : 0;
   if (close(fd) != 0 && !saved)
     saved = errno;
   if (!saved)

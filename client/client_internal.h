@@ -194,6 +194,9 @@ size_t kcc_compat_keys(const kcc_compat *cp, const kc_key_fields *base,
 int64_t kcc_now_ms(void);
 /* mkdir -p, mode 0755 (0700 for the cache root is set by the caller). */
 kc_err kcc_mkdirs(const char *path, char *err);
+/* Writes all len bytes to fd, retrying EINTR; KC_IO with write's errno
+ * (left as it was when write returned 0). */
+kc_err kcc_write_all(int fd, const void *data, size_t len);
 /* Removes a directory tree (for tests and the command builder's scratch). */
 void kcc_rmtree(const char *path);
 /* strdup that tolerates NULL. */

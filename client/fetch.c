@@ -116,18 +116,10 @@ static size_t take(xfer *x, const char *data, size_t n) {
   }
   if (kc_sha256_update(x->sha, data, n) != KC_OK)
     return 0;
-  if (x->fd < 0) {
+  if (x->fd < 0)
     memcpy(x->buf + x->got, data, n);
-  } else {
-    for (size_t done = 0; done < n;) {
-      ssize_t w = write(x->fd, data + done, n - done);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w <= 0)
-        return 0;
-      done += (size_t)w;
-    }
-  }
+  else if (kcc_write_all(x->fd, data, n) != KC_OK)
+    return 0;
   x->got += n;
   return n;
 }

@@ -30,7 +30,7 @@ kc_err kcc_mkdirs(const char *path, char *err) {
   return KC_OK;
 }
 
-static kc_err write_all(int fd, const void *data, size_t len) {
+kc_err kcc_write_all(int fd, const void *data, size_t len) {
   const char *p = data;
   while (len) {
     ssize_t n = write(fd, p, len);
@@ -52,7 +52,7 @@ kc_err kc_write_file_atomic(const char *path, const void *data, size_t len,
   int fd = mkstemp(tmp);
   if (fd < 0)
     return kc_errf(err, KC_IO, "create %s: %s", tmp, strerror(errno));
-  kc_err e = write_all(fd, data, len);
+  kc_err e = kcc_write_all(fd, data, len);
   int saved = errno;
   if (close(fd) != 0 && !e) {
     e = KC_IO;
