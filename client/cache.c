@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,30 +369,20 @@ kc_err kc_cache_bundle_put(kc_client *c, const kc_manifest *m, char *err) {
 /* Many manifests at once (a warm of many bundles): each is its own file,
  * so two threads write them, one half each; a warm of 1024 bundles spent
  * about an eighth of its CPU here, on one core of two. */
-typedef struct puts_part {
+typedef struct puts_job {
   kc_client *c;
   const kc_manifest *const *ms;
-  size_t n;
   kc_err *res;
-} puts_part;
+} puts_job;
 
-static void *puts_run(void *arg) {
-  puts_part *p = arg;
-  for (size_t k = 0; k < p->n; k++)
+static void puts_run(void *arg, size_t from, size_t to) {
+  puts_job *p = arg;
+  for (size_t k = from; k < to; k++)
     p->res[k] = kc_cache_bundle_put(p->c, p->ms[k], NULL);
-  return NULL;
 }
 
 void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,
                            size_t n, kc_err *res) {
-  size_t half = n >= 32 ? n / 2 : 0;
-  puts_part a = {c, ms, half, res}, b = {c, ms + half, n - half, res + half};
-  pthread_t th;
-  int two = half && pthread_create(&th, NULL, puts_run, &a) == 0;
-  if (!two) { /* one thread does it all */
-    b = (puts_part){c, ms, n, res};
-  }
-  puts_run(&b);
-  if (two)
-    pthread_join(th, NULL);
+  puts_job j = {c, ms, res};
+  kcc_halves(n, n >= 32, puts_run, &j);
 }

@@ -2,7 +2,6 @@
  * lookup, leases, models, stats). */
 #include <dirent.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -427,17 +426,16 @@ static char *lookup_body(const char *const *keys, size_t n) {
  * core of two: from 32 manifests on, a second thread takes half of them.
  * Both only read the parsed answer (jansson's reads, "o" unpacks, take no
  * reference). */
-typedef struct served_part {
+typedef struct served_job {
   json_t *found;
   const char *const *keys;
-  size_t from, to;
   kc_manifest **out;
   kc_err *refused;
-} served_part;
+} served_job;
 
-static void *served_run(void *arg) {
-  served_part *p = arg;
-  for (size_t i = p->from; i < p->to; i++) {
+static void served_run(void *arg, size_t from, size_t to) {
+  served_job *p = arg;
+  for (size_t i = from; i < to; i++) {
     json_t *m = json_object_get(p->found, p->keys[i]);
     if (!m)
       continue;
@@ -448,21 +446,12 @@ static void *served_run(void *arg) {
     if (p->refused)
       p->refused[i] = e;
   }
-  return NULL;
 }
 
 static void check_served(json_t *found, const char *const *keys, size_t n,
                          kc_manifest **out, kc_err *refused) {
-  size_t half = json_object_size(found) >= 32 ? n / 2 : 0;
-  served_part a = {found, keys, 0, half, out, refused};
-  served_part b = {found, keys, half, n, out, refused};
-  pthread_t th;
-  int two = half && pthread_create(&th, NULL, served_run, &a) == 0;
-  if (!two)
-    b.from = 0;
-  served_run(&b);
-  if (two)
-    pthread_join(th, NULL);
+  served_job j = {found, keys, out, refused};
+  kcc_halves(n, json_object_size(found) >= 32, served_run, &j);
 }
 
 /* found[i] from the answer; a manifest that fails validation stays NULL:

@@ -201,6 +201,11 @@ kc_err kcc_write_all(int fd, const void *data, size_t len);
 void kcc_rmtree(const char *path);
 /* strdup that tolerates NULL. */
 char *kcc_strdup0(const char *s);
+/* fn(arg, from, to) over [0, n): with two (and n >= 2), a second thread
+ * takes [0, n/2) while this one does [n/2, n); one thread does it all
+ * when two is 0 or the thread cannot be made. Returns when both are done. */
+void kcc_halves(size_t n, int two, void (*fn)(void *, size_t, size_t),
+                void *arg);
 
 /* ---- build_key.c ---- */
 

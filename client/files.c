@@ -1,8 +1,9 @@
-/* files.c: small file-system helpers of libkcache: mkdir -p, atomic writes,
- * tree removal, bucket labels. */
+/* files.c: small helpers of libkcache: mkdir -p, atomic writes, tree
+ * removal, bucket labels, a loop split over two threads. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,29 @@
 #include "client_internal.h"
 
 char *kcc_strdup0(const char *s) { return s ? strdup(s) : NULL; }
+
+typedef struct half_part {
+  void (*fn)(void *, size_t, size_t);
+  void *arg;
+  size_t from, to;
+} half_part;
+
+static void *half_run(void *arg) {
+  half_part *p = arg;
+  p->fn(p->arg, p->from, p->to);
+  return NULL;
+}
+
+void kcc_halves(size_t n, int two, void (*fn)(void *, size_t, size_t),
+                void *arg) {
+  size_t half = two ? n / 2 : 0;
+  half_part a = {fn, arg, 0, half};
+  pthread_t th;
+  int on = half && pthread_create(&th, NULL, half_run, &a) == 0;
+  fn(arg, on ? half : 0, n); /* without a second thread: all of it here */
+  if (on)
+    pthread_join(th, NULL);
+}
 
 kc_err kcc_mkdirs(const char *path, char *err) {
   char p[PATH_MAX];
