@@ -234,10 +234,15 @@ static void progress(wctx *x, size_t i) {
   }
 }
 
+/* Bundle m is a stand-in for item i's key (another arch). */
+static int is_compat(const wctx *x, size_t i, const kc_manifest *m) {
+  return strcmp(m->key, x->rep->items[i].key) != 0;
+}
+
 /* Item i is ready with bundle m (ownership moves to x). */
 static void ready(wctx *x, size_t i, kc_warm_status s, kc_manifest *m) {
   kc_warm_item *it = &x->rep->items[i];
-  if (strcmp(m->key, it->key) != 0) { /* a stand-in of another arch */
+  if (is_compat(x, i, m)) {
     s = KC_WARM_HIT_COMPAT;
     snprintf(it->compat_arch, sizeof it->compat_arch, "%s", m->fields.arch);
     memcpy(it->compat_key, m->key, sizeof it->compat_key);
@@ -338,11 +343,6 @@ static void phase_local(wctx *x) {
 }
 
 /* ---- phase 2: one lookup, parallel fetches ---- */
-
-/* Bundle m is a stand-in for item i's key (another arch). */
-static int is_compat(const wctx *x, size_t i, const kc_manifest *m) {
-  return strcmp(m->key, x->rep->items[i].key) != 0;
-}
 
 /* A fetched bundle for item i: ready, or with --prefer-build a stand-in
  * kept for the end (its blobs are cached now, so it costs nothing then). */
