@@ -208,9 +208,16 @@ kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
   return kc_errf(err, KC_IO, "rename into %s: %s", dst, strerror(saved));
 }
 
+kc_err kcc_cache_blob_write(kc_client *c, const void *data, size_t len,
+                            const char *digest, char *err) {
+  char tmp[PATH_MAX];
+  kc_err e = kcc_cache_write_tmp(c, data, len, tmp, err);
+  return e ? e : kcc_cache_blob_publish(c, tmp, digest, err);
+}
+
 kc_err kc_cache_blob_put(kc_client *c, const void *data, size_t len,
                          char digest_out[KC_HEX_LEN + 1], char *err) {
-  char d[KC_HEX_LEN + 1], tmp[PATH_MAX];
+  char d[KC_HEX_LEN + 1];
   kc_err e = kc_sha256_hex(data, len, d);
   if (e)
     return kc_errf(err, e, "sha256: %s", kc_strerror(e));
@@ -218,9 +225,7 @@ kc_err kc_cache_blob_put(kc_client *c, const void *data, size_t len,
     memcpy(digest_out, d, sizeof d);
   if (kcc_cache_blob_ok(c, d, len))
     return KC_OK; /* content-addressed: same name, same bytes */
-  if ((e = kcc_cache_write_tmp(c, data, len, tmp, err)))
-    return e;
-  return kcc_cache_blob_publish(c, tmp, d, err);
+  return kcc_cache_blob_write(c, data, len, d, err);
 }
 
 kc_err kc_cache_blob_put_file(kc_client *c, const char *path,

@@ -143,6 +143,10 @@ void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,
  * failure. */
 kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
                               const char *digest, char *err);
+/* Verified bytes of blob digest into the cache: kcc_cache_write_tmp, then
+ * kcc_cache_blob_publish. */
+kc_err kcc_cache_blob_write(kc_client *c, const void *data, size_t len,
+                            const char *digest, char *err);
 /* A temporary file in cache/tmp; path must hold PATH_MAX. fd or -1. */
 int kcc_cache_tmp(const kc_client *c, char *path, char *err);
 /* 0 when bundles/ holds no entry (a fresh cache: a warm need not look for

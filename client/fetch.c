@@ -261,11 +261,9 @@ static void finish(fetch_run *r, xfer *x, CURLcode rc) {
     return;
   }
   /* both remove the temporary file when they fail */
-  kc_err e = on_disk ? KC_OK
-                     : kcc_cache_write_tmp(r->c, x->buf, (size_t)x->got,
-                                           x->tmp, e2);
-  if (!e)
-    e = kcc_cache_blob_publish(r->c, x->tmp, digest, e2);
+  kc_err e = on_disk ? kcc_cache_blob_publish(r->c, x->tmp, digest, e2)
+                     : kcc_cache_blob_write(r->c, x->buf, (size_t)x->got,
+                                            digest, e2);
   if (e) {
     fail(r, e, "%s", e2);
     return;

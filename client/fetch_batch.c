@@ -136,16 +136,14 @@ static void next_item(batch *b) {
  * the batches run), else inline. */
 static void verify_write(brun *r, size_t fi, const char *buf, size_t len) {
   const kc_file *f = r->files[fi];
-  char d[KC_HEX_LEN + 1], tmp[PATH_MAX], e2[KC_ERRBUF_SIZE];
+  char d[KC_HEX_LEN + 1], e2[KC_ERRBUF_SIZE];
   if (kc_sha256_hex(buf, len, d) || strcmp(d, f->sha256)) {
     bfail(r, KC_DIGEST_MISMATCH,
           "blob %.16s... from the server hashes to %.16s...; discarded",
           f->sha256, d);
     return;
   }
-  kc_err e = kcc_cache_write_tmp(r->c, buf, len, tmp, e2);
-  if (!e)
-    e = kcc_cache_blob_publish(r->c, tmp, f->sha256, e2);
+  kc_err e = kcc_cache_blob_write(r->c, buf, len, f->sha256, e2);
   if (e) {
     bfail(r, e, "%s", e2);
     return;
