@@ -257,9 +257,6 @@ kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
   return KC_OK;
 }
 
-static struct curl_slist *with_header(const struct curl_slist *l,
-                                      const char *h);
-
 /* The body compressed (level 3) when that saves an eighth (issue 18): sent
  * with Content-Encoding: zstd, the server verifies the content's digest. */
 static void *compress_body(const void *data, size_t len, size_t *zlen) {
@@ -295,7 +292,7 @@ static kc_err put_once(kc_client *c, const char *path, const void *body,
 static kc_err put_zstd(kc_client *c, const char *path, const void *z,
                        size_t zlen, long *status, char *err) {
   struct curl_slist *saved = c->hdrs;
-  struct curl_slist *l = with_header(saved, "Content-Encoding: zstd");
+  struct curl_slist *l = kcc_with_header(saved, "Content-Encoding: zstd");
   if (!l)
     return kc_errf(err, KC_NOMEM, "out of memory");
   c->hdrs = l; /* kcc_http_do sends c->hdrs */
@@ -325,25 +322,10 @@ kc_err kc_client_blob_put(kc_client *c, const void *data, size_t len,
   return put_once(c, path, data, len, &status, err);
 }
 
-/* A copy of l with one more header; NULL when out of memory. */
-static struct curl_slist *with_header(const struct curl_slist *l,
-                                      const char *h) {
-  struct curl_slist *n = NULL, *t;
-  for (; l; l = l->next) {
-    if (!(t = curl_slist_append(n, l->data)))
-      break;
-    n = t;
-  }
-  if (!l && (t = curl_slist_append(n, h)))
-    return t;
-  curl_slist_free_all(n);
-  return NULL;
-}
-
 kc_err kc_client_blob_repair(kc_client *c, const void *data, size_t len,
                              char *err) {
   struct curl_slist *saved = c->hdrs;
-  struct curl_slist *l = with_header(saved, "X-Kcache-Repair: 1");
+  struct curl_slist *l = kcc_with_header(saved, "X-Kcache-Repair: 1");
   if (!l)
     return kc_errf(err, KC_NOMEM, "out of memory");
   c->hdrs = l; /* kcc_http_do sends c->hdrs */

@@ -68,6 +68,9 @@ kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
                    const void *body, size_t len, kcc_http_resp *r, char *err);
 /* Error answer -> kc_err and its message ("server: <message>"). */
 kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err);
+/* A copy of l with one more header h; NULL when out of memory. */
+struct curl_slist *kcc_with_header(const struct curl_slist *l,
+                                   const char *h);
 /* Applies the handle's common options (TLS, auth, timeouts). */
 void kcc_http_setup(kc_client *c, CURL *h, long timeout_ms);
 /* Milliseconds left before the deadline, capped to c->timeout_ms; 0 when it

@@ -379,18 +379,6 @@ static kc_err run(fetch_run *r, xfer *xs, int nx) {
   return r->first;
 }
 
-/* The client's headers plus Accept-Encoding: zstd; NULL out of memory. */
-static struct curl_slist *accept_zstd(const struct curl_slist *l) {
-  struct curl_slist *n = NULL, *t;
-  for (; l; l = l->next, n = t)
-    if (!(t = curl_slist_append(n, l->data)))
-      break;
-  if (!l && (t = curl_slist_append(n, "Accept-Encoding: zstd")))
-    return t;
-  curl_slist_free_all(n);
-  return NULL;
-}
-
 kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
                        char *ok, uint64_t *fetched, char *err) {
   if (!c->url)
@@ -410,7 +398,7 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
   for (int k = 0; !e && k < nx; k++)
     if (!(xs[k].h = curl_easy_init()) || !(xs[k].sha = kc_sha256_new()) ||
         !(xs[k].dc = ZSTD_createDCtx()) || !(xs[k].zout = malloc(ZOUT)) ||
-        !(xs[k].hdrs = accept_zstd(c->hdrs)))
+        !(xs[k].hdrs = kcc_with_header(c->hdrs, "Accept-Encoding: zstd")))
       e = kc_errf(err, KC_NOMEM, "out of memory");
   if (!e)
     e = run(&r, xs, nx);

@@ -493,15 +493,10 @@ static int cut(brun *r, const size_t *todo, size_t n, int parallel) {
 
 /* The client's headers, the JSON body's type and Accept-Encoding: zstd. */
 static struct curl_slist *headers_of(const struct curl_slist *l) {
-  struct curl_slist *n = NULL, *t;
-  for (; l; l = l->next, n = t)
-    if (!(t = curl_slist_append(n, l->data)))
-      break;
-  if (!l && (t = curl_slist_append(n, "Content-Type: application/json")) &&
-      (n = t) && (t = curl_slist_append(n, "Accept-Encoding: zstd")))
-    return t;
-  curl_slist_free_all(n);
-  return NULL;
+  struct curl_slist *t = kcc_with_header(l, "Content-Type: application/json");
+  struct curl_slist *n = t ? kcc_with_header(t, "Accept-Encoding: zstd") : NULL;
+  curl_slist_free_all(t);
+  return n;
 }
 
 kc_err kcc_fetch_batched(kc_client *c, const kc_file *const *files,
@@ -520,7 +515,8 @@ kc_err kcc_fetch_batched(kc_client *c, const kc_file *const *files,
   }
   int ready = bs != NULL;
   for (int k = 0; ready && k < nx; k++)
-    ready = (bs[k].r = &r) && (bs[k].h = curl_easy_init()) && (bs[k].dc = ZSTD_createDCtx());
+    ready = (bs[k].r = &r) && (bs[k].h = curl_easy_init()) &&
+            (bs[k].dc = ZSTD_createDCtx());
   if (ready) {
     writer_start(&r, n);
     run(&r, bs, nx);
