@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,18 +169,8 @@ kc_err kcc_cache_write_tmp(const kc_client *c, const void *data, size_t len,
   int fd = kcc_cache_tmp(c, tmp, err);
   if (fd < 0)
     return KC_IO;
-  const char *p = data;
-  size_t left = len;
-  while (left) {
-    ssize_t n = write(fd, p, left);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      break;
-    p += n;
-    left -= (size_t)n;
-  }
-  int saved = left ? (errno ? errno : ENOSPC) : 0;
+  errno = 0;
+  int saved = kcc_write_all(fd, data, len) ? (errno ? errno : ENOSPC) : 0;
   if (close(fd) != 0 && !saved)
     saved = errno;
   if (!saved)
@@ -219,9 +208,16 @@ kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
   return kc_errf(err, KC_IO, "rename into %s: %s", dst, strerror(saved));
 }
 
+kc_err kcc_cache_blob_write(kc_client *c, const void *data, size_t len,
+                            const char *digest, char *err) {
+  char tmp[PATH_MAX];
+  kc_err e = kcc_cache_write_tmp(c, data, len, tmp, err);
+  return e ? e : kcc_cache_blob_publish(c, tmp, digest, err);
+}
+
 kc_err kc_cache_blob_put(kc_client *c, const void *data, size_t len,
                          char digest_out[KC_HEX_LEN + 1], char *err) {
-  char d[KC_HEX_LEN + 1], tmp[PATH_MAX];
+  char d[KC_HEX_LEN + 1];
   kc_err e = kc_sha256_hex(data, len, d);
   if (e)
     return kc_errf(err, e, "sha256: %s", kc_strerror(e));
@@ -229,9 +225,7 @@ kc_err kc_cache_blob_put(kc_client *c, const void *data, size_t len,
     memcpy(digest_out, d, sizeof d);
   if (kcc_cache_blob_ok(c, d, len))
     return KC_OK; /* content-addressed: same name, same bytes */
-  if ((e = kcc_cache_write_tmp(c, data, len, tmp, err)))
-    return e;
-  return kcc_cache_blob_publish(c, tmp, d, err);
+  return kcc_cache_blob_write(c, data, len, d, err);
 }
 
 kc_err kc_cache_blob_put_file(kc_client *c, const char *path,
@@ -380,30 +374,20 @@ kc_err kc_cache_bundle_put(kc_client *c, const kc_manifest *m, char *err) {
 /* Many manifests at once (a warm of many bundles): each is its own file,
  * so two threads write them, one half each; a warm of 1024 bundles spent
  * about an eighth of its CPU here, on one core of two. */
-typedef struct puts_part {
+typedef struct puts_job {
   kc_client *c;
   const kc_manifest *const *ms;
-  size_t n;
   kc_err *res;
-} puts_part;
+} puts_job;
 
-static void *puts_run(void *arg) {
-  puts_part *p = arg;
-  for (size_t k = 0; k < p->n; k++)
+static void puts_run(void *arg, size_t from, size_t to) {
+  puts_job *p = arg;
+  for (size_t k = from; k < to; k++)
     p->res[k] = kc_cache_bundle_put(p->c, p->ms[k], NULL);
-  return NULL;
 }
 
 void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,
                            size_t n, kc_err *res) {
-  size_t half = n >= 32 ? n / 2 : 0;
-  puts_part a = {c, ms, half, res}, b = {c, ms + half, n - half, res + half};
-  pthread_t th;
-  int two = half && pthread_create(&th, NULL, puts_run, &a) == 0;
-  if (!two) { /* one thread does it all */
-    b = (puts_part){c, ms, n, res};
-  }
-  puts_run(&b);
-  if (two)
-    pthread_join(th, NULL);
+  puts_job j = {c, ms, res};
+  kcc_halves(n, n >= 32, puts_run, &j);
 }

@@ -44,6 +44,14 @@ void kcli_long_options(const struct option *own, struct option *lo);
 int kcli_common_opt(kcli_common *g, int id, const char *arg);
 /* The common options' help lines, as "  --flag ARG   help (VARIABLE)". */
 void kcli_common_help(FILE *f);
+/* getopt_long over own options and the common ones: fn(a, opt, optarg)
+ * takes each (0, or -1 on a bad value: "invalid value" and the usage);
+ * --help prints usage, help, the common options and tail (may be NULL).
+ * 0 go on (operands from optind), -1 help shown, else the exit code. */
+int kcli_parse(const char *cmd, const char *usage, const char *help,
+               const char *tail, const struct option *own,
+               int (*fn)(void *a, int opt, const char *arg), void *a,
+               int argc, char **argv);
 /* Makes the client; prints the error and returns NULL on failure. */
 kc_client *kcli_client(const kcli_common *g);
 /* KCLI_EXIT_OK when a server URL is set, else says so: KCLI_EXIT_USAGE. */

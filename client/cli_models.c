@@ -31,7 +31,7 @@ typedef struct models_args {
 
 /* Common options, --json and --matrix; 0, -1 for --help, or an exit code. */
 static int models_parse(const char *cmd, const char *usage, const char *help,
-                        int max_args, models_args *a, int argc, char **argv) {
+                        models_args *a, int argc, char **argv) {
   static const struct option own[] = {{"json", no_argument, NULL, 'j'},
                                       {"matrix", no_argument, NULL, 'm'},
                                       {NULL, 0, NULL, 0}};
@@ -56,11 +56,23 @@ static int models_parse(const char *cmd, const char *usage, const char *help,
       return kcli_usage(cmd, usage);
   }
   int n = argc - optind;
-  if (n > max_args || (max_args == 1 && !strcmp(cmd, "purge") && n < 1) ||
-      (a->matrix && n < 1))
+  if (n > 1 || (n < 1 && (a->matrix || !strcmp(cmd, "purge"))))
     return kcli_usage(cmd, usage);
   a->model = n ? argv[optind] : NULL;
   return kcli_need_url(&a->g, cmd);
+}
+
+/* models_parse, then the client; NULL with *rc the exit code (0 after
+ * --help). */
+static kc_client *models_open(const char *cmd, const char *usage,
+                              const char *help, models_args *a, int argc,
+                              char **argv, int *rc) {
+  int r = models_parse(cmd, usage, help, a, argc, argv);
+  *rc = r < 0 ? KCLI_EXIT_OK : r;
+  kc_client *c = r ? NULL : kcli_client(&a->g);
+  if (!r && !c)
+    *rc = KCLI_EXIT_FAIL;
+  return c;
 }
 
 static void human(uint64_t n, char *out, size_t cap) {
@@ -209,12 +221,10 @@ static int ls_model(kc_client *c, const models_args *a) {
 
 int kcli_cmd_ls(int argc, char **argv) {
   models_args a;
-  int rc = models_parse("ls", ls_usage, ls_help, 1, &a, argc, argv);
-  if (rc)
-    return rc < 0 ? KCLI_EXIT_OK : rc;
-  kc_client *c = kcli_client(&a.g);
+  int rc;
+  kc_client *c = models_open("ls", ls_usage, ls_help, &a, argc, argv, &rc);
   if (!c)
-    return KCLI_EXIT_FAIL;
+    return rc;
   rc = a.model ? ls_model(c, &a) : ls_all(c, a.json);
   kc_client_free(c);
   return rc;
@@ -222,12 +232,11 @@ int kcli_cmd_ls(int argc, char **argv) {
 
 int kcli_cmd_purge(int argc, char **argv) {
   models_args a;
-  int rc = models_parse("purge", purge_usage, purge_help, 1, &a, argc, argv);
-  if (rc)
-    return rc < 0 ? KCLI_EXIT_OK : rc;
-  kc_client *c = kcli_client(&a.g);
+  int rc;
+  kc_client *c =
+      models_open("purge", purge_usage, purge_help, &a, argc, argv, &rc);
   if (!c)
-    return KCLI_EXIT_FAIL;
+    return rc;
   char err[KC_ERRBUF_SIZE], model[KC_HEX_LEN + 1], *body = NULL;
   kc_err e = kc_client_model_resolve(c, a.model, model, err);
   if (!e)

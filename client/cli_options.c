@@ -95,6 +95,31 @@ void kcli_long_options(const struct option *own, struct option *lo) {
   lo[n] = (struct option){NULL, 0, NULL, 0};
 }
 
+int kcli_parse(const char *cmd, const char *usage, const char *help,
+               const char *tail, const struct option *own,
+               int (*fn)(void *a, int opt, const char *arg), void *a,
+               int argc, char **argv) {
+  struct option lo[KCLI_LONGOPTS_MAX];
+  int opt;
+  kcli_long_options(own, lo);
+  optind = 0;
+  while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    if (opt == 'h') {
+      printf("%s%s", usage, help);
+      kcli_common_help(stdout);
+      if (tail)
+        fputs(tail, stdout);
+      return -1;
+    }
+    if (opt == '?' || fn(a, opt, optarg) != 0) {
+      if (opt != '?')
+        fprintf(stderr, "kcache %s: invalid value '%s'\n", cmd, optarg);
+      return kcli_usage(cmd, usage);
+    }
+  }
+  return 0;
+}
+
 int kcli_common_opt(kcli_common *g, int id, const char *arg) {
   if (id < KCLI_OPT_BASE || id >= KCLI_OPT_BASE + (int)N_OPTS)
     return 0;

@@ -39,7 +39,8 @@ typedef struct sargs {
   const char *model, *manifest, *out;
 } sargs;
 
-static int suggest_opt(sargs *a, int opt, const char *arg) {
+static int suggest_opt(void *arg_, int opt, const char *arg) {
+  sargs *a = arg_;
   char *end;
   long n;
   switch (opt) {
@@ -62,22 +63,10 @@ static int suggest_parse(sargs *a, int argc, char **argv) {
       {"manifest", required_argument, NULL, 'm'},
       {"out", required_argument, NULL, 'o'},
       {NULL, 0, NULL, 0}};
-  struct option lo[KCLI_LONGOPTS_MAX];
-  int opt;
-  kcli_long_options(own, lo);
-  optind = 0;
-  while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-    if (opt == 'h') {
-      printf("%s%s", suggest_usage, suggest_help);
-      kcli_common_help(stdout);
-      return -1;
-    }
-    if (opt == '?' || suggest_opt(a, opt, optarg) != 0) {
-      if (opt != '?')
-        fprintf(stderr, "kcache suggest: invalid value '%s'\n", optarg);
-      return kcli_usage("suggest", suggest_usage);
-    }
-  }
+  int rc = kcli_parse("suggest", suggest_usage, suggest_help, NULL, own,
+                      suggest_opt, a, argc, argv);
+  if (rc)
+    return rc;
   int n = argc - optind;
   if (n > 1 || (n == 0 && !a->manifest) || (a->out && !a->manifest))
     return kcli_usage("suggest", suggest_usage);

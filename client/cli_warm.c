@@ -99,7 +99,8 @@ static int parse_device(const char *s, const char **out) {
   return 0;
 }
 
-static int warm_opt(warm_args *a, int opt, const char *arg) {
+static int warm_opt(void *arg_, int opt, const char *arg) {
+  warm_args *a = arg_;
   switch (opt) {
   case 'a': return split_archs(a, arg);
   case 'n': a->o.no_build = 1; return 0;
@@ -142,23 +143,10 @@ static int warm_parse(warm_args *a, int argc, char **argv) {
       {"no-compat", no_argument, NULL, 'C'},
       {"prefer-build", no_argument, NULL, 'P'},
       {NULL, 0, NULL, 0}};
-  struct option lo[KCLI_LONGOPTS_MAX];
-  int opt;
-  kcli_long_options(own, lo);
-  optind = 0;
-  while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-    if (opt == 'h') {
-      printf("%s%s", warm_usage, warm_help);
-      kcli_common_help(stdout);
-      fputs(warm_tail, stdout);
-      return -1;
-    }
-    if (opt == '?' || warm_opt(a, opt, optarg) != 0) {
-      if (opt != '?')
-        fprintf(stderr, "kcache warm: invalid value '%s'\n", optarg);
-      return kcli_usage("warm", warm_usage);
-    }
-  }
+  int rc = kcli_parse("warm", warm_usage, warm_help, warm_tail, own,
+                      warm_opt, a, argc, argv);
+  if (rc)
+    return rc;
   if (argc - optind != 1)
     return kcli_usage("warm", warm_usage);
   a->manifest = argv[optind];

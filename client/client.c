@@ -2,7 +2,6 @@
  * lookup, leases, models, stats). */
 #include <dirent.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,9 +257,6 @@ kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
   return KC_OK;
 }
 
-static struct curl_slist *with_header(const struct curl_slist *l,
-                                      const char *h);
-
 /* The body compressed (level 3) when that saves an eighth (issue 18): sent
  * with Content-Encoding: zstd, the server verifies the content's digest. */
 static void *compress_body(const void *data, size_t len, size_t *zlen) {
@@ -296,7 +292,7 @@ static kc_err put_once(kc_client *c, const char *path, const void *body,
 static kc_err put_zstd(kc_client *c, const char *path, const void *z,
                        size_t zlen, long *status, char *err) {
   struct curl_slist *saved = c->hdrs;
-  struct curl_slist *l = with_header(saved, "Content-Encoding: zstd");
+  struct curl_slist *l = kcc_with_header(saved, "Content-Encoding: zstd");
   if (!l)
     return kc_errf(err, KC_NOMEM, "out of memory");
   c->hdrs = l; /* kcc_http_do sends c->hdrs */
@@ -326,25 +322,10 @@ kc_err kc_client_blob_put(kc_client *c, const void *data, size_t len,
   return put_once(c, path, data, len, &status, err);
 }
 
-/* A copy of l with one more header; NULL when out of memory. */
-static struct curl_slist *with_header(const struct curl_slist *l,
-                                      const char *h) {
-  struct curl_slist *n = NULL, *t;
-  for (; l; l = l->next) {
-    if (!(t = curl_slist_append(n, l->data)))
-      break;
-    n = t;
-  }
-  if (!l && (t = curl_slist_append(n, h)))
-    return t;
-  curl_slist_free_all(n);
-  return NULL;
-}
-
 kc_err kc_client_blob_repair(kc_client *c, const void *data, size_t len,
                              char *err) {
   struct curl_slist *saved = c->hdrs;
-  struct curl_slist *l = with_header(saved, "X-Kcache-Repair: 1");
+  struct curl_slist *l = kcc_with_header(saved, "X-Kcache-Repair: 1");
   if (!l)
     return kc_errf(err, KC_NOMEM, "out of memory");
   c->hdrs = l; /* kcc_http_do sends c->hdrs */
@@ -427,17 +408,16 @@ static char *lookup_body(const char *const *keys, size_t n) {
  * core of two: from 32 manifests on, a second thread takes half of them.
  * Both only read the parsed answer (jansson's reads, "o" unpacks, take no
  * reference). */
-typedef struct served_part {
+typedef struct served_job {
   json_t *found;
   const char *const *keys;
-  size_t from, to;
   kc_manifest **out;
   kc_err *refused;
-} served_part;
+} served_job;
 
-static void *served_run(void *arg) {
-  served_part *p = arg;
-  for (size_t i = p->from; i < p->to; i++) {
+static void served_run(void *arg, size_t from, size_t to) {
+  served_job *p = arg;
+  for (size_t i = from; i < to; i++) {
     json_t *m = json_object_get(p->found, p->keys[i]);
     if (!m)
       continue;
@@ -448,21 +428,12 @@ static void *served_run(void *arg) {
     if (p->refused)
       p->refused[i] = e;
   }
-  return NULL;
 }
 
 static void check_served(json_t *found, const char *const *keys, size_t n,
                          kc_manifest **out, kc_err *refused) {
-  size_t half = json_object_size(found) >= 32 ? n / 2 : 0;
-  served_part a = {found, keys, 0, half, out, refused};
-  served_part b = {found, keys, half, n, out, refused};
-  pthread_t th;
-  int two = half && pthread_create(&th, NULL, served_run, &a) == 0;
-  if (!two)
-    b.from = 0;
-  served_run(&b);
-  if (two)
-    pthread_join(th, NULL);
+  served_job j = {found, keys, out, refused};
+  kcc_halves(n, json_object_size(found) >= 32, served_run, &j);
 }
 
 /* found[i] from the answer; a manifest that fails validation stays NULL:

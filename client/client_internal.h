@@ -68,6 +68,9 @@ kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
                    const void *body, size_t len, kcc_http_resp *r, char *err);
 /* Error answer -> kc_err and its message ("server: <message>"). */
 kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err);
+/* A copy of l with one more header h; NULL when out of memory. */
+struct curl_slist *kcc_with_header(const struct curl_slist *l,
+                                   const char *h);
 /* Applies the handle's common options (TLS, auth, timeouts). */
 void kcc_http_setup(kc_client *c, CURL *h, long timeout_ms);
 /* Milliseconds left before the deadline, capped to c->timeout_ms; 0 when it
@@ -143,6 +146,10 @@ void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,
  * failure. */
 kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
                               const char *digest, char *err);
+/* Verified bytes of blob digest into the cache: kcc_cache_write_tmp, then
+ * kcc_cache_blob_publish. */
+kc_err kcc_cache_blob_write(kc_client *c, const void *data, size_t len,
+                            const char *digest, char *err);
 /* A temporary file in cache/tmp; path must hold PATH_MAX. fd or -1. */
 int kcc_cache_tmp(const kc_client *c, char *path, char *err);
 /* 0 when bundles/ holds no entry (a fresh cache: a warm need not look for
@@ -194,10 +201,18 @@ size_t kcc_compat_keys(const kcc_compat *cp, const kc_key_fields *base,
 int64_t kcc_now_ms(void);
 /* mkdir -p, mode 0755 (0700 for the cache root is set by the caller). */
 kc_err kcc_mkdirs(const char *path, char *err);
+/* Writes all len bytes to fd, retrying EINTR; KC_IO with write's errno
+ * (left as it was when write returned 0). */
+kc_err kcc_write_all(int fd, const void *data, size_t len);
 /* Removes a directory tree (for tests and the command builder's scratch). */
 void kcc_rmtree(const char *path);
 /* strdup that tolerates NULL. */
 char *kcc_strdup0(const char *s);
+/* fn(arg, from, to) over [0, n): with two (and n >= 2), a second thread
+ * takes [0, n/2) while this one does [n/2, n); one thread does it all
+ * when two is 0 or the thread cannot be made. Returns when both are done. */
+void kcc_halves(size_t n, int two, void (*fn)(void *, size_t, size_t),
+                void *arg);
 
 /* ---- build_key.c ---- */
 

@@ -1,15 +1,14 @@
-/* compat.c: kc_warm's compatible-arch fallback (DESIGN.md, "Compatible
- * archs"): which device the bundles are for, and for a missing key, the
- * keys of the bundles that would serve that device instead, best first. The
- * rules themselves are gpu/'s (kc_gpu_compat_archs): one rule for "runs
- * on", shared with `kcache verify`. */
+/* compat.c: kc_warm's compatible-arch fallback (docs/DESIGN.md,
+ * "Compatible archs"): which device the bundles are for, and for a missing
+ * key, the keys of the bundles that would serve that device instead, best
+ * first. The rules themselves are gpu/'s (kc_gpu_compat_archs): one rule
+ * for "runs on", shared with `kcache verify`. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
 #include "kc_gpu.h"
-
 
 static const char *tool_of(const kc_key_fields *f, const char *name) {
   for (size_t i = 0; i < f->n_tools; i++)

@@ -116,18 +116,10 @@ static size_t take(xfer *x, const char *data, size_t n) {
   }
   if (kc_sha256_update(x->sha, data, n) != KC_OK)
     return 0;
-  if (x->fd < 0) {
+  if (x->fd < 0)
     memcpy(x->buf + x->got, data, n);
-  } else {
-    for (size_t done = 0; done < n;) {
-      ssize_t w = write(x->fd, data + done, n - done);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w <= 0)
-        return 0;
-      done += (size_t)w;
-    }
-  }
+  else if (kcc_write_all(x->fd, data, n) != KC_OK)
+    return 0;
   x->got += n;
   return n;
 }
@@ -269,11 +261,9 @@ static void finish(fetch_run *r, xfer *x, CURLcode rc) {
     return;
   }
   /* both remove the temporary file when they fail */
-  kc_err e = on_disk ? KC_OK
-                     : kcc_cache_write_tmp(r->c, x->buf, (size_t)x->got,
-                                           x->tmp, e2);
-  if (!e)
-    e = kcc_cache_blob_publish(r->c, x->tmp, digest, e2);
+  kc_err e = on_disk ? kcc_cache_blob_publish(r->c, x->tmp, digest, e2)
+                     : kcc_cache_blob_write(r->c, x->buf, (size_t)x->got,
+                                            digest, e2);
   if (e) {
     fail(r, e, "%s", e2);
     return;
@@ -389,18 +379,6 @@ static kc_err run(fetch_run *r, xfer *xs, int nx) {
   return r->first;
 }
 
-/* The client's headers plus Accept-Encoding: zstd; NULL out of memory. */
-static struct curl_slist *accept_zstd(const struct curl_slist *l) {
-  struct curl_slist *n = NULL, *t;
-  for (; l; l = l->next, n = t)
-    if (!(t = curl_slist_append(n, l->data)))
-      break;
-  if (!l && (t = curl_slist_append(n, "Accept-Encoding: zstd")))
-    return t;
-  curl_slist_free_all(n);
-  return NULL;
-}
-
 kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
                        char *ok, uint64_t *fetched, char *err) {
   if (!c->url)
@@ -420,7 +398,7 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
   for (int k = 0; !e && k < nx; k++)
     if (!(xs[k].h = curl_easy_init()) || !(xs[k].sha = kc_sha256_new()) ||
         !(xs[k].dc = ZSTD_createDCtx()) || !(xs[k].zout = malloc(ZOUT)) ||
-        !(xs[k].hdrs = accept_zstd(c->hdrs)))
+        !(xs[k].hdrs = kcc_with_header(c->hdrs, "Accept-Encoding: zstd")))
       e = kc_errf(err, KC_NOMEM, "out of memory");
   if (!e)
     e = run(&r, xs, nx);

@@ -136,16 +136,14 @@ static void next_item(batch *b) {
  * the batches run), else inline. */
 static void verify_write(brun *r, size_t fi, const char *buf, size_t len) {
   const kc_file *f = r->files[fi];
-  char d[KC_HEX_LEN + 1], tmp[PATH_MAX], e2[KC_ERRBUF_SIZE];
+  char d[KC_HEX_LEN + 1], e2[KC_ERRBUF_SIZE];
   if (kc_sha256_hex(buf, len, d) || strcmp(d, f->sha256)) {
     bfail(r, KC_DIGEST_MISMATCH,
           "blob %.16s... from the server hashes to %.16s...; discarded",
           f->sha256, d);
     return;
   }
-  kc_err e = kcc_cache_write_tmp(r->c, buf, len, tmp, e2);
-  if (!e)
-    e = kcc_cache_blob_publish(r->c, tmp, f->sha256, e2);
+  kc_err e = kcc_cache_blob_write(r->c, buf, len, f->sha256, e2);
   if (e) {
     bfail(r, e, "%s", e2);
     return;
@@ -495,15 +493,10 @@ static int cut(brun *r, const size_t *todo, size_t n, int parallel) {
 
 /* The client's headers, the JSON body's type and Accept-Encoding: zstd. */
 static struct curl_slist *headers_of(const struct curl_slist *l) {
-  struct curl_slist *n = NULL, *t;
-  for (; l; l = l->next, n = t)
-    if (!(t = curl_slist_append(n, l->data)))
-      break;
-  if (!l && (t = curl_slist_append(n, "Content-Type: application/json")) &&
-      (n = t) && (t = curl_slist_append(n, "Accept-Encoding: zstd")))
-    return t;
-  curl_slist_free_all(n);
-  return NULL;
+  struct curl_slist *t = kcc_with_header(l, "Content-Type: application/json");
+  struct curl_slist *n = t ? kcc_with_header(t, "Accept-Encoding: zstd") : NULL;
+  curl_slist_free_all(t);
+  return n;
 }
 
 kc_err kcc_fetch_batched(kc_client *c, const kc_file *const *files,
@@ -522,7 +515,8 @@ kc_err kcc_fetch_batched(kc_client *c, const kc_file *const *files,
   }
   int ready = bs != NULL;
   for (int k = 0; ready && k < nx; k++)
-    ready = (bs[k].r = &r) && (bs[k].h = curl_easy_init()) && (bs[k].dc = ZSTD_createDCtx());
+    ready = (bs[k].r = &r) && (bs[k].h = curl_easy_init()) &&
+            (bs[k].dc = ZSTD_createDCtx());
   if (ready) {
     writer_start(&r, n);
     run(&r, bs, nx);

@@ -1,8 +1,9 @@
-/* files.c: small file-system helpers of libkcache: mkdir -p, atomic writes,
- * tree removal, bucket labels. */
+/* files.c: small helpers of libkcache: mkdir -p, atomic writes, tree
+ * removal, bucket labels, a loop split over two threads. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,29 @@
 #include "client_internal.h"
 
 char *kcc_strdup0(const char *s) { return s ? strdup(s) : NULL; }
+
+typedef struct half_part {
+  void (*fn)(void *, size_t, size_t);
+  void *arg;
+  size_t from, to;
+} half_part;
+
+static void *half_run(void *arg) {
+  half_part *p = arg;
+  p->fn(p->arg, p->from, p->to);
+  return NULL;
+}
+
+void kcc_halves(size_t n, int two, void (*fn)(void *, size_t, size_t),
+                void *arg) {
+  size_t half = two ? n / 2 : 0;
+  half_part a = {fn, arg, 0, half};
+  pthread_t th;
+  int on = half && pthread_create(&th, NULL, half_run, &a) == 0;
+  fn(arg, on ? half : 0, n); /* without a second thread: all of it here */
+  if (on)
+    pthread_join(th, NULL);
+}
 
 kc_err kcc_mkdirs(const char *path, char *err) {
   char p[PATH_MAX];
@@ -30,7 +54,7 @@ kc_err kcc_mkdirs(const char *path, char *err) {
   return KC_OK;
 }
 
-static kc_err write_all(int fd, const void *data, size_t len) {
+kc_err kcc_write_all(int fd, const void *data, size_t len) {
   const char *p = data;
   while (len) {
     ssize_t n = write(fd, p, len);
@@ -52,7 +76,7 @@ kc_err kc_write_file_atomic(const char *path, const void *data, size_t len,
   int fd = mkstemp(tmp);
   if (fd < 0)
     return kc_errf(err, KC_IO, "create %s: %s", tmp, strerror(errno));
-  kc_err e = write_all(fd, data, len);
+  kc_err e = kcc_write_all(fd, data, len);
   int saved = errno;
   if (close(fd) != 0 && !e) {
     e = KC_IO;

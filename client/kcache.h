@@ -313,10 +313,10 @@ typedef struct kc_warm_opts {
                           wins); 0: half of what is left of the deadline
                           when the wait starts; < 0: never (wait until the
                           lease lapses or the deadline passes) */
-  /* Compatible-arch fallback (DESIGN.md, "Compatible archs"): a key that is
-   * missing is served by a bundle of another arch that runs on the target
-   * device (hit-compat), found in the same lookup, best first. Only when the
-   * device is known: device_arch ("sm_89", "8.9"), else the first GPU
+  /* Compatible-arch fallback (docs/DESIGN.md, "Compatible archs"): a key
+   * that is missing is served by a bundle of another arch that runs on the
+   * target device (hit-compat), found in the same lookup, best first. Only
+   * when the device is known: device_arch ("sm_89", "8.9"), else the first GPU
    * detected; neither: no fallback. Only for keys whose own arch runs on
    * that device. PTX only with a known driver (detected, else the
    * manifest's "driver") that reads its ISA. */

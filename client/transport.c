@@ -202,3 +202,17 @@ kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err) {
   json_decref(root);
   return e;
 }
+
+struct curl_slist *kcc_with_header(const struct curl_slist *l,
+                                   const char *h) {
+  struct curl_slist *n = NULL, *t;
+  for (; l; l = l->next) {
+    if (!(t = curl_slist_append(n, l->data)))
+      break;
+    n = t;
+  }
+  if (!l && (t = curl_slist_append(n, h)))
+    return t;
+  curl_slist_free_all(n);
+  return NULL;
+}

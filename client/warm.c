@@ -2,7 +2,6 @@
  * manifest (docs/DESIGN.md, "Client warmup"): local cache, one batch lookup,
  * parallel verified fetches, single-flight builds through leases, a deadline
  * over all of it, and local builds when the server is down. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,10 +234,15 @@ static void progress(wctx *x, size_t i) {
   }
 }
 
+/* Bundle m is a stand-in for item i's key (another arch). */
+static int is_compat(const wctx *x, size_t i, const kc_manifest *m) {
+  return strcmp(m->key, x->rep->items[i].key) != 0;
+}
+
 /* Item i is ready with bundle m (ownership moves to x). */
 static void ready(wctx *x, size_t i, kc_warm_status s, kc_manifest *m) {
   kc_warm_item *it = &x->rep->items[i];
-  if (strcmp(m->key, it->key) != 0) { /* a stand-in of another arch */
+  if (is_compat(x, i, m)) {
     s = KC_WARM_HIT_COMPAT;
     snprintf(it->compat_arch, sizeof it->compat_arch, "%s", m->fields.arch);
     memcpy(it->compat_key, m->key, sizeof it->compat_key);
@@ -339,11 +343,6 @@ static void phase_local(wctx *x) {
 }
 
 /* ---- phase 2: one lookup, parallel fetches ---- */
-
-/* Bundle m is a stand-in for item i's key (another arch). */
-static int is_compat(const wctx *x, size_t i, const kc_manifest *m) {
-  return strcmp(m->key, x->rep->items[i].key) != 0;
-}
 
 /* A fetched bundle for item i: ready, or with --prefer-build a stand-in
  * kept for the end (its blobs are cached now, so it costs nothing then). */
@@ -1076,40 +1075,33 @@ static kc_err summarize(wctx *x, char *err) {
   return first;
 }
 
-/* The keys of items [from, to): canonical JSON of the fields, hashed. */
-typedef struct keys_part {
+/* The keys of items [from, to): canonical JSON of the fields, hashed.
+ * Each half keeps its own first failure (e[0]: the one from item 0). */
+typedef struct keys_job {
   wctx *x;
-  size_t from, to;
-  kc_err e;
-  char err[KC_ERRBUF_SIZE];
-} keys_part;
+  kc_err e[2];
+  char err[2][KC_ERRBUF_SIZE];
+} keys_job;
 
-static void *keys_run(void *arg) {
-  keys_part *p = arg;
-  for (size_t i = p->from; i < p->to && !p->e; i++)
-    p->e = kc_key_compute(&p->x->fields[i], p->x->rep->items[i].key, p->err);
-  return NULL;
+static void keys_run(void *arg, size_t from, size_t to) {
+  keys_job *j = arg;
+  int h = from != 0;
+  for (size_t i = from; i < to && !j->e[h]; i++)
+    j->e[h] = kc_key_compute(&j->x->fields[i], j->x->rep->items[i].key,
+                             j->err[h]);
 }
 
 /* Every item's key; from 32 keys on, a second thread computes half of
  * them (a 1024-bundle warm spent about 8 ms here, on one core of two). */
 static kc_err keys_of(wctx *x, size_t n, char *err) {
-  size_t half = n >= 32 ? n / 2 : 0;
-  keys_part a = {.x = x, .from = 0, .to = half};
-  keys_part b = {.x = x, .from = half, .to = n};
-  pthread_t th;
-  int two = half && pthread_create(&th, NULL, keys_run, &a) == 0;
-  if (!two)
-    b.from = 0;
-  keys_run(&b);
-  if (two)
-    pthread_join(th, NULL);
-  keys_part *bad = two && a.e ? &a : b.e ? &b : NULL;
-  if (!bad)
+  keys_job j = {.x = x};
+  kcc_halves(n, n >= 32, keys_run, &j);
+  int h = j.e[0] ? 0 : 1;
+  if (!j.e[h])
     return KC_OK;
   if (err)
-    memcpy(err, bad->err, KC_ERRBUF_SIZE);
-  return bad->e;
+    memcpy(err, j.err[h], KC_ERRBUF_SIZE);
+  return j.e[h];
 }
 
 static kc_err setup(wctx *x, char *err) {

@@ -49,7 +49,7 @@
   X(DISK_FULL, 34, 507, "disk_full",                                           \
     "the disk holding the store is full")                                      \
   X(LOCKED, 35, 503, "locked",                                                 \
-    "another process serves this store directory")                 \
+    "another process serves this store directory")                             \
   X(NOT_IMPLEMENTED, 36, 501, "not_implemented", "not implemented")
 
 typedef enum kc_err {

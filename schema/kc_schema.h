@@ -1,6 +1,6 @@
 /* kc_schema.h: the data model shared by every module: SHA-256 helpers, bundle
- * keys, bundle manifests, warmup manifests and shape buckets (docs/DESIGN.md, "The
- * key", "The bundle manifest", "The warmup manifest").
+ * keys, bundle manifests, warmup manifests and shape buckets (docs/DESIGN.md,
+ * "The key", "The bundle manifest", "The warmup manifest").
  *
  * Threads: every function is reentrant; objects are not shared-safe for
  * concurrent mutation. Errors: each function returns a kc_err and, when `err`
@@ -77,7 +77,8 @@ typedef struct kc_key_fields {
   kc_tool tools[KC_MAX_TOOLS]; /* the toolchain map; any order */
 } kc_key_fields;
 
-/* Validates every field by docs/DESIGN.md's rules (duplicate names included). */
+/* Validates every field by docs/DESIGN.md's rules (duplicate names
+ * included). */
 kc_err kc_key_validate(const kc_key_fields *f, char *err);
 /* Canonical key JSON (sorted keys, compact, one line, no NUL inside).
  * Validates first. *out is malloc'd, the caller frees it. */
