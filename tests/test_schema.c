@@ -387,6 +387,70 @@ static void test_key_vectors_parsed(void **state) {
   free_vectors(lines, n);
 }
 
+/* A random valid name of [a-z][a-z0-9_<extra>]*, unique among the n taken
+ * (stride bytes apart from first). */
+static void random_name(char *out, const char *extra, const char *first,
+                        size_t stride, size_t n) {
+  static const char base[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  char set[64];
+  snprintf(set, sizeof set, "%s%s", base, extra);
+  for (;;) {
+    size_t len = 1 + (size_t)rand() % KC_NAME_MAX, i, dup = 0;
+    out[0] = (char)('a' + rand() % 26);
+    for (i = 1; i < len; i++)
+      out[i] = set[(size_t)rand() % strlen(set)];
+    out[len] = '\0';
+    for (i = 0; i < n; i++)
+      dup |= !strcmp(first + i * stride, out);
+    if (!dup)
+      return;
+  }
+}
+
+/* The canonical form is written by hand (key.c): the same bytes as
+ * jansson's sorted, compact dump of the same object, over random fields
+ * (quotes, backslashes and every printable byte in values; names in any
+ * order; up to 16 dims and 32 tools). */
+static void test_key_canonical_matches_jansson(void **state) {
+  (void)state;
+  srand(17);
+  for (int round = 0; round < 2000; round++) {
+    kc_key_fields f;
+    memset(&f, 0, sizeof f);
+    strcpy(f.model, round % 2 ? M1 : M2);
+    strcpy(f.build, round % 3 ? B1 : B2);
+    strcpy(f.arch, round % 5 ? "sm_90a" : "compute_100f");
+    json_t *o = json_pack("{ss ss ss si}", "arch", f.arch, "build", f.build,
+                          "model", f.model, "v", 1);
+    json_t *bk = json_object(), *tc = json_object();
+    f.bucket.n = 1 + (size_t)rand() % KC_MAX_DIMS;
+    for (size_t i = 0; i < f.bucket.n; i++) {
+      kc_dim *d = &f.bucket.dims[i];
+      random_name(d->name, "", f.bucket.dims[0].name, sizeof *d, i);
+      d->value = ((uint64_t)rand() << 22 ^ (uint64_t)rand()) % (P53 + 1);
+      json_object_set_new(bk, d->name, json_integer((json_int_t)d->value));
+    }
+    f.n_tools = (size_t)rand() % (KC_MAX_TOOLS + 1);
+    for (size_t i = 0; i < f.n_tools; i++) {
+      kc_tool *t = &f.tools[i];
+      size_t len = (size_t)rand() % (KC_TOOL_VALUE_MAX + 1);
+      random_name(t->name, ".-", f.tools[0].name, sizeof *t, i);
+      for (size_t k = 0; k < len; k++)
+        t->value[k] = (char)(0x20 + rand() % 95);
+      json_object_set_new(tc, t->name, json_string(t->value));
+    }
+    json_object_set_new(o, "bucket", bk);
+    json_object_set_new(o, "toolchain", tc);
+    char *want = json_dumps(o, JSON_SORT_KEYS | JSON_COMPACT), *got = NULL;
+    assert_int_equal(kc_key_canonical(&f, &got, errbuf), KC_OK);
+    if (strcmp(got, want) != 0)
+      fail_msg("round %d:\n got  %s\n want %s", round, got, want);
+    free(got);
+    free(want);
+    json_decref(o);
+  }
+}
+
 /* ---- key validation ---- */
 
 static void test_key_validate_model_build_arch(void **state) {
@@ -1468,6 +1532,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_arch),
       cmocka_unit_test(test_key_vectors),
       cmocka_unit_test(test_key_vectors_parsed),
+      cmocka_unit_test(test_key_canonical_matches_jansson),
       cmocka_unit_test(test_key_validate_model_build_arch),
       cmocka_unit_test(test_key_validate_bucket),
       cmocka_unit_test(test_key_validate_toolchain),
