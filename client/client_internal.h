@@ -22,6 +22,8 @@ struct kc_client {
   int parallel;
   CURL *easy;            /* one handle for sequential requests: keeps the
                             connection alive between them */
+  CURL *easy2;           /* a second one, made when first needed: the
+                            other half of a large lookup (client.c) */
   CURLM *multi;          /* parallel blob fetches; pools connections */
   struct curl_slist *hdrs; /* Authorization, no Expect: 100-continue */
   int64_t deadline_ms;   /* monotonic; 0: none (set by kc_warm) */
@@ -66,6 +68,10 @@ void kcc_http_resp_free(kcc_http_resp *r);
  * KC_UNAVAILABLE / KC_TIMEOUT; any HTTP status is KC_OK (check r->status). */
 kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
                    const void *body, size_t len, kcc_http_resp *r, char *err);
+/* The same on handle h (c->easy or c->easy2), one thread per handle. */
+kc_err kcc_http_do_on(kc_client *c, CURL *h, const char *method,
+                      const char *path, const void *body, size_t len,
+                      kcc_http_resp *r, char *err);
 /* Error answer -> kc_err and its message ("server: <message>"). */
 kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err);
 /* A copy of l with one more header h; NULL when out of memory. */

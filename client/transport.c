@@ -117,6 +117,12 @@ static kc_err curl_error(kc_client *c, CURLcode rc, const char *method,
 
 kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
                    const void *body, size_t len, kcc_http_resp *r, char *err) {
+  return kcc_http_do_on(c, c->easy, method, path, body, len, r, err);
+}
+
+kc_err kcc_http_do_on(kc_client *c, CURL *h, const char *method,
+                      const char *path, const void *body, size_t len,
+                      kcc_http_resp *r, char *err) {
   memset(r, 0, sizeof *r);
   if (!c->url)
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");
@@ -127,7 +133,6 @@ kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
   char url[2048];
   if ((size_t)snprintf(url, sizeof url, "%s%s", c->url, path) >= sizeof url)
     return kc_errf(err, KC_EINVAL, "URL too long");
-  CURL *h = c->easy;
   curl_easy_reset(h); /* keeps the connection cache */
   kcc_http_setup(c, h, budget);
   membuf b = {.max = c->answer_max ? c->answer_max : KCC_ANSWER_MAX};

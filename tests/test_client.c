@@ -322,6 +322,49 @@ static void test_local_cache(void **state) {
   kc_client_free(c);
 }
 
+/* A lookup of 256 keys or more goes as two requests on two connections,
+ * parsed on two threads (client.c, lookup_split): of 520 keys, every third
+ * is on the server, in both halves; each manifest lands at its own index
+ * and the others stay NULL. With the server gone, both halves fail and the
+ * lookup says so, with nothing found. */
+static void test_lookup_split(void **state) {
+  fx *f = *state;
+  enum { N = 520 };
+  static char keys[N][65];
+  const char *ks[N], *paths[] = {"a.txt"}, *texts[] = {"split"};
+  kc_manifest *got[N];
+  char err[KC_ERRBUF_SIZE] = "";
+  start_server(f);
+  kc_client *c = client_for(f->cache, f->srv.url);
+  kc_manifest *m = manifest_of(c, paths, texts, 1);
+  for (size_t i = 0; i < N; i++) {
+    m->fields.bucket.dims[0].value = 100 + i;
+    assert_int_equal(kc_manifest_seal(m, err), KC_OK);
+    memcpy(keys[i], m->key, sizeof keys[i]);
+    ks[i] = keys[i];
+    if (i % 3 == 0 && kc_client_push(c, m, err) != KC_OK)
+      fail_msg("push %zu: %s", i, err);
+  }
+  kc_manifest_free(m);
+  assert_int_equal(kc_client_lookup(c, ks, N, got, err), KC_OK);
+  for (size_t i = 0; i < N; i++) {
+    if (i % 3) {
+      assert_null(got[i]);
+      continue;
+    }
+    assert_non_null(got[i]);
+    assert_string_equal(got[i]->key, ks[i]);
+    assert_int_equal(got[i]->fields.bucket.dims[0].value, 100 + i);
+    kc_manifest_free(got[i]);
+  }
+  assert_int_equal(kc_testsrv_stop(&f->srv), 0);
+  assert_int_equal(kc_client_lookup(c, ks, N, got, err), KC_UNAVAILABLE);
+  assert_non_null(strstr(err, "/v1/lookup"));
+  for (size_t i = 0; i < N; i++)
+    assert_null(got[i]);
+  kc_client_free(c);
+}
+
 static void test_materialize(void **state) {
   fx *f = *state;
   char err[KC_ERRBUF_SIZE], p[PATH_MAX], *text = NULL;
@@ -3001,6 +3044,7 @@ int main(void) {
       T(test_keys_nvrtc_version),
       T(test_bucket_label_and_hash),
       T(test_local_cache),
+      T(test_lookup_split),
       T(test_materialize),
       T(test_materialize_never_escapes),
       T(test_cli_usage),
