@@ -13,86 +13,22 @@ kc_err kc_key_validate(const kc_key_fields *f, char *err) {
   return kci_key_check(&c, f);
 }
 
-/* ---- canonical JSON ----
- * Written directly rather than built as jansson objects and dumped: a warm
- * of 1024 bundles computes 2048 keys (its own, and each served manifest's
- * checked), and jansson's objects were most of that cost. The bytes are
- * exactly kci_dump(kci_key_to_json(f)) (test_schema compares them): keys
- * sorted by strcmp, no spaces, integers in decimal. Validated fields need
- * no escaping but for '"' and '\\' in tool values (printable ASCII); names
- * are [a-z0-9_.-]. */
-
-/* Room for any valid fields: each byte of the struct at most twice (a
- * value's escapes; a name's quotes, colon and comma fit in its NUL and
- * padding), and the fixed text. */
-#define KEY_CANON_MAX (2 * sizeof(kc_key_fields) + 128)
-
-typedef struct kbuf {
-  char *p;
-  size_t n;
-} kbuf;
-
-static void put(kbuf *b, const char *s) {
-  size_t k = strlen(s);
-  memcpy(b->p + b->n, s, k);
-  b->n += k;
-}
-
-static void put_str(kbuf *b, const char *s) {
-  b->p[b->n++] = '"';
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\')
-      b->p[b->n++] = '\\';
-    b->p[b->n++] = *s;
-  }
-  b->p[b->n++] = '"';
-}
-
-/* ix[0..n): the order of n names (stride bytes apart from first) by
- * strcmp; n is at most KC_MAX_TOOLS. */
-static void sort_names(const char *first, size_t stride, size_t n,
-                       size_t *ix) {
-  for (size_t i = 0; i < n; i++) {
-    size_t j = i;
-    for (; j && strcmp(first + ix[j - 1] * stride, first + i * stride) > 0;
-         j--)
-      ix[j] = ix[j - 1];
-    ix[j] = i;
-  }
-}
-
-/* The canonical JSON of valid fields into out (KEY_CANON_MAX bytes). */
-static size_t canonical_into(const kc_key_fields *f, char *out) {
-  kbuf b = {out, 0};
-  size_t ix[KC_MAX_TOOLS > KC_MAX_DIMS ? KC_MAX_TOOLS : KC_MAX_DIMS];
-  char num[24];
-  put(&b, "{\"arch\":");
-  put_str(&b, f->arch);
-  put(&b, ",\"bucket\":{");
-  sort_names(f->bucket.dims[0].name, sizeof f->bucket.dims[0], f->bucket.n,
-             ix);
-  for (size_t i = 0; i < f->bucket.n; i++) {
-    const kc_dim *d = &f->bucket.dims[ix[i]];
-    put(&b, i ? "," : "");
-    put_str(&b, d->name);
-    snprintf(num, sizeof num, ":%llu", (unsigned long long)d->value);
-    put(&b, num);
-  }
-  put(&b, "},\"build\":");
-  put_str(&b, f->build);
-  put(&b, ",\"model\":");
-  put_str(&b, f->model);
-  put(&b, ",\"toolchain\":{");
-  sort_names(f->tools[0].name, sizeof f->tools[0], f->n_tools, ix);
-  for (size_t i = 0; i < f->n_tools; i++) {
-    put(&b, i ? "," : "");
-    put_str(&b, f->tools[ix[i]].name);
-    put(&b, ":");
-    put_str(&b, f->tools[ix[i]].value);
-  }
-  put(&b, "},\"v\":1}");
-  b.p[b.n] = '\0';
-  return b.n;
+/* The canonical key JSON of valid fields (json_out.c): sorted keys,
+ * compact, "v":1 last. NULL when out of memory. */
+static char *canonical(const kc_key_fields *f) {
+  kci_jbuf b = {0};
+  kci_jb_lit(&b, "{\"arch\":");
+  kci_jb_str(&b, f->arch);
+  kci_jb_lit(&b, ",\"bucket\":");
+  kci_jb_bucket(&b, &f->bucket);
+  kci_jb_lit(&b, ",\"build\":");
+  kci_jb_str(&b, f->build);
+  kci_jb_lit(&b, ",\"model\":");
+  kci_jb_str(&b, f->model);
+  kci_jb_lit(&b, ",\"toolchain\":");
+  kci_jb_tools(&b, f->tools, f->n_tools);
+  kci_jb_lit(&b, ",\"v\":1}");
+  return kci_jb_take(&b);
 }
 
 kc_err kc_key_canonical(const kc_key_fields *f, char **out, char *err) {
@@ -102,23 +38,21 @@ kc_err kc_key_canonical(const kc_key_fields *f, char **out, char *err) {
   kc_err e = kc_key_validate(f, err);
   if (e)
     return e;
-  char buf[KEY_CANON_MAX];
-  size_t n = canonical_into(f, buf);
-  if (!(*out = malloc(n + 1)))
+  if (!(*out = canonical(f)))
     return kci_err(err, KC_NOMEM, "key: out of memory");
-  memcpy(*out, buf, n + 1);
   return KC_OK;
 }
 
 kc_err kc_key_compute(const kc_key_fields *f, char key[KC_HEX_LEN + 1],
                       char *err) {
-  char buf[KEY_CANON_MAX];
+  char *canon;
   if (!key)
     return kci_err(err, KC_EINVAL, "key: NULL output");
-  kc_err e = kc_key_validate(f, err);
+  kc_err e = kc_key_canonical(f, &canon, err);
   if (e)
     return e;
-  e = kc_sha256_hex(buf, canonical_into(f, buf), key);
+  e = kc_sha256_hex(canon, strlen(canon), key);
+  free(canon);
   if (e)
     return kci_err(err, e, "key: %s", kc_strerror(e));
   return KC_OK;

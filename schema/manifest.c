@@ -64,12 +64,22 @@ kc_err kc_path_validate(const char *path, const char *what, char *err) {
   }
 }
 
+/* JSON text is UTF-8, and the canonical form writes strings as they are:
+ * jansson's own rule (what it would parse) says which strings are. */
+static int utf8_ok(const char *s) {
+  json_t *j = json_string(s);
+  json_decref(j);
+  return j != NULL;
+}
+
 /* The rules of one file; i names it in messages. */
 static kc_err check_file(const kci_ctx *c, const kc_file *f, size_t i) {
   char w[KCI_WHAT_SIZE];
   snprintf(w, sizeof w, "files[%zu].path", i);
   if (kc_path_validate(f->path, w, c->err))
     return c->code; /* a bad path is a bad manifest, not KC_UNSAFE_PATH */
+  if (!utf8_ok(f->path))
+    return kci_bad(c, "%s: not valid UTF-8", w);
   snprintf(w, sizeof w, "files[%zu].sha256", i);
   if (!kci_check_term(c, f->sha256, sizeof f->sha256, w) ||
       !kci_check_hex(c, f->sha256, w))
@@ -121,13 +131,6 @@ static kc_err check_unique_paths(const kci_ctx *c, const kc_manifest *m) {
   }
   free(v);
   return e;
-}
-
-/* jansson refuses strings that are not UTF-8; find out before serializing. */
-static int utf8_ok(const char *s) {
-  json_t *j = json_string(s);
-  json_decref(j);
-  return j != NULL;
 }
 
 static kc_err check_producer(const kci_ctx *c, const kc_producer *p) {
@@ -223,62 +226,101 @@ kc_err kc_manifest_add_file(kc_manifest *m, const char *path,
   return KC_OK;
 }
 
-/* ---- canonical JSON ---- */
+/* ---- canonical JSON (json_out.c) ---- */
 
-static json_t *file_to_json(const kc_file *f) {
-  json_t *o = json_object();
-  int ok = o != NULL;
-  kci_set(o, "path", json_string(f->path), &ok);
-  kci_set(o, "sha256", json_string(f->sha256), &ok);
-  kci_set(o, "size", json_integer((json_int_t)f->size), &ok);
-  kci_set(o, "kind", json_string(kc_file_kind_name(f->kind)), &ok);
+/* {"entries":[...],"kind":..,"path":..,"sha256":..,"size":..}: sorted keys,
+ * entries only when there are some. */
+static void file_out(kci_jbuf *b, const kc_file *f) {
+  kci_jb_lit(b, "{");
   if (f->n_entries) {
-    json_t *a = json_array();
-    for (size_t i = 0; a && i < f->n_entries; i++)
-      if (json_array_append_new(a, json_string(f->entries[i])))
-        ok = 0;
-    kci_set(o, "entries", a, &ok);
+    kci_jb_lit(b, "\"entries\":[");
+    for (size_t i = 0; i < f->n_entries; i++) {
+      kci_jb_lit(b, i ? "," : "");
+      kci_jb_str(b, f->entries[i]);
+    }
+    kci_jb_lit(b, "],");
   }
-  if (!ok) {
-    json_decref(o);
-    return NULL;
-  }
-  return o;
+  kci_jb_lit(b, "\"kind\":");
+  kci_jb_str(b, kc_file_kind_name(f->kind));
+  kci_jb_lit(b, ",\"path\":");
+  kci_jb_str(b, f->path);
+  kci_jb_lit(b, ",\"sha256\":");
+  kci_jb_str(b, f->sha256);
+  kci_jb_lit(b, ",\"size\":");
+  kci_jb_u64(b, f->size);
+  kci_jb_lit(b, "}");
 }
 
 /* Files in path order, so that the order a builder listed them in does not
  * make two equal bundles differ. */
-static json_t *files_to_json(const kc_manifest *m) {
+static void files_out(kci_jbuf *b, const kc_manifest *m) {
   const kc_file **v = sorted_files(m);
-  json_t *a = v ? json_array() : NULL;
-  for (size_t i = 0; a && i < m->n_files; i++) {
-    if (json_array_append_new(a, file_to_json(v[i]))) {
-      json_decref(a);
-      a = NULL;
-    }
+  if (!v) {
+    b->oom = 1;
+    return;
   }
+  kci_jb_lit(b, "[");
+  for (size_t i = 0; i < m->n_files; i++) {
+    kci_jb_lit(b, i ? "," : "");
+    file_out(b, v[i]);
+  }
+  kci_jb_lit(b, "]");
   free(v);
-  return a;
 }
 
-/* Omitted entirely when empty; seconds <= 0 means "not measured". */
-static int producer_to_json(const kc_producer *p, json_t *root) {
+/* ,"producer":{...}, omitted entirely when empty; seconds <= 0 means "not
+ * measured". */
+static void producer_out(kci_jbuf *b, const kc_producer *p) {
+  const char *sep = "";
   if (!p->builder && !p->host && !p->created && !(p->seconds > 0))
-    return 0;
-  json_t *o = json_object();
-  int ok = o != NULL;
-  if (p->builder)
-    kci_set(o, "builder", json_string(p->builder), &ok);
-  if (p->host)
-    kci_set(o, "host", json_string(p->host), &ok);
-  if (p->seconds > 0)
-    kci_set(o, "seconds", json_real(p->seconds), &ok);
-  if (p->created)
-    kci_set(o, "created", json_string(p->created), &ok);
-  kci_set(root, "producer", ok ? o : NULL, &ok);
-  if (!ok)
-    json_decref(o);
-  return ok ? 0 : -1;
+    return;
+  kci_jb_lit(b, ",\"producer\":{");
+  if (p->builder) {
+    kci_jb_lit(b, "\"builder\":");
+    kci_jb_str(b, p->builder);
+    sep = ",";
+  }
+  if (p->created) {
+    kci_jb_lit(b, sep);
+    kci_jb_lit(b, "\"created\":");
+    kci_jb_str(b, p->created);
+    sep = ",";
+  }
+  if (p->host) {
+    kci_jb_lit(b, sep);
+    kci_jb_lit(b, "\"host\":");
+    kci_jb_str(b, p->host);
+    sep = ",";
+  }
+  if (p->seconds > 0) {
+    kci_jb_lit(b, sep);
+    kci_jb_lit(b, "\"seconds\":");
+    kci_jb_real(b, p->seconds);
+  }
+  kci_jb_lit(b, "}");
+}
+
+/* The manifest's keys in strcmp order: arch, bucket, build, files, key,
+ * model, producer, schema, toolchain. */
+static char *manifest_text(const kc_manifest *m) {
+  kci_jbuf b = {0};
+  kci_jb_lit(&b, "{\"arch\":");
+  kci_jb_str(&b, m->fields.arch);
+  kci_jb_lit(&b, ",\"bucket\":");
+  kci_jb_bucket(&b, &m->fields.bucket);
+  kci_jb_lit(&b, ",\"build\":");
+  kci_jb_str(&b, m->fields.build);
+  kci_jb_lit(&b, ",\"files\":");
+  files_out(&b, m);
+  kci_jb_lit(&b, ",\"key\":");
+  kci_jb_str(&b, m->key);
+  kci_jb_lit(&b, ",\"model\":");
+  kci_jb_str(&b, m->fields.model);
+  producer_out(&b, &m->producer);
+  kci_jb_lit(&b, ",\"schema\":\"kcache.bundle/v1\",\"toolchain\":");
+  kci_jb_tools(&b, m->fields.tools, m->fields.n_tools);
+  kci_jb_lit(&b, "}");
+  return kci_jb_take(&b);
 }
 
 static kc_err check_key(const kc_manifest *m, char *err) {
@@ -310,18 +352,7 @@ kc_err kc_manifest_to_json(const kc_manifest *m, char **out, char *err) {
     e = kc_manifest_check_key(m, err);
   if (e)
     return e;
-  json_t *root = json_object();
-  int ok = root != NULL;
-  kci_set(root, "schema", json_string("kcache.bundle/v1"), &ok);
-  kci_set(root, "key", json_string(m->key), &ok);
-  kci_set(root, "files", files_to_json(m), &ok);
-  if (ok && (kci_key_to_json(&m->fields, 0, root) ||
-             producer_to_json(&m->producer, root)))
-    ok = 0;
-  if (ok)
-    *out = kci_dump(root);
-  json_decref(root);
-  if (!*out)
+  if (!(*out = manifest_text(m)))
     return kci_err(err, KC_NOMEM, "manifest: out of memory");
   return KC_OK;
 }

@@ -87,14 +87,25 @@ typedef struct kci_key_json {
 kc_err kci_key_from_json(const kci_ctx *c, const kci_key_json *j,
                          kc_key_fields *f);
 
-/* New objects (NULL on out of memory); fields must be valid. */
-json_t *kci_bucket_to_json(const kc_bucket *b);
-json_t *kci_tools_to_json(const kc_tool *t, size_t n);
-/* Sets the five key fields (and "v" when with_v) on obj; 0 ok, -1 no memory. */
-int kci_key_to_json(const kc_key_fields *f, int with_v, json_t *obj);
-/* json_object_set_new that remembers a failure in *ok (value NULL included). */
-void kci_set(json_t *obj, const char *k, json_t *v, int *ok);
-/* Canonical text: sorted keys, compact; NULL on out of memory. */
-char *kci_dump(const json_t *v);
+/* ---- json_out.c: canonical JSON text, written directly ---- */
+/* A growing buffer, NUL-terminated after every write; oom: a write failed
+ * (later ones do nothing). Start from {0}. */
+typedef struct kci_jbuf {
+  char *p;
+  size_t n, cap;
+  int oom;
+} kci_jbuf;
+void kci_jb_raw(kci_jbuf *b, const char *s, size_t len);
+void kci_jb_lit(kci_jbuf *b, const char *s);
+/* A string, quoted and escaped as jansson does (s is valid UTF-8). */
+void kci_jb_str(kci_jbuf *b, const char *s);
+void kci_jb_u64(kci_jbuf *b, uint64_t v);
+/* A finite real as JSON_REAL_PRECISION(15) prints it. */
+void kci_jb_real(kci_jbuf *b, double v);
+/* A valid bucket or toolchain as an object, names sorted. */
+void kci_jb_bucket(kci_jbuf *b, const kc_bucket *k);
+void kci_jb_tools(kci_jbuf *b, const kc_tool *t, size_t n);
+/* The text (the caller frees it), or NULL when a write ran out of memory. */
+char *kci_jb_take(kci_jbuf *b);
 
 #endif

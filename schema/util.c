@@ -178,19 +178,6 @@ kc_err kci_strv_dup(const char *const *src, size_t n, char ***out) {
   return KC_OK;
 }
 
-void kci_set(json_t *obj, const char *k, json_t *v, int *ok) {
-  if (json_object_set_new(obj, k, v) != 0)
-    *ok = 0;
-}
-
-char *kci_dump(const json_t *v) {
-  /* 15 significant digits print 1.84 as "1.84" (17 would print
-   * 1.8400000000000001) and still round-trip text -> double -> text exactly,
-   * so the canonical form of a re-parsed manifest is unchanged. Keys hold
-   * integers only, so this affects producer.seconds alone. */
-  return json_dumps(v, JSON_SORT_KEYS | JSON_COMPACT | JSON_REAL_PRECISION(15));
-}
-
 static kc_err kci_io(char *err, const char *path, int e) {
   char buf[128];
   /* strerror is not reentrant; the GNU strerror_r returns the message. */

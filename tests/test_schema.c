@@ -451,6 +451,146 @@ static void test_key_canonical_matches_jansson(void **state) {
   }
 }
 
+/* ---- manifest canonical form against jansson ---- */
+
+static int cmp_path(const void *a, const void *b) {
+  return strcmp((*(const kc_file *const *)a)->path,
+                (*(const kc_file *const *)b)->path);
+}
+
+/* The canonical manifest as jansson made it before json_out.c: objects
+ * built and dumped with sorted keys, compact, reals at precision 15. */
+static char *manifest_by_jansson(const kc_manifest *m) {
+  const kc_file **v = malloc(m->n_files * sizeof *v);
+  json_t *files = json_array(), *bk = json_object(), *tc = json_object();
+  for (size_t i = 0; i < m->n_files; i++)
+    v[i] = &m->files[i];
+  qsort(v, m->n_files, sizeof *v, cmp_path);
+  for (size_t i = 0; i < m->n_files; i++) {
+    json_t *o = json_pack("{ss ss sI ss}", "path", v[i]->path, "sha256",
+                          v[i]->sha256, "size", (json_int_t)v[i]->size,
+                          "kind", kc_file_kind_name(v[i]->kind));
+    if (v[i]->n_entries) {
+      json_t *a = json_array();
+      for (size_t k = 0; k < v[i]->n_entries; k++)
+        json_array_append_new(a, json_string(v[i]->entries[k]));
+      json_object_set_new(o, "entries", a);
+    }
+    json_array_append_new(files, o);
+  }
+  free(v);
+  for (size_t i = 0; i < m->fields.bucket.n; i++)
+    json_object_set_new(bk, m->fields.bucket.dims[i].name,
+                        json_integer((json_int_t)m->fields.bucket.dims[i].value));
+  for (size_t i = 0; i < m->fields.n_tools; i++)
+    json_object_set_new(tc, m->fields.tools[i].name,
+                        json_string(m->fields.tools[i].value));
+  json_t *root = json_pack("{ss ss so ss so ss ss so}", "schema",
+                           "kcache.bundle/v1", "key", m->key, "files", files,
+                           "arch", m->fields.arch, "bucket", bk, "build",
+                           m->fields.build, "model", m->fields.model,
+                           "toolchain", tc);
+  const kc_producer *p = &m->producer;
+  if (p->builder || p->host || p->created || p->seconds > 0) {
+    json_t *o = json_object();
+    if (p->builder)
+      json_object_set_new(o, "builder", json_string(p->builder));
+    if (p->host)
+      json_object_set_new(o, "host", json_string(p->host));
+    if (p->seconds > 0)
+      json_object_set_new(o, "seconds", json_real(p->seconds));
+    if (p->created)
+      json_object_set_new(o, "created", json_string(p->created));
+    json_object_set_new(root, "producer", o);
+  }
+  char *s = json_dumps(root, JSON_SORT_KEYS | JSON_COMPACT |
+                                 JSON_REAL_PRECISION(15));
+  json_decref(root);
+  return s;
+}
+
+/* A random string of pieces: ASCII, 2- to 4-byte UTF-8, quotes,
+ * backslashes (unless no_bs), control bytes, DEL. */
+static void random_text(char *out, size_t max_pieces, int no_bs) {
+  static const char *const piece[] = {
+      "a", "Z", "0", "_", " ", "-", ".", "\"", "\\", "\t", "\n", "\r", "\b",
+      "\f", "\x01", "\x1f", "\x7f", "\xc3\xa9", "\xe6\x97\xa5",
+      "\xf0\x9f\x98\x80", "~", "{", "}", ":", ","};
+  size_t n = 1 + (size_t)rand() % max_pieces;
+  out[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    const char *p = piece[(size_t)rand() % (sizeof piece / sizeof *piece)];
+    if (!(no_bs && *p == '\\'))
+      strcat(out, p);
+  }
+}
+
+/* json_out.c writes the canonical manifest by hand: the same bytes as
+ * jansson's dump over random manifests (paths with UTF-8, quotes and
+ * control bytes; entries; producers with every kind of real). */
+static void test_manifest_canonical_matches_jansson(void **state) {
+  (void)state;
+  static const double secs[] = {0,      0.021, 1e-7,  3.0,     123456.789,
+                                1e20,   1.0 / 3, 2.5e-300, 0.1 + 0.2, 7e15};
+  srand(29);
+  for (int round = 0; round < 500; round++) {
+    kc_manifest *m = kc_manifest_new();
+    char d[65], path[80], host[80], ent[3][16];
+    const char *ents[3] = {ent[0], ent[1], ent[2]};
+    strcpy(m->fields.model, M1);
+    strcpy(m->fields.build, B2);
+    strcpy(m->fields.arch, "sm_90a");
+    m->fields.bucket.n = 1;
+    strcpy(m->fields.bucket.dims[0].name, "seq");
+    m->fields.bucket.dims[0].value = (uint64_t)round;
+    strcpy(m->fields.tools[0].name, "app");
+    strcpy(m->fields.tools[0].value, "a\"b\\c");
+    m->fields.n_tools = (size_t)(round % 2);
+    for (int k = 0; k < 3; k++)
+      snprintf(ent[k], sizeof ent[k], "k%d_%d", round, k);
+    size_t nf = 1 + (size_t)rand() % 6;
+    for (size_t i = 0; i < nf; i++) {
+      random_text(path, 8, 1);
+      snprintf(d, sizeof d, "%064x", rand());
+      /* a path the rules refuse (".", "..", a leading '/') is skipped */
+      kc_manifest_add_file(m, path, d, (uint64_t)rand() * 977,
+                           (kc_file_kind)(rand() % (KC_KIND_FILE + 1)), ents,
+                           (size_t)rand() % 4, NULL);
+    }
+    if (!m->n_files)
+      assert_int_equal(kc_manifest_add_file(m, "f", d, 1, KC_KIND_FILE, NULL,
+                                            0, NULL), KC_OK);
+    random_text(host, 10, 0);
+    m->producer.builder = round % 3 ? strdup("sh \"x\"") : NULL;
+    m->producer.host = round % 4 ? strdup(host) : NULL;
+    m->producer.created = round % 5 ? strdup("2026-11-25T13:00:00Z") : NULL;
+    m->producer.seconds = round % 7 ? secs[(size_t)rand() % 10] : 0;
+    assert_int_equal(kc_manifest_seal(m, errbuf), KC_OK);
+    char *got = NULL, *want = manifest_by_jansson(m);
+    assert_int_equal(kc_manifest_to_json(m, &got, errbuf), KC_OK);
+    if (strcmp(got, want) != 0)
+      fail_msg("round %d:\n got  %s\n want %s", round, got, want);
+    free(got);
+    free(want);
+    kc_manifest_free(m);
+  }
+}
+
+/* A path that is not UTF-8 is refused when it is added, as the canonical
+ * form could not hold it. */
+static void test_manifest_path_not_utf8(void **state) {
+  (void)state;
+  kc_manifest *m = kc_manifest_new();
+  char d[65];
+  memset(d, 'a', 64);
+  d[64] = '\0';
+  EXPECT_ERR(kc_manifest_add_file(m, "bad\xff.bin", d, 1, KC_KIND_FILE, NULL,
+                                  0, errbuf),
+             KC_BAD_MANIFEST, "not valid UTF-8");
+  assert_int_equal(m->n_files, 0);
+  kc_manifest_free(m);
+}
+
 /* ---- key validation ---- */
 
 static void test_key_validate_model_build_arch(void **state) {
@@ -1533,6 +1673,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_key_vectors),
       cmocka_unit_test(test_key_vectors_parsed),
       cmocka_unit_test(test_key_canonical_matches_jansson),
+      cmocka_unit_test(test_manifest_canonical_matches_jansson),
+      cmocka_unit_test(test_manifest_path_not_utf8),
       cmocka_unit_test(test_key_validate_model_build_arch),
       cmocka_unit_test(test_key_validate_bucket),
       cmocka_unit_test(test_key_validate_toolchain),
