@@ -600,6 +600,16 @@ static void stop_accepting(kcd_resp *r) {
   r->lfd = -1;
 }
 
+/* While quiesced: the connections whose reply is not all sent yet. */
+static void count_unsent(kcd_resp *r) {
+  int n = 0;
+  if (!atomic_load(&r->quiesce))
+    return;
+  for (const kcd_resp_conn *c = r->conns; c; c = c->next)
+    n += pending(c) > 0;
+  atomic_store(&r->unsent, n);
+}
+
 static void *io_main(void *arg) {
   kcd_resp *r = arg;
   struct epoll_event ev[EVENTS];
@@ -618,6 +628,7 @@ static void *io_main(void *arg) {
     sweep_handshakes(r, &swept);
     free_grave(r);
     pool_trim(r, 0);
+    count_unsent(r);
   }
   while (r->conns)
     conn_close(r->conns);
@@ -704,10 +715,15 @@ void kcd_resp_quiesce(kcd_state *st) {
   kcd_resp *r = st->resp;
   if (!r)
     return;
+  atomic_store(&r->unsent, -1); /* until the listener has counted */
   atomic_store(&r->quiesce, 1);
   uint64_t one = 1; /* wakes the listener (on_done finds no job) */
   ssize_t n = write(r->efd, &one, sizeof one);
   (void)n;
+}
+
+int kcd_resp_unsent(kcd_state *st) {
+  return st->resp ? atomic_load(&st->resp->unsent) : 0;
 }
 
 /* After both threads are gone: jobs the committer finished for

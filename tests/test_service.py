@@ -248,6 +248,44 @@ class GracefulShutdown(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
         self.assertNotIn("cutting off", log)
 
+    def test_sigterm_finishes_a_reply_being_sent(self):
+        """A GET answered at once (no fetch: nothing in flight) whose 48 MiB
+        reply the client has not read yet: SIGTERM lets it go out whole
+        before kcached exits (it used to be cut where the socket's buffers
+        ended)."""
+        d = tempfile.mkdtemp(prefix="kc-svc-")
+        srv = Server("--shutdown-timeout", "20", data_dir=d).start()
+        val = os.urandom(48 << 20)
+        want = b"$%d\r\n" % len(val) + val + b"\r\n"
+        try:
+            r = srv.client()
+            self.assertTrue(r.set("big", val))
+            r.close()
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            s.settimeout(20)
+            s.connect(("127.0.0.1", srv.port))
+            s.sendall(b"*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n")
+            time.sleep(0.5)  # the reply waits in kcached, mostly unsent
+            srv.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            got = bytearray()
+            while len(got) < len(want):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                got += chunk
+            s.close()
+            self.assertEqual(len(got), len(want))
+            self.assertTrue(bytes(got) == want, "the reply's bytes differ")
+            self.assertEqual(srv.proc.wait(15), 0)
+        finally:
+            srv.stop()
+            with open(os.path.join(d, "kcached.log"), "rb") as f:
+                log = f.read().decode(errors="replace")
+            shutil.rmtree(d, ignore_errors=True)
+        self.assertNotIn("cutting off", log)
+
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
