@@ -723,7 +723,8 @@ void kcd_resp_quiesce(kcd_state *st) {
 }
 
 int kcd_resp_unsent(kcd_state *st) {
-  return st->resp ? atomic_load(&st->resp->unsent) : 0;
+  kcd_resp *r = st->resp;
+  return r && r->io_started ? atomic_load(&r->unsent) : 0;
 }
 
 /* After both threads are gone: jobs the committer finished for
