@@ -249,26 +249,22 @@ static int serve(kcd_state *st, const sigset_t *set) {
   }
 }
 
-/* Stop accepting, let in-flight operations of both front ends finish and
- * RESP's replies go out whole (bounded: --shutdown-timeout), then close. */
+/* Stop accepting, let in-flight operations of both front ends finish
+ * (bounded: --shutdown-timeout), then close; RESP first sends what replies
+ * it holds, until the same deadline (kcd_resp_stop). */
 static void shut_down(kcd_state *st) {
   kcd_sd_notify("STOPPING=1");
   kcd_http_quiesce(st);
   kcd_resp_quiesce(st);
   uint64_t deadline = kcd_now_us() + (uint64_t)st->cfg.shutdown_s * 1000000u;
-  while ((kcd_svc_in_flight(st) > 0 || kcd_resp_unsent(st) != 0) &&
-         kcd_now_us() < deadline) {
+  while (kcd_svc_in_flight(st) > 0 && kcd_now_us() < deadline) {
     struct timespec ms10 = {0, 10 * 1000 * 1000};
     nanosleep(&ms10, NULL);
   }
   int64_t left = kcd_svc_in_flight(st);
-  int unsent = kcd_resp_unsent(st);
   if (left > 0)
     kcd_log(st, "warn", "cutting off %lld operations still in flight (HTTP "
             "requests, RESP commands)", (long long)left);
-  if (unsent > 0)
-    kcd_log(st, "warn", "cutting off %d RESP replies still being sent",
-            unsent);
   kcd_http_stop(st);
   kcd_resp_stop(st);
   kc_store *s = atomic_exchange(&st->store, NULL);

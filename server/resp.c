@@ -600,14 +600,46 @@ static void stop_accepting(kcd_resp *r) {
   r->lfd = -1;
 }
 
-/* While quiesced: the connections whose reply is not all sent yet. */
-static void count_unsent(kcd_resp *r) {
+static int n_unsent(const kcd_resp *r) {
   int n = 0;
-  if (!atomic_load(&r->quiesce))
-    return;
   for (const kcd_resp_conn *c = r->conns; c; c = c->next)
     n += pending(c) > 0;
-  atomic_store(&r->unsent, n);
+  return n;
+}
+
+static void dispatch(kcd_resp *r, const struct epoll_event *ev) {
+  if (ev->data.ptr == &r->lfd)
+    on_accept(r);
+  else if (ev->data.ptr == &r->efd)
+    on_done(r);
+  else
+    on_event(ev->data.ptr, ev->events);
+}
+
+/* Graceful shutdown's end: every connection stops reading and running
+ * commands and closes once its replies are sent (jobs still finishing
+ * reply too), until r->drain_until_ms; what is unsent then is cut, and
+ * the log says so. */
+static void drain_replies(kcd_resp *r) {
+  struct epoll_event ev[EVENTS];
+  for (kcd_resp_conn *c = r->conns, *next; c; c = next) {
+    next = c->next;
+    c->closing = 1;
+    if (pending(c))
+      conn_interest(c);
+    else
+      conn_close(c);
+  }
+  while (n_unsent(r) && kcd_resp_mono_ms() < r->drain_until_ms) {
+    int n = epoll_wait(r->ep, ev, EVENTS, 50);
+    for (int i = 0; i < n; i++)
+      dispatch(r, &ev[i]);
+    free_grave(r);
+  }
+  int left = n_unsent(r);
+  if (left)
+    kcd_log(r->st, "warn", "cutting off %d RESP replies still being sent",
+            left);
 }
 
 static void *io_main(void *arg) {
@@ -617,19 +649,14 @@ static void *io_main(void *arg) {
   while (!atomic_load(&r->stop)) {
     stop_accepting(r);
     int n = epoll_wait(r->ep, ev, EVENTS, 1000);
-    for (int i = 0; i < n; i++) {
-      if (ev[i].data.ptr == &r->lfd)
-        on_accept(r);
-      else if (ev[i].data.ptr == &r->efd)
-        on_done(r);
-      else
-        on_event(ev[i].data.ptr, ev[i].events);
-    }
+    for (int i = 0; i < n; i++)
+      dispatch(r, &ev[i]);
     sweep_handshakes(r, &swept);
     free_grave(r);
     pool_trim(r, 0);
-    count_unsent(r);
   }
+  if (atomic_load(&r->quiesce))
+    drain_replies(r);
   while (r->conns)
     conn_close(r->conns);
   free_grave(r);
@@ -715,16 +742,11 @@ void kcd_resp_quiesce(kcd_state *st) {
   kcd_resp *r = st->resp;
   if (!r)
     return;
-  atomic_store(&r->unsent, -1); /* until the listener has counted */
+  r->drain_until_ms = kcd_resp_mono_ms() + (int64_t)st->cfg.shutdown_s * 1000;
   atomic_store(&r->quiesce, 1);
   uint64_t one = 1; /* wakes the listener (on_done finds no job) */
   ssize_t n = write(r->efd, &one, sizeof one);
   (void)n;
-}
-
-int kcd_resp_unsent(kcd_state *st) {
-  kcd_resp *r = st->resp;
-  return r && r->io_started ? atomic_load(&r->unsent) : 0;
 }
 
 /* After both threads are gone: jobs the committer finished for

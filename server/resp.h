@@ -273,8 +273,8 @@ struct kcd_resp {
   int io_started, committer_started;
   _Atomic int stop;
   _Atomic int quiesce; /* graceful shutdown: stop accepting (resp.c) */
-  _Atomic int unsent;  /* while quiesced: connections with a reply partly
-                          sent (-1: not counted yet), for kcd_resp_unsent */
+  int64_t drain_until_ms; /* set before quiesce: kcd_resp_stop's last sends
+                             end by then (resp.c, drain_replies) */
   uint64_t next_id;
   _Atomic size_t nconns;
   _Atomic uint64_t conns_total, commands_total, commits, committed_ops;
@@ -465,12 +465,11 @@ kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err);
  * operations in flight end as kcd_svc_in_flight counts). NULL st->resp:
  * nothing. */
 void kcd_resp_quiesce(kcd_state *st);
-/* After kcd_resp_quiesce: how many connections still have a reply partly
- * sent (-1 until the listener has counted), which graceful shutdown also
- * waits for: a reply made at once (a GET from the store) is in no
- * operation in flight, and kcd_resp_stop would cut it. 0 without RESP. */
-int kcd_resp_unsent(kcd_state *st);
-/* Closes every connection, stops the threads. NULL st->resp: nothing. */
+/* Closes every connection, stops the threads. After kcd_resp_quiesce it
+ * first sends the replies already made (a GET answered at once from the
+ * store is in no operation in flight, and a large one to a slow reader
+ * was cut), reading and running nothing more, until --shutdown-timeout
+ * after the quiesce at most. NULL st->resp: nothing. */
 void kcd_resp_stop(kcd_state *st);
 kcd_state *kcd_resp_state(kcd_resp *r);
 size_t kcd_resp_clients(kcd_resp *r);
