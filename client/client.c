@@ -622,10 +622,20 @@ kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
   if (n > KC_LOOKUP_MAX)
     return kc_errf(err, KC_EINVAL, "lookup: %zu keys, at most %d", n,
                    KC_LOOKUP_MAX);
-  if (n >= KCC_LOOKUP_SPLIT && (c->easy2 || (c->easy2 = curl_easy_init())))
-    return lookup_split(c, keys, n, found, refused, err);
   lk_conn k = {c, c->easy, 1};
-  return lookup_keys(&k, keys, n, found, refused, err);
+  kc_err e =
+      n >= KCC_LOOKUP_SPLIT && (c->easy2 || (c->easy2 = curl_easy_init()))
+          ? lookup_split(c, keys, n, found, refused, err)
+          : lookup_keys(&k, keys, n, found, refused, err);
+  /* A failed lookup finds nothing: not the half that came, nor what a
+   * request for "truncated" keys brought before the next one failed. */
+  for (size_t i = 0; e && i < n; i++) {
+    kc_manifest_free(found[i]);
+    found[i] = NULL;
+    if (refused)
+      refused[i] = KC_OK;
+  }
+  return e;
 }
 
 kc_err kc_client_lookup(kc_client *c, const char *const *keys, size_t n,

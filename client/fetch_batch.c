@@ -47,6 +47,7 @@
  * and trimmed the heap, and each new page was a fault: malloc and page
  * faults were about a tenth of a 1024-bundle warm's CPU). */
 #define KCC_WRITER_SPARES 64
+#define KCC_SPARE_MAX ((size_t)256 << 10) /* larger ones: 16 MiB held at most */
 
 typedef struct brun brun;
 
@@ -178,7 +179,7 @@ static void *writer_main(void *arg) {
     verify_write(r, it.fi, it.buf, it.len);
     pthread_mutex_lock(&w->mu);
     w->bytes -= it.len;
-    if (w->n_spare < KCC_WRITER_SPARES)
+    if (w->n_spare < KCC_WRITER_SPARES && it.cap <= KCC_SPARE_MAX)
       w->spare[w->n_spare++] = it;
     else
       free(it.buf);

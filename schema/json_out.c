@@ -8,6 +8,7 @@
  * manifests, besides the committed key vectors. Callers write object keys
  * in strcmp order themselves, and only valid UTF-8 (the validators see to
  * it). */
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,8 +81,10 @@ void kci_jb_u64(kci_jbuf *b, uint64_t v) {
                                       (unsigned long long)v));
 }
 
-/* jansson's jsonp_dtostr at precision 15: "%.15g", ".0" added when that
- * reads as an integer, and the exponent without '+' or leading zeros. */
+/* jansson's jsonp_dtostr at precision 15: "%.15g" with the locale's
+ * decimal point made '.' (libkcache runs in programs that set LC_NUMERIC:
+ * de_DE would print "12,5"), ".0" added when that reads as an integer, and
+ * the exponent without '+' or leading zeros. */
 void kci_jb_real(kci_jbuf *b, double v) {
   char num[40];
   int len = snprintf(num, sizeof num - 2, "%.15g", v);
@@ -89,6 +92,9 @@ void kci_jb_real(kci_jbuf *b, double v) {
     b->oom = 1;
     return;
   }
+  char point = *localeconv()->decimal_point, *at;
+  if (point != '.' && point && (at = strchr(num, point)))
+    *at = '.';
   if (!strchr(num, '.') && !strchr(num, 'e')) {
     memcpy(num + len, ".0", 3);
     len += 2;

@@ -137,6 +137,20 @@ static kc_client *client_for(const char *cache, const char *url) {
   return c;
 }
 
+/* A counter of t's /metrics, -1 when absent. */
+static long server_metric(const kc_testsrv *t, const char *name) {
+  kc_testsrv_resp r = kc_testsrv_http(NULL, t->url, "/metrics",
+                                      (kc_testsrv_req){0});
+  long v = -1;
+  char pat[160];
+  snprintf(pat, sizeof pat, "\n%s ", name);
+  const char *at = r.body ? strstr(r.body, pat) : NULL;
+  if (at)
+    v = strtol(at + strlen(pat), NULL, 10);
+  kc_testsrv_resp_free(&r);
+  return v;
+}
+
 static size_t count(const kc_warm_report *r, kc_warm_status s) {
   return r->counts[s];
 }
@@ -346,7 +360,16 @@ static void test_lookup_split(void **state) {
       fail_msg("push %zu: %s", i, err);
   }
   kc_manifest_free(m);
+  const char *posts = "kcached_requests_total{route=\"lookup\","
+                      "method=\"POST\",status=\"200\"}";
+  long before = server_metric(&f->srv, posts);
   assert_int_equal(kc_client_lookup(c, ks, N, got, err), KC_OK);
+  /* two requests, one per half (none before: -1); the counter moves when
+   * kcached's send is done, which may come just after the answer did */
+  before = before < 0 ? 0 : before;
+  for (int i = 0; i < 200 && server_metric(&f->srv, posts) - before < 2; i++)
+    usleep(10 * 1000);
+  assert_int_equal(server_metric(&f->srv, posts) - before, 2);
   for (size_t i = 0; i < N; i++) {
     if (i % 3) {
       assert_null(got[i]);
@@ -2983,19 +3006,6 @@ static void test_compat_many(void **state) {
 
 /* ---- zstd on the wire (issue 18) ---- */
 
-/* A counter of t's /metrics, -1 when absent. */
-static long zstd_metric(const kc_testsrv *t, const char *name) {
-  kc_testsrv_resp r = kc_testsrv_http(NULL, t->url, "/metrics",
-                                      (kc_testsrv_req){0});
-  long v = -1;
-  char pat[160];
-  snprintf(pat, sizeof pat, "\n%s ", name);
-  const char *at = r.body ? strstr(r.body, pat) : NULL;
-  if (at)
-    v = strtol(at + strlen(pat), NULL, 10);
-  kc_testsrv_resp_free(&r);
-  return v;
-}
 
 /* Real cubins go up compressed (the client compresses what saves an
  * eighth), come down as the held frames (Accept-Encoding: zstd), decoded
@@ -3012,14 +3022,14 @@ static void test_warm_zstd(void **state) {
   assert_int_equal(count(&r, KC_WARM_BUILT), 2);
   kc_warm_report_free(&r);
   kc_client_free(c);
-  assert_true(zstd_metric(&f->srv, "kcached_zstd_puts_total") >= 1);
-  long sent = zstd_metric(&f->srv, "kcached_zstd_frames_sent_total");
+  assert_true(server_metric(&f->srv, "kcached_zstd_puts_total") >= 1);
+  long sent = server_metric(&f->srv, "kcached_zstd_frames_sent_total");
   snprintf(cache2, sizeof cache2, "%s/cache2", f->dir);
   c = client_for(cache2, f->srv.url);
   assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
   assert_int_equal(count(&r, KC_WARM_HIT_REMOTE), 2);
   kc_warm_report_free(&r);
-  assert_true(zstd_metric(&f->srv, "kcached_zstd_frames_sent_total") > sent);
+  assert_true(server_metric(&f->srv, "kcached_zstd_frames_sent_total") > sent);
   blobs_equal(f->cache, cache2); /* the cache holds the content */
   kc_warmup_free(w);
   kc_client_free(c);

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#include <locale.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -532,8 +533,9 @@ static void test_manifest_canonical_matches_jansson(void **state) {
   (void)state;
   static const double secs[] = {0,      0.021, 1e-7,  3.0,     123456.789,
                                 1e20,   1.0 / 3, 2.5e-300, 0.1 + 0.2, 7e15};
-  srand(29);
-  for (int round = 0; round < 500; round++) {
+  for (int round = 0; round < 800; round++) {
+    if (round % 100 == 0)
+      srand((unsigned)(29 + round / 100)); /* eight seeds */
     kc_manifest *m = kc_manifest_new();
     char d[65], path[80], host[80], ent[3][16];
     const char *ents[3] = {ent[0], ent[1], ent[2]};
@@ -550,7 +552,9 @@ static void test_manifest_canonical_matches_jansson(void **state) {
       snprintf(ent[k], sizeof ent[k], "k%d_%d", round, k);
     size_t nf = 1 + (size_t)rand() % 6;
     for (size_t i = 0; i < nf; i++) {
-      random_text(path, 8, 1);
+      /* unique ("3/..."), else seal refuses the duplicate */
+      int at = snprintf(path, sizeof path, "%zu/", i);
+      random_text(path + at, 8, 1);
       snprintf(d, sizeof d, "%064x", rand());
       /* a path the rules refuse (".", "..", a leading '/') is skipped */
       kc_manifest_add_file(m, path, d, (uint64_t)rand() * 977,
@@ -574,6 +578,52 @@ static void test_manifest_canonical_matches_jansson(void **state) {
     free(want);
     kc_manifest_free(m);
   }
+}
+
+/* A program using libkcache may set LC_NUMERIC: in de_DE, "%.15g" prints
+ * 12,5, which jansson turned back into 12.5 and so must json_out.c. The
+ * locale is compiled into a temporary directory (localedef, LOCPATH);
+ * without localedef and the locales package's sources the test skips. */
+static void test_manifest_real_in_comma_locale(void **state) {
+  (void)state;
+  char dir[] = "/tmp/kc-locale-XXXXXX", cmd[200], *json = NULL;
+  assert_non_null(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd,
+           "localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", dir);
+  int made = system(cmd) == 0;
+  setenv("LOCPATH", dir, 1);
+  int on = made && setlocale(LC_NUMERIC, "de_DE.UTF-8") != NULL &&
+           *localeconv()->decimal_point == ',';
+  kc_manifest *m = NULL;
+  if (on) {
+    m = kc_manifest_new();
+    strcpy(m->fields.model, M1);
+    strcpy(m->fields.build, B1);
+    strcpy(m->fields.arch, "sm_80");
+    m->fields.bucket.n = 1;
+    strcpy(m->fields.bucket.dims[0].name, "seq");
+    assert_int_equal(kc_manifest_add_file(m, "a.cubin", B2, 1, KC_KIND_CUBIN,
+                                          NULL, 0, errbuf), KC_OK);
+    m->producer.seconds = 12.5;
+    assert_int_equal(kc_manifest_seal(m, errbuf), KC_OK);
+    assert_int_equal(kc_manifest_to_json(m, &json, errbuf), KC_OK);
+  }
+  setlocale(LC_NUMERIC, "C");
+  unsetenv("LOCPATH");
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0)
+    print_message("cannot remove %s\n", dir);
+  if (!on) {
+    print_message("skipped: no de_DE locale (localedef, locales)\n");
+    skip();
+  }
+  assert_non_null(strstr(json, "\"seconds\":12.5}"));
+  kc_manifest *back = NULL;
+  assert_int_equal(kc_manifest_parse(json, strlen(json), &back, errbuf), KC_OK);
+  assert_true(back->producer.seconds == 12.5);
+  kc_manifest_free(back);
+  kc_manifest_free(m);
+  free(json);
 }
 
 /* A path that is not UTF-8 is refused when it is added, as the canonical
@@ -1675,6 +1725,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_key_canonical_matches_jansson),
       cmocka_unit_test(test_manifest_canonical_matches_jansson),
       cmocka_unit_test(test_manifest_path_not_utf8),
+      cmocka_unit_test(test_manifest_real_in_comma_locale),
       cmocka_unit_test(test_key_validate_model_build_arch),
       cmocka_unit_test(test_key_validate_bucket),
       cmocka_unit_test(test_key_validate_toolchain),
