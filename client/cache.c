@@ -352,16 +352,13 @@ kc_err kc_cache_bundle_get(kc_client *c, const char *key, kc_manifest **out,
   return KC_OK;
 }
 
-kc_err kc_cache_bundle_put(kc_client *c, const kc_manifest *m, char *err) {
-  char p[PATH_MAX];
-  char *json = NULL;
-  kc_err e = kc_manifest_to_json(m, &json, err);
-  if (e)
-    return e;
-  /* written once to tmp/, renamed into place: no other system call */
-  char tmp[PATH_MAX];
+/* json, m's canonical text, written once to tmp/ and renamed into place:
+ * no other system call. */
+static kc_err bundle_write(kc_client *c, const kc_manifest *m, char *json,
+                           char *err) {
+  char p[PATH_MAX], tmp[PATH_MAX];
   bundle_path(c, m->key, p, sizeof p);
-  e = kcc_cache_write_tmp(c, json, strlen(json), tmp, err);
+  kc_err e = kcc_cache_write_tmp(c, json, strlen(json), tmp, err);
   free(json);
   if (!e && rename(tmp, p) != 0) {
     int saved = errno;
@@ -369,6 +366,12 @@ kc_err kc_cache_bundle_put(kc_client *c, const kc_manifest *m, char *err) {
     e = kc_errf(err, KC_IO, "rename into %s: %s", p, strerror(saved));
   }
   return e;
+}
+
+kc_err kc_cache_bundle_put(kc_client *c, const kc_manifest *m, char *err) {
+  char *json = NULL;
+  kc_err e = kc_manifest_to_json(m, &json, err);
+  return e ? e : bundle_write(c, m, json, err);
 }
 
 /* Many manifests at once (a warm of many bundles): each is its own file,
@@ -380,10 +383,16 @@ typedef struct puts_job {
   kc_err *res;
 } puts_job;
 
+/* The manifests were validated and their keys checked when they were
+ * parsed (kcc_lookup_checked): not again here. */
 static void puts_run(void *arg, size_t from, size_t to) {
   puts_job *p = arg;
-  for (size_t k = from; k < to; k++)
-    p->res[k] = kc_cache_bundle_put(p->c, p->ms[k], NULL);
+  for (size_t k = from; k < to; k++) {
+    char *json = NULL;
+    p->res[k] = kc_manifest_to_json_valid(p->ms[k], &json, NULL);
+    if (!p->res[k])
+      p->res[k] = bundle_write(p->c, p->ms[k], json, NULL);
+  }
 }
 
 void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,

@@ -144,7 +144,8 @@ void kcc_cache_forget_dirs(kc_client *c);
 kc_err kcc_cache_write_tmp(const kc_client *c, const void *data, size_t len,
                            char tmp[PATH_MAX], char *err);
 /* kc_cache_bundle_put of ms[0..n), res[k] each one's result; from 32 on,
- * half of them on a second thread (joined before it returns). */
+ * half of them on a second thread (joined before it returns). ms must be
+ * manifests as parsed (validated, keys checked): they are not again. */
 void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,
                            size_t n, kc_err *res);
 /* Renames a verified tmp file to blobs/<2 hex>/<digest>, making the

@@ -50,7 +50,6 @@ typedef struct xfer {
   size_t zleft;       /* the decoder's last hint: 0 at a frame's end */
   ZSTD_DCtx *dc;
   char *zout;
-  struct curl_slist *hdrs; /* the client's headers and Accept-Encoding */
   char url[512];
   char ebuf[CURL_ERROR_SIZE];
 } xfer;
@@ -64,6 +63,7 @@ typedef struct fetch_run {
   size_t *todo;   /* the distinct blobs not cached, in list order */
   size_t n_todo;
   char *state;    /* per file: KCC_FETCH_* (duplicates: see head) */
+  struct curl_slist *hdrs; /* the client's and Accept-Encoding, for all */
   uint64_t fetched;
   kc_err first;
   char *err;
@@ -190,8 +190,8 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
     curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(x->h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(x->h, CURLOPT_HEADERDATA, x);
-    if (x->hdrs) /* decoded here, not by libcurl (which may lack zstd) */
-      curl_easy_setopt(x->h, CURLOPT_HTTPHEADER, x->hdrs);
+    /* decoded here, not by libcurl (which may lack zstd) */
+    curl_easy_setopt(x->h, CURLOPT_HTTPHEADER, r->hdrs);
     curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
     curl_easy_setopt(x->h, CURLOPT_ERRORBUFFER, x->ebuf);
     /* fewer, larger reads: a 48 KiB blob in one or two instead of four */
@@ -334,6 +334,15 @@ static void batched(fetch_run *r) {
   free(small);
 }
 
+/* How many GET transfers to make: one per blob the batches left, at most
+ * parallel. */
+static int gets_left(const fetch_run *r, int parallel) {
+  int m = 0;
+  for (size_t k = 0; k < r->n_todo && m < parallel; k++)
+    m += r->state[r->todo[k]] == KCC_FETCH_TODO;
+  return m;
+}
+
 /* The next blob a GET must bring, or n. */
 static size_t next_needed(fetch_run *r) {
   while (r->next < r->n_todo) {
@@ -383,27 +392,28 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
                        char *ok, uint64_t *fetched, char *err) {
   if (!c->url)
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");
-  int nx = c->parallel < (int)n ? c->parallel : (int)n;
-  xfer *xs = calloc(nx ? (size_t)nx : 1, sizeof *xs);
   fetch_run r = {.c = c, .files = files, .n = n, .err = err};
   kcc_cache_forget_dirs(c); /* a look at a directory holds for one fetch */
-  kc_err e = xs && (r.state = calloc(n ? n : 1, 1)) && mark_dups(&r) == 0 &&
+  kc_err e = (r.state = calloc(n ? n : 1, 1)) && mark_dups(&r) == 0 &&
                      find_todo(&r) == 0
                  ? KC_OK
                  : kc_errf(err, KC_NOMEM, "out of memory");
   if (!e)
     batched(&r);
+  /* transfers only for what the batches left (usually nothing) */
+  int nx = e ? 0 : gets_left(&r, c->parallel);
+  xfer *xs = calloc(nx ? (size_t)nx : 1, sizeof *xs);
+  if (!e && (!xs || (nx && !(r.hdrs = kcc_with_header(
+                                 c->hdrs, "Accept-Encoding: zstd")))))
+    e = kc_errf(err, KC_NOMEM, "out of memory");
   for (int k = 0; xs && k < nx; k++)
     xs[k].fd = -1;
   for (int k = 0; !e && k < nx; k++)
     if (!(xs[k].h = curl_easy_init()) || !(xs[k].sha = kc_sha256_new()) ||
-        !(xs[k].dc = ZSTD_createDCtx()) || !(xs[k].zout = malloc(ZOUT)) ||
-        !(xs[k].hdrs = kcc_with_header(c->hdrs, "Accept-Encoding: zstd")))
+        !(xs[k].dc = ZSTD_createDCtx()) || !(xs[k].zout = malloc(ZOUT)))
       e = kc_errf(err, KC_NOMEM, "out of memory");
   if (!e)
     e = run(&r, xs, nx);
-  if (!e)
-    e = r.first; /* a batch's failure */
   for (int k = 0; xs && k < nx; k++) {
     if (xs[k].busy) { /* interrupted: leave nothing behind */
       curl_multi_remove_handle(c->multi, xs[k].h);
@@ -418,9 +428,9 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
     kc_sha256_free(xs[k].sha);
     ZSTD_freeDCtx(xs[k].dc);
     free(xs[k].zout);
-    curl_slist_free_all(xs[k].hdrs);
   }
   free(xs);
+  curl_slist_free_all(r.hdrs);
   for (size_t i = 0; ok && r.head && i < n; i++) /* a duplicate is there */
     ok[i] = r.state[r.head[i]] == KCC_FETCH_DONE; /* when its first copy is */
   free(r.head);

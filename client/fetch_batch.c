@@ -62,7 +62,7 @@ typedef struct batch {
   int skip;          /* they are dropped: the item was refused */
   int zstd, zbad;    /* zbad: 1 corrupt, 2 decodes to more than declared */
   size_t zleft;      /* the decoder's last hint: 0 at a frame's end */
-  int status_seen, not_ok, broken; /* broken: the answer cannot be followed */
+  int status_seen, not_ok;
   char line[LINE_CAP];
   size_t line_len;
   uint64_t left;     /* the current item's bytes still to come */
@@ -71,7 +71,6 @@ typedef struct batch {
   uint64_t got, want;
   ZSTD_DCtx *dc;
   int busy;
-  char ebuf[CURL_ERROR_SIZE];
 } batch;
 
 /* A received item waiting for the writer: its file and its bytes. */
@@ -140,12 +139,17 @@ static void next_item(batch *b) {
 
 /* An item's bytes, complete and of the declared size: hashed, and only when
  * they hash to the blob's name written once to tmp/ and renamed into place.
- * On the writer thread when there is one (it alone touches the cache while
- * the batches run), else inline. */
+ * On the writer thread when there is one, else (and whenever the writer is
+ * behind, see hand_over) on the receiving thread: both may publish at once
+ * (kcc_cache_blob_publish). */
 static void verify_write(brun *r, size_t fi, const char *buf, size_t len) {
   const kc_file *f = r->files[fi];
   char d[KC_HEX_LEN + 1], e2[KC_ERRBUF_SIZE];
-  if (kc_sha256_hex(buf, len, d) || strcmp(d, f->sha256)) {
+  if (kc_sha256_hex(buf, len, d)) {
+    bfail(r, KC_INTERNAL, "blob %.16s...: SHA-256 failed", f->sha256);
+    return;
+  }
+  if (strcmp(d, f->sha256)) {
     bfail(r, KC_DIGEST_MISMATCH,
           "blob %.16s... from the server hashes to %.16s...; discarded",
           f->sha256, d);
@@ -314,10 +318,8 @@ static int on_line(brun *r, batch *b) {
   }
   if (!b->skip && b->cap < f->size + 1) {
     char *nb = realloc(b->buf, (size_t)f->size + 1);
-    if (!nb) {
-      bfail(r, KC_NOMEM, "out of memory");
-      return -1;
-    }
+    if (!nb)
+      return -1; /* the rest of this batch is left to GETs */
     b->buf = nb;
     b->cap = (size_t)f->size + 1;
   }
@@ -407,7 +409,6 @@ static int start(brun *r, batch *b, size_t k) {
   b->cur = 0;
   b->in_data = b->skip = b->status_seen = b->not_ok = 0;
   b->line_len = 0;
-  b->ebuf[0] = '\0';
   curl_easy_reset(b->h);
   kcc_http_setup(r->c, b->h, budget);
   curl_easy_setopt(b->h, CURLOPT_URL, r->url);
@@ -416,7 +417,6 @@ static int start(brun *r, batch *b, size_t k) {
   curl_easy_setopt(b->h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
   curl_easy_setopt(b->h, CURLOPT_WRITEFUNCTION, on_data);
   curl_easy_setopt(b->h, CURLOPT_WRITEDATA, b);
-  curl_easy_setopt(b->h, CURLOPT_ERRORBUFFER, b->ebuf);
   curl_easy_setopt(b->h, CURLOPT_BUFFERSIZE, 256L << 10);
   if (curl_multi_add_handle(r->c->multi, b->h) != CURLM_OK)
     return -1;

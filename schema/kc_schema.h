@@ -156,6 +156,11 @@ kc_err kc_manifest_check_key(const kc_manifest *m, char *err);
 /* Canonical JSON of a (valid) manifest; *out malloc'd, caller frees. The same
  * manifest always gives the same bytes. */
 kc_err kc_manifest_to_json(const kc_manifest *m, char **out, char *err);
+/* The same without checking m again: for a manifest kc_manifest_parse,
+ * kc_manifest_parse_json or kc_manifest_seal accepted, unchanged since (a
+ * warm writes each served manifest into the local cache, and validating
+ * and rehashing each a second time was most of that work's CPU). */
+kc_err kc_manifest_to_json_valid(const kc_manifest *m, char **out, char *err);
 /* (schema/ notes on the canonical form: files are written in path byte order,
  * so the order a builder listed them in does not matter; empty "entries" and
  * an empty "producer" are left out; producer.seconds <= 0 means unknown and is

@@ -350,8 +350,13 @@ kc_err kc_manifest_to_json(const kc_manifest *m, char **out, char *err) {
   kc_err e = kc_manifest_validate(m, err);
   if (!e)
     e = kc_manifest_check_key(m, err);
-  if (e)
-    return e;
+  return e ? e : kc_manifest_to_json_valid(m, out, err);
+}
+
+kc_err kc_manifest_to_json_valid(const kc_manifest *m, char **out,
+                                 char *err) {
+  if (!out)
+    return kci_err(err, KC_EINVAL, "manifest: NULL output");
   if (!(*out = manifest_text(m)))
     return kci_err(err, KC_NOMEM, "manifest: out of memory");
   return KC_OK;
