@@ -600,10 +600,11 @@ static void stop_accepting(kcd_resp *r) {
   r->lfd = -1;
 }
 
+/* Connections with a reply not all sent, or still to come (a job). */
 static int n_unsent(const kcd_resp *r) {
   int n = 0;
   for (const kcd_resp_conn *c = r->conns; c; c = c->next)
-    n += pending(c) > 0;
+    n += pending(c) > 0 || c->inflight;
   return n;
 }
 
@@ -625,8 +626,8 @@ static void drain_replies(kcd_resp *r) {
   for (kcd_resp_conn *c = r->conns, *next; c; c = next) {
     next = c->next;
     c->closing = 1;
-    if (pending(c))
-      conn_interest(c);
+    if (pending(c) || c->inflight)
+      conn_interest(c); /* conn_flush closes it once all is out */
     else
       conn_close(c);
   }

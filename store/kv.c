@@ -215,15 +215,13 @@ kc_err kcs_kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
   return kv_drop(s, txn, hex, rec, evicting, NULL, err);
 }
 
-/* A reference to the value's blob, storing it when absent (refs 1: never
- * an orphan) and queueing it for the durable tier. */
-static kc_err value_ref(kc_store *s, MDB_txn *txn, const char *digest,
-                        const void *val, size_t len, const void *zval,
-                        size_t zlen, char *err) {
-  kc_err e = kcs_blob_ref(s, txn, digest, err);
-  if (e != KC_NOT_FOUND)
-    return e;
-  /* compressed before the write lock when that saves an eighth (prepare) */
+/* Stores the value's blob, absent until now (refs 1: never an orphan;
+ * zval: its frame, when compressing saved an eighth), and queues it for
+ * the durable tier. */
+static kc_err value_store(kc_store *s, MDB_txn *txn, const char *digest,
+                          const void *val, size_t len, const void *zval,
+                          size_t zlen, char *err) {
+  kc_err e;
   size_t put = zval ? zlen : len;
   MDB_val k = kcs_hex_val(digest), v = {put, NULL};
   if ((e = kcs_put(txn, s->blobs, &k, &v, MDB_RESERVE, err)))
@@ -363,18 +361,19 @@ static kc_err set_rec(kc_store *s, MDB_txn *txn, kv_job *j, const kv_state *st,
   /* the same value: the old record's reference passes to the new one; a
    * blob scrubbed away under it (no reference left) is stored again */
   int same = st->present && memcmp(st->rec.digest, j->digest, KC_HEX_LEN) == 0;
-  int blob = (same && st->live) || blob_held(s, txn, j->digest);
-  int held = same && blob;
-  kc_err e = KC_OK;
-  if (!blob && !j->ztried) {
-    /* gone since compress_new looked (evicted meanwhile): compress now */
-    j->ztried = 1;
-    e = kcs_zstd_compress(s->compress_level, op->val, op->vlen, &j->zval,
-                          &j->zlen, err);
+  int held = same && (st->live || blob_held(s, txn, j->digest));
+  kc_err e = held ? KC_OK : kcs_blob_ref(s, txn, j->digest, err);
+  if (e == KC_NOT_FOUND) {
+    /* absent: stored now, compressed here if it was held when compress_new
+     * looked (evicted meanwhile) */
+    e = j->ztried ? KC_OK
+                  : (j->ztried = 1,
+                     kcs_zstd_compress(s->compress_level, op->val, op->vlen,
+                                       &j->zval, &j->zlen, err));
+    if (!e)
+      e = value_store(s, txn, j->digest, op->val, op->vlen, j->zval, j->zlen,
+                      err);
   }
-  if (!e && !held)
-    e = value_ref(s, txn, j->digest, op->val, op->vlen, j->zval, j->zlen,
-                  err);
   /* a replaced record keeps its LRU entry: the use goes with the reads'
    * (kvuses, flushed once a second), not into this commit */
   int64_t now = kcs_now_ms();
@@ -634,9 +633,9 @@ static int prepare(kc_store *s, kv_job *j) {
  * SET again, or under another key) is not: compressing it is wasted work
  * (most of a 4 KiB SET's CPU). A blob gone by the write is compressed
  * there (set_rec). */
-static kc_err compress_new(kc_store *s, kv_job *jobs, size_t n) {
+static void compress_new(kc_store *s, kv_job *jobs, size_t n) {
   if (s->compress_level <= 0)
-    return KC_OK;
+    return;
   kc_store_read *r = NULL;
   for (size_t i = 0; i < n; i++) {
     kv_job *j = &jobs[i];
@@ -655,7 +654,6 @@ static kc_err compress_new(kc_store *s, kv_job *jobs, size_t n) {
     }
   }
   kc_store_read_end(r);
-  return KC_OK;
 }
 
 /* Room for the batch's values (and keys, which bytes_used counts) before
