@@ -644,7 +644,8 @@ int kcd_body_is_zstd(kcd_req *r);
 /* ---- many blobs in one answer (routes_fetch.c) ---- */
 
 /* POST /v1/blobs/fetch: at most this many digests, and this many bytes of
- * blobs (as held) per answer (413 above either). */
+ * blobs as sent (a held frame decoded for a client without zstd counts its
+ * content) per answer (413 above either). */
 #define KCD_FETCH_MAX_ITEMS 4096
 #define KCD_FETCH_MAX_BYTES ((uint64_t)256 << 20)
 #define KCD_FETCH_CTYPE "application/vnd.kcache.blobs"

@@ -293,7 +293,7 @@ struct kcd_resp {
   kcd_resp_buf pool[KCD_RESP_POOL_N];
   size_t npool, pool_bytes;
   int64_t pool_used_ms;
-  /* jobs waiting for the committer */
+  /* jobs waiting for the committer (qcond: for the fetchers, resp_fetch.c) */
   pthread_mutex_t qlock;
   pthread_cond_t qcond;
   kcd_resp_job *qhead, *qtail;

@@ -18,7 +18,7 @@
  * GETs (routes_blob.c). A blob gone or changed between the look-up and its
  * piece (evicted) aborts the answer: the client sees a body shorter than its
  * length and fetches what it lacks with GETs, never other bytes. The bytes
- * asked for, as held, are bounded (KCD_FETCH_MAX_BYTES; 413 above). */
+ * asked for, as sent, are bounded (KCD_FETCH_MAX_BYTES; 413 above). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,14 +170,14 @@ static kc_err parse(kcd_req *r, answer *a, char *err) {
 }
 
 /* One short read: how each blob is held and how long its part is. *total:
- * the answer's length; *held: the blob bytes in it. */
+ * the answer's length; *bytes: the blob bytes in it, as sent. */
 static kc_err look_up(kcd_req *r, answer *a, int zstd_ok, uint64_t *total,
-                      uint64_t *held, char *err) {
+                      uint64_t *bytes, char *err) {
   kc_store_read *rd;
   kc_err e = kc_store_read_begin(a->s, &rd);
   if (e)
     return kc_errf(err, e, "cannot begin a read of the store");
-  *total = *held = 0;
+  *total = *bytes = 0;
   uint64_t misses = 0;
   for (size_t i = 0; !e && i < a->n; i++) {
     item *x = &a->it[i];
@@ -201,7 +201,7 @@ static kc_err look_up(kcd_req *r, answer *a, int zstd_ok, uint64_t *total,
     }
     char line[LINE_MAX_];
     *total += line_of(x, line) + x->len;
-    *held += x->len;
+    *bytes += x->len;
   }
   kc_store_read_end(rd);
   if (!e) { /* each item as a GET of it (kcached_ops_total{op="get"}) */
@@ -218,15 +218,15 @@ int kcd_blobs_fetch(kcd_req *r) {
     return kcd_reply_error(r, KC_NOMEM, "out of memory");
   a->s = atomic_load(&r->st->store);
   int zstd_ok = kcd_accepts_zstd(r);
-  uint64_t total = 0, held = 0;
+  uint64_t total = 0, bytes = 0;
   kc_err e = parse(r, a, err);
   if (!e)
-    e = look_up(r, a, zstd_ok, &total, &held, err);
-  if (!e && held > KCD_FETCH_MAX_BYTES)
+    e = look_up(r, a, zstd_ok, &total, &bytes, err);
+  if (!e && bytes > KCD_FETCH_MAX_BYTES)
     e = kc_errf(err, KC_TOO_LARGE,
                 "the blobs asked for are %llu bytes; at most %llu per "
                 "request: ask for fewer",
-                (unsigned long long)held,
+                (unsigned long long)bytes,
                 (unsigned long long)KCD_FETCH_MAX_BYTES);
   if (e) {
     answer_free(a);

@@ -54,10 +54,11 @@ kcd_authn kcd_svc_auth(kcd_state *st, kcd_fe fe, const char *want_name,
                        char name[KCD_NAME_MAX]) {
   kcd_authn res =
       kcd_auth_check_token(&st->auth, want_name, token, len, role, name);
-  /* Counted where a token was offered and checked (tokens on). */
+  /* Counted where a token was offered and checked: tokens are on exactly
+   * when a token file was given (kcd_auth_load). */
   if (token && res != KCD_AUTHN_OK)
     kcd_svc_count(st, KCD_OP_AUTH, fe, KCD_RES_DENIED, 1);
-  else if (token && strcmp(name, "-") != 0)
+  else if (token && st->cfg.tokens)
     kcd_svc_count(st, KCD_OP_AUTH, fe, KCD_RES_OK, 1);
   return res;
 }

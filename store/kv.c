@@ -5,7 +5,6 @@
  * kv_evict.c. */
 #include <stdlib.h>
 #include <string.h>
-#include <zstd.h>
 
 #include "store_internal.h"
 
@@ -724,29 +723,6 @@ kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
 
 #define CMP_Z_MIN (64 * 1024) /* smaller frames: hashing costs less */
 #define CMP_Z_RATIO 16         /* frames at most 1/16 of their content */
-#define CMP_Z_PIECE (64 * 1024)
-
-/* Does the frame z decompress to exactly val's n bytes? Piece by piece
- * through a small buffer (cache-resident, no n-byte allocation), stopping
- * at the first difference. */
-static int frame_is(const void *z, size_t zlen, const void *val, size_t n) {
-  ZSTD_DCtx *dc = ZSTD_createDCtx();
-  char *piece = malloc(CMP_Z_PIECE);
-  ZSTD_inBuffer in = {z, zlen, 0};
-  size_t off = 0, rc = 1;
-  int same = dc && piece;
-  while (same && rc != 0) {
-    ZSTD_outBuffer out = {piece, CMP_Z_PIECE, 0};
-    rc = ZSTD_decompressStream(dc, &out, &in);
-    same = !ZSTD_isError(rc) && out.pos <= n - off &&
-           memcmp(piece, (const char *)val + off, out.pos) == 0 &&
-           (rc == 0 || out.pos || in.pos < in.size);
-    off += out.pos;
-  }
-  ZSTD_freeDCtx(dc);
-  free(piece);
-  return same && off == n && in.pos == in.size;
-}
 
 /* The live value st holds is val's bytes. A raw blob is compared, not
  * hashed: memcmp runs at memory speed, SHA-256 several times slower (most
@@ -766,7 +742,7 @@ static int same_value(const kv_state *st, kc_store_kv_op *op) {
   if (op->hashed) /* the caller's digest of val (kc_store_kv_op) */
     return memcmp(st->rec.digest, op->val_hex, KC_HEX_LEN) == 0;
   if (op->vlen >= CMP_Z_MIN && st->len <= op->vlen / CMP_Z_RATIO)
-    return frame_is(st->data, st->len, op->val, op->vlen);
+    return kcs_zstd_equals(st->data, st->len, op->val, op->vlen);
   if (kc_sha256_hex(op->vlen ? op->val : "", op->vlen, op->val_hex))
     return 0;
   op->hashed = 1; /* key_hex is filled by the caller */

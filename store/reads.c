@@ -21,8 +21,6 @@ kcs_shard *kcs_shard_mine(kc_store *s) {
   return &s->shards[mine];
 }
 
-/* Appended at the tail: each list stays in begin order, so its head is its
- * oldest read, and the oldest of the heads is the store's. */
 /* The read's start for the age of the oldest read: whole milliseconds
  * compared with kcs_mono_ms, so the coarse clock (a tick or so behind, no
  * TSC read: every GET begins a read) is enough. */
@@ -32,6 +30,8 @@ static uint64_t coarse_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Appended at the tail: each list stays in begin order, so its head is its
+ * oldest read, and the oldest of the heads is the store's. */
 void kcs_read_link(kcs_shard *sh, kc_store_read *r) {
   r->t0_ms = coarse_ms();
   r->shard = sh;

@@ -252,6 +252,9 @@ kc_err kcs_zstd_decode_into(const void *mem, int fd, uint64_t zlen,
  * when it does not decompress to exactly raw bytes. */
 kc_err kcs_zstd_hash(const void *z, size_t zlen, uint64_t raw,
                      char got[KC_HEX_LEN + 1], char *err);
+/* 1 when a stored frame decompresses to exactly val's n bytes; decoding
+ * stops at the first difference. */
+int kcs_zstd_equals(const void *z, size_t zlen, const void *val, size_t n);
 /* meta "zstd_saved": content bytes minus stored bytes of compressed blobs
  * (bytes_used + this = the content's size). */
 kc_err kcs_saved_add(MDB_txn *txn, kc_store *s, int64_t delta, char *err);

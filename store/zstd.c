@@ -294,6 +294,24 @@ kc_err kcs_zstd_hash(const void *z, size_t zlen, uint64_t raw,
   return e;
 }
 
+typedef struct same_as {
+  const unsigned char *val;
+  uint64_t at;
+} same_as;
+
+static kc_err sink_cmp(void *ud, const void *p, size_t n) {
+  same_as *d = ud;
+  if (memcmp(d->val + d->at, p, n) != 0)
+    return KC_CORRUPT; /* differs: stops decoding */
+  d->at += n;
+  return KC_OK;
+}
+
+int kcs_zstd_equals(const void *z, size_t zlen, const void *val, size_t n) {
+  same_as d = {val, 0};
+  return decode_each(z ? z : "", -1, zlen, n, sink_cmp, &d, NULL) == KC_OK;
+}
+
 /* ---- a blob read piece by piece ---- */
 
 struct kc_store_blob_stream {

@@ -91,6 +91,11 @@ class Server:
         with urllib.request.urlopen(url, timeout=10) as resp:
             return resp.read().decode()
 
+    def settled(self):
+        """RESP SETs answered as already held (no commit), so far."""
+        return metric(self.metrics(), "kcached_ops_total",
+                      'op="set",frontend="resp",result="present"') or 0
+
     def client(self, **kw):
         return redis.Redis(host="127.0.0.1", port=self.port, **kw)
 
@@ -230,8 +235,10 @@ class OpenServer(ServerCase):
         SET without EX, a new value after an identical one, and SETs behind
         an earlier write of the same pipeline (not yet committed)."""
         r, v, w = self.r, b"x" * 5000, b"y" * 5000
+        before = self.srv.settled()
         for _ in range(3):
             self.assertTrue(r.set("k", v))
+        self.assertEqual(self.srv.settled() - before, 2)  # all but the first
         self.assertEqual(r.get("k"), v)
         self.assertTrue(r.set("k", w))
         self.assertEqual(r.get("k"), w)
@@ -1189,7 +1196,9 @@ class BigInputBuffers(ServerCase):
         self.assertEqual(r.get("again:0"), w)
         for i in range(1, 4):
             self.assertEqual(r.get("again:%d" % i), v)
+        before = self.srv.settled()
         self.assertTrue(r.set("again:1", v))  # the same: settled
+        self.assertEqual(self.srv.settled() - before, 1)
         self.assertEqual(r.get("again:1"), v)
         r.close()
 
@@ -1200,8 +1209,10 @@ class BigInputBuffers(ServerCase):
         r = self.srv.client()
         v = b"x" * (1 << 20)
         r.set("rep", v)
+        before = self.srv.settled()
         for _ in range(3):
             self.assertTrue(r.set("rep", v))
+        self.assertEqual(self.srv.settled() - before, 3)
         self.assertEqual(r.get("rep"), v)
         w = v[:-1] + b"y"
         self.assertTrue(r.set("rep", w))
@@ -1209,6 +1220,7 @@ class BigInputBuffers(ServerCase):
         u = v[:-1]  # one byte shorter: the size alone differs
         self.assertTrue(r.set("rep", u))
         self.assertEqual(r.get("rep"), u)
+        self.assertEqual(self.srv.settled() - before, 3)  # w, u: stored
         r.close()
 
 
