@@ -84,10 +84,12 @@ class Server:
                 raise AssertionError("kcached: %s in %s:\n%s" % (
                     bad, self.dir, text[-3000:]))
 
-    def metrics(self):
+    def http_port(self):
         with open(os.path.join(self.dir, "http-port")) as f:
-            port = int(f.read())
-        url = "http://127.0.0.1:%d/metrics" % port
+            return int(f.read())
+
+    def metrics(self):
+        url = "http://127.0.0.1:%d/metrics" % self.http_port()
         with urllib.request.urlopen(url, timeout=10) as resp:
             return resp.read().decode()
 
@@ -1542,9 +1544,8 @@ class Observability(unittest.TestCase):
 
     def stats(self):
         import json
-        with open(os.path.join(self.srv.dir, "http-port")) as f:
-            port = int(f.read())
-        with urllib.request.urlopen("http://127.0.0.1:%d/v1/stats" % port,
+        with urllib.request.urlopen("http://127.0.0.1:%d/v1/stats" %
+                                    self.srv.http_port(),
                                     timeout=10) as resp:
             return json.loads(resp.read())
 

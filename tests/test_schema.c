@@ -533,6 +533,7 @@ static void test_manifest_canonical_matches_jansson(void **state) {
   (void)state;
   static const double secs[] = {0,      0.021, 1e-7,  3.0,     123456.789,
                                 1e20,   1.0 / 3, 2.5e-300, 0.1 + 0.2, 7e15};
+  size_t n_paths = 0, odd = 0; /* what the rounds covered */
   for (int round = 0; round < 800; round++) {
     if (round % 100 == 0)
       srand((unsigned)(29 + round / 100)); /* eight seeds */
@@ -556,10 +557,14 @@ static void test_manifest_canonical_matches_jansson(void **state) {
       int at = snprintf(path, sizeof path, "%zu/", i);
       random_text(path + at, 8, 1);
       snprintf(d, sizeof d, "%064x", rand());
-      /* a path the rules refuse (".", "..", a leading '/') is skipped */
-      kc_manifest_add_file(m, path, d, (uint64_t)rand() * 977,
-                           (kc_file_kind)(rand() % (KC_KIND_FILE + 1)), ents,
-                           (size_t)rand() % 4, NULL);
+      /* a path the rules refuse (a "." or ".." segment) is skipped */
+      if (kc_manifest_add_file(m, path, d, (uint64_t)rand() * 977,
+                               (kc_file_kind)(rand() % (KC_KIND_FILE + 1)),
+                               ents, (size_t)rand() % 4, NULL) == KC_OK) {
+        n_paths++;
+        for (const char *c = path; *c; c++)
+          odd += (unsigned char)*c < 0x20 || (unsigned char)*c >= 0x80;
+      }
     }
     if (!m->n_files)
       assert_int_equal(kc_manifest_add_file(m, "f", d, 1, KC_KIND_FILE, NULL,
@@ -578,6 +583,9 @@ static void test_manifest_canonical_matches_jansson(void **state) {
     free(want);
     kc_manifest_free(m);
   }
+  /* the paths were mostly taken, with control and non-ASCII bytes */
+  assert_true(n_paths >= 2000);
+  assert_true(odd >= 1000);
 }
 
 /* A program using libkcache may set LC_NUMERIC: in de_DE, "%.15g" prints

@@ -32,15 +32,10 @@ from test_resp import (FakeS3, Server, ServerCase,  # noqa: E402
 import redis  # noqa: E402
 
 
-def http_port(srv):
-    with open(os.path.join(srv.dir, "http-port")) as f:
-        return int(f.read())
-
-
 def call(srv, method, path, body=None, token=None):
     """(status, body) of one request to srv's HTTP port."""
     req = urllib.request.Request(
-        "http://127.0.0.1:%d%s" % (http_port(srv), path), data=body,
+        "http://127.0.0.1:%d%s" % (srv.http_port(), path), data=body,
         method=method)
     if token is not None:
         req.add_header("Authorization", token)
@@ -208,12 +203,14 @@ class GracefulShutdown(unittest.TestCase):
         d = tempfile.mkdtemp(prefix="kc-svc-")
         old = os.environ.copy()
         os.environ.update(AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b")
-        srv = Server("--s3-endpoint", "http://127.0.0.1:%d" %
-                     s3.server_address[1], "--s3-bucket", "bkt",
-                     "--s3-path-style", "--shutdown-timeout", "10",
-                     data_dir=d).start()
-        os.environ.clear()
-        os.environ.update(old)
+        try:  # the environment kcached starts with; ours again after
+            srv = Server("--s3-endpoint", "http://127.0.0.1:%d" %
+                         s3.server_address[1], "--s3-bucket", "bkt",
+                         "--s3-path-style", "--shutdown-timeout", "10",
+                         data_dir=d).start()
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
         try:
             r = srv.client()
             self.assertTrue(r.ping())
