@@ -149,7 +149,9 @@ static kcd_req *req_new(kcd_state *st, struct MHD_Connection *conn,
   return r;
 }
 
-const char *kcd_http_bearer(const char *h) {
+/* The token of an Authorization header's value: NULL for no header, ""
+ * when it is not "Bearer <token>" (which then names no token). */
+static const char *kcd_http_bearer(const char *h) {
   if (!h)
     return NULL;
   if (strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t'))

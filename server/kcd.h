@@ -251,9 +251,8 @@ typedef struct kcd_metrics {
   _Atomic uint64_t bytes_in, bytes_out;
   _Atomic uint64_t duration[KCD_N_BUCKETS + 1];
   _Atomic uint64_t duration_us_sum;
-  _Atomic uint64_t leases_granted, leases_refused, leases_present;
   _Atomic uint64_t uploads_aborted;
-  _Atomic uint64_t blobs_corrupt; /* repair offers that found the copy bad */
+  /* leases granted, refused, present and repairs: cells of ops below */
   /* routes_zstd.c (issue 18): GETs of compressed blobs, those answered
    * with the frame (Accept-Encoding: zstd), PUTs that arrived as frames */
   _Atomic uint64_t zstd_gets, zstd_sent_frames, zstd_puts;
@@ -549,11 +548,8 @@ struct kcd_req {
 const char *kcd_header(kcd_req *r, const char *name);
 const char *kcd_query(kcd_req *r, const char *name);
 
-/* The token of an Authorization header's value: NULL for no header, ""
- * when it is not "Bearer <token>" (which then names no token). */
-const char *kcd_http_bearer(const char *header);
 /* The caller of an Authorization header (may be NULL): kcd_svc_auth of its
- * Bearer token. */
+ * Bearer token (kcd_http_bearer in http.c). */
 kcd_authn kcd_http_auth(kcd_state *st, const char *header, kcd_role *role,
                         char name[KCD_NAME_MAX]);
 

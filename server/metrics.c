@@ -209,18 +209,27 @@ static void render_s3(FILE *f, kcd_state *st) {
             KC_STORE_S3_BUCKETS, t.duration_us_sum);
 }
 
+/* The older per-purpose counters, kept by name: cells of ops_total, summed
+ * over the front ends. */
+static uint64_t ops_sum(kcd_metrics *m, kcd_svc_op op, kcd_svc_res res) {
+  uint64_t n = 0;
+  for (int fe = 0; fe < KCD_N_FE; fe++)
+    n += GET(m->ops[op][fe][res]);
+  return n;
+}
+
 static void render_self(FILE *f, kcd_metrics *m) {
   counter(f, "kcached_received_bytes_total", "Request body bytes received.",
           GET(m->bytes_in));
   counter(f, "kcached_sent_bytes_total", "Response body bytes sent.",
           GET(m->bytes_out));
   counter(f, "kcached_leases_granted_total", "Leases granted.",
-          GET(m->leases_granted));
+          ops_sum(m, KCD_OP_LEASE_TAKE, KCD_RES_GRANTED));
   counter(f, "kcached_leases_refused_total", "Lease requests refused (held).",
-          GET(m->leases_refused));
+          ops_sum(m, KCD_OP_LEASE_TAKE, KCD_RES_HELD));
   counter(f, "kcached_leases_present_total",
           "Lease requests answered 'present' (bundle exists).",
-          GET(m->leases_present));
+          ops_sum(m, KCD_OP_LEASE_TAKE, KCD_RES_PRESENT));
   counter(f, "kcached_uploads_aborted_total",
           "Uploads dropped (client gone, error).", GET(m->uploads_aborted));
   counter(f, "kcached_zstd_gets_total",
@@ -234,7 +243,7 @@ static void render_self(FILE *f, kcd_metrics *m) {
   counter(f, "kcached_blobs_corrupt_total",
           "Repair offers (X-Kcache-Repair) that found the held copy not "
           "hashing to its name; the offer's verified bytes replace it.",
-          GET(m->blobs_corrupt));
+          ops_sum(m, KCD_OP_PUT, KCD_RES_REPAIR));
   int64_t inflight = atomic_load(&m->in_flight[KCD_FE_HTTP]);
   gauge(f, "kcached_requests_in_flight", "Requests being served.",
         inflight > 0 ? (uint64_t)inflight : 0);

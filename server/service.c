@@ -79,7 +79,6 @@ kcd_svc_res kcd_svc_blob_offer(kcd_state *st, kcd_fe fe, const char *digest,
     res = KCD_RES_PRESENT;
   } else if (held == KC_CORRUPT) {
     kcd_log(st, "warn", "%s; taking the upload offered to replace it", why);
-    atomic_fetch_add(&st->metrics.blobs_corrupt, 1);
     res = KCD_RES_REPAIR;
   }
   kcd_svc_count(st, KCD_OP_PUT, fe, res, 1);
@@ -120,17 +119,14 @@ kc_err kcd_svc_lease_take(kcd_state *st, kcd_fe fe, const char *key,
   *present = kc_store_bundle_has(s, key) == KC_OK ||
              kc_store_fetch_bundle(s, key, NULL) == KC_OK;
   if (*present) {
-    atomic_fetch_add(&st->metrics.leases_present, 1);
     kcd_svc_count(st, KCD_OP_LEASE_TAKE, fe, KCD_RES_PRESENT, 1);
     return KC_OK;
   }
   kc_err e = acquire(st, key, holder, ttl_s, info);
   kcd_svc_res res = KCD_RES_ERROR;
   if (!e) {
-    atomic_fetch_add(&st->metrics.leases_granted, 1);
     res = KCD_RES_GRANTED;
   } else if (e == KC_LEASED) {
-    atomic_fetch_add(&st->metrics.leases_refused, 1);
     res = KCD_RES_HELD;
   }
   kcd_svc_count(st, KCD_OP_LEASE_TAKE, fe, res, 1);
