@@ -309,44 +309,51 @@ static int verify_run(kc_client *c, const kc_warmup *w, int dev,
   return bad ? KCLI_EXIT_FAIL : KCLI_EXIT_OK;
 }
 
+typedef struct verify_args {
+  kcli_common g;
+  int dev;
+  const char *arch;
+} verify_args;
+
+static int verify_opt(void *arg, int opt, const char *val) {
+  verify_args *a = arg;
+  char *end;
+  switch (opt) {
+  case 'd': {
+    long n = strtol(val, &end, 10);
+    if (*end || n < 0 || n > 1024)
+      return -1;
+    a->dev = (int)n;
+    return 0;
+  }
+  case 'a':
+    a->arch = val;
+    return kc_arch_valid(val) ? 0 : -1;
+  default: return kcli_common_opt(&a->g, opt, val) == 1 ? 0 : -1;
+  }
+}
+
 /* 0 go on (argv[optind] is the manifest), -1 --help, else the exit code. */
-static int verify_parse(int argc, char **argv, kcli_common *g, int *dev,
-                        const char **arch) {
+static int verify_parse(verify_args *a, int argc, char **argv) {
   static const struct option own[] = {{"device", required_argument, NULL, 'd'},
                                       {"arch", required_argument, NULL, 'a'},
                                       {NULL, 0, NULL, 0}};
-  struct option lo[KCLI_LONGOPTS_MAX];
-  int opt, rc = kcli_common_init(g, "verify");
-  if (rc)
-    return rc;
-  kcli_long_options(own, lo);
-  optind = 0;
-  while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-    if (opt == 'h') {
-      printf("%s%s", verify_usage, verify_help);
-      kcli_common_help(stdout);
-      return -1;
-    }
-    if (opt == 'd')
-      *dev = atoi(optarg);
-    else if (opt == 'a' && kc_arch_valid(optarg))
-      *arch = optarg;
-    else if (opt == '?' || kcli_common_opt(g, opt, optarg) != 1)
-      return kcli_usage("verify", verify_usage);
-  }
-  if (argc - optind != 1 || *dev < 0)
-    return kcli_usage("verify", verify_usage);
-  return 0;
+  int rc = kcli_common_init(&a->g, "verify");
+  if (!rc)
+    rc = kcli_parse("verify", verify_usage, verify_help, NULL, own,
+                    verify_opt, a, argc, argv);
+  if (!rc && argc - optind != 1)
+    rc = kcli_usage("verify", verify_usage);
+  return rc;
 }
 
 int kcli_cmd_verify(int argc, char **argv) {
-  kcli_common g;
+  verify_args a = {0};
   char err[KC_ERRBUF_SIZE];
-  int dev = 0;
-  const char *arch = NULL;
-  int rc = verify_parse(argc, argv, &g, &dev, &arch);
+  int rc = verify_parse(&a, argc, argv);
   if (rc)
     return rc < 0 ? KCLI_EXIT_OK : rc;
+  int dev = a.dev;
   kc_gpu_info gi;
   if (kc_gpu_detect(&gi, err) != KC_OK)
     return kcli_fail("verify", KCLI_EXIT_FAIL, "%s", err);
@@ -357,8 +364,8 @@ int kcli_cmd_verify(int argc, char **argv) {
   /* kc_warmup_load's message names the file already */
   if (kc_warmup_load(argv[optind], &w, err) != KC_OK)
     return kcli_fail("verify", KCLI_EXIT_FAIL, "%s", err);
-  kc_client *c = kcli_client(&g);
-  rc = c ? verify_run(c, w, dev, &gi.devices[dev], arch) : KCLI_EXIT_FAIL;
+  kc_client *c = kcli_client(&a.g);
+  rc = c ? verify_run(c, w, dev, &gi.devices[dev], a.arch) : KCLI_EXIT_FAIL;
   kc_client_free(c);
   kc_warmup_free(w);
   return rc;
