@@ -391,6 +391,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   return (enum MHD_Result)last_call(r);
 }
 
+/* Accepted connections are served unless kcd_http_quiesce was called. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
+                                 socklen_t len) {
+  const kcd_state *st = cls;
+  (void)addr;
+  (void)len;
+  return atomic_load(&st->http_quiesced) ? MHD_NO : MHD_YES;
+}
+
 static void on_completed(void *cls, struct MHD_Connection *conn,
                          void **con_cls, enum MHD_RequestTerminationCode toe) {
   kcd_state *st = cls;
@@ -565,9 +574,9 @@ static kc_err start_health(kcd_state *st, char *err) {
     return e;
   struct MHD_OptionItem opts[20];
   fill_health_options(st, ai->ai_addr, opts);
-  st->mhd_health = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, NULL,
-                                    NULL, on_request, st, MHD_OPTION_ARRAY,
-                                    opts, MHD_OPTION_END);
+  st->mhd_health = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0,
+                                    on_accept, st, on_request, st,
+                                    MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
   freeaddrinfo(ai);
   if (!st->mhd_health)
     return kc_errf(err, KC_IO, "cannot serve probes on --health-listen %s:%u "
@@ -609,8 +618,8 @@ kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
     return e;
   struct MHD_OptionItem opts[20];
   fill_options(st, ai->ai_addr, opts);
-  st->mhd = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, NULL, NULL,
-                             on_request, st, MHD_OPTION_ARRAY, opts,
+  st->mhd = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, on_accept,
+                             st, on_request, st, MHD_OPTION_ARRAY, opts,
                              MHD_OPTION_END);
   freeaddrinfo(ai);
   if (!st->mhd)
@@ -622,15 +631,15 @@ kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
   return start_health(st, err);
 }
 
-void kcd_http_quiesce(kcd_state *st) {
-  /* the probe listener too: a stopping kcached is not ready */
-  struct MHD_Daemon *d[] = {st->mhd, st->mhd_health};
-  for (size_t i = 0; i < 2; i++) {
-    MHD_socket fd = d[i] ? MHD_quiesce_daemon(d[i]) : MHD_INVALID_SOCKET;
-    if (fd != MHD_INVALID_SOCKET)
-      close(fd);
-  }
-}
+/* MHD_quiesce_daemon is not used: with epoll and a thread pool it races a
+ * worker removing the same listen socket from its epoll set, and
+ * libmicrohttpd 0.9.75 then aborts the process ("Failed to remove listen
+ * FD from epoll set", an open upstream defect; CI met it). Instead both
+ * listeners keep their sockets until kcd_http_stop and close every
+ * connection accepted from now on, unserved: to a client (and to a probe
+ * of a stopping kcached) that is a server not there, as a refusal is. */
+void kcd_http_quiesce(kcd_state *st) { atomic_store(&st->http_quiesced, 1); }
+
 
 void kcd_http_stop(kcd_state *st) {
   if (st->mhd)

@@ -346,6 +346,8 @@ struct kcd_state {
   _Atomic(struct kcd_resp *) resp; /* NULL: no --resp-listen */
   struct kcd_conns *conns;        /* open connections (conns.c) */
   struct MHD_Daemon *mhd_health;  /* --health-listen; NULL: none */
+  _Atomic int http_quiesced;      /* kcd_http_quiesce: new connections are
+                                     closed unserved (http.c, on_accept) */
   /* LMDB's reader table (main thread only): refusals seen by the last tick,
    * whether it counts as full (logged once per change), seconds without a
    * refusal. */
@@ -557,7 +559,8 @@ kcd_authn kcd_http_auth(kcd_state *st, const char *header, kcd_role *role,
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err);
 /* The maintenance tick: closes connections past --header-timeout. */
 void kcd_http_sweep(kcd_state *st);
-/* Stops accepting; in-flight requests go on. */
+/* Serves no new connection (each is closed at once); in-flight requests
+ * and open connections go on. */
 void kcd_http_quiesce(kcd_state *st);
 void kcd_http_stop(kcd_state *st);
 /* 1 if this libmicrohttpd was built with TLS (GnuTLS). */

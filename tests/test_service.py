@@ -230,6 +230,8 @@ class GracefulShutdown(unittest.TestCase):
             time.sleep(0.3)
             with self.assertRaises(OSError):  # quiesced: no new client
                 socket.create_connection(("127.0.0.1", srv.port), 1).close()
+            with self.assertRaises(OSError):  # HTTP: closed unserved
+                call(srv, "GET", "/healthz")
             t.join(15)
             self.assertNotIn("error", got)
             self.assertIsNone(got["value"])  # the bucket lacks it: a miss
