@@ -350,13 +350,10 @@ static void test_lookup_split(void **state) {
                       "method=\"POST\",status=\"200\"}";
   double before = kc_testsrv_metric(&f->srv, posts);
   assert_int_equal(kc_client_lookup(c, ks, N, got, err), KC_OK);
-  /* two requests, one per half (none before: -1); the counter moves when
-   * kcached's send is done, which may come just after the answer did */
+  /* two requests, one per half (none before: -1) */
   before = before < 0 ? 0 : before;
-  for (int i = 0; i < 200 && kc_testsrv_metric(&f->srv, posts) - before < 2;
-       i++)
-    usleep(10 * 1000);
-  assert_true(kc_testsrv_metric(&f->srv, posts) - before == 2);
+  assert_true(kc_testsrv_metric_settle(&f->srv, posts, before + 2, 2000) ==
+              before + 2);
   for (size_t i = 0; i < N; i++) {
     if (i % 3) {
       assert_null(got[i]);
@@ -2544,12 +2541,14 @@ static void test_fetch_small_and_large(void **state) {
     assert_int_equal(entries_in(p), 3); /* "alpha" once */
     /* the two small blobs in one POST /v1/blobs/fetch, the large one (over
      * what is held in memory) with a GET */
-    assert_true(kc_testsrv_metric(&f->srv, "kcached_requests_total{route="
-                                  "\"blobs_fetch\",method=\"POST\","
-                                  "status=\"200\"}") == round + 1);
-    assert_true(kc_testsrv_metric(&f->srv, "kcached_requests_total{route="
-                                  "\"blobs\",method=\"GET\","
-                                  "status=\"200\"}") == round + 1);
+    const char *posts = "kcached_requests_total{route=\"blobs_fetch\","
+                        "method=\"POST\",status=\"200\"}";
+    const char *gets = "kcached_requests_total{route=\"blobs\","
+                       "method=\"GET\",status=\"200\"}";
+    assert_true(kc_testsrv_metric_settle(&f->srv, posts, round + 1, 2000) ==
+                round + 1);
+    assert_true(kc_testsrv_metric_settle(&f->srv, gets, round + 1, 2000) ==
+                round + 1);
     /* another process empties the cache under this handle */
     snprintf(p, sizeof p, "rm -rf '%s'/blobs/* '%s'/bundles/*", cache2,
              cache2);

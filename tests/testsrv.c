@@ -627,6 +627,17 @@ double kc_testsrv_metric(const kc_testsrv *t, const char *series) {
   return v;
 }
 
+double kc_testsrv_metric_settle(const kc_testsrv *t, const char *series,
+                                double want, long max_ms) {
+  long t0 = kc_testsrv_now_ms();
+  double v = kc_testsrv_metric(t, series);
+  while (v != want && kc_testsrv_now_ms() - t0 < max_ms) {
+    kc_testsrv_sleep_ms(10);
+    v = kc_testsrv_metric(t, series);
+  }
+  return v;
+}
+
 long kc_testsrv_drain(const kc_testsrv *t, long max_ms, double *depth) {
   long t0 = kc_testsrv_now_ms();
   double d = -1;
