@@ -640,7 +640,6 @@ kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
  * of a stopping kcached) that is a server not there, as a refusal is. */
 void kcd_http_quiesce(kcd_state *st) { atomic_store(&st->http_quiesced, 1); }
 
-
 void kcd_http_stop(kcd_state *st) {
   if (st->mhd)
     MHD_stop_daemon(st->mhd);
