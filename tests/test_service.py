@@ -166,7 +166,8 @@ class OpsMetric(ServerCase):
         self.assertEqual(self.settle((1, 0, 1)), (1, 0, 1))
         # an upload whose body has not all come is one more, until it ends
         d = hashlib.sha256(b"held").hexdigest()
-        s = socket.create_connection(("127.0.0.1", self.srv.http_port()))
+        s = socket.create_connection(("127.0.0.1", self.srv.http_port()),
+                                     timeout=10)
         try:
             s.sendall(b"PUT /v1/blobs/%s HTTP/1.1\r\nHost: x\r\n"
                       b"Content-Length: 4\r\n\r\nhe" % d.encode())

@@ -629,10 +629,11 @@ double kc_testsrv_metric(const kc_testsrv *t, const char *series) {
 
 double kc_testsrv_metric_settle(const kc_testsrv *t, const char *series,
                                 double want, long max_ms) {
-  long t0 = kc_testsrv_now_ms();
+  long t0 = kc_testsrv_now_ms(), nap = 10;
   double v = kc_testsrv_metric(t, series);
   while (v != want && kc_testsrv_now_ms() - t0 < max_ms) {
-    kc_testsrv_sleep_ms(10);
+    kc_testsrv_sleep_ms(nap);
+    nap = nap < 100 ? nap * 2 : 100; /* long waits: /metrics at 10 Hz */
     v = kc_testsrv_metric(t, series);
   }
   return v;
@@ -640,12 +641,9 @@ double kc_testsrv_metric_settle(const kc_testsrv *t, const char *series,
 
 long kc_testsrv_drain(const kc_testsrv *t, long max_ms, double *depth) {
   long t0 = kc_testsrv_now_ms();
-  double d = -1;
-  while (kc_testsrv_now_ms() - t0 < max_ms) {
-    if ((d = kc_testsrv_metric(t, "kcached_s3_queue_depth")) == 0)
-      return kc_testsrv_now_ms() - t0;
-    kc_testsrv_sleep_ms(100);
-  }
+  double d = kc_testsrv_metric_settle(t, "kcached_s3_queue_depth", 0, max_ms);
+  if (d == 0)
+    return kc_testsrv_now_ms() - t0;
   if (depth)
     *depth = d;
   return -1;

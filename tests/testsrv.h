@@ -157,7 +157,8 @@ int kc_testsrv_header(const kc_testsrv_resp *r, const char *name, char *out,
 /* A sample of t's /metrics: series is the name with its labels, exactly
  * as the server writes it. -1 when absent (or /metrics did not answer 200). */
 double kc_testsrv_metric(const kc_testsrv *t, const char *series);
-/* kc_testsrv_metric once it reads want, or after max_ms (the last sample).
+/* kc_testsrv_metric once it reads want, or after max_ms (the last sample;
+ * polled every 10 ms, backing off to 100 ms).
  * For what kcached counts when a request ends (kcached_requests_total,
  * bytes, durations): libmicrohttpd's completion callback, which can run
  * just after the client has read the whole answer. */
