@@ -139,6 +139,7 @@ typedef struct walk {
   char real_root[PATH_MAX]; /* realpath of the root */
   char bad[KC_ERRBUF_SIZE / 2]; /* refused names, "a -> /x, b (dangling)" */
   size_t n_bad;
+  int bad_cut; /* the list of names was cut short */
   int depth;
 } walk;
 
@@ -157,14 +158,19 @@ static kc_err add_path(walk *w, const char *full) {
   return e;
 }
 
-/* A name the bundle cannot take: kept for one error naming them all. */
+/* A name the bundle cannot take: kept for one error naming them all. The
+ * count stays exact; the list ends in "..." once it no longer fits. */
 static void refuse(walk *w, const char *full, const char *why,
                    const char *target) {
-  size_t n = strlen(w->bad);
-  if (n < sizeof w->bad - 1)
-    snprintf(w->bad + n, sizeof w->bad - n, "%s%s%s%s", w->n_bad ? ", " : "",
-             full + w->root_len + 1, why, target ? target : "");
-  w->n_bad++;
+  size_t n = strlen(w->bad), room = sizeof w->bad - n;
+  if (w->n_bad++ && w->bad_cut)
+    return;
+  int r = snprintf(w->bad + n, room, "%s%s%s%s", n ? ", " : "",
+                   full + w->root_len + 1, why, target ? target : "");
+  if (r < 0 || (size_t)r >= room) {
+    memcpy(w->bad + sizeof w->bad - 4, "...", 4);
+    w->bad_cut = 1;
+  }
 }
 
 /* realpath p inside the root (not the root itself)? */
