@@ -31,3 +31,10 @@ if(TARGET kcached)
            COMMAND ${KCACHE_PYTHON3} ${KCACHE_DEPLOY_TESTS}/notify_ready.py $<TARGET_FILE:kcached>)
   set_tests_properties(deploy_notify PROPERTIES TIMEOUT 120)
 endif()
+
+# The container built from an empty Debian 12 without Docker (debootstrap and
+# chroot: see container_chroot.py), started as its USER, and health-checked.
+add_test(NAME deploy_container_build
+         COMMAND ${KCACHE_PYTHON3} ${KCACHE_DEPLOY_TESTS}/container_chroot.py
+                 --root ${PROJECT_SOURCE_DIR})
+set_tests_properties(deploy_container_build PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 1500)

@@ -165,15 +165,20 @@ def dockerfile_instructions(text):
 
 
 class Dockerfile(unittest.TestCase):
-    def setUp(self):
-        self.ins = dockerfile_instructions(read("deploy", "container", "Dockerfile"))
-        self.stages, stage = [], None
-        for word, args in self.ins:
+    @staticmethod
+    def stages_of(text):
+        """[{"from": args, "ins": [(INSTRUCTION, args)]}] per FROM."""
+        stages, stage = [], None
+        for word, args in dockerfile_instructions(text):
             if word == "FROM":
                 stage = {"from": args, "ins": []}
-                self.stages.append(stage)
+                stages.append(stage)
             elif stage is not None:
                 stage["ins"].append((word, args))
+        return stages
+
+    def setUp(self):
+        self.stages = self.stages_of(read("deploy", "container", "Dockerfile"))
 
     def args(self, stage, word):
         return [a for w, a in stage["ins"] if w == word]
@@ -245,6 +250,99 @@ class Dockerfile(unittest.TestCase):
         self.assertIn("/healthz", hc)
         self.assertIn("curl -fsS", hc)
         self.assertTrue(any("kcached" in e for e in self.args(rt, "ENTRYPOINT")))
+
+
+# ---------------------------------------------------------------- build deps
+
+# find_package() names of the build and the Debian package that provides each;
+# pkg-config modules need no table: dpkg tells which package owns the .pc file.
+FIND_PACKAGE_DEBS = {"PkgConfig": "pkg-config", "Threads": "libc6-dev",
+                     "OpenSSL": "libssl-dev"}
+PKG_WORDS = {"REQUIRED", "QUIET", "IMPORTED_TARGET", "GLOBAL",
+             "NO_CMAKE_PATH", "NO_CMAKE_ENVIRONMENT_PATH"}
+
+
+def cmake_requirements():
+    """(pkg-config modules, find_package names) of the build the container and
+    the CI example run: every CMake file but the tests' (KCACHE_TESTS=OFF)."""
+    mods, found = set(), set()
+    for dirpath, dirs, files in os.walk(ROOT):
+        rel = os.path.relpath(dirpath, ROOT)
+        dirs[:] = [d for d in dirs if not d.startswith((".", "build"))
+                   and not (rel == "." and d in ("tests", "python"))]
+        for f in files:
+            if f != "CMakeLists.txt" and not f.endswith(".cmake"):
+                continue
+            text = re.sub(r"#[^\n]*", "", read(rel, f))
+            for m in re.finditer(r"pkg_check_modules\(([^)]*)\)", text):
+                mods |= {w for w in m.group(1).split()[1:] if w not in PKG_WORDS}
+            found |= set(re.findall(r"find_package\(\s*(\w+)", text))
+    return mods, found
+
+
+def run_out(argv):
+    import subprocess
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def deb_of_module(mod):
+    """The Debian package that owns pkg-config module mod's .pc file here."""
+    pcdir = run_out(["pkg-config", "--variable=pcfiledir", mod]).strip()
+    owner = run_out(["dpkg", "-S", os.path.join(pcdir, mod + ".pc")])
+    return owner.split(":")[0].strip()
+
+
+def runtime_debs(dev):
+    """The library packages a -dev package depends on (libzstd-dev: libzstd1)."""
+    deps = run_out(["dpkg-query", "-W", "-f=${Depends}", dev])
+    return {d.strip().split()[0].split(":")[0] for d in re.split(r"[,|]", deps)
+            if d.strip().startswith("lib") and not d.strip().split()[0].endswith("-dev")}
+
+
+class BuildDeps(unittest.TestCase):
+    """The container's and the CI example's package lists cover every
+    pkg_check_modules and find_package of the build (they once lacked
+    libzstd-dev and libexpat1-dev, and the container could not build)."""
+
+    def setUp(self):
+        import shutil
+        if not (shutil.which("dpkg") and shutil.which("pkg-config")):
+            if os.environ.get("CI") == "true":
+                self.fail("dpkg and pkg-config are needed to map modules to packages")
+            self.skipTest("not a Debian host with pkg-config")
+        mods, found = cmake_requirements()
+        self.assertIn("libzstd", mods)  # the scan itself works
+        unknown = found - set(FIND_PACKAGE_DEBS)
+        self.assertFalse(unknown, "add these find_package names to FIND_PACKAGE_DEBS: %s"
+                         % sorted(unknown))
+        self.devs = {deb_of_module(m) for m in mods}
+        self.devs |= {FIND_PACKAGE_DEBS[f] for f in found}
+        self.devs |= {"cmake", "gcc", "make"}
+
+    def test_container_build_stage(self):
+        stages = Dockerfile.stages_of(read("deploy", "container", "Dockerfile"))
+        words = " ".join(a for w, a in stages[0]["ins"] if w == "RUN").split()
+        self.assertFalse(self.devs - set(words),
+                         "the Dockerfile's build stage lacks %s" % sorted(self.devs - set(words)))
+
+    def test_container_runtime_stage(self):
+        stages = Dockerfile.stages_of(read("deploy", "container", "Dockerfile"))
+        words = set(" ".join(a for w, a in stages[1]["ins"] if w == "RUN").split())
+        for dev in sorted(self.devs):
+            libs = runtime_debs(dev) if dev.endswith("-dev") and dev != "libc6-dev" else set()
+            if libs:
+                self.assertTrue(libs & words, "the runtime stage lacks %s (for %s)"
+                                % (" or ".join(sorted(libs)), dev))
+
+    def test_ci_example(self):
+        wf = yaml.safe_load(read("deploy", "ci", "warmup.yml"))
+        for name, job in wf["jobs"].items():
+            runs = [s.get("run", "") for s in job["steps"]]
+            if not any(re.search(r"cmake -S", r) for r in runs):
+                continue
+            words = set(" ".join(r for r in runs if "apt-get install" in r).split())
+            self.assertFalse(self.devs - words, "job %s lacks %s"
+                             % (name, sorted(self.devs - words)))
 
 
 # ---------------------------------------------------------------- Kubernetes
