@@ -35,8 +35,11 @@ typedef struct kc_gpu_info {
   kc_gpu_device devices[16];
 } kc_gpu_info;
 
-/* Loads libcuda.so.1 with dlopen. No driver, or no device: KC_NO_DRIVER with
- * a sentence saying what was searched; never a crash. */
+/* Loads libcuda.so.1 with dlopen: $KCACHE_LIBCUDA (a path) alone when set,
+ * else the loader path, then /usr/local/nvidia/lib64,
+ * /usr/lib/{x86_64,aarch64}-linux-gnu, /usr/lib64 and /usr/lib/wsl/lib. No
+ * driver, or no device: KC_NO_DRIVER with a sentence saying what was
+ * searched; never a crash. */
 kc_err kc_gpu_detect(kc_gpu_info *out, char *err);
 /* The driver's version alone (cuDriverGetVersion: 13000 = 13.0), without
  * cuInit: cheap, and no device is touched. KC_NO_DRIVER without one. */
@@ -143,8 +146,10 @@ void kc_gpu_build_out_free(kc_gpu_build_out *out);
 
 /* ---- Load check ---- */
 
-/* cuModuleLoadData on device `ordinal` (in its primary context), then
- * cuModuleGetFunction for each entry. KC_NO_DRIVER without a driver, KC_GPU
+/* cuModuleLoadData on device `ordinal` (0 to 63) in its primary context,
+ * then cuModuleGetFunction for each entry. The primary context is retained
+ * on the first call and kept for the life of the process (creating it costs
+ * a real GPU hundreds of ms; the driver frees it at exit). KC_NO_DRIVER without a driver, KC_GPU
  * with the CUDA error otherwise. Any thread; the calling thread's current
  * context is restored. PTX need not end with a NUL. */
 kc_err kc_gpu_load_check(int ordinal, const void *code, size_t len,

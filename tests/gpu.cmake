@@ -41,3 +41,24 @@ if(EXISTS ${KC_CUDA_STUB})
   set_tests_properties(gpu_stub_driver PROPERTIES
     ENVIRONMENT "LD_LIBRARY_PATH=${KC_GPU_TEST_BIN}/stub-driver")
 endif()
+
+# A fake libcuda.so.1 (tests/gpu_fake_cuda.c): detection and the load check
+# past cuInit, and the primary context kept across load checks, without a GPU.
+add_library(gpu_fake_cuda MODULE ${CMAKE_CURRENT_LIST_DIR}/gpu_fake_cuda.c)
+set_target_properties(gpu_fake_cuda PROPERTIES
+  PREFIX "" OUTPUT_NAME libcuda SUFFIX ".so.1"
+  LIBRARY_OUTPUT_DIRECTORY ${KC_GPU_TEST_BIN}/fake-driver)
+add_dependencies(test_gpu gpu_fake_cuda)
+add_test(NAME gpu_fake_driver COMMAND test_gpu --fake-driver)
+set_tests_properties(gpu_fake_driver PROPERTIES
+  ENVIRONMENT "KCACHE_LIBCUDA=$<TARGET_FILE:gpu_fake_cuda>")
+
+# Compat on real silicon (scripts/gpu-check.sh): builds saxpy for a list of
+# targets, loads each on GPU 0, compares with kc_gpu_arch_runs_on, and runs
+# what loaded. Without a GPU only its rules row runs; the rest is SKIP.
+add_executable(gpu_launch_check ${CMAKE_CURRENT_LIST_DIR}/gpu_launch_check.c)
+target_link_libraries(gpu_launch_check PRIVATE kc_gpu)
+target_compile_definitions(gpu_launch_check PRIVATE
+  KC_GPU_KERNELS="${CMAKE_CURRENT_LIST_DIR}/kernels")
+add_test(NAME gpu_launch_check COMMAND gpu_launch_check)
+set_tests_properties(gpu_launch_check PROPERTIES TIMEOUT 300)
