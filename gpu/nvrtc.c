@@ -71,6 +71,32 @@ static kc_err bind_syms(kcg_nvrtc *api, char *err) {
   return KC_NO_NVRTC;
 }
 
+/* NVRTC dlopens its builtins by soname ("libnvrtc-builtins.so.13.0") when a
+ * program compiles, so a libnvrtc loaded by path from a directory that is not
+ * on the loader path (a PyPI wheel's nvidia/cu13/lib, a toolkit outside
+ * ld.so.conf) fails every compile with "failed to open
+ * libnvrtc-builtins.so.13.0". Loading the builtins from the directory the
+ * library came from first makes that dlopen find them by their soname. A
+ * failure here is left for NVRTC to report. */
+static void preload_builtins(const kcg_nvrtc *api) {
+  const char *slash = strrchr(api->path, '/');
+  int major = 0, minor = 0;
+  if (!slash || api->Version(&major, &minor) != KCG_NVRTC_SUCCESS)
+    return;
+  char path[600];
+  snprintf(path, sizeof path, "%.*s/libnvrtc-builtins.so.%d.%d",
+           (int)(slash - api->path), api->path, major, minor);
+  if (access(path, F_OK) == 0)
+    (void)dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+}
+
+static kc_err bind_and_preload(kcg_nvrtc *api, char *err) {
+  kc_err rc = bind_syms(api, err);
+  if (rc == KC_OK)
+    preload_builtins(api);
+  return rc;
+}
+
 /* RTLD_NODELETE: NVRTC is a C++ library with static state; unmapping it on
  * dlclose saves nothing (the next build maps it again) and tears down state
  * that its own threads or atexit handlers may still reach. */
@@ -112,7 +138,7 @@ static kc_err open_forced(kcg_nvrtc *api, const char *file, char *err) {
                    e ? e : "dlopen failed");
   }
   snprintf(api->path, sizeof api->path, "%s", file);
-  return bind_syms(api, err);
+  return bind_and_preload(api, err);
 }
 
 kc_err kcg_nvrtc_open(kcg_nvrtc *api, char *err) {
@@ -126,11 +152,11 @@ kc_err kcg_nvrtc_open(kcg_nvrtc *api, char *err) {
   if (home && *home) {
     snprintf(dir, sizeof dir, "%s/lib64", home);
     if (try_dir(api, dir, &s) == 0)
-      return bind_syms(api, err);
+      return bind_and_preload(api, err);
   }
   if ((!home || strcmp(home, "/usr/local/cuda") != 0) &&
       try_dir(api, "/usr/local/cuda/lib64", &s) == 0)
-    return bind_syms(api, err);
+    return bind_and_preload(api, err);
   for (size_t i = 0; i < N_FILES; i++)
     if (try_load(api, nvrtc_files[i], &s) == 0)
       return bind_syms(api, err);

@@ -20,14 +20,34 @@ target_compile_definitions(gpu_old_nvrtc PRIVATE FAKE_NO_CUBIN)
 set_target_properties(gpu_old_nvrtc PROPERTIES
   LIBRARY_OUTPUT_DIRECTORY ${KC_GPU_TEST_BIN})
 
+# A PyPI wheel's layout (nvidia/cu13/lib): an NVRTC that dlopens its
+# builtins by soname, and the builtins beside it, off the loader path.
+set(KC_WHEEL_LIB ${KC_GPU_TEST_BIN}/wheel/nvidia/cu13/lib)
+add_library(gpu_wheel_nvrtc MODULE ${CMAKE_CURRENT_LIST_DIR}/gpu_fake_nvrtc.c)
+target_compile_definitions(gpu_wheel_nvrtc PRIVATE FAKE_NEEDS_BUILTINS)
+target_link_libraries(gpu_wheel_nvrtc PRIVATE ${CMAKE_DL_LIBS})
+set_target_properties(gpu_wheel_nvrtc PROPERTIES
+  PREFIX "" OUTPUT_NAME libnvrtc SUFFIX ".so.13"
+  LIBRARY_OUTPUT_DIRECTORY ${KC_WHEEL_LIB})
+add_library(gpu_wheel_builtins MODULE
+  ${CMAKE_CURRENT_LIST_DIR}/gpu_fake_nvrtc.c)
+target_compile_definitions(gpu_wheel_builtins PRIVATE FAKE_BUILTINS_LIB)
+target_link_options(gpu_wheel_builtins PRIVATE
+  -Wl,-soname,libnvrtc-builtins.so.99.9)
+set_target_properties(gpu_wheel_builtins PROPERTIES
+  PREFIX "" OUTPUT_NAME libnvrtc-builtins SUFFIX ".so.99.9"
+  LIBRARY_OUTPUT_DIRECTORY ${KC_WHEEL_LIB})
+
 add_executable(test_gpu ${CMAKE_CURRENT_LIST_DIR}/test_gpu.c)
 target_link_libraries(test_gpu PRIVATE kc_gpu PkgConfig::CMOCKA Threads::Threads)
-add_dependencies(test_gpu gpu_fake_nvrtc gpu_old_nvrtc)
+add_dependencies(test_gpu gpu_fake_nvrtc gpu_old_nvrtc gpu_wheel_nvrtc
+  gpu_wheel_builtins)
 target_compile_definitions(test_gpu PRIVATE
   KC_GPU_KERNELS="${CMAKE_CURRENT_LIST_DIR}/kernels"
   KC_FAKE_CUDA_HOME="${KC_GPU_TEST_BIN}/fake-cuda"
   KC_FAKE_NVRTC="$<TARGET_FILE:gpu_fake_nvrtc>"
-  KC_OLD_NVRTC="$<TARGET_FILE:gpu_old_nvrtc>")
+  KC_OLD_NVRTC="$<TARGET_FILE:gpu_old_nvrtc>"
+  KC_WHEEL_NVRTC="$<TARGET_FILE:gpu_wheel_nvrtc>")
 add_test(NAME gpu COMMAND test_gpu)
 # The timeout test waits 1 s; the first NVRTC load reads ~100 MB from disk.
 set_tests_properties(gpu PROPERTIES TIMEOUT 300)

@@ -46,6 +46,7 @@ static const char *test_path(const char *env, const char *built) {
 #define FAKE_NVRTC test_path("KC_TEST_FAKE_NVRTC", KC_FAKE_NVRTC)
 #define OLD_NVRTC test_path("KC_TEST_OLD_NVRTC", KC_OLD_NVRTC)
 #define FAKE_CUDA_HOME test_path("KC_TEST_FAKE_CUDA_HOME", KC_FAKE_CUDA_HOME)
+#define WHEEL_NVRTC test_path("KC_TEST_WHEEL_NVRTC", KC_WHEEL_NVRTC)
 
 static char *kernel_source(const char *file) {
   char path[512], err[KC_ERRBUF_SIZE] = "", *src = NULL;
@@ -824,6 +825,20 @@ static void test_nvrtc_too_old(void **state) {
   assert_contains(err, "nvrtcGetCUBIN");
 }
 
+/* An NVRTC loaded by path from a directory off the loader path (a PyPI
+ * wheel's nvidia/cu13/lib) finds the builtins it dlopens by soname. */
+static void test_nvrtc_builtins_beside(void **state) {
+  (void)state;
+  setenv("KCACHE_NVRTC", WHEEL_NVRTC, 1);
+  kc_gpu_build_req req = {.name = "k.cu", .source = "x", .arch = "sm_90"};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err rc = kc_gpu_build(&req, &out, err);
+  if (rc != KC_OK)
+    fail_msg("%s: %s", kc_err_name(rc), err);
+  kc_gpu_build_out_free(&out);
+}
+
 static void test_nvrtc_cuda_home(void **state) {
   (void)state;
   unsetenv("KCACHE_NVRTC");
@@ -1351,6 +1366,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_nvrtc_meta_fallback, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_too_old, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_builtins_beside, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_cuda_home, env_setup,
                                       env_teardown),
