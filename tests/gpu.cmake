@@ -82,3 +82,13 @@ target_compile_definitions(gpu_launch_check PRIVATE
   KC_GPU_KERNELS="${CMAKE_CURRENT_LIST_DIR}/kernels")
 add_test(NAME gpu_launch_check COMMAND gpu_launch_check)
 set_tests_properties(gpu_launch_check PROPERTIES TIMEOUT 300)
+
+# scripts/gpu-check.sh in its no-GPU mode: packs a carry from this build
+# tree (no rebuild) and runs it; the GPU rows SKIP, the rest must not FAIL.
+add_test(NAME gpu_check_script
+  COMMAND ${CMAKE_COMMAND} -E env KC_GPU_CHECK_NO_BUILD=1 KC_GPU_CHECK_NO_WHEEL=1
+    KC_GPU_CHECK_BUILD=${CMAKE_BINARY_DIR}
+    KC_GPU_CARRY=${CMAKE_BINARY_DIR}/gpucarry-test KC_GPU_CHECK_BUDGET=120
+    sh -c "${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh pack && ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh run")
+set_tests_properties(gpu_check_script PROPERTIES TIMEOUT 180
+  DEPENDS "gpu;gpu_launch_check")
