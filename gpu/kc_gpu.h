@@ -90,13 +90,17 @@ size_t kc_gpu_compat_archs(int cc_major, int cc_minor, int ptx_isa,
 /* ---- NVRTC ---- */
 
 /* NVRTC's version ("13.0") via dlopen. Search order: $KCACHE_NVRTC, then
- * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the loader path. KC_NO_NVRTC
- * names every place searched. out must hold 16 bytes. */
+ * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then PyPI's nvidia-cuda-nvrtc in
+ * $VIRTUAL_ENV or $CONDA_PREFIX (lib/python3.N/site-packages/nvidia/cu13/lib
+ * or nvidia/cuda_nvrtc/lib), then the loader path. A library loaded by path
+ * gets the libnvrtc-builtins beside it preloaded (NVRTC opens them by
+ * soname). KC_NO_NVRTC names every place searched. out must hold 16
+ * bytes. */
 kc_err kc_gpu_nvrtc_version(char out[16], char *err);
 /* The same without loading a 100 MB library when it can (about 40 ms of
  * every warmup that builds nothing), for computing keys. The file the search
- * tries first ($KCACHE_NVRTC, else $CUDA_HOME/lib64 or /usr/local/cuda/lib64;
- * symlinks resolved) is asked, in this order:
+ * tries first ($KCACHE_NVRTC, else $CUDA_HOME/lib64, /usr/local/cuda/lib64
+ * or an environment's wheel; symlinks resolved) is asked, in this order:
  *  1. its name, when NVIDIA named it libnvrtc.so.MAJOR.MINOR.PATCH;
  *  2. the answer remembered in cache_file (NULL: none) under that file's
  *     identity (path, device, inode, size, mtime);

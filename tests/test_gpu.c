@@ -79,7 +79,7 @@ static void need_nvrtc(void) {
 
 /* Environment changes that the next test must not inherit. */
 typedef struct env_save {
-  char *nvrtc, *cuda_home;
+  char *nvrtc, *cuda_home, *venv, *conda;
 } env_save;
 
 static char *dup_env(const char *name) {
@@ -98,6 +98,8 @@ static int env_setup(void **state) {
   env_save *s = calloc(1, sizeof *s);
   s->nvrtc = dup_env("KCACHE_NVRTC");
   s->cuda_home = dup_env("CUDA_HOME");
+  s->venv = dup_env("VIRTUAL_ENV");
+  s->conda = dup_env("CONDA_PREFIX");
   *state = s;
   return 0;
 }
@@ -106,8 +108,12 @@ static int env_teardown(void **state) {
   env_save *s = *state;
   put_env("KCACHE_NVRTC", s->nvrtc);
   put_env("CUDA_HOME", s->cuda_home);
+  put_env("VIRTUAL_ENV", s->venv);
+  put_env("CONDA_PREFIX", s->conda);
   free(s->nvrtc);
   free(s->cuda_home);
+  free(s->venv);
+  free(s->conda);
   free(s);
   return 0;
 }
@@ -817,6 +823,45 @@ static void test_nvrtc_meta_fallback(void **state) {
   tree_free(&t);
 }
 
+/* PyPI's nvidia-cuda-nvrtc in the active environment is found after the
+ * toolkit: $VIRTUAL_ENV/lib/python3.N/site-packages/nvidia/cu13/lib. */
+static void test_nvrtc_wheel_env(void **state) {
+  (void)state;
+  fake_tree t;
+  char lib[512], v[16], err[KC_ERRBUF_SIZE] = "";
+  tree_init(&t);
+  copy_file(FAKE_NVRTC,
+            tree_path(&t, "lib/python3.12/site-packages/nvidia/cu13/lib/"
+                          "libnvrtc.so.13", lib));
+  unsetenv("KCACHE_NVRTC");
+  unsetenv("CONDA_PREFIX");
+  setenv("CUDA_HOME", "/nonexistent/kcache-cuda", 1);
+  setenv("VIRTUAL_ENV", t.root, 1);
+  kc_err rc = kc_gpu_nvrtc_version(v, err);
+  int has_toolkit = access("/usr/local/cuda/lib64/libnvrtc.so", F_OK) == 0 ||
+                    access("/usr/local/cuda/lib64/libnvrtc.so.13", F_OK) == 0 ||
+                    access("/usr/local/cuda/lib64/libnvrtc.so.12", F_OK) == 0;
+  if (!has_toolkit) { /* nothing before the wheel: it is what loads */
+    assert_int_equal(rc, KC_OK);
+    assert_string_equal(v, "99.9");
+    setenv("CONDA_PREFIX", t.root, 1); /* conda's prefix alike */
+    assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_OK);
+    assert_string_equal(v, "99.9");
+    assert_int_equal(kc_gpu_nvrtc_version_cached(NULL, v, err), KC_OK);
+    assert_string_equal(v, "99.9");
+    unsetenv("CONDA_PREFIX");
+    setenv("VIRTUAL_ENV", "/nonexistent/kcache-venv", 1);
+    if (kc_gpu_nvrtc_version(v, err) == KC_OK) /* one loaded before */
+      assert_string_not_equal(v, "99.9");
+    else /* the message names the environment's place */
+      assert_contains(err,
+                      "/nonexistent/kcache-venv/lib/python3*/site-packages");
+  } else {
+    print_message("  a toolkit NVRTC comes before the wheel here\n");
+  }
+  tree_free(&t);
+}
+
 static void test_nvrtc_too_old(void **state) {
   (void)state;
   setenv("KCACHE_NVRTC", OLD_NVRTC, 1);
@@ -1364,6 +1409,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_nvrtc_meta_dist_info, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_meta_fallback, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_wheel_env, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_too_old, env_setup,
                                       env_teardown),
