@@ -472,6 +472,10 @@ check_torch() {
     add_row "torch.compile through kcached" SKIP "the Python package (python/kcache) was not packed"
     return 0
   fi
+  if [ ! -f "$carry/lib/libkcache.so" ]; then
+    add_row "torch.compile through kcached" SKIP "libkcache.so was not packed (this tree has no kcache_shared target)"
+    return 0
+  fi
   # redis-py from the carried wheel (nothing can be fetched there)
   local whl pyp="$carry/python"
   whl=$(ls "$carry"/whl/redis-*.whl 2>/dev/null | head -1)
@@ -492,7 +496,7 @@ check_torch() {
   PYTHONPATH="$pyp${PYTHONPATH:+:$PYTHONPATH}" KCACHE_LIB="$carry/lib/libkcache.so" \
   LD_LIBRARY_PATH="$tmp/libmin${orig_ld:+:$orig_ld}" PYTHONUNBUFFERED=1 \
     stepo "$tmp/torch.out" "$lim" python3 "$script" --url "$KCACHE_URL" \
-      --resp "$resp_addr" --device cuda --runs 3 || rc=$?
+      --resp "redis://$resp_addr" --device cuda --runs 3 || rc=$?
   cat "$tmp/torch.out" >>"$logf"
   local n
   n=$(grep -c $'^ROW\t' "$tmp/torch.out")
