@@ -173,7 +173,12 @@ cleanup() {
     kill "$kcached_pid" 2>/dev/null
     wait "$kcached_pid" 2>/dev/null
   fi
-  rm -rf "${tmp:?}/data" "$tmp"/kc-* "$tmp/site"
+  # the log stays in $tmp only when it is there (no $OUT)
+  if [ -n "${OUT:-}" ]; then
+    rm -rf "${tmp:?}"
+  else
+    rm -rf "${tmp:?}/data" "$tmp"/kc-* "$tmp/site" "$tmp/libmin"
+  fi
 }
 
 # ---- run: the checks ----
@@ -512,6 +517,7 @@ run() {
   budget=${KC_GPU_CHECK_BUDGET:-450}
   t_start=$(now_ms)
   tmp=$(mktemp -d /tmp/gpu-check.XXXXXX)
+  [ -z "${OUT:-}" ] || mkdir -p "$OUT" || die "cannot make \$OUT=$OUT"
   logf=${OUT:+$OUT/gpu-check.log}
   logf=${logf:-$tmp/gpu-check.log}
   : >"$logf"

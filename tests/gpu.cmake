@@ -89,6 +89,7 @@ add_test(NAME gpu_check_script
   COMMAND ${CMAKE_COMMAND} -E env KC_GPU_CHECK_NO_BUILD=1 KC_GPU_CHECK_NO_WHEEL=1
     KC_GPU_CHECK_BUILD=${CMAKE_BINARY_DIR}
     KC_GPU_CARRY=${CMAKE_BINARY_DIR}/gpucarry-test KC_GPU_CHECK_BUDGET=120
+    OUT=${CMAKE_BINARY_DIR}/gpucarry-test-out
     sh -c "${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh pack && ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh run")
 set_tests_properties(gpu_check_script PROPERTIES TIMEOUT 180
   DEPENDS "gpu;gpu_launch_check")
