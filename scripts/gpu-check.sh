@@ -247,8 +247,11 @@ find_nvrtc() {
     nvrtc_where="KCACHE_NVRTC=$KCACHE_NVRTC"
     return 0
   fi
-  for f in "$home"/lib64/libnvrtc.so "$home"/lib64/libnvrtc.so.1[0-9]; do
-    [ -e "$f" ] && { nvrtc_where=$f; return 0; }
+  for f in "$home"/lib64/libnvrtc.so "$home"/lib64/libnvrtc.so.1[0-9] \
+           /usr/local/cuda/lib64/libnvrtc.so \
+           "${VIRTUAL_ENV:-/nonexistent}"/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 \
+           "${CONDA_PREFIX:-/nonexistent}"/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13; do
+    [ -e "$f" ] && { nvrtc_where=$f; return 0; } # where kcache looks itself
   done
   f=$(python3 - 2>/dev/null <<'EOF'
 import glob, os, site, sys
@@ -283,12 +286,13 @@ check_gpu_tests() {
   KC_TEST_WHEEL_NVRTC="$k/wheel/nvidia/cu13/lib/libnvrtc.so.13" \
     stepall "$tmp/test_gpu.out" "$(limit 200)" "$carry/bin/test_gpu" || rc=$?
   cat "$tmp/test_gpu.out" >>"$logf"
-  local passed skipped failed dev loads
+  local passed skipped failed dev loads refused
   passed=$(grep -c '^\[       OK \] test_' "$tmp/test_gpu.out")
   skipped=$(grep '^\[  SKIPPED \] test_' "$tmp/test_gpu.out" | sort -u | wc -l)
   failed=$(grep '^\[  FAILED  \] test_' "$tmp/test_gpu.out" | awk '{print $4}' | sort -u | tr '\n' ' ')
   dev=$(grep -m1 '^  GPU 0: ' "$tmp/test_gpu.out" | sed 's/^  //')
   loads=$(grep -c '^  load .*: KC_OK' "$tmp/test_gpu.out")
+  refused=$(grep -c '^  load .*: KC_GPU' "$tmp/test_gpu.out")
   gpu_name=$(sed -n 's/^  GPU 0: \([^,]*\), .*/\1/p' "$tmp/test_gpu.out" | head -1)
   if [ -n "$dev" ]; then
     have_gpu=1
@@ -306,7 +310,7 @@ check_gpu_tests() {
     if grep -q 'SKIPPED \] test_load_check_gpu' "$tmp/test_gpu.out"; then
       add_row "gpu/ tests, real driver (test_gpu)" FAIL "$dev; the load check was skipped (no NVRTC?); $passed passed, $skipped skipped"
     else
-      add_row "gpu/ tests, real driver (test_gpu)" PASS "$dev; $passed passed, $skipped skipped; cuModuleLoadData: $loads targets loaded as kc_gpu_arch_runs_on predicts"
+      add_row "gpu/ tests, real driver (test_gpu)" PASS "$dev; $passed passed, $skipped skipped; cuModuleLoadData: $loads targets loaded and $refused refused, each as kc_gpu_arch_runs_on predicts"
     fi
   else
     add_row "gpu/ tests, real driver (test_gpu)" SKIP "no GPU ($(grep -m1 -o 'no CUDA driver ([^:;]*' "$tmp/test_gpu.out" | sed 's/ (/: /')); $passed passed, $skipped skipped; with the fake driver (test_gpu --fake-driver) detection and the load check pass"
@@ -379,7 +383,7 @@ check_verify() {
   if [ "$have_gpu" != 1 ]; then
     local rc=0
     KCACHE_DIR=$tmp/kc-verify stepo "$tmp/verify.out" 30 "$KC" verify "$(manifest)" || rc=$?
-    add_row "kcache verify: every demo cubin loads" SKIP "no GPU: exit $rc, $(grep -m1 -o 'no CUDA driver[^(]*' "$logf" | head -1 || true)"
+    add_row "kcache verify: every demo cubin loads" SKIP "no GPU: kcache verify exits $rc ($(grep -m1 -o 'no CUDA driver' "$tmp/verify.out" "$logf" | head -1 | sed 's/.*://'))"
     return 0
   fi
   local rc=0 t0
