@@ -101,6 +101,8 @@ pack() {
   files=$(find "$carry" -type f | wc -l)
   echo "gpu-check: packed $carry: $files files, $((bytes / 1024)) KiB ($(ls "$carry/lib" | wc -l) libraries)"
   [ "$bytes" -lt $((60 << 20)) ] || die "the carry is over 60 MiB"
+  echo "gpu-check: on the GPU machine, from the repo root, with $(basename "$carry") carried:" \
+    "scripts/gpu-check.sh run   (about 1-2 min plus the torch rows; budget ${KC_GPU_CHECK_BUDGET:-450} s)"
 }
 
 # ---- run: the table ----
