@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include "gpu_internal.h"
 
@@ -35,7 +37,6 @@ typedef struct cu_api {
   CUresult (*DeviceGetUuid)(CUuuid *uuid, CUdevice dev);
   CUresult (*DeviceTotalMem)(size_t *bytes, CUdevice dev);
   CUresult (*PrimaryCtxRetain)(CUcontext *ctx, CUdevice dev);
-  CUresult (*PrimaryCtxRelease)(CUdevice dev);
   CUresult (*CtxGetCurrent)(CUcontext *ctx);
   CUresult (*CtxSetCurrent)(CUcontext ctx);
   CUresult (*ModuleLoadData)(CUmodule *mod, const void *image);
@@ -46,17 +47,61 @@ typedef struct cu_api {
   CUresult (*GetErrorString)(CUresult r, const char **s);
 } cu_api;
 
+/* Where the driver is looked for when $KCACHE_LIBCUDA does not name it:
+ * the loader path first (LD_LIBRARY_PATH, ld.so.cache), then the places
+ * drivers are installed that a container or a scrubbed environment often
+ * leaves off it: the NVIDIA container runtime's /usr/local/nvidia/lib64,
+ * the distributions' library directories, WSL's. Never the toolkit's
+ * stubs/ directory: that libcuda only answers CUDA_ERROR_STUB_LIBRARY. */
+static const char *const cuda_dirs[] = {
+    "/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib/wsl/lib"};
+#define N_CUDA_DIRS (sizeof cuda_dirs / sizeof *cuda_dirs)
+
 /* RTLD_NODELETE: after cuInit the driver runs threads inside libcuda;
  * unmapping it on dlclose would pull the code out from under them. The
  * driver stays loaded for the life of the process, as in any CUDA program. */
+#define CUDA_DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+
+/* dlopen of the driver; on failure, err says every place searched and the
+ * loader's first complaint. */
+static void *cu_dlopen(char *err) {
+  const char *forced = getenv("KCACHE_LIBCUDA");
+  if (forced && *forced) { /* that driver or none: no silent fallback */
+    void *lib = dlopen(forced, CUDA_DLOPEN_FLAGS);
+    const char *e = lib ? NULL : dlerror();
+    if (!lib)
+      kc_errf(err, KC_NO_DRIVER, "no CUDA driver (KCACHE_LIBCUDA=%s: %s)",
+              forced, e ? e : "dlopen failed");
+    return lib;
+  }
+  void *lib = dlopen("libcuda.so.1", CUDA_DLOPEN_FLAGS);
+  if (lib)
+    return lib;
+  const char *e = dlerror();
+  char first[300], path[300];
+  snprintf(first, sizeof first, "%s", e ? e : "dlopen failed");
+  for (size_t i = 0; i < N_CUDA_DIRS; i++) {
+    snprintf(path, sizeof path, "%s/libcuda.so.1", cuda_dirs[i]);
+    if (access(path, F_OK) == 0 && (lib = dlopen(path, CUDA_DLOPEN_FLAGS)))
+      return lib;
+  }
+  char dirs[400] = "";
+  for (size_t i = 0, used = 0; i < N_CUDA_DIRS; i++) {
+    snprintf(dirs + used, sizeof dirs - used, "%s%s", i ? ", " : "",
+             cuda_dirs[i]);
+    used = strlen(dirs);
+  }
+  kc_errf(err, KC_NO_DRIVER, "no CUDA driver (libcuda.so.1 not on the loader "
+          "path: %s; nor in %s; set KCACHE_LIBCUDA)", first, dirs);
+  return NULL;
+}
+
 static kc_err cu_open(cu_api *api, char *err) {
   memset(api, 0, sizeof *api);
-  api->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (!api->lib) {
-    const char *e = dlerror();
-    return kc_errf(err, KC_NO_DRIVER, "no CUDA driver (dlopen libcuda.so.1: "
-                   "%s)", e ? e : "unknown error");
-  }
+  api->lib = cu_dlopen(err);
+  if (!api->lib)
+    return KC_NO_DRIVER;
   const kcg_sym syms[] = {
       {"cuInit", &api->Init, 0},
       {"cuDriverGetVersion", &api->DriverGetVersion, 0},
@@ -68,7 +113,6 @@ static kc_err cu_open(cu_api *api, char *err) {
       {"cuDeviceGetUuid", &api->DeviceGetUuid, 1},
       {"cuDeviceTotalMem_v2", &api->DeviceTotalMem, 0},
       {"cuDevicePrimaryCtxRetain", &api->PrimaryCtxRetain, 0},
-      {"cuDevicePrimaryCtxRelease_v2", &api->PrimaryCtxRelease, 0},
       {"cuCtxGetCurrent", &api->CtxGetCurrent, 0},
       {"cuCtxSetCurrent", &api->CtxSetCurrent, 0},
       {"cuModuleLoadData", &api->ModuleLoadData, 0},
@@ -255,8 +299,29 @@ static kc_err load_entries(const cu_api *api, const void *image,
   return rc;
 }
 
-/* The primary context is the one the runtime API and every framework share;
- * the calling thread's current context is put back afterwards. */
+/* The primary context is the one the runtime API and every framework share.
+ * It is retained once per device and kept for the life of the process:
+ * releasing the last reference destroys it, and creating it again costs a
+ * real GPU hundreds of milliseconds (`kcache verify` loads dozens of files
+ * one by one). The driver frees it at exit, as in any CUDA program. */
+#define KEPT_MAX 64
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext kept_ctx[KEPT_MAX];
+
+/* ordinal is in [0, KEPT_MAX) (kc_gpu_load_check checks). */
+static CUresult primary_ctx(const cu_api *api, int ordinal, CUdevice dev,
+                            CUcontext *ctx) {
+  CUresult r = CU_SUCCESS;
+  pthread_mutex_lock(&kept_mu);
+  if (kept_ctx[ordinal])
+    *ctx = kept_ctx[ordinal];
+  else if ((r = api->PrimaryCtxRetain(ctx, dev)) == CU_SUCCESS)
+    kept_ctx[ordinal] = *ctx;
+  pthread_mutex_unlock(&kept_mu);
+  return r;
+}
+
+/* The calling thread's current context is put back afterwards. */
 static kc_err check_on_device(const cu_api *api, int ordinal, const void *image,
                               const char *const *entries, size_t n,
                               char *err) {
@@ -267,7 +332,7 @@ static kc_err check_on_device(const cu_api *api, int ordinal, const void *image,
   CUcontext ctx = NULL, prev = NULL;
   if ((r = api->DeviceGet(&dev, ordinal)) != CU_SUCCESS)
     return cu_fail(api, KC_GPU, "cuDeviceGet", r, err);
-  if ((r = api->PrimaryCtxRetain(&ctx, dev)) != CU_SUCCESS)
+  if ((r = primary_ctx(api, ordinal, dev, &ctx)) != CU_SUCCESS)
     return cu_fail(api, KC_GPU, "cuDevicePrimaryCtxRetain", r, err);
   kc_err rc = KC_OK;
   if (api->CtxGetCurrent(&prev) != CU_SUCCESS)
@@ -277,7 +342,6 @@ static kc_err check_on_device(const cu_api *api, int ordinal, const void *image,
   else
     rc = load_entries(api, image, entries, n, err);
   api->CtxSetCurrent(prev);
-  api->PrimaryCtxRelease(dev);
   return rc;
 }
 
@@ -286,6 +350,9 @@ kc_err kc_gpu_load_check(int ordinal, const void *code, size_t len,
                          char *err) {
   if (!code || len == 0 || (n_entries > 0 && !entries))
     return kc_errf(err, KC_EINVAL, "load check: no code or no entries");
+  if (ordinal < 0 || ordinal >= KEPT_MAX)
+    return kc_errf(err, KC_EINVAL, "load check: device %d out of range",
+                   ordinal);
   for (size_t i = 0; i < n_entries; i++)
     if (!entries[i] || !entries[i][0])
       return kc_errf(err, KC_EINVAL, "load check: entries[%zu] is empty", i);

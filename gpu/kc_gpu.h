@@ -35,8 +35,11 @@ typedef struct kc_gpu_info {
   kc_gpu_device devices[16];
 } kc_gpu_info;
 
-/* Loads libcuda.so.1 with dlopen. No driver, or no device: KC_NO_DRIVER with
- * a sentence saying what was searched; never a crash. */
+/* Loads libcuda.so.1 with dlopen: $KCACHE_LIBCUDA (a path) alone when set,
+ * else the loader path, then /usr/local/nvidia/lib64,
+ * /usr/lib/{x86_64,aarch64}-linux-gnu, /usr/lib64 and /usr/lib/wsl/lib. No
+ * driver, or no device: KC_NO_DRIVER with a sentence saying what was
+ * searched; never a crash. */
 kc_err kc_gpu_detect(kc_gpu_info *out, char *err);
 /* The driver's version alone (cuDriverGetVersion: 13000 = 13.0), without
  * cuInit: cheap, and no device is touched. KC_NO_DRIVER without one. */
@@ -87,13 +90,17 @@ size_t kc_gpu_compat_archs(int cc_major, int cc_minor, int ptx_isa,
 /* ---- NVRTC ---- */
 
 /* NVRTC's version ("13.0") via dlopen. Search order: $KCACHE_NVRTC, then
- * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then the loader path. KC_NO_NVRTC
- * names every place searched. out must hold 16 bytes. */
+ * $CUDA_HOME/lib64, /usr/local/cuda/lib64, then PyPI's nvidia-cuda-nvrtc in
+ * $VIRTUAL_ENV or $CONDA_PREFIX (lib/python3.N/site-packages/nvidia/cu13/lib
+ * or nvidia/cuda_nvrtc/lib), then the loader path. A library loaded by path
+ * gets the libnvrtc-builtins beside it preloaded (NVRTC opens them by
+ * soname). KC_NO_NVRTC names every place searched. out must hold 16
+ * bytes. */
 kc_err kc_gpu_nvrtc_version(char out[16], char *err);
 /* The same without loading a 100 MB library when it can (about 40 ms of
  * every warmup that builds nothing), for computing keys. The file the search
- * tries first ($KCACHE_NVRTC, else $CUDA_HOME/lib64 or /usr/local/cuda/lib64;
- * symlinks resolved) is asked, in this order:
+ * tries first ($KCACHE_NVRTC, else $CUDA_HOME/lib64, /usr/local/cuda/lib64
+ * or an environment's wheel; symlinks resolved) is asked, in this order:
  *  1. its name, when NVIDIA named it libnvrtc.so.MAJOR.MINOR.PATCH;
  *  2. the answer remembered in cache_file (NULL: none) under that file's
  *     identity (path, device, inode, size, mtime);
@@ -143,8 +150,10 @@ void kc_gpu_build_out_free(kc_gpu_build_out *out);
 
 /* ---- Load check ---- */
 
-/* cuModuleLoadData on device `ordinal` (in its primary context), then
- * cuModuleGetFunction for each entry. KC_NO_DRIVER without a driver, KC_GPU
+/* cuModuleLoadData on device `ordinal` (0 to 63) in its primary context,
+ * then cuModuleGetFunction for each entry. The primary context is retained
+ * on the first call and kept for the life of the process (creating it costs
+ * a real GPU hundreds of ms; the driver frees it at exit). KC_NO_DRIVER without a driver, KC_GPU
  * with the CUDA error otherwise. Any thread; the calling thread's current
  * context is restored. PTX need not end with a NUL. */
 kc_err kc_gpu_load_check(int ordinal, const void *code, size_t len,

@@ -1,6 +1,7 @@
 /* nvrtc.c: finding and loading libnvrtc with dlopen, its version, and one
  * compile in the calling process (kc_gpu_build runs that in a child). */
 #include <dlfcn.h>
+#include <glob.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <sys/stat.h>
@@ -71,6 +72,32 @@ static kc_err bind_syms(kcg_nvrtc *api, char *err) {
   return KC_NO_NVRTC;
 }
 
+/* NVRTC dlopens its builtins by soname ("libnvrtc-builtins.so.13.0") when a
+ * program compiles, so a libnvrtc loaded by path from a directory that is not
+ * on the loader path (a PyPI wheel's nvidia/cu13/lib, a toolkit outside
+ * ld.so.conf) fails every compile with "failed to open
+ * libnvrtc-builtins.so.13.0". Loading the builtins from the directory the
+ * library came from first makes that dlopen find them by their soname. A
+ * failure here is left for NVRTC to report. */
+static void preload_builtins(const kcg_nvrtc *api) {
+  const char *slash = strrchr(api->path, '/');
+  int major = 0, minor = 0;
+  if (!slash || api->Version(&major, &minor) != KCG_NVRTC_SUCCESS)
+    return;
+  char path[600];
+  snprintf(path, sizeof path, "%.*s/libnvrtc-builtins.so.%d.%d",
+           (int)(slash - api->path), api->path, major, minor);
+  if (access(path, F_OK) == 0)
+    (void)dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+}
+
+static kc_err bind_and_preload(kcg_nvrtc *api, char *err) {
+  kc_err rc = bind_syms(api, err);
+  if (rc == KC_OK)
+    preload_builtins(api);
+  return rc;
+}
+
 /* RTLD_NODELETE: NVRTC is a C++ library with static state; unmapping it on
  * dlclose saves nothing (the next build maps it again) and tears down state
  * that its own threads or atexit handlers may still reach. */
@@ -112,7 +139,55 @@ static kc_err open_forced(kcg_nvrtc *api, const char *file, char *err) {
                    e ? e : "dlopen failed");
   }
   snprintf(api->path, sizeof api->path, "%s", file);
-  return bind_syms(api, err);
+  return bind_and_preload(api, err);
+}
+
+/* PyPI's nvidia-cuda-nvrtc in the active Python environment: its library
+ * sits in site-packages/nvidia/cu13/lib (13.x) or nvidia/cuda_nvrtc/lib
+ * (12.x) of $VIRTUAL_ENV or $CONDA_PREFIX, and torch's CUDA wheels depend on
+ * it, so a torch environment has an NVRTC even without a toolkit. */
+static const char *const env_roots[] = {"VIRTUAL_ENV", "CONDA_PREFIX"};
+static const char *const wheel_globs[] = {
+    "lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13",
+    "lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"};
+#define WHEEL_PLACE "lib/python3*/site-packages/nvidia/{cu13,cuda_nvrtc}/lib"
+
+/* The n-th wheel library that exists (any Python 3 version), in out. */
+static int wheel_file(size_t n, char out[512]) {
+  size_t seen = 0;
+  for (size_t r = 0; r < sizeof env_roots / sizeof *env_roots; r++) {
+    const char *root = getenv(env_roots[r]);
+    for (size_t g = 0; root && *root && g < 2; g++) {
+      char pat[700];
+      glob_t gl;
+      snprintf(pat, sizeof pat, "%s/%s", root, wheel_globs[g]);
+      if (glob(pat, 0, NULL, &gl) != 0)
+        continue;
+      for (size_t i = gl.gl_pathc; i-- > 0;)
+        if (seen++ == n && strlen(gl.gl_pathv[i]) < 512) {
+          snprintf(out, 512, "%s", gl.gl_pathv[i]);
+          globfree(&gl);
+          return 0;
+        }
+      globfree(&gl);
+    }
+  }
+  return -1;
+}
+
+static int try_wheels(kcg_nvrtc *api, search_log *s) {
+  char file[512], place[600];
+  for (size_t n = 0; wheel_file(n, file) == 0; n++)
+    if (try_load(api, file, s) == 0)
+      return 0;
+  for (size_t r = 0; r < sizeof env_roots / sizeof *env_roots; r++) {
+    const char *root = getenv(env_roots[r]);
+    if (root && *root) {
+      snprintf(place, sizeof place, "%s/" WHEEL_PLACE, root);
+      add_place(s, place);
+    }
+  }
+  return -1;
 }
 
 kc_err kcg_nvrtc_open(kcg_nvrtc *api, char *err) {
@@ -126,11 +201,13 @@ kc_err kcg_nvrtc_open(kcg_nvrtc *api, char *err) {
   if (home && *home) {
     snprintf(dir, sizeof dir, "%s/lib64", home);
     if (try_dir(api, dir, &s) == 0)
-      return bind_syms(api, err);
+      return bind_and_preload(api, err);
   }
   if ((!home || strcmp(home, "/usr/local/cuda") != 0) &&
       try_dir(api, "/usr/local/cuda/lib64", &s) == 0)
-    return bind_syms(api, err);
+    return bind_and_preload(api, err);
+  if (try_wheels(api, &s) == 0)
+    return bind_and_preload(api, err);
   for (size_t i = 0; i < N_FILES; i++)
     if (try_load(api, nvrtc_files[i], &s) == 0)
       return bind_syms(api, err);
@@ -185,7 +262,7 @@ static int first_file(char out[512]) {
       if (access(out, F_OK) == 0)
         return 0;
     }
-  return -1;
+  return wheel_file(0, out);
 }
 
 /* "path dev inode size mtime": changes whenever the library file does. */

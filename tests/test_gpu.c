@@ -4,7 +4,10 @@
  * load check. Without NVRTC the NVRTC tests skip, unless CI=true; without a
  * driver the device tests check the "no driver" answers and skip the rest.
  * `test_gpu --stub-driver` (run with the toolkit's stub libcuda first on the
- * loader path) checks the driver binding against a real libcuda. */
+ * loader path) checks the driver binding against a real libcuda;
+ * `test_gpu --fake-driver` (KCACHE_LIBCUDA naming tests/gpu_fake_cuda.c's
+ * library) runs detection and the load check past cuInit. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -33,10 +36,22 @@
 
 /* ---- Helpers ---- */
 
+/* The build-tree paths compiled in, or the environment's: a test binary
+ * carried to another machine (scripts/gpu-check.sh) sets KC_TEST_<NAME>. */
+static const char *test_path(const char *env, const char *built) {
+  const char *v = getenv(env);
+  return v && *v ? v : built;
+}
+#define KERNELS_DIR test_path("KC_TEST_GPU_KERNELS", KC_GPU_KERNELS)
+#define FAKE_NVRTC test_path("KC_TEST_FAKE_NVRTC", KC_FAKE_NVRTC)
+#define OLD_NVRTC test_path("KC_TEST_OLD_NVRTC", KC_OLD_NVRTC)
+#define FAKE_CUDA_HOME test_path("KC_TEST_FAKE_CUDA_HOME", KC_FAKE_CUDA_HOME)
+#define WHEEL_NVRTC test_path("KC_TEST_WHEEL_NVRTC", KC_WHEEL_NVRTC)
+
 static char *kernel_source(const char *file) {
   char path[512], err[KC_ERRBUF_SIZE] = "", *src = NULL;
   size_t len = 0;
-  snprintf(path, sizeof path, "%s/%s", KC_GPU_KERNELS, file);
+  snprintf(path, sizeof path, "%s/%s", KERNELS_DIR, file);
   if (kc_read_file(path, &src, &len, err) != KC_OK)
     fail_msg("%s", err);
   return src;
@@ -64,7 +79,7 @@ static void need_nvrtc(void) {
 
 /* Environment changes that the next test must not inherit. */
 typedef struct env_save {
-  char *nvrtc, *cuda_home;
+  char *nvrtc, *cuda_home, *venv, *conda;
 } env_save;
 
 static char *dup_env(const char *name) {
@@ -83,6 +98,8 @@ static int env_setup(void **state) {
   env_save *s = calloc(1, sizeof *s);
   s->nvrtc = dup_env("KCACHE_NVRTC");
   s->cuda_home = dup_env("CUDA_HOME");
+  s->venv = dup_env("VIRTUAL_ENV");
+  s->conda = dup_env("CONDA_PREFIX");
   *state = s;
   return 0;
 }
@@ -91,8 +108,12 @@ static int env_teardown(void **state) {
   env_save *s = *state;
   put_env("KCACHE_NVRTC", s->nvrtc);
   put_env("CUDA_HOME", s->cuda_home);
+  put_env("VIRTUAL_ENV", s->venv);
+  put_env("CONDA_PREFIX", s->conda);
   free(s->nvrtc);
   free(s->cuda_home);
+  free(s->venv);
+  free(s->conda);
   free(s);
   return 0;
 }
@@ -538,7 +559,7 @@ static void test_nvrtc_forced_missing(void **state) {
 
 static void test_nvrtc_crash(void **state) {
   (void)state;
-  setenv("KCACHE_NVRTC", KC_FAKE_NVRTC, 1);
+  setenv("KCACHE_NVRTC", FAKE_NVRTC, 1);
   char v[16], err[KC_ERRBUF_SIZE] = "";
   assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_OK);
   assert_string_equal(v, "99.9"); /* the fake, not the toolkit's */
@@ -578,7 +599,7 @@ static void test_nvrtc_version_cached(void **state) {
   assert_non_null(mkdtemp(dir));
   snprintf(lib, sizeof lib, "%s/libnvrtc.so", dir);
   snprintf(cache, sizeof cache, "%s/nvrtc-version", dir);
-  copy_file(KC_FAKE_NVRTC, lib);
+  copy_file(FAKE_NVRTC, lib);
   setenv("KCACHE_NVRTC", lib, 1);
   assert_int_equal(kc_gpu_nvrtc_version_cached(cache, v, err), KC_OK);
   assert_string_equal(v, "99.9");
@@ -613,7 +634,7 @@ static void test_nvrtc_version_from_name(void **state) {
   assert_non_null(mkdtemp(dir));
   snprintf(real, sizeof real, "%s/libnvrtc.so.42.7.1", dir);
   snprintf(link, sizeof link, "%s/libnvrtc.so", dir);
-  copy_file(KC_FAKE_NVRTC, real);
+  copy_file(FAKE_NVRTC, real);
   assert_int_equal(symlink("libnvrtc.so.42.7.1", link), 0);
   setenv("KCACHE_NVRTC", link, 1);
   assert_int_equal(kc_gpu_nvrtc_version_cached(NULL, v, err), KC_OK);
@@ -768,7 +789,7 @@ static void test_nvrtc_meta_fallback(void **state) {
   fake_tree t;
   char v[16], cache[512], lib[512], rel[] = "cuda/lib64/libnvrtc.so.13";
   tree_init(&t);
-  copy_file(KC_FAKE_NVRTC, tree_path(&t, rel, lib));
+  copy_file(FAKE_NVRTC, tree_path(&t, rel, lib));
   write_record(&t, "cuda/nvidia_cuda_nvrtc-13.8.1.dist-info",
                "nvidia/cu13/lib/libnvrtc.so.13", 0);
   for (size_t i = 0; i < sizeof bad_json / sizeof *bad_json; i++) {
@@ -802,18 +823,71 @@ static void test_nvrtc_meta_fallback(void **state) {
   tree_free(&t);
 }
 
+/* PyPI's nvidia-cuda-nvrtc in the active environment is found after the
+ * toolkit: $VIRTUAL_ENV/lib/python3.N/site-packages/nvidia/cu13/lib. */
+static void test_nvrtc_wheel_env(void **state) {
+  (void)state;
+  fake_tree t;
+  char lib[512], v[16], err[KC_ERRBUF_SIZE] = "";
+  tree_init(&t);
+  copy_file(FAKE_NVRTC,
+            tree_path(&t, "lib/python3.12/site-packages/nvidia/cu13/lib/"
+                          "libnvrtc.so.13", lib));
+  unsetenv("KCACHE_NVRTC");
+  unsetenv("CONDA_PREFIX");
+  setenv("CUDA_HOME", "/nonexistent/kcache-cuda", 1);
+  setenv("VIRTUAL_ENV", t.root, 1);
+  kc_err rc = kc_gpu_nvrtc_version(v, err);
+  int has_toolkit = access("/usr/local/cuda/lib64/libnvrtc.so", F_OK) == 0 ||
+                    access("/usr/local/cuda/lib64/libnvrtc.so.13", F_OK) == 0 ||
+                    access("/usr/local/cuda/lib64/libnvrtc.so.12", F_OK) == 0;
+  if (!has_toolkit) { /* nothing before the wheel: it is what loads */
+    assert_int_equal(rc, KC_OK);
+    assert_string_equal(v, "99.9");
+    setenv("CONDA_PREFIX", t.root, 1); /* conda's prefix alike */
+    assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_OK);
+    assert_string_equal(v, "99.9");
+    assert_int_equal(kc_gpu_nvrtc_version_cached(NULL, v, err), KC_OK);
+    assert_string_equal(v, "99.9");
+    unsetenv("CONDA_PREFIX");
+    setenv("VIRTUAL_ENV", "/nonexistent/kcache-venv", 1);
+    if (kc_gpu_nvrtc_version(v, err) == KC_OK) /* one loaded before */
+      assert_string_not_equal(v, "99.9");
+    else /* the message names the environment's place */
+      assert_contains(err,
+                      "/nonexistent/kcache-venv/lib/python3*/site-packages");
+  } else {
+    print_message("  a toolkit NVRTC comes before the wheel here\n");
+  }
+  tree_free(&t);
+}
+
 static void test_nvrtc_too_old(void **state) {
   (void)state;
-  setenv("KCACHE_NVRTC", KC_OLD_NVRTC, 1);
+  setenv("KCACHE_NVRTC", OLD_NVRTC, 1);
   char v[16], err[KC_ERRBUF_SIZE] = "";
   assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_NO_NVRTC);
   assert_contains(err, "nvrtcGetCUBIN");
 }
 
+/* An NVRTC loaded by path from a directory off the loader path (a PyPI
+ * wheel's nvidia/cu13/lib) finds the builtins it dlopens by soname. */
+static void test_nvrtc_builtins_beside(void **state) {
+  (void)state;
+  setenv("KCACHE_NVRTC", WHEEL_NVRTC, 1);
+  kc_gpu_build_req req = {.name = "k.cu", .source = "x", .arch = "sm_90"};
+  kc_gpu_build_out out;
+  char err[KC_ERRBUF_SIZE] = "";
+  kc_err rc = kc_gpu_build(&req, &out, err);
+  if (rc != KC_OK)
+    fail_msg("%s: %s", kc_err_name(rc), err);
+  kc_gpu_build_out_free(&out);
+}
+
 static void test_nvrtc_cuda_home(void **state) {
   (void)state;
   unsetenv("KCACHE_NVRTC");
-  setenv("CUDA_HOME", KC_FAKE_CUDA_HOME, 1);
+  setenv("CUDA_HOME", FAKE_CUDA_HOME, 1);
   char v[16], err[KC_ERRBUF_SIZE] = "";
   assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_OK);
   assert_string_equal(v, "99.9"); /* $CUDA_HOME/lib64 comes first */
@@ -839,6 +913,10 @@ static void test_detect(void **state) {
     print_message("  %s\n", err);
     assert_int_equal(info.n_devices, 0);
     assert_contains(err, "CUDA");
+    /* not found (rather than found and failing cuInit): every place the
+     * driver is looked for is named, the container runtime's among them */
+    if (!strstr(err, "cuInit") && !getenv("KCACHE_LIBCUDA"))
+      assert_contains(err, "/usr/local/nvidia/lib64");
     return;
   }
   if (rc != KC_OK)
@@ -942,6 +1020,99 @@ static void test_stub_driver(void **state) {
                                      err),
                    KC_NO_DRIVER);
   assert_contains(err, "cuInit");
+}
+
+/* ---- The fake driver (tests/gpu_fake_cuda.c via KCACHE_LIBCUDA) ---- */
+
+/* A function of the fake driver that gpu/cuda.c has loaded already. */
+static void *fake_sym(const char *name) {
+  const char *path = getenv("KCACHE_LIBCUDA");
+  void *lib = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  void *f = lib ? dlsym(lib, name) : NULL;
+  if (!f)
+    fail_msg("fake driver: no %s in %s", name, path ? path : "(unset)");
+  return f;
+}
+
+static int fake_count(const char *name) {
+  int (*f)(void);
+  void *p = fake_sym(name);
+  memcpy(&f, &p, sizeof p);
+  return f();
+}
+
+static void test_fake_detect(void **state) {
+  (void)state;
+  kc_gpu_info info;
+  char err[KC_ERRBUF_SIZE] = "";
+  assert_int_equal(kc_gpu_detect(&info, err), KC_OK);
+  assert_int_equal(info.driver_version, 13000);
+  assert_int_equal(info.n_devices, 1);
+  const kc_gpu_device *d = &info.devices[0];
+  assert_string_equal(d->name, "kcache fake GPU");
+  assert_int_equal(d->cc_major, 9);
+  assert_int_equal(d->cc_minor, 0);
+  assert_string_equal(d->arch, "sm_90a");
+  assert_string_equal(d->uuid, "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf");
+  assert_true(d->total_mem == (uint64_t)80 << 30);
+  int v = 0;
+  assert_int_equal(kc_gpu_driver_version(&v, err), KC_OK);
+  assert_int_equal(v, 13000);
+}
+
+/* Many load checks create the primary context once, and each puts the
+ * caller's current context back. */
+static void test_fake_load_check(void **state) {
+  (void)state;
+  static const char mod[] = "fake-module saxpy scale";
+  const char *const entries[] = {"saxpy", "scale"};
+  char err[KC_ERRBUF_SIZE] = "";
+  int (*get_current)(void **);
+  void *p = fake_sym("cuCtxGetCurrent");
+  memcpy(&get_current, &p, sizeof p);
+  for (int i = 0; i < 20; i++) {
+    /* PTX-like text with and without its NUL */
+    size_t len = i % 2 ? sizeof mod : sizeof mod - 1;
+    if (kc_gpu_load_check(0, mod, len, entries, 2, err) != KC_OK)
+      fail_msg("load %d: %s", i, err);
+    void *cur = (void *)1;
+    assert_int_equal(get_current(&cur), 0);
+    assert_null(cur);
+  }
+  assert_int_equal(fake_count("fake_cuda_contexts_created"), 1);
+  assert_int_equal(fake_count("fake_cuda_primary_refs"), 1);
+
+  assert_int_equal(kc_gpu_load_check(0, not_code, sizeof not_code, entries,
+                                     2, err), KC_GPU);
+  assert_contains(err, "cuModuleLoadData: CUDA_ERROR_NO_BINARY_FOR_GPU");
+  const char *const typo[] = {"saxpy", "saxpy_typo"};
+  assert_int_equal(kc_gpu_load_check(0, mod, sizeof mod, typo, 2, err),
+                   KC_GPU);
+  assert_contains(err, "entry 'saxpy_typo': cuModuleGetFunction: "
+                       "CUDA_ERROR_NOT_FOUND");
+  assert_int_equal(kc_gpu_load_check(1, mod, sizeof mod, entries, 2, err),
+                   KC_GPU);
+  assert_contains(err, "cuDeviceGet: CUDA_ERROR_INVALID_DEVICE");
+  assert_int_equal(kc_gpu_load_check(-1, mod, sizeof mod, entries, 2, err),
+                   KC_EINVAL);
+  assert_int_equal(kc_gpu_load_check(64, mod, sizeof mod, entries, 2, err),
+                   KC_EINVAL);
+  assert_int_equal(fake_count("fake_cuda_contexts_created"), 1);
+}
+
+/* KCACHE_LIBCUDA names the driver, and nothing else is tried. */
+static void test_fake_forced_missing(void **state) {
+  (void)state;
+  char *saved = dup_env("KCACHE_LIBCUDA");
+  kc_gpu_info info;
+  char err[KC_ERRBUF_SIZE] = "";
+  setenv("KCACHE_LIBCUDA", "/nonexistent/kcache/libcuda.so.1", 1);
+  kc_err rc = kc_gpu_detect(&info, err);
+  put_env("KCACHE_LIBCUDA", saved);
+  free(saved);
+  assert_int_equal(rc, KC_NO_DRIVER);
+  assert_contains(err, "KCACHE_LIBCUDA=/nonexistent/kcache/libcuda.so.1");
+  assert_int_equal(info.n_devices, 0);
 }
 
 /* ---- Compatible targets (issue 17) ----
@@ -1196,6 +1367,17 @@ int main(int argc, char **argv) {
     const struct CMUnitTest stub[] = {cmocka_unit_test(test_stub_driver)};
     return cmocka_run_group_tests_name("gpu_stub_driver", stub, NULL, NULL);
   }
+  if (argc > 1 && strcmp(argv[1], "--fake-driver") == 0) {
+    if (!getenv("KCACHE_LIBCUDA")) {
+      fprintf(stderr, "--fake-driver: set KCACHE_LIBCUDA\n");
+      return 2;
+    }
+    const struct CMUnitTest fake[] = {
+        cmocka_unit_test(test_fake_detect),
+        cmocka_unit_test(test_fake_load_check),
+        cmocka_unit_test(test_fake_forced_missing)};
+    return cmocka_run_group_tests_name("gpu_fake_driver", fake, NULL, NULL);
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_arch_runs_on),
       cmocka_unit_test(test_arch_invalid),
@@ -1228,7 +1410,11 @@ int main(int argc, char **argv) {
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_meta_fallback, env_setup,
                                       env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_wheel_env, env_setup,
+                                      env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_too_old, env_setup,
+                                      env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_builtins_beside, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_cuda_home, env_setup,
                                       env_teardown),
