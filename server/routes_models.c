@@ -335,7 +335,11 @@ int kcd_warmup_get(kcd_req *r) {
   return kcd_reply(r, 200, "application/json", json, len, KCD_MEM_FREE, NULL);
 }
 
-/* Validated by schema/'s parser, under the URL's model; kept as sent. */
+/* Validated by schema/'s parser, under the URL's model; kept as sent. A
+ * model's name belongs to the first manifest that gave it: a write token
+ * may replace a manifest under the same name, renaming or taking another
+ * model's name needs admin (409 conflict), so a name a purge resolves
+ * cannot be re-pointed by a write token. */
 int kcd_warmup_put(kcd_req *r) {
   char err[KC_ERRBUF_SIZE] = "";
   kc_warmup *w = NULL;
@@ -346,16 +350,20 @@ int kcd_warmup_put(kcd_req *r) {
                                 NULL, NULL);
   int same = strcmp(w->model_hash, r->param) == 0;
   size_t cells = w->n_buckets * w->n_archs;
-  kc_warmup_free(w);
-  if (!same)
+  if (!same) {
+    kc_warmup_free(w);
     return kcd_reply_error(r, KC_KEY_MISMATCH, "model.hash: the manifest's "
                            "model is not the URL's %s", r->param);
+  }
   char *old = NULL;
   size_t olen = 0;
   int had = kc_store_warmup_get(store_of(r), r->param, &old, &olen, NULL) ==
             KC_OK;
   free(old);
-  e = kc_store_warmup_put(store_of(r), r->param, body, r->body_len, err);
+  int flags = r->role >= KCD_ROLE_ADMIN ? KC_WARMUP_RENAME : 0;
+  e = kc_store_warmup_put(store_of(r), r->param, w->model_name, body,
+                          r->body_len, flags, err);
+  kc_warmup_free(w);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   return kcd_reply_json(r, had ? 200 : 201,

@@ -708,10 +708,15 @@ typedef int (*kc_store_model_cb)(const kc_store_model_info *m, void *ud);
 kc_err kc_store_models_list(kc_store *s, const char *after, size_t limit,
                             kc_store_model_cb cb, void *ud,
                             char next[KC_HEX_LEN + 1], char *err);
-/* Stores the model's warmup manifest (the caller validated it), replacing an
- * older one, in one write transaction. */
-kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *json,
-                           size_t len, char *err);
+/* Stores the model's warmup manifest (the caller validated it; name is its
+ * model.name), replacing an older one, in one write transaction. A name
+ * belongs to the first model that stored it: without KC_WARMUP_RENAME in
+ * flags, KC_CONFLICT when the model's stored manifest has another name or
+ * another model's manifest has this one (a pass over every manifest). */
+#define KC_WARMUP_RENAME 1 /* may rename, or share a name (admin) */
+kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *name,
+                           const char *json, size_t len, int flags,
+                           char *err);
 /* The model's warmup manifest: *json malloc'd (NUL-terminated), the caller
  * frees it. KC_NOT_FOUND when none was stored. */
 kc_err kc_store_warmup_get(kc_store *s, const char *model, char **json,

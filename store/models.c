@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "store_internal.h"
 
 /* ---- listing ---- */
@@ -124,23 +126,77 @@ kc_err kc_store_models_list(kc_store *s, const char *after, size_t limit,
 /* ---- warmup manifests ---- */
 
 typedef struct wu_put {
-  const char *model, *json;
+  const char *model, *name, *json;
   size_t len;
+  int flags;
 } wu_put;
+
+/* The model.name of a stored warmup manifest (validated when it was put):
+ * malloc'd, NULL when it has none or cannot be read. */
+static char *stored_name(const MDB_val *v) {
+  json_t *j = json_loadb(v->mv_data, v->mv_size, 0, NULL);
+  const char *n = json_string_value(json_object_get(json_object_get(j,
+                                                                    "model"),
+                                                    "name"));
+  char *out = n ? strdup(n) : NULL;
+  json_decref(j);
+  return out;
+}
+
+/* A model's name is owned by the first manifest that gave it: without
+ * KC_WARMUP_RENAME, a manifest may not change its model's name, nor take a
+ * name another model's manifest holds (KC_CONFLICT, naming the holder).
+ * One pass over every stored manifest, inside the write transaction, so two
+ * concurrent puts of one name cannot both pass. */
+static kc_err warmup_name_check(kc_store *s, MDB_txn *txn, const wu_put *p,
+                                char *err) {
+  MDB_cursor *cur;
+  int rc = mdb_cursor_open(txn, s->warmups, &cur);
+  if (rc)
+    return kcs_mdb_err(rc, "checking a model's name", err);
+  MDB_val k, v;
+  kc_err e = KC_OK;
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && !e;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    int self = k.mv_size == KC_HEX_LEN &&
+               memcmp(k.mv_data, p->model, KC_HEX_LEN) == 0;
+    char *n = stored_name(&v);
+    if (self && (!n || strcmp(n, p->name) != 0))
+      e = kc_errf(err, KC_CONFLICT, "model %s is named '%.100s': renaming "
+                  "it needs an admin token", p->model, n ? n : "");
+    else if (!self && n && strcmp(n, p->name) == 0)
+      e = kc_errf(err, KC_CONFLICT, "the name '%.100s' belongs to model "
+                  "%.*s: taking it needs an admin token", p->name,
+                  (int)k.mv_size, (const char *)k.mv_data);
+    free(n);
+  }
+  mdb_cursor_close(cur);
+  if (!e && rc != 0 && rc != MDB_NOTFOUND)
+    e = kcs_mdb_err(rc, "checking a model's name", err);
+  return e;
+}
 
 static kc_err warmup_put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   wu_put *p = ud;
+  if (!(p->flags & KC_WARMUP_RENAME)) {
+    kc_err e = warmup_name_check(s, txn, p, err);
+    if (e)
+      return e;
+  }
   MDB_val k = kcs_hex_val(p->model), v = {p->len, (void *)p->json};
   return kcs_put(txn, s->warmups, &k, &v, 0, err);
 }
 
-kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *json,
-                           size_t len, char *err) {
+kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *name,
+                           const char *json, size_t len, int flags,
+                           char *err) {
   if (!kc_is_hex64(model))
     return kc_errf(err, KC_BAD_KEY, "a model is 64 lowercase hex digits");
   if (!len)
     return kc_errf(err, KC_BAD_WARMUP, "an empty warmup manifest");
-  wu_put p = {model, json, len};
+  if (!name)
+    return kc_errf(err, KC_BAD_WARMUP, "a warmup manifest without a name");
+  wu_put p = {model, name, json, len, flags};
   return kcs_write(s, warmup_put_op, &p, err);
 }
 

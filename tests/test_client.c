@@ -2434,8 +2434,13 @@ static void test_warm_purge_refill(void **state) {
   assert_int_equal(run_cli(out, sizeof out, "ls refill-model --url %s",
                            f->srv.url), 0);
   assert_int_equal(occurrences(out, " hits"), 4);
+  /* a name is confirmed with its hash: without --confirm, nothing goes */
   assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s",
-                           f->srv.url), 0);
+                           f->srv.url), 1);
+  assert_non_null(strstr(out, MODEL));
+  assert_non_null(strstr(out, "nothing deleted"));
+  assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s "
+                           "--confirm %.12s", f->srv.url, MODEL), 0);
   assert_non_null(strstr(out, "purged 4 bundles"));
   /* the name went with the manifest; the hash still answers, empty */
   assert_int_equal(run_cli(out, sizeof out, "ls refill-model --url %s",
@@ -2455,6 +2460,79 @@ static void test_warm_purge_refill(void **state) {
   assert_int_equal(run_cli(out, sizeof out, "purge nobody --url %s",
                            f->srv.url), 1);
   assert_int_equal(run_cli(out, sizeof out, "purge --url %s", f->srv.url), 2);
+}
+
+#define VICTIM "9f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+/* A command-builder warmup of one bucket on sm_80, named name, for hash. */
+static void named_warmup(fx *f, const char *file, const char *name,
+                         const char *hash, char *path, size_t size) {
+  snprintf(path, size, "%s/%s", f->dir, file);
+  write_text(path,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":"
+             "\"%s\",\"hash\":\"%s\"},\"archs\":[\"sm_80\"],\"builder\":"
+             "{\"command\":[\"sh\",\"-c\",\"printf x{batch} > "
+             "{out}/k.cubin\"],\"timeout_s\":30},\"buckets\":[{\"batch\":1},"
+             "{\"batch\":2}]}",
+             name, hash);
+}
+
+/* The purge of the wrong model: a write token re-points the name an admin
+ * purges (names the victim demo-mlp and renames demo-mlp away). The server
+ * keeps a name with its first model (the forged manifests are refused and
+ * the warm says so), and a purge by name deletes only after the hash is
+ * confirmed: the victim keeps its bundles. */
+static void test_purge_by_forged_name(void **state) {
+  fx *f = *state;
+  char w[400], out[8192], tokens[400], wtok[256] = "", atok[256] = "";
+  snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
+  make_token("write", "ci", tokens, wtok, sizeof wtok);
+  make_token("admin", "ops", tokens, atok, sizeof atok);
+  assert_int_equal(kc_testsrv_init(&f->srv), 0);
+  const char *args[] = {"--tokens", tokens, NULL};
+  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
+  f->have_srv = 1;
+  named_warmup(f, "demo.json", "demo-mlp", MODEL, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+                   0);
+  named_warmup(f, "llm.json", "big-llm", VICTIM, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+                   0);
+  /* the attack: the victim named demo-mlp, demo-mlp renamed away */
+  named_warmup(f, "forged.json", "demo-mlp", VICTIM, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+                   0);
+  assert_non_null(strstr(out, "warmup manifest was not stored"));
+  assert_non_null(strstr(out, "belongs to model " MODEL));
+  named_warmup(f, "away.json", "renamed", MODEL, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+                   0);
+  assert_non_null(strstr(out, "renaming it needs an admin token"));
+  /* the admin's purge by name: the hash is shown, nothing deleted */
+  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
+                           "--token %s", f->srv.url, atok), 1);
+  assert_non_null(strstr(out, "is model " MODEL " (2 bundles)"));
+  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
+                           "--token %s --confirm %.12s", f->srv.url, atok,
+                           VICTIM), 1);
+  assert_non_null(strstr(out, "is not its hash"));
+  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
+                           "--token %s --confirm %.11s", f->srv.url, atok,
+                           MODEL), 1); /* too short to confirm */
+  assert_int_equal(run_cli(out, sizeof out, "ls big-llm --url %s --token %s",
+                           f->srv.url, atok), 0);
+  assert_int_equal(occurrences(out, " hits"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
+                           "--token %s --confirm %.12s", f->srv.url, atok,
+                           MODEL), 0);
+  assert_non_null(strstr(out, "purged 2 bundles of " MODEL));
+  assert_int_equal(run_cli(out, sizeof out, "ls big-llm --url %s --token %s",
+                           f->srv.url, atok), 0);
+  assert_int_equal(occurrences(out, " hits"), 2); /* the victim's are kept */
 }
 
 /* With tokens: a read token's warm says nothing of the manifest (403 is
@@ -3086,6 +3164,7 @@ int main(void) {
       T(test_demand_server_down),
       T(test_suggest_cli),
       T(test_warm_purge_refill),
+      T(test_purge_by_forged_name),
       T(test_warm_manifest_roles),
       T(test_compat_hit),
       T(test_compat_never_wrong),

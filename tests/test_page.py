@@ -8,7 +8,8 @@ Checks the DOM after the page's scripts ran (--dump-dom): the model's name,
 its coverage matrix with the right present, missing and building cells, and
 figures equal to the API's; a model named <img src=x onerror=alert(1)> stays
 text (no <img> element at all); with a token file the page asks for a token,
-and a read token sees the models but no purge button, an admin token does.
+and a read token sees the models but no purge button, an admin token does;
+its purge asks for the model's hash and deletes nothing on a wrong answer.
 With --resp-listen the page shows the RESP reads per key family (a family
 named <img/src=x/onerror=alert(1)> stays text too); without it, no such table.
 A screenshot goes to ARTIFACTS_DIR/page.png.
@@ -410,6 +411,36 @@ def check_matrix(root, srv, demo):
     return states
 
 
+def check_purge_confirm(cdp, srv, token):
+    """The page's purge asks for the model's hash, not its name (a name
+    comes from a warmup manifest): a wrong answer deletes nothing, the
+    hash's first 12 digits purge it."""
+    model = cdp.eval("document.querySelector('#models tr[data-model]')"
+                     ".dataset.model")
+    before = srv.api("/v1/models/" + model, token=token)["bundles"]
+    check(len(before) > 0, "the model to purge has bundles")
+    # a person who answers with the name, or clicks OK to a yes/no question
+    cdp.eval("window.asked = []; window.prompt = (m) => "
+             "{ window.asked.push(m); return 'demo-mlp'; };"
+             "window.confirm = (m) => { window.asked.push(m); return true; };"
+             "document.querySelector('#models button.purge').click(); true")
+    check(cdp.wait_for("document.getElementById('error').textContent"
+                       ".includes('not confirmed')"),
+          "a purge answered with the name was not refused")
+    asked = cdp.eval("window.asked[0]")
+    check(model in asked, "the purge prompt does not show the hash: %r"
+          % asked)
+    check(len(srv.api("/v1/models/" + model, token=token)["bundles"]) ==
+          len(before), "a purge not confirmed deleted bundles")
+    cdp.eval("window.prompt = (m) => %s.slice(0, 12);"
+             "document.querySelector('#models button.purge').click(); true"
+             % json.dumps(model))
+    check(cdp.wait_for("document.getElementById('error').textContent"
+                       ".startsWith('purged')"), "the confirmed purge")
+    check(srv.api("/v1/models/" + model, token=token)["bundles"] == [],
+          "the confirmed purge left bundles")
+
+
 def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
     toks = {}
     lines = []
@@ -453,6 +484,8 @@ def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
                 dom = cdp.eval("document.documentElement.outerHTML")
                 href = cdp.eval("location.href")
                 kept = cdp.eval("sessionStorage.getItem('kcache.token')")
+                if purge:
+                    check_purge_confirm(cdp, srv, toks["admin"])
             finally:
                 cdp.close()
             root = parse(dom)

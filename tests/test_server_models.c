@@ -595,6 +595,57 @@ static void t_roles(void **state) {
   kc_testsrv_cleanup(&a);
 }
 
+/* The attack a name invites: a write token re-points the name an admin's
+ * purge resolves (renames the named model away, names another model so).
+ * A name belongs to the first manifest that gave it: a write token may
+ * replace a manifest under its name, not rename it nor take another
+ * model's name (409); an admin may do both. */
+static void t_warmup_names(void **state) {
+  (void)state;
+  kc_testsrv a;
+  toks T;
+  char file[400], path[160];
+  assert_int_equal(kc_testsrv_init(&a), 0);
+  snprintf(file, sizeof file, "%s/tokens", a.dir);
+  new_token("write", "ci", file, T.write, sizeof T.write);
+  new_token("admin", "ops", file, T.admin, sizeof T.admin);
+  const char *const args[] = {"--tokens", file, NULL};
+  assert_int_equal(kc_testsrv_start(&a, args), 0);
+  char *demo = warmup_json(M1, "demo-mlp"), *victim = warmup_json(M2, "llm");
+  assert_int_equal(put_warmup(&a, T.write, M1, demo), 201);
+  assert_int_equal(put_warmup(&a, T.write, M2, victim), 201);
+  assert_int_equal(put_warmup(&a, T.write, M1, demo), 200); /* CI re-warm */
+  char *forged = warmup_json(M2, "demo-mlp"), *away = warmup_json(M1, "x");
+  snprintf(path, sizeof path, "/v1/models/%s/warmup", M2);
+  resp r = http(&a, path, (req){.method = "PUT", .token = T.write,
+                                .body = forged, .len = strlen(forged)});
+  assert_error(&r, 409, "conflict");
+  assert_non_null(strstr(r.body, M1)); /* names the holder */
+  resp_free(&r);
+  assert_int_equal(put_warmup(&a, T.write, M1, away), 409);
+  /* a model with no manifest yet cannot take a held name either */
+  char *third = warmup_json(M3, "demo-mlp");
+  assert_int_equal(put_warmup(&a, T.write, M3, third), 409);
+  json_t *j = get_json(&a, T.write, "/v1/models", 200);
+  json_t *m1 = find_model(json_object_get(j, "models"), M1);
+  json_t *m2 = find_model(json_object_get(j, "models"), M2);
+  assert_string_equal(json_string_value(json_object_get(m1, "name")),
+                      "demo-mlp");
+  assert_string_equal(json_string_value(json_object_get(m2, "name")), "llm");
+  assert_null(find_model(json_object_get(j, "models"), M3));
+  json_decref(j);
+  /* an admin may rename */
+  assert_int_equal(put_warmup(&a, T.admin, M1, away), 200);
+  assert_int_equal(put_warmup(&a, T.write, M3, third), 201);
+  free(demo);
+  free(victim);
+  free(forged);
+  free(away);
+  free(third);
+  assert_int_equal(kc_testsrv_stop(&a), 0);
+  kc_testsrv_cleanup(&a);
+}
+
 /* ---- the store's side (store/models.c), directly ---- */
 
 static int count_model(const kc_store_model_info *m, void *ud) {
@@ -638,7 +689,7 @@ static void t_store_purge_gc(void **state) {
     store_put(s, MP, b, d, sizes, 2);
   store_put(s, M1, 1, d, sizes, 1); /* M1 uses the shared blob only */
   char *w = warmup_json(MP, "store-purge");
-  assert_int_equal(kc_store_warmup_put(s, MP, w, strlen(w), err), KC_OK);
+  assert_int_equal(kc_store_warmup_put(s, MP, "store-purge", w, strlen(w), 0, err), KC_OK);
   free(w);
   int n = 0;
   char next[65];
@@ -681,6 +732,7 @@ int main(void) {
   const struct CMUnitTest own[] = {
       cmocka_unit_test(t_history),
       cmocka_unit_test(t_roles),
+      cmocka_unit_test(t_warmup_names),
       cmocka_unit_test(t_store_purge_gc),
   };
   servertest_init();

@@ -221,8 +221,18 @@ function purgeButton(m) {
   const b = el('button', {type: 'button', class: 'purge'}, 'Purge');
   b.addEventListener('click', async (ev) => {
     ev.stopPropagation();
-    if (!confirm('Purge every bundle of ' + (m.name || m.model) + '?'))
+    // Confirmed with the hash: a name comes from a warmup manifest, which
+    // is not proof of which model it is.
+    const typed = prompt('Purge every bundle (' + m.bundles + ') of model\n' +
+      m.model + (m.name ? '\n(its manifest names it ' + m.name + ')' : '') +
+      '?\nType the first 12 hex digits of the hash to confirm:');
+    if (typed === null) return;
+    const t = typed.trim();
+    if (t.length < 12 || !m.model.startsWith(t)) {
+      $('error').textContent = 'purge: not confirmed (the hash is ' +
+        m.model + '); nothing deleted';
       return;
+    }
     try {
       const r = await api('/v1/models/' + m.model, {method: 'DELETE'});
       $('error').textContent = 'purged ' + r.removed + ' bundles';
