@@ -2381,11 +2381,20 @@ static void test_suggest_cli(void **state) {
   rc = run_cli(out, sizeof out, "ls --url %s %s", f->srv.url, MODEL);
   assert_int_equal(rc, 0);
   assert_non_null(strstr(out, "\"seq\":120"));
+  /* The warm stored w2 (named "t"): suggest takes the name, as ls and purge
+   * do, and without --manifest its 'before' is the manifest kcached holds
+   * (w2's three buckets: the padding suggested above). */
+  rc = run_cli(out, sizeof out, "suggest --url %s t --buckets 2", f->srv.url);
+  print_message("%s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "before: 3 buckets, padding 3130"));
+  assert_non_null(strstr(out, "warmup manifest kcached holds"));
   /* Usage errors. */
   assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --out %s %s",
                            f->srv.url, w2, MODEL), 2);
   assert_int_equal(run_cli(out, sizeof out, "suggest --url %s abc",
-                           f->srv.url), 2);
+                           f->srv.url), 1);
+  assert_non_null(strstr(out, "no model named 'abc'"));
   assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --buckets 0 %s",
                            f->srv.url, MODEL), 2);
   assert_int_equal(run_cli(out, sizeof out,
