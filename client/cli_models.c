@@ -177,6 +177,25 @@ static void bucket_text(json_t *b, char *out, size_t cap) {
   free(j);
 }
 
+/* Where the columns come from: the archs the warms ran for (--arch), the
+ * manifest's, or the bundles'. */
+static void print_archs_from(json_t *cov) {
+  const char *from = JS(cov, "archs_from");
+  json_t *m = json_object_get(cov, "manifest_archs"), *a;
+  size_t i;
+  if (!from)
+    return;
+  printf("archs: %s", !strcmp(from, "warm") ? "those its warms ran for"
+                      : !strcmp(from, "manifest") ? "the manifest's"
+                                                  : "those its bundles have");
+  if (!strcmp(from, "warm") && json_array_size(m)) {
+    printf(" (the manifest lists");
+    json_array_foreach(m, i, a) printf(" %s", json_string_value(a));
+    putchar(')');
+  }
+  putchar('\n');
+}
+
 static void print_matrix(json_t *cov) {
   json_t *archs = json_object_get(cov, "archs"), *a, *b;
   size_t i, j;
@@ -185,6 +204,7 @@ static void print_matrix(json_t *cov) {
          JI(cov, "present"), JI(cov, "expected"),
          json_is_true(json_object_get(cov, "warmup"))
              ? "" : " (no warmup manifest: the cells its bundles have)");
+  print_archs_from(cov);
   printf("%-24s", "bucket \\ arch");
   json_array_foreach(archs, j, a) printf(" %-10s", json_string_value(a));
   putchar('\n');

@@ -730,9 +730,18 @@ kc_err kc_store_models_list(kc_store *s, const char *after, size_t limit,
  * flags, KC_CONFLICT when the model's stored manifest has another name or
  * another model's manifest has this one (a pass over every manifest). */
 #define KC_WARMUP_RENAME 1 /* may rename, or share a name (admin) */
+/* archs: "a,b", the archs this warm runs for (its --arch, else the
+ * manifest's; NULL: neither). They are added to the archs recorded for the
+ * model while its manifest stays byte for byte the same, and replace them
+ * when it changed (kc_store_warm_archs_get; at most 64 archs' worth). */
+#define KC_STORE_WARM_ARCHS_MAX 2048
 kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *name,
                            const char *json, size_t len, int flags,
-                           char *err);
+                           const char *archs, char *err);
+/* The archs warms of the model ran for ("a,b", in the order first seen);
+ * KC_NOT_FOUND when none is recorded. */
+kc_err kc_store_warm_archs_get(kc_store *s, const char *model,
+                               char out[KC_STORE_WARM_ARCHS_MAX]);
 /* The model's warmup manifest: *json malloc'd (NUL-terminated), the caller
  * frees it. KC_NOT_FOUND when none was stored. */
 kc_err kc_store_warmup_get(kc_store *s, const char *model, char **json,

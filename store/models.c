@@ -129,6 +129,7 @@ typedef struct wu_put {
   const char *model, *name, *json;
   size_t len;
   int flags;
+  const char *archs; /* "a,b": the archs this warm runs for; NULL none */
 } wu_put;
 
 /* The model.name of a stored warmup manifest (validated when it was put):
@@ -176,6 +177,50 @@ static kc_err warmup_name_check(kc_store *s, MDB_txn *txn, const wu_put *p,
   return e;
 }
 
+/* Whether the comma list has the arch (len bytes). */
+static int list_has(const char *list, size_t n, const char *arch,
+                    size_t len) {
+  for (const char *p = list, *end = list + n; p < end;) {
+    const char *c = memchr(p, ',', (size_t)(end - p));
+    size_t l = c ? (size_t)(c - p) : (size_t)(end - p);
+    if (l == len && memcmp(p, arch, len) == 0)
+      return 1;
+    p += l + 1;
+  }
+  return 0;
+}
+
+/* The archs warms ran for: p->archs added to what is recorded while the
+ * manifest stays the same (warms of one manifest on several runners, each
+ * with its own --arch), replacing it when the manifest changed. */
+static kc_err warm_archs_op(kc_store *s, MDB_txn *txn, const wu_put *p,
+                            int same, char *err) {
+  MDB_val k = kcs_hex_val(p->model), v;
+  char buf[KC_STORE_WARM_ARCHS_MAX];
+  size_t n = 0;
+  if (same && mdb_get(txn, s->warmarchs, &k, &v) == 0 &&
+      v.mv_size < sizeof buf) {
+    memcpy(buf, v.mv_data, v.mv_size);
+    n = v.mv_size;
+  }
+  if (!p->archs && !same)
+    return kcs_del(txn, s->warmarchs, &k, err);
+  for (const char *a = p->archs; a && *a;) {
+    size_t l = strcspn(a, ",");
+    if (!list_has(buf, n, a, l) && n + l + 1 < sizeof buf) {
+      if (n)
+        buf[n++] = ',';
+      memcpy(buf + n, a, l);
+      n += l;
+    }
+    a += l + (a[l] == ',');
+  }
+  if (!n)
+    return KC_OK;
+  v = (MDB_val){n, buf};
+  return kcs_put(txn, s->warmarchs, &k, &v, 0, err);
+}
+
 static kc_err warmup_put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   wu_put *p = ud;
   if (!(p->flags & KC_WARMUP_RENAME)) {
@@ -183,21 +228,46 @@ static kc_err warmup_put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
     if (e)
       return e;
   }
-  MDB_val k = kcs_hex_val(p->model), v = {p->len, (void *)p->json};
-  return kcs_put(txn, s->warmups, &k, &v, 0, err);
+  MDB_val k = kcs_hex_val(p->model), v = {p->len, (void *)p->json}, old;
+  int same = mdb_get(txn, s->warmups, &k, &old) == 0 &&
+             old.mv_size == p->len && memcmp(old.mv_data, p->json, p->len) == 0;
+  kc_err e = warm_archs_op(s, txn, p, same, err);
+  return e ? e : kcs_put(txn, s->warmups, &k, &v, 0, err);
 }
 
 kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *name,
                            const char *json, size_t len, int flags,
-                           char *err) {
+                           const char *archs, char *err) {
   if (!kc_is_hex64(model))
     return kc_errf(err, KC_BAD_KEY, "a model is 64 lowercase hex digits");
   if (!len)
     return kc_errf(err, KC_BAD_WARMUP, "an empty warmup manifest");
   if (!name)
     return kc_errf(err, KC_BAD_WARMUP, "a warmup manifest without a name");
-  wu_put p = {model, name, json, len, flags};
+  if (archs && strlen(archs) >= KC_STORE_WARM_ARCHS_MAX)
+    return kc_errf(err, KC_EINVAL, "archs: over %d bytes",
+                   KC_STORE_WARM_ARCHS_MAX - 1);
+  wu_put p = {model, name, json, len, flags, archs && *archs ? archs : NULL};
   return kcs_write(s, warmup_put_op, &p, err);
+}
+
+kc_err kc_store_warm_archs_get(kc_store *s, const char *model,
+                               char out[KC_STORE_WARM_ARCHS_MAX]) {
+  out[0] = '\0';
+  if (!kc_is_hex64(model))
+    return KC_BAD_KEY;
+  kc_store_read *r;
+  kc_err e = kc_store_read_begin(s, &r);
+  if (e)
+    return e;
+  MDB_val k = kcs_hex_val(model), v;
+  int rc = mdb_get(r->txn, s->warmarchs, &k, &v);
+  if (rc == 0 && v.mv_size < KC_STORE_WARM_ARCHS_MAX) {
+    memcpy(out, v.mv_data, v.mv_size);
+    out[v.mv_size] = '\0';
+  }
+  kc_store_read_end(r);
+  return rc == 0 && out[0] ? KC_OK : KC_NOT_FOUND;
 }
 
 kc_err kc_store_warmup_get(kc_store *s, const char *model, char **json,
@@ -267,6 +337,8 @@ static kc_err purge_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   if (!e && n == 0) {
     MDB_val mk = kcs_hex_val(p->model);
     e = kcs_del(txn, s->warmups, &mk, err);
+    if (!e)
+      e = kcs_del(txn, s->warmarchs, &mk, err);
   }
   if (!e)
     p->dropped = n;

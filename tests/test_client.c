@@ -2471,6 +2471,36 @@ static void test_warm_purge_refill(void **state) {
   assert_int_equal(run_cli(out, sizeof out, "purge --url %s", f->srv.url), 2);
 }
 
+/* The coverage matrix's columns are the archs the warms ran for: the
+ * manifest lists sm_80 and sm_90a; a warm with --arch sm_86 shows its two
+ * bundles present under sm_86 (not 0/4 with two "no longer expected"),
+ * and a second warm with the README's CI line adds its three archs. */
+static void test_matrix_warm_archs(void **state) {
+  fx *f = *state;
+  char w[400], out[8192];
+  start_server(f);
+  refill_warmup(f, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --arch sm_86 --url %s "
+                           "--cache-dir %s/c1", w, f->srv.url, f->dir), 0);
+  assert_non_null(strstr(out, "2 built"));
+  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
+                           "%s", f->srv.url), 0);
+  print_message("%s", out);
+  assert_non_null(strstr(out, "2/2 present"));
+  assert_non_null(strstr(out, "archs: those its warms ran for (the manifest "
+                              "lists sm_80 sm_90a)"));
+  assert_non_null(strstr(out, " sm_86"));
+  assert_null(strstr(out, "no longer expected"));
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --arch sm_80,sm_90a,"
+                           "sm_100f --url %s --cache-dir %s/c1", w,
+                           f->srv.url, f->dir), 0);
+  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
+                           "%s", f->srv.url), 0);
+  print_message("%s", out);
+  assert_non_null(strstr(out, "8/8 present"));
+  assert_non_null(strstr(out, " sm_100f"));
+}
+
 #define VICTIM "9f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
 
 /* A command-builder warmup of one bucket on sm_80, named name, for hash. */
@@ -3174,6 +3204,7 @@ int main(void) {
       T(test_suggest_cli),
       T(test_warm_purge_refill),
       T(test_purge_by_forged_name),
+      T(test_matrix_warm_archs),
       T(test_warm_manifest_roles),
       T(test_compat_hit),
       T(test_compat_never_wrong),

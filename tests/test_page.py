@@ -391,6 +391,10 @@ def check_matrix(root, srv, demo):
     cov = srv.api("/v1/models/%s/coverage" % demo)
     name = root.find("span", id="matrix-name").all_text()
     check(name == "demo-mlp", "matrix of %r" % name)
+    summary = root.find("p", id="matrix-summary")
+    check(summary.attrs.get("data-archs-from") == cov["archs_from"] ==
+          "manifest", "the matrix's archs come from %r"
+          % summary.attrs.get("data-archs-from"))
     cells = [n for n in root.find("table", id="matrix").find_all("td")]
     check(len(cells) == cov["expected"], "%d cells, API %d expected"
           % (len(cells), cov["expected"]))
@@ -456,9 +460,10 @@ def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
     srv = Server(kcached, tmp, "authed", ["--tokens", tokfile])
     try:
         # admin can write: its warm stores the manifest too
+        # for archs other than the manifest's: the matrix says so
         r = kcache(kcache_bin, tmp, "warm", demo_manifest, "--url", srv.url,
                    "--cache-dir", os.path.join(tmp, "cache-authed"),
-                   token=toks["admin"])
+                   "--arch", "sm_86,sm_80", token=toks["admin"])
         check(r.returncode == 0, "authed warm: " + r.stdout + r.stderr)
         # no token: the page asks for one
         root = parse(dump_dom(srv.url + "/"))
@@ -481,6 +486,9 @@ def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
                 check(cdp.wait_for(
                     "document.querySelectorAll('#models tr[data-model]')"
                     ".length > 0"), "no models with the %s token" % role)
+                check(cdp.wait_for("document.getElementById("
+                                   "'matrix-summary').dataset.archsFrom"),
+                      "no coverage matrix (%s)" % role)
                 dom = cdp.eval("document.documentElement.outerHTML")
                 href = cdp.eval("location.href")
                 kept = cdp.eval("sessionStorage.getItem('kcache.token')")
@@ -489,6 +497,12 @@ def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
             finally:
                 cdp.close()
             root = parse(dom)
+            summary = root.find("p", id="matrix-summary")
+            check(summary.attrs.get("data-archs-from") == "warm" and
+                  "those its warms ran for (--arch), the manifest lists "
+                  "sm_80, sm_89, sm_90a" in summary.all_text(),
+                  "the matrix does not say its archs are the warm's: %r"
+                  % summary.all_text())
             who = root.find("span", id="who").all_text()
             check("role " + role in who, "role line %r" % who)
             has = any(b.has_class("purge") for b in root.find_all("button"))

@@ -290,11 +290,25 @@ function cellTitle(c, bucket, arch) {
   return lines.join('\n');
 }
 
+// Where the columns come from: the archs the warms ran for (--arch), when
+// they differ from the manifest's, or the bundles' without a manifest list.
+function archsNote(cov) {
+  if (cov.archs_from === 'warm')
+    return '; archs: those its warms ran for (--arch)' +
+      (cov.manifest_archs && cov.manifest_archs.length ?
+        ', the manifest lists ' + cov.manifest_archs.join(', ') : '');
+  if (cov.archs_from === 'bundles' && cov.warmup)
+    return '; archs: those its bundles have';
+  return '';
+}
+
 function renderMatrix(cov) {
   $('matrix-section').hidden = false;
   $('matrix-name').textContent = cov.name || cov.model;
   $('matrix-summary').textContent = covText(cov) + ' cells present' +
-    (cov.warmup ? '' : ' (no warmup manifest: the cells its bundles have)');
+    (cov.warmup ? '' : ' (no warmup manifest: the cells its bundles have)') +
+    archsNote(cov);
+  $('matrix-summary').dataset.archsFrom = cov.archs_from || '';
   const head = el('tr', {}, el('th', {}, 'bucket \\ arch'),
                   ...cov.archs.map((a) => el('th', {}, a)));
   const rows = cov.buckets.map((b, i) => el('tr', {},
