@@ -162,9 +162,9 @@ static kc_err warmup_name_check(kc_store *s, MDB_txn *txn, const wu_put *p,
     int self = k.mv_size == KC_HEX_LEN &&
                memcmp(k.mv_data, p->model, KC_HEX_LEN) == 0;
     char *n = stored_name(&v);
-    if (self && (!n || strcmp(n, p->name) != 0))
+    if (self && n && strcmp(n, p->name) != 0) /* unreadable: replaced */
       e = kc_errf(err, KC_CONFLICT, "model %s is named '%.100s': renaming "
-                  "it needs an admin token", p->model, n ? n : "");
+                  "it needs an admin token", p->model, n);
     else if (!self && n && strcmp(n, p->name) == 0)
       e = kc_errf(err, KC_CONFLICT, "the name '%.100s' belongs to model "
                   "%.*s: taking it needs an admin token", p->name,

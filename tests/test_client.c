@@ -2601,7 +2601,8 @@ static void test_warm_manifest_roles(void **state) {
                            f->srv.url, rtok), 0);
   assert_non_null(strstr(out, "refill-model"));
   assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s "
-                           "--token %s", f->srv.url, wtok), 1);
+                           "--token %s --confirm %.12s", f->srv.url, wtok,
+                           MODEL), 1);
   assert_non_null(strstr(out, "403"));
 }
 
