@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -18,15 +19,21 @@ static const char ls_help[] =
     "bundles; with --matrix, print its coverage: bucket rows, arch columns.\n"
     "  --matrix         the coverage matrix of MODEL\n"
     "  --json           the server's JSON as it is\n";
-static const char purge_usage[] = "usage: kcache purge MODEL\n";
+static const char purge_usage[] =
+    "usage: kcache purge MODEL [--confirm HASH]\n";
 static const char purge_help[] =
     "Delete every bundle of MODEL (a name or a 64-hex hash) on the server\n"
-    "(admin token); blobs no other bundle uses are collected by its GC.\n";
+    "(admin token); blobs no other bundle uses are collected by its GC.\n"
+    "A name is confirmed with the hash it resolves to: --confirm, or typed\n"
+    "at the prompt on a terminal; without either, nothing is deleted and\n"
+    "the hash is shown. A name two models share is refused.\n"
+    "  --confirm HASH   the model's hash, or its first 12+ hex digits\n";
 
 typedef struct models_args {
   kcli_common g;
   int json, matrix;
-  const char *model; /* NULL: none given */
+  const char *model;   /* NULL: none given */
+  const char *confirm; /* purge --confirm: NULL none */
 } models_args;
 
 /* Common options, --json and --matrix; 0, -1 for --help, or an exit code. */
@@ -34,6 +41,8 @@ static int models_parse(const char *cmd, const char *usage, const char *help,
                         models_args *a, int argc, char **argv) {
   static const struct option own[] = {{"json", no_argument, NULL, 'j'},
                                       {"matrix", no_argument, NULL, 'm'},
+                                      {"confirm", required_argument, NULL,
+                                       'C'},
                                       {NULL, 0, NULL, 0}};
   struct option lo[KCLI_LONGOPTS_MAX];
   memset(a, 0, sizeof *a);
@@ -52,6 +61,8 @@ static int models_parse(const char *cmd, const char *usage, const char *help,
       a->json = 1;
     else if (opt == 'm')
       a->matrix = 1;
+    else if (opt == 'C' && !strcmp(cmd, "purge"))
+      a->confirm = optarg;
     else if (opt == '?' || kcli_common_opt(&a->g, opt, optarg) != 1)
       return kcli_usage(cmd, usage);
   }
@@ -166,6 +177,25 @@ static void bucket_text(json_t *b, char *out, size_t cap) {
   free(j);
 }
 
+/* Where the columns come from: the archs the warms ran for (--arch), the
+ * manifest's, or the bundles'. */
+static void print_archs_from(json_t *cov) {
+  const char *from = JS(cov, "archs_from");
+  json_t *m = json_object_get(cov, "manifest_archs"), *a;
+  size_t i;
+  if (!from)
+    return;
+  printf("archs: %s", !strcmp(from, "warm") ? "those its warms ran for"
+                      : !strcmp(from, "manifest") ? "the manifest's"
+                                                  : "those its bundles have");
+  if (!strcmp(from, "warm") && json_array_size(m)) {
+    printf(" (the manifest lists");
+    json_array_foreach(m, i, a) printf(" %s", json_string_value(a));
+    putchar(')');
+  }
+  putchar('\n');
+}
+
 static void print_matrix(json_t *cov) {
   json_t *archs = json_object_get(cov, "archs"), *a, *b;
   size_t i, j;
@@ -174,6 +204,7 @@ static void print_matrix(json_t *cov) {
          JI(cov, "present"), JI(cov, "expected"),
          json_is_true(json_object_get(cov, "warmup"))
              ? "" : " (no warmup manifest: the cells its bundles have)");
+  print_archs_from(cov);
   printf("%-24s", "bucket \\ arch");
   json_array_foreach(archs, j, a) printf(" %-10s", json_string_value(a));
   putchar('\n');
@@ -230,6 +261,68 @@ int kcli_cmd_ls(int argc, char **argv) {
   return rc;
 }
 
+/* 1 when text is the hash or a prefix of it of at least 12 hex digits. */
+static int confirms(const char *text, const char *hash) {
+  size_t n = strlen(text);
+  while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' ||
+               text[n - 1] == ' '))
+    n--;
+  if (n < 12 || n > KC_HEX_LEN)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!((text[i] >= '0' && text[i] <= '9') ||
+          (text[i] >= 'a' && text[i] <= 'f')))
+      return 0;
+  return strncmp(text, hash, n) == 0;
+}
+
+/* Bundles the server holds for model (-1 when it cannot tell). */
+static long long bundle_count(kc_client *c, const char *model) {
+  char err[KC_ERRBUF_SIZE], *body = NULL;
+  if (kc_client_model_list(c, model, &body, err))
+    return -1;
+  json_t *root = json_loads(body, 0, NULL);
+  free(body);
+  long long n = root ? (long long)json_array_size(json_object_get(root,
+                                                                  "bundles"))
+                     : -1;
+  json_decref(root);
+  return n;
+}
+
+/* A purge by name deletes only the hash its user saw: the name is resolved
+ * (refused when two models share it), then the hash is confirmed by
+ * --confirm or typed on a terminal. Without either, the hash is shown and
+ * nothing is deleted: a name a manifest gave is not proof of identity.
+ * KCLI_EXIT_OK to go on. */
+static int purge_confirm(kc_client *c, const models_args *a,
+                         const char *model) {
+  if (kc_is_hex64(a->model))
+    return KCLI_EXIT_OK; /* the hash itself was given */
+  long long n = bundle_count(c, model);
+  char what[256];
+  snprintf(what, sizeof what, "'%.100s' is model %s (%lld bundles)", a->model,
+           model, n);
+  if (a->confirm) {
+    if (confirms(a->confirm, model))
+      return KCLI_EXIT_OK;
+    return kcli_fail("purge", KCLI_EXIT_FAIL, "%s: --confirm %.80s is not "
+                     "its hash; nothing deleted", what, a->confirm);
+  }
+  if (isatty(0) && isatty(2)) {
+    char line[128] = "";
+    fprintf(stderr, "%s.\nType its hash (at least the first 12 hex digits) "
+            "to purge it: ", what);
+    if (fgets(line, sizeof line, stdin) && confirms(line, model))
+      return KCLI_EXIT_OK;
+    return kcli_fail("purge", KCLI_EXIT_FAIL, "not confirmed; nothing "
+                     "deleted");
+  }
+  return kcli_fail("purge", KCLI_EXIT_FAIL, "%s; to purge it: kcache purge "
+                   "%.100s --confirm %.12s (nothing deleted)", what, a->model,
+                   model);
+}
+
 int kcli_cmd_purge(int argc, char **argv) {
   models_args a;
   int rc;
@@ -239,8 +332,15 @@ int kcli_cmd_purge(int argc, char **argv) {
     return rc;
   char err[KC_ERRBUF_SIZE], model[KC_HEX_LEN + 1], *body = NULL;
   kc_err e = kc_client_model_resolve(c, a.model, model, err);
-  if (!e)
-    e = kc_client_model_purge(c, model, &body, err);
+  if (e) {
+    kc_client_free(c);
+    return kcli_fail("purge", KCLI_EXIT_FAIL, "%s", err);
+  }
+  if ((rc = purge_confirm(c, &a, model))) {
+    kc_client_free(c);
+    return rc;
+  }
+  e = kc_client_model_purge(c, model, &body, err);
   kc_client_free(c);
   if (e)
     return kcli_fail("purge", KCLI_EXIT_FAIL, "%s", err);

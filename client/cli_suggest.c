@@ -1,8 +1,9 @@
 /* cli_suggest.c: `kcache suggest`: reads a model's demand histogram from
  * kcached (GET /v1/models/{model}/demand), proposes K buckets per dimension
  * that minimise padding over the observed shapes (suggest.h says how), prints
- * the padding before (the manifest's buckets) and after, and writes the
- * warmup manifest with its buckets replaced. */
+ * the padding before (the buckets of --manifest, else of the warmup manifest
+ * kcached holds) and after, and writes the warmup manifest with its buckets
+ * replaced. MODEL is a name or a hash, as for ls and purge. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,9 @@ static const char suggest_help[] =
     "kc_demand_note and kept by kcached), so that buckets follow traffic.\n"
     "Each dimension is segmented on its own (optimal by dynamic programming,\n"
     "boundaries at observed values); the buckets are the cells of their\n"
-    "product that some observed shape falls in. MODEL defaults to the\n"
-    "manifest's model.hash.\n"
+    "product that some observed shape falls in. MODEL (a name or a 64-hex\n"
+    "hash) defaults to the manifest's model.hash. Without --manifest, the\n"
+    "warmup manifest kcached holds for MODEL gives the 'before'.\n"
     "\n"
     "  --buckets K      boundaries per dimension (1..64, default 4)\n"
     "  --manifest FILE  the warmup manifest: its buckets are the 'before',\n"
@@ -71,9 +73,8 @@ static int suggest_parse(sargs *a, int argc, char **argv) {
   if (n > 1 || (n == 0 && !a->manifest) || (a->out && !a->manifest))
     return kcli_usage("suggest", suggest_usage);
   a->model = n ? argv[optind] : NULL;
-  if (a->model && !kc_is_hex64(a->model))
-    return kcli_fail("suggest", KCLI_EXIT_USAGE,
-                     "MODEL must be 64 lowercase hex digits");
+  if (a->model && !*a->model)
+    return kcli_fail("suggest", KCLI_EXIT_USAGE, "MODEL is empty");
   return kcli_need_url(&a->g, "suggest");
 }
 
@@ -185,13 +186,9 @@ static int write_manifest(const sargs *a, const kc_bucket *b, size_t n) {
 }
 
 /* The histogram of the model, parsed; NULL after saying why. */
-static json_t *fetch_hist(const sargs *a, const char *model) {
+static json_t *fetch_hist(kc_client *c, const char *model) {
   char err[KC_ERRBUF_SIZE], *body = NULL;
-  kc_client *c = kcli_client(&a->g);
-  if (!c)
-    return NULL;
   kc_err e = kc_client_demand_get(c, model, &body, err);
-  kc_client_free(c);
   json_t *j = e ? NULL : json_loads(body, 0, NULL);
   free(body);
   if (e)
@@ -211,7 +208,8 @@ static uint64_t runs_of(const kcc_shape *s, size_t n) {
 
 /* Prints before and after and the buckets; writes --out. */
 static int report(const sargs *a, const kc_warmup *w, const kcc_shape *s,
-                  size_t n, const char *dims, uint64_t ignored) {
+                  size_t n, const char *dims, uint64_t ignored,
+                  const char *w_from) {
   char err[KC_ERRBUF_SIZE], label[1024];
   kc_bucket *out = NULL;
   size_t nout = 0;
@@ -228,6 +226,8 @@ static int report(const sargs *a, const kc_warmup *w, const kcc_shape *s,
   if (w) {
     kcc_suggest_waste(s, n, w->buckets, w->n_buckets, &before, &beyond);
     print_waste("before:", w->n_buckets, before, runs, beyond);
+    if (w_from)
+      printf("        (%s)\n", w_from);
   }
   kcc_suggest_waste(s, n, out, nout, &after, &beyond);
   print_waste("after:", nout, after, runs, beyond);
@@ -240,9 +240,42 @@ static int report(const sargs *a, const kc_warmup *w, const kcc_shape *s,
   return rc;
 }
 
+/* The warmup manifest kcached holds for model, parsed; NULL when it has
+ * none (or it does not parse: then said, and suggest goes on without). */
+static kc_warmup *server_warmup(kc_client *c, const char *model) {
+  char err[KC_ERRBUF_SIZE], *json = NULL;
+  kc_warmup *w = NULL;
+  kc_err e = kc_client_warmup_get(c, model, &json, err);
+  if (!e && kc_warmup_parse(json, strlen(json), NULL, &w, err)) {
+    fprintf(stderr, "kcache suggest: the warmup manifest kcached holds: %s\n",
+            err);
+    w = NULL;
+  } else if (e && e != KC_NOT_FOUND) {
+    fprintf(stderr, "kcache suggest: %s\n", err);
+  }
+  free(json);
+  return w;
+}
+
+/* The model: MODEL resolved (a name or a hash), else the manifest's. */
+static int pick_model(kc_client *c, const sargs *a, const kc_warmup *w,
+                      char model[KC_HEX_LEN + 1]) {
+  char err[KC_ERRBUF_SIZE];
+  if (!a->model) {
+    snprintf(model, KC_HEX_LEN + 1, "%s", w->model_hash);
+    return KCLI_EXIT_OK;
+  }
+  if (kc_client_model_resolve(c, a->model, model, err))
+    return kcli_fail("suggest", KCLI_EXIT_FAIL, "%s", err);
+  if (w && strcmp(model, w->model_hash))
+    return kcli_fail("suggest", KCLI_EXIT_USAGE,
+                     "MODEL is not the manifest's model.hash");
+  return KCLI_EXIT_OK;
+}
+
 int kcli_cmd_suggest(int argc, char **argv) {
   sargs a = {.k = 4};
-  char err[KC_ERRBUF_SIZE], dims[600] = "";
+  char err[KC_ERRBUF_SIZE], dims[600] = "", model[KC_HEX_LEN + 1];
   int rc = kcli_common_init(&a.g, "suggest");
   if (!rc)
     rc = suggest_parse(&a, argc, argv);
@@ -251,26 +284,26 @@ int kcli_cmd_suggest(int argc, char **argv) {
   kc_warmup *w = NULL;
   if (a.manifest && kc_warmup_load(a.manifest, &w, err))
     return kcli_fail("suggest", KCLI_EXIT_FAIL, "%s", err);
-  const char *model = a.model ? a.model : w->model_hash;
-  if (w && strcmp(model, w->model_hash)) {
-    kc_warmup_free(w);
-    return kcli_fail("suggest", KCLI_EXIT_USAGE,
-                     "MODEL is not the manifest's model.hash");
-  }
+  kc_client *c = kcli_client(&a.g);
+  rc = c ? pick_model(c, &a, w, model) : KCLI_EXIT_FAIL;
+  const char *w_from = NULL;
+  if (!rc && !w && (w = server_warmup(c, model)))
+    w_from = "the buckets of the warmup manifest kcached holds";
   if (w)
     names_of(&w->buckets[0], dims, sizeof dims);
-  json_t *hist = fetch_hist(&a, model);
+  json_t *hist = rc ? NULL : fetch_hist(c, model);
+  kc_client_free(c);
   kcc_shape *s = NULL;
   uint64_t ignored = 0;
   size_t n = hist ? pick_shapes(hist, dims, sizeof dims, &s, &ignored) : 0;
-  if (!hist)
+  if (!rc && !hist)
     rc = KCLI_EXIT_FAIL;
-  else if (!n) {
+  else if (!rc && !n) {
     printf("no demand recorded for model %s%s; buckets unchanged\n", model,
            ignored ? " in the manifest's dimensions" : "");
     rc = a.out ? write_manifest(&a, NULL, 0) : KCLI_EXIT_OK;
-  } else {
-    rc = report(&a, w, s, n, dims, ignored);
+  } else if (!rc) {
+    rc = report(&a, w, s, n, dims, ignored, w_from);
   }
   free(s);
   json_decref(hist);

@@ -189,7 +189,8 @@ static void upload_warmup(kc_client *c, const warm_args *a,
   if (!kc_client_has_server(c) || a->o.no_upload ||
       kc_read_file(a->manifest, &json, &len, err))
     return;
-  kc_err e = kc_client_warmup_put(c, w->model_hash, json, len, err);
+  kc_err e = kc_client_warmup_put_archs(c, w->model_hash, json, len,
+                                        a->o.archs, a->o.n_archs, err);
   free(json);
   if (e && e != KC_FORBIDDEN && e != KC_UNAUTHORIZED && e != KC_NOT_FOUND &&
       e != KC_METHOD && !a->quiet)

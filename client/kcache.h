@@ -166,6 +166,17 @@ kc_err kc_client_model_purge(kc_client *c, const char *model, char **json,
  * KC_FORBIDDEN for a read token). */
 kc_err kc_client_warmup_put(kc_client *c, const char *model, const char *json,
                             size_t len, char *err);
+/* The same, saying which archs the warm runs for (kc_warm_opts.archs, its
+ * --arch; none: the manifest's): kcached shows them as the coverage's
+ * columns. */
+kc_err kc_client_warmup_put_archs(kc_client *c, const char *model,
+                                  const char *json, size_t len,
+                                  const char *const *archs, size_t n_archs,
+                                  char *err);
+/* GET /v1/models/{model}/warmup: the manifest kcached holds (KC_NOT_FOUND:
+ * none). *json malloc'd, caller frees. */
+kc_err kc_client_warmup_get(kc_client *c, const char *model, char **json,
+                            char *err);
 /* The model a user named: a 64-hex hash as is, else the one model whose
  * warmup manifest has that name (KC_NOT_FOUND: none; KC_EINVAL: several). */
 kc_err kc_client_model_resolve(kc_client *c, const char *name_or_hash,

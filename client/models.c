@@ -1,5 +1,6 @@
 /* models.c: the client side of the routes by model: the list of every model
- * (GET /v1/models, paged), a model's coverage, its warmup manifest (PUT),
+ * (GET /v1/models, paged), a model's coverage, its warmup manifest (PUT
+ * with the archs a warm runs for, GET),
  * purge (DELETE /v1/models/{model}), and a model named by name or hash. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,12 +65,49 @@ kc_err kc_client_model_purge(kc_client *c, const char *model, char **json,
 
 kc_err kc_client_warmup_put(kc_client *c, const char *model, const char *json,
                             size_t len, char *err) {
-  char path[128], *body = NULL;
+  return kc_client_warmup_put_archs(c, model, json, len, NULL, 0, err);
+}
+
+/* "?archs=a,b" of the archs (each [a-z0-9_], as arch names are), "" for
+ * none. */
+static kc_err archs_query(const char *const *archs, size_t n, char *out,
+                          size_t cap, char *err) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    const char *a = archs[i];
+    if (!*a || strspn(a, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(a))
+      return kc_errf(err, KC_EINVAL, "arch '%.40s': not an arch name", a);
+    int w = snprintf(out + used, cap - used, "%s%s", i ? "," : "?archs=", a);
+    if (w < 0 || (size_t)w >= cap - used)
+      return kc_errf(err, KC_EINVAL, "too many archs");
+    used += (size_t)w;
+  }
+  return KC_OK;
+}
+
+kc_err kc_client_warmup_put_archs(kc_client *c, const char *model,
+                                  const char *json, size_t len,
+                                  const char *const *archs, size_t n_archs,
+                                  char *err) {
+  char path[128], query[1024], full[1200], *body = NULL;
   kc_err e = model_path(path, sizeof path, model, "/warmup", err);
   if (!e)
-    e = call_json(c, "PUT", path, json, len, &body, err);
+    e = archs_query(archs, n_archs, query, sizeof query, err);
+  if (!e) {
+    snprintf(full, sizeof full, "%s%s", path, query);
+    e = call_json(c, "PUT", full, json, len, &body, err);
+  }
   free(body);
   return e;
+}
+
+kc_err kc_client_warmup_get(kc_client *c, const char *model, char **json,
+                            char *err) {
+  char path[128];
+  *json = NULL;
+  kc_err e = model_path(path, sizeof path, model, "/warmup", err);
+  return e ? e : call_json(c, "GET", path, NULL, 0, json, err);
 }
 
 /* Looks for name in one page of the listing: 1 found (out set), 2 found a

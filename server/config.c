@@ -159,6 +159,14 @@ static int set_lease_ttl(kcd_config *c, const char *v) {
 static int set_metrics_role(kcd_config *c, const char *v) {
   return kcd_role_parse(v, &c->metrics_role);
 }
+/* read or write: demand is counted from a token, never anonymously. */
+static int set_demand_role(kcd_config *c, const char *v) {
+  kcd_role r;
+  if (kcd_role_parse(v, &r) || r == KCD_ROLE_NONE || r == KCD_ROLE_ADMIN)
+    return -1;
+  c->demand_role = r;
+  return 0;
+}
 static int set_s3_endpoint(kcd_config *c, const char *v) {
   c->s3_endpoint = *v ? v : NULL;
   return 0;
@@ -336,6 +344,10 @@ static const opt opts[] = {
     {"metrics-role", "ROLE", "KCACHED_METRICS_ROLE",
      "role GET /metrics needs: none, read, write, admin (default none)",
      set_metrics_role},
+    {"demand-role", "ROLE", "KCACHED_DEMAND_ROLE",
+     "role POST /v1/demand needs: write (default), or read to let services "
+     "holding a read token report the shapes they run (kc_demand_note)",
+     set_demand_role},
     {"log-format", "text|json", "KCACHED_LOG_FORMAT",
      "log lines on stderr (default text)", set_log_format},
     {"access-log", "off|FILE", "KCACHED_ACCESS_LOG",
@@ -438,6 +450,7 @@ static void defaults(kcd_config *c) {
   c->min_body_rate = 1024;
   c->shutdown_s = 10;
   c->lease_max_ttl_s = 3600;
+  c->demand_role = KCD_ROLE_WRITE;
   c->resp_max_value = 512ull << 20;
   c->resp_tls = -1;
   c->compress_level = 3;

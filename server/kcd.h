@@ -294,6 +294,7 @@ typedef struct kcd_config {
   unsigned shutdown_s;     /* grace for in-flight requests at SIGTERM */
   unsigned store_wait_s;   /* retry opening the store this long at start */
   kcd_role metrics_role;   /* role /metrics needs (default none) */
+  kcd_role demand_role;    /* role POST /v1/demand needs (default write) */
   uint64_t lease_max_ttl_s;
   uint64_t scrub_rate;     /* bytes hashed per second by the scrub; 0 off */
   /* the durable tier (s3cfg.c); endpoint NULL: none */

@@ -277,10 +277,11 @@ static void announce(kcd_state *st, unsigned port) {
   int v6 = strchr(c->host, ':') != NULL;
   kcd_log(st, "info",
           "listening on %s://%s%s%s:%u (threads %u, data %s, tls %s, "
-          "metrics role %s)",
+          "metrics role %s, demand role %s)",
           st->tls_cert_pem ? "https" : "http", v6 ? "[" : "", c->host,
           v6 ? "]" : "", port, c->threads, c->data_dir,
-          st->tls_cert_pem ? "on" : "off", kcd_role_name(c->metrics_role));
+          st->tls_cert_pem ? "on" : "off", kcd_role_name(c->metrics_role),
+          kcd_role_name(c->demand_role));
   if (!c->tokens)
     kcd_log(st, "warn",
             "no token file: every client may read, write and delete; serving "

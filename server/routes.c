@@ -50,7 +50,8 @@ static const kcd_op models_ops[] = {
 static const kcd_op lease_ops[] = {
     {KCD_M_POST, W, 1, KCD_BODY_JSON, NULL, NULL, kcd_lease_post},
     {KCD_M_DELETE, W, 0, KCD_BODY_NONE, NULL, NULL, kcd_lease_delete}};
-/* Demand is telemetry a service's read token may send; the store bounds it. */
+/* Demand steers `kcache suggest`: POST needs --demand-role (default write;
+ * kcd_route_role), the store bounds what it keeps. */
 static const kcd_op demand_ops[] = {
     {KCD_M_POST, R, 1, KCD_BODY_JSON, NULL, NULL, kcd_demand_post}};
 static const kcd_op model_demand_ops[] = {
@@ -193,7 +194,10 @@ const kcd_op *kcd_route_op(const kcd_route *rt, kcd_method m) {
 
 kcd_role kcd_route_role(const kcd_route *rt, const kcd_op *op,
                         const kcd_state *st) {
-  /* Who may scrape /metrics is the operator's choice. */
+  /* Who may scrape /metrics, and who may report demand (which steers
+   * `kcache suggest`), are the operator's choice. */
+  if (rt->id == KCD_R_DEMAND && op->method == KCD_M_POST)
+    return st->cfg.demand_role;
   return rt->id == KCD_R_METRICS ? st->cfg.metrics_role : op->role;
 }
 

@@ -166,6 +166,24 @@ static kc_err parse_report(kcd_req *r, char model[KC_HEX_LEN + 1],
   return e;
 }
 
+/* One report adds at most KC_STORE_DEMAND_REPORT_MAX (a client chooses its
+ * counts): a larger one is scaled down, each count in proportion and at
+ * least 1, so that its shape of traffic is kept and its weight bounded.
+ * 1 when it was scaled. */
+static int scale_report(dentry *d, size_t n) {
+  unsigned __int128 sum = 0;
+  for (size_t i = 0; i < n; i++)
+    sum += d[i].count;
+  if (sum <= KC_STORE_DEMAND_REPORT_MAX)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t c = (uint64_t)((unsigned __int128)d[i].count *
+                            KC_STORE_DEMAND_REPORT_MAX / sum);
+    d[i].count = c ? c : 1;
+  }
+  return 1;
+}
+
 int kcd_demand_post(kcd_req *r) {
   char err[KC_ERRBUF_SIZE] = "", model[KC_HEX_LEN + 1];
   dentry *d = NULL;
@@ -176,14 +194,17 @@ int kcd_demand_post(kcd_req *r) {
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   }
   /* Validated whole before counting: a bad report counts nothing. */
+  int scaled = scale_report(d, n);
+  int known = kc_store_model_known(store_of(r), model);
   for (size_t i = 0; i < n; i++)
     if (kc_store_demand_add(store_of(r), model, d[i].kind, d[i].text,
-                            d[i].count, NULL))
+                            d[i].count, known, NULL))
       dropped++;
   free(d);
   return kcd_reply_json(r, 200,
-                        json_pack("{sI sI}", "accepted", (json_int_t)(n - dropped),
-                                  "dropped", (json_int_t)dropped),
+                        json_pack("{sI sI sb}", "accepted",
+                                  (json_int_t)(n - dropped), "dropped",
+                                  (json_int_t)dropped, "scaled", scaled),
                         NULL);
 }
 

@@ -23,6 +23,8 @@ static kc_store *store_of(const kcd_req *r) {
 typedef struct cov {
   json_t *buckets, *archs; /* arrays: bucket objects, arch strings */
   json_t *bundles;         /* [{key, fields, bytes, hits, last_used}] */
+  json_t *manifest_archs;  /* the manifest's archs (array), or NULL */
+  const char *archs_from;  /* "warm", "manifest" or "bundles" */
   int expected;            /* a warmup manifest set buckets (and archs) */
   char *name;              /* the model's name, or NULL */
 } cov;
@@ -30,6 +32,7 @@ typedef struct cov {
 static void cov_free(cov *c) {
   json_decref(c->buckets);
   json_decref(c->archs);
+  json_decref(c->manifest_archs);
   json_decref(c->bundles);
   free(c->name);
 }
@@ -54,12 +57,18 @@ static json_t *bucket_json(const kc_bucket *b) {
   return o;
 }
 
-/* Appends v to the array unless an equal value is there. */
-static void add_unique(json_t *arr, json_t *v) {
+/* 1 when the array holds a value equal to v. */
+static int in_array(json_t *arr, json_t *v) {
   size_t i;
   json_t *x;
-  json_array_foreach(arr, i, x) if (json_equal(x, v)) return;
-  json_array_append(arr, v);
+  json_array_foreach(arr, i, x) if (json_equal(x, v)) return 1;
+  return 0;
+}
+
+/* Appends v to the array unless an equal value is there. */
+static void add_unique(json_t *arr, json_t *v) {
+  if (!in_array(arr, v))
+    json_array_append(arr, v);
 }
 
 /* Expected cells from the warmup manifest (validated when it was stored). */
@@ -71,9 +80,34 @@ static void cov_from_warmup(cov *c, const char *json, size_t len) {
   c->name = strdup(w->model_name);
   for (size_t i = 0; i < w->n_buckets; i++)
     json_array_append_new(c->buckets, bucket_json(&w->buckets[i]));
+  c->manifest_archs = json_array();
   for (size_t i = 0; i < w->n_archs; i++)
-    json_array_append_new(c->archs, json_string(w->archs[i]));
+    json_array_append_new(c->manifest_archs, json_string(w->archs[i]));
   kc_warmup_free(w);
+}
+
+/* The columns: the archs the model's warms ran for (their --arch, recorded
+ * with the manifest they sent), else the manifest's, else (cov_from_bundles)
+ * those its bundles have. */
+static void cov_archs(kcd_req *r, const char *model, cov *c) {
+  char list[KC_STORE_WARM_ARCHS_MAX];
+  if (c->expected && kc_store_warm_archs_get(store_of(r), model, list) ==
+                         KC_OK) {
+    int same = 1; /* as a set, the manifest's: say "manifest" */
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t;
+         t = strtok_r(NULL, ",", &save)) {
+      json_t *a = json_string(t);
+      same &= in_array(c->manifest_archs, a);
+      json_array_append_new(c->archs, a);
+    }
+    same &= json_array_size(c->archs) == json_array_size(c->manifest_archs);
+    c->archs_from = same ? "manifest" : "warm";
+  } else if (json_array_size(c->manifest_archs)) {
+    json_array_extend(c->archs, c->manifest_archs);
+    c->archs_from = "manifest";
+  } else {
+    c->archs_from = "bundles";
+  }
 }
 
 /* Archs (and, without a manifest, buckets) the bundles have fill in what the
@@ -109,6 +143,7 @@ static kc_err cov_load(kcd_req *r, const char *model, const char *warmup,
   if (warmup)
     cov_from_warmup(c, warmup, wlen);
   free(own);
+  cov_archs(r, model, c);
   kc_err e = kc_store_model_list(store_of(r), model, collect_bundle,
                                  c->bundles);
   if (e && e != KC_NOT_FOUND)
@@ -231,11 +266,12 @@ int kcd_coverage_get(kcd_req *r) {
   size_t present = 0;
   json_t *cells = cov_matrix(r, &c, used, &present);
   json_t *o = json_pack(
-      "{ss so sb sO sO so so sI sI}", "model", r->param, "name",
+      "{ss so sb sO sO so so sI sI ss sO*}", "model", r->param, "name",
       c.name ? json_string(c.name) : json_null(), "warmup", c.expected,
       "buckets", c.buckets, "archs", c.archs, "cells", cells, "extra",
       cov_extra(&c, used), "present", (json_int_t)present, "expected",
-      (json_int_t)(json_array_size(c.buckets) * json_array_size(c.archs)));
+      (json_int_t)(json_array_size(c.buckets) * json_array_size(c.archs)),
+      "archs_from", c.archs_from, "manifest_archs", c.manifest_archs);
   json_decref(used);
   cov_free(&c);
   return kcd_reply_json(r, 200, o, NULL);
@@ -335,27 +371,69 @@ int kcd_warmup_get(kcd_req *r) {
   return kcd_reply(r, 200, "application/json", json, len, KCD_MEM_FREE, NULL);
 }
 
-/* Validated by schema/'s parser, under the URL's model; kept as sent. */
+/* Validated by schema/'s parser, under the URL's model; kept as sent. A
+ * model's name belongs to the first manifest that gave it: a write token
+ * may replace a manifest under the same name, renaming or taking another
+ * model's name needs admin (409 conflict), so a name a purge resolves
+ * cannot be re-pointed by a write token. */
+/* The archs a warm runs for: ?archs=a,b (its --arch, each a valid arch, at
+ * most 64), else the manifest's; "" for neither. -1 on a bad list. */
+static int run_archs(kcd_req *r, const kc_warmup *w, char *out, size_t cap) {
+  const char *q = kcd_query(r, "archs");
+  size_t n = 0, count = 0;
+  out[0] = '\0';
+  if (!q) {
+    for (size_t i = 0; i < w->n_archs && n + strlen(w->archs[i]) + 2 < cap;
+         i++)
+      n += (size_t)snprintf(out + n, cap - n, "%s%s", i ? "," : "",
+                            w->archs[i]);
+    return 0;
+  }
+  char one[64];
+  for (const char *a = q;; a++) {
+    size_t l = strcspn(a, ",");
+    if (l == 0 || l >= sizeof one || ++count > 64 || n + l + 2 >= cap)
+      return -1;
+    memcpy(one, a, l);
+    one[l] = '\0';
+    if (!kc_arch_valid(one))
+      return -1;
+    n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? "," : "", one);
+    a += l;
+    if (!*a)
+      return 0;
+  }
+}
+
 int kcd_warmup_put(kcd_req *r) {
-  char err[KC_ERRBUF_SIZE] = "";
+  char err[KC_ERRBUF_SIZE] = "", archs[KC_STORE_WARM_ARCHS_MAX];
   kc_warmup *w = NULL;
   const char *body = r->body ? r->body : "";
   kc_err e = kc_warmup_parse(body, r->body_len, NULL, &w, err);
   if (e)
     return kcd_reply_error_json(r, e == KC_NOMEM ? e : KC_BAD_WARMUP, err,
                                 NULL, NULL);
+  if (run_archs(r, w, archs, sizeof archs)) {
+    kc_warmup_free(w);
+    return kcd_reply_error(r, KC_EINVAL, "archs: a comma list of at most 64 "
+                           "archs (sm_80, sm_90a, compute_90, ...)");
+  }
   int same = strcmp(w->model_hash, r->param) == 0;
   size_t cells = w->n_buckets * w->n_archs;
-  kc_warmup_free(w);
-  if (!same)
+  if (!same) {
+    kc_warmup_free(w);
     return kcd_reply_error(r, KC_KEY_MISMATCH, "model.hash: the manifest's "
                            "model is not the URL's %s", r->param);
+  }
   char *old = NULL;
   size_t olen = 0;
   int had = kc_store_warmup_get(store_of(r), r->param, &old, &olen, NULL) ==
             KC_OK;
   free(old);
-  e = kc_store_warmup_put(store_of(r), r->param, body, r->body_len, err);
+  int flags = r->role >= KCD_ROLE_ADMIN ? KC_WARMUP_RENAME : 0;
+  e = kc_store_warmup_put(store_of(r), r->param, w->model_name, body,
+                          r->body_len, flags, archs, err);
+  kc_warmup_free(w);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   return kcd_reply_json(r, had ? 200 : 201,

@@ -25,7 +25,9 @@ struct kcs_demand {
   pend *slots; /* PEND_CAP, open addressing */
   size_t n;
   char models[KC_STORE_DEMAND_PENDING_MODELS][KC_HEX_LEN + 1];
+  size_t entries[KC_STORE_DEMAND_PENDING_MODELS]; /* pending, per model */
   size_t n_models;
+  size_t n_unknown, n_unknown_models; /* of models the store does not have */
   _Atomic uint64_t dropped;
 };
 
@@ -121,20 +123,30 @@ static struct kcs_demand *pending(kc_store *s) {
   return none;
 }
 
-/* 1 if the model is pending or may be added (under d->lock). */
-static int pend_model(struct kcs_demand *d, const char *model) {
+/* The model's index in d->models, added if there is room for it: a model
+ * the store does not have (unknown) may take only half of the model slots,
+ * so that a flood of made-up models cannot crowd out real ones. -1 when
+ * there is none (under d->lock). */
+static int pend_model(struct kcs_demand *d, const char *model, int known) {
   for (size_t i = 0; i < d->n_models; i++)
     if (memcmp(d->models[i], model, KC_HEX_LEN) == 0)
-      return 1;
-  if (d->n_models == KC_STORE_DEMAND_PENDING_MODELS)
-    return 0;
-  memcpy(d->models[d->n_models++], model, KC_HEX_LEN + 1);
-  return 1;
+      return (int)i;
+  if (d->n_models == KC_STORE_DEMAND_PENDING_MODELS ||
+      (!known && d->n_unknown_models >= KC_STORE_DEMAND_PENDING_MODELS / 2))
+    return -1;
+  memcpy(d->models[d->n_models], model, KC_HEX_LEN + 1);
+  d->entries[d->n_models] = 0;
+  d->n_unknown_models += !known;
+  return (int)d->n_models++;
 }
 
-/* Counts into the table; 0 added, -1 full (under d->lock). */
+/* Counts into the table; 0 added, -1 full (under d->lock). A new entry
+ * needs room three ways: in the table; within its model's share (at most
+ * KC_STORE_DEMAND_ENTRIES pending, what a record keeps: one model's flood
+ * takes at most a quarter of the table); and, for an unknown model, within
+ * the half of the table unknown models may fill. */
 static int pend_add(struct kcs_demand *d, const char *model, int kind,
-                    const char *text, uint64_t count) {
+                    const char *text, uint64_t count, int known) {
   size_t i = (size_t)pend_hash(model, kind, text) & (PEND_CAP - 1);
   while (d->slots[i].used &&
          (d->slots[i].kind != kind || strcmp(d->slots[i].model, model) ||
@@ -145,7 +157,11 @@ static int pend_add(struct kcs_demand *d, const char *model, int kind,
     p->count = p->count > UINT64_MAX - count ? UINT64_MAX : p->count + count;
     return 0;
   }
-  if (d->n == KC_STORE_DEMAND_PENDING || !pend_model(d, model))
+  if (d->n == KC_STORE_DEMAND_PENDING ||
+      (!known && d->n_unknown >= KC_STORE_DEMAND_PENDING / 2))
+    return -1;
+  int m = pend_model(d, model, known);
+  if (m < 0 || d->entries[m] >= KC_STORE_DEMAND_ENTRIES)
     return -1;
   if (!(p->text = strdup(text)))
     return -1;
@@ -154,6 +170,8 @@ static int pend_add(struct kcs_demand *d, const char *model, int kind,
   memcpy(p->model, model, KC_HEX_LEN + 1);
   p->count = count;
   d->n++;
+  d->n_unknown += !known;
+  d->entries[m]++;
   return 0;
 }
 
@@ -181,7 +199,7 @@ static kc_err check_entry(kc_store_demand_kind kind, const char *text,
 
 kc_err kc_store_demand_add(kc_store *s, const char *model,
                            kc_store_demand_kind kind, const char *text,
-                           uint64_t count, char *err) {
+                           uint64_t count, int known, char *err) {
   if (!kc_is_hex64(model))
     return kc_errf(err, KC_BAD_KEY, "model must be 64 hex digits");
   kc_err e = check_entry(kind, text, count, err);
@@ -191,7 +209,7 @@ kc_err kc_store_demand_add(kc_store *s, const char *model,
   if (!d)
     return kc_errf(err, KC_NOMEM, "out of memory");
   pthread_mutex_lock(&d->lock);
-  int rc = pend_add(d, model, (int)kind, text, count);
+  int rc = pend_add(d, model, (int)kind, text, count, known != 0);
   pthread_mutex_unlock(&d->lock);
   if (rc == 0)
     return KC_OK;
@@ -214,7 +232,7 @@ static pend *pend_take(struct kcs_demand *d, size_t *n) {
       out[(*n)++] = d->slots[i];
   if (out || !d->n) {
     memset(d->slots, 0, PEND_CAP * sizeof *d->slots);
-    d->n = d->n_models = 0;
+    d->n = d->n_models = d->n_unknown = d->n_unknown_models = 0;
   }
   pthread_mutex_unlock(&d->lock);
   return out;
@@ -330,9 +348,42 @@ typedef struct flush_ud {
   int64_t now;
 } flush_ud;
 
-/* Makes room for one more model: drops the one with the smallest total. */
-static kc_err evict_model(kc_store *s, MDB_txn *txn, char *err) {
+/* Whether the store has the model: a bundle of it (the models index) or a
+ * warmup manifest. Only write tokens make either. */
+static int model_known(kc_store *s, MDB_txn *txn, const char *model) {
+  MDB_val k = {KC_HEX_LEN, (void *)model}, v;
+  if (mdb_get(txn, s->warmups, &k, &v) == 0)
+    return 1;
+  MDB_cursor *cur;
+  if (mdb_cursor_open(txn, s->models, &cur))
+    return 0;
+  int rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+  int known = rc == 0 && k.mv_size == 2 * KC_HEX_LEN &&
+              memcmp(k.mv_data, model, KC_HEX_LEN) == 0;
+  mdb_cursor_close(cur);
+  return known;
+}
+
+int kc_store_model_known(kc_store *s, const char *model) {
+  if (!kc_is_hex64(model))
+    return 0;
+  kc_store_read *r;
+  if (kc_store_read_begin(s, &r))
+    return 0;
+  int known = model_known(s, r->txn, model);
+  kc_store_read_end(r);
+  return known;
+}
+
+/* Makes room for one more model when KC_STORE_DEMAND_MODELS are kept: drops
+ * the record with the smallest total among models the store does not have;
+ * only when every kept model is known, and the newcomer is known too, the
+ * smallest known one. *room: 0 when the newcomer must be dropped (an
+ * unknown model never displaces a known one's histogram). */
+static kc_err evict_model(kc_store *s, MDB_txn *txn, int known, int *room,
+                          char *err) {
   MDB_stat st;
+  *room = 1;
   if (mdb_stat(txn, s->demand, &st) || st.ms_entries < KC_STORE_DEMAND_MODELS)
     return KC_OK;
   MDB_cursor *cur;
@@ -340,23 +391,34 @@ static kc_err evict_model(kc_store *s, MDB_txn *txn, char *err) {
   if (rc)
     return kcs_mdb_err(rc, "demand", err);
   MDB_val k, v;
-  char victim[KC_HEX_LEN];
-  uint64_t least = UINT64_MAX;
-  int found = 0;
+  char victim[2][KC_HEX_LEN]; /* [0] unknown, [1] known */
+  uint64_t least[2] = {UINT64_MAX, UINT64_MAX};
+  int found[2] = {0, 0};
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     kcs_demand_head h = {0};
     if (v.mv_size >= sizeof h)
       memcpy(&h, v.mv_data, sizeof h);
-    if (k.mv_size == KC_HEX_LEN && (!found || h.total < least)) {
-      least = h.total;
-      memcpy(victim, k.mv_data, KC_HEX_LEN);
-      found = 1;
+    if (k.mv_size != KC_HEX_LEN)
+      continue;
+    char m[KC_HEX_LEN + 1];
+    memcpy(m, k.mv_data, KC_HEX_LEN);
+    m[KC_HEX_LEN] = '\0';
+    int kn = model_known(s, txn, m);
+    if (!found[kn] || h.total < least[kn]) {
+      least[kn] = h.total;
+      memcpy(victim[kn], m, KC_HEX_LEN);
+      found[kn] = 1;
     }
   }
   mdb_cursor_close(cur);
-  MDB_val vk = {KC_HEX_LEN, victim};
-  return found ? kcs_del(txn, s->demand, &vk, err) : KC_OK;
+  int which = found[0] ? 0 : known && found[1] ? 1 : -1;
+  if (which < 0) {
+    *room = 0;
+    return KC_OK;
+  }
+  MDB_val vk = {KC_HEX_LEN, victim[which]};
+  return kcs_del(txn, s->demand, &vk, err);
 }
 
 /* Merges pend[0..n) (one model) into its record. */
@@ -371,9 +433,20 @@ static kc_err flush_model(kc_store *s, MDB_txn *txn, const pend *p, size_t n,
   /* A damaged record starts over: it is telemetry. */
   if (rc == 0 && rec_decode(&v, &h, &e, n))
     h = (kcs_demand_head){REC_VERSION, 0, 0, 0, now};
+  int room = 1;
+  kc_err x = rc == MDB_NOTFOUND
+                 ? evict_model(s, txn, model_known(s, txn, p[0].model), &room,
+                               err)
+                 : KC_OK;
+  if (x || !room) { /* !room: no unknown record to displace, dropped */
+    struct kcs_demand *d = atomic_load(&s->demand_pending);
+    if (!x && d)
+      atomic_fetch_add(&d->dropped, n);
+    free(e);
+    return x;
+  }
   if (!e && !(e = malloc((n + 1) * sizeof *e)))
     return kc_errf(err, KC_NOMEM, "out of memory");
-  kc_err x = rc == MDB_NOTFOUND ? evict_model(s, txn, err) : KC_OK;
   size_t m = h.n;
   for (size_t i = 0; i < n; i++) {
     e[m++] = (ent){p[i].count, p[i].kind, (uint16_t)strlen(p[i].text),

@@ -627,7 +627,15 @@ kc_err kc_store_kv_expire_step(kc_store *s, int64_t now_ms, size_t max,
  * KC_STORE_DEMAND_ENTRIES entries and KC_STORE_DEMAND_RECORD_BYTES per model
  * (the least counted are dropped, their counts added to the model's
  * `dropped`) and KC_STORE_DEMAND_MODELS models (a new model replaces the one
- * with the smallest total): at most 128 MiB in all. */
+ * with the smallest total): at most 128 MiB in all.
+ *
+ * Known models (with a bundle or a warmup manifest, which only write tokens
+ * make) are kept from other models' floods: a model may have at most
+ * KC_STORE_DEMAND_ENTRIES entries pending; models the store does not have
+ * may fill at most half of the pending entries and model slots; and on disk
+ * a new model displaces the unknown model with the smallest total, a known
+ * one only when every kept model is known and the newcomer is known too
+ * (an unknown newcomer is then dropped). */
 
 #define KC_STORE_DEMAND_ENTRIES 4096
 #define KC_STORE_DEMAND_MODELS 1024
@@ -635,6 +643,10 @@ kc_err kc_store_kv_expire_step(kc_store *s, int64_t now_ms, size_t max,
 #define KC_STORE_DEMAND_PENDING 16384
 #define KC_STORE_DEMAND_PENDING_MODELS 256
 #define KC_STORE_DEMAND_COUNT_MAX 4294967295ULL /* one add's count */
+/* What one report (POST /v1/demand) may add up to: a larger one is scaled
+ * down to it, each count in proportion (at least 1). A service's library
+ * sends every 2 s, so this is half a million runs a second of one model. */
+#define KC_STORE_DEMAND_REPORT_MAX (1ULL << 20)
 /* Longest entry text: 16 dims of "name=value," (32 + 1 + 16 + 1 bytes). */
 #define KC_STORE_DEMAND_TEXT_MAX 800
 
@@ -668,12 +680,16 @@ kc_err kc_store_demand_shape_text(const kc_bucket *shape, char *text,
 /* Parses canonical text back into a bucket. KC_EINVAL if it is not one. */
 kc_err kc_store_demand_shape_parse(const char *text, kc_bucket *out);
 /* Counts one entry for model (64 hex) in memory. text: a shape's canonical
- * text, or a key (64 hex) for KC_DEMAND_MISS_KEY; count 1..COUNT_MAX.
- * KC_BUSY when the pending table is full (dropped: nothing counted). Any
- * thread; never a write transaction. */
+ * text, or a key (64 hex) for KC_DEMAND_MISS_KEY; count 1..COUNT_MAX;
+ * known: kc_store_model_known(model), asked once per report by the caller.
+ * KC_BUSY when the pending table, or the model's share or the unknown
+ * models' share of it, is full (dropped: nothing counted). Any thread;
+ * never a write transaction. */
 kc_err kc_store_demand_add(kc_store *s, const char *model,
                            kc_store_demand_kind kind, const char *text,
-                           uint64_t count, char *err);
+                           uint64_t count, int known, char *err);
+/* 1 when the store has a bundle or a warmup manifest of model (one read). */
+int kc_store_model_known(kc_store *s, const char *model);
 /* Merges what is pending into the database in one write transaction. On
  * failure the pending counts are lost (telemetry) and the error returned.
  * Any thread; kcached's maintenance tick and kc_store_close call it. */
@@ -708,10 +724,24 @@ typedef int (*kc_store_model_cb)(const kc_store_model_info *m, void *ud);
 kc_err kc_store_models_list(kc_store *s, const char *after, size_t limit,
                             kc_store_model_cb cb, void *ud,
                             char next[KC_HEX_LEN + 1], char *err);
-/* Stores the model's warmup manifest (the caller validated it), replacing an
- * older one, in one write transaction. */
-kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *json,
-                           size_t len, char *err);
+/* Stores the model's warmup manifest (the caller validated it; name is its
+ * model.name), replacing an older one, in one write transaction. A name
+ * belongs to the first model that stored it: without KC_WARMUP_RENAME in
+ * flags, KC_CONFLICT when the model's stored manifest has another name or
+ * another model's manifest has this one (a pass over every manifest). */
+#define KC_WARMUP_RENAME 1 /* may rename, or share a name (admin) */
+/* archs: "a,b", the archs this warm runs for (its --arch, else the
+ * manifest's; NULL: neither). They are added to the archs recorded for the
+ * model while its manifest stays byte for byte the same, and replace them
+ * when it changed (kc_store_warm_archs_get; at most 64 archs' worth). */
+#define KC_STORE_WARM_ARCHS_MAX 2048
+kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *name,
+                           const char *json, size_t len, int flags,
+                           const char *archs, char *err);
+/* The archs warms of the model ran for ("a,b", in the order first seen);
+ * KC_NOT_FOUND when none is recorded. */
+kc_err kc_store_warm_archs_get(kc_store *s, const char *model,
+                               char out[KC_STORE_WARM_ARCHS_MAX]);
 /* The model's warmup manifest: *json malloc'd (NUL-terminated), the caller
  * frees it. KC_NOT_FOUND when none was stored. */
 kc_err kc_store_warmup_get(kc_store *s, const char *model, char **json,

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "store_internal.h"
@@ -17,6 +18,9 @@
  * limit was lowered: each needs a few pages for the B-trees and the free
  * list, which a nearly full map still has; a failed batch is halved. */
 #define FULL_BATCH 32
+/* Free space under which a commit's EIO counts as a full disk: a short write
+ * leaves less than a page, a little more covers a deletion in between. */
+#define DISK_FULL_SLACK (1024ull * 1024)
 /* Room beyond the data file a map keeps at open (kcs_map_with_room). */
 #define MAP_ROOM_MIN (16ull * 1024 * 1024)
 
@@ -36,11 +40,26 @@ kc_err kcs_disk_err(kc_store *s, int errnum, const char *what, char *err) {
                  "full: %s", what, s->dir, strerror(errnum));
 }
 
+/* Whether the file system holding the store has less than DISK_FULL_SLACK
+ * bytes left for it (statvfs; 0 when it cannot tell). */
+static int disk_nearly_full(const kc_store *s) {
+  struct statvfs v;
+  if (statvfs(s->dir, &v) != 0)
+    return 0;
+  return (uint64_t)v.f_bavail * v.f_frsize < DISK_FULL_SLACK;
+}
+
 kc_err kcs_commit_done(kc_store *s, int rc, char *err) {
   if (rc) {
     kcs_txn_reset(s);
     if (rc == MDB_MAP_FULL)
       return KCS_MAP_FULL;
+    /* LMDB answers a short write of its pages with EIO, not ENOSPC: a commit
+     * that fills the disk part way (the usual end of small uploads, whose
+     * pages go straight to the data file) is a full disk when no room is
+     * left after it. */
+    if (rc == EIO && disk_nearly_full(s))
+      rc = ENOSPC;
     if (rc == ENOSPC || rc == EDQUOT)
       return kcs_disk_err(s, rc, "commit", err);
     return kcs_mdb_err(rc, "commit", err);

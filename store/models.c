@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "store_internal.h"
 
 /* ---- listing ---- */
@@ -124,24 +126,148 @@ kc_err kc_store_models_list(kc_store *s, const char *after, size_t limit,
 /* ---- warmup manifests ---- */
 
 typedef struct wu_put {
-  const char *model, *json;
+  const char *model, *name, *json;
   size_t len;
+  int flags;
+  const char *archs; /* "a,b": the archs this warm runs for; NULL none */
 } wu_put;
+
+/* The model.name of a stored warmup manifest (validated when it was put):
+ * malloc'd, NULL when it has none or cannot be read. */
+static char *stored_name(const MDB_val *v) {
+  json_t *j = json_loadb(v->mv_data, v->mv_size, 0, NULL);
+  const char *n = json_string_value(json_object_get(json_object_get(j,
+                                                                    "model"),
+                                                    "name"));
+  char *out = n ? strdup(n) : NULL;
+  json_decref(j);
+  return out;
+}
+
+/* A model's name is owned by the first manifest that gave it: without
+ * KC_WARMUP_RENAME, a manifest may not change its model's name, nor take a
+ * name another model's manifest holds (KC_CONFLICT, naming the holder).
+ * One pass over every stored manifest, inside the write transaction, so two
+ * concurrent puts of one name cannot both pass. */
+static kc_err warmup_name_check(kc_store *s, MDB_txn *txn, const wu_put *p,
+                                char *err) {
+  MDB_cursor *cur;
+  int rc = mdb_cursor_open(txn, s->warmups, &cur);
+  if (rc)
+    return kcs_mdb_err(rc, "checking a model's name", err);
+  MDB_val k, v;
+  kc_err e = KC_OK;
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && !e;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    int self = k.mv_size == KC_HEX_LEN &&
+               memcmp(k.mv_data, p->model, KC_HEX_LEN) == 0;
+    char *n = stored_name(&v);
+    if (self && n && strcmp(n, p->name) != 0) /* unreadable: replaced */
+      e = kc_errf(err, KC_CONFLICT, "model %s is named '%.100s': renaming "
+                  "it needs an admin token", p->model, n);
+    else if (!self && n && strcmp(n, p->name) == 0)
+      e = kc_errf(err, KC_CONFLICT, "the name '%.100s' belongs to model "
+                  "%.*s: taking it needs an admin token", p->name,
+                  (int)k.mv_size, (const char *)k.mv_data);
+    free(n);
+  }
+  mdb_cursor_close(cur);
+  if (!e && rc != 0 && rc != MDB_NOTFOUND)
+    e = kcs_mdb_err(rc, "checking a model's name", err);
+  return e;
+}
+
+/* Whether the comma list has the arch (len bytes). */
+static int list_has(const char *list, size_t n, const char *arch,
+                    size_t len) {
+  for (const char *p = list, *end = list + n; p < end;) {
+    const char *c = memchr(p, ',', (size_t)(end - p));
+    size_t l = c ? (size_t)(c - p) : (size_t)(end - p);
+    if (l == len && memcmp(p, arch, len) == 0)
+      return 1;
+    p += l + 1;
+  }
+  return 0;
+}
+
+/* The archs warms ran for: p->archs added to what is recorded while the
+ * manifest stays the same (warms of one manifest on several runners, each
+ * with its own --arch), replacing it when the manifest changed. */
+static kc_err warm_archs_op(kc_store *s, MDB_txn *txn, const wu_put *p,
+                            int same, char *err) {
+  MDB_val k = kcs_hex_val(p->model), v;
+  char buf[KC_STORE_WARM_ARCHS_MAX];
+  size_t n = 0;
+  if (same && mdb_get(txn, s->warmarchs, &k, &v) == 0 &&
+      v.mv_size < sizeof buf) {
+    memcpy(buf, v.mv_data, v.mv_size);
+    n = v.mv_size;
+  }
+  if (!p->archs && !same)
+    return kcs_del(txn, s->warmarchs, &k, err);
+  for (const char *a = p->archs; a && *a;) {
+    size_t l = strcspn(a, ",");
+    if (!list_has(buf, n, a, l) && n + l + 1 < sizeof buf) {
+      if (n)
+        buf[n++] = ',';
+      memcpy(buf + n, a, l);
+      n += l;
+    }
+    a += l + (a[l] == ',');
+  }
+  if (!n)
+    return KC_OK;
+  v = (MDB_val){n, buf};
+  return kcs_put(txn, s->warmarchs, &k, &v, 0, err);
+}
 
 static kc_err warmup_put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   wu_put *p = ud;
-  MDB_val k = kcs_hex_val(p->model), v = {p->len, (void *)p->json};
-  return kcs_put(txn, s->warmups, &k, &v, 0, err);
+  if (!(p->flags & KC_WARMUP_RENAME)) {
+    kc_err e = warmup_name_check(s, txn, p, err);
+    if (e)
+      return e;
+  }
+  MDB_val k = kcs_hex_val(p->model), v = {p->len, (void *)p->json}, old;
+  int same = mdb_get(txn, s->warmups, &k, &old) == 0 &&
+             old.mv_size == p->len && memcmp(old.mv_data, p->json, p->len) == 0;
+  kc_err e = warm_archs_op(s, txn, p, same, err);
+  return e ? e : kcs_put(txn, s->warmups, &k, &v, 0, err);
 }
 
-kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *json,
-                           size_t len, char *err) {
+kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *name,
+                           const char *json, size_t len, int flags,
+                           const char *archs, char *err) {
   if (!kc_is_hex64(model))
     return kc_errf(err, KC_BAD_KEY, "a model is 64 lowercase hex digits");
   if (!len)
     return kc_errf(err, KC_BAD_WARMUP, "an empty warmup manifest");
-  wu_put p = {model, json, len};
+  if (!name)
+    return kc_errf(err, KC_BAD_WARMUP, "a warmup manifest without a name");
+  if (archs && strlen(archs) >= KC_STORE_WARM_ARCHS_MAX)
+    return kc_errf(err, KC_EINVAL, "archs: over %d bytes",
+                   KC_STORE_WARM_ARCHS_MAX - 1);
+  wu_put p = {model, name, json, len, flags, archs && *archs ? archs : NULL};
   return kcs_write(s, warmup_put_op, &p, err);
+}
+
+kc_err kc_store_warm_archs_get(kc_store *s, const char *model,
+                               char out[KC_STORE_WARM_ARCHS_MAX]) {
+  out[0] = '\0';
+  if (!kc_is_hex64(model))
+    return KC_BAD_KEY;
+  kc_store_read *r;
+  kc_err e = kc_store_read_begin(s, &r);
+  if (e)
+    return e;
+  MDB_val k = kcs_hex_val(model), v;
+  int rc = mdb_get(r->txn, s->warmarchs, &k, &v);
+  if (rc == 0 && v.mv_size < KC_STORE_WARM_ARCHS_MAX) {
+    memcpy(out, v.mv_data, v.mv_size);
+    out[v.mv_size] = '\0';
+  }
+  kc_store_read_end(r);
+  return rc == 0 && out[0] ? KC_OK : KC_NOT_FOUND;
 }
 
 kc_err kc_store_warmup_get(kc_store *s, const char *model, char **json,
@@ -211,6 +337,8 @@ static kc_err purge_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   if (!e && n == 0) {
     MDB_val mk = kcs_hex_val(p->model);
     e = kcs_del(txn, s->warmups, &mk, err);
+    if (!e)
+      e = kcs_del(txn, s->warmarchs, &mk, err);
   }
   if (!e)
     p->dropped = n;

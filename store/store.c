@@ -179,7 +179,7 @@ static kc_err open_dbis(kc_store *s, char *err) {
       {"s3dead", &s->s3dead},         {"kv", &s->kv},
       {"kvlru", &s->kvlru},           {"kvexp", &s->kvexp},
       {"demand", &s->demand},
-      {"warmups", &s->warmups}};
+      {"warmups", &s->warmups},       {"warmarchs", &s->warmarchs}};
   MDB_txn *txn;
   int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
   if (rc)
@@ -221,7 +221,8 @@ static int try_open(kc_store *s, const kc_store_opts *o, uint64_t map_size) {
   if (rc)
     return rc;
   mdb_env_set_mapsize(s->env, (size_t)map_size);
-  mdb_env_set_maxdbs(s->env, 16); /* 14, demand (demand.c), warmups (models.c) */
+  /* 14, demand (demand.c), warmups and warmarchs (models.c) */
+  mdb_env_set_maxdbs(s->env, 17);
   mdb_env_set_maxreaders(s->env, o->max_readers ? o->max_readers : 512);
   /* NOTLS: a read transaction lives with a request, which may move between
    * libmicrohttpd's threads; NORDAHEAD: blob reads are random. */

@@ -129,6 +129,7 @@ struct kc_store {
   /* demand.c's pending counts: made at the first add (NULL before). */
   _Atomic(struct kcs_demand *) demand_pending;
   MDB_dbi warmups; /* model hex -> its warmup manifest (models.c) */
+  MDB_dbi warmarchs; /* model hex -> archs its warms ran for, "a,b" */
   uint64_t kv_max_bytes;
   kcs_uses kvuses; /* last uses of RESP keys, by hex(sha256(key)), in ms */
   _Atomic uint64_t kv_hits, kv_misses, evicted_kv;

@@ -2381,11 +2381,20 @@ static void test_suggest_cli(void **state) {
   rc = run_cli(out, sizeof out, "ls --url %s %s", f->srv.url, MODEL);
   assert_int_equal(rc, 0);
   assert_non_null(strstr(out, "\"seq\":120"));
+  /* The warm stored w2 (named "t"): suggest takes the name, as ls and purge
+   * do, and without --manifest its 'before' is the manifest kcached holds
+   * (w2's three buckets: the padding suggested above). */
+  rc = run_cli(out, sizeof out, "suggest --url %s t --buckets 2", f->srv.url);
+  print_message("%s", out);
+  assert_int_equal(rc, 0);
+  assert_non_null(strstr(out, "before: 3 buckets, padding 3130"));
+  assert_non_null(strstr(out, "warmup manifest kcached holds"));
   /* Usage errors. */
   assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --out %s %s",
                            f->srv.url, w2, MODEL), 2);
   assert_int_equal(run_cli(out, sizeof out, "suggest --url %s abc",
-                           f->srv.url), 2);
+                           f->srv.url), 1);
+  assert_non_null(strstr(out, "no model named 'abc'"));
   assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --buckets 0 %s",
                            f->srv.url, MODEL), 2);
   assert_int_equal(run_cli(out, sizeof out,
@@ -2434,8 +2443,13 @@ static void test_warm_purge_refill(void **state) {
   assert_int_equal(run_cli(out, sizeof out, "ls refill-model --url %s",
                            f->srv.url), 0);
   assert_int_equal(occurrences(out, " hits"), 4);
+  /* a name is confirmed with its hash: without --confirm, nothing goes */
   assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s",
-                           f->srv.url), 0);
+                           f->srv.url), 1);
+  assert_non_null(strstr(out, MODEL));
+  assert_non_null(strstr(out, "nothing deleted"));
+  assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s "
+                           "--confirm %.12s", f->srv.url, MODEL), 0);
   assert_non_null(strstr(out, "purged 4 bundles"));
   /* the name went with the manifest; the hash still answers, empty */
   assert_int_equal(run_cli(out, sizeof out, "ls refill-model --url %s",
@@ -2455,6 +2469,109 @@ static void test_warm_purge_refill(void **state) {
   assert_int_equal(run_cli(out, sizeof out, "purge nobody --url %s",
                            f->srv.url), 1);
   assert_int_equal(run_cli(out, sizeof out, "purge --url %s", f->srv.url), 2);
+}
+
+/* The coverage matrix's columns are the archs the warms ran for: the
+ * manifest lists sm_80 and sm_90a; a warm with --arch sm_86 shows its two
+ * bundles present under sm_86 (not 0/4 with two "no longer expected"),
+ * and a second warm with the README's CI line adds its three archs. */
+static void test_matrix_warm_archs(void **state) {
+  fx *f = *state;
+  char w[400], out[8192];
+  start_server(f);
+  refill_warmup(f, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --arch sm_86 --url %s "
+                           "--cache-dir %s/c1", w, f->srv.url, f->dir), 0);
+  assert_non_null(strstr(out, "2 built"));
+  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
+                           "%s", f->srv.url), 0);
+  print_message("%s", out);
+  assert_non_null(strstr(out, "2/2 present"));
+  assert_non_null(strstr(out, "archs: those its warms ran for (the manifest "
+                              "lists sm_80 sm_90a)"));
+  assert_non_null(strstr(out, " sm_86"));
+  assert_null(strstr(out, "no longer expected"));
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --arch sm_80,sm_90a,"
+                           "sm_100f --url %s --cache-dir %s/c1", w,
+                           f->srv.url, f->dir), 0);
+  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
+                           "%s", f->srv.url), 0);
+  print_message("%s", out);
+  assert_non_null(strstr(out, "8/8 present"));
+  assert_non_null(strstr(out, " sm_100f"));
+}
+
+#define VICTIM "9f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+/* A command-builder warmup of one bucket on sm_80, named name, for hash. */
+static void named_warmup(fx *f, const char *file, const char *name,
+                         const char *hash, char *path, size_t size) {
+  snprintf(path, size, "%s/%s", f->dir, file);
+  write_text(path,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":"
+             "\"%s\",\"hash\":\"%s\"},\"archs\":[\"sm_80\"],\"builder\":"
+             "{\"command\":[\"sh\",\"-c\",\"printf x{batch} > "
+             "{out}/k.cubin\"],\"timeout_s\":30},\"buckets\":[{\"batch\":1},"
+             "{\"batch\":2}]}",
+             name, hash);
+}
+
+/* The purge of the wrong model: a write token re-points the name an admin
+ * purges (names the victim demo-mlp and renames demo-mlp away). The server
+ * keeps a name with its first model (the forged manifests are refused and
+ * the warm says so), and a purge by name deletes only after the hash is
+ * confirmed: the victim keeps its bundles. */
+static void test_purge_by_forged_name(void **state) {
+  fx *f = *state;
+  char w[400], out[8192], tokens[400], wtok[256] = "", atok[256] = "";
+  snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
+  make_token("write", "ci", tokens, wtok, sizeof wtok);
+  make_token("admin", "ops", tokens, atok, sizeof atok);
+  assert_int_equal(kc_testsrv_init(&f->srv), 0);
+  const char *args[] = {"--tokens", tokens, NULL};
+  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
+  f->have_srv = 1;
+  named_warmup(f, "demo.json", "demo-mlp", MODEL, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+                   0);
+  named_warmup(f, "llm.json", "big-llm", VICTIM, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+                   0);
+  /* the attack: the victim named demo-mlp, demo-mlp renamed away */
+  named_warmup(f, "forged.json", "demo-mlp", VICTIM, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+                   0);
+  assert_non_null(strstr(out, "warmup manifest was not stored"));
+  assert_non_null(strstr(out, "belongs to model " MODEL));
+  named_warmup(f, "away.json", "renamed", MODEL, w, sizeof w);
+  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+                   0);
+  assert_non_null(strstr(out, "renaming it needs an admin token"));
+  /* the admin's purge by name: the hash is shown, nothing deleted */
+  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
+                           "--token %s", f->srv.url, atok), 1);
+  assert_non_null(strstr(out, "is model " MODEL " (2 bundles)"));
+  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
+                           "--token %s --confirm %.12s", f->srv.url, atok,
+                           VICTIM), 1);
+  assert_non_null(strstr(out, "is not its hash"));
+  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
+                           "--token %s --confirm %.11s", f->srv.url, atok,
+                           MODEL), 1); /* too short to confirm */
+  assert_int_equal(run_cli(out, sizeof out, "ls big-llm --url %s --token %s",
+                           f->srv.url, atok), 0);
+  assert_int_equal(occurrences(out, " hits"), 2);
+  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
+                           "--token %s --confirm %.12s", f->srv.url, atok,
+                           MODEL), 0);
+  assert_non_null(strstr(out, "purged 2 bundles of " MODEL));
+  assert_int_equal(run_cli(out, sizeof out, "ls big-llm --url %s --token %s",
+                           f->srv.url, atok), 0);
+  assert_int_equal(occurrences(out, " hits"), 2); /* the victim's are kept */
 }
 
 /* With tokens: a read token's warm says nothing of the manifest (403 is
@@ -2484,7 +2601,8 @@ static void test_warm_manifest_roles(void **state) {
                            f->srv.url, rtok), 0);
   assert_non_null(strstr(out, "refill-model"));
   assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s "
-                           "--token %s", f->srv.url, wtok), 1);
+                           "--token %s --confirm %.12s", f->srv.url, wtok,
+                           MODEL), 1);
   assert_non_null(strstr(out, "403"));
 }
 
@@ -3086,6 +3204,8 @@ int main(void) {
       T(test_demand_server_down),
       T(test_suggest_cli),
       T(test_warm_purge_refill),
+      T(test_purge_by_forged_name),
+      T(test_matrix_warm_archs),
       T(test_warm_manifest_roles),
       T(test_compat_hit),
       T(test_compat_never_wrong),

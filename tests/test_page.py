@@ -8,7 +8,8 @@ Checks the DOM after the page's scripts ran (--dump-dom): the model's name,
 its coverage matrix with the right present, missing and building cells, and
 figures equal to the API's; a model named <img src=x onerror=alert(1)> stays
 text (no <img> element at all); with a token file the page asks for a token,
-and a read token sees the models but no purge button, an admin token does.
+and a read token sees the models but no purge button, an admin token does;
+its purge asks for the model's hash and deletes nothing on a wrong answer.
 With --resp-listen the page shows the RESP reads per key family (a family
 named <img/src=x/onerror=alert(1)> stays text too); without it, no such table.
 A screenshot goes to ARTIFACTS_DIR/page.png.
@@ -390,6 +391,10 @@ def check_matrix(root, srv, demo):
     cov = srv.api("/v1/models/%s/coverage" % demo)
     name = root.find("span", id="matrix-name").all_text()
     check(name == "demo-mlp", "matrix of %r" % name)
+    summary = root.find("p", id="matrix-summary")
+    check(summary.attrs.get("data-archs-from") == cov["archs_from"] ==
+          "manifest", "the matrix's archs come from %r"
+          % summary.attrs.get("data-archs-from"))
     cells = [n for n in root.find("table", id="matrix").find_all("td")]
     check(len(cells) == cov["expected"], "%d cells, API %d expected"
           % (len(cells), cov["expected"]))
@@ -410,6 +415,36 @@ def check_matrix(root, srv, demo):
     return states
 
 
+def check_purge_confirm(cdp, srv, token):
+    """The page's purge asks for the model's hash, not its name (a name
+    comes from a warmup manifest): a wrong answer deletes nothing, the
+    hash's first 12 digits purge it."""
+    model = cdp.eval("document.querySelector('#models tr[data-model]')"
+                     ".dataset.model")
+    before = srv.api("/v1/models/" + model, token=token)["bundles"]
+    check(len(before) > 0, "the model to purge has bundles")
+    # a person who answers with the name, or clicks OK to a yes/no question
+    cdp.eval("window.asked = []; window.prompt = (m) => "
+             "{ window.asked.push(m); return 'demo-mlp'; };"
+             "window.confirm = (m) => { window.asked.push(m); return true; };"
+             "document.querySelector('#models button.purge').click(); true")
+    check(cdp.wait_for("document.getElementById('error').textContent"
+                       ".includes('not confirmed')"),
+          "a purge answered with the name was not refused")
+    asked = cdp.eval("window.asked[0]")
+    check(model in asked, "the purge prompt does not show the hash: %r"
+          % asked)
+    check(len(srv.api("/v1/models/" + model, token=token)["bundles"]) ==
+          len(before), "a purge not confirmed deleted bundles")
+    cdp.eval("window.prompt = (m) => %s.slice(0, 12);"
+             "document.querySelector('#models button.purge').click(); true"
+             % json.dumps(model))
+    check(cdp.wait_for("document.getElementById('error').textContent"
+                       ".startsWith('purged')"), "the confirmed purge")
+    check(srv.api("/v1/models/" + model, token=token)["bundles"] == [],
+          "the confirmed purge left bundles")
+
+
 def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
     toks = {}
     lines = []
@@ -425,9 +460,10 @@ def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
     srv = Server(kcached, tmp, "authed", ["--tokens", tokfile])
     try:
         # admin can write: its warm stores the manifest too
+        # for archs other than the manifest's: the matrix says so
         r = kcache(kcache_bin, tmp, "warm", demo_manifest, "--url", srv.url,
                    "--cache-dir", os.path.join(tmp, "cache-authed"),
-                   token=toks["admin"])
+                   "--arch", "sm_86,sm_80", token=toks["admin"])
         check(r.returncode == 0, "authed warm: " + r.stdout + r.stderr)
         # no token: the page asks for one
         root = parse(dump_dom(srv.url + "/"))
@@ -450,12 +486,23 @@ def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
                 check(cdp.wait_for(
                     "document.querySelectorAll('#models tr[data-model]')"
                     ".length > 0"), "no models with the %s token" % role)
+                check(cdp.wait_for("document.getElementById("
+                                   "'matrix-summary').dataset.archsFrom"),
+                      "no coverage matrix (%s)" % role)
                 dom = cdp.eval("document.documentElement.outerHTML")
                 href = cdp.eval("location.href")
                 kept = cdp.eval("sessionStorage.getItem('kcache.token')")
+                if purge:
+                    check_purge_confirm(cdp, srv, toks["admin"])
             finally:
                 cdp.close()
             root = parse(dom)
+            summary = root.find("p", id="matrix-summary")
+            check(summary.attrs.get("data-archs-from") == "warm" and
+                  "those its warms ran for (--arch), the manifest lists "
+                  "sm_80, sm_89, sm_90a" in summary.all_text(),
+                  "the matrix does not say its archs are the warm's: %r"
+                  % summary.all_text())
             who = root.find("span", id="who").all_text()
             check("role " + role in who, "role line %r" % who)
             has = any(b.has_class("purge") for b in root.find_all("button"))

@@ -194,16 +194,18 @@ static void t_demand_bad(void **state) {
   json_decref(j);
 }
 
-/* The read role may report and read; no token may not. Counts survive a
- * graceful stop right after the POST (the store's close flushes) and a
+/* Reporting demand needs the write role by default (it steers `kcache
+ * suggest`): a read token gets 403, and reads the histogram. Counts survive
+ * a graceful stop right after the POST (the store's close flushes) and a
  * SIGKILL after a flush. */
 static void t_demand_roles_restart(void **state) {
   (void)state;
   kc_testsrv t;
-  char file[300], rd[128];
+  char file[300], rd[128], wr[128];
   assert_int_equal(kc_testsrv_init(&t), 0);
   snprintf(file, sizeof file, "%s/tokens", t.dir);
   new_token("read", "svc", file, rd, sizeof rd);
+  new_token("write", "ci", file, wr, sizeof wr);
   const char *const args[] = {"--tokens", file, NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   const char *body = "{\"model\":\"" MODEL_A "\",\"shapes\":[{\"shape\":"
@@ -212,6 +214,9 @@ static void t_demand_roles_restart(void **state) {
   assert_error(&r, 401, "unauthorized");
   resp_free(&r);
   r = demand_post(&t, rd, body);
+  assert_error(&r, 403, "forbidden");
+  resp_free(&r);
+  r = demand_post(&t, wr, body);
   assert_int_equal(r.status, 200);
   resp_free(&r);
   assert_int_equal(kc_testsrv_stop(&t), 0);
@@ -219,7 +224,7 @@ static void t_demand_roles_restart(void **state) {
   json_t *j = demand_get(&t, rd, MODEL_A);
   assert_int_equal(total_of(j), 7);
   json_decref(j);
-  r = demand_post(&t, rd, body);
+  r = demand_post(&t, wr, body);
   assert_int_equal(r.status, 200);
   resp_free(&r);
   json_decref(await_total(&t, rd, MODEL_A, 14));
@@ -323,7 +328,9 @@ static void t_demand_hostile_models(void **state) {
   int sent = 0;
   for (int round = 0; sent < N; round++) {
     int start = sent;
-    for (; sent < N && sent < start + 200; sent++) { /* under 256 a flush */
+    /* under 128 a flush: models the store does not have may take half of
+     * the 256 pending model slots */
+    for (; sent < N && sent < start + 100; sent++) {
       snprintf(model, sizeof model, "%064x", 0x100000 + sent);
       snprintf(body, sizeof body,
                "{\"model\":\"%s\",\"shapes\":[{\"batch\":%d}]}", model, sent);
@@ -345,6 +352,130 @@ static void t_demand_hostile_models(void **state) {
   assert_true(kept >= 1000); /* the newest are there */
 }
 
+/* --demand-role read: services holding a read token report (the
+ * kc_demand_note flow); no token still may not. A role that is not read or
+ * write is refused at start. */
+static void t_demand_read_role_flag(void **state) {
+  (void)state;
+  kc_testsrv t;
+  char file[300], rd[128];
+  assert_int_equal(kc_testsrv_init(&t), 0);
+  snprintf(file, sizeof file, "%s/tokens", t.dir);
+  new_token("read", "svc", file, rd, sizeof rd);
+  const char *const bad[] = {"--tokens", file, "--demand-role", "none", NULL};
+  assert_int_not_equal(kc_testsrv_start(&t, bad), 0);
+  kc_testsrv_stop(&t);
+  const char *const args[] = {"--tokens", file, "--demand-role", "read",
+                              NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  const char *body = "{\"model\":\"" MODEL_A "\",\"shapes\":[{\"batch\":4}]}";
+  resp r = demand_post(&t, NULL, body);
+  assert_error(&r, 401, "unauthorized");
+  resp_free(&r);
+  r = demand_post(&t, rd, body);
+  assert_int_equal(r.status, 200);
+  resp_free(&r);
+  json_decref(await_total(&t, rd, MODEL_A, 1));
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+}
+
+/* One report adds at most 2^20 in all: a count of 2^32-1 is scaled down,
+ * the other elements in proportion (at least 1). */
+static void t_demand_report_cap(void **state) {
+  (void)state;
+  static const char model[] =
+      "abababababababababababababababababababababababababababababababab";
+  char body[300];
+  snprintf(body, sizeof body,
+           "{\"model\":\"%s\",\"shapes\":[{\"shape\":{\"batch\":1,\"seq\":1},"
+           "\"count\":4294967295},{\"batch\":2,\"seq\":2}]}",
+           model);
+  resp r = demand_post(&S, NULL, body);
+  assert_int_equal(r.status, 200);
+  json_t *j = body_json(&r);
+  assert_true(json_is_true(json_object_get(j, "scaled")));
+  json_decref(j);
+  resp_free(&r);
+  j = await_total(&S, NULL, model, 1);
+  assert_true(total_of(j) <= (1u << 20) + 1);
+  assert_true(count_of(j, "shapes", NULL, 1, 1) >= (1u << 20) - 1);
+  assert_int_equal(count_of(j, "shapes", NULL, 2, 2), 1);
+  json_decref(j);
+  snprintf(body, sizeof body, /* within the cap: as sent */
+           "{\"model\":\"%s\",\"shapes\":[{\"shape\":{\"batch\":3,\"seq\":3},"
+           "\"count\":1000}]}", model);
+  r = demand_post(&S, NULL, body);
+  j = body_json(&r);
+  assert_true(json_is_false(json_object_get(j, "scaled")));
+  json_decref(j);
+  resp_free(&r);
+}
+
+/* A model kcached has (a warmup manifest) keeps its histogram through a
+ * flood of made-up models with large totals, and its reports are taken in
+ * the second the flood fills the pending table. */
+static void t_demand_known_model_kept(void **state) {
+  (void)state;
+  kc_testsrv t;
+  static const char known[] =
+      "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a";
+  assert_int_equal(kc_testsrv_init(&t), 0);
+  assert_int_equal(kc_testsrv_start(&t, NULL), 0);
+  char w[600], body[300], model[65];
+  snprintf(w, sizeof w,
+           "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"real\","
+           "\"hash\":\"%s\"},\"archs\":[\"sm_80\"],\"builder\":{\"command\":"
+           "[\"true\"]},\"buckets\":[{\"batch\":1}]}", known);
+  resp r = http(&t, "/v1/models/5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
+                    "5a5a5a5a5a5a5a5a5a5a/warmup",
+                (req){.method = "PUT", .body = w, .len = strlen(w)});
+  assert_int_equal(r.status, 201);
+  resp_free(&r);
+  snprintf(body, sizeof body,
+           "{\"model\":\"%s\",\"shapes\":[{\"batch\":8}]}", known);
+  r = demand_post(&t, NULL, body);
+  assert_int_equal(r.status, 200);
+  resp_free(&r);
+  json_decref(await_total(&t, NULL, known, 1));
+  /* in one second: four made-up models of 4096 shapes each, then the known
+   * model's report */
+  for (int m = 0; m < 4; m++) {
+    snprintf(model, sizeof model, "%064x", 0xf00000 + m);
+    char *b = flood_body(model, 10);
+    r = demand_post(&t, NULL, b);
+    free(b);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+  }
+  r = demand_post(&t, NULL, body);
+  json_t *j = body_json(&r);
+  assert_int_equal(json_integer_value(json_object_get(j, "dropped")), 0);
+  json_decref(j);
+  resp_free(&r);
+  json_decref(await_total(&t, NULL, known, 2)); /* flushed */
+  /* 1100 made-up models, each with a total far above the known one's */
+  for (int sent = 0; sent < 1100;) {
+    int start = sent;
+    for (; sent < 1100 && sent < start + 100; sent++) {
+      snprintf(model, sizeof model, "%064x", 0x200000 + sent);
+      snprintf(body, sizeof body,
+               "{\"model\":\"%s\",\"shapes\":[{\"shape\":{\"batch\":1},"
+               "\"count\":1000000}]}", model);
+      r = demand_post(&t, NULL, body);
+      assert_int_equal(r.status, 200);
+      resp_free(&r);
+    }
+    json_decref(await_total(&t, NULL, model, 1));
+  }
+  j = demand_get(&t, NULL, known);
+  assert_true(total_of(j) >= 2);
+  assert_true(count_of(j, "shapes", NULL, 8, 0) >= 2); /* {"batch":8} */
+  json_decref(j);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+}
+
 int main(void) {
   const struct CMUnitTest api[] = {
       cmocka_unit_test(t_demand_counts),
@@ -352,9 +483,12 @@ int main(void) {
       cmocka_unit_test(t_demand_hostile_shapes),
       cmocka_unit_test(t_demand_hostile_bytes),
       cmocka_unit_test(t_demand_hostile_models),
+      cmocka_unit_test(t_demand_report_cap),
   };
   const struct CMUnitTest own[] = {
       cmocka_unit_test(t_demand_roles_restart),
+      cmocka_unit_test(t_demand_read_role_flag),
+      cmocka_unit_test(t_demand_known_model_kept),
   };
   servertest_init();
   int fails = 0;

@@ -324,6 +324,93 @@ static void t_coverage(void **state) {
 
 /* ---- purge under concurrent reads ---- */
 
+#define MA "a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7"
+
+/* The archs (JSON array of strings) of a coverage answer, "a,b". */
+static void archs_text(json_t *c, const char *field, char *out, size_t cap) {
+  size_t i, n = 0;
+  json_t *a;
+  out[0] = '\0';
+  json_array_foreach(json_object_get(c, field), i, a)
+    n += (size_t)snprintf(out + n, cap - n, "%s%s", i ? "," : "",
+                          json_string_value(a));
+}
+
+/* The coverage's columns are the archs the warms ran for: a warm with
+ * --arch sm_86 of a manifest listing sm_80 and sm_90a shows its bundles
+ * present under sm_86, not as "no longer expected"; warms of the same
+ * manifest add their archs; a changed manifest starts over; a bad list is
+ * 400. */
+static void t_warm_archs(void **state) {
+  (void)state;
+  char d[65], k[65], path[160], got[200];
+  assert_int_equal(put_blob(&M, NULL, "warm-archs-blob", 15, d), 201);
+  put_bundle(&M, NULL, MA, 1, "sm_86", d, 15, k);
+  put_bundle(&M, NULL, MA, 2, "sm_86", d, 15, k);
+  char *w = warmup_json(MA, "warm-archs");
+  snprintf(path, sizeof path, "/v1/models/%s/warmup?archs=sm_86", MA);
+  resp r = http(&M, path, (req){.method = "PUT", .body = w,
+                                .len = strlen(w)});
+  assert_int_equal(r.status, 201);
+  resp_free(&r);
+  snprintf(path, sizeof path, "/v1/models/%s/coverage", MA);
+  json_t *c = get_json(&M, NULL, path, 200);
+  archs_text(c, "archs", got, sizeof got);
+  assert_string_equal(got, "sm_86");
+  archs_text(c, "manifest_archs", got, sizeof got);
+  assert_string_equal(got, "sm_80,sm_90a");
+  assert_string_equal(json_string_value(json_object_get(c, "archs_from")),
+                      "warm");
+  assert_int_equal(JI(c, "present"), 2);
+  assert_int_equal(JI(c, "expected"), 2);
+  assert_int_equal(json_array_size(json_object_get(c, "extra")), 0);
+  json_decref(c);
+  /* another runner's warm of the same manifest, for sm_80 */
+  snprintf(path, sizeof path, "/v1/models/%s/warmup?archs=sm_80", MA);
+  r = http(&M, path, (req){.method = "PUT", .body = w, .len = strlen(w)});
+  assert_int_equal(r.status, 200);
+  resp_free(&r);
+  snprintf(path, sizeof path, "/v1/models/%s/coverage", MA);
+  c = get_json(&M, NULL, path, 200);
+  archs_text(c, "archs", got, sizeof got);
+  assert_string_equal(got, "sm_86,sm_80");
+  assert_int_equal(JI(c, "present"), 2);
+  assert_int_equal(JI(c, "expected"), 4);
+  json_decref(c);
+  /* the listing counts the same cells */
+  json_t *j = get_json(&M, NULL, "/v1/models", 200);
+  json_t *m = find_model(json_object_get(j, "models"), MA);
+  assert_int_equal(JI(json_object_get(m, "coverage"), "expected"), 4);
+  json_decref(j);
+  /* a changed manifest (a warm without --arch): its own archs */
+  free(w);
+  w = warmup_json(MA, "warm-archs");
+  char *w2 = malloc(strlen(w) + 8);
+  assert_non_null(w2);
+  sprintf(w2, "%s", w);
+  *strstr(w2, "\"batch\":2") = '\0';
+  strcat(w2, "\"batch\":3}]}");
+  snprintf(path, sizeof path, "/v1/models/%s/warmup", MA);
+  assert_int_equal(put_warmup(&M, NULL, MA, w2), 200);
+  snprintf(path, sizeof path, "/v1/models/%s/coverage", MA);
+  c = get_json(&M, NULL, path, 200);
+  archs_text(c, "archs", got, sizeof got);
+  assert_string_equal(got, "sm_80,sm_90a");
+  assert_string_equal(json_string_value(json_object_get(c, "archs_from")),
+                      "manifest");
+  json_decref(c);
+  const char *bad[] = {"sm_86,", "nonsense", ",sm_80", "sm_80,,sm_86"};
+  for (size_t i = 0; i < 4; i++) {
+    snprintf(path, sizeof path, "/v1/models/%s/warmup?archs=%s", MA, bad[i]);
+    r = http(&M, path, (req){.method = "PUT", .body = w2,
+                             .len = strlen(w2)});
+    assert_error(&r, 400, "bad_request");
+    resp_free(&r);
+  }
+  free(w);
+  free(w2);
+}
+
 #define MP "abababababababababababababababababababababababababababababababab"
 #define N_PURGE 300 /* more than one batch (KC_STORE_PURGE_BATCH 256) */
 #define N_READERS 4
@@ -595,6 +682,57 @@ static void t_roles(void **state) {
   kc_testsrv_cleanup(&a);
 }
 
+/* The attack a name invites: a write token re-points the name an admin's
+ * purge resolves (renames the named model away, names another model so).
+ * A name belongs to the first manifest that gave it: a write token may
+ * replace a manifest under its name, not rename it nor take another
+ * model's name (409); an admin may do both. */
+static void t_warmup_names(void **state) {
+  (void)state;
+  kc_testsrv a;
+  toks T;
+  char file[400], path[160];
+  assert_int_equal(kc_testsrv_init(&a), 0);
+  snprintf(file, sizeof file, "%s/tokens", a.dir);
+  new_token("write", "ci", file, T.write, sizeof T.write);
+  new_token("admin", "ops", file, T.admin, sizeof T.admin);
+  const char *const args[] = {"--tokens", file, NULL};
+  assert_int_equal(kc_testsrv_start(&a, args), 0);
+  char *demo = warmup_json(M1, "demo-mlp"), *victim = warmup_json(M2, "llm");
+  assert_int_equal(put_warmup(&a, T.write, M1, demo), 201);
+  assert_int_equal(put_warmup(&a, T.write, M2, victim), 201);
+  assert_int_equal(put_warmup(&a, T.write, M1, demo), 200); /* CI re-warm */
+  char *forged = warmup_json(M2, "demo-mlp"), *away = warmup_json(M1, "x");
+  snprintf(path, sizeof path, "/v1/models/%s/warmup", M2);
+  resp r = http(&a, path, (req){.method = "PUT", .token = T.write,
+                                .body = forged, .len = strlen(forged)});
+  assert_error(&r, 409, "conflict");
+  assert_non_null(strstr(r.body, M1)); /* names the holder */
+  resp_free(&r);
+  assert_int_equal(put_warmup(&a, T.write, M1, away), 409);
+  /* a model with no manifest yet cannot take a held name either */
+  char *third = warmup_json(M3, "demo-mlp");
+  assert_int_equal(put_warmup(&a, T.write, M3, third), 409);
+  json_t *j = get_json(&a, T.write, "/v1/models", 200);
+  json_t *m1 = find_model(json_object_get(j, "models"), M1);
+  json_t *m2 = find_model(json_object_get(j, "models"), M2);
+  assert_string_equal(json_string_value(json_object_get(m1, "name")),
+                      "demo-mlp");
+  assert_string_equal(json_string_value(json_object_get(m2, "name")), "llm");
+  assert_null(find_model(json_object_get(j, "models"), M3));
+  json_decref(j);
+  /* an admin may rename */
+  assert_int_equal(put_warmup(&a, T.admin, M1, away), 200);
+  assert_int_equal(put_warmup(&a, T.write, M3, third), 201);
+  free(demo);
+  free(victim);
+  free(forged);
+  free(away);
+  free(third);
+  assert_int_equal(kc_testsrv_stop(&a), 0);
+  kc_testsrv_cleanup(&a);
+}
+
 /* ---- the store's side (store/models.c), directly ---- */
 
 static int count_model(const kc_store_model_info *m, void *ud) {
@@ -638,7 +776,7 @@ static void t_store_purge_gc(void **state) {
     store_put(s, MP, b, d, sizes, 2);
   store_put(s, M1, 1, d, sizes, 1); /* M1 uses the shared blob only */
   char *w = warmup_json(MP, "store-purge");
-  assert_int_equal(kc_store_warmup_put(s, MP, w, strlen(w), err), KC_OK);
+  assert_int_equal(kc_store_warmup_put(s, MP, "store-purge", w, strlen(w), 0, "sm_80", err), KC_OK);
   free(w);
   int n = 0;
   char next[65];
@@ -675,12 +813,14 @@ int main(void) {
       cmocka_unit_test(t_models_pages),
       cmocka_unit_test(t_warmup),
       cmocka_unit_test(t_coverage),
+      cmocka_unit_test(t_warm_archs),
       cmocka_unit_test(t_purge_concurrent),
       cmocka_unit_test(t_page),
   };
   const struct CMUnitTest own[] = {
       cmocka_unit_test(t_history),
       cmocka_unit_test(t_roles),
+      cmocka_unit_test(t_warmup_names),
       cmocka_unit_test(t_store_purge_gc),
   };
   servertest_init();

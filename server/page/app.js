@@ -221,8 +221,18 @@ function purgeButton(m) {
   const b = el('button', {type: 'button', class: 'purge'}, 'Purge');
   b.addEventListener('click', async (ev) => {
     ev.stopPropagation();
-    if (!confirm('Purge every bundle of ' + (m.name || m.model) + '?'))
+    // Confirmed with the hash: a name comes from a warmup manifest, which
+    // is not proof of which model it is.
+    const typed = prompt('Purge every bundle (' + m.bundles + ') of model\n' +
+      m.model + (m.name ? '\n(its manifest names it ' + m.name + ')' : '') +
+      '?\nType the first 12 hex digits of the hash to confirm:');
+    if (typed === null) return;
+    const t = typed.trim();
+    if (t.length < 12 || !m.model.startsWith(t)) {
+      $('error').textContent = 'purge: not confirmed (the hash is ' +
+        m.model + '); nothing deleted';
       return;
+    }
     try {
       const r = await api('/v1/models/' + m.model, {method: 'DELETE'});
       $('error').textContent = 'purged ' + r.removed + ' bundles';
@@ -280,11 +290,25 @@ function cellTitle(c, bucket, arch) {
   return lines.join('\n');
 }
 
+// Where the columns come from: the archs the warms ran for (--arch), when
+// they differ from the manifest's, or the bundles' without a manifest list.
+function archsNote(cov) {
+  if (cov.archs_from === 'warm')
+    return '; archs: those its warms ran for (--arch)' +
+      (cov.manifest_archs && cov.manifest_archs.length ?
+        ', the manifest lists ' + cov.manifest_archs.join(', ') : '');
+  if (cov.archs_from === 'bundles' && cov.warmup)
+    return '; archs: those its bundles have';
+  return '';
+}
+
 function renderMatrix(cov) {
   $('matrix-section').hidden = false;
   $('matrix-name').textContent = cov.name || cov.model;
   $('matrix-summary').textContent = covText(cov) + ' cells present' +
-    (cov.warmup ? '' : ' (no warmup manifest: the cells its bundles have)');
+    (cov.warmup ? '' : ' (no warmup manifest: the cells its bundles have)') +
+    archsNote(cov);
+  $('matrix-summary').dataset.archsFrom = cov.archs_from || '';
   const head = el('tr', {}, el('th', {}, 'bucket \\ arch'),
                   ...cov.archs.map((a) => el('th', {}, a)));
   const rows = cov.buckets.map((b, i) => el('tr', {},
