@@ -264,6 +264,12 @@ static int set_access_log(kcd_config *c, const char *v) {
   return 0;
 }
 
+/* ---- strict HTTP and connection shares (framing.c, http.c) ---- */
+static int set_allow_host(kcd_config *c, const char *v) {
+  c->allow_hosts = *v ? v : NULL;
+  return 0;
+}
+
 static const opt opts[] = {
     {"listen", "HOST:PORT", "KCACHED_LISTEN",
      "address to serve on (default 127.0.0.1:8080); port 0 picks a free one",
@@ -393,6 +399,13 @@ static const opt opts[] = {
      "(default on); off keeps RESP plaintext (Triton's redis.Redis) while "
      "HTTP stays HTTPS; off loopback, off needs --allow-plaintext",
      set_resp_tls},
+    /* strict HTTP and connection shares (framing.c, http.c) */
+    {"allow-host", "NAME[,NAME]...", "KCACHED_ALLOW_HOST",
+     "without --tokens, Host names answered besides localhost, loopback "
+     "addresses and the --listen host (a proxy's or an SSH tunnel's name); "
+     "other names get 403, as a web page reaching a loopback kcached by DNS "
+     "rebinding would ('*': any)",
+     set_allow_host},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 

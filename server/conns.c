@@ -41,7 +41,9 @@ struct kcd_conn {
   kcd_conn *prev, *next;
   int fd;
   _Atomic uint64_t waiting_since_us; /* 0: not waiting for headers */
-  _Atomic int raw_nul;               /* the request's raw URI holds %00 */
+  const char *target;                /* kcd_conn_set_target: the raw */
+  size_t target_len;                 /* target, only on the connection's */
+  int target_flaw;                   /* thread */
   _Atomic uint64_t body_since_us;    /* this body window began; 0: no body */
   _Atomic uint64_t body_bytes;       /* body bytes in this window */
   char remote[INET6_ADDRSTRLEN];     /* the peer's address, for the log */
@@ -146,13 +148,19 @@ void kcd_conn_body_bytes(kcd_conn *c, size_t n) {
     atomic_fetch_add_explicit(&c->body_bytes, n, memory_order_relaxed);
 }
 
-void kcd_conn_set_raw_nul(kcd_conn *c, int nul) {
-  if (c)
-    STORE(&c->raw_nul, nul);
+void kcd_conn_set_target(kcd_conn *c, const char *target, size_t len,
+                         int flaw) {
+  if (!c)
+    return;
+  c->target = target;
+  c->target_len = len;
+  c->target_flaw = flaw;
 }
 
-int kcd_conn_raw_nul(const kcd_conn *c) {
-  return c ? LOAD(&c->raw_nul) : 0;
+const char *kcd_conn_target(const kcd_conn *c, size_t *len, int *flaw) {
+  *len = c ? c->target_len : 0;
+  *flaw = c ? c->target_flaw : 0;
+  return c ? c->target : NULL;
 }
 
 /* Whether c has waited for headers past the deadline. */

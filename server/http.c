@@ -271,12 +271,25 @@ static kcd_conn *conn_of(struct MHD_Connection *conn) {
   return ci ? ci->socket_context : NULL;
 }
 
-/* Framing the RFC refuses (framing.c): answered at once, and the
- * connection closed, since what follows is no trustworthy body or
- * request. */
-static int refuse_framing(kcd_req *r, kcd_conn *c) {
+/* Framing and syntax the RFC refuses (framing.c): answered at once, and
+ * the connection closed, since what follows is no trustworthy body or
+ * request. Then, without tokens, a Host that is not this server's: a web
+ * page that had its name resolve to 127.0.0.1 (DNS rebinding) must not
+ * reach a loopback kcached that trusts every caller. */
+static int refuse_framing(kcd_req *r, kcd_conn *c, const char *method,
+                          const char *version) {
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kcd_framing_check(r->conn, kcd_conn_raw_nul(c), err);
+  kcd_raw_req raw = {.method = method, .version = version};
+  raw.target = kcd_conn_target(c, &raw.target_len, &raw.target_flaw);
+  const char *host = NULL;
+  kc_err e = kcd_framing_check(r->conn, &raw, &host, err);
+  const kcd_config *cfg = &r->st->cfg;
+  if (!e && !cfg->tokens && !is_health_daemon(r) &&
+      !kcd_framing_host_allowed(cfg, host))
+    e = kc_errf(err, KC_FORBIDDEN, "Host '%.100s' is not a name of this "
+                "server (without --tokens only localhost, loopback addresses, "
+                "the --listen host and --allow-host names are answered)",
+                host ? host : "");
   if (!e)
     return 0;
   static const char *const close_hdr[] = {MHD_HTTP_HEADER_CONNECTION, "close",
@@ -285,10 +298,10 @@ static int refuse_framing(kcd_req *r, kcd_conn *c) {
   return 1;
 }
 
-static int first_call(kcd_req *r) {
+static int first_call(kcd_req *r, const char *method, const char *version) {
   kcd_conn *c = conn_of(r->conn);
   kcd_conn_headers_done(c);
-  if (refuse_framing(r, c))
+  if (refuse_framing(r, c, method, version))
     return MHD_YES;
   if (r->has_body)
     kcd_conn_body_begin(c);
@@ -369,14 +382,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
                                   const char *url, const char *method,
                                   const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
-  (void)version;
   kcd_req *r = *con_cls;
   if (!r) {
     r = req_new(cls, conn, url, method);
     if (!r)
       return MHD_NO;
     *con_cls = r;
-    return (enum MHD_Result)first_call(r);
+    return (enum MHD_Result)first_call(r, method, version);
   }
   size_t n = *upload_data_size;
   *upload_data_size = 0;
@@ -455,14 +467,13 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
 }
 
 /* MHD's URI log callback: the request line is in, its target still raw
- * (the access handler gets it decoded, cut at a %00). Returns the request's
- * first con_cls: none. */
+ * (the access handler gets it decoded, cut at a %00); framing.c checks it
+ * (kcd_framing_check). Returns the request's first con_cls: none. */
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
   (void)cls;
-  int nul = 0; /* "%00"; most targets hold no '%' (strchr is one SIMD scan) */
-  for (const char *p = uri; p && !nul && (p = strchr(p, '%')); p++)
-    nul = p[1] == '0' && p[2] == '0';
-  kcd_conn_set_raw_nul(conn_of(conn), nul);
+  size_t len = uri ? strlen(uri) : 0;
+  kcd_conn_set_target(conn_of(conn), uri, len,
+                      uri ? kcd_framing_target_flaw(uri, len) : 0);
   return NULL;
 }
 

@@ -316,6 +316,9 @@ typedef struct kcd_config {
   uint64_t min_body_rate;    /* bytes/s a body must average per --timeout */
   char health_host[256];     /* --health-listen; health_port 0 with an */
   unsigned health_port;      /* empty host: none */
+  /* strict HTTP (framing.c): without --tokens, the Host names answered
+   * besides loopback and --listen's (comma-separated; "*": any) */
+  const char *allow_hosts;
 } kcd_config;
 
 /* Parses flags over KCACHED_* environment variables over defaults. Returns 0
@@ -432,9 +435,13 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c);
  * next one's headers from now). c may be NULL. */
 void kcd_conn_headers_done(kcd_conn *c);
 void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kcd_now_us */
-/* Whether the raw URI of the request being read held "%00". */
-void kcd_conn_set_raw_nul(kcd_conn *c, int nul);
-int kcd_conn_raw_nul(const kcd_conn *c);
+/* The raw target of the request being read, as MHD's URI log callback
+ * saw it: where it is in MHD's read buffer, its length then, and
+ * kcd_framing_target_flaw of it (MHD decodes it in place afterwards). Set
+ * and read on the connection's thread. */
+void kcd_conn_set_target(kcd_conn *c, const char *target, size_t len,
+                         int flaw);
+const char *kcd_conn_target(const kcd_conn *c, size_t *len, int *flaw);
 /* The peer's address as text, taken at kcd_conn_open; "-" for c NULL. */
 const char *kcd_conn_remote(const kcd_conn *c);
 /* A request body is being read (from its headers to its end): its bytes
@@ -456,11 +463,30 @@ void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w);
 
 /* ---- request framing (framing.c) ---- */
 
-/* RFC 9112's framing rules on a request's headers (framing.c lists them):
- * KC_OK, or KC_EINVAL (400) / KC_NOT_IMPLEMENTED (501, a transfer coding
- * other than chunked) with the sentence in err. raw_nul: the raw URI held
- * "%00". */
-kc_err kcd_framing_check(struct MHD_Connection *conn, int raw_nul, char *err);
+/* A request as libmicrohttpd parsed it in place (framing.c says how). */
+typedef struct kcd_raw_req {
+  const char *method, *version; /* the access handler's arguments */
+  const char *target; /* the raw target the URI log callback saw; NULL none */
+  size_t target_len;  /* its length then */
+  int target_flaw;    /* kcd_framing_target_flaw of it then */
+} kcd_raw_req;
+
+enum { KCD_TARGET_OK, KCD_TARGET_PCT00, KCD_TARGET_SPACE, KCD_TARGET_CTL };
+/* What is wrong with a raw request target (KCD_TARGET_*): "%00", a space,
+ * a control character; KCD_TARGET_OK: nothing. */
+int kcd_framing_target_flaw(const char *target, size_t len);
+/* RFC 9112's framing and syntax rules on a request (framing.c lists them):
+ * KC_OK with *host the Host header's value (NULL: none), or KC_EINVAL
+ * (400) / KC_NOT_IMPLEMENTED (501, a transfer coding other than chunked)
+ * with the sentence in err. Call it on the access handler's first call. */
+kc_err kcd_framing_check(struct MHD_Connection *conn, const kcd_raw_req *raw,
+                         const char **host, char *err);
+/* Whether a server without tokens answers a request with this Host value:
+ * loopback addresses, localhost and *.localhost, the --listen host,
+ * --allow-host names, and none or an empty one (HTTP/1.0; no browser sends
+ * that). Any other name reaching a loopback server is a web page's, through
+ * DNS rebinding. */
+int kcd_framing_host_allowed(const kcd_config *c, const char *host);
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */
 

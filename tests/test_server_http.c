@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -61,11 +62,11 @@ static void refused(const char *req, int status, const char *code) {
 /* Both: MHD let chunked win and kept the connection. */
 static void t_cl_and_te(void **state) {
   (void)state;
-  refused("PUT /v1/blobs/" DIGEST " HTTP/1.1\r\nHost: x\r\n"
+  refused("PUT /v1/blobs/" DIGEST " HTTP/1.1\r\nHost: localhost\r\n"
           "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
           "5\r\nhello\r\n0\r\n\r\n",
           400, "bad_request");
-  refused("POST /v1/lookup HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: "
           "chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n",
           400, "bad_request");
 }
@@ -74,12 +75,12 @@ static void t_cl_and_te(void **state) {
  * second request (here a GET /healthz that was answered). */
 static void t_two_content_lengths(void **state) {
   (void)state;
-  refused("POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-          "Content-Length: 36\r\n\r\n{}GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n"
+          "Content-Length: 36\r\n\r\n{}GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
           400, "bad_request");
   /* the same value twice is one length (RFC 9112 6.3): served */
   char buf[8192];
-  raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: x\r\n"
+  raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
                "Content-Length: 11\r\nContent-Length: 11\r\n"
                "Connection: close\r\n\r\n{\"keys\":[]}",
                buf, sizeof buf, 3000);
@@ -90,23 +91,23 @@ static void t_two_content_lengths(void **state) {
  * that nobody read: the chunked body became the next request. */
 static void t_space_before_colon(void **state) {
   (void)state;
-  refused("POST /v1/lookup HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : "
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding : "
           "chunked\r\n\r\nb\r\n{\"keys\":[]}\r\n0\r\n\r\n",
           400, "bad_request");
-  refused("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad\tName: 1\r\n\r\n", 400,
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Bad\tName: 1\r\n\r\n", 400,
           "bad_request");
 }
 
 /* An unknown coding hung until the idle timeout (30 s here). */
 static void t_unknown_coding(void **state) {
   (void)state;
-  refused("POST /v1/lookup HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip"
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip"
           "\r\n\r\n{}",
           501, "not_implemented");
-  refused("POST /v1/lookup HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, "
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip, "
           "chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
           501, "not_implemented");
-  refused("POST /v1/lookup HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked"
           "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
           501, "not_implemented");
 }
@@ -114,9 +115,9 @@ static void t_unknown_coding(void **state) {
 /* %00 cut the decoded path: "/healthz%00junk" was served as /healthz. */
 static void t_nul_in_target(void **state) {
   (void)state;
-  refused("GET /healthz%00junk HTTP/1.1\r\nHost: x\r\n\r\n", 400,
+  refused("GET /healthz%00junk HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
           "bad_request");
-  refused("GET /v1/blobs/" DIGEST "%00 HTTP/1.1\r\nHost: x\r\n\r\n", 400,
+  refused("GET /v1/blobs/" DIGEST "%00 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
           "bad_request");
 }
 
@@ -126,13 +127,142 @@ static void t_nul_in_target(void **state) {
 static void t_bad_content_length(void **state) {
   (void)state;
   char buf[16384];
-  int rc = raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: x\r\n"
+  int rc = raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
                         "Content-Length: 2x\r\n\r\n{}GET /healthz HTTP/1.1"
-                        "\r\nHost: x\r\n\r\n",
+                        "\r\nHost: localhost\r\n\r\n",
                         buf, sizeof buf, 3000);
   assert_int_equal(raw_status(buf), 400);
   assert_int_equal(rc, 1);
   assert_null(strstr(buf, "200 OK"));
+}
+
+/* Answered with status, on a connection left open (not refused). */
+static void served(const char *req, int status) {
+  char buf[16384];
+  raw_exchange(S.port, req, buf, sizeof buf, 1000);
+  if (raw_status(buf) != status)
+    print_message("request:\n%s\nanswer:\n%s\n", req, buf);
+  assert_int_equal(raw_status(buf), status);
+}
+
+/* obs-fold: MHD appended the continuation to the header's name, so
+ * "Content-Length:\r\n 36" was a header "Content-Length36" and the body a
+ * second request (served: a 200 behind the 400), and "X-A: a\r\n
+ * Transfer-Encoding: chunked" one header named "X-ATransfer-Encoding:
+ * chunked". Every fold is refused, an empty or a tab one too. */
+static void t_obs_fold(void **state) {
+  (void)state;
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nContent-Length:"
+          "\r\n 36\r\n\r\nGET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
+          400, "bad_request");
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nX-A: a\r\n "
+          "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+          400, "bad_request");
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\r\n\tb\r\n"
+          "\r\n", 400, "bad_request");
+  refused("GET /healthz HTTP/1.1\r\nX-A: a\r\n \r\nHost: localhost\r\n\r\n",
+          400, "bad_request");
+  refused("GET /healthz HTTP/1.1\nHost: localhost\nX-A: a\n b\n\n", 400,
+          "bad_request");
+}
+
+/* Host: required once on HTTP/1.1 (RFC 9112 3.2); HTTP/1.0 may omit it. */
+static void t_host_count(void **state) {
+  (void)state;
+  refused("GET /healthz HTTP/1.1\r\n\r\n", 400, "bad_request");
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: evil\r\n\r\n",
+          400, "bad_request");
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nhost: localhost\r\n"
+          "\r\n", 400, "bad_request");
+  served("GET /healthz HTTP/1.0\r\n\r\n", 200);
+}
+
+/* Header values: a bare CR (which hid a second header line), other
+ * controls, and a NUL byte (MHD kept the value up to it and dropped the
+ * rest) were all accepted. */
+static void t_header_bytes(void **state) {
+  (void)state;
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\r"
+          "Transfer-Encoding: chunked\r\n\r\n", 400, "bad_request");
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\x01b\r\n\r\n",
+          400, "bad_request");
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\x7f\r\n\r\n",
+          400, "bad_request");
+  /* raw_exchange sends C strings: the NUL goes by raw bytes */
+  static const char nul_req[] = "GET /healthz HTTP/1.1\r\nX-A: a\0Host: "
+                                "evil\r\nHost: localhost\r\n\r\n";
+  static const char nul_last[] = "GET /healthz HTTP/1.1\r\nHost: "
+                                 "localhost\0x\r\n\r\n";
+  const char *reqs[] = {nul_req, nul_last};
+  size_t lens[] = {sizeof nul_req - 1, sizeof nul_last - 1};
+  for (int i = 0; i < 2; i++) {
+    int fd = kc_testsrv_connect(S.port);
+    assert_true(fd >= 0);
+    assert_int_equal(send(fd, reqs[i], lens[i], MSG_NOSIGNAL), (ssize_t)lens[i]);
+    char buf[8192];
+    assert_int_equal(raw_read(fd, buf, sizeof buf, 3000), 1);
+    assert_int_equal(raw_status(buf), 400);
+    assert_non_null(strstr(buf, "NUL"));
+    close(fd);
+  }
+  /* blanks, tabs, empty values, LF-only lines and obs-text are fine */
+  served("GET /healthz HTTP/1.1\r\nHost:\tlocalhost \r\nX-A:\r\nX-B: \t a\tb"
+         " \r\nX-C: caf\xc3\xa9\r\n\r\n", 200);
+  served("GET /healthz HTTP/1.1\nHost: localhost\nX-A: b\n\n", 200);
+}
+
+/* The request target: a space (MHD took "/health z" as the path), a tab,
+ * and a raw NUL byte (the path was cut at it: /healthz was served). */
+static void t_target_bytes(void **state) {
+  (void)state;
+  refused("GET /health z HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
+          "bad_request");
+  refused("GET /healthz\t HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
+          "bad_request");
+  static const char req[] = "GET /healthz\0junk HTTP/1.1\r\nHost: "
+                            "localhost\r\n\r\n";
+  int fd = kc_testsrv_connect(S.port);
+  assert_true(fd >= 0);
+  assert_int_equal(send(fd, req, sizeof req - 1, MSG_NOSIGNAL),
+                   (ssize_t)(sizeof req - 1));
+  char buf[8192];
+  assert_int_equal(raw_read(fd, buf, sizeof buf, 3000), 1);
+  assert_int_equal(raw_status(buf), 400);
+  assert_non_null(strstr(buf, "NUL byte"));
+  close(fd);
+  served("GET /he%61lthz?a=%20b HTTP/1.1\r\nHost: localhost\r\n\r\n", 200);
+}
+
+/* Without tokens only this server's names are answered: a page whose name
+ * resolves to 127.0.0.1 (DNS rebinding) gets 403. libcurl's own Host
+ * (127.0.0.1:PORT) passes: every other test depends on it. */
+static void t_dns_rebinding(void **state) {
+  (void)state;
+  refused("GET /v1/stats HTTP/1.1\r\nHost: evil.example:8080\r\n\r\n", 403,
+          "forbidden");
+  refused("POST /v1/leases/" DIGEST " HTTP/1.1\r\nHost: attacker.test\r\n"
+          "Content-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}",
+          403, "forbidden");
+  served("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 200);
+  served("GET /healthz HTTP/1.1\r\nHost: LOCALHOST:1\r\n\r\n", 200);
+  served("GET /healthz HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n", 200);
+  served("GET /healthz HTTP/1.1\r\nHost: dev.localhost\r\n\r\n", 200);
+  kc_testsrv_resp r = kc_testsrv_get(&S, "/v1/stats");
+  assert_int_equal(r.status, 200);
+  kc_testsrv_resp_free(&r);
+  /* --allow-host adds names */
+  kc_testsrv t2 = {0};
+  const char *const args[] = {"--allow-host", "cache.example,other.test",
+                              NULL};
+  assert_int_equal(kc_testsrv_start(&t2, args), 0);
+  char buf[8192];
+  raw_exchange(t2.port, "GET /healthz HTTP/1.1\r\nHost: cache.example:80"
+               "\r\n\r\n", buf, sizeof buf, 1000);
+  assert_int_equal(raw_status(buf), 200);
+  raw_exchange(t2.port, "GET /healthz HTTP/1.1\r\nHost: evil.example\r\n"
+               "\r\n", buf, sizeof buf, 1000);
+  assert_int_equal(raw_status(buf), 403);
+  kc_testsrv_cleanup(&t2);
 }
 
 /* Well-framed requests keep working, on one kept-alive connection: a
@@ -141,14 +271,14 @@ static void t_good_framing_kept_alive(void **state) {
   (void)state;
   int fd = kc_testsrv_connect(S.port);
   assert_true(fd >= 0);
-  assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: x\r\n"
+  assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
                                 "Transfer-Encoding: chunked\r\n\r\n"
                                 "b\r\n{\"keys\":[]}\r\n0\r\n\r\n"),
                    0);
   char buf[8192];
   assert_int_equal(raw_read(fd, buf, sizeof buf, 500), 0); /* still open */
   assert_int_equal(raw_status(buf), 200);
-  assert_int_equal(raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n"
+  assert_int_equal(raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
                                 "Connection: close\r\n\r\n"),
                    0);
   assert_int_equal(raw_read(fd, buf, sizeof buf, 3000), 1);
@@ -165,6 +295,11 @@ int main(void) {
       cmocka_unit_test(t_nul_in_target),
       cmocka_unit_test(t_bad_content_length),
       cmocka_unit_test(t_good_framing_kept_alive),
+      cmocka_unit_test(t_obs_fold),
+      cmocka_unit_test(t_host_count),
+      cmocka_unit_test(t_header_bytes),
+      cmocka_unit_test(t_target_bytes),
+      cmocka_unit_test(t_dns_rebinding),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

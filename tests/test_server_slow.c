@@ -25,7 +25,7 @@
 static int get_status(int port, const char *path, int ms) {
   char req[256], buf[8192];
   snprintf(req, sizeof req,
-           "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+           "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", path);
   raw_exchange(port, req, buf, sizeof buf, ms);
   return raw_status(buf);
 }
@@ -101,7 +101,7 @@ static void t_slow_headers(void **state) {
                 POOL, worst);
   assert_int_equal(get_status(t.port, "/healthz", 2000), 200);
   char buf[65536];
-  raw_exchange(hport, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: "
+  raw_exchange(hport, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: "
                "close\r\n\r\n", buf, sizeof buf, 2000);
   assert_non_null(strstr(buf, "kcached_connections_cut_total"
                               "{reason=\"header_timeout\"} 40\n"));
@@ -131,7 +131,7 @@ static long drip_body(int fd, const char *body, size_t len, size_t piece,
 static int put_blob_head(int port, const char *digest, size_t len) {
   char head[512];
   int fd = kc_testsrv_connect(port);
-  snprintf(head, sizeof head, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: x\r\n"
+  snprintf(head, sizeof head, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
            "Content-Length: %zu\r\n\r\n", digest, len);
   raw_send(fd, head);
   return fd;
@@ -176,7 +176,7 @@ static void t_prompt_clients_unaffected(void **state) {
   char buf[8192];
   for (int i = 0; i < 3; i++) {
     usleep(1000 * 1000); /* 3 requests 1 s apart: 3 s on one connection */
-    assert_int_equal(raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), 0);
+    assert_int_equal(raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"), 0);
     assert_int_equal(raw_read(fd, buf, sizeof buf, 300), 0);
     assert_int_equal(raw_status(buf), 200);
   }
@@ -199,14 +199,14 @@ static void t_per_ip_cap(void **state) {
   /* the kernel accepts; kcached closes */
   int extra = kc_testsrv_connect(t.port);
   assert_true(extra >= 0);
-  raw_send(extra, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  raw_send(extra, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
   char buf[8192];
   int rc = raw_read(extra, buf, sizeof buf, 2000);
   assert_int_not_equal(rc, 0); /* closed or reset */
   assert_int_equal(raw_status(buf), 0);
   close(extra);
   for (int i = 0; i < 5; i++) {
-    assert_int_equal(raw_send(fd[i], "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"), 0);
+    assert_int_equal(raw_send(fd[i], "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"), 0);
     raw_read(fd[i], buf, sizeof buf, 300);
     assert_int_equal(raw_status(buf), 200);
     close(fd[i]);
