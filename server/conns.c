@@ -17,6 +17,12 @@
  * while one is read the tick also checks, once per --timeout window, that
  * it brought at least --min-body-rate bytes a second over the window.
  *
+ * It also keeps room for new client addresses on the main port (with
+ * --max-connections-per-ip on): an address is admitted while it holds less
+ * than half of the slots still free (kcd_conns_admit), so addresses that
+ * reconnect as fast as they are cut can each take a shrinking share but
+ * never the last slots, and a new address always finds one.
+ *
  * The list's lock makes the shutdown safe: MHD tells us a connection closed
  * (kcd_conn_close, from MHD_CONNECTION_NOTIFY_CLOSED) before it closes the
  * descriptor, so a descriptor found in the list under the lock is still this
@@ -47,11 +53,23 @@ struct kcd_conn {
   _Atomic uint64_t body_since_us;    /* this body window began; 0: no body */
   _Atomic uint64_t body_bytes;       /* body bytes in this window */
   char remote[INET6_ADDRSTRLEN];     /* the peer's address, for the log */
+  unsigned char addr[16];            /* and as a key (IPv4 mapped) */
+  int counted;                       /* in the main port's address counts */
 };
+
+/* Main-port connections per client address (a chained hash). */
+#define ADDR_BUCKETS 1024
+typedef struct addr_count {
+  struct addr_count *next;
+  unsigned char addr[16];
+  unsigned n;
+} addr_count;
 
 struct kcd_conns {
   pthread_mutex_t lock;
   kcd_conn *head;
+  size_t n_counted;                  /* main-port connections */
+  addr_count *bucket[ADDR_BUCKETS];
 };
 
 kcd_conns *kcd_conns_new(void) {
@@ -68,17 +86,40 @@ void kcd_conns_free(kcd_conns *l) {
     return;
   while (l->head) /* none left once the daemons stopped; just in case */
     kcd_conn_close(l, l->head);
+  for (size_t i = 0; i < ADDR_BUCKETS; i++)
+    while (l->bucket[i]) {
+      addr_count *a = l->bucket[i];
+      l->bucket[i] = a->next;
+      free(a);
+    }
   pthread_mutex_destroy(&l->lock);
   free(l);
 }
 
+/* A client address as 16 bytes (IPv4 as ::ffff:a.b.c.d); 0: not IP. */
+static int addr_key(const struct sockaddr *sa, unsigned char key[16]) {
+  if (sa->sa_family == AF_INET) {
+    static const unsigned char v4map[12] = {[10] = 0xff, [11] = 0xff};
+    memcpy(key, v4map, 12);
+    memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    return 1;
+  }
+  if (sa->sa_family == AF_INET6) {
+    memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+    return 1;
+  }
+  return 0;
+}
+
 /* Once per connection, not per request's log line. */
-static void remote_of(int fd, char *out, size_t cap) {
+static void remote_of(int fd, char *out, size_t cap, unsigned char key[16]) {
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
   memcpy(out, "-", 2);
+  memset(key, 0, 16);
   if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
     return;
+  addr_key((const struct sockaddr *)&ss, key);
   if (ss.ss_family == AF_INET)
     inet_ntop(AF_INET, &((const struct sockaddr_in *)&ss)->sin_addr, out,
               (socklen_t)cap);
@@ -87,16 +128,61 @@ static void remote_of(int fd, char *out, size_t cap) {
               (socklen_t)cap);
 }
 
+/* The count of addr (under the lock); create: make it (NULL: no memory). */
+static addr_count **addr_slot(kcd_conns *l, const unsigned char addr[16]) {
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (int i = 0; i < 16; i++)
+    h = (h ^ addr[i]) * 16777619u;
+  addr_count **pp = &l->bucket[h % ADDR_BUCKETS];
+  while (*pp && memcmp((*pp)->addr, addr, 16) != 0)
+    pp = &(*pp)->next;
+  return pp;
+}
+
+static void addr_add(kcd_conns *l, const unsigned char addr[16], int d) {
+  addr_count **pp = addr_slot(l, addr);
+  if (!*pp) {
+    if (d < 0 || !(*pp = calloc(1, sizeof **pp)))
+      return;
+    memcpy((*pp)->addr, addr, 16);
+  }
+  (*pp)->n += (unsigned)d;
+  if ((*pp)->n == 0) {
+    addr_count *gone = *pp;
+    *pp = gone->next;
+    free(gone);
+  }
+}
+
+int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
+                    unsigned max_conns) {
+  unsigned char key[16];
+  if (!l || !addr_key(sa, key))
+    return 1;
+  pthread_mutex_lock(&l->lock);
+  addr_count **pp = addr_slot(l, key);
+  size_t held = *pp ? (*pp)->n : 0;
+  size_t free_slots = max_conns > l->n_counted ? max_conns - l->n_counted : 0;
+  pthread_mutex_unlock(&l->lock);
+  /* none free: MHD refuses it anyway (--max-connections) */
+  return free_slots == 0 || 2 * held < free_slots;
+}
+
 const char *kcd_conn_remote(const kcd_conn *c) { return c ? c->remote : "-"; }
 
-kcd_conn *kcd_conn_open(kcd_conns *l, int fd) {
+kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
   kcd_conn *c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
   c->fd = fd;
-  remote_of(fd, c->remote, sizeof c->remote);
+  c->counted = counted;
+  remote_of(fd, c->remote, sizeof c->remote, c->addr);
   STORE(&c->waiting_since_us, kcd_now_us());
   pthread_mutex_lock(&l->lock);
+  if (counted) {
+    addr_add(l, c->addr, 1);
+    l->n_counted++;
+  }
   c->next = l->head;
   if (l->head)
     l->head->prev = c;
@@ -109,6 +195,10 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
   if (!c)
     return;
   pthread_mutex_lock(&l->lock);
+  if (c->counted) {
+    addr_add(l, c->addr, -1);
+    l->n_counted--;
+  }
   if (c->prev)
     c->prev->next = c->next;
   else

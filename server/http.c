@@ -225,7 +225,8 @@ static void req_begin(kcd_req *r) {
   const kcd_route *rt = kcd_route_find(r->path, r->param, sizeof r->param);
   if (!rt)
     return kcd_set_early(r, KC_NOT_FOUND, "no route for %.200s", r->path);
-  if (is_health_daemon(r) && rt->id != KCD_R_HEALTHZ &&
+  r->close_after = is_health_daemon(r);
+  if (r->close_after && rt->id != KCD_R_HEALTHZ &&
       rt->id != KCD_R_READYZ && rt->id != KCD_R_METRICS)
     return kcd_set_early(r, KC_NOT_FOUND, "only /healthz, /readyz and "
                          "/metrics are served on --health-listen");
@@ -403,9 +404,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   return (enum MHD_Result)last_call(r);
 }
 
-/* Accepted connections are served unless kcd_http_quiesce was called. */
+/* Accepted connections are served unless kcd_http_quiesce was called. On
+ * the main port, with --max-connections-per-ip on, an address is also
+ * turned away once it holds half of the slots still free (conns.c): a few
+ * addresses that reconnect as fast as they are cut cannot take them all. */
 static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
                                  socklen_t len) {
+  const kcd_state *st = cls;
+  (void)len;
+  if (atomic_load(&st->http_quiesced))
+    return MHD_NO;
+  if (st->cfg.max_conns_per_ip &&
+      !kcd_conns_admit(st->conns, addr, st->cfg.max_conns))
+    return MHD_NO;
+  return MHD_YES;
+}
+
+static enum MHD_Result on_accept_health(void *cls, const struct sockaddr *addr,
+                                        socklen_t len) {
   const kcd_state *st = cls;
   (void)addr;
   (void)len;
@@ -463,7 +479,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
     return;
   setsockopt(ci->connect_fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
              sizeof lowat);
-  *socket_ctx = kcd_conn_open(st->conns, ci->connect_fd);
+  const union MHD_ConnectionInfo *di =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+  int main_port = !di || !st->mhd_health || di->daemon != st->mhd_health;
+  *socket_ctx = kcd_conn_open(st->conns, ci->connect_fd, main_port);
 }
 
 /* MHD's URI log callback: the request line is in, its target still raw
@@ -557,8 +576,11 @@ static void fill_options(kcd_state *st, const struct sockaddr *addr,
 
 /* --health-listen: a daemon of its own (one thread, a few connections),
  * so that probes are answered while the main one is full; req_begin lets
- * only the probe routes through on it. */
+ * only the probe routes through on it. One address holds at most
+ * HEALTH_PER_IP of its connections, and each is closed after its answer
+ * (reply.c: Connection: close), so kept-alive clients cannot hold them. */
 #define HEALTH_CONNS 32
+#define HEALTH_PER_IP 4
 
 static void fill_health_options(kcd_state *st, const struct sockaddr *addr,
                                 struct MHD_OptionItem *o) {
@@ -572,6 +594,8 @@ static void fill_health_options(kcd_state *st, const struct sockaddr *addr,
       o[i].value = HEALTH_CONNS;
     o[n++] = o[i];
   }
+  o[n++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                   HEALTH_PER_IP, NULL};
   o[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
 }
 
@@ -586,7 +610,7 @@ static kc_err start_health(kcd_state *st, char *err) {
   struct MHD_OptionItem opts[20];
   fill_health_options(st, ai->ai_addr, opts);
   st->mhd_health = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0,
-                                    on_accept, st, on_request, st,
+                                    on_accept_health, st, on_request, st,
                                     MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
   freeaddrinfo(ai);
   if (!st->mhd_health)

@@ -427,8 +427,15 @@ typedef struct kcd_conn kcd_conn;
 kcd_conns *kcd_conns_new(void); /* NULL: out of memory */
 void kcd_conns_free(kcd_conns *l);
 /* A connection accepted (waiting for headers from now); NULL: no memory
- * (the connection then has no deadline). */
-kcd_conn *kcd_conn_open(kcd_conns *l, int fd);
+ * (the connection then has no deadline). counted: a main-port connection,
+ * counted per client address for kcd_conns_admit. */
+kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted);
+/* Whether the main port takes one more connection from this address: it
+ * holds less than half of the slots of max_conns still free (or none are,
+ * which MHD refuses itself). Keeps room for new addresses. */
+struct sockaddr;
+int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
+                    unsigned max_conns);
 /* Before MHD closes its descriptor; frees c (NULL: nothing). */
 void kcd_conn_close(kcd_conns *l, kcd_conn *c);
 /* The headers of a request are complete / a request ended (waiting for the
@@ -567,6 +574,7 @@ struct kcd_req {
   kc_store_upload *upload; /* aborted at completion if still set */
   kc_store_read *read;     /* ended at completion (zero-copy responses) */
   int blob_present;
+  int close_after; /* answer with Connection: close (--health-listen) */
   kcd_req *next_free; /* the thread's free list */
 };
 

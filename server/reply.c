@@ -54,6 +54,8 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
     return MHD_NO;
   }
   add_headers(resp, ctype, headers);
+  if (r->close_after)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
   MHD_destroy_response(resp);
   note_queued(r, status, len);

@@ -50,9 +50,11 @@ static void t_slow_headers(void **state) {
   int hport = raw_free_port();
   char hl[64];
   snprintf(hl, sizeof hl, "127.0.0.1:%d", hport);
+  /* per-ip 0: one address may fill the pool (no share of free slots) */
   const char *const args[] = {"--max-connections", "40", "--header-timeout",
                               "2", "--timeout", "30", "--health-listen", hl,
-                              "--threads", "2", NULL};
+                              "--threads", "2", "--max-connections-per-ip",
+                              "0", NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   int fd[POOL];
   long opened[POOL], closed_at[POOL];
@@ -232,12 +234,100 @@ static void t_health_listener_routes(void **state) {
   kc_testsrv_cleanup(&t);
 }
 
+/* Opens n connections from src to port, each sending the start of a
+ * request and no more; returns how many the server kept open (fd[] holds
+ * them all; the caller closes them). */
+static int hold_from(int port, const char *src, int *fd, int n) {
+  for (int i = 0; i < n; i++) {
+    fd[i] = raw_connect_from(port, src);
+    assert_true(fd[i] >= 0);
+    raw_send(fd[i], "GET /healthz HTTP/1.1\r\n");
+  }
+  usleep(400 * 1000);
+  int kept = 0;
+  for (int i = 0; i < n; i++)
+    kept += !raw_is_closed(fd[i]);
+  return kept;
+}
+
+static void close_all(int *fd, int n) {
+  for (int i = 0; i < n; i++)
+    close(fd[i]);
+}
+
+/* --health-listen: 40 connections from one address held all 32 slots and
+ * every probe failed; kept-alive probes held theirs. Now one address holds
+ * at most 4, a probe from another is answered, and a probe's connection is
+ * closed after its answer. */
+static void t_health_port_share(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  int hport = raw_free_port();
+  char hl[64];
+  snprintf(hl, sizeof hl, "127.0.0.1:%d", hport);
+  const char *const args[] = {"--health-listen", hl, "--header-timeout", "30",
+                              NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  int fd[40];
+  int kept = hold_from(hport, "127.0.0.2", fd, 40);
+  print_message("one address kept %d of 40 probe-port connections\n", kept);
+  assert_true(kept <= 4);
+  int p = raw_connect_from(hport, "127.0.0.3");
+  assert_true(p >= 0);
+  raw_send(p, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  char buf[8192];
+  long t0 = kc_testsrv_now_ms();
+  /* kept-alive by HTTP/1.1, yet closed after the answer */
+  assert_int_equal(raw_read(p, buf, sizeof buf, 3000), 1);
+  assert_true(kc_testsrv_now_ms() - t0 < 2000);
+  assert_int_equal(raw_status(buf), 200);
+  assert_non_null(strcasestr(buf, "\r\nConnection: close\r\n"));
+  close(p);
+  close_all(fd, 40);
+  kc_testsrv_cleanup(&t);
+}
+
+/* The main port with --max-connections 40 and a per-address cap of 30:
+ * two addresses that hold connections (and would reconnect as fast as the
+ * header deadline cuts them) took all 40 slots, so a third address found
+ * none. An address now gets less than half of the slots still free, and
+ * the third is served. */
+static void t_main_port_share(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  const char *const args[] = {"--max-connections", "40",
+                              "--max-connections-per-ip", "30",
+                              "--header-timeout", "30", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  usleep(200 * 1000); /* the readiness probe's connection is gone */
+  int a[30], b[30];
+  int ka = hold_from(t.port, "127.0.0.2", a, 30);
+  int kb = hold_from(t.port, "127.0.0.3", b, 30);
+  print_message("kept: %d from the first address, %d from the second\n", ka,
+                kb);
+  assert_true(ka < 20 && kb < 20);
+  assert_true(ka + kb < 40);
+  int c = raw_connect_from(t.port, "127.0.0.4");
+  assert_true(c >= 0);
+  raw_send(c, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n"
+              "Connection: close\r\n\r\n");
+  char buf[8192];
+  raw_read(c, buf, sizeof buf, 3000);
+  assert_int_equal(raw_status(buf), 200);
+  close(c);
+  close_all(a, 30);
+  close_all(b, 30);
+  kc_testsrv_cleanup(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_slow_headers),
       cmocka_unit_test(t_prompt_clients_unaffected),
       cmocka_unit_test(t_slow_body),
       cmocka_unit_test(t_per_ip_cap),
+      cmocka_unit_test(t_health_port_share),
+      cmocka_unit_test(t_main_port_share),
       cmocka_unit_test(t_health_listener_routes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
