@@ -269,6 +269,9 @@ static int set_allow_host(kcd_config *c, const char *v) {
   c->allow_hosts = *v ? v : NULL;
   return 0;
 }
+static int set_max_answer_memory(kcd_config *c, const char *v) {
+  return parse_size(v, &c->max_answer_memory);
+}
 
 static const opt opts[] = {
     {"listen", "HOST:PORT", "KCACHED_LISTEN",
@@ -406,6 +409,12 @@ static const opt opts[] = {
      "other names get 403, as a web page reaching a loopback kcached by DNS "
      "rebinding would ('*': any)",
      set_allow_host},
+    {"max-answer-memory", "SIZE", "KCACHED_MAX_ANSWER_MEMORY",
+     "bytes of HTTP answers (lookups, manifests, read-through blobs) held in "
+     "memory until their clients read them; an answer over it gets 503 "
+     "busy with Retry-After, unless it would be the only one (default 1G; "
+     "0: no cap)",
+     set_max_answer_memory},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -454,6 +463,7 @@ static void defaults(kcd_config *c) {
   c->resp_max_value = 512ull << 20;
   c->resp_tls = -1;
   c->compress_level = 3;
+  c->max_answer_memory = 1ull << 30;
 }
 
 static int from_env(kcd_config *c) {

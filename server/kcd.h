@@ -319,6 +319,7 @@ typedef struct kcd_config {
   /* strict HTTP (framing.c): without --tokens, the Host names answered
    * besides loopback and --listen's (comma-separated; "*": any) */
   const char *allow_hosts;
+  uint64_t max_answer_memory; /* bytes of unread answers held; 0: no cap */
 } kcd_config;
 
 /* Parses flags over KCACHED_* environment variables over defaults. Returns 0
@@ -360,6 +361,9 @@ struct kcd_state {
   /* per-10-second counters of the last hour (history.c); NULL until the
    * first tick */
   _Atomic(struct kcd_history *) history;
+  /* bytes of HTTP answers held in memory until their clients read them
+   * (reply.c), against --max-answer-memory */
+  _Atomic uint64_t answer_bytes;
 };
 
 /* ---- the service layer (service.c) ----

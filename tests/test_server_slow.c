@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -320,6 +323,113 @@ static void t_main_port_share(void **state) {
   kc_testsrv_cleanup(&t);
 }
 
+#define MODEL "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"
+
+/* Stores n bundles of 4096 files (all one 16-byte blob): manifests of about
+ * 600 KB, whose keys go to keys[]. */
+static void big_bundles(const kc_testsrv *t, int n, char (*keys)[65]) {
+  static char digests[KC_MANIFEST_MAX_FILES][65];
+  static uint64_t sizes[KC_MANIFEST_MAX_FILES];
+  unsigned char *blob = kc_testsrv_bytes(7, 16);
+  char path[128];
+  kc_sha256_hex(blob, 16, digests[0]);
+  snprintf(path, sizeof path, "/v1/blobs/%s", digests[0]);
+  kc_testsrv_resp r = kc_testsrv_http(NULL, t->url, path,
+      (kc_testsrv_req){.method = "PUT", .body = blob, .len = 16});
+  assert_int_equal(r.status, 201);
+  kc_testsrv_resp_free(&r);
+  free(blob);
+  for (int i = 0; i < KC_MANIFEST_MAX_FILES; i++) {
+    memcpy(digests[i], digests[0], 65);
+    sizes[i] = 16;
+  }
+  for (int b = 0; b < n; b++) {
+    char *json = kc_testsrv_manifest(MODEL, (uint64_t)b + 1, "sm_90", digests,
+                                     sizes, KC_MANIFEST_MAX_FILES, keys[b]);
+    assert_non_null(json);
+    snprintf(path, sizeof path, "/v1/bundles/%.64s", keys[b]);
+    r = kc_testsrv_http(NULL, t->url, path,
+        (kc_testsrv_req){.method = "PUT", .body = json, .len = strlen(json)});
+    assert_int_equal(r.status, 201);
+    kc_testsrv_resp_free(&r);
+    free(json);
+  }
+}
+
+static long rss_kb(pid_t pid) {
+  char path[64], *s;
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  s = kc_testsrv_slurp(path);
+  const char *v = s ? strstr(s, "VmRSS:") : NULL;
+  long kb = v ? strtol(v + 6, NULL, 10) : -1;
+  free(s);
+  return kb;
+}
+
+#define READERS 24
+#define BUNDLES 8
+
+/* Readers that ask for a lookup and never read it: each answer (8 manifests
+ * of 600 KB, 4.8 MB) stayed in memory until the client read or went away,
+ * so many of them took gigabytes. With --max-answer-memory 16M the answers
+ * held stop near 16 MB: later lookups get 503 busy with Retry-After, and
+ * are served again once the readers are gone. */
+static void t_unread_answers(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  const char *const args[] = {"--max-answer-memory", "16M", "--timeout", "60",
+                              "--max-json-bytes", "1M", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  static char keys[BUNDLES][65];
+  big_bundles(&t, BUNDLES, keys);
+  char body[BUNDLES * 70 + 32], req[sizeof body + 256];
+  size_t off = (size_t)snprintf(body, sizeof body, "{\"keys\":[");
+  for (int b = 0; b < BUNDLES; b++)
+    off += (size_t)snprintf(body + off, sizeof body - off, "%s\"%s\"",
+                            b ? "," : "", keys[b]);
+  snprintf(body + off, sizeof body - off, "]}");
+  snprintf(req, sizeof req, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
+           "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+           strlen(body), body);
+  long rss0 = rss_kb(t.pid);
+  int fd[READERS];
+  for (int i = 0; i < READERS; i++) {
+    fd[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int small = 4096;
+    setsockopt(fd[i], SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in to = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)t.port)};
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd[i], (struct sockaddr *)&to, sizeof to), 0);
+    assert_int_equal(raw_send(fd[i], req), 0);
+  }
+  usleep(1000 * 1000);
+  long rss1 = rss_kb(t.pid);
+  print_message("%d unread 4.8 MB lookups: RSS %ld -> %ld KB\n", READERS, rss0,
+                rss1);
+  kc_testsrv_resp r = kc_testsrv_http(NULL, t.url, "/v1/lookup",
+      (kc_testsrv_req){.method = "POST", .body = body, .len = strlen(body)});
+  assert_int_equal(r.status, 503);
+  assert_non_null(strstr(r.body, "\"busy\""));
+  char ra[16];
+  assert_true(kc_testsrv_header(&r, "Retry-After", ra, sizeof ra));
+  kc_testsrv_resp_free(&r);
+  assert_true(rss1 - rss0 < 64 * 1024); /* 24 x 4.8 MB would be 115 MB */
+  close_all(fd, READERS);
+  long t0 = kc_testsrv_now_ms();
+  long status = 0;
+  while (status != 200 && kc_testsrv_now_ms() - t0 < 5000) {
+    r = kc_testsrv_http(NULL, t.url, "/v1/lookup",
+        (kc_testsrv_req){.method = "POST", .body = body, .len = strlen(body)});
+    status = r.status;
+    kc_testsrv_resp_free(&r);
+    if (status != 200)
+      usleep(100 * 1000);
+  }
+  assert_int_equal(status, 200);
+  kc_testsrv_cleanup(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_slow_headers),
@@ -328,6 +438,7 @@ int main(void) {
       cmocka_unit_test(t_per_ip_cap),
       cmocka_unit_test(t_health_port_share),
       cmocka_unit_test(t_main_port_share),
+      cmocka_unit_test(t_unread_answers),
       cmocka_unit_test(t_health_listener_routes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
