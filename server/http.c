@@ -196,6 +196,25 @@ static void check_param(kcd_req *r, kcd_param p) {
                 what[p], r->param);
 }
 
+/* A body's Content-Encoding: identity, or zstd on a blob PUT (the store
+ * decodes it); any other (gzip, br, a list) would be stored as it came, so
+ * it is refused: 415. */
+static void check_coding(kcd_req *r) {
+  const char *ce = kcd_header(r, MHD_HTTP_HEADER_CONTENT_ENCODING);
+  if (!ce)
+    return;
+  size_t n = strlen(ce);
+  while (n && (ce[n - 1] == ' ' || ce[n - 1] == '\t')) /* MHD keeps OWS */
+    n--;
+  int blob_put = r->rt->id == KCD_R_BLOBS && r->method == KCD_M_PUT;
+  if ((n == 8 && strncasecmp(ce, "identity", 8) == 0) ||
+      (blob_put && n == 4 && strncasecmp(ce, "zstd", 4) == 0))
+    return;
+  kcd_set_early(r, KC_UNSUPPORTED_MEDIA, "Content-Encoding '%.60s' is not "
+                "accepted here: %s", ce,
+                blob_put ? "identity or zstd" : "identity only");
+}
+
 static uint64_t body_limit(const kcd_req *r) {
   const kcd_config *c = &r->st->cfg;
   return r->op && r->op->body == KCD_BODY_STREAM ? c->max_blob_bytes
@@ -243,6 +262,9 @@ static void req_begin(kcd_req *r) {
     return;
   if (r->op->needs_store && !atomic_load(&r->st->store))
     return kcd_set_early(r, KC_NOT_READY, "the store is not open yet");
+  check_coding(r);
+  if (r->early)
+    return;
   check_body(r);
   char err[KC_ERRBUF_SIZE] = "";
   kc_err e = !r->early && r->op->begin ? r->op->begin(r, err) : KC_OK;

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "kc_schema.h"
 #include "rawhttp.h"
 #include "testsrv.h"
 
@@ -265,6 +266,100 @@ static void t_dns_rebinding(void **state) {
   kc_testsrv_cleanup(&t2);
 }
 
+/* A lease POST a web page can send across origins without CORS (a form's
+ * content types, or none) squatted the lease on a kcached without tokens:
+ * 415 now; JSON takes it. */
+static void t_lease_needs_json(void **state) {
+  (void)state;
+  static const char *const types[] = {
+      "Content-Type: text/plain\r\n",
+      "Content-Type: application/x-www-form-urlencoded\r\n",
+      "Content-Type: multipart/form-data; boundary=x\r\n",
+      "Content-Type: application/jsonp\r\n", ""};
+  char req[512], buf[8192];
+  for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+    snprintf(req, sizeof req, "POST /v1/leases/%s HTTP/1.1\r\nHost: "
+             "127.0.0.1\r\n%sContent-Length: 2\r\nConnection: close\r\n"
+             "\r\n{}", DIGEST, types[i]);
+    raw_exchange(S.port, req, buf, sizeof buf, 3000);
+    assert_int_equal(raw_status(buf), 415);
+    assert_non_null(strstr(buf, "\"unsupported_media_type\""));
+  }
+  snprintf(req, sizeof req, "POST /v1/leases/%s HTTP/1.1\r\nHost: 127.0.0.1"
+           "\r\nContent-Type: Application/JSON; charset=utf-8\r\n"
+           "Content-Length: 2\r\nConnection: close\r\n\r\n{}",
+           DIGEST);
+  raw_exchange(S.port, req, buf, sizeof buf, 3000);
+  assert_int_equal(raw_status(buf), 201);
+}
+
+/* Content-Encoding: gzip on a PUT was stored as raw bytes (the digest
+ * check then failed, or passed on the gzip bytes). Only identity, and zstd
+ * on a blob PUT, are taken. */
+static void t_content_coding(void **state) {
+  (void)state;
+  char req[512], buf[8192];
+  static const char *const codings[] = {"gzip", "br", "zstd, gzip", "x"};
+  for (size_t i = 0; i < sizeof codings / sizeof *codings; i++) {
+    snprintf(req, sizeof req, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost"
+             "\r\nContent-Encoding: %s\r\nContent-Length: 5\r\n"
+             "Connection: close\r\n\r\nhello", DIGEST, codings[i]);
+    raw_exchange(S.port, req, buf, sizeof buf, 3000);
+    assert_int_equal(raw_status(buf), 415);
+    assert_non_null(strstr(buf, "\"unsupported_media_type\""));
+  }
+  /* zstd is for blobs only: a manifest or lookup is JSON as it comes */
+  raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
+               "Content-Encoding: zstd\r\nContent-Length: 11\r\nConnection:"
+               " close\r\n\r\n{\"keys\":[]}", buf, sizeof buf, 3000);
+  assert_int_equal(raw_status(buf), 415);
+  raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
+               "Content-Encoding: identity \r\nContent-Length: 11\r\n"
+               "Connection: close\r\n\r\n{\"keys\":[]}", buf, sizeof buf,
+               3000);
+  assert_int_equal(raw_status(buf), 200);
+  /* "hello" itself, declared identity: stored */
+  snprintf(req, sizeof req, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
+           "Content-Encoding: identity\r\nContent-Length: 5\r\n"
+           "Connection: close\r\n\r\nhello",
+           "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
+  raw_exchange(S.port, req, buf, sizeof buf, 3000);
+  assert_int_equal(raw_status(buf), 201);
+}
+
+/* Accept-Encoding: zstd;q=nan counted as accepting zstd (strtod's NaN is
+ * not <= 0); only a valid qvalue above 0 does. */
+static void t_zstd_qvalue(void **state) {
+  (void)state;
+  char body[65536], d[65], path[128];
+  memset(body, 'z', sizeof body); /* compressible: held as a frame */
+  kc_sha256_hex(body, sizeof body, d);
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  kc_testsrv_resp r = kc_testsrv_http(NULL, S.url, path,
+      (kc_testsrv_req){.method = "PUT", .body = body, .len = sizeof body});
+  assert_true(r.status == 201 || r.status == 200);
+  kc_testsrv_resp_free(&r);
+  static const struct {
+    const char *ae;
+    int zstd;
+  } cases[] = {{"zstd;q=nan", 0}, {"zstd;q=-1", 0}, {"zstd;q=0", 0},
+               {"zstd;q=0.000", 0}, {"zstd;q=2", 0}, {"zstd;q=inf", 0},
+               {"zstd", 1}, {"zstd;q=0.5", 1}, {"gzip, zstd;q=1.0", 1},
+               {"zstd;q=0.001", 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char req[512], buf[8192];
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: localhost\r\n"
+             "Accept-Encoding: %s\r\nConnection: close\r\n\r\n", path,
+             cases[i].ae);
+    raw_exchange(S.port, req, buf, sizeof buf, 3000);
+    assert_int_equal(raw_status(buf), 200);
+    int framed = strcasestr(buf, "\r\nContent-Encoding: zstd") != NULL;
+    if (framed != cases[i].zstd)
+      print_message("Accept-Encoding: %s\n%s\n", cases[i].ae, buf);
+    assert_int_equal(framed, cases[i].zstd);
+  }
+}
+
 /* Well-framed requests keep working, on one kept-alive connection: a
  * chunked lookup, then a GET. */
 static void t_good_framing_kept_alive(void **state) {
@@ -300,6 +395,9 @@ int main(void) {
       cmocka_unit_test(t_header_bytes),
       cmocka_unit_test(t_target_bytes),
       cmocka_unit_test(t_dns_rebinding),
+      cmocka_unit_test(t_lease_needs_json),
+      cmocka_unit_test(t_content_coding),
+      cmocka_unit_test(t_zstd_qvalue),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -37,6 +37,8 @@ def call(srv, method, path, body=None, token=None):
     req = urllib.request.Request(
         "http://127.0.0.1:%d%s" % (srv.http_port(), path), data=body,
         method=method)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
     if token is not None:
         req.add_header("Authorization", token)
     try:
