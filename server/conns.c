@@ -33,7 +33,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "kcd.h"
 
@@ -55,6 +58,8 @@ struct kcd_conn {
   char remote[INET6_ADDRSTRLEN];     /* the peer's address, for the log */
   unsigned char addr[16];            /* and as a key (IPv4 mapped) */
   int counted;                       /* in the main port's address counts */
+  kcd_scan scan;                     /* the header block received (recv) */
+  int scanned;                       /* its bytes are scanned (plain HTTP) */
 };
 
 /* Main-port connections per client address (a chained hash). */
@@ -70,7 +75,74 @@ struct kcd_conns {
   kcd_conn *head;
   size_t n_counted;                  /* main-port connections */
   addr_count *bucket[ADDR_BUCKETS];
+  int scan_raw;                      /* plain HTTP: scan received bytes */
 };
+
+/* ---- received bytes: the recv of libmicrohttpd ----
+ *
+ * kcached defines recv(), so libmicrohttpd's calls (and every other in the
+ * process: libcurl's, the RESP front end's) come here first. It receives
+ * as glibc's would; for a descriptor of an open HTTP connection (this
+ * table, set while the connection is open) it also feeds the bytes of a
+ * request's header block to kcd_framing_scan, and when that finds what
+ * libmicrohttpd would answer wrongly it sends kcached's answer, ends the
+ * connection and tells libmicrohttpd the peer closed (framing.c says why
+ * no callback can do it). Descriptors beyond the table (the open-file limit
+ * at start) are not scanned. */
+static _Atomic(kcd_conn *) *fd_conn;
+static size_t fd_conn_n;
+
+static void fd_table_init(void) {
+  struct rlimit rl;
+  size_t n = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                 ? (size_t)rl.rlim_cur
+                 : 65536;
+  if (n > (1u << 20))
+    n = 1u << 20;
+  if (!fd_conn && (fd_conn = calloc(n, sizeof *fd_conn)))
+    fd_conn_n = n;
+}
+
+static void fd_set_conn(int fd, kcd_conn *c) {
+  if (fd >= 0 && (size_t)fd < fd_conn_n)
+    atomic_store(&fd_conn[fd], c);
+}
+
+/* A connection's bytes (on its own thread); 1 when it was answered here
+ * and closed. */
+static int scan_received(int fd, kcd_conn *c, const void *buf, size_t n) {
+  int v = kcd_framing_scan(&c->scan, buf, n);
+  if (!v)
+    return 0;
+  size_t len;
+  const char *a = kcd_framing_scan_answer(v, &len);
+  (void)!send(fd, a, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  shutdown(fd, SHUT_RDWR);
+  return 1;
+}
+
+ssize_t recv(int fd, void *buf, size_t n, int flags) {
+  ssize_t r = syscall(SYS_recvfrom, fd, buf, n, flags, NULL, NULL);
+  if (r <= 0 || (flags & MSG_PEEK) || fd < 0 || (size_t)fd >= fd_conn_n)
+    return r;
+  kcd_conn *c = atomic_load_explicit(&fd_conn[fd], memory_order_acquire);
+  if (c && c->scan.on && scan_received(fd, c, buf, (size_t)r))
+    return 0; /* libmicrohttpd: the client closed; it closes too */
+  return r;
+}
+
+/* Scanning starts where a header block does: at accept and after each
+ * request (not for TLS: its bytes are ciphertext). */
+static void scan_arm(kcd_conn *c, int on) {
+  memset(&c->scan, 0, sizeof c->scan);
+  c->scan.on = on;
+}
+
+void kcd_conns_scan_raw(kcd_conns *l, int on) {
+  if (on)
+    fd_table_init();
+  l->scan_raw = on && fd_conn;
+}
 
 kcd_conns *kcd_conns_new(void) {
   kcd_conns *l = calloc(1, sizeof *l);
@@ -178,6 +250,10 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
   c->counted = counted;
   remote_of(fd, c->remote, sizeof c->remote, c->addr);
   STORE(&c->waiting_since_us, kcd_now_us());
+  c->scanned = l->scan_raw;
+  scan_arm(c, c->scanned);
+  if (c->scanned)
+    fd_set_conn(fd, c);
   pthread_mutex_lock(&l->lock);
   if (counted) {
     addr_add(l, c->addr, 1);
@@ -194,6 +270,8 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
 void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
   if (!c)
     return;
+  if (c->scanned)
+    fd_set_conn(c->fd, NULL);
   pthread_mutex_lock(&l->lock);
   if (c->counted) {
     addr_add(l, c->addr, -1);
@@ -210,8 +288,10 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
 }
 
 void kcd_conn_headers_done(kcd_conn *c) {
-  if (c)
-    STORE(&c->waiting_since_us, 0);
+  if (!c)
+    return;
+  STORE(&c->waiting_since_us, 0);
+  c->scan.on = 0;
 }
 
 void kcd_conn_request_done(kcd_conn *c, uint64_t now_us) {
@@ -219,6 +299,7 @@ void kcd_conn_request_done(kcd_conn *c, uint64_t now_us) {
     return;
   STORE(&c->body_since_us, 0);
   STORE(&c->waiting_since_us, now_us);
+  scan_arm(c, c->scanned);
 }
 
 void kcd_conn_body_begin(kcd_conn *c) {

@@ -324,3 +324,113 @@ int kcd_framing_host_allowed(const kcd_config *c, const char *host) {
          (n > 10 && strcmp(h + n - 10, ".localhost") == 0) ||
          strcasecmp(h, c->host) == 0 || in_list(c->allow_hosts, h);
 }
+
+/* ---- the raw header block: what MHD answers before kcached can ----
+ *
+ * libmicrohttpd 0.9.75 answers a malformed Content-Length itself while
+ * parsing the headers (400, or 413 when too large), and then its state
+ * machine builds the same answer's headers a second time: the client reads
+ * two status lines (a proxy may take the second as the next request's
+ * answer). No callback runs between the headers' arrival and that answer,
+ * so conns.c hands this scanner the bytes as they are received, and when
+ * it reports one, answers it here and closes the connection instead.
+ * It follows one header block from the first receive after the previous
+ * request ended; a request pipelined behind another, already buffered by
+ * MHD, is not seen (MHD's doubled answer then still closes the
+ * connection). */
+
+static const char SCAN_CL[] = "content-length:";
+static const char SCAN_TE[] = "transfer-encoding:";
+
+/* One byte of the first Content-Length's value, as MHD reads it: blanks
+ * before the digits, then digits only (trailing blanks count as junk). */
+static void scan_cl_byte(kcd_scan *s, unsigned char c) {
+  if (c >= '0' && c <= '9') {
+    if (s->cl_bad)
+      return;
+    if (s->cl > (UINT64_MAX - (c - '0')) / 10)
+      s->cl_big = 1;
+    s->cl = s->cl * 10 + (c - '0');
+    s->cl_digits = 1;
+  } else if (!((c == ' ' || c == '\t') && !s->cl_digits)) {
+    s->cl_bad = 1;
+  }
+}
+
+static void scan_byte(kcd_scan *s, unsigned char c) {
+  if (s->line > 0) {
+    if (s->in_cl) {
+      scan_cl_byte(s, c);
+    } else {
+      unsigned char l = (unsigned char)tolower(c);
+      if (s->mcl == s->col && s->mcl < sizeof SCAN_CL - 1 &&
+          l == (unsigned char)SCAN_CL[s->mcl] &&
+          ++s->mcl == sizeof SCAN_CL - 1 && !s->cl_seen)
+        s->cl_seen = s->in_cl = 1;
+      if (s->mte == s->col && s->mte < sizeof SCAN_TE - 1 &&
+          l == (unsigned char)SCAN_TE[s->mte] &&
+          ++s->mte == sizeof SCAN_TE - 1)
+        s->te_seen = 1;
+    }
+  }
+  s->col++;
+}
+
+/* A line ended: the next, or the block's end and its verdict. */
+static int scan_eol(kcd_scan *s) {
+  if (s->col == 0 && s->line > 0) {
+    s->on = 0;
+    if (!s->cl_seen || s->te_seen)
+      return KCD_SCAN_OK; /* MHD ignores Content-Length beside TE */
+    if (s->cl_bad || !s->cl_digits)
+      return KCD_SCAN_BAD_LENGTH;
+    return s->cl_big ? KCD_SCAN_BIG_LENGTH : KCD_SCAN_OK;
+  }
+  if (s->col > 0 || s->line > 0) /* empty lines before a request: skipped */
+    s->line++;
+  s->col = s->mcl = s->mte = 0;
+  s->in_cl = 0;
+  return KCD_SCAN_OK;
+}
+
+int kcd_framing_scan(kcd_scan *s, const char *p, size_t n) {
+  for (size_t i = 0; i < n && s->on; i++) {
+    unsigned char c = (unsigned char)p[i];
+    if (s->cr) {
+      s->cr = 0;
+      if (c == '\n') {
+        int v = scan_eol(s);
+        if (v)
+          return v;
+        continue;
+      }
+      scan_byte(s, '\r'); /* a bare CR: inside the line, as MHD keeps it */
+    }
+    if (c == '\r') {
+      s->cr = 1;
+    } else if (c == '\n') {
+      int v = scan_eol(s);
+      if (v)
+        return v;
+    } else {
+      scan_byte(s, c);
+    }
+  }
+  return KCD_SCAN_OK;
+}
+
+#define SCAN_ANSWER(status, code, msg)                                       \
+  "HTTP/1.1 " status "\r\nConnection: close\r\nContent-Type: "               \
+  "application/json\r\nContent-Length: " #code "\r\n\r\n" msg
+
+const char *kcd_framing_scan_answer(int verdict, size_t *len) {
+  static const char bad[] = SCAN_ANSWER(
+      "400 Bad Request", 98, "{\"error\":\"bad_request\",\"message\":"
+      "\"Content-Length is not a decimal number: refused (RFC 9112 6.3)\"}");
+  static const char big[] = SCAN_ANSWER(
+      "413 Content Too Large", 70, "{\"error\":\"too_large\",\"message\":"
+      "\"Content-Length is too large a number\"}");
+  const char *a = verdict == KCD_SCAN_BIG_LENGTH ? big : bad;
+  *len = verdict == KCD_SCAN_BIG_LENGTH ? sizeof big - 1 : sizeof bad - 1;
+  return a;
+}

@@ -669,6 +669,7 @@ void kcd_http_sweep(kcd_state *st) {
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
   if (!st->conns && !(st->conns = kcd_conns_new()))
     return kc_errf(err, KC_NOMEM, "out of memory");
+  kcd_conns_scan_raw(st->conns, !st->tls_cert_pem);
   struct addrinfo *ai = NULL;
   kc_err e = resolve("listen", st->cfg.host, st->cfg.port, &ai, err);
   if (e)

@@ -440,6 +440,9 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted);
 struct sockaddr;
 int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
                     unsigned max_conns);
+/* Whether connections of l are plain HTTP, whose received bytes are
+ * scanned (kcd_framing_scan); TLS ones are not. Set before serving. */
+void kcd_conns_scan_raw(kcd_conns *l, int on);
 /* Before MHD closes its descriptor; frees c (NULL: nothing). */
 void kcd_conn_close(kcd_conns *l, kcd_conn *c);
 /* The headers of a request are complete / a request ended (waiting for the
@@ -498,6 +501,28 @@ kc_err kcd_framing_check(struct MHD_Connection *conn, const kcd_raw_req *raw,
  * that). Any other name reaching a loopback server is a web page's, through
  * DNS rebinding. */
 int kcd_framing_host_allowed(const kcd_config *c, const char *host);
+
+/* The raw bytes of a request's header block as kcached receives them (only
+ * on plain HTTP; framing.c says why): enough to find what libmicrohttpd
+ * 0.9.75 answers itself, with two status lines, before the access handler
+ * could see it: a first Content-Length that is not a decimal number, or
+ * too large, without Transfer-Encoding. Per connection, on its thread. */
+typedef struct kcd_scan {
+  int on;            /* a header block is being read */
+  int line;          /* lines it ended so far (0: the request line) */
+  unsigned col;      /* bytes of the current line */
+  unsigned mcl, mte; /* bytes of the names below matched at a line start */
+  int cr;            /* the last byte was a CR */
+  int in_cl;         /* in the first Content-Length's value */
+  int cl_seen, te_seen, cl_digits, cl_bad, cl_big;
+  uint64_t cl;
+} kcd_scan;
+enum { KCD_SCAN_OK, KCD_SCAN_BAD_LENGTH, KCD_SCAN_BIG_LENGTH };
+/* Feeds received bytes; KCD_SCAN_OK, or what the block's end showed. */
+int kcd_framing_scan(kcd_scan *s, const char *p, size_t n);
+/* The answer kcached gives instead (a static HTTP response), for what
+ * kcd_framing_scan returned. */
+const char *kcd_framing_scan_answer(int verdict, size_t *len);
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */
 

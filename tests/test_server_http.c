@@ -122,19 +122,47 @@ static void t_nul_in_target(void **state) {
           "bad_request");
 }
 
-/* MHD 0.9.75 answers a malformed Content-Length itself, before kcached sees
- * the request (README, Reliability): not our JSON, but a 400 and a closed
- * connection, so nothing behind it is read as a request. */
+/* MHD 0.9.75 answers a malformed Content-Length itself while parsing the
+ * headers, before the access handler runs, and wrote its answer's status
+ * line and headers twice. kcached now answers it from the received bytes
+ * (framing.c's scanner): one answer, kcached's JSON, then the connection
+ * closes, so nothing behind it is read as a request; on a kept-alive
+ * connection too. */
 static void t_bad_content_length(void **state) {
   (void)state;
-  char buf[16384];
-  int rc = raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
-                        "Content-Length: 2x\r\n\r\n{}GET /healthz HTTP/1.1"
-                        "\r\nHost: localhost\r\n\r\n",
-                        buf, sizeof buf, 3000);
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2x"
+          "\r\n\r\n{}GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
+          400, "bad_request");
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nContent-Length:"
+          "\r\n\r\n{}", 400, "bad_request");
+  refused("POST /v1/lookup HTTP/1.1\nHost: localhost\ncontent-LENGTH: -1\n\n",
+          400, "bad_request");
+  refused("PUT /v1/blobs/" DIGEST " HTTP/1.1\r\nHost: localhost\r\n"
+          "Content-Length: 99999999999999999999999\r\n\r\n", 413,
+          "too_large");
+  int fd = kc_testsrv_connect(S.port);
+  assert_true(fd >= 0);
+  char buf[8192];
+  assert_int_equal(raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: localhost"
+                                "\r\n\r\n"), 0);
+  assert_int_equal(raw_read(fd, buf, sizeof buf, 500), 0);
+  assert_int_equal(raw_status(buf), 200);
+  assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: localhost"
+                                "\r\nContent-Length: 1,1\r\n\r\n{}"), 0);
+  assert_int_equal(raw_read(fd, buf, sizeof buf, 3000), 1);
   assert_int_equal(raw_status(buf), 400);
-  assert_int_equal(rc, 1);
-  assert_null(strstr(buf, "200 OK"));
+  assert_int_equal(n_responses(buf), 1);
+  assert_non_null(strstr(buf, "\"bad_request\""));
+  close(fd);
+  /* a body that looks like a header block is a body: stored */
+  static const char blob[] = "x\r\nContent-Length: 2x\r\n\r\n";
+  char d[65], req[512];
+  kc_sha256_hex(blob, sizeof blob - 1, d);
+  snprintf(req, sizeof req, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
+           "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", d,
+           sizeof blob - 1, blob);
+  raw_exchange(S.port, req, buf, sizeof buf, 3000);
+  assert_int_equal(raw_status(buf), 201);
 }
 
 /* Answered with status, on a connection left open (not refused). */
