@@ -91,6 +91,7 @@ struct kcd_conns {
  * at start) are not scanned. */
 static _Atomic(kcd_conn *) *fd_conn;
 static size_t fd_conn_n;
+static _Atomic size_t scan_refused; /* for the sweep's log line */
 
 static void fd_table_init(void) {
   struct rlimit rl;
@@ -118,6 +119,7 @@ static int scan_received(int fd, kcd_conn *c, const void *buf, size_t n) {
   const char *a = kcd_framing_scan_answer(v, &len);
   (void)!send(fd, a, len, MSG_NOSIGNAL | MSG_DONTWAIT);
   shutdown(fd, SHUT_RDWR);
+  atomic_fetch_add_explicit(&scan_refused, 1, memory_order_relaxed);
   return 1;
 }
 
@@ -360,6 +362,7 @@ static int body_slow(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
 
 void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w) {
   w->closed_headers = w->closed_body = 0;
+  w->refused_length = atomic_exchange(&scan_refused, 0);
   pthread_mutex_lock(&l->lock);
   for (kcd_conn *c = l->head; c; c = c->next) {
     int late = headers_late(c, now_us, w);

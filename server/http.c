@@ -659,6 +659,10 @@ void kcd_http_sweep(kcd_state *st) {
     kcd_log(st, "warn", "closed %zu connections whose request headers were "
             "not complete within --header-timeout %u s", w.closed_headers,
             c->header_timeout_s);
+  if (w.refused_length)
+    kcd_log(st, "warn", "answered %zu requests with a malformed or too large "
+            "Content-Length (400 or 413) and closed their connections",
+            w.refused_length);
   if (w.closed_body)
     kcd_log(st, "warn", "closed %zu connections whose request body came "
             "slower than --min-body-rate %llu bytes/s over %u s",

@@ -469,6 +469,8 @@ typedef struct kcd_sweep {
   uint64_t body_window_us; /* a body is judged once per window */
   uint64_t body_min_rate;  /* bytes/s over a window; 0: no minimum */
   size_t closed_headers, closed_body; /* out: connections shut down */
+  size_t refused_length; /* out: answered from the received bytes (a
+                            malformed Content-Length) since the last sweep */
 } kcd_sweep;
 /* Shuts down every connection waiting for headers for header_us or more,
  * and every one whose body brought less than body_min_rate bytes/s over a

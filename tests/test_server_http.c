@@ -154,6 +154,9 @@ static void t_bad_content_length(void **state) {
   assert_int_equal(n_responses(buf), 1);
   assert_non_null(strstr(buf, "\"bad_request\""));
   close(fd);
+  /* said in the log by the next tick, as connections cut are */
+  assert_true(kc_testsrv_wait_log(&S, "with a malformed or too large "
+                                  "Content-Length", 1, 3000));
   /* a body that looks like a header block is a body: stored */
   static const char blob[] = "x\r\nContent-Length: 2x\r\n\r\n";
   char d[65], req[512];
