@@ -685,7 +685,18 @@ kc_err kcc_lease_take(kc_client *c, const char *key, int ttl_s,
   if (!body)
     return kc_errf(err, KC_NOMEM, "out of memory");
   snprintf(path, sizeof path, "/v1/leases/%s", key);
+  /* JSON said so: kcached refuses a lease POST a web form could send */
+  struct curl_slist *saved = c->hdrs;
+  struct curl_slist *l =
+      kcc_with_header(saved, "Content-Type: application/json");
+  if (!l) {
+    free(body);
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  }
+  c->hdrs = l; /* kcc_http_do sends c->hdrs */
   kc_err e = kcc_http_do(c, "POST", path, body, strlen(body), &r, err);
+  c->hdrs = saved;
+  curl_slist_free_all(l);
   free(body);
   if (e)
     return e;

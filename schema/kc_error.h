@@ -50,7 +50,9 @@
     "the disk holding the store is full")                                      \
   X(LOCKED, 35, 503, "locked",                                                 \
     "another process serves this store directory")                             \
-  X(NOT_IMPLEMENTED, 36, 501, "not_implemented", "not implemented")
+  X(NOT_IMPLEMENTED, 36, 501, "not_implemented", "not implemented")           \
+  X(UNSUPPORTED_MEDIA, 37, 415, "unsupported_media_type",                      \
+    "the body's type or content coding is not accepted here")
 
 typedef enum kc_err {
 #define KC_ERR_ENUM_(name, num, http, code, msg) KC_##name = num,

@@ -272,6 +272,15 @@ static int set_access_log(kcd_config *c, const char *v) {
   return 0;
 }
 
+/* ---- strict HTTP and connection shares (framing.c, http.c) ---- */
+static int set_allow_host(kcd_config *c, const char *v) {
+  c->allow_hosts = *v ? v : NULL;
+  return 0;
+}
+static int set_max_answer_memory(kcd_config *c, const char *v) {
+  return parse_size(v, &c->max_answer_memory);
+}
+
 static const opt opts[] = {
     {"listen", "HOST:PORT", "KCACHED_LISTEN",
      "address to serve on (default 127.0.0.1:8080); port 0 picks a free one",
@@ -405,6 +414,19 @@ static const opt opts[] = {
      "(default on); off keeps RESP plaintext (Triton's redis.Redis) while "
      "HTTP stays HTTPS; off loopback, off needs --allow-plaintext",
      set_resp_tls},
+    /* strict HTTP and connection shares (framing.c, http.c) */
+    {"allow-host", "NAME[,NAME]...", "KCACHED_ALLOW_HOST",
+     "without --tokens, Host names answered besides localhost, loopback "
+     "addresses and the --listen host (a proxy's or an SSH tunnel's name); "
+     "other names get 403, as a web page reaching a loopback kcached by DNS "
+     "rebinding would ('*': any)",
+     set_allow_host},
+    {"max-answer-memory", "SIZE", "KCACHED_MAX_ANSWER_MEMORY",
+     "bytes of HTTP answers (lookups, manifests, read-through blobs) held in "
+     "memory until their clients read them; an answer over it gets 503 "
+     "busy with Retry-After, unless it would be the only one (default 1G; "
+     "0: no cap)",
+     set_max_answer_memory},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -454,6 +476,7 @@ static void defaults(kcd_config *c) {
   c->resp_max_value = 512ull << 20;
   c->resp_tls = -1;
   c->compress_level = 3;
+  c->max_answer_memory = 1ull << 30;
 }
 
 static int from_env(kcd_config *c) {

@@ -17,6 +17,12 @@
  * while one is read the tick also checks, once per --timeout window, that
  * it brought at least --min-body-rate bytes a second over the window.
  *
+ * It also keeps room for new client addresses on the main port (with
+ * --max-connections-per-ip on): an address is admitted while it holds less
+ * than half of the slots still free (kcd_conns_admit), so addresses that
+ * reconnect as fast as they are cut can each take a shrinking share but
+ * never the last slots, and a new address always finds one.
+ *
  * The list's lock makes the shutdown safe: MHD tells us a connection closed
  * (kcd_conn_close, from MHD_CONNECTION_NOTIFY_CLOSED) before it closes the
  * descriptor, so a descriptor found in the list under the lock is still this
@@ -27,7 +33,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "kcd.h"
 
@@ -41,16 +50,101 @@ struct kcd_conn {
   kcd_conn *prev, *next;
   int fd;
   _Atomic uint64_t waiting_since_us; /* 0: not waiting for headers */
-  _Atomic int raw_nul;               /* the request's raw URI holds %00 */
+  const char *target;                /* kcd_conn_set_target: the raw */
+  size_t target_len;                 /* target, only on the connection's */
+  int target_flaw;                   /* thread */
   _Atomic uint64_t body_since_us;    /* this body window began; 0: no body */
   _Atomic uint64_t body_bytes;       /* body bytes in this window */
   char remote[INET6_ADDRSTRLEN];     /* the peer's address, for the log */
+  unsigned char addr[16];            /* and as a key (IPv4 mapped) */
+  int counted;                       /* in the main port's address counts */
+  kcd_scan scan;                     /* the header block received (recv) */
+  int scanned;                       /* its bytes are scanned (plain HTTP) */
 };
+
+/* Main-port connections per client address (a chained hash). */
+#define ADDR_BUCKETS 1024
+typedef struct addr_count {
+  struct addr_count *next;
+  unsigned char addr[16];
+  unsigned n;
+} addr_count;
 
 struct kcd_conns {
   pthread_mutex_t lock;
   kcd_conn *head;
+  size_t n_counted;                  /* main-port connections */
+  addr_count *bucket[ADDR_BUCKETS];
+  int scan_raw;                      /* plain HTTP: scan received bytes */
 };
+
+/* ---- received bytes: the recv of libmicrohttpd ----
+ *
+ * kcached defines recv(), so libmicrohttpd's calls (and every other in the
+ * process: libcurl's, the RESP front end's) come here first. It receives
+ * as glibc's would; for a descriptor of an open HTTP connection (this
+ * table, set while the connection is open) it also feeds the bytes of a
+ * request's header block to kcd_framing_scan, and when that finds what
+ * libmicrohttpd would answer wrongly it sends kcached's answer, ends the
+ * connection and tells libmicrohttpd the peer closed (framing.c says why
+ * no callback can do it). Descriptors beyond the table (the open-file limit
+ * at start) are not scanned. */
+static _Atomic(kcd_conn *) *fd_conn;
+static size_t fd_conn_n;
+static _Atomic size_t scan_refused; /* for the sweep's log line */
+
+static void fd_table_init(void) {
+  struct rlimit rl;
+  size_t n = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                 ? (size_t)rl.rlim_cur
+                 : 65536;
+  if (n > (1u << 20))
+    n = 1u << 20;
+  if (!fd_conn && (fd_conn = calloc(n, sizeof *fd_conn)))
+    fd_conn_n = n;
+}
+
+static void fd_set_conn(int fd, kcd_conn *c) {
+  if (fd >= 0 && (size_t)fd < fd_conn_n)
+    atomic_store(&fd_conn[fd], c);
+}
+
+/* A connection's bytes (on its own thread); 1 when it was answered here
+ * and closed. */
+static int scan_received(int fd, kcd_conn *c, const void *buf, size_t n) {
+  int v = kcd_framing_scan(&c->scan, buf, n);
+  if (!v)
+    return 0;
+  size_t len;
+  const char *a = kcd_framing_scan_answer(v, &len);
+  (void)!send(fd, a, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  shutdown(fd, SHUT_RDWR);
+  atomic_fetch_add_explicit(&scan_refused, 1, memory_order_relaxed);
+  return 1;
+}
+
+ssize_t recv(int fd, void *buf, size_t n, int flags) {
+  ssize_t r = syscall(SYS_recvfrom, fd, buf, n, flags, NULL, NULL);
+  if (r <= 0 || (flags & MSG_PEEK) || fd < 0 || (size_t)fd >= fd_conn_n)
+    return r;
+  kcd_conn *c = atomic_load_explicit(&fd_conn[fd], memory_order_acquire);
+  if (c && c->scan.on && scan_received(fd, c, buf, (size_t)r))
+    return 0; /* libmicrohttpd: the client closed; it closes too */
+  return r;
+}
+
+/* Scanning starts where a header block does: at accept and after each
+ * request (not for TLS: its bytes are ciphertext). */
+static void scan_arm(kcd_conn *c, int on) {
+  memset(&c->scan, 0, sizeof c->scan);
+  c->scan.on = on;
+}
+
+void kcd_conns_scan_raw(kcd_conns *l, int on) {
+  if (on)
+    fd_table_init();
+  l->scan_raw = on && fd_conn;
+}
 
 kcd_conns *kcd_conns_new(void) {
   kcd_conns *l = calloc(1, sizeof *l);
@@ -66,17 +160,40 @@ void kcd_conns_free(kcd_conns *l) {
     return;
   while (l->head) /* none left once the daemons stopped; just in case */
     kcd_conn_close(l, l->head);
+  for (size_t i = 0; i < ADDR_BUCKETS; i++)
+    while (l->bucket[i]) {
+      addr_count *a = l->bucket[i];
+      l->bucket[i] = a->next;
+      free(a);
+    }
   pthread_mutex_destroy(&l->lock);
   free(l);
 }
 
+/* A client address as 16 bytes (IPv4 as ::ffff:a.b.c.d); 0: not IP. */
+static int addr_key(const struct sockaddr *sa, unsigned char key[16]) {
+  if (sa->sa_family == AF_INET) {
+    static const unsigned char v4map[12] = {[10] = 0xff, [11] = 0xff};
+    memcpy(key, v4map, 12);
+    memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    return 1;
+  }
+  if (sa->sa_family == AF_INET6) {
+    memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+    return 1;
+  }
+  return 0;
+}
+
 /* Once per connection, not per request's log line. */
-static void remote_of(int fd, char *out, size_t cap) {
+static void remote_of(int fd, char *out, size_t cap, unsigned char key[16]) {
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
   memcpy(out, "-", 2);
+  memset(key, 0, 16);
   if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
     return;
+  addr_key((const struct sockaddr *)&ss, key);
   if (ss.ss_family == AF_INET)
     inet_ntop(AF_INET, &((const struct sockaddr_in *)&ss)->sin_addr, out,
               (socklen_t)cap);
@@ -85,16 +202,65 @@ static void remote_of(int fd, char *out, size_t cap) {
               (socklen_t)cap);
 }
 
+/* The count of addr (under the lock); create: make it (NULL: no memory). */
+static addr_count **addr_slot(kcd_conns *l, const unsigned char addr[16]) {
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (int i = 0; i < 16; i++)
+    h = (h ^ addr[i]) * 16777619u;
+  addr_count **pp = &l->bucket[h % ADDR_BUCKETS];
+  while (*pp && memcmp((*pp)->addr, addr, 16) != 0)
+    pp = &(*pp)->next;
+  return pp;
+}
+
+static void addr_add(kcd_conns *l, const unsigned char addr[16], int d) {
+  addr_count **pp = addr_slot(l, addr);
+  if (!*pp) {
+    if (d < 0 || !(*pp = calloc(1, sizeof **pp)))
+      return;
+    memcpy((*pp)->addr, addr, 16);
+  }
+  (*pp)->n += (unsigned)d;
+  if ((*pp)->n == 0) {
+    addr_count *gone = *pp;
+    *pp = gone->next;
+    free(gone);
+  }
+}
+
+int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
+                    unsigned max_conns) {
+  unsigned char key[16];
+  if (!l || !addr_key(sa, key))
+    return 1;
+  pthread_mutex_lock(&l->lock);
+  addr_count **pp = addr_slot(l, key);
+  size_t held = *pp ? (*pp)->n : 0;
+  size_t free_slots = max_conns > l->n_counted ? max_conns - l->n_counted : 0;
+  pthread_mutex_unlock(&l->lock);
+  /* none free: MHD refuses it anyway (--max-connections) */
+  return free_slots == 0 || 2 * held < free_slots;
+}
+
 const char *kcd_conn_remote(const kcd_conn *c) { return c ? c->remote : "-"; }
 
-kcd_conn *kcd_conn_open(kcd_conns *l, int fd) {
+kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
   kcd_conn *c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
   c->fd = fd;
-  remote_of(fd, c->remote, sizeof c->remote);
+  c->counted = counted;
+  remote_of(fd, c->remote, sizeof c->remote, c->addr);
   STORE(&c->waiting_since_us, kcd_now_us());
+  c->scanned = l->scan_raw;
+  scan_arm(c, c->scanned);
+  if (c->scanned)
+    fd_set_conn(fd, c);
   pthread_mutex_lock(&l->lock);
+  if (counted) {
+    addr_add(l, c->addr, 1);
+    l->n_counted++;
+  }
   c->next = l->head;
   if (l->head)
     l->head->prev = c;
@@ -106,7 +272,13 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd) {
 void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
   if (!c)
     return;
+  if (c->scanned)
+    fd_set_conn(c->fd, NULL);
   pthread_mutex_lock(&l->lock);
+  if (c->counted) {
+    addr_add(l, c->addr, -1);
+    l->n_counted--;
+  }
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -118,8 +290,10 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
 }
 
 void kcd_conn_headers_done(kcd_conn *c) {
-  if (c)
-    STORE(&c->waiting_since_us, 0);
+  if (!c)
+    return;
+  STORE(&c->waiting_since_us, 0);
+  c->scan.on = 0;
 }
 
 void kcd_conn_request_done(kcd_conn *c, uint64_t now_us) {
@@ -127,6 +301,7 @@ void kcd_conn_request_done(kcd_conn *c, uint64_t now_us) {
     return;
   STORE(&c->body_since_us, 0);
   STORE(&c->waiting_since_us, now_us);
+  scan_arm(c, c->scanned);
 }
 
 void kcd_conn_body_begin(kcd_conn *c) {
@@ -146,13 +321,19 @@ void kcd_conn_body_bytes(kcd_conn *c, size_t n) {
     atomic_fetch_add_explicit(&c->body_bytes, n, memory_order_relaxed);
 }
 
-void kcd_conn_set_raw_nul(kcd_conn *c, int nul) {
-  if (c)
-    STORE(&c->raw_nul, nul);
+void kcd_conn_set_target(kcd_conn *c, const char *target, size_t len,
+                         int flaw) {
+  if (!c)
+    return;
+  c->target = target;
+  c->target_len = len;
+  c->target_flaw = flaw;
 }
 
-int kcd_conn_raw_nul(const kcd_conn *c) {
-  return c ? LOAD(&c->raw_nul) : 0;
+const char *kcd_conn_target(const kcd_conn *c, size_t *len, int *flaw) {
+  *len = c ? c->target_len : 0;
+  *flaw = c ? c->target_flaw : 0;
+  return c ? c->target : NULL;
 }
 
 /* Whether c has waited for headers past the deadline. */
@@ -181,6 +362,7 @@ static int body_slow(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
 
 void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w) {
   w->closed_headers = w->closed_body = 0;
+  w->refused_length = atomic_exchange(&scan_refused, 0);
   pthread_mutex_lock(&l->lock);
   for (kcd_conn *c = l->head; c; c = c->next) {
     int late = headers_late(c, now_us, w);

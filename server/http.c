@@ -196,6 +196,25 @@ static void check_param(kcd_req *r, kcd_param p) {
                 what[p], r->param);
 }
 
+/* A body's Content-Encoding: identity, or zstd on a blob PUT (the store
+ * decodes it); any other (gzip, br, a list) would be stored as it came, so
+ * it is refused: 415. */
+static void check_coding(kcd_req *r) {
+  const char *ce = kcd_header(r, MHD_HTTP_HEADER_CONTENT_ENCODING);
+  if (!ce)
+    return;
+  size_t n = strlen(ce);
+  while (n && (ce[n - 1] == ' ' || ce[n - 1] == '\t')) /* MHD keeps OWS */
+    n--;
+  int blob_put = r->rt->id == KCD_R_BLOBS && r->method == KCD_M_PUT;
+  if ((n == 8 && strncasecmp(ce, "identity", 8) == 0) ||
+      (blob_put && n == 4 && strncasecmp(ce, "zstd", 4) == 0))
+    return;
+  kcd_set_early(r, KC_UNSUPPORTED_MEDIA, "Content-Encoding '%.60s' is not "
+                "accepted here: %s", ce,
+                blob_put ? "identity or zstd" : "identity only");
+}
+
 static uint64_t body_limit(const kcd_req *r) {
   const kcd_config *c = &r->st->cfg;
   return r->op && r->op->body == KCD_BODY_STREAM ? c->max_blob_bytes
@@ -225,7 +244,8 @@ static void req_begin(kcd_req *r) {
   const kcd_route *rt = kcd_route_find(r->path, r->param, sizeof r->param);
   if (!rt)
     return kcd_set_early(r, KC_NOT_FOUND, "no route for %.200s", r->path);
-  if (is_health_daemon(r) && rt->id != KCD_R_HEALTHZ &&
+  r->close_after = is_health_daemon(r);
+  if (r->close_after && rt->id != KCD_R_HEALTHZ &&
       rt->id != KCD_R_READYZ && rt->id != KCD_R_METRICS)
     return kcd_set_early(r, KC_NOT_FOUND, "only /healthz, /readyz and "
                          "/metrics are served on --health-listen");
@@ -242,6 +262,9 @@ static void req_begin(kcd_req *r) {
     return;
   if (r->op->needs_store && !atomic_load(&r->st->store))
     return kcd_set_early(r, KC_NOT_READY, "the store is not open yet");
+  check_coding(r);
+  if (r->early)
+    return;
   check_body(r);
   char err[KC_ERRBUF_SIZE] = "";
   kc_err e = !r->early && r->op->begin ? r->op->begin(r, err) : KC_OK;
@@ -271,12 +294,25 @@ static kcd_conn *conn_of(struct MHD_Connection *conn) {
   return ci ? ci->socket_context : NULL;
 }
 
-/* Framing the RFC refuses (framing.c): answered at once, and the
- * connection closed, since what follows is no trustworthy body or
- * request. */
-static int refuse_framing(kcd_req *r, kcd_conn *c) {
+/* Framing and syntax the RFC refuses (framing.c): answered at once, and
+ * the connection closed, since what follows is no trustworthy body or
+ * request. Then, without tokens, a Host that is not this server's: a web
+ * page that had its name resolve to 127.0.0.1 (DNS rebinding) must not
+ * reach a loopback kcached that trusts every caller. */
+static int refuse_framing(kcd_req *r, kcd_conn *c, const char *method,
+                          const char *version) {
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kcd_framing_check(r->conn, kcd_conn_raw_nul(c), err);
+  kcd_raw_req raw = {.method = method, .version = version};
+  raw.target = kcd_conn_target(c, &raw.target_len, &raw.target_flaw);
+  const char *host = NULL;
+  kc_err e = kcd_framing_check(r->conn, &raw, &host, err);
+  const kcd_config *cfg = &r->st->cfg;
+  if (!e && !cfg->tokens && !is_health_daemon(r) &&
+      !kcd_framing_host_allowed(cfg, host))
+    e = kc_errf(err, KC_FORBIDDEN, "Host '%.100s' is not a name of this "
+                "server (without --tokens only localhost, loopback addresses, "
+                "the --listen host and --allow-host names are answered)",
+                host ? host : "");
   if (!e)
     return 0;
   static const char *const close_hdr[] = {MHD_HTTP_HEADER_CONNECTION, "close",
@@ -285,10 +321,10 @@ static int refuse_framing(kcd_req *r, kcd_conn *c) {
   return 1;
 }
 
-static int first_call(kcd_req *r) {
+static int first_call(kcd_req *r, const char *method, const char *version) {
   kcd_conn *c = conn_of(r->conn);
   kcd_conn_headers_done(c);
-  if (refuse_framing(r, c))
+  if (refuse_framing(r, c, method, version))
     return MHD_YES;
   if (r->has_body)
     kcd_conn_body_begin(c);
@@ -369,14 +405,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
                                   const char *url, const char *method,
                                   const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
-  (void)version;
   kcd_req *r = *con_cls;
   if (!r) {
     r = req_new(cls, conn, url, method);
     if (!r)
       return MHD_NO;
     *con_cls = r;
-    return (enum MHD_Result)first_call(r);
+    return (enum MHD_Result)first_call(r, method, version);
   }
   size_t n = *upload_data_size;
   *upload_data_size = 0;
@@ -391,9 +426,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   return (enum MHD_Result)last_call(r);
 }
 
-/* Accepted connections are served unless kcd_http_quiesce was called. */
+/* Accepted connections are served unless kcd_http_quiesce was called. On
+ * the main port, with --max-connections-per-ip on, an address is also
+ * turned away once it holds half of the slots still free (conns.c): a few
+ * addresses that reconnect as fast as they are cut cannot take them all. */
 static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
                                  socklen_t len) {
+  const kcd_state *st = cls;
+  (void)len;
+  if (atomic_load(&st->http_quiesced))
+    return MHD_NO;
+  if (st->cfg.max_conns_per_ip &&
+      !kcd_conns_admit(st->conns, addr, st->cfg.max_conns))
+    return MHD_NO;
+  return MHD_YES;
+}
+
+static enum MHD_Result on_accept_health(void *cls, const struct sockaddr *addr,
+                                        socklen_t len) {
   const kcd_state *st = cls;
   (void)addr;
   (void)len;
@@ -451,18 +501,20 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
     return;
   setsockopt(ci->connect_fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
              sizeof lowat);
-  *socket_ctx = kcd_conn_open(st->conns, ci->connect_fd);
+  const union MHD_ConnectionInfo *di =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+  int main_port = !di || !st->mhd_health || di->daemon != st->mhd_health;
+  *socket_ctx = kcd_conn_open(st->conns, ci->connect_fd, main_port);
 }
 
 /* MHD's URI log callback: the request line is in, its target still raw
- * (the access handler gets it decoded, cut at a %00). Returns the request's
- * first con_cls: none. */
+ * (the access handler gets it decoded, cut at a %00); framing.c checks it
+ * (kcd_framing_check). Returns the request's first con_cls: none. */
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
   (void)cls;
-  int nul = 0; /* "%00"; most targets hold no '%' (strchr is one SIMD scan) */
-  for (const char *p = uri; p && !nul && (p = strchr(p, '%')); p++)
-    nul = p[1] == '0' && p[2] == '0';
-  kcd_conn_set_raw_nul(conn_of(conn), nul);
+  size_t len = uri ? strlen(uri) : 0;
+  kcd_conn_set_target(conn_of(conn), uri, len,
+                      uri ? kcd_framing_target_flaw(uri, len) : 0);
   return NULL;
 }
 
@@ -546,8 +598,11 @@ static void fill_options(kcd_state *st, const struct sockaddr *addr,
 
 /* --health-listen: a daemon of its own (one thread, a few connections),
  * so that probes are answered while the main one is full; req_begin lets
- * only the probe routes through on it. */
+ * only the probe routes through on it. One address holds at most
+ * HEALTH_PER_IP of its connections, and each is closed after its answer
+ * (reply.c: Connection: close), so kept-alive clients cannot hold them. */
 #define HEALTH_CONNS 32
+#define HEALTH_PER_IP 4
 
 static void fill_health_options(kcd_state *st, const struct sockaddr *addr,
                                 struct MHD_OptionItem *o) {
@@ -561,6 +616,8 @@ static void fill_health_options(kcd_state *st, const struct sockaddr *addr,
       o[i].value = HEALTH_CONNS;
     o[n++] = o[i];
   }
+  o[n++] = (struct MHD_OptionItem){MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                   HEALTH_PER_IP, NULL};
   o[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
 }
 
@@ -575,7 +632,7 @@ static kc_err start_health(kcd_state *st, char *err) {
   struct MHD_OptionItem opts[20];
   fill_health_options(st, ai->ai_addr, opts);
   st->mhd_health = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0,
-                                    on_accept, st, on_request, st,
+                                    on_accept_health, st, on_request, st,
                                     MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
   freeaddrinfo(ai);
   if (!st->mhd_health)
@@ -602,6 +659,10 @@ void kcd_http_sweep(kcd_state *st) {
     kcd_log(st, "warn", "closed %zu connections whose request headers were "
             "not complete within --header-timeout %u s", w.closed_headers,
             c->header_timeout_s);
+  if (w.refused_length)
+    kcd_log(st, "warn", "answered %zu requests with a malformed or too large "
+            "Content-Length (400 or 413) and closed their connections",
+            w.refused_length);
   if (w.closed_body)
     kcd_log(st, "warn", "closed %zu connections whose request body came "
             "slower than --min-body-rate %llu bytes/s over %u s",
@@ -612,6 +673,7 @@ void kcd_http_sweep(kcd_state *st) {
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
   if (!st->conns && !(st->conns = kcd_conns_new()))
     return kc_errf(err, KC_NOMEM, "out of memory");
+  kcd_conns_scan_raw(st->conns, !st->tls_cert_pem);
   struct addrinfo *ai = NULL;
   kc_err e = resolve("listen", st->cfg.host, st->cfg.port, &ai, err);
   if (e)

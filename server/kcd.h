@@ -317,6 +317,10 @@ typedef struct kcd_config {
   uint64_t min_body_rate;    /* bytes/s a body must average per --timeout */
   char health_host[256];     /* --health-listen; health_port 0 with an */
   unsigned health_port;      /* empty host: none */
+  /* strict HTTP (framing.c): without --tokens, the Host names answered
+   * besides loopback and --listen's (comma-separated; "*": any) */
+  const char *allow_hosts;
+  uint64_t max_answer_memory; /* bytes of unread answers held; 0: no cap */
 } kcd_config;
 
 /* Parses flags over KCACHED_* environment variables over defaults. Returns 0
@@ -358,6 +362,9 @@ struct kcd_state {
   /* per-10-second counters of the last hour (history.c); NULL until the
    * first tick */
   _Atomic(struct kcd_history *) history;
+  /* bytes of HTTP answers held in memory until their clients read them
+   * (reply.c), against --max-answer-memory */
+  _Atomic uint64_t answer_bytes;
 };
 
 /* ---- the service layer (service.c) ----
@@ -425,17 +432,31 @@ typedef struct kcd_conn kcd_conn;
 kcd_conns *kcd_conns_new(void); /* NULL: out of memory */
 void kcd_conns_free(kcd_conns *l);
 /* A connection accepted (waiting for headers from now); NULL: no memory
- * (the connection then has no deadline). */
-kcd_conn *kcd_conn_open(kcd_conns *l, int fd);
+ * (the connection then has no deadline). counted: a main-port connection,
+ * counted per client address for kcd_conns_admit. */
+kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted);
+/* Whether the main port takes one more connection from this address: it
+ * holds less than half of the slots of max_conns still free (or none are,
+ * which MHD refuses itself). Keeps room for new addresses. */
+struct sockaddr;
+int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
+                    unsigned max_conns);
+/* Whether connections of l are plain HTTP, whose received bytes are
+ * scanned (kcd_framing_scan); TLS ones are not. Set before serving. */
+void kcd_conns_scan_raw(kcd_conns *l, int on);
 /* Before MHD closes its descriptor; frees c (NULL: nothing). */
 void kcd_conn_close(kcd_conns *l, kcd_conn *c);
 /* The headers of a request are complete / a request ended (waiting for the
  * next one's headers from now). c may be NULL. */
 void kcd_conn_headers_done(kcd_conn *c);
 void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kcd_now_us */
-/* Whether the raw URI of the request being read held "%00". */
-void kcd_conn_set_raw_nul(kcd_conn *c, int nul);
-int kcd_conn_raw_nul(const kcd_conn *c);
+/* The raw target of the request being read, as MHD's URI log callback
+ * saw it: where it is in MHD's read buffer, its length then, and
+ * kcd_framing_target_flaw of it (MHD decodes it in place afterwards). Set
+ * and read on the connection's thread. */
+void kcd_conn_set_target(kcd_conn *c, const char *target, size_t len,
+                         int flaw);
+const char *kcd_conn_target(const kcd_conn *c, size_t *len, int *flaw);
 /* The peer's address as text, taken at kcd_conn_open; "-" for c NULL. */
 const char *kcd_conn_remote(const kcd_conn *c);
 /* A request body is being read (from its headers to its end): its bytes
@@ -449,6 +470,8 @@ typedef struct kcd_sweep {
   uint64_t body_window_us; /* a body is judged once per window */
   uint64_t body_min_rate;  /* bytes/s over a window; 0: no minimum */
   size_t closed_headers, closed_body; /* out: connections shut down */
+  size_t refused_length; /* out: answered from the received bytes (a
+                            malformed Content-Length) since the last sweep */
 } kcd_sweep;
 /* Shuts down every connection waiting for headers for header_us or more,
  * and every one whose body brought less than body_min_rate bytes/s over a
@@ -457,11 +480,52 @@ void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w);
 
 /* ---- request framing (framing.c) ---- */
 
-/* RFC 9112's framing rules on a request's headers (framing.c lists them):
- * KC_OK, or KC_EINVAL (400) / KC_NOT_IMPLEMENTED (501, a transfer coding
- * other than chunked) with the sentence in err. raw_nul: the raw URI held
- * "%00". */
-kc_err kcd_framing_check(struct MHD_Connection *conn, int raw_nul, char *err);
+/* A request as libmicrohttpd parsed it in place (framing.c says how). */
+typedef struct kcd_raw_req {
+  const char *method, *version; /* the access handler's arguments */
+  const char *target; /* the raw target the URI log callback saw; NULL none */
+  size_t target_len;  /* its length then */
+  int target_flaw;    /* kcd_framing_target_flaw of it then */
+} kcd_raw_req;
+
+enum { KCD_TARGET_OK, KCD_TARGET_PCT00, KCD_TARGET_SPACE, KCD_TARGET_CTL };
+/* What is wrong with a raw request target (KCD_TARGET_*): "%00", a space,
+ * a control character; KCD_TARGET_OK: nothing. */
+int kcd_framing_target_flaw(const char *target, size_t len);
+/* RFC 9112's framing and syntax rules on a request (framing.c lists them):
+ * KC_OK with *host the Host header's value (NULL: none), or KC_EINVAL
+ * (400) / KC_NOT_IMPLEMENTED (501, a transfer coding other than chunked)
+ * with the sentence in err. Call it on the access handler's first call. */
+kc_err kcd_framing_check(struct MHD_Connection *conn, const kcd_raw_req *raw,
+                         const char **host, char *err);
+/* Whether a server without tokens answers a request with this Host value:
+ * loopback addresses, localhost and *.localhost, the --listen host,
+ * --allow-host names, and none or an empty one (HTTP/1.0; no browser sends
+ * that). Any other name reaching a loopback server is a web page's, through
+ * DNS rebinding. */
+int kcd_framing_host_allowed(const kcd_config *c, const char *host);
+
+/* The raw bytes of a request's header block as kcached receives them (only
+ * on plain HTTP; framing.c says why): enough to find what libmicrohttpd
+ * 0.9.75 answers itself, with two status lines, before the access handler
+ * could see it: a first Content-Length that is not a decimal number, or
+ * too large, without Transfer-Encoding. Per connection, on its thread. */
+typedef struct kcd_scan {
+  int on;            /* a header block is being read */
+  int line;          /* lines it ended so far (0: the request line) */
+  unsigned col;      /* bytes of the current line */
+  unsigned mcl, mte; /* bytes of the names below matched at a line start */
+  int cr;            /* the last byte was a CR */
+  int in_cl;         /* in the first Content-Length's value */
+  int cl_seen, te_seen, cl_digits, cl_bad, cl_big;
+  uint64_t cl;
+} kcd_scan;
+enum { KCD_SCAN_OK, KCD_SCAN_BAD_LENGTH, KCD_SCAN_BIG_LENGTH };
+/* Feeds received bytes; KCD_SCAN_OK, or what the block's end showed. */
+int kcd_framing_scan(kcd_scan *s, const char *p, size_t n);
+/* The answer kcached gives instead (a static HTTP response), for what
+ * kcd_framing_scan returned. */
+const char *kcd_framing_scan_answer(int verdict, size_t *len);
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */
 
@@ -542,6 +606,7 @@ struct kcd_req {
   kc_store_upload *upload; /* aborted at completion if still set */
   kc_store_read *read;     /* ended at completion (zero-copy responses) */
   int blob_present;
+  int close_after; /* answer with Connection: close (--health-listen) */
   kcd_req *next_free; /* the thread's free list */
 };
 

@@ -18,6 +18,64 @@
 
 #include "kcd.h"
 
+/* ---- the budget of answers not yet read ----
+ *
+ * A body built in memory (KCD_MEM_FREE, KCD_MEM_COPY) lives until its
+ * client has read it all: a client that asks and never reads held an 8 MB
+ * lookup answer each time (768 of them: 5.2 GB). Bodies over ANSWER_SMALL
+ * are counted in st->answer_bytes until MHD frees them, and one that would
+ * take the count over --max-answer-memory is not made: 503 busy with
+ * Retry-After, sent from a small body. The first answer always goes (held
+ * is 0), so any one answer can be served: the bound is the larger of the
+ * flag and the largest answer, plus ANSWER_SMALL per connection. Bodies of
+ * the map (kcd_reply_map) and pieces (kcd_reply_pieces) hold no copy. */
+#define ANSWER_SMALL (64 * 1024)
+
+typedef struct counted_body {
+  kcd_state *st;
+  void *data;
+  size_t len;
+} counted_body;
+
+static void counted_free(void *cls) {
+  counted_body *b = cls;
+  atomic_fetch_sub(&b->st->answer_bytes, b->len);
+  free(b->data);
+  free(b);
+}
+
+/* Takes len bytes of the budget; 0 when over it (nothing taken). */
+static int budget_take(kcd_state *st, size_t len) {
+  uint64_t cap = st->cfg.max_answer_memory;
+  uint64_t old = atomic_fetch_add(&st->answer_bytes, len);
+  if (!cap || old == 0 || old + len <= cap)
+    return 1;
+  atomic_fetch_sub(&st->answer_bytes, len);
+  return 0;
+}
+
+/* A response over data (freed with it, or copied first), counted against
+ * the budget; NULL on no memory (data freed when it was ours). */
+static struct MHD_Response *counted_response(kcd_state *st, const void *data,
+                                             size_t len, enum kcd_mem mem) {
+  counted_body *b = malloc(sizeof *b);
+  void *body = mem == KCD_MEM_FREE ? (void *)data : malloc(len);
+  struct MHD_Response *resp = NULL;
+  if (b && body) {
+    if (mem != KCD_MEM_FREE)
+      memcpy(body, data, len);
+    *b = (counted_body){st, body, len};
+    resp = MHD_create_response_from_buffer_with_free_callback_cls(
+        len, body, counted_free, b);
+  }
+  if (!resp) {
+    atomic_fetch_sub(&st->answer_bytes, len);
+    free(body);
+    free(b);
+  }
+  return resp;
+}
+
 static struct MHD_Response *make_response(const void *data, size_t len,
                                           enum kcd_mem mem) {
   if (mem == KCD_MEM_FREE)
@@ -47,13 +105,31 @@ static void note_queued(kcd_req *r, int status, uint64_t len) {
 
 int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
               size_t len, enum kcd_mem mem, const char *const *headers) {
-  struct MHD_Response *resp = make_response(data, len, mem);
+  struct MHD_Response *resp;
+  if (mem == KCD_MEM_PERSISTENT || len <= ANSWER_SMALL) {
+    resp = make_response(data, len, mem);
+  } else if (!budget_take(r->st, len)) {
+    if (mem == KCD_MEM_FREE)
+      free((void *)data);
+    return kcd_reply_error(r, KC_BUSY, "answers not yet read by their "
+                           "clients hold %llu bytes; this one (%zu bytes) "
+                           "would pass --max-answer-memory %llu: try again",
+                           (unsigned long long)atomic_load(&r->st->answer_bytes),
+                           len,
+                           (unsigned long long)r->st->cfg.max_answer_memory);
+  } else {
+    resp = counted_response(r->st, data, len, mem);
+    if (!resp)
+      return MHD_NO;
+  }
   if (!resp) {
     if (mem == KCD_MEM_FREE)
       free((void *)data);
     return MHD_NO;
   }
   add_headers(resp, ctype, headers);
+  if (r->close_after)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
   MHD_destroy_response(resp);
   note_queued(r, status, len);

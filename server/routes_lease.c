@@ -3,6 +3,7 @@
  * DELETE /v1/leases/{key}?lease=<token>. */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "kcd.h"
 
@@ -88,10 +89,33 @@ static int take(kcd_req *r, const lease_req *q) {
                         NULL);
 }
 
+/* A web page may POST across origins without CORS (a form, or fetch in
+ * no-cors mode), but only with a form's content types and without
+ * Authorization. Requiring JSON, or a token's header, keeps a page from
+ * squatting leases on a loopback kcached without tokens. */
+static int json_or_token(kcd_req *r) {
+  if (kcd_header(r, "Authorization"))
+    return 1;
+  const char *ct = kcd_header(r, "Content-Type");
+  static const char json[] = "application/json";
+  if (!ct)
+    return 0;
+  while (*ct == ' ' || *ct == '\t')
+    ct++;
+  if (strncasecmp(ct, json, sizeof json - 1) != 0)
+    return 0;
+  ct += sizeof json - 1;
+  return *ct == '\0' || *ct == ';' || *ct == ' ' || *ct == '\t';
+}
+
 int kcd_lease_post(kcd_req *r) {
   char err[KC_ERRBUF_SIZE] = "";
   json_t *root = NULL;
   lease_req q;
+  if (!json_or_token(r))
+    return kcd_reply_error(r, KC_UNSUPPORTED_MEDIA, "a lease request needs "
+                           "Content-Type: application/json (or a token): "
+                           "web pages cannot send it across origins");
   kc_err e = parse_lease(r, &root, &q, err);
   int ret = e ? kcd_reply_error_json(r, e, err, NULL, NULL) : take(r, &q);
   json_decref(root); /* q.holder may point into it until here */

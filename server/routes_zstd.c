@@ -21,6 +21,21 @@
 #define PIECE (128 * 1024)
 #define ETAG_SIZE (KC_HEX_LEN + 3)
 
+/* Whether a weight (after "q=") is a qvalue above 0 (RFC 9110 12.4.2:
+ * "0" or "1", then "." and up to 3 digits). "nan", "-1" or "2" are not:
+ * strtod took "nan" as a q over 0. */
+static int q_positive(const char *q) {
+  if (*q != '0' && *q != '1')
+    return 0;
+  int pos = *q++ == '1';
+  if (*q == '.')
+    for (int i = 0; i < 3 && *++q >= '0' && *q <= '9'; i++)
+      pos |= *q != '0';
+  else if (*q >= '0' && *q <= '9')
+    return 0;
+  return pos;
+}
+
 /* Does a comma-separated coding list name `coding` with a q other than 0? */
 static int lists_coding(const char *v, const char *coding) {
   size_t cl = strlen(coding);
@@ -34,7 +49,7 @@ static int lists_coding(const char *v, const char *coding) {
       name_end--;
     if ((size_t)(name_end - v) == cl && strncasecmp(v, coding, cl) == 0) {
       const char *q = semi ? strstr(semi, "q=") : NULL;
-      return !(q && q < end && strtod(q + 2, NULL) <= 0.0);
+      return !(q && q < end) || q_positive(q + 2);
     }
     v = end;
   }

@@ -82,8 +82,10 @@ typedef struct kc_store_opts {
 kc_err kc_store_global_init(void);
 
 /* Opens (creating if needed) the store in opts->dir. *out owned by caller.
- * One process serves a directory: the open takes an exclusive lock on
- * dir/kcached.lock (holding its pid) until kc_store_close, and answers
+ * One process serves a directory: the open takes an exclusive lock on the
+ * directory and on dir/kcached.lock (holding its pid) until kc_store_close
+ * (the directory's lock is the one that counts: the file can be deleted),
+ * and answers
  * KC_LOCKED, naming the holder's pid, while another process (or another open
  * store of this process) holds it. A store holding more than max_bytes (the
  * limit was lowered) is evicted down to the low-water mark at open. */

@@ -91,6 +91,23 @@ static long lock_holder(int fd) {
   return end != buf && pid > 0 ? pid : -1;
 }
 
+/* The lock that decides is on the directory itself: kcached.lock can be
+ * deleted while held, and a second process would then lock a new file of
+ * that name and share the store; the directory cannot be replaced while it
+ * holds data.mdb. kcached.lock stays, locked too, for the holder's pid in
+ * the message. */
+static int lock_the_dir(kc_store *s, int *en) {
+  int fd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    *en = errno;
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  s->dir_lock_fd = fd;
+  return 0;
+}
+
 /* flock, not fcntl: its lock belongs to the open file, so a second open of
  * the directory in this same process is refused too (LMDB forbids that). */
 kc_err kcs_lock_dir(kc_store *s, char *err) {
@@ -99,10 +116,12 @@ kc_err kcs_lock_dir(kc_store *s, char *err) {
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
   if (fd < 0)
     return kc_errf(err, KC_IO, "cannot open %s: %s", path, strerror(errno));
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int en = errno;
+  int en = 0;
+  if (lock_the_dir(s, &en) != 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    en = en ? en : errno;
     long pid = lock_holder(fd);
     close(fd);
+    kcs_unlock_dir(s);
     if (en != EWOULDBLOCK)
       return kc_errf(err, KC_IO, "cannot lock %s: %s", path, strerror(en));
     if (pid > 0)
@@ -118,6 +137,7 @@ kc_err kcs_lock_dir(kc_store *s, char *err) {
     kc_err e = kc_errf(err, KC_IO, "cannot write %s: %s", path,
                        strerror(errno));
     close(fd);
+    kcs_unlock_dir(s);
     return e;
   }
   s->lock_fd = fd;
@@ -128,7 +148,9 @@ kc_err kcs_lock_dir(kc_store *s, char *err) {
 void kcs_unlock_dir(kc_store *s) {
   if (s->lock_fd >= 0)
     close(s->lock_fd);
-  s->lock_fd = -1;
+  if (s->dir_lock_fd >= 0)
+    close(s->dir_lock_fd);
+  s->lock_fd = s->dir_lock_fd = -1;
 }
 
 /* ---- bounded eviction ---- */

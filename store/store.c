@@ -265,7 +265,7 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
     free(s);
     return kc_errf(err, KC_NOMEM, "out of memory");
   }
-  s->lock_fd = -1;
+  s->lock_fd = s->dir_lock_fd = -1;
   s->max_bytes = opts->max_bytes;
   s->kv_max_bytes = opts->kv_max_bytes;
   s->compress_level = opts->compress_level;

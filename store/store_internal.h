@@ -145,7 +145,7 @@ struct kc_store {
   _Atomic uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* scrub.c */
   /* limits.c: the directory's lock (held while open), and when commits
    * began failing for lack of disk (0: they do not). */
-  int lock_fd;
+  int lock_fd, dir_lock_fd;
   _Atomic int64_t disk_full_since;
   /* Removals by the write transaction in progress (only its thread touches
    * them: LMDB has one writer), added to the counters above at commit. */
@@ -355,8 +355,9 @@ void kcs_txn_reset(kc_store *s);
 /* A failure to write the disk: KC_DISK_FULL (and the store's flag set) for
  * ENOSPC and EDQUOT, else KC_IO; the sentence names what and the errno. */
 kc_err kcs_disk_err(kc_store *s, int errnum, const char *what, char *err);
-/* Locks opts->dir for this process (dir/kcached.lock, our pid inside);
- * KC_LOCKED naming the holder's pid when another process holds it. */
+/* Locks opts->dir for this process (the directory itself, and
+ * dir/kcached.lock with our pid inside); KC_LOCKED naming the holder's pid
+ * when another process holds it. */
 kc_err kcs_lock_dir(kc_store *s, char *err);
 void kcs_unlock_dir(kc_store *s);
 /* At open, after the tier: counts the manifests of a store written before

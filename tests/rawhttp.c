@@ -88,3 +88,29 @@ int raw_free_port(void) {
     close(fd);
   return port;
 }
+
+int raw_connect_from(int port, const char *src) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  struct sockaddr_in to = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)port)};
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (inet_pton(AF_INET, src, &a.sin_addr) != 1 ||
+      bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+      connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int raw_is_closed(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  if (poll(&p, 1, 0) <= 0)
+    return 0;
+  char b[512];
+  ssize_t r = recv(fd, b, sizeof b, MSG_DONTWAIT);
+  return r <= 0;
+}

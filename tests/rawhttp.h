@@ -20,6 +20,13 @@ int raw_closed_within(int fd, int ms);
 int raw_exchange(int port, const char *req, char *buf, size_t cap, int ms);
 /* The status of a response's first line ("HTTP/1.1 400 ..."), 0 if none. */
 int raw_status(const char *resp);
+/* A connection to 127.0.0.1:port from the loopback address src
+ * ("127.0.0.2": another client address, as far as the server can tell);
+ * -1 on error. */
+int raw_connect_from(int port, const char *src);
+/* Whether the server closed fd (EOF or reset), without waiting; data that
+ * arrived is read and dropped. */
+int raw_is_closed(int fd);
 /* A free loopback port (bound, read back, closed). */
 int raw_free_port(void);
 

@@ -142,6 +142,8 @@ class Server:
 
     def api(self, path, method="GET", body=None, token=None):
         req = urllib.request.Request(self.url + path, method=method, data=body)
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
         if token:
             req.add_header("Authorization", "Bearer " + token)
         with urllib.request.urlopen(req, timeout=10) as r:

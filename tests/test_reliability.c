@@ -921,7 +921,7 @@ static void t_half_body(void **state) {
     snprintf(blob_paths[round], sizeof blob_paths[round], "/v1/blobs/%s", d);
     int fd = raw_connect(t.port);
     int h = snprintf(head, sizeof head,
-                     "PUT %s HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n",
+                     "PUT %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n",
                      blob_paths[round], len);
     assert_int_equal(raw_send(fd, head, (size_t)h), 0);
     assert_int_equal(raw_send(fd, buf, len / 2 + (size_t)round), 0);
@@ -947,7 +947,7 @@ static void t_half_body(void **state) {
   int fd = raw_connect(t.port);
   char head[512];
   int h = snprintf(head, sizeof head,
-                   "PUT /v1/bundles/%s HTTP/1.1\r\nHost: x\r\n"
+                   "PUT /v1/bundles/%s HTTP/1.1\r\nHost: localhost\r\n"
                    "Content-Length: %zu\r\n\r\n",
                    key, strlen(json));
   assert_int_equal(raw_send(fd, head, (size_t)h), 0);

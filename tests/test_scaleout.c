@@ -79,7 +79,9 @@ static reply call(CURL *h, const char *base, const char *method,
                   const char *path, const void *body, size_t len) {
   reply r = kc_testsrv_http(
       h, base, path,
-      (kc_testsrv_req){.method = method, .body = body, .len = len});
+      (kc_testsrv_req){.method = method, .body = body, .len = len,
+                       .header = body ? "Content-Type: application/json"
+                                      : NULL});
   if (r.rc != CURLE_OK)
     r.status = 0;
   return r;

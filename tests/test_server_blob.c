@@ -155,7 +155,7 @@ static void t_blob_too_large(void **state) {
   char head[512], reply[4096];
   int fd = raw_connect(S.port);
   int h = snprintf(head, sizeof head,
-                   "PUT /v1/blobs/%s HTTP/1.1\r\nHost: x\r\n"
+                   "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
                    "Content-Length: 1073741824\r\n\r\n",
                    d);
   raw_send(fd, head, (size_t)h);
@@ -199,7 +199,7 @@ static void t_upload_disconnect(void **state) {
   long before = metric(&S, "kcached_uploads_aborted_total");
   int fd = raw_connect(S.port);
   int n = snprintf(head, sizeof head,
-                   "PUT /v1/blobs/%s HTTP/1.1\r\nHost: x\r\n"
+                   "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
                    "Content-Length: 524288\r\n\r\n",
                    d);
   raw_send(fd, head, (size_t)n);

@@ -13,7 +13,8 @@ static resp lease_post(CURL *c, const char *key, const char *body) {
   snprintf(path, sizeof path, "/v1/leases/%s", key);
   return http_on(c, S.url, path,
                  (req){.method = "POST", .body = body,
-                       .len = body ? strlen(body) : 0, .has_body = 1});
+                       .len = body ? strlen(body) : 0, .has_body = 1,
+                       .header = "Content-Type: application/json"});
 }
 
 static resp lease_delete(CURL *c, const char *key, const char *token) {

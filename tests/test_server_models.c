@@ -273,7 +273,8 @@ static void t_coverage(void **state) {
   snprintf(path, sizeof path, "/v1/leases/%s", lk);
   const char *lb = "{\"holder\":\"builder-9\"}";
   resp r = http(&M, path, (req){.method = "POST", .body = lb,
-                                .len = strlen(lb)});
+                                .len = strlen(lb),
+                                .header = "Content-Type: application/json"});
   assert_int_equal(r.status, 201);
   resp_free(&r);
   snprintf(path, sizeof path, "/v1/models/%s/coverage", MC);

@@ -320,7 +320,7 @@ static void t_graceful_stop(void **state) {
   sha_hex(blob, n, d);
   int fd = raw_connect(t.port);
   int h = snprintf(head, sizeof head,
-                   "PUT /v1/blobs/%s HTTP/1.1\r\nHost: x\r\n"
+                   "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
                    "Content-Length: %zu\r\nConnection: close\r\n\r\n",
                    d, n);
   raw_send(fd, head, (size_t)h);

@@ -37,6 +37,8 @@ def call(srv, method, path, body=None, token=None):
     req = urllib.request.Request(
         "http://127.0.0.1:%d%s" % (srv.http_port(), path), data=body,
         method=method)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
     if token is not None:
         req.add_header("Authorization", token)
     try:
@@ -169,7 +171,7 @@ class OpsMetric(ServerCase):
         s = socket.create_connection(("127.0.0.1", self.srv.http_port()),
                                      timeout=10)
         try:
-            s.sendall(b"PUT /v1/blobs/%s HTTP/1.1\r\nHost: x\r\n"
+            s.sendall(b"PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
                       b"Content-Length: 4\r\n\r\nhe" % d.encode())
             self.assertEqual(self.settle((2, 0, 2)), (2, 0, 2))
             s.sendall(b"ld")

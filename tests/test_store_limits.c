@@ -416,6 +416,17 @@ static void test_lock(void **state) {
   assert_int_equal(kc_store_open(&o, &s2, errbuf), KC_LOCKED);
   assert_non_null(strstr(errbuf, want));
   assert_null(s2);
+  /* kcached.lock deleted while held: the directory is still locked */
+  char lock[4096];
+  snprintf(lock, sizeof lock, "%s/kcached.lock", f->dir);
+  assert_int_equal(unlink(lock), 0);
+  pid = fork();
+  if (pid == 0) {
+    char err[KC_ERRBUF_SIZE] = "";
+    _exit(kc_store_open(&o, &s2, err) == KC_LOCKED ? 0 : 1);
+  }
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   kc_store_close(s);
   OK(kc_store_open(&o, &s2, errbuf)); /* free again once closed */
   kc_store_close(s2);

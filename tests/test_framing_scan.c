@@ -1,0 +1,107 @@
+/* test_framing_scan.c: unit test of kcd_framing_scan (server/framing.c), the
+ * scanner kcached's recv() feeds each plain-HTTP header block to, so that a
+ * malformed Content-Length is answered by kcached instead of by
+ * libmicrohttpd 0.9.75 (twice). Every block is fed whole, split in two at
+ * every byte, and byte by byte: the verdict must not depend on how the
+ * bytes arrive. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kcd.h"
+
+/* Feeds p in pieces of `step` bytes after a first piece of `first`; the
+ * verdict, and whether the scanner stopped at the block's end. */
+static int feed(const char *p, size_t n, size_t first, size_t step,
+                int *stopped) {
+  kcd_scan s = {.on = 1};
+  int v = KCD_SCAN_OK;
+  size_t off = 0, k = first ? first : step;
+  while (off < n && !v) {
+    size_t m = n - off < k ? n - off : k;
+    v = kcd_framing_scan(&s, p + off, m);
+    off += m;
+    k = step;
+  }
+  *stopped = !s.on;
+  return v;
+}
+
+static void expect(const char *block, int want) {
+  size_t n = strlen(block);
+  int stopped;
+  if (feed(block, n, 0, n, &stopped) != want)
+    print_message("block:\n%s\n", block);
+  assert_int_equal(feed(block, n, 0, n, &stopped), want);
+  for (size_t cut = 1; cut < n; cut++)
+    assert_int_equal(feed(block, n, cut, n, &stopped), want);
+  assert_int_equal(feed(block, n, 0, 1, &stopped), want);
+}
+
+static void t_verdicts(void **state) {
+  (void)state;
+  const int OK = KCD_SCAN_OK, BAD = KCD_SCAN_BAD_LENGTH,
+            BIG = KCD_SCAN_BIG_LENGTH;
+  expect("GET / HTTP/1.1\r\nHost: a\r\n\r\n", OK);
+  expect("POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n", OK);
+  expect("POST / HTTP/1.1\r\nContent-Length: \t 11\r\n\r\n", OK);
+  expect("POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n", OK);
+  expect("POST / HTTP/1.1\nContent-Length: 2\n\n", OK);
+  expect("\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n", OK);
+  expect("POST / HTTP/1.1\r\nContent-Length: 2x\r\n\r\n", BAD);
+  expect("POST / HTTP/1.1\r\nContent-Length:\r\n\r\n", BAD);
+  expect("POST / HTTP/1.1\r\nContent-Length: 2 \r\n\r\n", BAD);
+  expect("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", BAD);
+  expect("POST / HTTP/1.1\r\nContent-Length: 1,1\r\n\r\n", BAD);
+  expect("POST / HTTP/1.1\r\nContent-Length: 1\rx\r\n\r\n", BAD);
+  expect("POST / HTTP/1.1\nCONTENT-LENGTH: x\n\n", BAD);
+  expect("POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+         BIG);
+  /* only the first Content-Length counts, and none beside
+   * Transfer-Encoding (MHD ignores it then; framing.c refuses both) */
+  expect("POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: x\r\n\r\n",
+         OK);
+  expect("POST / HTTP/1.1\r\nContent-Length: x\r\nTransfer-Encoding: "
+         "chunked\r\n\r\n", OK);
+  expect("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+         "Content-Length: x\r\n\r\n", OK);
+  /* other names that only contain or start like it */
+  expect("POST / HTTP/1.1\r\nX-Content-Length: x\r\n\r\n", OK);
+  expect("POST / HTTP/1.1\r\nContent-Lengthy: x\r\n\r\n", OK);
+  expect("POST / HTTP/1.1\r\nContent-Length : x\r\n\r\n", OK);
+  /* the request line is not a header line */
+  expect("Content-Length: x\r\nHost: a\r\n\r\n", OK);
+}
+
+/* The scanner stops at the block's end: a body that looks like headers is
+ * not read. */
+static void t_stops_at_block_end(void **state) {
+  (void)state;
+  static const char req[] = "PUT / HTTP/1.1\r\nContent-Length: 30\r\n\r\n"
+                            "x\r\nContent-Length: 2x\r\n\r\n";
+  int stopped = 0;
+  assert_int_equal(feed(req, sizeof req - 1, 0, 1, &stopped), KCD_SCAN_OK);
+  assert_true(stopped);
+  size_t len;
+  const char *a = kcd_framing_scan_answer(KCD_SCAN_BAD_LENGTH, &len);
+  assert_int_equal(strlen(a), len);
+  const char *body = strstr(a, "\r\n\r\n") + 4;
+  assert_non_null(strstr(a, "Content-Length: 98\r\n"));
+  assert_int_equal(strlen(body), 98);
+  a = kcd_framing_scan_answer(KCD_SCAN_BIG_LENGTH, &len);
+  body = strstr(a, "\r\n\r\n") + 4;
+  assert_non_null(strstr(a, "Content-Length: 70\r\n"));
+  assert_int_equal(strlen(body), 70);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(t_verdicts),
+      cmocka_unit_test(t_stops_at_block_end),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
