@@ -351,6 +351,7 @@ struct kcd_resp {
   _Atomic uint64_t refused[KCD_WHY_N];
   kcd_resp_budget outbud;     /* every connection's reply buffer */
   struct kcd_resp_addr *addrs[KCD_RESP_ADDR_BUCKETS]; /* resp_admit.c */
+  int trim;                   /* big tables were freed: trim the heap */
   int64_t attack_logged_ms;   /* the cross-protocol log line, at most 1/s */
   uint64_t attack_unlogged;
   /* ops per commit: counts per bucket (kcd_resp_batch_le), sum in ops */
