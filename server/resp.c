@@ -8,6 +8,9 @@
  * OpenSSL, the interest widened while a read waits to write or a write to
  * read. */
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -180,7 +183,10 @@ static void inflight_begin(kcd_resp_conn *c) {
 
 /* Commands may run: nothing in flight, not closing, output below the mark. */
 static int may_run(const kcd_resp_conn *c) {
-  return !c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH;
+  /* a reply that did not fit (written after a commit) left the output
+   * short of it: nothing more may follow, the connection closes */
+  return !c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH &&
+         !c->out.over && !c->out.oom;
 }
 
 /* Reading too (after the peer's EOF there is nothing more to read). */
@@ -216,6 +222,11 @@ static ssize_t sock_read(kcd_resp_conn *c, void *p, size_t n) {
 
 /* One write of what waits; 0 ok (maybe partly sent), -1 closed. */
 static int conn_flush(kcd_resp_conn *c) {
+  if (c->out.oom || c->out.over) { /* a reply no budget had room for */
+    if (c->out.over)
+      kcd_resp_refuse(c, KCD_WHY_OUTPUT);
+    return conn_close(c), -1;
+  }
   while (pending(c)) {
     ssize_t n = sock_write(c, c->out.p + c->out_off, pending(c));
     if (n < 0 && errno == EINTR)
@@ -235,11 +246,6 @@ static int conn_flush(kcd_resp_conn *c) {
       kcd_resp_buf_free(&c->out);
     if ((c->closing || (c->eof && !c->backlog)) && !c->inflight)
       return conn_close(c), -1;
-  }
-  if (c->out.oom || c->out.over) { /* a reply no budget had room for */
-    if (c->out.over)
-      kcd_resp_refuse(c, KCD_WHY_OUTPUT);
-    return conn_close(c), -1;
   }
   conn_interest(c);
   return 0;
@@ -411,7 +417,7 @@ static void shrink_args(kcd_resp_conn *c) {
   if (c->parser.inmb || c->held || c->inflight)
     return;
   if (c->parser.argcap > KCD_RESP_ARGS_KEEP)
-    kcd_resp_parser_free(&c->parser);
+    kcd_resp_parser_free(&c->parser), c->srv->trim = 1;
   if (c->avcap > KCD_RESP_ARGS_KEEP) {
     free(c->av);
     free(c->al);
@@ -419,6 +425,18 @@ static void shrink_args(kcd_resp_conn *c) {
     c->al = NULL;
     c->avcap = 0;
   }
+}
+
+/* glibc keeps freed tables in the listener's arena, resident, and did not
+ * always reuse them for the next big command (40 commands of 60000
+ * arguments left 75 MB): hand them back, at most once a second. */
+static void trim_heap(kcd_resp *r) {
+  if (!r->trim)
+    return;
+  r->trim = 0;
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
 }
 
 static void compact(kcd_resp_conn *c) {
@@ -682,6 +700,8 @@ static void trim_idle(kcd_resp_conn *c) {
   if (pending(c) || c->in.len || c->parser.inmb || c->held || c->inflight ||
       c->job)
     return;
+  if (c->out.cap || c->in.cap || c->parser.argcap || c->avcap)
+    c->srv->trim = 1;
   kcd_resp_buf_free(&c->out);
   c->out_off = 0;
   if (c->in.cap > KEEP_MAX)
@@ -734,6 +754,7 @@ static void sweep(kcd_resp *r, int64_t *last) {
     if (sweep_closes(c, now))
       conn_close(c);
   }
+  trim_heap(r);
 }
 
 /* Graceful shutdown (kcd_resp_quiesce): no new connection; the open ones

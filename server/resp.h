@@ -104,8 +104,9 @@ kcd_resp_families *kcd_resp_families_of(struct kcd_resp *r);
 /* ---- buffers and replies (resp_proto.c) ---- */
 
 /* Bytes that many buffers share (the reply buffers of every connection,
- * --resp-output-total): the sum of their capacities stays <= limit.
- * Listener thread only. */
+ * --resp-output-total): the sum of their capacities beyond the first
+ * KCD_RESP_BUDGET_FREE bytes of each stays <= limit. Listener thread only. */
+#define KCD_RESP_BUDGET_FREE (16u * 1024)
 typedef struct kcd_resp_budget {
   size_t used, limit;
 } kcd_resp_budget;

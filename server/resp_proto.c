@@ -20,6 +20,13 @@
 
 /* ---- buffers ---- */
 
+/* What a buffer of cap bytes counts in its budget: the first
+ * KCD_RESP_BUDGET_FREE bytes are free, so that small replies (+OK, errors,
+ * small values) go on while big ones fill the budget. */
+static size_t budget_share(size_t cap) {
+  return cap > KCD_RESP_BUDGET_FREE ? cap - KCD_RESP_BUDGET_FREE : 0;
+}
+
 int kcd_resp_buf_reserve(kcd_resp_buf *b, size_t more) {
   if (b->oom || b->over)
     return -1;
@@ -37,13 +44,14 @@ int kcd_resp_buf_reserve(kcd_resp_buf *b, size_t more) {
   if (b->limit && cap > b->limit)
     cap = b->limit; /* >= len + more */
   kcd_resp_budget *g = b->bud;
-  if (g && (g->used > g->limit || cap - b->cap > g->limit - g->used))
+  size_t charge = budget_share(cap) - budget_share(b->cap);
+  if (g && (g->used > g->limit || charge > g->limit - g->used))
     return b->over = 1, -1;
   char *p = realloc(b->p, cap);
   if (!p)
     return b->oom = 1, -1;
   if (g)
-    g->used += cap - b->cap;
+    g->used += charge;
   b->p = p;
   b->cap = cap;
   return 0;
@@ -59,7 +67,7 @@ void kcd_resp_buf_add(kcd_resp_buf *b, const void *p, size_t n) {
 void kcd_resp_buf_free(kcd_resp_buf *b) {
   kcd_resp_buf keep = {.limit = b->limit, .bud = b->bud};
   if (b->bud)
-    b->bud->used -= b->cap;
+    b->bud->used -= budget_share(b->cap);
   free(b->p);
   *b = keep;
 }
