@@ -9,7 +9,8 @@ hostile client sends it, against a real kcached (test_resp.py's Server):
 - a command of many arguments leaves no big tables behind; the argument cap;
 - replies no one reads, and MGET of a big key repeated, stay within
   --resp-output-limit and --resp-output-total; --resp-output-stall;
-- --resp-max-connections and --resp-max-connections-per-ip.
+- --resp-max-connections and --resp-max-connections-per-ip;
+- KEYS and SCAN MATCH patterns of too many '*' runs.
 
 usage: test_resp_attack.py KCACHED [unittest args]   (exit 77: no redis-py)"""
 import os
@@ -149,6 +150,28 @@ class CrossProtocol(Case):
         self.assertEqual(tr.raw(self.srv.port, b"\r\n PING\r\nECHO HTTP\r\n"),
                          b"+PONG\r\n$4\r\nHTTP\r\n")
         self.assertEqual(tr.raw(self.srv.port, b"ping\n"), b"+PONG\r\n")
+
+
+class KeysPattern(Case):
+    """KEYS and SCAN MATCH refuse a pattern of more than 16 '*' runs or
+    1024 bytes (a crafted one froze Redis's thread for 19 s)."""
+
+    def test_pattern_limit(self):
+        r = self.srv.client()
+        r.set(b"a" * 100 + b"b", "1")
+        ok = b"*a" * 16 + b"b"
+        self.assertEqual(r.keys(ok), [b"a" * 100 + b"b"])
+        self.assertEqual(r.keys(b"**a" * 16 + b"b"), [b"a" * 100 + b"b"])
+        self.assertEqual(r.keys(b"\\*a" * 40), [])  # escaped: no runs
+        for bad in (b"*a" * 17 + b"b", b"a" * 1025):
+            with self.assertRaises(redis.exceptions.ResponseError) as cm:
+                r.keys(bad)
+            self.assertIn("pattern too complex", str(cm.exception))
+            with self.assertRaises(redis.exceptions.ResponseError):
+                r.scan(0, match=bad)
+        self.assertEqual(r.scan(0, match=ok, count=1000)[1],
+                         [b"a" * 100 + b"b"])
+        r.close()
 
 
 class TokenRevocation(unittest.TestCase):
