@@ -266,6 +266,15 @@ class IdleTimeout(Case):
         idle.close()
         self.assertGreaterEqual(refused(self.srv, "idle"), 1)
 
+    def test_redis_py_reconnects_a_pooled_connection(self):
+        r = self.srv.client()
+        self.assertTrue(r.set("k", "v"))
+        before = refused(self.srv, "idle")
+        time.sleep(2.5)
+        self.assertGreater(refused(self.srv, "idle"), before)
+        self.assertEqual(r.get("k"), b"v")  # the pool reconnects
+        r.close()
+
 
 class ArgumentTables(Case):
     def test_cap(self):
