@@ -438,8 +438,8 @@ static const opt opts[] = {
      set_resp_output_limit},
     {"resp-output-total", "SIZE", "KCACHED_RESP_OUTPUT_TOTAL",
      "reply bytes every RESP connection together may hold; a reply that "
-     "would pass it is answered an error (default 1G; at least "
-     "--resp-output-limit)",
+     "would pass it is answered an error (default 1G, or "
+     "--resp-output-limit when larger; not less than it)",
      set_resp_output_total},
     {"resp-output-stall", "SECONDS", "KCACHED_RESP_OUTPUT_STALL",
      "close a RESP connection holding more than 1M of unsent replies whose "
@@ -495,7 +495,6 @@ static void defaults(kcd_config *c) {
   c->compress_level = 3;
   c->resp_max_conns = 10000;
   c->resp_max_conns_per_ip = 256;
-  c->resp_output_total = 1ull << 30;
   c->resp_output_stall_s = 60;
 }
 
@@ -557,6 +556,11 @@ int kcd_config_parse(kcd_config *c, int argc, char **argv) {
   /* auto: a reply of the largest value fits beside the soft mark's 1M */
   if (!rc && !c->resp_output_limit)
     c->resp_output_limit = c->resp_max_value + (2u << 20);
+  /* auto: 1G, or room for one largest reply when values may be larger */
+  if (!rc && !c->resp_output_total)
+    c->resp_output_total = c->resp_output_limit > (1ull << 30)
+                               ? c->resp_output_limit
+                               : 1ull << 30;
   return rc;
 }
 
