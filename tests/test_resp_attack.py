@@ -54,6 +54,13 @@ def read_to_eof(s, timeout=5):
         return out
 
 
+def sanitized():
+    """kcached was built with ASan: its quarantine keeps freed memory
+    resident, so bounds on memory given back cannot be measured."""
+    with open(tr.KCACHED, "rb") as f:
+        return b"__asan_init" in f.read()
+
+
 def refused(srv, reason):
     return tr.metric(srv.metrics(), "kcached_resp_refused_total",
                      'reason="%s"' % reason) or 0
@@ -323,7 +330,8 @@ class ArgumentTables(Case):
         for s in socks:
             s.close()
         # kept: 40 x (16 B x 2 tables x 64K) = 80 MB
-        self.assertLess(grown, 24 * 1024, grown)
+        if not sanitized():
+            self.assertLess(grown, 24 * 1024, grown)
 
     def test_idle_connections_give_their_buffers_back(self):
         """250 connections each pipeline 6000 PINGs (their input and
@@ -343,7 +351,8 @@ class ArgumentTables(Case):
         idle = tr.rss_anon_kib(pid) - before
         for s in socks:
             s.close()
-        self.assertLess(idle, 8 * 1024, (busy, idle))
+        if not sanitized():
+            self.assertLess(idle, 8 * 1024, (busy, idle))
 
 
 BIG = 4 << 20
