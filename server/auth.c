@@ -207,10 +207,12 @@ kc_err kcd_auth_load(kcd_auth *a, const char *path, char *err) {
   a->tokens = v;
   a->n = n;
   a->enabled = path != NULL;
+  atomic_fetch_add(&a->gen, 1);
   pthread_rwlock_unlock(&a->lock);
   free(old);
   return KC_OK;
 }
+
 
 int kcd_auth_enabled(kcd_auth *a) {
   pthread_rwlock_rdlock(&a->lock);
@@ -263,6 +265,23 @@ kcd_authn kcd_auth_check_token(kcd_auth *a, const char *want_name,
   if (t || !on)
     return KCD_AUTHN_OK;
   return token ? KCD_AUTHN_BAD : KCD_AUTHN_ANON;
+}
+
+uint64_t kcd_auth_gen(kcd_auth *a) { return atomic_load(&a->gen); }
+
+void kcd_auth_digest(const void *token, size_t len, unsigned char out[32]) {
+  unsigned int dlen = 0;
+  if (!EVP_Digest(token, len, out, &dlen, EVP_sha256(), NULL))
+    memset(out, 0, 32); /* names no token: the table holds no zero hash */
+}
+
+int kcd_auth_holds(kcd_auth *a, const unsigned char digest[32],
+                   const char *name, kcd_role role) {
+  pthread_rwlock_rdlock(&a->lock);
+  const kcd_token *t = a->enabled ? find_token(a, digest) : NULL;
+  int same = t && t->role == role && strcmp(t->name, name) == 0;
+  pthread_rwlock_unlock(&a->lock);
+  return same;
 }
 
 /* ---- kcached token ROLE NAME ---- */

@@ -242,6 +242,32 @@ static int set_min_body_rate(kcd_config *c, const char *v) {
 static int set_max_conns_per_ip(kcd_config *c, const char *v) {
   return set_uint(&c->max_conns_per_ip, v, 0, 1000000);
 }
+/* RESP admission and budgets: one block (resp.c, resp_admit.c). */
+static int set_resp_max_conns(kcd_config *c, const char *v) {
+  return set_uint(&c->resp_max_conns, v, 1, 1000000);
+}
+static int set_resp_max_conns_per_ip(kcd_config *c, const char *v) {
+  return set_uint(&c->resp_max_conns_per_ip, v, 0, 1000000);
+}
+static int set_resp_timeout(kcd_config *c, const char *v) {
+  return set_uint(&c->resp_timeout_s, v, 0, 31536000);
+}
+static int set_resp_output_limit(kcd_config *c, const char *v) {
+  /* 0: auto; else at least room for the soft mark and an error line */
+  return parse_size(v, &c->resp_output_limit) ||
+                 (c->resp_output_limit && c->resp_output_limit < (2u << 20))
+             ? -1
+             : 0;
+}
+static int set_resp_output_total(kcd_config *c, const char *v) {
+  return parse_size(v, &c->resp_output_total) ||
+                 c->resp_output_total < (2u << 20)
+             ? -1
+             : 0;
+}
+static int set_resp_output_stall(kcd_config *c, const char *v) {
+  return set_uint(&c->resp_output_stall_s, v, 0, 86400);
+}
 /* HOST:PORT as --listen reads it; empty: no health listener. */
 static int set_health_listen(kcd_config *c, const char *v) {
   kcd_config tmp;
@@ -427,6 +453,32 @@ static const opt opts[] = {
      "busy with Retry-After, unless it would be the only one (default 1G; "
      "0: no cap)",
      set_max_answer_memory},
+    {"resp-max-connections", "N", "KCACHED_RESP_MAX_CONNECTIONS",
+     "RESP connections open at once; more are answered '-ERR max number of "
+     "clients reached' and closed (default 10000, Redis's maxclients)",
+     set_resp_max_conns},
+    {"resp-max-connections-per-ip", "N", "KCACHED_RESP_MAX_CONNECTIONS_PER_IP",
+     "RESP connections one client address may hold (default 256; 0: no "
+     "cap)",
+     set_resp_max_conns_per_ip},
+    {"resp-timeout", "SECONDS", "KCACHED_RESP_TIMEOUT",
+     "close a RESP connection that sent and received nothing this long, "
+     "as Redis's timeout (default 0: never)",
+     set_resp_timeout},
+    {"resp-output-limit", "SIZE", "KCACHED_RESP_OUTPUT_LIMIT",
+     "reply bytes one RESP connection may hold unsent: a reply that would "
+     "pass it (MGET of a big key repeated) is answered an error instead "
+     "(default 0: --resp-max-value + 2M)",
+     set_resp_output_limit},
+    {"resp-output-total", "SIZE", "KCACHED_RESP_OUTPUT_TOTAL",
+     "reply bytes every RESP connection together may hold; a reply that "
+     "would pass it is answered an error (default 1G, or "
+     "--resp-output-limit when larger; not less than it)",
+     set_resp_output_total},
+    {"resp-output-stall", "SECONDS", "KCACHED_RESP_OUTPUT_STALL",
+     "close a RESP connection holding more than 1M of unsent replies whose "
+     "client read none of it this long (default 60; 0: never)",
+     set_resp_output_stall},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -477,6 +529,9 @@ static void defaults(kcd_config *c) {
   c->resp_tls = -1;
   c->compress_level = 3;
   c->max_answer_memory = 1ull << 30;
+  c->resp_max_conns = 10000;
+  c->resp_max_conns_per_ip = 256;
+  c->resp_output_stall_s = 60;
 }
 
 static int from_env(kcd_config *c) {
@@ -533,7 +588,16 @@ static int from_flags(kcd_config *c, int argc, char **argv) {
 int kcd_config_parse(kcd_config *c, int argc, char **argv) {
   defaults(c);
   int rc = from_env(c);
-  return rc ? rc : from_flags(c, argc, argv);
+  rc = rc ? rc : from_flags(c, argc, argv);
+  /* auto: a reply of the largest value fits beside the soft mark's 1M */
+  if (!rc && !c->resp_output_limit)
+    c->resp_output_limit = c->resp_max_value + (2u << 20);
+  /* auto: 1G, or room for one largest reply when values may be larger */
+  if (!rc && !c->resp_output_total)
+    c->resp_output_total = c->resp_output_limit > (1ull << 30)
+                               ? c->resp_output_limit
+                               : 1ull << 30;
+  return rc;
 }
 
 int kcd_host_is_loopback(const char *host) {
@@ -554,6 +618,14 @@ int kcd_host_is_loopback(const char *host) {
 /* Off loopback RESP needs tokens, and TLS (--tls-cert: RESP speaks TLS
  * too unless --resp-tls off) or --allow-plaintext. */
 static int kcd_resp_config_check(const kcd_config *c) {
+  if (c->resp_output_limit > c->resp_output_total) {
+    fprintf(stderr, "kcached: --resp-output-limit (%llu bytes; by default "
+            "--resp-max-value + 2M) is above --resp-output-total (%llu): no "
+            "largest reply could be sent; raise --resp-output-total\n",
+            (unsigned long long)c->resp_output_limit,
+            (unsigned long long)c->resp_output_total);
+    return 2;
+  }
   if (c->resp_tls == 1 && !c->tls_cert) {
     fprintf(stderr, "kcached: --resp-tls on needs --tls-cert/--tls-key\n");
     return 2;

@@ -61,6 +61,7 @@ typedef struct kcd_auth {
   int enabled;
   kcd_token *tokens;
   size_t n;
+  _Atomic uint64_t gen; /* +1 at every table swapped in (SIGHUP) */
 } kcd_auth;
 
 /* Outcome of checking a token. */
@@ -88,6 +89,17 @@ kcd_authn kcd_auth_check_token(kcd_auth *a, const char *want_name,
                                char name[KCD_NAME_MAX]);
 int kcd_auth_enabled(kcd_auth *a);
 size_t kcd_auth_count(kcd_auth *a);
+/* The table's generation: it moves whenever a load swapped a table in.
+ * Front ends that keep a role for a whole connection (RESP) compare it to
+ * see whether their token must be checked again. */
+uint64_t kcd_auth_gen(kcd_auth *a);
+/* SHA-256 of a token, as the table keeps it. */
+void kcd_auth_digest(const void *token, size_t len, unsigned char out[32]);
+/* 1 when the table holds a token of this digest, under this name and role
+ * (the token still grants what it granted); 0 once it was removed or
+ * changed. */
+int kcd_auth_holds(kcd_auth *a, const unsigned char digest[32],
+                   const char *name, kcd_role role);
 /* "read" / "write" / "admin" / "none" and back (-1: unknown). */
 const char *kcd_role_name(kcd_role r);
 int kcd_role_parse(const char *s, kcd_role *out);
@@ -321,6 +333,14 @@ typedef struct kcd_config {
    * besides loopback and --listen's (comma-separated; "*": any) */
   const char *allow_hosts;
   uint64_t max_answer_memory; /* bytes of unread answers held; 0: no cap */
+  /* RESP admission and budgets (resp.c, resp_admit.c) */
+  unsigned resp_max_conns;        /* --resp-max-connections */
+  unsigned resp_max_conns_per_ip; /* 0: no per-address cap */
+  unsigned resp_timeout_s;        /* idle RESP connections; 0: never */
+  uint64_t resp_output_limit;     /* one connection's reply bytes; 0: auto */
+  uint64_t resp_output_total;     /* every RESP connection's, together */
+  unsigned resp_output_stall_s;   /* unsent replies over the soft mark this
+                                     long without progress: close; 0 never */
 } kcd_config;
 
 /* Parses flags over KCACHED_* environment variables over defaults. Returns 0

@@ -8,6 +8,9 @@
  * OpenSSL, the interest widened while a read waits to write or a write to
  * read. */
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -149,6 +152,7 @@ static void conn_close(kcd_resp_conn *c) {
   kcd_resp *r = c->srv;
   if (c->fd < 0)
     return;
+  kcd_resp_admit_release(r, c);
   epoll_ctl(r->ep, EPOLL_CTL_DEL, c->fd, NULL);
   kcd_resp_tls_close(c);
   close(c->fd);
@@ -179,7 +183,10 @@ static void inflight_begin(kcd_resp_conn *c) {
 
 /* Commands may run: nothing in flight, not closing, output below the mark. */
 static int may_run(const kcd_resp_conn *c) {
-  return !c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH;
+  /* a reply that did not fit (written after a commit) left the output
+   * short of it: nothing more may follow, the connection closes */
+  return !c->inflight && !c->closing && pending(c) <= KCD_RESP_OUT_HIGH &&
+         !c->out.over && !c->out.oom;
 }
 
 /* Reading too (after the peer's EOF there is nothing more to read). */
@@ -215,6 +222,11 @@ static ssize_t sock_read(kcd_resp_conn *c, void *p, size_t n) {
 
 /* One write of what waits; 0 ok (maybe partly sent), -1 closed. */
 static int conn_flush(kcd_resp_conn *c) {
+  if (c->out.oom || c->out.over) { /* a reply no budget had room for */
+    if (c->out.over)
+      kcd_resp_refuse(c, KCD_WHY_OUTPUT);
+    return conn_close(c), -1;
+  }
   while (pending(c)) {
     ssize_t n = sock_write(c, c->out.p + c->out_off, pending(c));
     if (n < 0 && errno == EINTR)
@@ -224,6 +236,7 @@ static int conn_flush(kcd_resp_conn *c) {
     if (n <= 0)
       return conn_close(c), -1;
     c->out_off += (size_t)n;
+    c->io_ms = kcd_resp_mono_ms();
     atomic_fetch_add(&c->srv->bytes_out, (uint64_t)n);
     break; /* level-triggered: EPOLLOUT brings the rest */
   }
@@ -234,8 +247,6 @@ static int conn_flush(kcd_resp_conn *c) {
     if ((c->closing || (c->eof && !c->backlog)) && !c->inflight)
       return conn_close(c), -1;
   }
-  if (c->out.oom)
-    return conn_close(c), -1;
   conn_interest(c);
   return 0;
 }
@@ -283,6 +294,24 @@ static int is_barrier(const kcd_resp_conn *c, const kcd_resp_cmd *cmd) {
   return !(c->in_multi && !(cmd->flags & KCD_CF_NOMULTI));
 }
 
+/* The token AUTH gave this connection still grants its role; checked
+ * again only after a SIGHUP swapped the token table in. */
+static int token_valid(kcd_resp_conn *c) {
+  kcd_auth *a = &c->srv->st->auth;
+  if (!c->tok_set)
+    return 1;
+  uint64_t gen = kcd_auth_gen(a);
+  if (gen == c->auth_gen)
+    return 1;
+  if (kcd_auth_holds(a, c->tok_digest, c->user, c->role))
+    return c->auth_gen = gen, 1;
+  kcd_log(c->srv->st, "info", "RESP: closing the connection of token '%s' "
+          "from %s: the token was removed or its role changed", c->user,
+          c->remote);
+  kcd_resp_refuse(c, KCD_WHY_REVOKED);
+  return 0;
+}
+
 static void run_parsed(kcd_resp_conn *c) {
   kcd_resp_parser *p = &c->parser;
   kcd_resp_ctx x = {.c = c, .st = c->srv->st, .job = c->job,
@@ -293,6 +322,16 @@ static void run_parsed(kcd_resp_conn *c) {
   }
   x.argv = c->av;
   x.lens = c->al;
+  /* an HTTP request (a browser's cross-protocol POST): nothing of it runs */
+  if (kcd_resp_is_http(x.argv, x.lens, x.argc, p->inl)) {
+    kcd_resp_refuse(c, KCD_WHY_HTTP);
+    c->closing = 1;
+    return;
+  }
+  if (!token_valid(c)) {
+    c->closing = 1;
+    return;
+  }
   x.out = c->job ? &c->job->pre : &c->out;
   atomic_fetch_add(&c->srv->commands_total, 1);
   kcd_resp_dispatch(&x);
@@ -309,6 +348,21 @@ static void proto_error(kcd_resp_conn *c) {
   c->closing = 1;
 }
 
+/* The first bytes must be RESP or an inline command: 1 when they are,
+ * 0 to wait for more, or with the connection refused. */
+static int sniff(kcd_resp_conn *c) {
+  kcd_resp_sniff_res s = kcd_resp_sniff(c->in.p, c->in.len);
+  if (s == KCD_SNIFF_OK)
+    return c->sniffed = 1;
+  if (s == KCD_SNIFF_BAD) {
+    kcd_resp_refuse(c, KCD_WHY_NOT_RESP);
+    kcd_resp_error(&c->out, "ERR Protocol error: expected a RESP array "
+                   "('*') or an inline command");
+    c->closing = 1;
+  }
+  return 0;
+}
+
 /* The job is full enough: send it before parsing more. */
 static int job_full(const kcd_resp_job *j) {
   return j && (j->nops >= KCD_RESP_JOB_OPS || j->val_bytes >= KCD_RESP_JOB_BYTES);
@@ -319,6 +373,8 @@ static int step(kcd_resp_conn *c) {
   kcd_resp_parser *p = &c->parser;
   if (!c->held) {
     if (job_full(c->job))
+      return 0;
+    if (!c->sniffed && !sniff(c))
       return 0;
     kcd_resp_res res = kcd_resp_parse(p, c->in.p, c->in.len);
     if (res == KCD_RESP_MORE)
@@ -354,6 +410,35 @@ static int step(kcd_resp_conn *c) {
   return !c->closing;
 }
 
+/* A command of many arguments grew the tables (16 bytes an argument in
+ * the parser, 16 in av/al): freed once it ran, so that one such command
+ * does not leave them on the connection for good. */
+static void shrink_args(kcd_resp_conn *c) {
+  if (c->parser.inmb || c->held || c->inflight)
+    return;
+  if (c->parser.argcap > KCD_RESP_ARGS_KEEP)
+    kcd_resp_parser_free(&c->parser), c->srv->trim = 1;
+  if (c->avcap > KCD_RESP_ARGS_KEEP) {
+    free(c->av);
+    free(c->al);
+    c->av = NULL;
+    c->al = NULL;
+    c->avcap = 0;
+  }
+}
+
+/* glibc keeps freed tables in the listener's arena, resident, and did not
+ * always reuse them for the next big command (40 commands of 60000
+ * arguments left 75 MB): hand them back, at most once a second. */
+static void trim_heap(kcd_resp *r) {
+  if (!r->trim)
+    return;
+  r->trim = 0;
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
 static void compact(kcd_resp_conn *c) {
   size_t n = kcd_resp_parser_done(&c->parser);
   if (n == 0 || c->inflight || c->held)
@@ -365,6 +450,7 @@ static void compact(kcd_resp_conn *c) {
     c->srv->pool_used_ms = kcd_resp_mono_ms(); /* a fresh buffer waits its time */
     pool_put(c->srv, &c->in);
   }
+  shrink_args(c);
 }
 
 /* Runs buffered commands until one must wait (more input, a commit, a
@@ -373,6 +459,12 @@ static void compact(kcd_resp_conn *c) {
 static void process(kcd_resp_conn *c) {
   int go;
   c->backlog = 0;
+  /* what was sent goes: the output limit then counts unsent bytes only */
+  if (c->out_off && pending(c) <= KCD_RESP_OUT_HIGH) {
+    memmove(c->out.p, c->out.p + c->out_off, pending(c));
+    c->out.len -= c->out_off;
+    c->out_off = 0;
+  }
   while ((go = may_run(c)) && step(c))
     ;
   c->backlog = !go && !c->inflight && !c->closing;
@@ -424,6 +516,7 @@ static void on_read(kcd_resp_conn *c) {
     c->eof = 1;
   } else {
     c->in.len += (size_t)n;
+    c->io_ms = kcd_resp_mono_ms();
     atomic_fetch_add(&c->srv->bytes_in, (uint64_t)n);
     if (read_tls_pending(c))
       return conn_close(c);
@@ -460,9 +553,38 @@ static void on_event(kcd_resp_conn *c, unsigned ev) {
     conn_close(c);
 }
 
+/* A refused connection gets Redis's text where it can read one (not
+ * over TLS: no handshake was made), then is closed. */
+static void refuse_at_accept(kcd_resp *r, int fd, kcd_resp_why why) {
+  static const char full[] = "-ERR max number of clients reached\r\n";
+  static const char per_ip[] = "-ERR max number of clients from this "
+                               "address reached\r\n";
+  const char *msg = why == KCD_WHY_PER_IP ? per_ip : full;
+  size_t n = why == KCD_WHY_PER_IP ? sizeof per_ip - 1 : sizeof full - 1;
+  ssize_t w = r->tls_ctx ? 0 : write(fd, msg, n);
+  (void)w;
+  atomic_fetch_add(&r->refused[why], 1);
+  close(fd);
+}
+
+static kcd_resp_conn *conn_new(kcd_resp *r, int fd) {
+  kcd_resp_conn *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->srv = r;
+  c->fd = fd;
+  c->accepted_ms = c->io_ms = kcd_resp_mono_ms();
+  c->out.limit = (size_t)r->st->cfg.resp_output_limit;
+  c->out.bud = &r->outbud;
+  return c;
+}
+
 static void on_accept(kcd_resp *r) {
   for (;;) {
-    int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    int fd = accept4(r->lfd, (struct sockaddr *)&sa, &sl,
+                     SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
                    errno == ENOMEM)) {
       /* out of descriptors: the listening socket stays readable; pause a
@@ -473,25 +595,22 @@ static void on_accept(kcd_resp *r) {
     }
     if (fd < 0)
       return;
-    if (atomic_load(&r->nconns) >= KCD_RESP_MAX_CONNS) {
-      static const char full[] = "-ERR max number of clients reached\r\n";
-      ssize_t w = r->tls_ctx ? 0 : write(fd, full, sizeof full - 1);
-      (void)w;
-      close(fd);
-      continue;
-    }
-    kcd_resp_conn *c = calloc(1, sizeof *c);
+    kcd_resp_conn *c = conn_new(r, fd);
     if (!c) {
       close(fd);
       continue;
     }
+    kcd_resp_why why = kcd_resp_admit(r, c, (struct sockaddr *)&sa);
+    if (why != KCD_WHY_N) {
+      free(c);
+      refuse_at_accept(r, fd, why);
+      continue;
+    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    c->srv = r;
-    c->fd = fd;
     c->id = ++r->next_id;
-    c->accepted_ms = kcd_resp_mono_ms();
     if (r->tls_ctx && kcd_resp_tls_accept(c)) {
+      kcd_resp_admit_release(r, c);
       free(c);
       close(fd);
       continue;
@@ -504,6 +623,7 @@ static void on_accept(kcd_resp *r) {
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
     c->events = EPOLLIN;
     if (epoll_ctl(r->ep, EPOLL_CTL_ADD, fd, &ev)) {
+      kcd_resp_admit_release(r, c);
       kcd_resp_tls_close(c);
       conn_free(c);
       close(fd);
@@ -573,21 +693,68 @@ static void free_grave(kcd_resp *r) {
   }
 }
 
-/* TLS: connections whose handshake is not done in time are closed (a
- * client that connects and says nothing holds no slot for long). */
-static void sweep_handshakes(kcd_resp *r, int64_t *last) {
+/* Frees the buffers and argument tables of a connection that waits for
+ * its next command (Redis frees an idle client's query buffer too): 10,000
+ * idle connections then hold their structs, not 16K-256K buffers each. */
+static void trim_idle(kcd_resp_conn *c) {
+  if (pending(c) || c->in.len || c->parser.inmb || c->held || c->inflight ||
+      c->job)
+    return;
+  if (c->out.cap || c->in.cap || c->parser.argcap || c->avcap)
+    c->srv->trim = 1;
+  kcd_resp_buf_free(&c->out);
+  c->out_off = 0;
+  if (c->in.cap > KEEP_MAX)
+    pool_put(c->srv, &c->in);
+  else
+    kcd_resp_buf_free(&c->in);
+  kcd_resp_parser_free(&c->parser);
+  free(c->av);
+  free(c->al);
+  c->av = NULL;
+  c->al = NULL;
+  c->avcap = 0;
+}
+
+/* 1 when the sweep closes c: a TLS handshake not done in time (a silent
+ * client holds no slot), --resp-timeout, --resp-output-stall, or a token
+ * a SIGHUP removed or changed. */
+static int sweep_closes(kcd_resp_conn *c, int64_t now) {
+  const kcd_config *cfg = &c->srv->st->cfg;
+  int64_t quiet = now - c->io_ms;
+  if (c->ssl && kcd_resp_tls_in_handshake(c) &&
+      now - c->accepted_ms > KCD_RESP_TLS_HS_MS) {
+    atomic_fetch_add(&c->srv->tls_failed, 1);
+    return 1;
+  }
+  kcd_resp_why why = KCD_WHY_N;
+  if (!c->inflight && cfg->resp_timeout_s &&
+      quiet > (int64_t)cfg->resp_timeout_s * 1000)
+    why = KCD_WHY_IDLE;
+  else if (cfg->resp_output_stall_s && pending(c) > KCD_RESP_OUT_HIGH &&
+           quiet > (int64_t)cfg->resp_output_stall_s * 1000)
+    why = KCD_WHY_STALLED;
+  if (why != KCD_WHY_N)
+    return kcd_resp_refuse(c, why), 1;
+  if (!token_valid(c)) /* counted and logged */
+    return 1;
+  if (quiet > KCD_RESP_TRIM_MS)
+    trim_idle(c);
+  return 0;
+}
+
+/* Once a second: every connection's deadlines and token, idle buffers. */
+static void sweep(kcd_resp *r, int64_t *last) {
   int64_t now = kcd_resp_mono_ms();
-  if (!r->tls_ctx || now - *last < 1000)
+  if (now - *last < 1000)
     return;
   *last = now;
   for (kcd_resp_conn *c = r->conns, *next; c; c = next) {
     next = c->next;
-    if (kcd_resp_tls_in_handshake(c) &&
-        now - c->accepted_ms > KCD_RESP_TLS_HS_MS) {
-      atomic_fetch_add(&r->tls_failed, 1);
+    if (sweep_closes(c, now))
       conn_close(c);
-    }
   }
+  trim_heap(r);
 }
 
 /* Graceful shutdown (kcd_resp_quiesce): no new connection; the open ones
@@ -652,7 +819,7 @@ static void *io_main(void *arg) {
     int n = epoll_wait(r->ep, ev, EVENTS, 1000);
     for (int i = 0; i < n; i++)
       dispatch(r, &ev[i]);
-    sweep_handshakes(r, &swept);
+    sweep(r, &swept);
     free_grave(r);
     pool_trim(r, 0);
   }
@@ -709,6 +876,7 @@ static kcd_resp *resp_new(kcd_state *st) {
     return NULL;
   r->st = st;
   r->lfd = r->efd = r->ep = -1;
+  r->outbud.limit = (size_t)st->cfg.resp_output_total;
   pthread_mutex_init(&r->qlock, NULL);
   pthread_cond_init(&r->qcond, NULL);
   pthread_mutex_init(&r->dlock, NULL);
@@ -786,5 +954,6 @@ void kcd_resp_stop(kcd_state *st) {
   pthread_cond_destroy(&r->qcond);
   pthread_mutex_destroy(&r->dlock);
   kcd_resp_tls_free(r);
+  kcd_resp_admit_free(r);
   free(r);
 }

@@ -19,6 +19,8 @@
  *   resp_admin.c  connection and server commands (HELLO, AUTH, CONFIG, ...)
  *   resp_info.c   INFO, and the kcached_resp_* metrics of /metrics
  *   resp_fetch.c  read-through from the durable tier (fetcher threads)
+ *   resp_admit.c  admission (--resp-max-connections, per address), the
+ *                 cross-protocol guard (HTTP sent to the RESP port)
  *
  * Threads: a connection belongs to the listener thread. Its writes go to the
  * committer as a job (kcd_resp_job): the committer applies the ops of every
@@ -32,7 +34,10 @@
  * commands; a value is copied into the output buffer, so no read transaction
  * is held while a slow client drains its output. A connection runs no more
  * commands while more than KCD_RESP_OUT_HIGH bytes wait to be sent: its
- * memory is bounded by that plus one reply (at most --resp-max-value).
+ * memory is bounded by that plus one reply. A reply may not take the
+ * connection's unsent bytes past --resp-output-limit, nor every
+ * connection's reply buffers together past --resp-output-total: such a
+ * reply is answered an error instead (kcd_resp_buf's limit and budget).
  */
 #ifndef KCD_RESP_H
 #define KCD_RESP_H
@@ -43,11 +48,12 @@
 
 #include "kcd.h"
 
-#define KCD_RESP_MAX_ARGS (1024 * 1024) /* multibulk count limit */
+#define KCD_RESP_MAX_ARGS 65536       /* arguments of one command */
+#define KCD_RESP_ARGS_KEEP 1024       /* argument tables above: freed after */
+#define KCD_RESP_TRIM_MS 2000         /* idle this long: buffers freed */
 #define KCD_RESP_INLINE_MAX (64 * 1024) /* an inline command, a count line */
 #define KCD_RESP_OUT_HIGH (1024 * 1024) /* stop running commands above */
 #define KCD_RESP_KEYS_MAX 100000        /* KEYS returns at most this many */
-#define KCD_RESP_MAX_CONNS 10000
 #define KCD_RESP_JOB_OPS 10000         /* a pipeline's writes per job */
 #define KCD_RESP_JOB_BYTES (64u << 20) /* and their value bytes */
 #define KCD_RESP_N_CMDS 64             /* room in the metrics per command */
@@ -97,17 +103,33 @@ kcd_resp_families *kcd_resp_families_of(struct kcd_resp *r);
 
 /* ---- buffers and replies (resp_proto.c) ---- */
 
+/* Bytes that many buffers share (the reply buffers of every connection,
+ * --resp-output-total): the sum of their capacities beyond the first
+ * KCD_RESP_BUDGET_FREE bytes of each stays <= limit. Listener thread only. */
+#define KCD_RESP_BUDGET_FREE (16u * 1024)
+typedef struct kcd_resp_budget {
+  size_t used, limit;
+} kcd_resp_budget;
+
 /* A growable byte buffer; after a failed allocation oom is set and every
- * later append is dropped (the connection is then closed). */
+ * later append is dropped (the connection is then closed). With a limit
+ * (0: none) len may not pass it, and with a budget its capacity counts
+ * there: a growth past either sets over instead (and drops appends too);
+ * the caller that sees over takes its reply back and answers an error
+ * (resp_cmd.c), or closes the connection. */
 typedef struct kcd_resp_buf {
   char *p;
   size_t len, cap;
   int oom;
+  int over;
+  size_t limit;
+  kcd_resp_budget *bud;
 } kcd_resp_buf;
 
-/* Room for `more` bytes after len; -1 (and oom) when memory runs out. */
+/* Room for `more` bytes after len; -1 (and oom or over) when it cannot. */
 int kcd_resp_buf_reserve(kcd_resp_buf *b, size_t more);
 void kcd_resp_buf_add(kcd_resp_buf *b, const void *p, size_t n);
+/* Frees the memory; limit and budget stay. */
 void kcd_resp_buf_free(kcd_resp_buf *b);
 
 void kcd_resp_simple(kcd_resp_buf *b, const char *s);     /* +s */
@@ -142,6 +164,7 @@ typedef struct kcd_resp_parser {
   long long bulk;    /* the next argument's length; -1: its $ line next */
   kcd_resp_arg *argv;
   size_t argc, argcap;
+  int inl;           /* the last command returned was inline */
   const char *error; /* KCD_RESP_ERR: the text after "-ERR " */
   char errbuf[64];
 } kcd_resp_parser;
@@ -168,7 +191,40 @@ void kcd_resp_parser_shift(kcd_resp_parser *p, size_t n);
  * knows (a bulk being read); 0 when it does not. A read-size hint only. */
 size_t kcd_resp_parser_want(const kcd_resp_parser *p, size_t len);
 
+/* ---- the cross-protocol guard (resp_admit.c) ---- */
+
+typedef enum kcd_resp_sniff_res {
+  KCD_SNIFF_MORE, /* cannot tell yet */
+  KCD_SNIFF_OK,   /* a RESP array, or a line that may be an inline command */
+  KCD_SNIFF_BAD   /* neither (binary, a TLS hello, a JSON body): refuse */
+} kcd_resp_sniff_res;
+
+/* Judges the first bytes of a connection: after blank lines, '*', or a
+ * line of printable ASCII that begins with a letter (command names are
+ * letters). A line longer than KCD_RESP_INLINE_MAX is left to the parser. */
+kcd_resp_sniff_res kcd_resp_sniff(const char *buf, size_t len);
+/* 1 when a parsed command is what an HTTP client sends: a first word POST
+ * or Host: (any framing, as Redis checks), or an inline line whose last
+ * word begins with "HTTP/" (a request line: GET / HTTP/1.1). */
+int kcd_resp_is_http(const char *const *argv, const size_t *lens, size_t argc,
+                     int inl);
+
 /* ---- connections, jobs (resp.c, resp_commit.c) ---- */
+
+/* Why a connection was refused or closed by a rule (metrics). */
+typedef enum kcd_resp_why {
+  KCD_WHY_MAX_CONNS,  /* --resp-max-connections */
+  KCD_WHY_PER_IP,     /* --resp-max-connections-per-ip */
+  KCD_WHY_HTTP,       /* an HTTP request (cross-protocol) */
+  KCD_WHY_NOT_RESP,   /* first bytes neither RESP nor inline */
+  KCD_WHY_REVOKED,    /* its token was removed or changed */
+  KCD_WHY_IDLE,       /* --resp-timeout */
+  KCD_WHY_STALLED,    /* --resp-output-stall */
+  KCD_WHY_OUTPUT,     /* a reply over the output budget */
+  KCD_WHY_N
+} kcd_resp_why;
+extern const char *const kcd_resp_why_names[KCD_WHY_N];
+#define KCD_RESP_ADDR_BUCKETS 1024
 
 typedef struct kcd_resp kcd_resp;
 typedef struct kcd_resp_conn kcd_resp_conn;
@@ -237,10 +293,23 @@ struct kcd_resp_conn {
   size_t out_off; /* bytes of out already sent */
   kcd_resp_parser parser;
   unsigned events; /* epoll interest now */
+  int sniffed;     /* the first bytes were judged (kcd_resp_sniff) */
+  int64_t io_ms;   /* last byte read or sent (--resp-timeout) */
+  int64_t sent_ms; /* last byte sent, or when output began to wait */
+  /* the peer (--resp-max-connections-per-ip, logs) */
+  unsigned char addr[16]; /* IPv6, or IPv4 mapped */
+  char remote[48];
+  int counted;            /* holds a slot of its address */
   /* who */
   int authed;
   kcd_role role;
   char user[KCD_NAME_MAX];
+  /* the token AUTH took its role from: after a SIGHUP changed the table
+   * (auth_gen moved) it must still grant that role, or the connection is
+   * closed */
+  int tok_set;
+  unsigned char tok_digest[32];
+  uint64_t auth_gen;
   char *name; /* CLIENT SETNAME */
   /* MULTI */
   int in_multi, multi_dirty;
@@ -279,6 +348,13 @@ struct kcd_resp {
   _Atomic size_t nconns;
   _Atomic uint64_t conns_total, commands_total, commits, committed_ops;
   _Atomic uint64_t commit_errors, bytes_in, bytes_out, tls_failed;
+  /* connections refused or closed by a rule, by reason (kcd_resp_why) */
+  _Atomic uint64_t refused[KCD_WHY_N];
+  kcd_resp_budget outbud;     /* every connection's reply buffer */
+  struct kcd_resp_addr *addrs[KCD_RESP_ADDR_BUCKETS]; /* resp_admit.c */
+  int trim;                   /* big tables were freed: trim the heap */
+  int64_t attack_logged_ms;   /* the cross-protocol log line, at most 1/s */
+  uint64_t attack_unlogged;
   /* ops per commit: counts per bucket (kcd_resp_batch_le), sum in ops */
   _Atomic uint64_t batch_bucket[KCD_RESP_BATCH_BUCKETS + 1], batch_sum;
   kcd_resp_families families;
@@ -353,6 +429,20 @@ void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j);
 /* The upper bounds of the batch size histogram's buckets (the last one,
  * index KCD_RESP_BATCH_BUCKETS, is +Inf). */
 extern const unsigned kcd_resp_batch_le[KCD_RESP_BATCH_BUCKETS];
+
+/* ---- admission (resp_admit.c; listener thread) ---- */
+
+struct sockaddr;
+/* Takes a slot for a new connection from sa (its address and remote are
+ * filled): KCD_WHY_N when admitted, else the cap that refused it. */
+kcd_resp_why kcd_resp_admit(kcd_resp *r, kcd_resp_conn *c,
+                            const struct sockaddr *sa);
+/* Gives its slot back (a closed connection). */
+void kcd_resp_admit_release(kcd_resp *r, kcd_resp_conn *c);
+void kcd_resp_admit_free(kcd_resp *r);
+/* Counts a connection closed by a rule; the cross-protocol ones are also
+ * logged (at most a line a second, with how many were not). */
+void kcd_resp_refuse(kcd_resp_conn *c, kcd_resp_why why);
 
 /* ---- TLS (resp_tls.c) ---- */
 

@@ -59,6 +59,7 @@ static int authenticate(kcd_resp_ctx *x, const char *name, size_t nlen,
     wp = want;
   }
   kcd_role role;
+  uint64_t gen = kcd_auth_gen(a); /* before: a reload meanwhile re-checks */
   if (kcd_svc_auth(x->st, KCD_FE_RESP, wp, tok, tlen, &role, got) !=
       KCD_AUTHN_OK) {
     kcd_resp_error(x->out, "WRONGPASS invalid username-password pair or user "
@@ -70,6 +71,10 @@ static int authenticate(kcd_resp_ctx *x, const char *name, size_t nlen,
   c->role = role;
   c->parser.unauth = 0;
   snprintf(c->user, sizeof c->user, "%s", got);
+  /* kept to check again after a SIGHUP (resp.c, token_valid) */
+  kcd_auth_digest(tok, tlen, c->tok_digest);
+  c->tok_set = 1;
+  c->auth_gen = gen;
   return 0;
 }
 

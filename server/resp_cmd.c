@@ -238,6 +238,23 @@ static int queue_cmd(kcd_resp_ctx *x) {
   return 0;
 }
 
+/* The reply did not fit the connection's output limit or every
+ * connection's budget (MGET of a big key repeated, readers that do not
+ * read): what it wrote goes, an error says why. When even that cannot be
+ * written, the buffer counts as out of memory: the connection closes. */
+static void over_budget(kcd_resp_ctx *x, kcd_resp_buf *b, size_t b0,
+                        const kcd_resp_cmd *cmd) {
+  b->len = b0;
+  b->over = 0;
+  kcd_resp_errorf(b, "ERR the reply of '%s' would pass the output limit "
+                  "(--resp-output-limit, --resp-output-total): read the "
+                  "replies sent, or ask for fewer keys at once",
+                  cmd ? cmd->name : "?");
+  atomic_fetch_add(&x->c->srv->refused[KCD_WHY_OUTPUT], 1);
+  if (b->over)
+    b->oom = 1;
+}
+
 /* Runs fn; what it writes to the job's pre buffer becomes an item, so that
  * replies keep their order around the job's writes. */
 static void run(kcd_resp_ctx *x, const kcd_resp_cmd *cmd) {
@@ -245,8 +262,12 @@ static void run(kcd_resp_ctx *x, const kcd_resp_cmd *cmd) {
   size_t before = j ? j->pre.len : 0;
   if (j)
     x->out = &j->pre;
+  kcd_resp_buf *b = x->out;
+  size_t b0 = b->len;
   if (cmd)
     cmd->fn(x);
+  if (b->over)
+    over_budget(x, b, b0, cmd);
   if (x->job && x->job == j && j->pre.len > before)
     kcd_resp_job_item(j, KCD_RK_PRE, before);
 }

@@ -23,6 +23,8 @@ kcd_resp_job *kcd_resp_job_new(kcd_resp_conn *c) {
   kcd_resp_job *j = calloc(1, sizeof *j);
   if (j)
     j->conn = c;
+  if (j && c) /* replies made before the commit: the connection's limit */
+    j->pre.limit = c->out.limit;
   return j;
 }
 

@@ -42,7 +42,7 @@ static void sec_clients(kcd_resp_ctx *x, kcd_resp_buf *b) {
   linef(b, "# Clients");
   linef(b, "connected_clients:%zu", kcd_resp_clients(x->c->srv));
   linef(b, "kcached_tls:%d", x->c->srv->tls_ctx != NULL);
-  linef(b, "maxclients:%d", KCD_RESP_MAX_CONNS);
+  linef(b, "maxclients:%u", x->st->cfg.resp_max_conns);
 }
 
 /* The process's resident set, from /proc/self/statm; 0 when unknown. */
@@ -236,4 +236,11 @@ void kcd_resp_metrics_render(kcd_state *st, void *fp) {
           "RESP write ops committed (failed commits not counted).",
           atomic_load(&r->committed_ops));
   render_batches(f, r);
+  fprintf(f, "# HELP kcached_resp_refused_total RESP connections refused or "
+          "closed by a rule, by reason.\n# TYPE kcached_resp_refused_total "
+          "counter\n");
+  for (int i = 0; i < KCD_WHY_N; i++)
+    fprintf(f, "kcached_resp_refused_total{reason=\"%s\"} %llu\n",
+            kcd_resp_why_names[i],
+            (unsigned long long)atomic_load(&r->refused[i]));
 }

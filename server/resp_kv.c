@@ -123,7 +123,8 @@ void kcd_resp_c_mget(kcd_resp_ctx *x) {
   if (!kcd_resp_read(x) || mget_fetch(x))
     return;
   kcd_resp_array(x->out, (long long)x->argc - 1);
-  for (size_t i = 1; i < x->argc; i++) {
+  /* past the output limit the reply is taken back (resp_cmd.c): stop */
+  for (size_t i = 1; i < x->argc && !x->out->over; i++) {
     kc_store_kv_val v;
     kc_err e = key_ok(x->lens[i])
                    ? kc_store_kv_get(x->c->rd, ARG(i), x->now_ms, &v)

@@ -20,19 +20,38 @@
 
 /* ---- buffers ---- */
 
+/* What a buffer of cap bytes counts in its budget: the first
+ * KCD_RESP_BUDGET_FREE bytes are free, so that small replies (+OK, errors,
+ * small values) go on while big ones fill the budget. */
+static size_t budget_share(size_t cap) {
+  return cap > KCD_RESP_BUDGET_FREE ? cap - KCD_RESP_BUDGET_FREE : 0;
+}
+
 int kcd_resp_buf_reserve(kcd_resp_buf *b, size_t more) {
-  if (b->oom)
+  if (b->oom || b->over)
     return -1;
   if (b->cap - b->len >= more)
     return 0;
   if (more > SIZE_MAX / 2 - b->len)
     return b->oom = 1, -1;
-  size_t cap = b->cap ? b->cap : 256;
-  while (cap - b->len < more)
-    cap *= 2;
+  if (b->limit && b->len + more > b->limit)
+    return b->over = 1, -1;
+  /* doubling for many small appends; a big one (a value) gets what it
+   * needs, not up to twice that, which a budget would count */
+  size_t cap = b->cap ? b->cap * 2 : 256;
+  if (cap - b->len < more)
+    cap = b->len + more;
+  if (b->limit && cap > b->limit)
+    cap = b->limit; /* >= len + more */
+  kcd_resp_budget *g = b->bud;
+  size_t charge = budget_share(cap) - budget_share(b->cap);
+  if (g && (g->used > g->limit || charge > g->limit - g->used))
+    return b->over = 1, -1;
   char *p = realloc(b->p, cap);
   if (!p)
     return b->oom = 1, -1;
+  if (g)
+    g->used += charge;
   b->p = p;
   b->cap = cap;
   return 0;
@@ -46,8 +65,11 @@ void kcd_resp_buf_add(kcd_resp_buf *b, const void *p, size_t n) {
 }
 
 void kcd_resp_buf_free(kcd_resp_buf *b) {
+  kcd_resp_buf keep = {.limit = b->limit, .bud = b->bud};
+  if (b->bud)
+    b->bud->used -= budget_share(b->cap);
   free(b->p);
-  memset(b, 0, sizeof *b);
+  *b = keep;
 }
 
 /* ---- replies ---- */
@@ -367,6 +389,7 @@ static kcd_resp_res split_inline(kcd_resp_parser *p, char *buf, size_t start,
 }
 
 static kcd_resp_res inline_cmd(kcd_resp_parser *p, char *buf, size_t len) {
+  p->inl = 1;
   const char *nl = memchr(buf + p->pos, '\n', len - p->pos);
   if (!nl)
     return len - p->pos > KCD_RESP_INLINE_MAX ? fail(p, "too big inline request")
@@ -393,7 +416,7 @@ kcd_resp_res kcd_resp_parse(kcd_resp_parser *p, char *buf, size_t len) {
     else if (p->pos >= len)
       return KCD_RESP_MORE;
     else if (buf[p->pos] == '*')
-      r = mb_count(p, buf, len);
+      r = (p->inl = 0, mb_count(p, buf, len));
     else
       r = inline_cmd(p, buf, len);
     if (r != KCD_RESP_CMD)

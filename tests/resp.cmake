@@ -23,3 +23,12 @@ if(KCACHE_PYTHON3)
   set_tests_properties(server_service PROPERTIES TIMEOUT 120
                        SKIP_RETURN_CODE 77)
 endif()
+
+# resp_attack  tests/test_resp_attack.py: attacks on the RESP port (an HTTP
+#             request sent to it, revoked tokens, idle and stalled clients,
+#             huge commands and replies, connection caps); needs redis-py
+if(KCACHE_PYTHON3)
+  add_test(NAME resp_attack COMMAND ${KCACHE_PYTHON3}
+           ${CMAKE_CURRENT_LIST_DIR}/test_resp_attack.py $<TARGET_FILE:kcached>)
+  set_tests_properties(resp_attack PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()

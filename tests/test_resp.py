@@ -585,8 +585,8 @@ class OpenServer(ServerCase):
              b"<EOF>"),
             (b"*1\r\n+abc\r\n",
              b"-ERR Protocol error: expected '$', got '+'\r\n<EOF>"),
-            (b"\"abc\r\n", b"-ERR Protocol error: unbalanced quotes in "
-             b"request\r\n<EOF>"),
+            (b"PING\r\n\"abc\r\n", b"+PONG\r\n-ERR Protocol error: "
+             b"unbalanced quotes in request\r\n<EOF>"),
             (b"PING\r\n*1\r\n$x\r\n", b"+PONG\r\n-ERR Protocol error: invalid "
              b"bulk length\r\n<EOF>"),
             (b"SET q 1\r\n*1\r\n$x\r\n", b"+OK\r\n-ERR Protocol error: invalid "

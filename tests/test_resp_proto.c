@@ -288,8 +288,108 @@ static void test_families(void **state) {
   assert_int_equal(r->hits, 2 + 5);
 }
 
+/* The first bytes of a connection (resp_admit.c, kcd_resp_sniff). */
+static void test_sniff(void **state) {
+  (void)state;
+  struct {
+    const char *in;
+    kcd_resp_sniff_res want;
+  } cases[] = {
+      {"", KCD_SNIFF_MORE},           {"\r\n\r\n", KCD_SNIFF_MORE},
+      {"*", KCD_SNIFF_OK},            {"\r\n *3\r\n", KCD_SNIFF_OK},
+      {"PING\r\n", KCD_SNIFF_OK},     {"PIN", KCD_SNIFF_MORE},
+      {"ping\n", KCD_SNIFF_OK},        {"SET a \"b c\"\r\n", KCD_SNIFF_OK},
+      {"GET / HTTP/1.1\r\n", KCD_SNIFF_OK}, /* letters: the guard's part */
+      {"\x16\x03\x01", KCD_SNIFF_BAD}, {"{\"a\":1}", KCD_SNIFF_BAD},
+      {"<html>", KCD_SNIFF_BAD},       {"\"abc\"\r\n", KCD_SNIFF_BAD},
+      {"SET x \x01", KCD_SNIFF_BAD},   {"SET\rx\r\n", KCD_SNIFF_BAD},
+      {"SET x \xc3\xa9\r\n", KCD_SNIFF_BAD},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    if (kcd_resp_sniff(cases[i].in, strlen(cases[i].in)) != cases[i].want)
+      fail_msg("sniff case %zu: %s", i, cases[i].in);
+  assert_int_equal(kcd_resp_sniff("\0PING\r\n", 7), KCD_SNIFF_BAD);
+  /* an inline line too long for the parser is left to it */
+  size_t n = KCD_RESP_INLINE_MAX + 10;
+  char *big = malloc(n);
+  memset(big, 'A', n);
+  assert_int_equal(kcd_resp_sniff(big, n), KCD_SNIFF_OK);
+  assert_int_equal(kcd_resp_sniff(big, 100), KCD_SNIFF_MORE);
+  free(big);
+}
+
+static int http(int inl, size_t argc, ...) {
+  const char *v[8];
+  size_t l[8];
+  va_list ap;
+  va_start(ap, argc);
+  for (size_t i = 0; i < argc; i++) {
+    v[i] = va_arg(ap, const char *);
+    l[i] = strlen(v[i]);
+  }
+  va_end(ap);
+  return kcd_resp_is_http(v, l, argc, inl);
+}
+
+static void test_is_http(void **state) {
+  (void)state;
+  assert_true(http(0, 1, "POST"));
+  assert_true(http(1, 3, "post", "/", "HTTP/1.1"));
+  assert_true(http(0, 2, "Host:", "x"));
+  assert_true(http(1, 2, "HOST:", "x"));
+  assert_true(http(1, 3, "GET", "/", "HTTP/1.1"));
+  assert_true(http(1, 3, "PRI", "*", "HTTP/2.0"));
+  assert_false(http(0, 3, "SET", "/", "HTTP/1.1")); /* RESP framed: data */
+  assert_false(http(1, 1, "HTTP/1.1"));
+  assert_false(http(1, 2, "GET", "http/1.1"));
+  assert_false(http(1, 2, "POSTS", "x"));
+  assert_false(http(0, 0));
+}
+
+/* A buffer's limit and shared budget (kcd_resp_buf_reserve). */
+static void test_buf_limits(void **state) {
+  (void)state;
+  kcd_resp_buf b = {.limit = 100};
+  kcd_resp_buf_add(&b, "0123456789", 10);
+  assert_int_equal(b.len, 10);
+  assert_true(b.cap <= 100);
+  char big[200] = {0};
+  kcd_resp_buf_add(&b, big, 91);
+  assert_int_equal(b.over, 1);
+  assert_int_equal(b.len, 10);
+  kcd_resp_buf_add(&b, "x", 1); /* dropped while over */
+  assert_int_equal(b.len, 10);
+  b.over = 0;
+  kcd_resp_buf_add(&b, big, 90);
+  assert_int_equal(b.len, 100);
+  kcd_resp_buf_free(&b);
+  assert_int_equal(b.limit, 100); /* kept */
+  /* a budget of 64K shared by two buffers; 16K of each free */
+  kcd_resp_budget g = {.limit = 64 * 1024};
+  kcd_resp_buf x = {.bud = &g}, y = {.bud = &g};
+  char *v = calloc(1, 80 * 1024);
+  kcd_resp_buf_add(&x, v, 60 * 1024); /* counts 44K */
+  assert_false(x.over);
+  assert_int_equal(g.used, 44 * 1024);
+  kcd_resp_buf_add(&y, v, 40 * 1024); /* 24K more: no room */
+  assert_true(y.over);
+  assert_int_equal(y.len, 0);
+  y.over = 0;
+  kcd_resp_buf_add(&y, "+OK\r\n", 5); /* small replies go on */
+  assert_false(y.over);
+  kcd_resp_buf_free(&x);
+  assert_int_equal(g.used, 0);
+  kcd_resp_buf_add(&y, v, 40 * 1024);
+  assert_false(y.over);
+  kcd_resp_buf_free(&y);
+  assert_int_equal(g.used, 0);
+  free(v);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sniff), cmocka_unit_test(test_is_http),
+      cmocka_unit_test(test_buf_limits),
       cmocka_unit_test(test_multibulk), cmocka_unit_test(test_binary),
       cmocka_unit_test(test_inline),    cmocka_unit_test(test_errors),
       cmocka_unit_test(test_too_big_lines), cmocka_unit_test(test_want),

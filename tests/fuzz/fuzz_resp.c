@@ -5,7 +5,8 @@
  * feedings give the same commands and the same error; every argument lies
  * inside the buffer; a command has at least one argument; an error is one
  * of Redis's protocol error texts; the argument table never grows beyond
- * what arrived (nothing is allocated on a client's word). The reply
+ * what arrived (nothing is allocated on a client's word); the first-bytes
+ * judge gives on a prefix the verdict it gives on the whole. The reply
  * writers are checked against the parser: every command, written back as
  * a multibulk by kcd_resp_array and kcd_resp_bulk, parses to the same
  * arguments; the RESP3 writers (nil, map, verbatim) write the exact frames.
@@ -122,6 +123,18 @@ static kcd_resp_buf feed(const uint8_t *in, size_t n, size_t step, int flags,
   return out;
 }
 
+/* The first-bytes judge (resp_admit.c) decides once: a verdict on a
+ * prefix (fed in pieces of step) is the verdict on the whole stream. */
+static void check_sniff(const uint8_t *in, size_t n, size_t step) {
+  kcd_resp_sniff_res all = kcd_resp_sniff((const char *)in, n);
+  for (size_t k = step; k < n; k += step) {
+    kcd_resp_sniff_res part = kcd_resp_sniff((const char *)in, k);
+    FZ_CHECK(part == KCD_SNIFF_MORE || part == all,
+             "sniff of %zu bytes: %d, of all %zu: %d", k, (int)part, n,
+             (int)all);
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* beyond 64 KiB a line without its end is refused when it is seen: fed
    * whole, the same line may arrive complete (as in Redis) */
@@ -153,6 +166,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   kcd_resp_buf_free(&frames);
   check_resp3(data + 2, size - 2 < 64 ? size - 2 : 64);
+  check_sniff(data + 2, size - 2, step);
   kcd_resp_buf_free(&whole);
   kcd_resp_buf_free(&parts);
   return 0;
