@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
+# the Python tests' environment (torch==2.13.0 CPU, triton, redis-py, pytest)
+./scripts/pyenv.sh >/dev/null
 
 jobs=$(nproc)
 build() { # dir, extra cmake args...

@@ -96,6 +96,9 @@ def main():
         else {a.path}
     if "remote" in paths:
         kt.use_remote_caches(os.environ["KCACHE_RESP_URL"])
+    if "triton" in paths:
+        os.environ.setdefault("TRITON_CACHE_MANAGER",
+                              "kcache.triton:CacheManager")
     model = build_models(torch, a.device)
     up = not a.no_upload
     stack = contextlib.ExitStack()
@@ -129,7 +132,9 @@ def main():
            "equal": bool(equal), "counters": counters,
            "frame_count": int(torch._dynamo.utils.counters["stats"].get(
                "unique_graphs", 0)),
-           "torch": str(torch.__version__)}
+           "torch": str(torch.__version__),
+           "phases": {k: round(sum(v), 4) for k, v in
+                      torch._dynamo.utils.compilation_time_metrics.items()}}
     if mc is not None:
         res["mega"] = mc.stats
     if cd is not None:
