@@ -23,10 +23,10 @@ through the newest; the override and dump managers stay purely local.
 
 The bundle key (docs/DESIGN.md, "Python package"): model = SHA-256 of
 "kcache-triton/1", build = SHA-256 of Triton's cache key and the file name,
-arch = the active GPU's ("sm_90"; "sm_00" where none can be asked),
+arch = $KCACHE_ARCH or "sm_00" (Triton's key holds the target already),
 toolchain = {"triton": version, "python": the ABI}, bucket = {"group": 1}.
 Triton's own key already binds the compiler, the source, the target and
-the options; the extra fields keep bundles apart per Triton and arch.
+the options; the extra fields keep bundles apart per Triton version and Python ABI.
 """
 from __future__ import annotations
 
@@ -118,17 +118,13 @@ def reset() -> None:
 
 
 def _arch() -> str:
-    arch = os.environ.get("KCACHE_ARCH")
-    if arch:
-        return arch
-    try:
-        from triton.runtime import driver
-        t = driver.active.get_current_target()
-        if t.backend == "cuda":
-            return "sm_%d" % int(t.arch)
-    except Exception:  # no GPU here, or a driver that cannot say
-        pass
-    return "sm_00"
+    """The key's arch: $KCACHE_ARCH, else "sm_00". Never asked of the
+    driver: Inductor compiles Triton kernels in worker processes, where a
+    driver call would set up CUDA, and a worker and its parent must compute
+    the same key. Triton's own key, in `build`, already binds the target
+    (its backend hash holds the arch, "cuda" and 90 for an H100)."""
+    arch = os.environ.get("KCACHE_ARCH", "")
+    return arch if arch else "sm_00"
 
 
 def _version() -> str:
