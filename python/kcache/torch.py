@@ -653,6 +653,7 @@ def prepopulate(fn: Callable[..., Any],
                 device: Optional[str] = None,
                 options: Optional[Mapping[str, Any]] = None,
                 compile_kwargs: Optional[Mapping[str, Any]] = None,
+                compile_fn: bool = True,
                 deadline: float = 60.0) -> Dict[str, Any]:
     """CI prepopulation: compiles fn once per shape bucket (each element of
     inputs_per_bucket is the argument tuple of one call) and uploads all
@@ -662,7 +663,10 @@ def prepopulate(fn: Callable[..., Any],
     of its bundles (nothing when everything was already there).
 
     fn: a torch.compile'd callable, or a function or module that is then
-    compiled with compile_kwargs. Returns what happened, per kind."""
+    compiled with compile_kwargs; compile_fn=False calls fn as it is (a
+    function that calls the service's compiled modules). The service must
+    compile the same way, with the same remote-cache setting (AOTAutograd's
+    keys depend on it). Returns what happened, per kind."""
     torch = _torch()
     out: Dict[str, Any] = {"buckets": 0}
     if resp_url or os.environ.get("KCACHE_RESP_URL"):
@@ -675,7 +679,7 @@ def prepopulate(fn: Callable[..., Any],
                    deadline=deadline)
     mc.load()
     compiled = fn
-    if not hasattr(fn, "_torchdynamo_orig_callable") and \
+    if compile_fn and not hasattr(fn, "_torchdynamo_orig_callable") and \
             not type(fn).__name__ == "OptimizedModule":
         compiled = torch.compile(fn, **dict(compile_kwargs or {}))
     for inputs in inputs_per_bucket:

@@ -174,3 +174,23 @@ def test_concurrent_one_upload_per_key():
             (mega, cdir)
     finally:
         s.cleanup()
+
+
+def test_prepopulate_then_service():
+    """CI prepopulates (two batch buckets, remote caches on) into an empty
+    kcached; a service process with empty local caches then hits through
+    all three kinds, and uploads nothing."""
+    s = kcserver.Kcached().start()
+    try:
+        p = kcserver.run_worker("prepopulate", env_for(s))
+        assert p["buckets"] == 2 and p["counters"]["fxgraph_cache_miss"] == 2
+        assert p["mega"]["upload"] == "uploaded", p["mega"]
+        assert p["cache_dir"]["inductor-dir"]["upload"] == "uploaded"
+        assert s.stats()["kv_keys"] > 0  # the remote caches' entries
+        r = kcserver.run_worker("all", env_for(s))
+        hits_only(r)
+        assert r["mega"]["load"] == "loaded"
+        assert r["cachedir"]["inductor-dir"]["load"] == "loaded"
+        assert r["mega"]["upload"] == "skipped: nothing new"
+    finally:
+        s.cleanup()
