@@ -360,6 +360,18 @@ def _bounded(fn: Callable[[], Any], deadline: float) -> Tuple[bool, Any]:
     return True, box.get("e", box.get("r"))
 
 
+def _upload_bounded(fn: Callable[[], None], deadline: float,
+                    stats: Dict[str, Any]) -> None:
+    """An upload, waited for at most deadline seconds: past it the service
+    goes on and the upload finishes on its thread (a process that exits
+    first leaves its lease to lapse; the next process uploads)."""
+    done, res = _bounded(fn, deadline)
+    if not done:
+        stats["upload"] = "in background: deadline"
+    elif isinstance(res, BaseException):
+        stats["upload"] = "failed: %s" % res
+
+
 # -------------------------------------------------------------- Mega-Cache
 
 class MegaCache:
@@ -448,9 +460,10 @@ class MegaCache:
                 return
             data = saved[0]
             c = self._layers.client
-            self._layers.upload(
+            layers = self._layers
+            _upload_bounded(lambda: layers.upload(
                 lambda f: c.push_bytes(data, f, name="artifacts.bin"),
-                self.stats)
+                self.stats), self.deadline, self.stats)
         except Exception as e:
             self.stats["upload"] = "failed: %s" % e
             log.warning("kcache.torch: Mega-Cache upload: %s", e)
@@ -617,8 +630,9 @@ class CacheDirBundle:
                                 shutil.copyfile(os.path.join(root, rel), dst)
                         return layers.client.push_dir(tmp, fields)
 
-                layers.upload(push, st)
                 st["added_files"] = len(added)
+                _upload_bounded(lambda layers=layers, push=push, st=st:
+                                layers.upload(push, st), self.deadline, st)
             except Exception as e:
                 st["upload"] = "failed: %s" % e
                 log.warning("kcache.torch: cache-dir upload: %s", e)
