@@ -8,7 +8,7 @@ the failure cases: wrong token, torch-version mismatch, kcached down,
 corrupt artifacts, a read-only token, and concurrent processes (one upload
 per key). Each worker is a fresh process (tests/python/torch_worker.py)."""
 import concurrent.futures
-import os
+import shutil
 import tempfile
 
 import pytest
@@ -19,18 +19,30 @@ import kcserver
 HITS = {"fxgraph_cache_hit": 2, "autograd_cache_hit": 2}
 
 
+_DIRS = []
+
+
 @pytest.fixture(scope="module", autouse=True)
 def torch_present():
     need("torch")
     need("redis")
+    yield
+    for d in _DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _tmp(prefix):
+    d = tempfile.mkdtemp(prefix=prefix)
+    _DIRS.append(d)
+    return d
 
 
 def env_for(server, token=None, resp_url=None, **extra):
     """A fresh process's environment: empty local caches."""
     e = {"KCACHE_URL": server.url if server else extra.pop("url"),
          "KCACHE_RESP_URL": resp_url or (server.resp_url if server else ""),
-         "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="kc-ind-"),
-         "KCACHE_DIR": tempfile.mkdtemp(prefix="kc-dir-"),
+         "TORCHINDUCTOR_CACHE_DIR": _tmp("kc-ind-"),
+         "KCACHE_DIR": _tmp("kc-dir-"),
          "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     e["KCACHE_TOKEN"] = token or ""
     e.update(extra)
@@ -194,3 +206,26 @@ def test_prepopulate_then_service():
         assert r["mega"]["upload"] == "skipped: nothing new"
     finally:
         s.cleanup()
+
+
+def test_key_fields_bind_the_toolchain():
+    """The key of a torch bundle: on the CPU, arch sm_00 and the ISA level
+    in the toolchain; torch, accel, Python ABI; any change is another key."""
+    import sysconfig
+    import torch
+    import kcache
+    import kcache.torch as kt
+    f = kt.key_fields("mega", "my-model", 0, "cpu")
+    assert f["arch"] == "sm_00" and kcache.arch_valid(f["arch"])
+    t = f["toolchain"]
+    assert t["torch"] == str(torch.__version__) and t["accel"] == "cpu"
+    assert t["python"] == sysconfig.get_config_var("SOABI")
+    assert t["cpu_isa"] == str(torch.backends.cpu.get_cpu_capability()).lower()
+    assert f["bucket"] == {"layer": 0} and len(f["model"]) == 64
+    k = kcache.key(f)
+    for change in ({"cpu_isa": "avx512"}, {"torch": "2.12.0"},
+                   {"python": "cpython-312-x86_64-linux-gnu"}):
+        g = dict(f, toolchain=dict(t, **change))
+        assert kcache.key(g) != k, change
+    assert kcache.key(kt.key_fields("mega", "my-model", 1, "cpu")) != k
+    assert kcache.key(kt.key_fields("inductor-dir", "my-model", 0, "cpu")) != k

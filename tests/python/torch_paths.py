@@ -9,7 +9,6 @@ cachedir (cache-dir bundles), triton (kcache.triton as
 TRITON_CACHE_MANAGER; GPU only), local (torch's own best case: the local
 TORCHINDUCTOR_CACHE_DIR already full, no kcache).
 """
-import os
 import shutil
 import statistics
 import tempfile
