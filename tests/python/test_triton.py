@@ -144,3 +144,25 @@ def test_bad_group_bundle_is_a_miss(tr, server, tmp_path, monkeypatch):
         json.dumps({"child_paths": {"add_kernel.json": "add_kernel.json"}}))
     c.push_dir(src, kt._fields(_base32(key2), "add_kernel.json"))
     assert cache.get_cache_manager(key2).get_group("add_kernel.json") is None
+
+
+def test_upstream_redis_backend_and_workaround(tr, server, monkeypatch):
+    """What README says of Triton's own Redis backend, on the pinned Triton:
+    from 3.4 it reads knobs.cache.redis, which is undefined (AttributeError
+    before any I/O); `triton.knobs.cache.redis = triton.knobs.redis` makes
+    it work against kcached's RESP port."""
+    triton = need("triton")
+    need("redis")
+    from triton.runtime.cache import RedisRemoteCacheBackend
+    if not hasattr(triton, "knobs"):
+        pytest.skip("Triton before 3.4: no knobs, no bug")
+    monkeypatch.setenv("TRITON_REDIS_HOST", "127.0.0.1")
+    monkeypatch.setenv("TRITON_REDIS_PORT", str(server.resp_port))
+    with pytest.raises(AttributeError):
+        RedisRemoteCacheBackend("k")
+    monkeypatch.setattr(triton.knobs.cache, "redis", triton.knobs.redis,
+                        raising=False)
+    b = RedisRemoteCacheBackend("k")
+    b.put("add_kernel.cubin", b"\x7fELF")
+    assert b.get(["add_kernel.cubin", "absent"]) == {
+        "add_kernel.cubin": b"\x7fELF"}
