@@ -19,6 +19,8 @@ if git rev-parse --git-dir >/dev/null 2>&1; then
 fi
 
 ./scripts/install-deps.sh
+# the Python tests' environment (torch==2.13.0 CPU, triton, redis-py, pytest)
+./scripts/pyenv.sh >/dev/null
 
 jobs=$(nproc)
 build() { # dir, extra cmake args...

@@ -1,0 +1,239 @@
+"""_lib: loads libkcache.so and declares the C functions the package calls.
+
+ctypes, not an extension module: the package compiles nothing against
+Python, so one build of libkcache.so serves every Python version (3.11 here,
+3.12 on the GPU machine) and a tree can be carried to a machine without a
+compiler. Every struct below mirrors client/kcache.h or schema/kc_schema.h
+field by field; tests/python/test_client.py checks the sizes ctypes computes
+against what the library reports through behaviour (keys, reports).
+
+Where the library is looked for, first found wins:
+  1. $KCACHE_LIB (a path to libkcache.so);
+  2. beside this file (what `pip install ./python` installs);
+  3. the repository's build trees (build/client/libkcache.so), for a
+     checkout used with PYTHONPATH=python;
+  4. the system's (ctypes.util.find_library("kcache")).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int,
+                    c_long, c_size_t, c_uint64, c_void_p)
+from typing import Optional
+
+HEX_LEN = 64
+MAX_DIMS = 16
+MAX_TOOLS = 32
+NAME_MAX = 32
+TOOL_VALUE_MAX = 128
+ARCH_MAX = 15
+ERRBUF_SIZE = 512
+LEASE_TOKEN_MAX = 128
+LEASE_HOLDER_MAX = 128
+WARM_N_STATUS = 6
+
+
+class Dim(Structure):
+    _fields_ = [("name", c_char * (NAME_MAX + 1)), ("value", c_uint64)]
+
+
+class Tool(Structure):
+    _fields_ = [("name", c_char * (NAME_MAX + 1)),
+                ("value", c_char * (TOOL_VALUE_MAX + 1))]
+
+
+class Bucket(Structure):
+    _fields_ = [("n", c_size_t), ("dims", Dim * MAX_DIMS)]
+
+
+class KeyFields(Structure):
+    _fields_ = [("model", c_char * (HEX_LEN + 1)),
+                ("build", c_char * (HEX_LEN + 1)),
+                ("arch", c_char * (ARCH_MAX + 1)),
+                ("bucket", Bucket),
+                ("n_tools", c_size_t),
+                ("tools", Tool * MAX_TOOLS)]
+
+
+class ClientOpts(Structure):
+    _fields_ = [("url", c_char_p), ("token", c_char_p), ("cacert", c_char_p),
+                ("cache_dir", c_char_p), ("connect_timeout_ms", c_long),
+                ("timeout_ms", c_long), ("low_speed_bps", c_long),
+                ("low_speed_s", c_long), ("parallel", c_int),
+                ("holder", c_char_p), ("allow_plaintext", c_int),
+                ("trust_cache_dir", c_int)]
+
+
+PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_void_p)
+
+
+class WarmOpts(Structure):
+    _fields_ = [("archs", POINTER(c_char_p)), ("n_archs", c_size_t),
+                ("no_build", c_int), ("no_upload", c_int),
+                ("deadline_s", c_double), ("out_dir", c_char_p),
+                ("lease_ttl_s", c_int), ("poll_s", c_double),
+                ("build_jobs", c_int), ("lease_wait_s", c_double),
+                ("device_arch", c_char_p), ("no_compat", c_int),
+                ("prefer_build", c_int), ("progress", c_void_p),
+                ("progress_arg", c_void_p)]
+
+
+class WarmReport(Structure):
+    # items is owned by the report (kc_warm_report_free); Python reads the
+    # report only through kc_warm_report_json.
+    _fields_ = [("model", c_char * (HEX_LEN + 1)), ("n_items", c_size_t),
+                ("items", c_void_p), ("counts", c_size_t * WARM_N_STATUS),
+                ("bytes", c_uint64), ("bytes_fetched", c_uint64),
+                ("seconds", c_double), ("server_down", c_int),
+                ("warning", c_char * ERRBUF_SIZE)]
+
+
+def _candidates() -> list:
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    env = os.environ.get("KCACHE_LIB")
+    if env:
+        out.append(env)
+    out.append(os.path.join(here, "libkcache.so"))
+    root = os.path.dirname(os.path.dirname(here))
+    for b in ("build", "build-san"):
+        out.append(os.path.join(root, b, "client", "libkcache.so"))
+    found = ctypes.util.find_library("kcache")
+    if found:
+        out.append(found)
+    return out
+
+
+def _load() -> ctypes.CDLL:
+    tried = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            tried.append(path + " (absent)")
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+    raise ImportError("kcache: libkcache.so not found; set KCACHE_LIB or "
+                      "pip install ./python. Tried: " + "; ".join(tried))
+
+
+lib = _load()
+LIB_PATH: str = lib._name
+
+
+def _decl(name: str, restype, *argtypes) -> None:
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+
+
+_ERRBUF = c_char_p  # char err[KC_ERRBUF_SIZE], a ctypes buffer passed in
+_decl("kc_strerror", c_char_p, c_int)
+_decl("kc_err_code", c_char_p, c_int)
+_decl("kc_err_name", c_char_p, c_int)
+_decl("kc_client_new", c_int, POINTER(ClientOpts), POINTER(c_void_p), _ERRBUF)
+_decl("kc_client_free", None, c_void_p)
+_decl("kc_client_cache_dir", c_char_p, c_void_p)
+_decl("kc_client_has_server", c_int, c_void_p)
+_decl("kc_client_pull", c_int, c_void_p, c_char_p, POINTER(c_void_p), _ERRBUF)
+_decl("kc_client_push", c_int, c_void_p, c_void_p, _ERRBUF)
+_decl("kc_client_bundle_get", c_int, c_void_p, c_char_p, POINTER(c_void_p),
+      _ERRBUF)
+_decl("kc_client_lookup", c_int, c_void_p, POINTER(c_char_p), c_size_t,
+      POINTER(c_void_p), _ERRBUF)
+_decl("kc_client_lease_take", c_int, c_void_p, c_char_p, c_int,
+      POINTER(c_int), c_char_p, POINTER(c_int), _ERRBUF)
+_decl("kc_client_lease_release", c_int, c_void_p, c_char_p, c_char_p, _ERRBUF)
+_decl("kc_client_stats", c_int, c_void_p, POINTER(c_void_p), _ERRBUF)
+_decl("kc_cache_bundle_get", c_int, c_void_p, c_char_p, POINTER(c_void_p),
+      _ERRBUF)
+_decl("kc_materialize", c_int, c_void_p, c_void_p, c_char_p, _ERRBUF)
+_decl("kc_bundle_file_bytes", c_int, c_void_p, c_void_p, c_char_p,
+      POINTER(c_void_p), POINTER(c_size_t), _ERRBUF)
+_decl("kc_bundle_from_dir", c_int, c_void_p, c_char_p, c_char_p,
+      POINTER(KeyFields), POINTER(c_void_p), _ERRBUF)
+_decl("kc_warmup_load", c_int, c_char_p, POINTER(c_void_p), _ERRBUF)
+_decl("kc_warmup_parse", c_int, c_char_p, c_size_t, c_char_p,
+      POINTER(c_void_p), _ERRBUF)
+_decl("kc_warmup_free", None, c_void_p)
+_decl("kc_warm", c_int, c_void_p, c_void_p, POINTER(WarmOpts),
+      POINTER(WarmReport), _ERRBUF)
+_decl("kc_warm_report_json", c_int, POINTER(WarmReport), POINTER(c_void_p),
+      _ERRBUF)
+_decl("kc_warm_report_free", None, POINTER(WarmReport))
+_decl("kc_key_fields_parse", c_int, c_char_p, c_size_t, POINTER(KeyFields),
+      _ERRBUF)
+_decl("kc_key_compute", c_int, POINTER(KeyFields), c_char_p, _ERRBUF)
+_decl("kc_key_canonical", c_int, POINTER(KeyFields), POINTER(c_void_p),
+      _ERRBUF)
+_decl("kc_manifest_parse", c_int, c_char_p, c_size_t, POINTER(c_void_p),
+      _ERRBUF)
+_decl("kc_manifest_to_json", c_int, c_void_p, POINTER(c_void_p), _ERRBUF)
+_decl("kc_manifest_free", None, c_void_p)
+_decl("kc_model_hash", c_int, POINTER(c_char_p), c_size_t, c_char_p, _ERRBUF)
+_decl("kc_sha256_hex", c_int, c_char_p, c_size_t, c_char_p)
+_decl("kc_arch_valid", c_int, c_char_p)
+
+# malloc'd results are freed with the C library's free, the one libkcache
+# allocated them with.
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+_libc.free.argtypes = [c_void_p]
+_libc.free.restype = None
+
+
+def take_string(p: c_void_p) -> str:
+    """A malloc'd NUL-terminated string from the library, copied and freed."""
+    if not p.value:
+        return ""
+    try:
+        return ctypes.string_at(p.value).decode("utf-8", "replace")
+    finally:
+        _libc.free(p.value)
+
+
+def take_bytes(p: c_void_p, n: int) -> bytes:
+    """A malloc'd buffer of n bytes from the library, copied and freed."""
+    if not p.value:
+        return b""
+    try:
+        return ctypes.string_at(p.value, n)
+    finally:
+        _libc.free(p.value)
+
+
+# libcurl wants curl_global_init once per process before any handle: done
+# here, at import (the library itself keeps no global state). libkcache
+# already loaded libcurl, so this finds that same copy.
+_curl_lock = threading.Lock()
+_curl_done = False
+
+
+def curl_init() -> None:
+    global _curl_done
+    with _curl_lock:
+        if _curl_done:
+            return
+        for name in ("libcurl.so.4", ctypes.util.find_library("curl")):
+            if not name:
+                continue
+            try:
+                curl = ctypes.CDLL(name)
+            except OSError:
+                continue
+            curl.curl_global_init.argtypes = [c_long]
+            curl.curl_global_init.restype = c_int
+            curl.curl_global_init(3)  # CURL_GLOBAL_DEFAULT
+            break
+        _curl_done = True
+
+
+def errbuf() -> ctypes.Array:
+    return ctypes.create_string_buffer(ERRBUF_SIZE)
+
+
+def b(s: Optional[str]) -> Optional[bytes]:
+    return None if s is None else s.encode("utf-8")

@@ -1,0 +1,714 @@
+"""kcache.torch: warm a torch.compile service from kcached.
+
+Three ways, each usable alone (README, "torch.compile"):
+
+- Inductor's remote caches (FX graph, AOTAutograd) over kcached's Redis
+  front end: `use_remote_caches(resp_url, token)`, or the env lines of
+  `remote_cache_env`. Torch keys and validates its own entries.
+- Mega-Cache: `with mega_cache(model=...)`: on enter, the artifacts bundle
+  (`torch.compiler.save_cache_artifacts` bytes) is fetched and loaded; on
+  exit, when this process compiled something new, saved and uploaded under
+  a lease (one uploader per fleet).
+- Cache-dir bundles: `with cache_dir_bundle(model=...)`: TORCHINDUCTOR_CACHE_DIR
+  (and TRITON_CACHE_DIR where set) filled from bundles before the first
+  compile; on exit, the files added since are pushed.
+
+`prepopulate(fn, inputs_per_bucket, model=...)` is the CI form: it compiles
+once per shape bucket and uploads all three kinds.
+
+Keys (docs/DESIGN.md, "Python package"): model = the model's hash; build =
+SHA-256 of {"builder":"kcache-torch/1","kind":...,"options":...}; arch =
+the GPU's SM ("sm_90") or, on the CPU, "sm_00" (no compute capability)
+with the CPU's ISA level in the toolchain; toolchain = torch, triton (when
+importable), accel ("cuda-12.8", "rocm-6.3" or "cpu"), cpu_isa, python
+(the ABI, sysconfig SOABI); bucket = {"layer": n}. A bundle is write-once,
+so what a later process adds is the next layer (n + 1): readers load every
+layer, in order. A mismatch in any field is another key: a miss.
+
+Nothing here raises into the service or blocks it past its deadline:
+kcached down, a refused token, a corrupt or foreign bundle all end in a
+normal compile; every outcome is counted in the object's `stats`.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
+import os
+import shutil
+import sysconfig
+import tempfile
+import threading
+import time
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
+                    Optional, Sequence, Tuple, Union)
+
+from .client import Client, Manifest
+from .errors import Error, Forbidden, NotFound, Unauthorized
+
+log = logging.getLogger("kcache.torch")
+
+MAX_LAYERS = 32  # looked up in one request; a model past this stops adding
+BUILDER = "kcache-torch/1"
+CPU_ARCH = "sm_00"
+# Files an upload of a cache directory leaves out: locks and temporaries
+# (written while compiling, meaningless elsewhere).
+_SKIP_SUFFIXES = (".lock", ".tmp")
+_SKIP_PARTS = ("locks", "__pycache__")
+
+
+# ---------------------------------------------------------------- keys
+
+def _torch():
+    import torch  # imported on use: `import kcache` does not need torch
+    return torch
+
+
+def _triton_version() -> Optional[str]:
+    try:
+        import triton
+    except Exception:
+        return None
+    return str(getattr(triton, "__version__", None) or "unknown")
+
+
+def torch_version() -> str:
+    """torch.__version__ as a string (the key's "torch")."""
+    return str(_torch().__version__)
+
+
+def cpu_isa() -> str:
+    """The CPU ISA level Inductor compiles C++ kernels for: Inductor's own
+    pick_vec_isa() once it has run (it compiles probes on first use, about
+    10 s, so it is not called here), else ATen's CPU capability, which is
+    what pick_vec_isa selects where the compiler builds it (ATEN_CPU_CAPABILITY
+    overrides both)."""
+    torch = _torch()
+    env = os.environ.get("ATEN_CPU_CAPABILITY")
+    if env:
+        return env.lower()
+    try:
+        from torch._inductor import cpu_vec_isa
+        if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
+            return str(cpu_vec_isa.pick_vec_isa()) or "none"
+    except Exception:
+        pass
+    try:
+        return str(torch.backends.cpu.get_cpu_capability()).lower()
+    except Exception:
+        return "unknown"
+
+
+def device_arch(device: Optional[str] = None) -> Tuple[str, Dict[str, str]]:
+    """(arch, extra toolchain) of a device ("cuda", "cuda:1", "cpu"; None:
+    cuda when available): "sm_90" for a GPU, "sm_00" on the CPU (whose ISA
+    level is always in the toolchain as cpu_isa). A ROCm GPU is "sm_00"
+    with its gfx name in the toolchain ("gfx": "gfx942")."""
+    torch = _torch()
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    extra: Dict[str, str] = {}
+    if dev.type == "cuda":
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        if torch.version.hip:
+            props = torch.cuda.get_device_properties(idx)
+            extra["gfx"] = str(getattr(props, "gcnArchName", "unknown"))[:128]
+            return CPU_ARCH, extra
+        major, minor = torch.cuda.get_device_capability(idx)
+        return "sm_%d%d" % (major, minor), extra
+    return CPU_ARCH, extra
+
+
+def accel(device: Optional[str] = None) -> str:
+    """"cuda-<version>", "rocm-<version>" or "cpu": what the compiled code
+    is for."""
+    torch = _torch()
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.device(device).type != "cuda":
+        return "cpu"
+    if torch.version.hip:
+        return "rocm-%s" % torch.version.hip
+    return "cuda-%s" % torch.version.cuda
+
+
+def model_hash(model: Any) -> str:
+    """The model's identity for a key. A 64-hex string is taken as is; any
+    other string is a name (hashed); an nn.Module is hashed from its class,
+    the source of its classes' forward, its repr and every parameter's and
+    buffer's name, shape and dtype (not the weights: compiled code does not
+    depend on their values unless Inductor's freezing is on, then pass the
+    weights' hash, e.g. kcache.model_hash(files))."""
+    if isinstance(model, str):
+        if len(model) == 64 and all(c in "0123456789abcdef" for c in model):
+            return model
+        return hashlib.sha256(b"kcache-torch-model/1\0" +
+                              model.encode()).hexdigest()
+    h = hashlib.sha256(b"kcache-torch-module/1\0")
+    h.update(type(model).__module__.encode() + b"." +
+             type(model).__qualname__.encode() + b"\0")
+    seen = set()
+    mods = model.modules() if hasattr(model, "modules") else [model]
+    for m in mods:
+        cls = type(m)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        try:
+            h.update(inspect.getsource(cls).encode())
+        except (OSError, TypeError):
+            h.update(cls.__qualname__.encode())
+    h.update(repr(model).encode())
+    for kind in ("named_parameters", "named_buffers"):
+        for name, t in getattr(model, kind, lambda: [])():
+            h.update(("%s %s %s %s\n" % (kind, name, tuple(t.shape),
+                                         t.dtype)).encode())
+    return h.hexdigest()
+
+
+def key_fields(kind: str, model: Any, layer: int = 0,
+               device: Optional[str] = None,
+               options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The key fields of one bundle of `kind` ("mega", "inductor-dir",
+    "triton-dir") for model on device, layer n. options: anything else that
+    changes what is compiled (torch.compile's mode, dynamic, backend...)."""
+    arch, extra = device_arch(device)
+    tools = {"torch": torch_version(), "accel": accel(device),
+             "cpu_isa": cpu_isa(),
+             "python": sysconfig.get_config_var("SOABI") or "unknown"}
+    tv = _triton_version()
+    if tv:
+        tools["triton"] = tv
+    tools.update(extra)
+    build = json.dumps({"builder": BUILDER, "kind": kind,
+                        "options": dict(options or {})}, sort_keys=True,
+                       default=str)
+    return {"model": model_hash(model),
+            "build": hashlib.sha256(build.encode()).hexdigest(),
+            "arch": arch, "bucket": {"layer": int(layer)},
+            "toolchain": tools}
+
+
+# ---------------------------------------------------- Inductor remote caches
+
+def remote_cache_env(resp_url: str, token: Optional[str] = None,
+                     autotune: bool = False) -> Dict[str, str]:
+    """The environment lines that point Inductor's FX graph and AOTAutograd
+    remote caches at kcached's Redis front end (--resp-listen).
+    resp_url: "redis://host:port" (or "host:port"); token goes in as the
+    password. Also usable as documentation: print the lines."""
+    url = resp_url if "://" in resp_url else "redis://" + resp_url
+    if token:
+        scheme, rest = url.split("://", 1)
+        rest = rest.split("@", 1)[-1]
+        from urllib.parse import quote
+        url = "%s://:%s@%s" % (scheme, quote(token, safe=""), rest)
+    env = {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
+           "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
+           "TORCHINDUCTOR_REDIS_URL": url}
+    if autotune:
+        env["TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"] = "1"
+    return env
+
+
+def use_remote_caches(resp_url: Optional[str] = None,
+                      token: Optional[str] = None,
+                      autotune: bool = False) -> Dict[str, str]:
+    """Turns Inductor's remote caches on for this process, against kcached's
+    RESP listener: sets the environment (for subprocesses and a torch not
+    yet imported) and, when torch is imported, its config. resp_url None:
+    $KCACHE_RESP_URL; token None: $KCACHE_TOKEN. Returns the lines set.
+
+    Torch handles its own failures: kcached down or a wrong token (redis-py
+    >= 4.4: ConnectionError) turns the remote cache off for the process and
+    compiles go on locally."""
+    resp_url = resp_url or os.environ.get("KCACHE_RESP_URL")
+    if not resp_url:
+        raise ValueError("use_remote_caches: no RESP URL (KCACHE_RESP_URL)")
+    if token is None:
+        token = os.environ.get("KCACHE_TOKEN") or None
+    env = remote_cache_env(resp_url, token, autotune)
+    os.environ.update(env)
+    import sys
+    if "torch" in sys.modules:
+        try:
+            import torch._functorch.config as fconfig
+            import torch._inductor.config as iconfig
+            iconfig.fx_graph_remote_cache = True
+            fconfig.enable_remote_autograd_cache = True
+            if autotune:
+                iconfig.autotune_remote_cache = True
+        except Exception as e:  # a torch without these: env only
+            log.warning("kcache.torch: remote caches: %s", e)
+    return env
+
+
+# --------------------------------------------------------------- counters
+
+def counters() -> Dict[str, int]:
+    """Torch's cache counters now: FX graph (inductor) and AOTAutograd hits,
+    misses and bypasses, flattened ("fxgraph_cache_hit", ...)."""
+    try:
+        from torch._dynamo.utils import counters as c
+    except Exception:
+        return {}
+    out: Dict[str, int] = {}
+    for group in ("inductor", "aot_autograd"):
+        for k, v in c[group].items():
+            if "cache" in k:
+                out[k] = int(v)
+    return out
+
+
+def _compiled_new(before: Mapping[str, int]) -> bool:
+    now = counters()
+    return any(now.get(k, 0) > before.get(k, 0)
+               for k in ("fxgraph_cache_miss", "autograd_cache_miss"))
+
+
+# ---------------------------------------------------------------- layers
+
+class _Layers:
+    """The layered bundles of one kind: lookup of every layer in one
+    request, fetch of those found, and the upload of the next one under a
+    lease. Holds no torch state."""
+
+    def __init__(self, client: Client, kind: str, model: Any,
+                 device: Optional[str], options: Optional[Mapping[str, Any]],
+                 lease_ttl: int = 600):
+        self.client = client
+        self.kind = kind
+        self.lease_ttl = lease_ttl
+        self.fields = [key_fields(kind, model, n, device, options)
+                       for n in range(MAX_LAYERS)]
+        self.keys = [Client.key(f) for f in self.fields]
+        self.present = 0  # layers 0..present-1 exist
+
+    def find(self) -> List[Manifest]:
+        """The manifests of the contiguous layers from 0 that kcached holds
+        (one lookup), each pulled (blobs fetched, verified)."""
+        found = self.client.lookup(self.keys)
+        out = []
+        for k in self.keys:
+            if found.get(k) is None:
+                break
+            out.append(self.client.pull(k))
+        self.present = len(out)
+        return out
+
+    def upload(self, push: Callable[[Dict[str, Any]], Manifest],
+               stats: Dict[str, Any]) -> None:
+        """push(fields) of the next layer, under its lease: "granted"
+        uploads; "present"/"held" mean another process did or does."""
+        n = self.present
+        if n >= MAX_LAYERS:
+            stats["upload"] = "skipped: %d layers" % n
+            return
+        key = self.keys[n]
+        try:
+            lease = self.client.lease_take(key, self.lease_ttl)
+        except (Forbidden, Unauthorized) as e:
+            stats["upload"] = "skipped: %s" % e.name
+            return
+        if not lease.granted:
+            stats["upload"] = "skipped: lease %s" % lease.state
+            return
+        try:
+            m = push(self.fields[n])
+            stats["upload"] = "uploaded"
+            stats["uploaded_key"] = m.key
+            stats["uploaded_bytes"] = m.bytes
+        finally:
+            try:
+                self.client.lease_release(lease)
+            except Error:
+                pass
+
+
+def _client(client: Optional[Client], url: Optional[str],
+            token: Optional[str], deadline: float) -> Optional[Client]:
+    if client is not None:
+        return client
+    url = url or os.environ.get("KCACHE_URL")
+    if not url:
+        return None
+    t = max(1.0, float(deadline))
+    return Client(url=url, token=token, timeout=t,
+                  connect_timeout=min(2.0, t))
+
+
+def _bounded(fn: Callable[[], Any], deadline: float) -> Tuple[bool, Any]:
+    """Runs fn on a worker thread for at most deadline seconds: (done,
+    result or exception). Past the deadline the worker is left to finish
+    (its result is dropped), and the caller goes on."""
+    box: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["r"] = fn()
+        except BaseException as e:  # handed to the caller, never raised there
+            box["e"] = e
+
+    t = threading.Thread(target=run, name="kcache-fetch", daemon=True)
+    t.start()
+    t.join(max(0.0, deadline))
+    if t.is_alive():
+        return False, None
+    return True, box.get("e", box.get("r"))
+
+
+def _upload_bounded(fn: Callable[[], None], deadline: float,
+                    stats: Dict[str, Any]) -> None:
+    """An upload, waited for at most deadline seconds: past it the service
+    goes on and the upload finishes on its thread (a process that exits
+    first leaves its lease to lapse; the next process uploads)."""
+    done, res = _bounded(fn, deadline)
+    if not done:
+        stats["upload"] = "in background: deadline"
+    elif isinstance(res, BaseException):
+        stats["upload"] = "failed: %s" % res
+
+
+# -------------------------------------------------------------- Mega-Cache
+
+class MegaCache:
+    """Mega-Cache bundles for one model: load() before compiling, save()
+    after. `stats` says what happened (layers loaded, artifacts, upload)."""
+
+    def __init__(self, model: Any, client: Optional[Client] = None, *,
+                 url: Optional[str] = None, token: Optional[str] = None,
+                 device: Optional[str] = None,
+                 options: Optional[Mapping[str, Any]] = None,
+                 deadline: float = 10.0, upload: bool = True,
+                 lease_ttl: int = 600):
+        self.deadline = deadline
+        self.upload_enabled = upload
+        self.stats: Dict[str, Any] = {"loaded_layers": 0, "loaded_bytes": 0,
+                                      "load": "not run", "upload": "not run"}
+        self._before: Dict[str, int] = {}
+        self._layers: Optional[_Layers] = None
+        try:
+            c = _client(client, url, token, deadline)
+            if c is not None:
+                self._layers = _Layers(c, "mega", model, device, options,
+                                       lease_ttl)
+        except Exception as e:  # a bad URL, no torch device: compile cold
+            self.stats["load"] = "skipped: %s" % e
+
+    def load(self) -> None:
+        """Fetches every layer (within the deadline) and loads each with
+        torch.compiler.load_cache_artifacts; a layer that fails is skipped."""
+        self._before = counters()
+        if self._layers is None:
+            if self.stats["load"] == "not run":
+                self.stats["load"] = "skipped: no server"
+            return
+        layers = self._layers
+        t0 = time.monotonic()
+
+        def fetch() -> List[bytes]:
+            return [layers.client.file_bytes(m, "artifacts.bin")
+                    for m in layers.find()]
+
+        done, res = _bounded(fetch, self.deadline)
+        self.stats["fetch_s"] = round(time.monotonic() - t0, 4)
+        if not done:
+            self.stats["load"] = "skipped: deadline"
+            layers.present = MAX_LAYERS  # unknown: do not upload over it
+            return
+        if isinstance(res, BaseException):
+            self.stats["load"] = "skipped: %s" % res
+            if not isinstance(res, NotFound):
+                layers.present = MAX_LAYERS
+            return
+        torch = _torch()
+        loaded = 0
+        for data in res:
+            try:
+                info = torch.compiler.load_cache_artifacts(data)
+            except Exception as e:  # corrupt or foreign: torch compiles
+                log.warning("kcache.torch: a Mega-Cache layer failed: %s", e)
+                info = None
+            if info is None:
+                self.stats.setdefault("bad_layers", 0)
+                self.stats["bad_layers"] += 1
+                continue
+            loaded += 1
+            self.stats["loaded_bytes"] += len(data)
+        self.stats["loaded_layers"] = loaded
+        self.stats["load"] = "loaded" if loaded else "miss"
+        self._before = counters()
+
+    def save(self) -> None:
+        """When this process compiled something new (an FX graph or
+        AOTAutograd cache miss since load), save_cache_artifacts and upload
+        as the next layer under a lease. Never raises."""
+        if self._layers is None or not self.upload_enabled:
+            self.stats["upload"] = "skipped: disabled"
+            return
+        if not _compiled_new(self._before):
+            self.stats["upload"] = "skipped: nothing new"
+            return
+        try:
+            torch = _torch()
+            saved = torch.compiler.save_cache_artifacts()
+            if not saved:
+                self.stats["upload"] = "skipped: no artifacts"
+                return
+            data = saved[0]
+            c = self._layers.client
+            layers = self._layers
+            _upload_bounded(lambda: layers.upload(
+                lambda f: c.push_bytes(data, f, name="artifacts.bin"),
+                self.stats), self.deadline, self.stats)
+        except Exception as e:
+            self.stats["upload"] = "failed: %s" % e
+            log.warning("kcache.torch: Mega-Cache upload: %s", e)
+
+
+@contextlib.contextmanager
+def mega_cache(model: Any, client: Optional[Client] = None, *,
+               url: Optional[str] = None, token: Optional[str] = None,
+               device: Optional[str] = None,
+               options: Optional[Mapping[str, Any]] = None,
+               deadline: float = 10.0, upload: bool = True,
+               lease_ttl: int = 600) -> Iterator[MegaCache]:
+    """`with mega_cache(model=m): out = compiled(x)`: loads the model's
+    Mega-Cache bundles on enter, uploads what this process compiled on exit
+    (also when the body raised). url/token default to KCACHE_URL and
+    KCACHE_TOKEN; deadline bounds the fetch (seconds)."""
+    mc = MegaCache(model, client, url=url, token=token, device=device,
+                   options=options, deadline=deadline, upload=upload,
+                   lease_ttl=lease_ttl)
+    mc.load()
+    try:
+        yield mc
+    finally:
+        mc.save()
+
+
+# -------------------------------------------------------- cache-dir bundles
+
+def inductor_cache_dir() -> str:
+    """TORCHINDUCTOR_CACHE_DIR, or torch's default (then set in the
+    environment, so that torch and its workers use the same)."""
+    d = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not d:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import \
+                default_cache_dir
+            d = default_cache_dir()
+        except Exception:
+            d = os.path.join(tempfile.gettempdir(), "torchinductor_kcache")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
+    return os.path.abspath(d)
+
+
+def _snapshot(root: str) -> Dict[str, Tuple[int, int]]:
+    out: Dict[str, Tuple[int, int]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_PARTS]
+        for name in filenames:
+            if name.endswith(_SKIP_SUFFIXES) or ".tmp" in name:
+                continue
+            p = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if not os.path.isfile(p) or os.path.islink(p):
+                continue
+            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+class CacheDirBundle:
+    """The cache-dir bundles of one model: populate() fills the local cache
+    directories (Inductor's, and Triton's where TRITON_CACHE_DIR is set
+    apart from it) from kcached before the first compile; push_added()
+    uploads, as the next layer, the files added since. `stats` per kind."""
+
+    def __init__(self, model: Any, client: Optional[Client] = None, *,
+                 url: Optional[str] = None, token: Optional[str] = None,
+                 device: Optional[str] = None,
+                 options: Optional[Mapping[str, Any]] = None,
+                 deadline: float = 10.0, upload: bool = True,
+                 lease_ttl: int = 600, max_files: int = 4000):
+        self.deadline = deadline
+        self.upload_enabled = upload
+        self.max_files = max_files
+        self.dirs: Dict[str, str] = {"inductor-dir": inductor_cache_dir()}
+        tdir = os.environ.get("TRITON_CACHE_DIR")
+        if tdir and not os.path.abspath(tdir).startswith(
+                self.dirs["inductor-dir"] + os.sep):
+            self.dirs["triton-dir"] = os.path.abspath(tdir)
+        self.stats: Dict[str, Dict[str, Any]] = {
+            k: {"load": "not run", "upload": "not run", "files": 0}
+            for k in self.dirs}
+        self._layers: Dict[str, _Layers] = {}
+        self._snap: Dict[str, Dict[str, Tuple[int, int]]] = {}
+        try:
+            c = _client(client, url, token, deadline)
+            if c is not None:
+                for k in self.dirs:
+                    self._layers[k] = _Layers(c, k, model, device, options,
+                                              lease_ttl)
+        except Exception as e:
+            for s in self.stats.values():
+                s["load"] = "skipped: %s" % e
+
+    def populate(self) -> None:
+        """Each directory from its layers, in order (files verified, written
+        atomically, never outside the directory). Within the deadline."""
+        t0 = time.monotonic()
+        for kind, root in self.dirs.items():
+            os.makedirs(root, exist_ok=True)
+            st = self.stats[kind]
+            layers = self._layers.get(kind)
+            if layers is None:
+                self._snap[kind] = _snapshot(root)
+                if st["load"] == "not run":
+                    st["load"] = "skipped: no server"
+                continue
+            left = self.deadline - (time.monotonic() - t0)
+
+            def fetch(layers: _Layers = layers, root: str = root) -> int:
+                n = 0
+                for m in layers.find():
+                    layers.client.materialize(m, root)
+                    n += len(m.files)
+                return n
+
+            done, res = _bounded(fetch, left)
+            if not done:
+                st["load"] = "skipped: deadline"
+                layers.present = MAX_LAYERS
+            elif isinstance(res, BaseException):
+                st["load"] = "skipped: %s" % res
+                layers.present = MAX_LAYERS
+            else:
+                st["files"] = res
+                st["layers"] = layers.present
+                st["load"] = "loaded" if res else "miss"
+            # what is there now (fetched or not) is not "added"
+            self._snap[kind] = _snapshot(root)
+        self.stats["fetch_s"] = round(time.monotonic() - t0, 4)  # type: ignore
+
+    def push_added(self) -> None:
+        """Uploads the files added (or changed) since populate(), per
+        directory, as its next layer, under a lease. Never raises."""
+        for kind, root in self.dirs.items():
+            st = self.stats[kind]
+            layers = self._layers.get(kind)
+            if layers is None or not self.upload_enabled:
+                st["upload"] = "skipped: disabled"
+                continue
+            try:
+                before = self._snap.get(kind, {})
+                now = _snapshot(root)
+                added = sorted(p for p, v in now.items() if before.get(p) != v)
+                if not added:
+                    st["upload"] = "skipped: nothing new"
+                    continue
+                if len(added) > self.max_files:
+                    st["upload"] = "skipped: %d files" % len(added)
+                    continue
+
+                def push(fields: Dict[str, Any], added: List[str] = added,
+                         root: str = root) -> Manifest:
+                    with tempfile.TemporaryDirectory(
+                            prefix="kcache-dir-") as tmp:
+                        for rel in added:
+                            dst = os.path.join(tmp, rel)
+                            os.makedirs(os.path.dirname(dst), exist_ok=True)
+                            try:
+                                os.link(os.path.join(root, rel), dst)
+                            except OSError:
+                                shutil.copyfile(os.path.join(root, rel), dst)
+                        return layers.client.push_dir(tmp, fields)
+
+                st["added_files"] = len(added)
+                _upload_bounded(lambda layers=layers, push=push, st=st:
+                                layers.upload(push, st), self.deadline, st)
+            except Exception as e:
+                st["upload"] = "failed: %s" % e
+                log.warning("kcache.torch: cache-dir upload: %s", e)
+
+
+@contextlib.contextmanager
+def cache_dir_bundle(model: Any, client: Optional[Client] = None, *,
+                     url: Optional[str] = None, token: Optional[str] = None,
+                     device: Optional[str] = None,
+                     options: Optional[Mapping[str, Any]] = None,
+                     deadline: float = 10.0, upload: bool = True,
+                     lease_ttl: int = 600) -> Iterator[CacheDirBundle]:
+    """`with cache_dir_bundle(model=m): warm_up()`: the cache directories
+    filled before, what the body added pushed after."""
+    cd = CacheDirBundle(model, client, url=url, token=token, device=device,
+                        options=options, deadline=deadline, upload=upload,
+                        lease_ttl=lease_ttl)
+    cd.populate()
+    try:
+        yield cd
+    finally:
+        cd.push_added()
+
+
+# ------------------------------------------------------------ prepopulate
+
+def prepopulate(fn: Callable[..., Any],
+                inputs_per_bucket: Iterable[Union[Sequence[Any], Any]], *,
+                model: Any, client: Optional[Client] = None,
+                url: Optional[str] = None, token: Optional[str] = None,
+                resp_url: Optional[str] = None,
+                device: Optional[str] = None,
+                options: Optional[Mapping[str, Any]] = None,
+                compile_kwargs: Optional[Mapping[str, Any]] = None,
+                compile_fn: bool = True,
+                deadline: float = 60.0) -> Dict[str, Any]:
+    """CI prepopulation: compiles fn once per shape bucket (each element of
+    inputs_per_bucket is the argument tuple of one call) and uploads all
+    three kinds: the Inductor remote-cache entries (written by torch as it
+    compiles, when resp_url or KCACHE_RESP_URL is given), the Mega-Cache
+    artifacts and the cache directories' new files, each as the next layer
+    of its bundles (nothing when everything was already there).
+
+    fn: a torch.compile'd callable, or a function or module that is then
+    compiled with compile_kwargs; compile_fn=False calls fn as it is (a
+    function that calls the service's compiled modules). The service must
+    compile the same way, with the same remote-cache setting (AOTAutograd's
+    keys depend on it). Returns what happened, per kind."""
+    torch = _torch()
+    out: Dict[str, Any] = {"buckets": 0}
+    if resp_url or os.environ.get("KCACHE_RESP_URL"):
+        out["remote_caches"] = use_remote_caches(resp_url, token)
+    c = _client(client, url, token, deadline)
+    cd = CacheDirBundle(model, c, device=device, options=options,
+                        deadline=deadline)
+    cd.populate()
+    mc = MegaCache(model, c, device=device, options=options,
+                   deadline=deadline)
+    mc.load()
+    compiled = fn
+    if compile_fn and not hasattr(fn, "_torchdynamo_orig_callable") and \
+            not type(fn).__name__ == "OptimizedModule":
+        compiled = torch.compile(fn, **dict(compile_kwargs or {}))
+    for inputs in inputs_per_bucket:
+        args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        compiled(*args)
+        out["buckets"] += 1
+    mc.save()
+    cd.push_added()
+    out["mega"] = mc.stats
+    out["cache_dir"] = cd.stats
+    out["counters"] = counters()
+    return out
+
+
+__all__ = ["use_remote_caches", "remote_cache_env", "mega_cache", "MegaCache",
+           "cache_dir_bundle", "CacheDirBundle", "prepopulate", "key_fields",
+           "model_hash", "device_arch", "accel", "cpu_isa", "counters",
+           "inductor_cache_dir", "MAX_LAYERS"]

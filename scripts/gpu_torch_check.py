@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""gpu_torch_check.py: torch.compile of the torch tests' model (an MLP and
+an attention block, dynamic batch) through an already-running kcached:
+time to first output cold, then warm through Inductor's remote caches,
+kcache.triton (on cuda) and Mega-Cache, each the median of --runs fresh
+processes with empty local caches, with torch's and Triton's hit counters.
+
+usage: python3 scripts/gpu_torch_check.py --url http://127.0.0.1:PORT \
+         --resp redis://127.0.0.1:RPORT --device cuda|cpu --runs 3
+Prints one line per result, `ROW\\t<check>\\t<PASS|FAIL|SKIP>\\t<detail>`; the
+progress goes to stderr. Exit 0 when no row failed.
+
+The package: the installed kcache, or PYTHONPATH=python with libkcache.so
+found through KCACHE_LIB, beside the package, or in build/client/ (the GPU
+machine has no network: its tree carries python/ and the library). Needs
+torch (2.11 and later) and redis-py; triton for the triton row.
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+if os.path.isdir(os.path.join(ROOT, "python", "kcache")):
+    pp = os.environ.get("PYTHONPATH", "")
+    if os.path.join(ROOT, "python") not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [p for p in (os.path.join(ROOT, "python"), pp) if p])
+
+import torch_paths  # noqa: E402
+
+
+def row(name, status, detail):
+    print("ROW\t%s\t%s\t%s" % (name, status, detail.replace("\t", " ")),
+          flush=True)
+
+
+def fmt_counters(s):
+    c = s["counters"]
+    parts = ["fx %g/%g" % (c.get("fxgraph_cache_hit", 0),
+                           c.get("fxgraph_cache_miss", 0)),
+             "aot %g/%g" % (c.get("autograd_cache_hit", 0),
+                            c.get("autograd_cache_miss", 0))]
+    if "triton" in s:
+        parts.append("kcache.triton hits %g misses %g errors %g" % (
+            s["triton"]["hits"], s["triton"]["misses"],
+            s["triton"]["errors"]))
+    return "hit/miss " + ", ".join(parts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--resp", required=True)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--token", default=os.environ.get("KCACHE_TOKEN"))
+    a = ap.parse_args()
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        import torch
+        if a.device == "cuda" and not torch.cuda.is_available():
+            row("torch_cold", "FAIL", "torch sees no CUDA device")
+            return 1
+    except ImportError as e:
+        row("torch_cold", "SKIP", "no torch: %s" % e)
+        return 0
+    paths = ["cold", "remote", "mega"]
+    if a.device == "cuda":
+        paths.insert(2, "triton")
+    try:
+        res = torch_paths.measure(a.url, a.resp, a.device, a.runs, paths,
+                                  token=a.token, python=sys.executable,
+                                  log=log)
+    except Exception as e:  # a row, not a traceback, for the table
+        row("torch_check", "FAIL", "%s: %s" % (type(e).__name__, e))
+        return 1
+    failed = False
+    cold = res["cold"]
+    ok = cold["n"] == a.runs and cold["equal"]
+    failed |= not ok
+    row("torch_cold", "PASS" if ok else "FAIL",
+        "%s median %ss of %d runs %s; %s" % (
+            a.device, cold["median_s"], cold["n"], cold["runs_s"],
+            fmt_counters(cold)))
+    for path in ("remote", "triton", "mega"):
+        name = "torch_warm_" + path
+        if path not in res:
+            row(name, "SKIP", "kcache.triton is exercised by GPU compiles "
+                "only (Inductor on the CPU writes C++)")
+            continue
+        s = res[path]
+        c = s["counters"]
+        if path == "triton":
+            good = s.get("triton", {}).get("hits", 0) > 0
+        else:
+            good = c.get("fxgraph_cache_hit", 0) > 0 and \
+                c.get("fxgraph_cache_miss", 0) == 0
+        ok = s["n"] == a.runs and s["equal"] and good
+        failed |= not ok
+        speed = ""
+        if cold["median_s"] and s["median_s"]:
+            speed = "%.2fx of cold (saves %.2fs)" % (
+                s["median_s"] / cold["median_s"],
+                cold["median_s"] - s["median_s"])
+        row(name, "PASS" if ok else "FAIL",
+            "median %ss of %d runs %s, %s; %s" % (
+                s["median_s"], s["n"], s["runs_s"], speed, fmt_counters(s)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

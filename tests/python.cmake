@@ -1,0 +1,36 @@
+# tests/python.cmake: the Python package (python/, kcache) with pytest in the
+# virtual environment of scripts/pyenv.sh (KCACHE_VENV, default build/venv:
+# torch==2.13.0, triton, redis-py). The in-tree package is used
+# (PYTHONPATH=python) with this build's libkcache.so (KCACHE_LIB) and kcached.
+# Without the environment the tests are skipped (77), unless CI=true: then
+# they fail (a torch test that cannot find torch fails in CI).
+#
+# python_install  the package `pip install ./python` put into the venv
+#                 imports, with its own libkcache.so, no LD_LIBRARY_PATH
+# python_client   kcache.Client and kcache.triton (real triton, no GPU)
+# python_torch    real PyTorch compiling through kcache: each warm path,
+#                 wrong token, version mismatch, kcached down, concurrency
+# A sanitizer build's libkcache.so cannot be loaded into python: not there.
+if(KCACHE_SHARED AND NOT KCACHE_SANITIZE)
+  set(KCACHE_VENV "${PROJECT_SOURCE_DIR}/build/venv" CACHE PATH
+      "virtual environment of the Python tests (scripts/pyenv.sh)")
+  set(_py_env "PYTHONPATH=${PROJECT_SOURCE_DIR}/python"
+      "KCACHE_LIB=$<TARGET_FILE:kcache_shared>"
+      "KCACHED=$<TARGET_FILE:kcached>" "PYTHONDONTWRITEBYTECODE=1")
+  set(_py_run ${CMAKE_CURRENT_LIST_DIR}/python/run.sh ${KCACHE_VENV})
+  add_test(NAME python_client COMMAND ${_py_run}
+           ${CMAKE_CURRENT_LIST_DIR}/python/test_client.py
+           ${CMAKE_CURRENT_LIST_DIR}/python/test_triton.py)
+  add_test(NAME python_torch COMMAND ${_py_run}
+           ${CMAKE_CURRENT_LIST_DIR}/python/test_torch.py)
+  set_tests_properties(python_client PROPERTIES TIMEOUT 300
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}")
+  # one torch test process at a time: each compile uses every core
+  set_tests_properties(python_torch PROPERTIES TIMEOUT 1800
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}"
+                       RUN_SERIAL TRUE)
+  add_test(NAME python_install COMMAND ${_py_run}
+           ${CMAKE_CURRENT_LIST_DIR}/python/test_install.py)
+  set_tests_properties(python_install PROPERTIES TIMEOUT 60
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
+endif()
