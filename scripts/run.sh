@@ -14,6 +14,8 @@ cd "$(dirname "$0")/.."
 once=0
 [ "${1:-}" = --once ] && once=1
 ./scripts/install-deps.sh
+# NVRTC builds the demo model: from the CUDA toolkit, else PyPI's wheel.
+eval "$(./scripts/nvrtc.sh)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)" >/dev/null
 

@@ -19,6 +19,9 @@ if git rev-parse --git-dir >/dev/null 2>&1; then
 fi
 
 ./scripts/install-deps.sh
+# NVRTC for the build tests: the CUDA toolkit's, else PyPI's wheel (a new
+# machine may have the toolkit without it); CI=true fails those tests without.
+eval "$(./scripts/nvrtc.sh)"
 # the Python tests' environment (torch==2.13.0 CPU, triton, redis-py, pytest)
 ./scripts/pyenv.sh >/dev/null
 
