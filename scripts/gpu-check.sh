@@ -52,7 +52,8 @@ pack() {
   local targets=(kcached kcache test_gpu gpu_launch_check gpu_fake_nvrtc
                  gpu_old_nvrtc gpu_wheel_nvrtc gpu_wheel_builtins gpu_fake_cuda)
   local shared=""
-  if cmake --build "$build" --target help 2>/dev/null | grep -q '\bkcache_shared\b'; then
+  # not grep -q: with pipefail, cmake's SIGPIPE would make the test false
+  if cmake --build "$build" --target help 2>/dev/null | grep -c '\bkcache_shared\b' >/dev/null; then
     targets+=(kcache_shared)
     shared=yes
   fi
@@ -270,7 +271,7 @@ EOF
     nvrtc_where="python3's wheel: $f"
     return 0
   fi
-  if /sbin/ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; then
+  if /sbin/ldconfig -p 2>/dev/null | grep -c 'libnvrtc\.so' >/dev/null; then
     nvrtc_where="the loader path ($(/sbin/ldconfig -p | grep -m1 'libnvrtc\.so' | awk '{print $NF}'))"
     return 0
   fi
@@ -498,7 +499,7 @@ check_torch() {
   mkdir -p "$tmp/libmin"
   local f
   for f in "$carry"/lib/*.so*; do
-    /sbin/ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$(basename "$f") " ||
+    /sbin/ldconfig -p 2>/dev/null | grep -c "^[[:space:]]*$(basename "$f") " >/dev/null ||
       ln -sf "$f" "$tmp/libmin/"
   done
   local lim rc=0
