@@ -227,6 +227,12 @@ void kc_client_free(kc_client *c) {
 const char *kc_client_cache_dir(const kc_client *c) { return c->cache_dir; }
 int kc_client_has_server(const kc_client *c) { return c->url != NULL; }
 
+void kc_client_set_deadline(kc_client *c, double seconds) {
+  c->deadline_ms = seconds > 0 ? kcc_now_ms() + (int64_t)(seconds * 1000) : 0;
+  if (seconds > 0 && c->deadline_ms == 0)
+    c->deadline_ms = 1; /* 0 would read as none */
+}
+
 /* ---- blobs ---- */
 
 kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,

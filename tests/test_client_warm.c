@@ -1,0 +1,399 @@
+/* test_client_warm.c: the kcache CLI's warm and get at their edges, as a
+ * user runs them: a server that accepts and never answers (every request
+ * of a warm stays inside --deadline), a server that streams without end
+ * (`kcache get` streams and stops at --max-size, in bounded memory),
+ * --out's files (linked from the local cache where it can, copied where
+ * not; verified, atomic per file, never outside DIR), the threads and
+ * connections a small warm uses, a re-warm after a purge, and what a
+ * stand-in (hit-compat) leaves under --out. The real kcached where a real
+ * one is meant (tests/testsrv.h); small fake servers in threads here. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kcache.h"
+#include "testsrv.h"
+
+#ifndef KCACHE_BIN
+#define KCACHE_BIN "kcache"
+#endif
+
+#define MODEL "9a1c5e0e3f1c4b0a8f5d2b7c6e4a3d2c1b0a9f8e7d6c5b4a3928171605f4e3d2"
+
+/* ---- fixture ---- */
+
+typedef struct fx {
+  char dir[256];
+  kc_testsrv srv;
+  int have_srv;
+} fx;
+
+static int fx_setup(void **state) {
+  fx *f = calloc(1, sizeof *f);
+  const char *tmp = getenv("TMPDIR");
+  snprintf(f->dir, sizeof f->dir, "%s/kcache-cwarm-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
+  assert_non_null(mkdtemp(f->dir));
+  *state = f;
+  return 0;
+}
+
+static int fx_teardown(void **state) {
+  fx *f = *state;
+  char cmd[700];
+  if (f->have_srv)
+    kc_testsrv_cleanup(&f->srv);
+  snprintf(cmd, sizeof cmd, "chmod -R u+w '%s' 2>/dev/null; rm -rf '%s'",
+           f->dir, f->dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "cannot remove %s\n", f->dir);
+  free(f);
+  return 0;
+}
+
+static void start_server(fx *f) {
+  assert_int_equal(kc_testsrv_start(&f->srv, NULL), 0);
+  f->have_srv = 1;
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void write_text(const char *path, const char *fmt, ...) {
+  FILE *fp = fopen(path, "w");
+  assert_non_null(fp);
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(fp, fmt, ap);
+  va_end(ap);
+  fclose(fp);
+}
+
+static char *read_all(const char *path, size_t *len) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp)
+    return NULL;
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  for (;;) {
+    if (n + 4096 + 1 > cap) {
+      cap = cap ? cap * 2 : 8192;
+      buf = realloc(buf, cap);
+      assert_non_null(buf);
+    }
+    size_t r = fread(buf + n, 1, 4096, fp);
+    if (!r)
+      break;
+    n += r;
+  }
+  fclose(fp);
+  buf[n] = '\0';
+  if (len)
+    *len = n;
+  return buf;
+}
+
+/* What one run of the CLI did. */
+typedef struct run_res {
+  int rc;        /* exit status; 128 + signal when killed */
+  long maxrss_kb;
+  double secs;
+  char out[16384]; /* stderr, and stdout unless it went to a file */
+} run_res;
+
+/* Runs kcache with args (NULL-terminated) and env additions ("VAR=v" ...,
+ * NULL-terminated, may be NULL); stdout to stdout_path when not NULL (else
+ * with stderr into r->out). Its own peak memory from wait4. */
+static void run_kcache(run_res *r, const char *stdout_path,
+                       const char *const *env, const char *const *args) {
+  char errp[] = "/tmp/kcache-cwarm-err-XXXXXX";
+  int efd = mkstemp(errp);
+  assert_true(efd >= 0);
+  const char *argv[64] = {KCACHE_BIN};
+  size_t n = 1;
+  for (; args[n - 1]; n++) {
+    assert_true(n < 63);
+    argv[n] = args[n - 1];
+  }
+  argv[n] = NULL;
+  double t0 = now_s();
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int ofd = stdout_path ? open(stdout_path, O_WRONLY | O_CREAT | O_TRUNC,
+                                 0644)
+                          : efd;
+    if (ofd < 0)
+      _exit(126);
+    dup2(ofd, 1);
+    dup2(efd, 2);
+    unsetenv("KCACHE_URL");
+    unsetenv("KCACHE_TOKEN");
+    unsetenv("KCACHE_DIR");
+    for (size_t i = 0; env && env[i]; i++)
+      putenv((char *)env[i]);
+    execv(KCACHE_BIN, (char *const *)argv);
+    _exit(127);
+  }
+  int st = 0;
+  struct rusage ru;
+  assert_int_equal(wait4(pid, &st, 0, &ru), pid);
+  r->secs = now_s() - t0;
+  r->maxrss_kb = ru.ru_maxrss;
+  r->rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  close(efd);
+  char *text = read_all(errp, NULL);
+  unlink(errp);
+  snprintf(r->out, sizeof r->out, "%s", text ? text : "");
+  free(text);
+}
+
+/* ---- fake servers ---- */
+
+/* A server on loopback: stall (accepts, reads, never answers) or flood (a
+ * 200 without a length, then bytes until the client leaves or `flood`
+ * bytes went; 0: without end). */
+typedef struct fake {
+  int fd, port;
+  char url[64];
+  pthread_t th;
+  int flood_mode;
+  uint64_t flood;  /* 0: endless */
+  uint64_t sent;   /* flood: bytes the client took (atomic) */
+  int conns;       /* connections accepted (atomic) */
+  int held[64];    /* stall: connections kept open until stop */
+  int n_held;
+  int stop;
+} fake;
+
+static void fake_flood(fake *s, int c) {
+  static char chunk[256 << 10];
+  char req[4096];
+  static const char head[] = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n";
+  if (read(c, req, sizeof req) <= 0)
+    return;
+  memset(chunk, 'x', sizeof chunk);
+  if (send(c, head, strlen(head), MSG_NOSIGNAL) < 0)
+    return;
+  for (uint64_t done = 0; !s->flood || done < s->flood;) {
+    size_t want = sizeof chunk;
+    if (s->flood && s->flood - done < want)
+      want = (size_t)(s->flood - done);
+    ssize_t w = send(c, chunk, want, MSG_NOSIGNAL);
+    if (w <= 0 || __atomic_load_n(&s->stop, __ATOMIC_SEQ_CST))
+      break;
+    done += (uint64_t)w;
+    __atomic_store_n(&s->sent, done, __ATOMIC_SEQ_CST);
+  }
+}
+
+static void *fake_main(void *arg) {
+  fake *s = arg;
+  for (;;) {
+    int c = accept(s->fd, NULL, NULL);
+    if (c < 0 || __atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) {
+      if (c >= 0)
+        close(c);
+      return NULL;
+    }
+    __atomic_add_fetch(&s->conns, 1, __ATOMIC_SEQ_CST);
+    if (s->flood_mode) {
+      fake_flood(s, c);
+      close(c);
+    } else if (s->n_held < 64) {
+      s->held[s->n_held++] = c; /* never read, never answered */
+    } else {
+      close(c);
+    }
+  }
+}
+
+static void fake_start(fake *s) {
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  s->fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(s->fd >= 0);
+  assert_int_equal(bind(s->fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(s->fd, 64), 0);
+  getsockname(s->fd, (struct sockaddr *)&a, &len);
+  s->port = ntohs(a.sin_port);
+  snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", s->port);
+  assert_int_equal(pthread_create(&s->th, NULL, fake_main, s), 0);
+}
+
+static void fake_stop(fake *s) {
+  __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
+  int c = kc_testsrv_connect(s->port); /* wakes accept() */
+  if (c >= 0)
+    close(c);
+  pthread_join(s->th, NULL);
+  for (int i = 0; i < s->n_held; i++)
+    close(s->held[i]);
+  close(s->fd);
+}
+
+/* ---- the warm's deadline ---- */
+
+/* A command-builder warmup (no toolkit needed): 2 buckets x archs, each
+ * bundle one file k.cubin holding "x<arch><batch>". */
+static void cmd_warmup(fx *f, const char *name, const char *archs,
+                       char *path, size_t size) {
+  snprintf(path, size, "%s/%s.json", f->dir, name);
+  write_text(path,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"%s\","
+             "\"hash\":\"%s\"},\"archs\":[%s],\"builder\":{\"command\":"
+             "[\"sh\",\"-c\",\"printf x{arch}{batch} > {out}/k.cubin\"],"
+             "\"timeout_s\":30},\"buckets\":[{\"batch\":1},{\"batch\":2}]}",
+             name, MODEL, archs);
+}
+
+/* A server that accepts and never answers: the warm (lookup, the warmup
+ * manifest's upload, the demand report) ends near --deadline, its keys
+ * built here, even with a request limit (--timeout) far beyond it. */
+static void test_warm_deadline_stall(void **state) {
+  fx *f = *state;
+  char w[400], cache[400];
+  fake s = {0};
+  fake_start(&s);
+  cmd_warmup(f, "stall", "\"sm_80\"", w, sizeof w);
+  snprintf(cache, sizeof cache, "%s/cache", f->dir);
+  const double deadline = 3.0;
+  run_res r;
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w, "--url", s.url, "--cache-dir", cache,
+                              "--deadline", "3", "--timeout", "20",
+                              "--quiet", NULL});
+  fake_stop(&s);
+  print_message("warm against a stalled server: %.2f s (deadline %.0f s), "
+                "%d connections\n%s", r.secs, deadline, s.conns, r.out);
+  assert_true(s.conns >= 1); /* it did ask, and got no answer */
+  assert_int_equal(r.rc, 0);
+  assert_true(r.secs < deadline + 1.0);
+  assert_non_null(strstr(r.out, "unreachable")); /* the warning says why */
+}
+
+/* ---- kcache get: streamed, cut at --max-size ---- */
+
+#define DIGEST_X                                                              \
+  "1111111111111111111111111111111111111111111111111111111111111111"
+
+/* An answer without end: get stops at --max-size, having written exactly
+ * that much to stdout, and fails saying so; with -o nothing is left. */
+static void test_get_max_size(void **state) {
+  fx *f = *state;
+  char outp[400], file[400];
+  fake s = {.flood_mode = 1};
+  fake_start(&s);
+  snprintf(outp, sizeof outp, "%s/stdout", f->dir);
+  snprintf(file, sizeof file, "%s/blob", f->dir);
+  run_res r;
+  run_kcache(&r, outp, NULL,
+             (const char *[]){"get", DIGEST_X, "--url", s.url, "--max-size",
+                              "4M", NULL});
+  assert_int_equal(r.rc, 1);
+  assert_non_null(strstr(r.out, "larger than 4194304 bytes"));
+  struct stat st;
+  assert_int_equal(stat(outp, &st), 0);
+  assert_int_equal(st.st_size, 4 << 20);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"get", DIGEST_X, "--url", s.url, "-o", file,
+                              "--max-size", "1M", NULL});
+  assert_int_equal(r.rc, 1);
+  assert_int_not_equal(access(file, F_OK), 0);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s' | grep tmp-)\"", f->dir);
+  assert_int_equal(system(cmd), 0); /* no temporary file left */
+  /* a bad size is a usage error */
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"get", DIGEST_X, "--url", s.url, "--max-size",
+                              "12Q", NULL});
+  assert_int_equal(r.rc, 2);
+  fake_stop(&s);
+}
+
+/* 256 MiB that are not the blob: streamed through in bounded memory (the
+ * old get held all of it), then refused by their hash. */
+static void test_get_streams(void **state) {
+  fx *f = *state;
+  fake s = {.flood_mode = 1, .flood = (uint64_t)256 << 20};
+  fake_start(&s);
+  run_res r;
+  run_kcache(&r, "/dev/null", NULL,
+             (const char *[]){"get", DIGEST_X, "--url", s.url, NULL});
+  fake_stop(&s);
+  print_message("get of 256 MiB: peak RSS %ld KiB, %.2f s\n", r.maxrss_kb,
+                r.secs);
+  (void)f;
+  assert_int_equal(r.rc, 1);
+  assert_non_null(strstr(r.out, "hashing to"));
+  assert_true(__atomic_load_n(&s.sent, __ATOMIC_SEQ_CST) >= (200u << 20));
+  assert_true(r.maxrss_kb < 64 * 1024);
+}
+
+/* A real blob through the real kcached: stdout and -o, byte for byte. */
+static void test_get_real(void **state) {
+  fx *f = *state;
+  char in[400], file[400], outp[400], digest[80] = "";
+  start_server(f);
+  snprintf(in, sizeof in, "%s/in.bin", f->dir);
+  snprintf(file, sizeof file, "%s/got.bin", f->dir);
+  snprintf(outp, sizeof outp, "%s/stdout.bin", f->dir);
+  write_text(in, "some cubin bytes\n");
+  run_res r;
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"put", in, "--url", f->srv.url, NULL});
+  assert_int_equal(r.rc, 0);
+  memcpy(digest, r.out, 64);
+  run_kcache(&r, outp, NULL,
+             (const char *[]){"get", digest, "--url", f->srv.url, NULL});
+  assert_int_equal(r.rc, 0);
+  char *a = read_all(outp, NULL);
+  assert_string_equal(a, "some cubin bytes\n");
+  free(a);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"get", digest, "--url", f->srv.url, "-o", file,
+                              NULL});
+  assert_int_equal(r.rc, 0);
+  a = read_all(file, NULL);
+  assert_string_equal(a, "some cubin bytes\n");
+  free(a);
+  /* missing: the server's 404 is said, nothing is written */
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"get", DIGEST_X, "--url", f->srv.url, "-o",
+                              outp, NULL});
+  assert_int_equal(r.rc, 1);
+  assert_non_null(strstr(r.out, "404"));
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+#define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
+  const struct CMUnitTest tests[] = {
+      T(test_warm_deadline_stall),
+      T(test_get_max_size),
+      T(test_get_streams),
+      T(test_get_real),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
