@@ -185,6 +185,8 @@ kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err) {
   kc_client *c = calloc(1, sizeof *c);
   if (!c)
     return kc_errf(err, KC_NOMEM, "out of memory");
+  c->umask = umask(077); /* read (and put back) once: see cache.c */
+  umask(c->umask);
   kc_err e = copy_opts(c, o, err);
   if (!e)
     e = check_plaintext(c, o, err);

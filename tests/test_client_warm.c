@@ -386,6 +386,176 @@ static void test_get_real(void **state) {
   assert_non_null(strstr(r.out, "404"));
 }
 
+/* ---- --out: linked from the cache, copied across file systems ---- */
+
+static kc_client *client_for(const char *cache, const char *url) {
+  char err[KC_ERRBUF_SIZE];
+  kc_client *c = NULL;
+  kc_client_opts o = {.url = url, .cache_dir = cache, .timeout_ms = 20000,
+                      .connect_timeout_ms = 1000};
+  if (kc_client_new(&o, &c, err) != KC_OK)
+    fail_msg("kc_client_new: %s", err);
+  return c;
+}
+
+/* The command-builder model (2 buckets, sm_80) built and uploaded to the
+ * real kcached by a first warm; *w loaded. */
+static void seed_model(fx *f, kc_warmup **w, char *path, size_t size) {
+  char cache[400], err[KC_ERRBUF_SIZE];
+  start_server(f);
+  cmd_warmup(f, "outmodel", "\"sm_80\"", path, size);
+  snprintf(cache, sizeof cache, "%s/seed", f->dir);
+  run_res r;
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", path, "--url", f->srv.url,
+                              "--cache-dir", cache, "--quiet", "--strict",
+                              NULL});
+  if (r.rc != 0)
+    fail_msg("seeding warm: %s", r.out);
+  assert_int_equal(kc_warmup_load(path, w, err), KC_OK);
+}
+
+/* A fetch-only warm into out: n_local hit-local, n_remote hit-remote. */
+static void warm_out(fx *f, const kc_warmup *w, const char *cache,
+                     const char *out, size_t n_local, size_t n_remote) {
+  char err[KC_ERRBUF_SIZE];
+  kc_client *c = client_for(cache, f->srv.url);
+  kc_warm_opts o = {.no_build = 1, .out_dir = out, .no_compat = 1};
+  kc_warm_report r;
+  kc_err e = kc_warm(c, w, &o, &r, err);
+  if (e)
+    fail_msg("warm --out: %s (%s)", err,
+             r.n_items ? r.items[0].message : "no items");
+  assert_int_equal(r.counts[KC_WARM_HIT_LOCAL], n_local);
+  assert_int_equal(r.counts[KC_WARM_HIT_REMOTE], n_remote);
+  kc_warm_report_free(&r);
+  kc_client_free(c);
+}
+
+/* DIR's file for batch b and its cached blob: same bytes; *same: one
+ * inode. */
+static void check_out_file(const char *out, const char *cache, int b,
+                           int *same, struct stat *st) {
+  char p[600], text[64], d[65], bp[600];
+  snprintf(p, sizeof p, "%s/sm_80/batch=%d/k.cubin", out, b);
+  snprintf(text, sizeof text, "xsm_80%d", b);
+  char *got = read_all(p, NULL);
+  assert_non_null(got);
+  assert_string_equal(got, text);
+  free(got);
+  assert_int_equal(lstat(p, st), 0);
+  assert_true(S_ISREG(st->st_mode));
+  assert_int_equal(st->st_mode & 0222, 0); /* read-only */
+  kc_sha256_hex(text, strlen(text), d);
+  snprintf(bp, sizeof bp, "%s/blobs/%.2s/%s", cache, d, d);
+  struct stat cs;
+  assert_int_equal(lstat(bp, &cs), 0);
+  *same = cs.st_ino == st->st_ino && cs.st_dev == st->st_dev;
+}
+
+/* On one file system, --out's files are the cache's blobs, linked (no
+ * second copy), read-only. A writer who gets through (root) damages the
+ * cache's copy too: the next warm's re-hash finds it, fetches the blob
+ * again and puts the good bytes back under DIR. */
+static void test_out_linked(void **state) {
+  fx *f = *state;
+  char w_path[400], cache[400], out[400], p[600];
+  kc_warmup *w = NULL;
+  seed_model(f, &w, w_path, sizeof w_path);
+  snprintf(cache, sizeof cache, "%s/c1", f->dir);
+  snprintf(out, sizeof out, "%s/out", f->dir);
+  warm_out(f, w, cache, out, 0, 2);
+  struct stat st;
+  int same = 0;
+  for (int b = 1; b <= 2; b++) {
+    check_out_file(out, cache, b, &same, &st);
+    assert_true(same);
+    assert_int_equal(st.st_nlink, 2);
+  }
+  /* a second warm into the same DIR: hit-local, the same links */
+  warm_out(f, w, cache, out, 2, 0);
+  check_out_file(out, cache, 1, &same, &st);
+  assert_true(same);
+  /* a service writes into its file */
+  snprintf(p, sizeof p, "%s/sm_80/batch=1/k.cubin", out);
+  int fd = open(p, O_WRONLY);
+  if (fd < 0) {
+    assert_int_equal(errno, EACCES); /* not root: the mode stops it */
+    print_message("not root: a write into --out's file is refused\n");
+  } else { /* root: it gets through, into the cache's inode too */
+    assert_int_equal(write(fd, "HACKED!", 7), 7);
+    close(fd);
+    warm_out(f, w, cache, out, 1, 1); /* the damaged one fetched again */
+  }
+  check_out_file(out, cache, 1, &same, &st);
+  assert_true(same);
+  kc_warmup_free(w);
+}
+
+/* What stood at a file's name is replaced, never followed: a symlink to a
+ * file outside DIR, a file of other bytes. */
+static void test_out_replaces(void **state) {
+  fx *f = *state;
+  char w_path[400], cache[400], out[400], p[1000], victim[400];
+  kc_warmup *w = NULL;
+  seed_model(f, &w, w_path, sizeof w_path);
+  snprintf(cache, sizeof cache, "%s/c1", f->dir);
+  snprintf(out, sizeof out, "%s/out", f->dir);
+  snprintf(victim, sizeof victim, "%s/victim", f->dir);
+  write_text(victim, "keep me");
+  snprintf(p, sizeof p, "mkdir -p %s/sm_80/batch=1 %s/sm_80/batch=2", out,
+           out);
+  assert_int_equal(system(p), 0);
+  snprintf(p, sizeof p, "%s/sm_80/batch=1/k.cubin", out);
+  assert_int_equal(symlink(victim, p), 0);
+  snprintf(p, sizeof p, "%s/sm_80/batch=2/k.cubin", out);
+  write_text(p, "stale bytes of an older build");
+  warm_out(f, w, cache, out, 0, 2);
+  struct stat st;
+  int same = 0;
+  for (int b = 1; b <= 2; b++) {
+    check_out_file(out, cache, b, &same, &st);
+    assert_true(same);
+  }
+  char *v = read_all(victim, NULL);
+  assert_string_equal(v, "keep me");
+  free(v);
+  /* no temporary name left beside them */
+  snprintf(p, sizeof p, "test -z \"$(find %s -name '.*kc-*')\"", out);
+  assert_int_equal(system(p), 0);
+  kc_warmup_free(w);
+}
+
+/* DIR on another file system than the cache (tmpfs): copies, whole, read
+ * only, and the cache's blobs untouched. */
+static void test_out_other_fs(void **state) {
+  fx *f = *state;
+  char w_path[400], cache[400], out[400];
+  struct stat a, b;
+  if (stat("/dev/shm", &a) != 0 || stat(f->dir, &b) != 0 ||
+      a.st_dev == b.st_dev) {
+    print_message("skipped: no /dev/shm on another file system than %s\n",
+                  f->dir);
+    skip();
+  }
+  kc_warmup *w = NULL;
+  seed_model(f, &w, w_path, sizeof w_path);
+  snprintf(cache, sizeof cache, "%s/c1", f->dir);
+  snprintf(out, sizeof out, "/dev/shm/kcache-cwarm-out-%ld", (long)getpid());
+  warm_out(f, w, cache, out, 0, 2);
+  struct stat st;
+  int same = 1;
+  for (int i = 1; i <= 2; i++) {
+    check_out_file(out, cache, i, &same, &st);
+    assert_false(same);
+    assert_int_equal(st.st_nlink, 1);
+  }
+  char cmd[500];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
+  assert_int_equal(system(cmd), 0);
+  kc_warmup_free(w);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
@@ -394,6 +564,9 @@ int main(void) {
       T(test_get_max_size),
       T(test_get_streams),
       T(test_get_real),
+      T(test_out_linked),
+      T(test_out_replaces),
+      T(test_out_other_fs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
