@@ -556,6 +556,168 @@ static void test_out_other_fs(void **state) {
   kc_warmup_free(w);
 }
 
+/* ---- a re-warm after a purge; stand-ins under --out; --no-build ---- */
+
+/* How many bundles kcached lists for MODEL. */
+static int server_bundles(fx *f) {
+  char err[KC_ERRBUF_SIZE], *json = NULL;
+  kc_client *c = client_for(NULL, f->srv.url);
+  assert_int_equal(kc_client_model_list(c, MODEL, &json, err), KC_OK);
+  int n = 0;
+  for (const char *p = json; (p = strstr(p, "\"key\"")); p++)
+    n++;
+  free(json);
+  kc_client_free(c);
+  return n;
+}
+
+static int count_of(const char *s, const char *needle) {
+  int n = 0;
+  for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+    n++;
+  return n;
+}
+
+/* The host that built the model still holds it after `kcache purge`: its
+ * re-warm is hit-local, and since kcached now lacks the bundles it
+ * uploads them (and says so), so the fleet has them again. A second
+ * re-warm uploads nothing. */
+static void test_purge_rewarm_uploads(void **state) {
+  fx *f = *state;
+  char w[400], cache[400];
+  start_server(f);
+  cmd_warmup(f, "purged", "\"sm_80\"", w, sizeof w);
+  snprintf(cache, sizeof cache, "%s/c1", f->dir);
+  run_res r;
+  const char *warm[] = {"warm", w, "--url", f->srv.url, "--cache-dir", cache,
+                        NULL};
+  run_kcache(&r, NULL, NULL, warm);
+  assert_int_equal(r.rc, 0);
+  assert_non_null(strstr(r.out, "2 built"));
+  assert_int_equal(server_bundles(f), 2);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"purge", "purged", "--url", f->srv.url, NULL});
+  assert_int_equal(r.rc, 0);
+  assert_int_equal(server_bundles(f), 0);
+  run_kcache(&r, NULL, NULL, warm);
+  print_message("%s", r.out);
+  assert_int_equal(r.rc, 0);
+  assert_non_null(strstr(r.out, "2 hit-local"));
+  assert_non_null(strstr(r.out, "2 hit-local bundles uploaded"));
+  assert_int_equal(count_of(r.out, "uploaded: kcached did not hold it"), 2);
+  assert_int_equal(server_bundles(f), 2);
+  /* another replica's empty cache now fetches them */
+  char cache2[400];
+  snprintf(cache2, sizeof cache2, "%s/c2", f->dir);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w, "--url", f->srv.url, "--cache-dir",
+                              cache2, "--no-build", "--strict", NULL});
+  assert_int_equal(r.rc, 0);
+  assert_non_null(strstr(r.out, "2 hit-remote"));
+  run_kcache(&r, NULL, NULL, warm);
+  assert_int_equal(r.rc, 0);
+  assert_null(strstr(r.out, "uploaded"));
+}
+
+/* A command-builder warmup of the model named "compat" for archs, in
+ * file dir/<file>.json (the build is the same for every file). */
+static void compat_warmup(fx *f, const char *file, const char *archs,
+                          char *path, size_t size) {
+  snprintf(path, size, "%s/%s.json", f->dir, file);
+  write_text(path,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"compat\","
+             "\"hash\":\"%s\"},\"archs\":[%s],\"builder\":{\"command\":"
+             "[\"sh\",\"-c\",\"printf x{arch}{batch} > {out}/k.cubin\"],"
+             "\"timeout_s\":30},\"buckets\":[{\"batch\":1},{\"batch\":2}]}",
+             MODEL, archs);
+}
+
+/* A stand-in under --out (sm_86 code for the sm_89 key) says the arch its
+ * code is for in DIR/sm_89/<bucket>/kcache-arch; once the exact bundle
+ * exists, the next warm into DIR writes it and the file goes. */
+static void test_out_compat_names_arch(void **state) {
+  fx *f = *state;
+  char w86[400], w89[400], cache[400], out[400], p[600];
+  start_server(f);
+  compat_warmup(f, "w86", "\"sm_86\"", w86, sizeof w86);
+  compat_warmup(f, "w89", "\"sm_89\"", w89, sizeof w89);
+  snprintf(out, sizeof out, "%s/out", f->dir);
+  run_res r;
+  snprintf(cache, sizeof cache, "%s/seed86", f->dir);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w86, "--url", f->srv.url, "--cache-dir",
+                              cache, "--strict", NULL});
+  assert_int_equal(r.rc, 0);
+  snprintf(cache, sizeof cache, "%s/c1", f->dir);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w89, "--url", f->srv.url, "--cache-dir",
+                              cache, "--device-arch", "sm_89", "--no-build",
+                              "--strict", "--out", out, NULL});
+  assert_int_equal(r.rc, 0);
+  assert_non_null(strstr(r.out, "2 hit-compat"));
+  for (int b = 1; b <= 2; b++) {
+    char want[16];
+    snprintf(p, sizeof p, "%s/sm_89/batch=%d/kcache-arch", out, b);
+    char *text = read_all(p, NULL);
+    assert_non_null(text);
+    assert_string_equal(text, "sm_86\n");
+    free(text);
+    snprintf(p, sizeof p, "%s/sm_89/batch=%d/k.cubin", out, b);
+    snprintf(want, sizeof want, "xsm_86%d", b);
+    text = read_all(p, NULL);
+    assert_string_equal(text, want);
+    free(text);
+  }
+  /* the exact build appears; a warm into the same DIR replaces both */
+  snprintf(cache, sizeof cache, "%s/seed89", f->dir);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w89, "--url", f->srv.url, "--cache-dir",
+                              cache, "--no-compat", "--strict", NULL});
+  assert_int_equal(r.rc, 0);
+  snprintf(cache, sizeof cache, "%s/c2", f->dir);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w89, "--url", f->srv.url, "--cache-dir",
+                              cache, "--device-arch", "sm_89", "--no-build",
+                              "--strict", "--out", out, NULL});
+  assert_int_equal(r.rc, 0);
+  assert_non_null(strstr(r.out, "2 hit-remote"));
+  snprintf(p, sizeof p, "%s/sm_89/batch=1/kcache-arch", out);
+  assert_int_not_equal(access(p, F_OK), 0);
+  snprintf(p, sizeof p, "%s/sm_89/batch=1/k.cubin", out);
+  char *text = read_all(p, NULL);
+  assert_string_equal(text, "xsm_891");
+  free(text);
+}
+
+/* A --no-build failure says whether a compatible bundle was looked for,
+ * and which, or why not. */
+static void test_no_build_says_compat(void **state) {
+  fx *f = *state;
+  char w89[400], cache[400];
+  start_server(f);
+  compat_warmup(f, "w89", "\"sm_89\"", w89, sizeof w89);
+  snprintf(cache, sizeof cache, "%s/c", f->dir);
+  run_res r;
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w89, "--url", f->srv.url, "--cache-dir",
+                              cache, "--device-arch", "sm_89", "--no-build",
+                              NULL});
+  print_message("%s", r.out);
+  assert_int_equal(count_of(r.out, "no compatible bundle found either "
+                                   "(looked for sm_87, sm_86, sm_80: what "
+                                   "runs on sm_89"), 2);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w89, "--url", f->srv.url, "--cache-dir",
+                              cache, "--no-compat", "--no-build", NULL});
+  assert_int_equal(count_of(r.out, "no compatible bundle looked for "
+                                   "(--no-compat)"), 2);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w89, "--url", f->srv.url, "--cache-dir",
+                              cache, "--device-arch", "sm_80", "--no-build",
+                              NULL});
+  assert_int_equal(count_of(r.out, "(sm_89 does not run on sm_80"), 2);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
@@ -567,6 +729,9 @@ int main(void) {
       T(test_out_linked),
       T(test_out_replaces),
       T(test_out_other_fs),
+      T(test_purge_rewarm_uploads),
+      T(test_out_compat_names_arch),
+      T(test_no_build_says_compat),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
