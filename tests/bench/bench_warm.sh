@@ -333,11 +333,12 @@ keys="" nblobs="" blob_bytes="" nfiles="" nvrtc=""
 #               warm linked them, and tar keeps them links);
 #   curl:       one `curl --parallel` of the same distinct blobs, as in step
 #               3 above, into one directory.
-# The order of the four steps rotates from round to round: on ext4 a new
-# inode costs a scan of its group's inodes freed in the last minute
-# (recently_deleted; 5 minutes while their table block is dirty), so the
-# step after a round's rm -rf pays for it, and per-create cost is what
-# these shapes measure (about 0.2-3 ms per file on the shared container).
+# Nothing is deleted until the shape's rounds are over (each round and
+# step writes its own directories): on ext4 a new inode costs a scan of its
+# group's inodes freed in the last minute (recently_deleted; 5 minutes
+# while their table block is dirty), and a round's rm -rf made the next
+# step pay up to 10x for its creates. The order of the four steps still
+# rotates from round to round, so that no step is always the first.
 # Targets: warm --out / tar x <= 1.5x, warm --out / curl <= 1x.
 fs_rows="" fs_missed=0
 # The timed steps of a round (fs_shape's variables; each after a sync).
@@ -345,21 +346,21 @@ fs_warm_out() {
   sync
   t0=$(now)
   timeout -k 5 "$hard_limit" "$kcache" warm "$man" --url "$url" \
-    --cache-dir "$tmp/fs-w1" --out "$tmp/fs-o" --parallel "$par" --no-build \
+    --cache-dir "$tmp/fs-w1-$run" --out "$tmp/fs-o-$run" --parallel "$par" --no-build \
     --json --quiet --strict >"$tmp/fs-w.json" 2>"$tmp/fs-w.err" ||
     { tail -n 5 "$tmp/fs-w.err" >&2; die "fs $shape: warm --out failed"; }
   t1=$(now)
   w_s+="$(elapsed "$t0" "$t1") "
   expect "$tmp/fs-w.json" "hit_remote=$nb" "failed=0" >/dev/null
   local n
-  n=$(find "$tmp/fs-o" -type f | wc -l)
+  n=$(find "$tmp/fs-o-$run" -type f | wc -l)
   [ "$n" = $((nb * nf)) ] || die "fs $shape: --out holds $n files, expected $((nb * nf))"
 }
 fs_warm_plain() {
   sync
   t0=$(now)
   timeout -k 5 "$hard_limit" "$kcache" warm "$man" --url "$url" \
-    --cache-dir "$tmp/fs-w2" --parallel "$par" --no-build --json --quiet \
+    --cache-dir "$tmp/fs-w2-$run" --parallel "$par" --no-build --json --quiet \
     --strict >"$tmp/fs-w.json" 2>"$tmp/fs-w.err" ||
     { tail -n 5 "$tmp/fs-w.err" >&2; die "fs $shape: warm failed"; }
   t1=$(now)
@@ -367,15 +368,15 @@ fs_warm_plain() {
   expect "$tmp/fs-w.json" "hit_remote=$nb" "failed=0" >/dev/null
 }
 fs_tar() {
-  mkdir "$tmp/fs-t"
+  mkdir "$tmp/fs-t-$run"
   sync
   t0=$(now)
-  timeout -k 5 "$hard_limit" tar xf "$tmp/fs.tar" -C "$tmp/fs-t" || die "fs $shape: tar x failed"
+  timeout -k 5 "$hard_limit" tar xf "$tmp/fs.tar" -C "$tmp/fs-t-$run" || die "fs $shape: tar x failed"
   t1=$(now)
   t_s+="$(elapsed "$t0" "$t1") "
 }
 fs_curl() {
-  mkdir "$tmp/fs-c"
+  mkdir "$tmp/fs-c-$run"
   sync
   t0=$(now)
   timeout -k 5 "$hard_limit" curl --http1.1 --parallel --parallel-max "$par" --fail --show-error \
@@ -401,7 +402,6 @@ PYEOF
     --deadline "$deadline" >"$tmp/fs-seed.json" 2>"$tmp/fs-seed.err" ||
     { tail -n 5 "$tmp/fs-seed.err" >&2; die "fs $shape: building the bundles failed"; }
   expect "$tmp/fs-seed.json" "built=$nb" "failed=0" >/dev/null
-  rm -rf "$tmp/fs-seed"
   mkdir "$tmp/fs-ref"
   timeout -k 5 "$hard_limit" "$kcache" warm "$man" --url "$url" \
     --cache-dir "$tmp/fs-ref/cache" --out "$tmp/fs-ref/out" --no-build \
@@ -412,15 +412,19 @@ PYEOF
   files=$(find "$tmp/fs-ref" -type f | wc -l)
   links=$(find "$tmp/fs-ref/out" -type f -links +1 | wc -l)
   bytes=$(du -sk "$tmp/fs-ref/cache/blobs" | cut -f1)
-  rm -rf "$tmp/fs-ref"
   kj blobs "$url" "$fsmodel" >"$tmp/fs-blobs" 2>/dev/null || die "fs $shape: listing blobs failed"
-  local args=()
-  while read -r d _; do args+=(-o "$tmp/fs-c/$d" "$url/v1/blobs/$d"); done <"$tmp/fs-blobs"
+  local args=() run
+  # fs_curl's arguments for each round's directory
+  fs_curl_args() {
+    args=()
+    while read -r d _; do args+=(-o "$tmp/fs-c-$run/$d" "$url/v1/blobs/$d"); done <"$tmp/fs-blobs"
+  }
   for run in $(seq 1 "$runs"); do
     # The four steps in a rotating order: on ext4 a new inode is slower
     # while the group holds recently freed ones (the last round's rm -rf),
     # and no step should always be the one that comes first.
     local order=(w p t c) k
+    fs_curl_args
     for k in $(seq 0 3); do
       case ${order[$(((k + run - 1) % 4))]} in
         w) fs_warm_out ;;
@@ -429,11 +433,11 @@ PYEOF
         c) fs_curl ;;
       esac
     done
-    rm -rf "$tmp/fs-w1" "$tmp/fs-o" "$tmp/fs-w2" "$tmp/fs-t" "$tmp/fs-c"
     echo "bench_warm: fs $shape run $run/$runs: warm --out $(fmt "$(lastof "$w_s")"), warm $(fmt "$(lastof "$p_s")"), tar x $(fmt "$(lastof "$t_s")"), curl $(fmt "$(lastof "$c_s")")" >&2
   done
   stop_kcached
-  rm -rf "$tmp/fs-data" "$tmp/fs.tar"
+  rm -rf "$tmp/fs-data" "$tmp/fs.tar" "$tmp"/fs-w1-* "$tmp"/fs-o-* \
+    "$tmp"/fs-w2-* "$tmp"/fs-t-* "$tmp"/fs-c-* "$tmp/fs-seed" "$tmp/fs-ref"
   local wm pm tm cm r1 r2 p1 p2 ok1 ok2
   wm=$(median <<<"$w_s") pm=$(median <<<"$p_s") tm=$(median <<<"$t_s") cm=$(median <<<"$c_s")
   r1=$(awk -v a="$wm" -v b="$tm" 'BEGIN {printf "%.2f", a / b}')
