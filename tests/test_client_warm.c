@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -718,6 +719,192 @@ static void test_no_build_says_compat(void **state) {
   assert_int_equal(count_of(r.out, "(sm_89 does not run on sm_80"), 2);
 }
 
+/* ---- the threads and connections of a small warm ---- */
+
+/* pthread_create as libkcache calls it (-Wl,--wrap=pthread_create, see
+ * tests/client.cmake): counted while `counting`; the test's own threads
+ * call __real_pthread_create and are not. */
+int __real_pthread_create(pthread_t *t, const pthread_attr_t *a,
+                          void *(*fn)(void *), void *arg);
+static int counting, threads_made;
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a,
+                          void *(*fn)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a,
+                          void *(*fn)(void *), void *arg) {
+  if (__atomic_load_n(&counting, __ATOMIC_SEQ_CST))
+    __atomic_add_fetch(&threads_made, 1, __ATOMIC_SEQ_CST);
+  return __real_pthread_create(t, a, fn, arg);
+}
+
+/* A TCP proxy in front of kcached that counts the connections made to it. */
+typedef struct proxy {
+  int fd, port, up_port;
+  char url[64];
+  pthread_t th;
+  pthread_t pipes[64];
+  int ends[64][2];
+  int n, conns, stop;
+} proxy;
+
+typedef struct pipe_arg {
+  int a, b;
+} pipe_arg;
+
+static void *proxy_pipe(void *arg) {
+  pipe_arg p = *(pipe_arg *)arg;
+  free(arg);
+  char buf[64 << 10];
+  struct pollfd fds[2] = {{p.a, POLLIN, 0}, {p.b, POLLIN, 0}};
+  for (;;) {
+    if (poll(fds, 2, 1000) < 0)
+      break;
+    int done = 0;
+    for (int k = 0; k < 2 && !done; k++) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR)))
+        continue;
+      ssize_t n = read(fds[k].fd, buf, sizeof buf);
+      if (n <= 0 || send(fds[1 - k].fd, buf, (size_t)n, MSG_NOSIGNAL) != n)
+        done = 1;
+    }
+    if (done)
+      break;
+  }
+  shutdown(p.a, SHUT_RDWR);
+  shutdown(p.b, SHUT_RDWR);
+  return NULL;
+}
+
+static void *proxy_main(void *arg) {
+  proxy *x = arg;
+  for (;;) {
+    int c = accept(x->fd, NULL, NULL);
+    if (c < 0 || __atomic_load_n(&x->stop, __ATOMIC_SEQ_CST) || x->n == 64) {
+      if (c >= 0)
+        close(c);
+      return NULL;
+    }
+    __atomic_add_fetch(&x->conns, 1, __ATOMIC_SEQ_CST);
+    int u = kc_testsrv_connect(x->up_port);
+    pipe_arg *p = malloc(sizeof *p);
+    if (u < 0 || !p) {
+      close(c);
+      free(p);
+      continue;
+    }
+    *p = (pipe_arg){c, u};
+    x->ends[x->n][0] = c;
+    x->ends[x->n][1] = u;
+    if (__real_pthread_create(&x->pipes[x->n], NULL, proxy_pipe, p) == 0)
+      x->n++;
+  }
+}
+
+static void proxy_start(proxy *x, int up_port) {
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  x->up_port = up_port;
+  x->fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_int_equal(bind(x->fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(x->fd, 64), 0);
+  getsockname(x->fd, (struct sockaddr *)&a, &len);
+  x->port = ntohs(a.sin_port);
+  snprintf(x->url, sizeof x->url, "http://127.0.0.1:%d", x->port);
+  assert_int_equal(__real_pthread_create(&x->th, NULL, proxy_main, x), 0);
+}
+
+static void proxy_stop(proxy *x) {
+  __atomic_store_n(&x->stop, 1, __ATOMIC_SEQ_CST);
+  int c = kc_testsrv_connect(x->port);
+  if (c >= 0)
+    close(c);
+  pthread_join(x->th, NULL);
+  for (int i = 0; i < x->n; i++) {
+    shutdown(x->ends[i][0], SHUT_RDWR);
+    shutdown(x->ends[i][1], SHUT_RDWR);
+    pthread_join(x->pipes[i], NULL);
+    close(x->ends[i][0]);
+    close(x->ends[i][1]);
+  }
+  close(x->fd);
+}
+
+/* 16 bundles of 3 files each, of `bytes` bytes ("small": a few). */
+static void three_file_warmup(fx *f, const char *file, const char *gen,
+                              char *path, size_t size) {
+  char buckets[1024] = "";
+  size_t n = 0;
+  for (int i = 0; i < 16; i++)
+    n += (size_t)snprintf(buckets + n, sizeof buckets - n, "%s{\"i\":%d}",
+                          i ? "," : "", i);
+  snprintf(path, size, "%s/%s.json", f->dir, file);
+  write_text(path,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"%s\","
+             "\"hash\":\"%s\"},\"archs\":[\"sm_80\"],\"builder\":{\"command\":"
+             "[\"sh\",\"-c\",\"for f in a b c; do %s > {out}/$f.cubin; "
+             "done\"],\"timeout_s\":30},\"buckets\":[%s]}",
+             file, MODEL, gen, buckets);
+}
+
+/* Seeds the model of path on kcached, then warms it into an empty cache
+ * through a counting proxy: the connections and libkcache threads made. */
+static void warm_counted(fx *f, const char *path, int *conns, int *threads) {
+  char cache[400], err[KC_ERRBUF_SIZE];
+  static int round;
+  snprintf(cache, sizeof cache, "%s/seed%d", f->dir, round);
+  run_res r;
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", path, "--url", f->srv.url,
+                              "--cache-dir", cache, "--strict", "--quiet",
+                              NULL});
+  if (r.rc)
+    fail_msg("seed: %s", r.out);
+  kc_warmup *w = NULL;
+  assert_int_equal(kc_warmup_load(path, &w, err), KC_OK);
+  proxy x = {0};
+  proxy_start(&x, f->srv.port);
+  snprintf(cache, sizeof cache, "%s/fresh%d", f->dir, round++);
+  kc_client *c = client_for(cache, x.url);
+  kc_warm_opts o = {.no_build = 1, .no_compat = 1};
+  kc_warm_report rep;
+  __atomic_store_n(&threads_made, 0, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&counting, 1, __ATOMIC_SEQ_CST);
+  kc_err e = kc_warm(c, w, &o, &rep, err);
+  __atomic_store_n(&counting, 0, __ATOMIC_SEQ_CST);
+  assert_int_equal(e, KC_OK);
+  assert_int_equal(rep.counts[KC_WARM_HIT_REMOTE], 16);
+  kc_warm_report_free(&rep);
+  kc_client_free(c);
+  *threads = __atomic_load_n(&threads_made, __ATOMIC_SEQ_CST);
+  *conns = __atomic_load_n(&x.conns, __ATOMIC_SEQ_CST);
+  proxy_stop(&x);
+  kc_warmup_free(w);
+}
+
+/* A model the size of the demo's (16 bundles, 48 files, a few KiB) warms
+ * from kcached on one connection (its lookup's) and no thread of
+ * libkcache's own; 48 files of 32 KiB (1.5 MiB) get a writer thread and
+ * a second connection, which shows the counting works. */
+static void test_small_warm_threads_conns(void **state) {
+  fx *f = *state;
+  char small[400], big[400];
+  int conns = 0, threads = 0;
+  start_server(f);
+  three_file_warmup(f, "small", "printf x{i}$f", small, sizeof small);
+  warm_counted(f, small, &conns, &threads);
+  print_message("16 bundles, 48 files of a few bytes: %d connections, %d "
+                "threads\n", conns, threads);
+  assert_int_equal(conns, 1);
+  assert_int_equal(threads, 0);
+  three_file_warmup(f, "big", "head -c 32768 /dev/urandom", big,
+                    sizeof big);
+  warm_counted(f, big, &conns, &threads);
+  print_message("16 bundles, 48 files of 32 KiB: %d connections, %d "
+                "threads\n", conns, threads);
+  assert_true(conns >= 2);
+  assert_int_equal(threads, 1);
+}
+
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
 #define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
@@ -732,6 +919,7 @@ int main(void) {
       T(test_purge_rewarm_uploads),
       T(test_out_compat_names_arch),
       T(test_no_build_says_compat),
+      T(test_small_warm_threads_conns),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
