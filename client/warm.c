@@ -7,6 +7,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <errno.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -410,6 +413,49 @@ static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
   free(all);
 }
 
+/* --out: the directory of item i's bundle, DIR/<arch>/<bucket>. */
+static void out_dir_of(const wctx *x, size_t i, char *dir, size_t size) {
+  char label[256];
+  const kc_warm_item *it = &x->rep->items[i];
+  kc_bucket_label(&it->bucket, label, sizeof label);
+  snprintf(dir, size, "%s/%s/%s", x->o->out_dir, it->arch, label);
+}
+
+/* The directories under --out of the bundles a fetch brings, made on a
+ * second thread while the fetch runs: each is a new inode, which on a busy
+ * file system waits as long as a blob's file, and they need not wait for
+ * the blobs. Empty until materialize_all links the files in; one whose
+ * bundle did not come is removed there. */
+typedef struct dirs_job {
+  wctx *x;
+  kc_manifest **found;
+  const size_t *idx;
+  size_t n;
+  pthread_t th;
+  int on;
+} dirs_job;
+
+static void *dirs_run(void *arg) {
+  dirs_job *j = arg;
+  char dir[PATH_MAX];
+  for (size_t k = 0; k < j->n; k++) {
+    if (!j->found[k])
+      continue;
+    out_dir_of(j->x, j->idx[k], dir, sizeof dir);
+    if (mkdir(dir, 0755) != 0 && errno == ENOENT)
+      kcc_mkdirs(dir, NULL);
+  }
+  return NULL;
+}
+
+static void dirs_start(dirs_job *j) {
+  size_t m = 0;
+  for (size_t k = 0; k < j->n; k++)
+    m += j->found[k] != NULL;
+  j->on = j->x->o->out_dir && m >= 32 &&
+          pthread_create(&j->th, NULL, dirs_run, j) == 0;
+}
+
 /* The served bundles' blobs, all at once: one pool of transfers. */
 static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
   size_t nd = 0;
@@ -428,7 +474,11 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
     for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
       d[nd++] = &found[k]->files[j];
   /* ok[] says which blobs are cached now: no second look at each */
+  dirs_job dj = {.x = x, .found = found, .idx = idx, .n = n};
+  dirs_start(&dj);
   kc_err e = kcc_fetch_blobs(x->c, d, nd, ok, &got, e2);
+  if (dj.on) /* joined: builds fork, single-threaded */
+    pthread_join(dj.th, NULL);
   free(d);
   x->rep->bytes_fetched += got;
   if (is_down(e))
@@ -1150,13 +1200,14 @@ static kc_err mark_arch(wctx *x, size_t i, const char *dir, char *err) {
  * in the local cache): linked or copied without hashing them again. */
 static void materialize_run(void *arg, size_t from, size_t to) {
   wctx *x = arg;
-  char dir[PATH_MAX], label[256], e2[KC_ERRBUF_SIZE];
+  char dir[PATH_MAX], e2[KC_ERRBUF_SIZE];
   for (size_t i = from; i < to; i++) {
     kc_warm_item *it = &x->rep->items[i];
-    if (!x->ms[i])
+    out_dir_of(x, i, dir, sizeof dir);
+    if (!x->ms[i]) {
+      rmdir(dir); /* made during a fetch that did not bring it (if empty) */
       continue;
-    kc_bucket_label(&it->bucket, label, sizeof label);
-    snprintf(dir, sizeof dir, "%s/%s/%s", x->o->out_dir, it->arch, label);
+    }
     kc_err e = kcc_materialize(x->c, x->ms[i], dir, 1, e2);
     if (!e)
       e = mark_arch(x, i, dir, e2);
