@@ -44,6 +44,8 @@ typedef struct wctx {
   kc_err remote_err; /* why the last lookup failed (KC_OK: it did not) */
   char remote_why[KC_ERRBUF_SIZE];
   int server_ok;
+  int cant_write;    /* an upload was refused (401/403): none tried again */
+  char cant_why[KC_ERRBUF_SIZE];
   int jobs;          /* concurrent builds */
   int64_t t0;
   size_t done;
@@ -751,11 +753,19 @@ static void upload(wctx *x, size_t i, const kc_manifest *m) {
     offer_blobs(x, m);
   if (x->remote_bad[i])
     return;
-  kc_err e = kc_client_push(x->c, m, e2);
+  kc_err e = x->cant_write ? KC_FORBIDDEN : kc_client_push(x->c, m, e2);
   if (!e)
     it->uploaded = 1;
   else if (is_down(e))
     server_down(x, e2);
+  else if (e == KC_FORBIDDEN || e == KC_UNAUTHORIZED) {
+    /* the token cannot write: said once per item, asked once per warm */
+    if (!x->cant_write)
+      snprintf(x->cant_why, sizeof x->cant_why, "%.400s", e2);
+    x->cant_write = 1;
+    snprintf(it->message, sizeof it->message,
+             "not uploaded: the token cannot write (%.420s)", x->cant_why);
+  }
   else if (e == KC_CONFLICT) /* write-once: another build got there first */
     snprintf(it->message, sizeof it->message,
              "not uploaded: kcached already holds another build of this key "

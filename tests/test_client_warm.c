@@ -620,6 +620,69 @@ static void test_purge_rewarm_uploads(void **state) {
   assert_null(strstr(r.out, "uploaded"));
 }
 
+static void make_token(const char *role, const char *name, const char *file,
+                       char *token, size_t size) {
+  char cmd[600], line[512];
+  snprintf(cmd, sizeof cmd, "%s token %s %s 2>/dev/null", kc_testsrv_bin(),
+           role, name);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  FILE *out = fopen(file, "a");
+  assert_non_null(out);
+  while (fgets(line, sizeof line, p)) {
+    line[strcspn(line, "\n")] = '\0';
+    if (line[0] == '#' || !line[0])
+      continue;
+    if (!strchr(line, ' '))
+      snprintf(token, size, "%.200s", line);
+    else
+      fprintf(out, "%s\n", line);
+  }
+  fclose(out);
+  assert_int_equal(pclose(p), 0);
+  assert_true(token[0] != '\0');
+}
+
+/* The same with tokens: a read token's re-warm cannot put them back and
+ * says so on each item (one refused upload, not one per bundle); a write
+ * token's does. */
+static void test_purge_rewarm_tokens(void **state) {
+  fx *f = *state;
+  char w[400], cache[400], tokens[400], rtok[256] = "", wtok[256] = "",
+       atok[256] = "";
+  snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
+  make_token("read", "svc", tokens, rtok, sizeof rtok);
+  make_token("write", "ci", tokens, wtok, sizeof wtok);
+  make_token("admin", "ops", tokens, atok, sizeof atok);
+  assert_int_equal(kc_testsrv_init(&f->srv), 0);
+  const char *args[] = {"--tokens", tokens, NULL};
+  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
+  f->have_srv = 1;
+  cmd_warmup(f, "purged", "\"sm_80\"", w, sizeof w);
+  snprintf(cache, sizeof cache, "%s/c1", f->dir);
+  run_res r;
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w, "--url", f->srv.url, "--cache-dir",
+                              cache, "--token", wtok, NULL});
+  assert_int_equal(r.rc, 0);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"purge", "purged", "--url", f->srv.url,
+                              "--token", atok, NULL});
+  assert_int_equal(r.rc, 0);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w, "--url", f->srv.url, "--cache-dir",
+                              cache, "--token", rtok, NULL});
+  print_message("%s", r.out);
+  assert_int_equal(r.rc, 0);
+  assert_int_equal(count_of(r.out, "not uploaded: "), 2);
+  assert_int_equal(count_of(r.out, "403"), 2);
+  run_kcache(&r, NULL, NULL,
+             (const char *[]){"warm", w, "--url", f->srv.url, "--cache-dir",
+                              cache, "--token", wtok, NULL});
+  assert_int_equal(r.rc, 0);
+  assert_non_null(strstr(r.out, "2 hit-local bundles uploaded"));
+}
+
 /* A command-builder warmup of the model named "compat" for archs, in
  * file dir/<file>.json (the build is the same for every file). */
 static void compat_warmup(fx *f, const char *file, const char *archs,
@@ -917,6 +980,7 @@ int main(void) {
       T(test_out_replaces),
       T(test_out_other_fs),
       T(test_purge_rewarm_uploads),
+      T(test_purge_rewarm_tokens),
       T(test_out_compat_names_arch),
       T(test_no_build_says_compat),
       T(test_small_warm_threads_conns),
