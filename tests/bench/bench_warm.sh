@@ -56,6 +56,8 @@
 #        BENCH_DEMO (1; 0: skip the demo model, its NVRTC builds and the
 #        storm) BENCH_SHAPES ("1024x4x16 16x300x48"; "": none)
 #        KCACHED, KCACHE (binaries, when not given as arguments)
+#        BENCH_KCACHE_BASE (another kcache binary: its warm --out joins each
+#        round of the shapes, paired with this one's)
 # Needs: a built kcached and kcache, NVRTC for the demo part
 #        (/usr/local/cuda or $KCACHE_NVRTC; no GPU), curl >= 7.67
 #        (--parallel; --no-progress-meter, as -s does not silence the
@@ -139,6 +141,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 kcached=${1:-${KCACHED:-}}
 kcache=${2:-${KCACHE:-}}
+kcache_base=${BENCH_KCACHE_BASE:-}
 if [ -z "$kcached" ]; then
   for c in "$root/build/server/kcached" "$root/build-server/server/kcached"; do
     [ -x "$c" ] && kcached=$c && break
@@ -356,6 +359,19 @@ fs_warm_out() {
   n=$(find "$tmp/fs-o-$run" -type f | wc -l)
   [ "$n" = $((nb * nf)) ] || die "fs $shape: --out holds $n files, expected $((nb * nf))"
 }
+# BENCH_KCACHE_BASE: another kcache's warm --out in the same rounds (a
+# build to compare with, paired round by round).
+fs_warm_base() {
+  sync
+  t0=$(now)
+  timeout -k 5 "$hard_limit" "$kcache_base" warm "$man" --url "$url" \
+    --cache-dir "$tmp/fs-w3-$run" --out "$tmp/fs-o3-$run" --parallel "$par" \
+    --no-build --json --quiet --strict >"$tmp/fs-w.json" 2>"$tmp/fs-w.err" ||
+    { tail -n 5 "$tmp/fs-w.err" >&2; die "fs $shape: base warm --out failed"; }
+  t1=$(now)
+  b_s+="$(elapsed "$t0" "$t1") "
+  expect "$tmp/fs-w.json" "hit_remote=$nb" "failed=0" >/dev/null
+}
 fs_warm_plain() {
   sync
   t0=$(now)
@@ -385,7 +401,7 @@ fs_curl() {
   c_s+="$(elapsed "$t0" "$t1") "
 }
 fs_shape() { # bundles files kib
-  local nb=$1 nf=$2 kib=$3 shape="$1x$2x$3" run t0 t1 w_s="" p_s="" t_s="" c_s=""
+  local nb=$1 nf=$2 kib=$3 shape="$1x$2x$3" run t0 t1 w_s="" p_s="" t_s="" c_s="" b_s=""
   local man="$tmp/fs-$shape.json" fsmodel d
   fsmodel=$(printf '%s' "fs-$shape" | sha256sum | cut -d' ' -f1)
   python3 - "$man" "$nb" "$nf" "$kib" "$fsmodel" <<'PYEOF'
@@ -424,9 +440,11 @@ PYEOF
     # while the group holds recently freed ones (the last round's rm -rf),
     # and no step should always be the one that comes first.
     local order=(w p t c) k
+    [ -z "$kcache_base" ] || order+=(b)
     fs_curl_args
-    for k in $(seq 0 3); do
-      case ${order[$(((k + run - 1) % 4))]} in
+    for k in $(seq 0 $((${#order[@]} - 1))); do
+      case ${order[$(((k + run - 1) % ${#order[@]}))]} in
+        b) fs_warm_base ;;
         w) fs_warm_out ;;
         p) fs_warm_plain ;;
         t) fs_tar ;;
@@ -437,7 +455,8 @@ PYEOF
   done
   stop_kcached
   rm -rf "$tmp/fs-data" "$tmp/fs.tar" "$tmp"/fs-w1-* "$tmp"/fs-o-* \
-    "$tmp"/fs-w2-* "$tmp"/fs-t-* "$tmp"/fs-c-* "$tmp/fs-seed" "$tmp/fs-ref"
+    "$tmp"/fs-w2-* "$tmp"/fs-t-* "$tmp"/fs-c-* "$tmp/fs-seed" "$tmp/fs-ref" \
+    "$tmp"/fs-w3-* "$tmp"/fs-o3-*
   local wm pm tm cm r1 r2 p1 p2 ok1 ok2
   wm=$(median <<<"$w_s") pm=$(median <<<"$p_s") tm=$(median <<<"$t_s") cm=$(median <<<"$c_s")
   r1=$(awk -v a="$wm" -v b="$tm" 'BEGIN {printf "%.2f", a / b}')
@@ -449,6 +468,9 @@ PYEOF
   [ "$ok1" = met ] && [ "$ok2" = met ] || fs_missed=1
   fs_rows+="| $shape: $nb bundles, $((nb * nf)) files ($files on disk after, $links of them links), $((bytes / 1024)) MiB | $(fmt "$wm") | $(fmt "$pm") | $(fmt "$tm") | $(fmt "$cm") | ${r1}x ($ok1; per round ${p1}x) | ${r2}x ($ok2; per round ${p2}x) |"$'\n'
   fs_rows+="|   samples (s) | $(samples "$w_s") | $(samples "$p_s") | $(samples "$t_s") | $(samples "$c_s") | | |"$'\n'
+  if [ -n "$kcache_base" ]; then
+    fs_rows+="|   BENCH_KCACHE_BASE warm --out: median $(fmt "$(median <<<"$b_s")"), this / base per round $(paired "$w_s" "$b_s" "%.2f")x; base / curl $(paired "$b_s" "$c_s" "%.2f")x, base / tar x $(paired "$b_s" "$t_s" "%.2f")x | $(samples "$b_s") | | | | | |"$'\n'
+  fi
 }
 
 # Shared by both sections.
