@@ -1,5 +1,5 @@
-/* bundle_files.c: bundles as files: materialize into a directory (never outside
- * it), one file's bytes in memory, a bundle from a directory, push and pull. */
+/* bundle_files.c: bundles as files: one file's bytes in memory, a bundle
+ * from a directory, push and pull (materialize.c writes one out). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,98 +10,6 @@
 #include <unistd.h>
 
 #include "client_internal.h"
-
-/* Opens the directory that will hold rel's last segment, making the ones
- * before it. Each step is openat(O_NOFOLLOW) from the previous one, so a
- * symlink planted inside the target cannot lead a write outside it. */
-static int open_parent(int root, const char *rel, const char **leaf,
-                       char *err) {
-  char seg[KC_PATH_MAX + 1];
-  int fd = dup(root);
-  const char *p = rel, *slash;
-  while (fd >= 0 && (slash = strchr(p, '/'))) {
-    size_t n = (size_t)(slash - p);
-    memcpy(seg, p, n);
-    seg[n] = '\0';
-    if (mkdirat(fd, seg, 0755) != 0 && errno != EEXIST) {
-      kc_errf(err, KC_IO, "mkdir %s: %s", seg, strerror(errno));
-      close(fd);
-      return -1;
-    }
-    int next = openat(fd, seg, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (next < 0)
-      kc_errf(err, errno == ELOOP || errno == ENOTDIR ? KC_UNSAFE_PATH : KC_IO,
-              "%s: %s", rel, errno == ELOOP ? "a symlink is in the way"
-                                            : strerror(errno));
-    close(fd);
-    fd = next;
-    p = slash + 1;
-  }
-  *leaf = p;
-  return fd;
-}
-
-static kc_err write_at(int dirfd, const char *leaf, const void *data,
-                       size_t len, char *err) {
-  char tmp[KC_PATH_MAX + 32];
-  snprintf(tmp, sizeof tmp, ".%s.kc-%ld", leaf, (long)getpid());
-  int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW |
-                                  O_CLOEXEC, 0644);
-  if (fd < 0)
-    return kc_errf(err, KC_IO, "create %s: %s", tmp, strerror(errno));
-  const char *p = data;
-  size_t left = len;
-  while (left) {
-    ssize_t n = write(fd, p, left);
-    if (n <= 0 && errno != EINTR)
-      break;
-    if (n > 0) {
-      p += n;
-      left -= (size_t)n;
-    }
-  }
-  int bad = left != 0;
-  bad |= close(fd) != 0;
-  /* renameat replaces a symlink named leaf itself, never its target. */
-  if (bad || renameat(dirfd, tmp, dirfd, leaf) != 0) {
-    int saved = errno;
-    unlinkat(dirfd, tmp, 0);
-    return kc_errf(err, KC_IO, "write %s: %s", leaf, strerror(saved));
-  }
-  return KC_OK;
-}
-
-static kc_err materialize_file(kc_client *c, int root, const kc_file *f,
-                               char *err) {
-  const char *leaf;
-  void *data = NULL;
-  size_t len = 0;
-  kc_err e = kc_path_validate(f->path, "path", err);
-  if (e)
-    return e;
-  if ((e = kcc_cache_blob_read(c, f->sha256, f->size, &data, &len, err)))
-    return e;
-  int dfd = open_parent(root, f->path, &leaf, err);
-  e = dfd < 0 ? KC_UNSAFE_PATH : write_at(dfd, leaf, data, len, err);
-  if (dfd >= 0)
-    close(dfd);
-  free(data);
-  return e;
-}
-
-kc_err kc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
-                      char *err) {
-  kc_err e = kcc_mkdirs(dir, err);
-  if (e)
-    return e;
-  int root = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (root < 0)
-    return kc_errf(err, KC_IO, "open %s: %s", dir, strerror(errno));
-  for (size_t i = 0; !e && i < m->n_files; i++)
-    e = materialize_file(c, root, &m->files[i], err);
-  close(root);
-  return e;
-}
 
 kc_err kc_bundle_file_bytes(kc_client *c, const kc_manifest *m,
                             const char *path, void **data, size_t *len,

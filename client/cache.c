@@ -127,12 +127,28 @@ static kc_err blob_check(kc_client *c, const char *digest, uint64_t size,
   return KC_OK;
 }
 
+/* Read-only from birth (0444 less the umask): a cached file is never
+ * written again once renamed into place, and `--out` links blobs into the
+ * service's directory, where a read-only inode keeps a service (not run as
+ * root) from writing through the link into the cache and every other
+ * directory linked to it. The name is unique by pid and a counter (O_EXCL
+ * catches a leftover of an earlier process with the same pid). */
 int kcc_cache_tmp(const kc_client *c, char *path, char *err) {
-  snprintf(path, PATH_MAX, "%s/tmp/part-XXXXXX", c->cache_dir);
-  int fd = mkstemp(path);
-  if (fd < 0)
-    kc_errf(err, KC_IO, "create %s: %s", path, strerror(errno));
-  return fd;
+  static unsigned long seq;
+  for (int tries = 0; tries < 100; tries++) {
+    unsigned long n = __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED);
+    snprintf(path, PATH_MAX, "%s/tmp/part-%ld-%lu", c->cache_dir,
+             (long)getpid(), n);
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  0444);
+    if (fd >= 0 || errno != EEXIST) {
+      if (fd < 0)
+        kc_errf(err, KC_IO, "create %s: %s", path, strerror(errno));
+      return fd;
+    }
+  }
+  kc_errf(err, KC_IO, "create %s: %s", path, strerror(EEXIST));
+  return -1;
 }
 
 /* The fan-out directory blobs/<2 hex>/ of a digest, 0..255. */
@@ -251,6 +267,11 @@ kc_err kcc_cache_blob_read(kc_client *c, const char *digest, uint64_t size,
   if (!e)
     *len = (size_t)size;
   return e;
+}
+
+kc_err kcc_cache_blob_verify(kc_client *c, const char *digest, uint64_t size,
+                             char *err) {
+  return blob_check(c, digest, size, NULL, err);
 }
 
 /* Every blob of m present and hashing right; the first bad one is removed. */

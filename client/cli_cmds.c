@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -22,14 +24,16 @@ typedef struct cmd_spec {
 } cmd_spec;
 
 /* Parses the common options and an optional extra one ('o' with an
- * argument, 'f' fields). Returns 0 and sets *first to the first positional,
- * or the exit code (-1 for --help, which exits 0). */
+ * argument, 'f' fields, 'j' json) and, for get, --max-size into *max_size
+ * (may be NULL: not taken). Returns 0 and sets *first to the first
+ * positional, or the exit code (-1 for --help, which exits 0). */
 static int parse(const cmd_spec *s, int argc, char **argv, kcli_common *g,
-                 const char **extra, int *first) {
+                 const char **extra, const char **max_size, int *first) {
   static const struct option own[] = {
       {"output", required_argument, NULL, 'o'},
       {"fields", required_argument, NULL, 'f'},
       {"json", no_argument, NULL, 'j'},
+      {"max-size", required_argument, NULL, 'm'},
       {NULL, 0, NULL, 0}};
   struct option lo[KCLI_LONGOPTS_MAX];
   int opt, rc = kcli_common_init(g, s->name);
@@ -45,6 +49,8 @@ static int parse(const cmd_spec *s, int argc, char **argv, kcli_common *g,
     }
     if ((opt == 'o' || opt == 'f' || opt == 'j') && extra)
       *extra = opt == 'j' ? "json" : optarg;
+    else if (opt == 'm' && max_size)
+      *max_size = optarg;
     else if (opt == '?' || kcli_common_opt(g, opt, optarg) != 1)
       return kcli_usage(s->name, s->usage);
   }
@@ -58,7 +64,7 @@ static int parse(const cmd_spec *s, int argc, char **argv, kcli_common *g,
 #define PARSE_OR_RETURN(spec, extra)                                           \
   kcli_common g;                                                               \
   int first = 0;                                                               \
-  int prc_ = parse(&spec, argc, argv, &g, extra, &first);                      \
+  int prc_ = parse(&spec, argc, argv, &g, extra, NULL, &first);                \
   if (prc_)                                                                    \
     return prc_ < 0 ? KCLI_EXIT_OK : prc_;                                     \
   if ((spec).needs_url && kcli_need_url(&g, (spec).name))                      \
@@ -195,29 +201,84 @@ int kcli_cmd_pull(int argc, char **argv) {
 /* ---- get, put ---- */
 
 static const cmd_spec get_spec = {
-    "get", "usage: kcache get DIGEST [-o FILE]\n",
-    "Download a blob, verified, to stdout or FILE (written atomically).\n"
-    "  -o, --output FILE\n",
+    "get", "usage: kcache get DIGEST [-o FILE] [--max-size SIZE]\n",
+    "Download a blob, streamed (never held in memory), hashed on the way.\n"
+    "  -o, --output FILE  write to FILE: a temporary file beside it, renamed\n"
+    "                     only when the bytes hash to DIGEST (default:\n"
+    "                     stdout, where a mismatch is an error at the end,\n"
+    "                     after the bytes went out)\n"
+    "  --max-size SIZE    stop after SIZE bytes (K, M, G suffixes; default\n"
+    "                     1G, kcached's largest blob by default): a longer\n"
+    "                     answer is cut off there and the command fails\n",
     1, 1, 1};
 
+/* "123", "64K", "16M", "1G" (powers of 1024); 0 and overflow are errors. */
+static int parse_size(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  int shift = !strcmp(end, "K") || !strcmp(end, "k")   ? 10
+              : !strcmp(end, "M") || !strcmp(end, "m") ? 20
+              : !strcmp(end, "G") || !strcmp(end, "g") ? 30
+              : !*end                                  ? 0
+                                                       : -1;
+  if (errno || end == s || *s == '-' || shift < 0 || !v ||
+      v > (UINT64_MAX >> shift))
+    return -1;
+  *out = (uint64_t)v << shift;
+  return 0;
+}
+
+/* Streams the blob into a temporary file beside path, renamed over path
+ * only when it verified. */
+static kc_err get_to_file(kc_client *c, const char *digest, const char *path,
+                          uint64_t max, char *err) {
+  char tmp[PATH_MAX];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path) >= (int)sizeof tmp)
+    return kc_errf(err, KC_EINVAL, "%s: path too long", path);
+  int fd = mkstemp(tmp);
+  if (fd < 0)
+    return kc_errf(err, KC_IO, "create %s: %s", tmp, strerror(errno));
+  kc_err e = kc_client_blob_get_fd(c, digest, fd, max, NULL, err);
+  if (close(fd) != 0 && !e)
+    e = kc_errf(err, KC_IO, "write %s: %s", tmp, strerror(errno));
+  if (!e && chmod(tmp, 0644) != 0)
+    e = kc_errf(err, KC_IO, "chmod %s: %s", tmp, strerror(errno));
+  if (!e && rename(tmp, path) != 0)
+    e = kc_errf(err, KC_IO, "rename %s: %s", path, strerror(errno));
+  if (e)
+    unlink(tmp);
+  return e;
+}
+
 int kcli_cmd_get(int argc, char **argv) {
-  const char *out = NULL;
-  PARSE_OR_RETURN(get_spec, &out);
+  const char *out = NULL, *max_arg = NULL;
+  kcli_common g;
+  int first = 0;
+  uint64_t max = KC_BLOB_GET_MAX;
   char err[KC_ERRBUF_SIZE];
-  void *data = NULL;
-  size_t len = 0;
+  int rc = parse(&get_spec, argc, argv, &g, &out, &max_arg, &first);
+  if (rc)
+    return rc < 0 ? KCLI_EXIT_OK : rc;
+  if (kcli_need_url(&g, "get"))
+    return KCLI_EXIT_USAGE;
+  if (max_arg && parse_size(max_arg, &max) != 0)
+    return kcli_fail("get", KCLI_EXIT_USAGE,
+                     "--max-size: '%s' is not a size (123, 64K, 16M, 1G)",
+                     max_arg);
   if (!kc_is_hex64(argv[first]))
     return kcli_fail("get", KCLI_EXIT_USAGE,
                      "DIGEST: must be 64 lowercase hex");
   kc_client *c = kcli_client(&g);
   if (!c)
     return KCLI_EXIT_FAIL;
-  kc_err e = kc_client_blob_get(c, argv[first], &data, &len, err);
-  if (!e && out)
-    e = kc_write_file_atomic(out, data, len, err);
-  else if (!e && fwrite(data, 1, len, stdout) != len)
-    e = kc_errf(err, KC_IO, "stdout: %s", strerror(errno));
-  free(data);
+  kc_err e;
+  if (out) {
+    e = get_to_file(c, argv[first], out, max, err);
+  } else {
+    fflush(stdout);
+    e = kc_client_blob_get_fd(c, argv[first], STDOUT_FILENO, max, NULL, err);
+  }
   kc_client_free(c);
   return e ? kcli_fail("get", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;
 }

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -181,7 +182,8 @@ static int warm_output(const warm_args *a, const kc_warm_report *r) {
 
 /* Tells the server what this model wants warm (its page's coverage), when
  * the token can write: a read token's 403 (and an older kcached's 404) are
- * expected and skipped without a word. */
+ * expected and skipped without a word. Sent after the warm (so that a
+ * stalled server costs the warm nothing more), within its deadline. */
 static void upload_warmup(kc_client *c, const warm_args *a,
                           const kc_warmup *w) {
   char err[KC_ERRBUF_SIZE], *json = NULL;
@@ -196,6 +198,19 @@ static void upload_warmup(kc_client *c, const warm_args *a,
       e != KC_METHOD && !a->quiet)
     fprintf(stderr, "kcache warm: the warmup manifest was not stored on the "
             "server: %s\n", err);
+}
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Seconds of --deadline left since t0; a passed one is a millisecond (a
+ * bound that only lets a request fail at once, never "none"). */
+static double deadline_left(const warm_args *a, double t0) {
+  double left = a->o.deadline_s - (mono_s() - t0);
+  return left > 0.001 ? left : 0.001;
 }
 
 int kcli_cmd_warm(int argc, char **argv) {
@@ -224,8 +239,16 @@ int kcli_cmd_warm(int argc, char **argv) {
   else if (!(c = kcli_client(&a.g)))
     rc = KCLI_EXIT_FAIL;
   else {
-    upload_warmup(c, &a, w);
+    double t0 = mono_s();
     e = kc_warm(c, w, &a.o, &rep, err);
+    /* The warm's other requests, after it, within what is left of its
+     * deadline: none of them may hold the service's start past it. */
+    if (a.o.deadline_s > 0)
+      kc_client_set_deadline(c, deadline_left(&a, t0));
+    if (!rep.server_down) /* a server that stalled is not asked again */
+      upload_warmup(c, &a, w);
+    if (a.o.deadline_s > 0) /* the misses it noted: now, or dropped */
+      kc_demand_flush(c, (long)(deadline_left(&a, t0) * 1000) + 1, NULL);
     if (e && rep.n_items == 0) /* nothing computed: the manifest or setup */
       rc = kcli_fail("warm", KCLI_EXIT_FAIL, "%s", err);
     else

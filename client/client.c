@@ -185,6 +185,8 @@ kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err) {
   kc_client *c = calloc(1, sizeof *c);
   if (!c)
     return kc_errf(err, KC_NOMEM, "out of memory");
+  c->umask = umask(077); /* read (and put back) once: see cache.c */
+  umask(c->umask);
   kc_err e = copy_opts(c, o, err);
   if (!e)
     e = check_plaintext(c, o, err);
@@ -226,6 +228,12 @@ void kc_client_free(kc_client *c) {
 
 const char *kc_client_cache_dir(const kc_client *c) { return c->cache_dir; }
 int kc_client_has_server(const kc_client *c) { return c->url != NULL; }
+
+void kc_client_set_deadline(kc_client *c, double seconds) {
+  c->deadline_ms = seconds > 0 ? kcc_now_ms() + (int64_t)(seconds * 1000) : 0;
+  if (seconds > 0 && c->deadline_ms == 0)
+    c->deadline_ms = 1; /* 0 would read as none */
+}
 
 /* ---- blobs ---- */
 

@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <curl/curl.h>
 
@@ -34,6 +35,8 @@ struct kc_client {
   int no_batch;          /* the server lacks POST /v1/blobs/fetch (it
                             answered 404/405): GETs only from then on */
   unsigned char blob_dir[256]; /* what is known of blobs/<2 hex>/: KCC_DIR_* */
+  mode_t umask;          /* the process's, read once at kc_client_new: the
+                            mode cached (and linked) blobs get */
 };
 
 /* What is known of a blob fan-out directory (bits), so that a warm makes
@@ -72,6 +75,10 @@ kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
 kc_err kcc_http_do_on(kc_client *c, CURL *h, const char *method,
                       const char *path, const void *body, size_t len,
                       kcc_http_resp *r, char *err);
+/* A libcurl failure of method path -> kc_err and its message (detail:
+ * libcurl's error buffer, may be "" or NULL). */
+kc_err kcc_http_curl_error(kc_client *c, CURLcode rc, const char *method,
+                           const char *path, const char *detail, char *err);
 /* Error answer -> kc_err and its message ("server: <message>"). */
 kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err);
 /* A copy of l with one more header h; NULL when out of memory. */
@@ -162,6 +169,10 @@ int kcc_cache_tmp(const kc_client *c, char *path, char *err);
 /* 0 when bundles/ holds no entry (a fresh cache: a warm need not look for
  * each of its keys), 1 when it does or cannot be read. */
 int kcc_cache_has_bundles(const kc_client *c);
+/* The cached blob is a regular file of that size hashing to digest (else
+ * KC_CORRUPT and removed, as kcc_cache_blob_read). */
+kc_err kcc_cache_blob_verify(kc_client *c, const char *digest, uint64_t size,
+                             char *err);
 /* Loads a blob file verified against digest and its manifest's size into
  * memory (NUL after). A mismatch, a symlink or any other type than a regular
  * file deletes the name (KC_CORRUPT); c's deadline stops the hashing
@@ -220,6 +231,14 @@ char *kcc_strdup0(const char *s);
  * when two is 0 or the thread cannot be made. Returns when both are done. */
 void kcc_halves(size_t n, int two, void (*fn)(void *, size_t, size_t),
                 void *arg);
+
+/* ---- materialize.c ---- */
+
+/* kc_materialize; verified: every blob of m was hashed by this process
+ * since it was cached (kc_warm's ready bundles), so it is linked or copied
+ * without hashing it again. */
+kc_err kcc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
+                       int verified, char *err);
 
 /* ---- build_key.c ---- */
 

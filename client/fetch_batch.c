@@ -32,6 +32,11 @@
 #define KCC_BATCH_ITEMS 1024
 #define KCC_BATCH_BYTES ((uint64_t)8 << 20)
 #define KCC_BATCH_MIN 8 /* files: fewer are not worth a connection more */
+/* Nor are fewer bytes: a connection more costs a handshake and a server
+ * thread's turn, while one connection on loopback carries a MiB in about
+ * a millisecond. The demo model (36 blobs, 316 KiB) takes one, the one its
+ * lookup opened (see run_one). */
+#define KCC_BATCH_CONN_BYTES ((uint64_t)1 << 20)
 #define LINE_CAP 128 /* "<64 hex> <length> missing\n" is under 100 */
 /* Verify-and-write is shared with a second thread (the writer): the hash
  * and the file system were most of a warm of many small files' CPU, all on
@@ -40,6 +45,7 @@
  * takes it itself, so both stay busy and neither waits on the other until
  * the end. Below KCC_WRITER_MIN files the thread is not worth starting. */
 #define KCC_WRITER_MIN 32
+#define KCC_WRITER_MIN_BYTES ((uint64_t)1 << 20) /* and fewer bytes */
 #define KCC_WRITER_BYTES ((uint64_t)1 << 20)
 #define KCC_WRITER_SLOTS 1024
 /* The writer hands written items' buffers back for the next items, rather
@@ -215,10 +221,12 @@ static int hand_over(brun *r, batch *b) {
   return 0;
 }
 
-/* The writer for a run of n items, or none (r->w stays NULL). */
-static void writer_start(brun *r, size_t n) {
+/* The writer for a run of n items of `bytes` in all, or none (r->w stays
+ * NULL): a thread only where there is work for two. */
+static void writer_start(brun *r, size_t n, uint64_t bytes) {
   writer *w;
-  if (n < KCC_WRITER_MIN || !(w = calloc(1, sizeof *w)))
+  if (n < KCC_WRITER_MIN || bytes < KCC_WRITER_MIN_BYTES ||
+      !(w = calloc(1, sizeof *w)))
     return;
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->more, NULL);
@@ -390,8 +398,9 @@ static size_t on_data(char *data, size_t size, size_t nmemb, void *arg) {
   return n;
 }
 
-/* The request of batch k on b; 0, or -1 (its files are left to GETs). */
-static int start(brun *r, batch *b, size_t k) {
+/* The request of batch k on b, added to the multi handle when `multi`;
+ * 0, or -1 (its files are left to GETs). */
+static int start_on(brun *r, batch *b, size_t k, int multi) {
   long budget = kcc_http_budget_ms(r->c);
   size_t from = r->starts[k], n = r->starts[k + 1] - from;
   if (budget <= 0)
@@ -418,21 +427,26 @@ static int start(brun *r, batch *b, size_t k) {
   curl_easy_setopt(b->h, CURLOPT_WRITEFUNCTION, on_data);
   curl_easy_setopt(b->h, CURLOPT_WRITEDATA, b);
   curl_easy_setopt(b->h, CURLOPT_BUFFERSIZE, 256L << 10);
-  if (curl_multi_add_handle(r->c->multi, b->h) != CURLM_OK)
+  if (multi && curl_multi_add_handle(r->c->multi, b->h) != CURLM_OK)
     return -1;
-  b->busy = 1;
+  b->busy = multi;
   return 0;
 }
 
+static int start(brun *r, batch *b, size_t k) { return start_on(r, b, k, 1); }
+
 /* A batch's request ended: a server without the route is remembered. */
-static void finish(brun *r, batch *b) {
+static void finish_on(brun *r, batch *b, int multi) {
   long status = 0;
   curl_easy_getinfo(b->h, CURLINFO_RESPONSE_CODE, &status);
-  curl_multi_remove_handle(r->c->multi, b->h);
+  if (multi)
+    curl_multi_remove_handle(r->c->multi, b->h);
   b->busy = 0;
   if (status == 404 || status == 405)
     r->c->no_batch = 1;
 }
+
+static void finish(brun *r, batch *b) { finish_on(r, b, 1); }
 
 static void start_next(brun *r, batch *b, int *active) {
   while (r->next < r->nb && !r->c->no_batch)
@@ -442,8 +456,24 @@ static void start_next(brun *r, batch *b, int *active) {
     }
 }
 
+/* One batch: on the client's own handle, which keeps the connection its
+ * lookup just used (a multi handle's transfer would open another). */
+static void run_one(brun *r, batch *b) {
+  CURL *own = b->h;
+  b->h = r->c->easy;
+  if (start_on(r, b, 0, 0) == 0) {
+    curl_easy_perform(b->h);
+    finish_on(r, b, 0);
+  }
+  b->h = own;
+}
+
 static void run(brun *r, batch *bs, int nx) {
   int active = 0, running;
+  if (r->nb == 1) {
+    run_one(r, &bs[0]);
+    return;
+  }
   for (int k = 0; k < nx; k++)
     start_next(r, &bs[k], &active);
   while (active > 0) {
@@ -477,8 +507,11 @@ static int cut(brun *r, const size_t *todo, size_t n, int parallel) {
   size_t want = (n + KCC_BATCH_ITEMS - 1) / KCC_BATCH_ITEMS;
   size_t by_bytes = (size_t)((bytes + KCC_BATCH_BYTES - 1) / KCC_BATCH_BYTES);
   size_t conns = (size_t)(parallel > 0 ? parallel : 1);
+  size_t by_work = (size_t)(bytes / KCC_BATCH_CONN_BYTES) + 1;
   if (conns > (n + KCC_BATCH_MIN - 1) / KCC_BATCH_MIN)
     conns = (n + KCC_BATCH_MIN - 1) / KCC_BATCH_MIN;
+  if (conns > by_work)
+    conns = by_work;
   want = want > by_bytes ? want : by_bytes;
   want = want > conns ? want : conns;
   want = want < n ? want : n;
@@ -532,7 +565,10 @@ kc_err kcc_fetch_batched(kc_client *c, const kc_file *const *files,
     ready = (bs[k].r = &r) && (bs[k].h = curl_easy_init()) &&
             (bs[k].dc = ZSTD_createDCtx());
   if (ready) {
-    writer_start(&r, n);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+      bytes += files[todo[i]]->size;
+    writer_start(&r, n, bytes);
     run(&r, bs, nx);
     writer_stop(&r);
   }

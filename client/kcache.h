@@ -87,6 +87,11 @@ void kc_client_free(kc_client *c);
 const char *kc_client_cache_dir(const kc_client *c);
 /* 1 when a server URL is set. */
 int kc_client_has_server(const kc_client *c);
+/* Every later request on c ends within `seconds` from now (KC_DEADLINE
+ * once it has passed, without a request); <= 0: no such bound. kc_warm
+ * sets its own for its run and clears it when it returns: this is for what
+ * a caller sends around a warm within the same deadline. */
+void kc_client_set_deadline(kc_client *c, double seconds);
 
 /* ---- Blobs ---- */
 
@@ -95,6 +100,15 @@ int kc_client_has_server(const kc_client *c);
  * (caller frees), one extra NUL byte after *len. */
 kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
                           size_t *len, char *err);
+/* The same GET streamed to fd as it arrives, never held in memory, hashed
+ * on the way: at most max bytes (0: KC_BLOB_GET_MAX) are written; a longer
+ * answer is cut off there (KC_TOO_LARGE). The bytes are written before
+ * they can be checked: KC_DIGEST_MISMATCH at the end means fd holds bytes
+ * that are not the blob (write to a temporary file and rename it only on
+ * KC_OK to publish nothing unverified). *len (may be NULL): bytes written. */
+#define KC_BLOB_GET_MAX ((uint64_t)1 << 30) /* kcached's --max-blob-bytes */
+kc_err kc_client_blob_get_fd(kc_client *c, const char *digest, int fd,
+                             uint64_t max, uint64_t *len, char *err);
 /* PUT /v1/blobs/{sha256 of data}; digest_out (may be NULL) receives it.
  * Stored or already present are both KC_OK. */
 kc_err kc_client_blob_put(kc_client *c, const void *data, size_t len,

@@ -38,6 +38,12 @@ void kc_warm_report_print(const kc_warm_report *r, FILE *f) {
           r->counts[KC_WARM_HIT_REMOTE], r->counts[KC_WARM_HIT_COMPAT],
           r->counts[KC_WARM_BUILT], r->counts[KC_WARM_WAITED],
           r->counts[KC_WARM_FAILED], size, r->seconds);
+  size_t back = 0; /* held here, lacking on the server, uploaded */
+  for (size_t i = 0; i < r->n_items; i++)
+    back += r->items[i].status == KC_WARM_HIT_LOCAL && r->items[i].uploaded;
+  if (back)
+    fprintf(f, "%zu hit-local bundle%s uploaded: kcached did not hold %s\n",
+            back, back == 1 ? "" : "s", back == 1 ? "it" : "them");
   if (r->warning[0])
     fprintf(f, "warning: %s\n", r->warning);
 }

@@ -221,3 +221,8 @@ struct curl_slist *kcc_with_header(const struct curl_slist *l,
   curl_slist_free_all(n);
   return NULL;
 }
+
+kc_err kcc_http_curl_error(kc_client *c, CURLcode rc, const char *method,
+                           const char *path, const char *detail, char *err) {
+  return curl_error(c, rc, method, path, detail, err);
+}

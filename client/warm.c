@@ -7,13 +7,20 @@
 #include <string.h>
 #include <time.h>
 
+#include <errno.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "client_internal.h"
 #include "kc_gpu.h"
 
 #define KC_MAX_BUILD_JOBS 64
+/* Beside a stand-in's files under --out: the arch its code is for. */
+#define KCC_ARCH_FILE "kcache-arch"
 
 typedef struct wctx {
   kc_client *c;
@@ -37,6 +44,8 @@ typedef struct wctx {
   kc_err remote_err; /* why the last lookup failed (KC_OK: it did not) */
   char remote_why[KC_ERRBUF_SIZE];
   int server_ok;
+  int cant_write;    /* an upload was refused (401/403): none tried again */
+  char cant_why[KC_ERRBUF_SIZE];
   int jobs;          /* concurrent builds */
   int64_t t0;
   size_t done;
@@ -406,6 +415,49 @@ static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
   free(all);
 }
 
+/* --out: the directory of item i's bundle, DIR/<arch>/<bucket>. */
+static void out_dir_of(const wctx *x, size_t i, char *dir, size_t size) {
+  char label[256];
+  const kc_warm_item *it = &x->rep->items[i];
+  kc_bucket_label(&it->bucket, label, sizeof label);
+  snprintf(dir, size, "%s/%s/%s", x->o->out_dir, it->arch, label);
+}
+
+/* The directories under --out of the bundles a fetch brings, made on a
+ * second thread while the fetch runs: each is a new inode, which on a busy
+ * file system waits as long as a blob's file, and they need not wait for
+ * the blobs. Empty until materialize_all links the files in; one whose
+ * bundle did not come is removed there. */
+typedef struct dirs_job {
+  wctx *x;
+  kc_manifest **found;
+  const size_t *idx;
+  size_t n;
+  pthread_t th;
+  int on;
+} dirs_job;
+
+static void *dirs_run(void *arg) {
+  dirs_job *j = arg;
+  char dir[PATH_MAX];
+  for (size_t k = 0; k < j->n; k++) {
+    if (!j->found[k])
+      continue;
+    out_dir_of(j->x, j->idx[k], dir, sizeof dir);
+    if (mkdir(dir, 0755) != 0 && errno == ENOENT)
+      kcc_mkdirs(dir, NULL);
+  }
+  return NULL;
+}
+
+static void dirs_start(dirs_job *j) {
+  size_t m = 0;
+  for (size_t k = 0; k < j->n; k++)
+    m += j->found[k] != NULL;
+  j->on = j->x->o->out_dir && m >= 32 &&
+          pthread_create(&j->th, NULL, dirs_run, j) == 0;
+}
+
 /* The served bundles' blobs, all at once: one pool of transfers. */
 static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
   size_t nd = 0;
@@ -424,7 +476,11 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
     for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
       d[nd++] = &found[k]->files[j];
   /* ok[] says which blobs are cached now: no second look at each */
+  dirs_job dj = {.x = x, .found = found, .idx = idx, .n = n};
+  dirs_start(&dj);
   kc_err e = kcc_fetch_blobs(x->c, d, nd, ok, &got, e2);
+  if (dj.on) /* joined: builds fork, single-threaded */
+    pthread_join(dj.th, NULL);
   free(d);
   x->rep->bytes_fetched += got;
   if (is_down(e))
@@ -697,11 +753,19 @@ static void upload(wctx *x, size_t i, const kc_manifest *m) {
     offer_blobs(x, m);
   if (x->remote_bad[i])
     return;
-  kc_err e = kc_client_push(x->c, m, e2);
+  kc_err e = x->cant_write ? KC_FORBIDDEN : kc_client_push(x->c, m, e2);
   if (!e)
     it->uploaded = 1;
   else if (is_down(e))
     server_down(x, e2);
+  else if (e == KC_FORBIDDEN || e == KC_UNAUTHORIZED) {
+    /* the token cannot write: said once per item, asked once per warm */
+    if (!x->cant_write)
+      snprintf(x->cant_why, sizeof x->cant_why, "%.400s", e2);
+    x->cant_write = 1;
+    snprintf(it->message, sizeof it->message,
+             "not uploaded: the token cannot write (%.420s)", x->cant_why);
+  }
   else if (e == KC_CONFLICT) /* write-once: another build got there first */
     snprintf(it->message, sizeof it->message,
              "not uploaded: kcached already holds another build of this key "
@@ -917,17 +981,59 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
   return e != KC_OK;
 }
 
-/* Fetch only: the key fails, with the server's failure when there was one
- * (a stalled, reset or garbled answer is not "missing"). */
-static void fail_no_build(wctx *x, size_t i) {
-  char msg[KC_ERRBUF_SIZE];
-  const char *why = "";
-  kc_err e = remote_cause(x, i, &why);
-  if (!e) {
-    failed(x, i, KC_NOT_FOUND, "not cached, and --no-build");
+/* Whether item i's key had stand-ins looked for, in words: which archs
+ * that run on the device were asked for and not found, or why none were. */
+static void compat_said(wctx *x, size_t i, char *out, size_t size) {
+  const kcc_compat *cp = compat(x);
+  const char *arch = x->rep->items[i].arch;
+  if (x->o->no_compat) {
+    snprintf(out, size, "no compatible bundle looked for (--no-compat)");
     return;
   }
-  snprintf(msg, sizeof msg, "not fetched (%.450s), and --no-build", why);
+  if (!cp || !cp->on) {
+    snprintf(out, size, "no compatible bundle looked for (no GPU detected; "
+             "--device-arch names one)");
+    return;
+  }
+  if (!kcc_compat_applies(cp, arch)) {
+    snprintf(out, size, "no compatible bundle looked for (%s does not run "
+             "on %s)", arch, cp->device);
+    return;
+  }
+  size_t n = (size_t)snprintf(out, size, "no compatible bundle found either "
+                              "(looked for");
+  size_t k = 0;
+  for (size_t a = 0; a < cp->n_archs && n < size; a++) {
+    if (!strcmp(cp->archs[a], arch))
+      continue;
+    if (k++ == 6) {
+      n += (size_t)snprintf(out + n, size - n, " and %zu more",
+                            cp->n_archs - a - 1);
+      break;
+    }
+    n += (size_t)snprintf(out + n, size - n, "%s %s", k > 1 ? "," : "",
+                          cp->archs[a]);
+  }
+  if (n < size)
+    snprintf(out + n, size - n, "%s: what runs on %s)", k ? "" : " none",
+             cp->device);
+}
+
+/* Fetch only: the key fails, with the server's failure when there was one
+ * (a stalled, reset or garbled answer is not "missing"), and whether a
+ * compatible bundle was looked for. */
+static void fail_no_build(wctx *x, size_t i) {
+  char msg[KC_ERRBUF_SIZE], alt[KC_ERRBUF_SIZE / 2];
+  const char *why = "";
+  kc_err e = remote_cause(x, i, &why);
+  compat_said(x, i, alt, sizeof alt);
+  if (!e) {
+    snprintf(msg, sizeof msg, "not cached; %s; and --no-build", alt);
+    failed(x, i, KC_NOT_FOUND, msg);
+    return;
+  }
+  snprintf(msg, sizeof msg, "not fetched (%.200s); %.250s; and --no-build", why,
+           alt);
   failed(x, i, e, msg);
 }
 
@@ -1008,23 +1114,126 @@ static void phase_wait(wctx *x) {
   }
 }
 
+/* ---- phase 5: what this host holds and kcached lacks ---- */
+
+static int cmp_key(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The keys kcached holds for the warm's model (GET /v1/models/{model}),
+ * sorted, into *keys (pointers into *root); -1 when it cannot say. */
+static int server_keys(wctx *x, json_t **root, const char ***keys,
+                       size_t *n) {
+  char *text = NULL;
+  char hex[KC_HEX_LEN + 1];
+  memcpy(hex, x->w->model_hash, sizeof hex);
+  /* Within half of what is left of the deadline and 2 s at most: a warm
+   * cache must not wait long on a server that stalls. */
+  long cap = lookup_cap_ms(x);
+  x->c->request_cap_ms = cap && cap < 2000 ? cap : 2000;
+  kc_err e = kc_client_model_list(x->c, hex, &text, NULL);
+  x->c->request_cap_ms = 0;
+  *root = e ? NULL : json_loads(text, 0, NULL);
+  free(text);
+  json_t *bs = json_object_get(*root, "bundles");
+  *n = json_array_size(bs);
+  if (!json_is_array(bs) || !(*keys = calloc(*n + 1, sizeof **keys))) {
+    json_decref(*root);
+    *root = NULL;
+    return -1;
+  }
+  for (size_t k = 0; k < *n; k++) {
+    const char *key = json_string_value(
+        json_object_get(json_array_get(bs, k), "key"));
+    (*keys)[k] = key ? key : "";
+  }
+  qsort(*keys, *n, sizeof **keys, cmp_key);
+  return 0;
+}
+
+/* Keys served from the local cache are not asked of kcached; when it lacks
+ * them (a purge, a server that lost its data, one never filled), the host
+ * that holds them is the one to put them back: uploaded as a build would
+ * be (write role; a read token's refusal is a note, not a failure), and
+ * the item says so. */
+static void phase_offer_local(wctx *x) {
+  size_t n_local = 0, n_keys = 0;
+  for (size_t i = 0; i < x->rep->n_items; i++)
+    n_local += x->rep->items[i].status == KC_WARM_HIT_LOCAL && x->ms[i];
+  if (!n_local || !x->server_ok || x->o->no_upload || deadline_passed(x))
+    return;
+  json_t *root = NULL;
+  const char **keys = NULL;
+  if (server_keys(x, &root, &keys, &n_keys) != 0)
+    return; /* it could not say: nothing is offered blindly */
+  for (size_t i = 0; i < x->rep->n_items && x->server_ok; i++) {
+    kc_warm_item *it = &x->rep->items[i];
+    const char *key = it->key;
+    if (it->status != KC_WARM_HIT_LOCAL || !x->ms[i] ||
+        bsearch(&key, keys, n_keys, sizeof *keys, cmp_key))
+      continue;
+    upload(x, i, x->ms[i]);
+    if (it->uploaded)
+      snprintf(it->message, sizeof it->message,
+               "uploaded: kcached did not hold it");
+  }
+  free(keys);
+  json_decref(root);
+}
+
 /* ---- the whole ---- */
 
-static void materialize_all(wctx *x) {
-  char dir[PATH_MAX], label[256], e2[KC_ERRBUF_SIZE];
-  for (size_t i = 0; i < x->rep->n_items; i++) {
+/* A stand-in's directory, DIR/<arch asked>/<bucket>/, holds another arch's
+ * code: KCC_ARCH_FILE beside it names that arch, so that a copy of DIR
+ * cannot pass it off as the arch of its path (sm_89 cubins under sm_80/ on
+ * an 8.0 GPU). An exact bundle's directory has none (one left by an
+ * earlier stand-in is removed). A bundle with a file of that name keeps
+ * it. */
+static kc_err mark_arch(wctx *x, size_t i, const char *dir, char *err) {
+  char p[PATH_MAX + 32], text[KC_ARCH_MAX + 2];
+  const kc_manifest *m = x->ms[i];
+  for (size_t k = 0; k < m->n_files; k++)
+    if (!strcmp(m->files[k].path, KCC_ARCH_FILE))
+      return KC_OK;
+  snprintf(p, sizeof p, "%s/%s", dir, KCC_ARCH_FILE);
+  if (x->rep->items[i].status != KC_WARM_HIT_COMPAT) {
+    unlink(p);
+    return KC_OK;
+  }
+  int n = snprintf(text, sizeof text, "%s\n", m->fields.arch);
+  return kc_write_file_atomic(p, text, (size_t)n, err);
+}
+
+/* Items [from, to) written out: each its own directory and its own item,
+ * so two threads can share the work (materialize_all). Every ready
+ * bundle's blobs were hashed during this warm (fetched, built, or checked
+ * in the local cache): linked or copied without hashing them again. */
+static void materialize_run(void *arg, size_t from, size_t to) {
+  wctx *x = arg;
+  char dir[PATH_MAX], e2[KC_ERRBUF_SIZE];
+  for (size_t i = from; i < to; i++) {
     kc_warm_item *it = &x->rep->items[i];
-    if (!x->ms[i])
+    out_dir_of(x, i, dir, sizeof dir);
+    if (!x->ms[i]) {
+      rmdir(dir); /* made during a fetch that did not bring it (if empty) */
       continue;
-    kc_bucket_label(&it->bucket, label, sizeof label);
-    snprintf(dir, sizeof dir, "%s/%s/%s", x->o->out_dir, it->arch, label);
-    kc_err e = kc_materialize(x->c, x->ms[i], dir, e2);
+    }
+    kc_err e = kcc_materialize(x->c, x->ms[i], dir, 1, e2);
+    if (!e)
+      e = mark_arch(x, i, dir, e2);
     if (e) {
       it->status = KC_WARM_FAILED;
       it->err = e;
       snprintf(it->message, sizeof it->message, "materialize: %.450s", e2);
     }
   }
+}
+
+/* From 32 bundles on, on two threads (joined before it returns): a new
+ * directory per bundle, and on ext4 each new inode costs a scan of the
+ * group's recently freed ones, CPU that a second core halves. */
+static void materialize_all(wctx *x) {
+  kcc_halves(x->rep->n_items, x->rep->n_items >= 32, materialize_run, x);
 }
 
 /* A key still pending at the end: the deadline passed; with what the
@@ -1203,9 +1412,12 @@ kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
     use_spares(&x);
     /* What is ready is written out even past the deadline: the service
      * starts with it, and every blob's size is known (no unbounded read). */
+    int64_t deadline = c->deadline_ms;
     c->deadline_ms = 0;
     if (x.o->out_dir)
       materialize_all(&x);
+    c->deadline_ms = deadline; /* the rest is inside it again */
+    phase_offer_local(&x);
     e = summarize(&x, err);
     kc_demand_warm_report(c, w, report); /* demand.c: misses, buckets */
   }

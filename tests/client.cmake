@@ -18,3 +18,17 @@ add_dependencies(test_client kcache gpu_fake_nvrtc)
 add_test(NAME client COMMAND test_client)
 # A dozen NVRTC builds and a few servers; the sanitizer build is slower.
 set_tests_properties(client PROPERTIES TIMEOUT 300)
+
+# The CLI's warm and get at their edges (stalled and endless servers, --out
+# files, a warm's threads and connections): tests/test_client_warm.c.
+add_executable(test_client_warm ${CMAKE_CURRENT_LIST_DIR}/test_client_warm.c)
+target_link_libraries(test_client_warm PRIVATE kc_client kc_testsrv
+  PkgConfig::CMOCKA Threads::Threads)
+target_compile_definitions(test_client_warm PRIVATE
+  KCACHE_BIN="$<TARGET_FILE:kcache>")
+# libkcache's threads are counted through pthread_create (a small warm
+# must start none).
+target_link_options(test_client_warm PRIVATE -Wl,--wrap=pthread_create)
+add_dependencies(test_client_warm kcache kcached)
+add_test(NAME client_warm COMMAND test_client_warm)
+set_tests_properties(client_warm PROPERTIES TIMEOUT 300)

@@ -36,10 +36,17 @@
 #
 # Then, per BENCH_SHAPES entry, the file-system cost at scale (issue 17):
 # synthetic bundles (B bundles of F random files of K KiB), a warm from
-# kcached into an empty local cache against two yardsticks in the same file
-# system ($TMPDIR): `tar x` of the very files the warm leaves (the floor;
-# target: warm <= 1.5x) and one `curl --parallel` of the same blobs
-# (target: warm <= 1x). Described at fs_shape below; its own table.
+# kcached into an empty local cache with --out (as the README runs it),
+# against two yardsticks on the same file system: `tar x` of the very files
+# the warm leaves (the floor; target: warm <= 1.5x) and one `curl
+# --parallel` of the same blobs (target: warm <= 1x). Described at fs_shape
+# below; its own table.
+#
+# Everything runs on the file system of $KCACHE_DIR as given (a scratch
+# directory inside it, removed at the end), default $HOME/.cache/kcache,
+# the library's own default: the disk a service's cache really is on. The
+# first line of the output names the file system (df -T). For tmpfs, say so:
+# KCACHE_DIR=/dev/shm/kcache-bench.
 #
 # Usage: tests/bench/bench_warm.sh [path/to/kcached [path/to/kcache]]
 #   env: BENCH_RUNS (5) BENCH_PARALLEL (8: kcache --parallel and curl
@@ -49,6 +56,8 @@
 #        BENCH_DEMO (1; 0: skip the demo model, its NVRTC builds and the
 #        storm) BENCH_SHAPES ("1024x4x16 16x300x48"; "": none)
 #        KCACHED, KCACHE (binaries, when not given as arguments)
+#        BENCH_KCACHE_BASE (another kcache binary: its warm --out joins each
+#        round of the shapes, paired with this one's)
 # Needs: a built kcached and kcache, NVRTC for the demo part
 #        (/usr/local/cuda or $KCACHE_NVRTC; no GPU), curl >= 7.67
 #        (--parallel; --no-progress-meter, as -s does not silence the
@@ -126,12 +135,26 @@
 # new/curl 0.59x and 0.65-0.66x. Both targets met for both shapes; under
 # load (load average past 2) single runs of the new build gave 1.54x and
 # 1.61x for 1024x4x16 (a warm uses both cores, tar x one).
+# Then --out on the real disk (ext4, KCACHE_DIR=/work/cwbench): files linked
+# from the cache, out directories made during the fetch; same container,
+# 2026-11-27, BENCH_RUNS=7 BENCH_DEMO=0 BENCH_KCACHE_BASE=<the build
+# before>, load average 5.6-7.5 (other sessions' builds and tests; 4 of
+# the 7 rounds of 1024x4x16 ran 3-10x slower than the other 3 for every
+# step): medians, per-round ratio medians in brackets:
+#   shape      warm --out  warm    tar x   curl    --out/tar     --out/curl    before: --out  new/before
+#   1024x4x16  3.84 s      2.80 s  1.42 s  1.57 s  2.70x (1.17)  2.44x (1.03)  6.15 s         (0.72)
+#   16x300x48  2.90 s      4.15 s  3.33 s  3.36 s  0.87x (0.96)  0.86x (0.70)  7.88 s         (0.42)
+# The three quiet rounds of 1024x4x16: --out 0.69/0.62/0.98 s, curl
+# 0.67/0.88/1.28 s, tar x 0.59/0.57/0.84 s. What is left there is inodes:
+# a warm --out makes 4096 blob files, 1024 manifests, 256 fan-out and 1025
+# out directories (6400 new inodes) where curl makes 4096.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 kcached=${1:-${KCACHED:-}}
 kcache=${2:-${KCACHE:-}}
+kcache_base=${BENCH_KCACHE_BASE:-}
 if [ -z "$kcached" ]; then
   for c in "$root/build/server/kcached" "$root/build-server/server/kcached"; do
     [ -x "$c" ] && kcached=$c && break
@@ -171,10 +194,16 @@ done
 # A hung warm is killed a little after its own deadline.
 hard_limit=$((deadline + 30))
 
+# The file system measured: $KCACHE_DIR's (see the top).
+bench_fs=${KCACHE_DIR:-${HOME:?}/.cache/kcache}
+mkdir -p "$bench_fs" || { echo "bench_warm: cannot make $bench_fs" >&2; exit 2; }
+
 # Nothing from the caller's environment reaches the client but what we set.
 unset KCACHE_URL KCACHE_TOKEN KCACHE_CACERT KCACHE_DIR KCACHE_ALLOW_PLAINTEXT
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kcache-bench-warm-XXXXXX")
+tmp=$(mktemp -d "$bench_fs/bench-warm-XXXXXX")
+fs_desc=$(df -T "$tmp" 2>/dev/null | awk 'NR == 2 {print $2 " (" $1 ", mounted on " $7 ")"}')
+echo "bench_warm: on $tmp: ${fs_desc:-unknown file system}" >&2
 kpid=""
 storm_pids=()
 cleanup() {
@@ -307,18 +336,85 @@ keys="" nblobs="" blob_bytes="" nfiles="" nvrtc=""
 # ---- file-system cost at scale (issue 17) ----
 # Per shape BxFxK (B bundles of F files of K KiB, random bytes, one arch):
 # the bundles are built once with a command builder and uploaded (not
-# timed); the floor is `tar x` of the very files a warm leaves (blobs/ and
-# bundles/ of a filled cache, tarred once, not timed) into an empty
-# directory of the same file system. Each of BENCH_RUNS rounds times, wall
-# clock, one process each, into fresh directories (removed outside the
-# timing): `kcache warm --no-build` with an empty local cache (hit-remote
-# must equal B), `tar xf`, and one `curl --parallel` of the same distinct
-# blobs as in step 3 above, each after a `sync` (not timed), so that one
-# step's writeback is not charged to the next. Targets: warm / tar <= 1.5x,
-# warm / curl <= 1x.
+# timed). Each of BENCH_RUNS rounds times, wall clock, one process each,
+# into fresh directories (removed outside the timing), after a `sync` each
+# (not timed, so that one step's writeback is not charged to the next):
+#   warm --out: `kcache warm --no-build --out DIR` with an empty local cache
+#               (hit-remote must equal B), as the README runs it;
+#   warm:       the same without --out (only the local cache; a column for
+#               what --out adds);
+#   tar x:      the floor: `tar xf` of the very files a warm --out leaves
+#               (the cache's blobs/ and bundles/ and DIR, tarred once, not
+#               timed; DIR's files are hard links to the blobs where the
+#               warm linked them, and tar keeps them links);
+#   curl:       one `curl --parallel` of the same distinct blobs, as in step
+#               3 above, into one directory.
+# Nothing is deleted until the shape's rounds are over (each round and
+# step writes its own directories): on ext4 a new inode costs a scan of its
+# group's inodes freed in the last minute (recently_deleted; 5 minutes
+# while their table block is dirty), and a round's rm -rf made the next
+# step pay up to 10x for its creates. The order of the four steps still
+# rotates from round to round, so that no step is always the first.
+# Targets: warm --out / tar x <= 1.5x, warm --out / curl <= 1x.
 fs_rows="" fs_missed=0
+# The timed steps of a round (fs_shape's variables; each after a sync).
+fs_warm_out() {
+  sync
+  t0=$(now)
+  timeout -k 5 "$hard_limit" "$kcache" warm "$man" --url "$url" \
+    --cache-dir "$tmp/fs-w1-$run" --out "$tmp/fs-o-$run" --parallel "$par" --no-build \
+    --json --quiet --strict >"$tmp/fs-w.json" 2>"$tmp/fs-w.err" ||
+    { tail -n 5 "$tmp/fs-w.err" >&2; die "fs $shape: warm --out failed"; }
+  t1=$(now)
+  w_s+="$(elapsed "$t0" "$t1") "
+  expect "$tmp/fs-w.json" "hit_remote=$nb" "failed=0" >/dev/null
+  local n
+  n=$(find "$tmp/fs-o-$run" -type f | wc -l)
+  [ "$n" = $((nb * nf)) ] || die "fs $shape: --out holds $n files, expected $((nb * nf))"
+}
+# BENCH_KCACHE_BASE: another kcache's warm --out in the same rounds (a
+# build to compare with, paired round by round).
+fs_warm_base() {
+  sync
+  t0=$(now)
+  timeout -k 5 "$hard_limit" "$kcache_base" warm "$man" --url "$url" \
+    --cache-dir "$tmp/fs-w3-$run" --out "$tmp/fs-o3-$run" --parallel "$par" \
+    --no-build --json --quiet --strict >"$tmp/fs-w.json" 2>"$tmp/fs-w.err" ||
+    { tail -n 5 "$tmp/fs-w.err" >&2; die "fs $shape: base warm --out failed"; }
+  t1=$(now)
+  b_s+="$(elapsed "$t0" "$t1") "
+  expect "$tmp/fs-w.json" "hit_remote=$nb" "failed=0" >/dev/null
+}
+fs_warm_plain() {
+  sync
+  t0=$(now)
+  timeout -k 5 "$hard_limit" "$kcache" warm "$man" --url "$url" \
+    --cache-dir "$tmp/fs-w2-$run" --parallel "$par" --no-build --json --quiet \
+    --strict >"$tmp/fs-w.json" 2>"$tmp/fs-w.err" ||
+    { tail -n 5 "$tmp/fs-w.err" >&2; die "fs $shape: warm failed"; }
+  t1=$(now)
+  p_s+="$(elapsed "$t0" "$t1") "
+  expect "$tmp/fs-w.json" "hit_remote=$nb" "failed=0" >/dev/null
+}
+fs_tar() {
+  mkdir "$tmp/fs-t-$run"
+  sync
+  t0=$(now)
+  timeout -k 5 "$hard_limit" tar xf "$tmp/fs.tar" -C "$tmp/fs-t-$run" || die "fs $shape: tar x failed"
+  t1=$(now)
+  t_s+="$(elapsed "$t0" "$t1") "
+}
+fs_curl() {
+  mkdir "$tmp/fs-c-$run"
+  sync
+  t0=$(now)
+  timeout -k 5 "$hard_limit" curl --http1.1 --parallel --parallel-max "$par" --fail --show-error \
+    --no-progress-meter "${args[@]}" || die "fs $shape: curl failed"
+  t1=$(now)
+  c_s+="$(elapsed "$t0" "$t1") "
+}
 fs_shape() { # bundles files kib
-  local nb=$1 nf=$2 kib=$3 shape="$1x$2x$3" run t0 t1 w_s="" t_s="" c_s=""
+  local nb=$1 nf=$2 kib=$3 shape="$1x$2x$3" run t0 t1 w_s="" p_s="" t_s="" c_s="" b_s=""
   local man="$tmp/fs-$shape.json" fsmodel d
   fsmodel=$(printf '%s' "fs-$shape" | sha256sum | cut -d' ' -f1)
   python3 - "$man" "$nb" "$nf" "$kib" "$fsmodel" <<'PYEOF'
@@ -335,48 +431,47 @@ PYEOF
     --deadline "$deadline" >"$tmp/fs-seed.json" 2>"$tmp/fs-seed.err" ||
     { tail -n 5 "$tmp/fs-seed.err" >&2; die "fs $shape: building the bundles failed"; }
   expect "$tmp/fs-seed.json" "built=$nb" "failed=0" >/dev/null
-  rm -rf "$tmp/fs-seed"
+  mkdir "$tmp/fs-ref"
   timeout -k 5 "$hard_limit" "$kcache" warm "$man" --url "$url" \
-    --cache-dir "$tmp/fs-ref" --no-build --json --quiet --strict \
-    >"$tmp/fs-ref.json" 2>"$tmp/fs-ref.err" || die "fs $shape: reference warm failed"
-  tar cf "$tmp/fs.tar" -C "$tmp/fs-ref" blobs bundles
-  local files bytes
-  files=$(find "$tmp/fs-ref/blobs" "$tmp/fs-ref/bundles" -type f | wc -l)
-  bytes=$(du -sk "$tmp/fs-ref/blobs" | cut -f1)
-  rm -rf "$tmp/fs-ref"
+    --cache-dir "$tmp/fs-ref/cache" --out "$tmp/fs-ref/out" --no-build \
+    --json --quiet --strict >"$tmp/fs-ref.json" 2>"$tmp/fs-ref.err" ||
+    die "fs $shape: reference warm failed"
+  tar cf "$tmp/fs.tar" -C "$tmp/fs-ref" cache/blobs cache/bundles out
+  local files links bytes
+  files=$(find "$tmp/fs-ref" -type f | wc -l)
+  links=$(find "$tmp/fs-ref/out" -type f -links +1 | wc -l)
+  bytes=$(du -sk "$tmp/fs-ref/cache/blobs" | cut -f1)
   kj blobs "$url" "$fsmodel" >"$tmp/fs-blobs" 2>/dev/null || die "fs $shape: listing blobs failed"
-  local args=()
-  while read -r d _; do args+=(-o "$tmp/fs-c/$d" "$url/v1/blobs/$d"); done <"$tmp/fs-blobs"
+  local args=() run
+  # fs_curl's arguments for each round's directory
+  fs_curl_args() {
+    args=()
+    while read -r d _; do args+=(-o "$tmp/fs-c-$run/$d" "$url/v1/blobs/$d"); done <"$tmp/fs-blobs"
+  }
   for run in $(seq 1 "$runs"); do
-    sync # the last step's writeback is not charged to this one
-    t0=$(now)
-    timeout -k 5 "$hard_limit" "$kcache" warm "$man" --url "$url" \
-      --cache-dir "$tmp/fs-w" --parallel "$par" --no-build --json --quiet \
-      --strict >"$tmp/fs-w.json" 2>"$tmp/fs-w.err" ||
-      { tail -n 5 "$tmp/fs-w.err" >&2; die "fs $shape: warm failed"; }
-    t1=$(now)
-    w_s+="$(elapsed "$t0" "$t1") "
-    expect "$tmp/fs-w.json" "hit_remote=$nb" "failed=0" >/dev/null
-    mkdir "$tmp/fs-t"
-    sync
-    t0=$(now)
-    timeout -k 5 "$hard_limit" tar xf "$tmp/fs.tar" -C "$tmp/fs-t" || die "fs $shape: tar x failed"
-    t1=$(now)
-    t_s+="$(elapsed "$t0" "$t1") "
-    mkdir "$tmp/fs-c"
-    sync
-    t0=$(now)
-    timeout -k 5 "$hard_limit" curl --http1.1 --parallel --parallel-max "$par" --fail --show-error \
-      --no-progress-meter "${args[@]}" || die "fs $shape: curl failed"
-    t1=$(now)
-    c_s+="$(elapsed "$t0" "$t1") "
-    rm -rf "$tmp/fs-w" "$tmp/fs-t" "$tmp/fs-c"
-    echo "bench_warm: fs $shape run $run/$runs: warm $(fmt "$(lastof "$w_s")"), tar x $(fmt "$(lastof "$t_s")"), curl $(fmt "$(lastof "$c_s")")" >&2
+    # The four steps in a rotating order: on ext4 a new inode is slower
+    # while the group holds recently freed ones (the last round's rm -rf),
+    # and no step should always be the one that comes first.
+    local order=(w p t c) k
+    [ -z "$kcache_base" ] || order+=(b)
+    fs_curl_args
+    for k in $(seq 0 $((${#order[@]} - 1))); do
+      case ${order[$(((k + run - 1) % ${#order[@]}))]} in
+        b) fs_warm_base ;;
+        w) fs_warm_out ;;
+        p) fs_warm_plain ;;
+        t) fs_tar ;;
+        c) fs_curl ;;
+      esac
+    done
+    echo "bench_warm: fs $shape run $run/$runs: warm --out $(fmt "$(lastof "$w_s")"), warm $(fmt "$(lastof "$p_s")"), tar x $(fmt "$(lastof "$t_s")"), curl $(fmt "$(lastof "$c_s")")" >&2
   done
   stop_kcached
-  rm -rf "$tmp/fs-data" "$tmp/fs.tar"
-  local wm tm cm r1 r2 p1 p2 ok1 ok2
-  wm=$(median <<<"$w_s") tm=$(median <<<"$t_s") cm=$(median <<<"$c_s")
+  rm -rf "$tmp/fs-data" "$tmp/fs.tar" "$tmp"/fs-w1-* "$tmp"/fs-o-* \
+    "$tmp"/fs-w2-* "$tmp"/fs-t-* "$tmp"/fs-c-* "$tmp/fs-seed" "$tmp/fs-ref" \
+    "$tmp"/fs-w3-* "$tmp"/fs-o3-*
+  local wm pm tm cm r1 r2 p1 p2 ok1 ok2
+  wm=$(median <<<"$w_s") pm=$(median <<<"$p_s") tm=$(median <<<"$t_s") cm=$(median <<<"$c_s")
   r1=$(awk -v a="$wm" -v b="$tm" 'BEGIN {printf "%.2f", a / b}')
   r2=$(awk -v a="$wm" -v b="$cm" 'BEGIN {printf "%.2f", a / b}')
   p1=$(paired "$w_s" "$t_s" "%.2f")
@@ -384,8 +479,11 @@ PYEOF
   ok1=$(awk -v r="$r1" 'BEGIN {print (r <= 1.5) ? "met" : "MISSED"}')
   ok2=$(awk -v r="$r2" 'BEGIN {print (r <= 1.0) ? "met" : "MISSED"}')
   [ "$ok1" = met ] && [ "$ok2" = met ] || fs_missed=1
-  fs_rows+="| $shape: $nb bundles, $files files, $((bytes / 1024)) MiB | $(fmt "$wm") | $(fmt "$tm") | $(fmt "$cm") | ${r1}x ($ok1; per round ${p1}x) | ${r2}x ($ok2; per round ${p2}x) |"$'\n'
-  fs_rows+="|   samples (s) | $(samples "$w_s") | $(samples "$t_s") | $(samples "$c_s") | | |"$'\n'
+  fs_rows+="| $shape: $nb bundles, $((nb * nf)) files ($files on disk after, $links of them links), $((bytes / 1024)) MiB | $(fmt "$wm") | $(fmt "$pm") | $(fmt "$tm") | $(fmt "$cm") | ${r1}x ($ok1; per round ${p1}x) | ${r2}x ($ok2; per round ${p2}x) |"$'\n'
+  fs_rows+="|   samples (s) | $(samples "$w_s") | $(samples "$p_s") | $(samples "$t_s") | $(samples "$c_s") | | |"$'\n'
+  if [ -n "$kcache_base" ]; then
+    fs_rows+="|   BENCH_KCACHE_BASE warm --out: median $(fmt "$(median <<<"$b_s")"), this / base per round $(paired "$w_s" "$b_s" "%.2f")x; base / curl $(paired "$b_s" "$c_s" "%.2f")x, base / tar x $(paired "$b_s" "$t_s" "%.2f")x | $(samples "$b_s") | | | | | |"$'\n'
+  fi
 }
 
 # Shared by both sections.
@@ -531,13 +629,13 @@ for shape in $shapes; do
 done
 if [ -n "$shapes" ]; then
   echo
-  echo "kcache warm at scale: empty local cache, --parallel $par, median of $runs ($(nproc) CPUs, load average at the start: $load0)"
+  echo "kcache warm at scale: empty local cache, --parallel $par, median of $runs, on ${fs_desc:-?} ($(nproc) CPUs, load average at the start: $load0)"
   echo
-  echo "| shape | warm from kcached | floor: tar x of the same files | curl --parallel of the blobs | warm / tar x (<= 1.5x) | warm / curl (<= 1x) |"
-  echo "|---|---|---|---|---|---|"
+  echo "| shape | warm --out DIR | warm (cache only) | floor: tar x of the same files | curl --parallel of the blobs | warm --out / tar x (<= 1.5x) | warm --out / curl (<= 1x) |"
+  echo "|---|---|---|---|---|---|---|"
   printf '%s' "$fs_rows"
   echo
-  echo "command: BENCH_RUNS=$runs BENCH_DEMO=$demo BENCH_SHAPES=\"$shapes\" tests/bench/bench_warm.sh"
+  echo "command: KCACHE_DIR=$bench_fs BENCH_RUNS=$runs BENCH_DEMO=$demo BENCH_SHAPES=\"$shapes\" tests/bench/bench_warm.sh"
 fi
 
 if [ "$strict" = 1 ] && [ "$fs_missed" = 1 ]; then
