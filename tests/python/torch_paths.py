@@ -83,9 +83,11 @@ def summarize(rs):
 
 
 def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
-            python=None, log=print):
+            python=None, log=print, done=None):
     """Fills kcached once per path (process A), then `runs` fresh processes
-    per path; returns {path: summary}. cold and local need no kcached."""
+    per path; returns {path: summary}. cold and local need no kcached.
+    done(path, summary, out), if given, is called as each path ends (so a
+    caller under a time limit keeps what was measured)."""
     paths = paths or ["cold", "remote", "mega", "cachedir", "local"]
     out = {}
     if "cold" in paths:
@@ -95,6 +97,8 @@ def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
             rs.append(r)
             log("cold run %d: %s" % (i + 1, r and r["first_output_s"]))
         out["cold"] = summarize(rs)
+        if done:
+            done("cold", out["cold"], out)
     for path in [p for p in paths if p not in ("cold", "local")]:
         extra = {}
         if path == "triton":
@@ -110,6 +114,8 @@ def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
             log("%s run %d: %s" % (path, i + 1, r and r["first_output_s"]))
         out[path] = summarize(rs)
         out[path]["fill_s"] = a and a["first_output_s"]
+        if done:
+            done(path, out[path], out)
     if "local" in paths:
         # torch's best case: the local cache dir that a cold run left
         a, env = run("cold", url, resp_url, device, token, python=python,
@@ -132,6 +138,8 @@ def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
             log("local run %d: %s" % (i + 1, r and r["first_output_s"]))
         _drop(env)
         out["local"] = summarize(rs)
+        if done:
+            done("local", out["local"], out)
     return out
 
 
