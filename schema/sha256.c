@@ -1,6 +1,7 @@
 /* sha256.c: SHA-256 as lowercase hex over OpenSSL's EVP interface, one-shot,
  * streaming and for whole files. OpenSSL failures become KC_INTERNAL here. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,12 +38,27 @@ static void kc_hex(const unsigned char *md, char out[KC_HEX_LEN + 1]) {
   out[KC_HEX_LEN] = '\0';
 }
 
+/* OpenSSL 3 looks EVP_sha256() up in its provider tables at every init
+ * (EVP_MD_fetch: half the instructions of a RESP GET's key hash); the
+ * implementation is fetched once and kept for the process. */
+static EVP_MD *sha256_fetched;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_fetch(void) {
+  sha256_fetched = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
+static const EVP_MD *sha256_md(void) {
+  pthread_once(&sha256_once, sha256_fetch);
+  return sha256_fetched ? sha256_fetched : EVP_sha256();
+}
+
 kc_err kc_sha256_hex(const void *data, size_t len, char out[KC_HEX_LEN + 1]) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int mdlen = 0;
   if ((!data && len) || !out)
     return KC_EINVAL;
-  if (!EVP_Digest(data ? data : "", len, md, &mdlen, EVP_sha256(), NULL))
+  if (!EVP_Digest(data ? data : "", len, md, &mdlen, sha256_md(), NULL))
     return KC_INTERNAL;
   kc_hex(md, out);
   return KC_OK;
@@ -64,7 +80,7 @@ kc_err kc_sha256_reset(kc_sha256 *h) {
   if (!h)
     return KC_EINVAL;
   h->done = 0;
-  return EVP_DigestInit_ex(h->ctx, EVP_sha256(), NULL) ? KC_OK : KC_INTERNAL;
+  return EVP_DigestInit_ex(h->ctx, sha256_md(), NULL) ? KC_OK : KC_INTERNAL;
 }
 
 kc_err kc_sha256_update(kc_sha256 *h, const void *data, size_t len) {

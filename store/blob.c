@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include "store_internal.h"
 
@@ -395,6 +396,7 @@ struct kc_store_upload {
   unsigned char *zout;
   uint64_t max_out;
   size_t zleft; /* the decoder's last hint: 0 at the end of a frame */
+  uint64_t zcharged; /* of the process's decoder budget (zstd.c) */
   unsigned char head[4]; /* the first bytes received (the frame's magic) */
   int from_tier;
   int verified; /* kcs_upload_verify passed: commit does not hash again */
@@ -470,31 +472,52 @@ static int grow(kc_store_upload *u, size_t need) {
 }
 
 void kc_store_upload_zstd(kc_store_upload *u, uint64_t max_out) {
-  u->dc = ZSTD_createDCtx();
+  u->dc = kcs_zstd_dctx(KCS_ZSTD_WLOG_MAX);
   u->zout = malloc(128 * 1024);
   u->max_out = max_out;
   u->zleft = 1; /* nothing yet: a frame is due */
 }
 
+/* What the decoder holds (its window once the frame's header came) is
+ * taken out of the process's decoder budget as it grows. */
+static kc_err zstd_charge(kc_store_upload *u, char *err) {
+  size_t have = ZSTD_sizeof_DCtx(u->dc);
+  if (have <= u->zcharged)
+    return KC_OK;
+  if (kcs_zstd_charge(have - u->zcharged))
+    return kc_errf(err, KC_BUSY, "too many zstd bodies and reads are being "
+                   "decoded at once: try again shortly");
+  u->zcharged = have;
+  return KC_OK;
+}
+
 /* Decodes one piece of the body, hashing what comes out. */
 static kc_err zstd_take(kc_store_upload *u, const void *data, size_t len,
                         char *err) {
+  kc_err e;
   if (!u->dc || !u->zout)
     return kc_errf(err, KC_NOMEM, "out of memory");
   ZSTD_inBuffer in = {data, len, 0};
   while (in.pos < in.size) {
     ZSTD_outBuffer ob = {u->zout, 128 * 1024, 0};
     size_t r = ZSTD_decompressStream(u->dc, &ob, &in);
+    if (ZSTD_isError(r) &&
+        ZSTD_getErrorCode(r) == ZSTD_error_frameParameter_windowTooLarge)
+      return kc_errf(err, KC_EINVAL, "the zstd body needs a decoding window "
+                     "of more than %u MiB: compress it with a smaller window "
+                     "(zstd -19 or lower, no --long or --ultra)",
+                     1u << (KCS_ZSTD_WLOG_MAX - 20));
     if (ZSTD_isError(r))
       return kc_errf(err, KC_EINVAL, "the body is not a valid zstd stream "
                      "(Content-Encoding: zstd): %s", ZSTD_getErrorName(r));
+    if ((e = zstd_charge(u, err)))
+      return e;
     u->zleft = r;
     if ((u->size += ob.pos) > u->max_out)
       return kc_errf(err, KC_TOO_LARGE, "the zstd body decompresses to more "
                      "than the limit of %llu bytes",
                      (unsigned long long)u->max_out);
-    kc_err e = kc_sha256_update(u->h, u->zout, ob.pos);
-    if (e)
+    if ((e = kc_sha256_update(u->h, u->zout, ob.pos)))
       return kc_errf(err, e, "hashing an upload");
   }
   return KC_OK;
@@ -640,6 +663,7 @@ void kc_store_upload_abort(kc_store_upload *u) {
   if (u->fd >= 0)
     close(u->fd);
   ZSTD_freeDCtx(u->dc);
+  kcs_zstd_release(u->zcharged);
   free(u->zout);
   kc_sha256_free(u->h);
   free(u->buf);

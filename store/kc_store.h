@@ -125,7 +125,9 @@ kc_err kc_store_blob_get_stored(kc_store_read *r, const char *digest,
  * copy: a zstd stream decoder keeps its window), else as held. */
 typedef struct kc_store_blob_stream kc_store_blob_stream;
 /* *len: the bytes the pieces will give; *enc: how they come (KC_STORE_RAW
- * when decoded); *size: the content's size. Any may be NULL. */
+ * when decoded); *size: the content's size. Any may be NULL. A decoded
+ * stream takes its decoder's memory out of a process-wide budget: KC_BUSY
+ * when that is spent (try again later, or take the frame as it is held). */
 kc_err kc_store_blob_stream_open(kc_store *s, const char *digest, int decode,
                                  kc_store_blob_stream **out, uint64_t *len,
                                  kc_store_enc *enc, uint64_t *size);
@@ -134,6 +136,8 @@ kc_err kc_store_blob_stream_open(kc_store *s, const char *digest, int decode,
 long kc_store_blob_stream_read(kc_store_blob_stream *b, char *buf,
                                size_t max);
 void kc_store_blob_stream_free(kc_store_blob_stream *b);
+/* Bytes of the decoder budget that open streams and uploads hold now. */
+uint64_t kc_store_zstd_decode_memory(void);
 /* Decompresses a held frame (zlen bytes) into dst, which takes exactly raw
  * bytes; KC_CORRUPT when the frame is not that. */
 kc_err kc_store_zstd_decode(const void *z, size_t zlen, void *dst, size_t raw,

@@ -231,8 +231,22 @@ kc_err kcs_blob_check(MDB_txn *txn, kc_store *s, const char *digest,
 /* ---- zstd.c: compression of blobs (issue 18) ---- */
 
 #define KCS_ZSTD_MIN 64 /* smaller blobs are kept raw: no frame pays */
-/* Worth keeping: the frame saves at least an eighth of the content. */
+/* The largest window (log2) a decoder gets: frames written here never ask
+ * for more (the level's window is capped), a PUT's frame that does is
+ * refused. 8 MiB: level 19's window; 22 and --long ask for up to 128 MiB. */
+#define KCS_ZSTD_WLOG_MAX 23
+/* Decoder memory held for clients (GETs decoded on the way, PUTs of
+ * frames), process-wide; beyond it they get KC_BUSY. */
+#define KCS_ZSTD_DECODE_BUDGET ((uint64_t)256 << 20)
+/* Takes n bytes of the budget (0), or -1 when they are not there. */
+int kcs_zstd_charge(uint64_t n);
+void kcs_zstd_release(uint64_t n);
+/* A streaming decoder whose window is at most 2^wlog_max bytes. */
+struct ZSTD_DCtx_s *kcs_zstd_dctx(unsigned wlog_max);
+/* Worth keeping: the frame is at most kcs_zstd_keep_max(raw) bytes (half
+ * the content). */
 int kcs_zstd_worth(uint64_t raw, uint64_t z);
+uint64_t kcs_zstd_keep_max(uint64_t raw);
 /* Does the buffer begin with a zstd frame's magic number? */
 int kcs_zstd_magic(const void *p, size_t n);
 /* Compresses len bytes at level into a malloc'd *out when that is worth

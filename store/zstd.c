@@ -6,12 +6,17 @@
  * piece, decompressed on the way, with one short read per piece. libzstd
  * does every byte of the coding. */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_estimateDStreamSize_fromFrame */
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include "store_internal.h"
 
@@ -70,11 +75,32 @@ kc_err kcs_saved_add(MDB_txn *txn, kc_store *s, int64_t delta, char *err) {
 
 /* ---- compression ---- */
 
-int kcs_zstd_worth(uint64_t raw, uint64_t z) { return z <= raw - raw / 8; }
+/* Kept compressed only when the frame is at most half the content. A frame
+ * that saves less is mostly literals (entropy coding only: redis-benchmark's
+ * random letters save a quarter, machine code a third at most), and those
+ * decode at 10-20 instructions a byte on every read that is not sent the
+ * frame, where a copy costs 0.1: see DESIGN.md, "Blobs at rest and on the
+ * wire: zstd". */
+uint64_t kcs_zstd_keep_max(uint64_t raw) { return raw / 2; }
+
+int kcs_zstd_worth(uint64_t raw, uint64_t z) {
+  return z <= kcs_zstd_keep_max(raw);
+}
 
 int kcs_zstd_magic(const void *p, size_t n) {
   static const unsigned char m[4] = {0x28, 0xb5, 0x2f, 0xfd};
   return n >= 4 && memcmp(p, m, 4) == 0;
+}
+
+/* The level, and its window capped at KCS_ZSTD_WLOG_MAX (levels 20-22
+ * ask for up to 2^27 for large inputs): every frame written here decodes
+ * within a bounded decoder's window. */
+static size_t set_level(ZSTD_CCtx *cc, int level, uint64_t len) {
+  size_t r = ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, level);
+  if (!ZSTD_isError(r) &&
+      ZSTD_getCParams(level, len, 0).windowLog > KCS_ZSTD_WLOG_MAX)
+    r = ZSTD_CCtx_setParameter(cc, ZSTD_c_windowLog, KCS_ZSTD_WLOG_MAX);
+  return r;
 }
 
 kc_err kcs_zstd_compress(int level, const void *src, size_t len, void **out,
@@ -83,13 +109,21 @@ kc_err kcs_zstd_compress(int level, const void *src, size_t len, void **out,
   *outlen = 0;
   if (level <= 0 || len < KCS_ZSTD_MIN)
     return KC_OK;
-  /* Room for an eighth less than the content only: a frame that does not
-   * fit is not worth keeping, and libzstd stops as soon as it knows. */
-  size_t cap = len - len / 8;
+  /* Room for a frame worth keeping only: libzstd stops as soon as one
+   * does not fit. */
+  size_t cap = (size_t)kcs_zstd_keep_max(len);
   void *buf = malloc(cap);
   if (!buf)
     return kc_errf(err, KC_NOMEM, "out of memory");
-  size_t n = ZSTD_compress(buf, cap, src, len, level);
+  ZSTD_CCtx *cc = ZSTD_createCCtx();
+  size_t n = cc ? set_level(cc, level, len) : 0;
+  if (cc && !ZSTD_isError(n))
+    n = ZSTD_compress2(cc, buf, cap, src, len);
+  ZSTD_freeCCtx(cc);
+  if (!cc) {
+    free(buf);
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  }
   if (ZSTD_isError(n)) {
     free(buf);
     return KC_OK; /* dstSize_tooSmall: incompressible */
@@ -157,14 +191,14 @@ kc_err kcs_zstd_compress_fd(kc_store *s, int level, int fd, int seekable,
                             off_t off, uint64_t len, kc_sha256 *h,
                             int *outfd, uint64_t *outlen, char *err) {
   *outfd = -1;
-  zfd z = {s, ZSTD_createCCtx(), -1, 0, len - len / 8, malloc(IO_CHUNK),
-           malloc(IO_CHUNK)};
+  zfd z = {s, ZSTD_createCCtx(), -1, 0, kcs_zstd_keep_max(len),
+           malloc(IO_CHUNK), malloc(IO_CHUNK)};
   kc_err e = z.cc && z.in && z.obuf ? KC_OK
                                     : kc_errf(err, KC_NOMEM, "out of memory");
   if (!e && (z.out = open(s->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)) < 0)
     e = kcs_disk_err(s, errno, "making a spool file", err);
   if (!e) {
-    ZSTD_CCtx_setParameter(z.cc, ZSTD_c_compressionLevel, level);
+    set_level(z.cc, level, len);
     ZSTD_CCtx_setPledgedSrcSize(z.cc, len);
   }
   int over = 0;
@@ -196,14 +230,113 @@ kc_err kcs_zstd_compress_fd(kc_store *s, int level, int fd, int seekable,
 
 /* ---- decoding ---- */
 
+/* Decoder memory, process-wide. Every streaming decoder is made with
+ * ZSTD_d_windowLogMax KCS_ZSTD_WLOG_MAX (a frame asking for more is refused
+ * before a byte of window is allocated), and the decoders that live as long
+ * as a client (a GET decoded on the way, a PUT of a frame) take their
+ * buffers out of one budget of KCS_ZSTD_DECODE_BUDGET bytes: a reader
+ * beyond it gets KC_BUSY (503 and Retry-After), never more memory. Whole
+ * frames decoded into a buffer the caller holds (RESP GET, a frame stored
+ * raw) need no window at all: libzstd's single pass reads back from the
+ * output itself. */
+static _Atomic uint64_t decode_used;
+
+int kcs_zstd_charge(uint64_t n) {
+  uint64_t cur = atomic_load(&decode_used);
+  do {
+    if (n > KCS_ZSTD_DECODE_BUDGET || cur > KCS_ZSTD_DECODE_BUDGET - n)
+      return -1;
+  } while (!atomic_compare_exchange_weak(&decode_used, &cur, cur + n));
+  return 0;
+}
+
+void kcs_zstd_release(uint64_t n) { atomic_fetch_sub(&decode_used, n); }
+
+uint64_t kc_store_zstd_decode_memory(void) { return atomic_load(&decode_used); }
+
+ZSTD_DCtx *kcs_zstd_dctx(unsigned wlog_max) {
+  ZSTD_DCtx *dc = ZSTD_createDCtx();
+  if (dc && ZSTD_isError(ZSTD_DCtx_setParameter(dc, ZSTD_d_windowLogMax,
+                                                (int)wlog_max))) {
+    ZSTD_freeDCtx(dc);
+    dc = NULL;
+  }
+  return dc;
+}
+
+/* One decoding context per thread for single-pass decodes, made on the
+ * thread's first and freed when it exits: making one costs more than
+ * decoding a 4 KiB value (a RESP GET paid ~10 us for it). Single pass
+ * allocates nothing in it beyond its fixed tables. */
+static pthread_key_t dc_key;
+static pthread_once_t dc_once = PTHREAD_ONCE_INIT;
+static _Thread_local ZSTD_DCtx *dc_mine;
+
+static void dc_gone(void *dc) { ZSTD_freeDCtx(dc); }
+static void dc_key_make(void) { pthread_key_create(&dc_key, dc_gone); }
+
+static ZSTD_DCtx *thread_dctx(void) {
+  if (dc_mine)
+    return dc_mine;
+  pthread_once(&dc_once, dc_key_make);
+  ZSTD_DCtx *dc = kcs_zstd_dctx(KCS_ZSTD_WLOG_MAX);
+  if (dc && pthread_setspecific(dc_key, dc)) {
+    ZSTD_freeDCtx(dc);
+    return NULL;
+  }
+  return dc_mine = dc;
+}
+
+/* The whole frame at z into dst, which holds exactly raw bytes. */
+static kc_err decode_flat(const void *z, size_t zlen, void *dst, size_t raw,
+                          char *err) {
+  ZSTD_DCtx *dc = thread_dctx();
+  if (!dc)
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  if (zlen == 0)
+    return kc_errf(err, KC_CORRUPT, "the frame is empty");
+  size_t n = ZSTD_decompressDCtx(dc, dst, raw, z, zlen);
+  if (ZSTD_isError(n) && ZSTD_getErrorCode(n) == ZSTD_error_dstSize_tooSmall)
+    return kc_errf(err, KC_CORRUPT, "the frame decompresses to more than "
+                   "%llu bytes", (unsigned long long)raw);
+  if (ZSTD_isError(n))
+    return kc_errf(err, KC_CORRUPT, "zstd: %s", ZSTD_getErrorName(n));
+  if (n != raw)
+    return kc_errf(err, KC_CORRUPT, "the frame decompresses to another size "
+                   "(%llu of %llu bytes)", (unsigned long long)n,
+                   (unsigned long long)raw);
+  return KC_OK;
+}
+
 /* Decodes the stored frame, chunk by chunk of input, calling sink on each
  * piece of output; KC_CORRUPT when it is not one complete frame (or frames)
- * of exactly raw bytes. */
+ * of exactly raw bytes. A frame in memory of up to FLAT_MAX bytes of
+ * content, or one whose window is over the bound (held from before it),
+ * is decoded in a single pass into a buffer of its size and given to the
+ * sink at once; the rest stream through a bounded decoder. */
 typedef kc_err (*zsink)(void *ud, const void *p, size_t n);
+
+#define FLAT_MAX (1024 * 1024)
+
+static int window_over(const void *z, size_t zlen) {
+  ZSTD_frameHeader fh;
+  return ZSTD_getFrameHeader(&fh, z, zlen) == 0 &&
+         fh.windowSize > ((uint64_t)1 << KCS_ZSTD_WLOG_MAX);
+}
 
 static kc_err decode_each(const void *mem, int fd, uint64_t zlen, uint64_t raw,
                           zsink sink, void *ud, char *err) {
-  ZSTD_DCtx *dc = ZSTD_createDCtx();
+  if (mem && (raw <= FLAT_MAX || window_over(mem, (size_t)zlen)) &&
+      raw <= SIZE_MAX / 2) {
+    void *flat = malloc(raw ? (size_t)raw : 1);
+    kc_err e = flat ? decode_flat(mem, (size_t)zlen, flat, (size_t)raw, err)
+                    : kc_errf(err, KC_NOMEM, "out of memory");
+    if (!e && raw)
+      e = sink(ud, flat, (size_t)raw);
+    free(flat);
+    return e;
+  }
+  ZSTD_DCtx *dc = kcs_zstd_dctx(KCS_ZSTD_WLOG_MAX);
   unsigned char *obuf = malloc(IO_CHUNK), *ibuf = mem ? NULL : malloc(IO_CHUNK);
   kc_err e = dc && obuf && (mem || ibuf)
                  ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
@@ -269,8 +402,10 @@ static kc_err sink_into(void *ud, const void *p, size_t n) {
 
 kc_err kcs_zstd_decode_into(const void *mem, int fd, uint64_t zlen,
                             void *dst, uint64_t raw, char *err) {
+  if (mem)
+    return decode_flat(mem, (size_t)zlen, dst, (size_t)raw, err);
   into d = {dst, 0};
-  return decode_each(mem, fd, zlen, raw, sink_into, &d, err);
+  return decode_each(NULL, fd, zlen, raw, sink_into, &d, err);
 }
 
 kc_err kc_store_zstd_decode(const void *z, size_t zlen, void *dst, size_t raw,
@@ -318,10 +453,36 @@ struct kc_store_blob_stream {
   kc_store *s;
   char digest[KC_HEX_LEN + 1];
   ZSTD_DCtx *dc; /* NULL: the held bytes go out as they are */
+  uint64_t charged; /* of the decoder budget */
   uint64_t zpos; /* bytes of the held copy consumed */
   uint64_t stored, out, len;
   int done;
 };
+
+/* The stream's decoder, its memory (as the frame's header says it will
+ * be) taken from the budget first. A frame held from before the window was
+ * bounded gets the window it asks for, up to libzstd's default limit: the
+ * budget bounds it. */
+static kc_err stream_decoder(kc_store_blob_stream *b, const void *z,
+                             size_t zlen) {
+  ZSTD_frameHeader fh;
+  if (ZSTD_getFrameHeader(&fh, z, zlen) != 0)
+    return KC_CORRUPT; /* not a frame the reads could decode either */
+  /* what ZSTD_decompressStream will allocate for this frame */
+  size_t need = ZSTD_estimateDCtxSize() + ZSTD_BLOCKSIZE_MAX +
+                ZSTD_decodingBufferSize_min(fh.windowSize,
+                                            fh.frameContentSize);
+  if (ZSTD_isError(need))
+    return KC_CORRUPT;
+  unsigned wlog = KCS_ZSTD_WLOG_MAX;
+  while (wlog < ZSTD_WINDOWLOG_LIMIT_DEFAULT &&
+         fh.windowSize > ((uint64_t)1 << wlog))
+    wlog++;
+  if (kcs_zstd_charge(need))
+    return KC_BUSY;
+  b->charged = need;
+  return (b->dc = kcs_zstd_dctx(wlog)) ? KC_OK : KC_NOMEM;
+}
 
 kc_err kc_store_blob_stream_open(kc_store *s, const char *digest, int decode,
                                  kc_store_blob_stream **out, uint64_t *len,
@@ -335,14 +496,19 @@ kc_err kc_store_blob_stream_open(kc_store *s, const char *digest, int decode,
   kc_store_enc how = KC_STORE_RAW;
   uint64_t sz = 0;
   e = kc_store_blob_get_stored(r, digest, &data, &n, &how, &sz);
-  kc_store_read_end(r);
-  if (e)
+  if (e) {
+    kc_store_read_end(r);
     return e;
-  kc_store_blob_stream *b = calloc(1, sizeof *b);
-  if (!b || (decode && how == KC_STORE_ZSTD && !(b->dc = ZSTD_createDCtx()))) {
-    free(b);
-    return KC_NOMEM;
   }
+  kc_store_blob_stream *b = calloc(1, sizeof *b);
+  if (!b)
+    return KC_NOMEM;
+  if (decode && how == KC_STORE_ZSTD && (e = stream_decoder(b, data, n))) {
+    kc_store_read_end(r);
+    kc_store_blob_stream_free(b);
+    return e;
+  }
+  kc_store_read_end(r);
   b->s = s;
   snprintf(b->digest, sizeof b->digest, "%s", digest);
   b->stored = n;
@@ -372,6 +538,14 @@ static long stream_decode(kc_store_blob_stream *b, const void *z, size_t zlen,
       b->done = 1;
     else if (in.pos == 0 && ob.pos == before && b->zpos == zlen)
       break; /* truncated: no input left, no output either (-1 below) */
+  }
+  /* a later frame of the same blob may ask for a larger window (up to the
+   * decoder's bound): what it took beyond the charge is charged now */
+  size_t have = ZSTD_sizeof_DCtx(b->dc);
+  if (have > b->charged) {
+    if (kcs_zstd_charge(have - b->charged))
+      return -1;
+    b->charged = have;
   }
   b->out += ob.pos;
   /* called only while bytes are due: none coming means a bad frame */
@@ -410,5 +584,6 @@ void kc_store_blob_stream_free(kc_store_blob_stream *b) {
   if (!b)
     return;
   ZSTD_freeDCtx(b->dc);
+  kcs_zstd_release(b->charged);
   free(b);
 }

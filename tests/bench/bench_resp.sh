@@ -22,6 +22,12 @@
 #    is still hashed once (SHA-256: most of a 1M SET's CPU).
 #    4K-new: nearly every SET a new key (a commit each). Step 2's fill uses
 #    distinct values.
+#    Two payloads for the GETs: redis-benchmark's own (printable bytes that
+#    zstd shrinks by about a quarter, its literals entropy-coded) and random
+#    bytes (-rand rows: resp_tool.py randkeys SETs the keyspace first, not
+#    timed). Each at -c 50 with -P 1 and -P 16, and a single client (-c1
+#    rows, -P 1: their req/s is the inverse of the latency, printed too).
+#    The -rand and -c1 rows time only the GETs (their fill is not a row).
 # 2. Restart: SET BENCH_FILL_COUNT (50000) distinct 64 KiB values (3.28 GB)
 #    with resp_tool.py (pipelined), stop, start again, and time from the
 #    start until the first GET returns a value, and the server's RSS then.
@@ -42,7 +48,8 @@
 #          BENCH_BASE_KCACHED=path: a second kcached build, e.g. main's, in
 #          the same run, its column before kcached's)
 #        BENCH_OPS ("set get"; "set": the SETs only)
-#        BENCH_TESTS ("4K 64K 1M 4K-P16 4K-new": the tests to run, by
+#        BENCH_TESTS ("4K 64K 1M 4K-P16 4K-c1 4K-rand 4K-rand-P16
+#          4K-rand-c1 4K-new": the tests to run, by
 #          label; 4K-new: -r 100000000, nearly every SET a new key, so a
 #          written key record each, where the other tests' SETs mostly
 #          find the value already held under their key)
@@ -143,46 +150,63 @@ cpu_ticks() { # pid -> utime+stime of every thread, in clock ticks
   awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
 }
 
-# name, args... -> "rps cpu_seconds" of one redis-benchmark test
+# name, args... -> "rps cpu_seconds avg_latency_ms" of one redis-benchmark
+# test
 bench_one() {
   local c0 c1 out rps
   c0=$(cpu_ticks "$spid")
   out=$(timeout 300 "${client_cpu[@]}" redis-benchmark -p "$port" --csv "$@" 2>"$tmp/rb.err") ||
     { echo "bench_resp: redis-benchmark $*: $(tail -2 "$tmp/rb.err")" >&2; exit 1; }
   c1=$(cpu_ticks "$spid")
-  rps=$(awk -F'"' 'NR > 1 && $2 != "test" { print $4; exit }' <<<"$out")
+  rps=$(awk -F'"' 'NR > 1 && $2 != "test" { print $4, $6; exit }' <<<"$out")
   [ -n "$rps" ] || { echo "bench_resp: no result from redis-benchmark $*: $out" >&2; exit 1; }
-  echo "$rps $(awk -v a="$c0" -v b="$c1" -v t="$tick" 'BEGIN { printf "%.2f", (b - a) / t }')"
+  read -r rps lat <<<"$rps"
+  echo "$rps $(awk -v a="$c0" -v b="$c1" -v t="$tick" 'BEGIN { printf "%.2f", (b - a) / t }') $lat"
 }
 
-# Test table: label, -d, -n (x scale), -r, -P
+# Test table: label, -d, -n (x scale), -r, -P, -c, payload (bench:
+# redis-benchmark's bytes, SET by the SET row; rand: random, SET untimed)
 all_tests=(
-  "4K 4096 100000 10000 1"
-  "64K 65536 20000 2000 1"
-  "1M 1048576 2000 200 1"
-  "4K-P16 4096 400000 10000 16"
-  "4K-new 4096 50000 100000000 1"
+  "4K 4096 100000 10000 1 50 bench"
+  "64K 65536 20000 2000 1 50 bench"
+  "1M 1048576 2000 200 1 50 bench"
+  "4K-P16 4096 400000 10000 16 50 bench"
+  "4K-c1 4096 20000 10000 1 1 bench"
+  "4K-rand 4096 100000 10000 1 50 rand"
+  "4K-rand-P16 4096 400000 10000 16 50 rand"
+  "4K-rand-c1 4096 20000 10000 1 1 rand"
+  "4K-new 4096 50000 100000000 1 50 bench"
 )
-want_tests=" ${BENCH_TESTS:-4K 64K 1M 4K-P16 4K-new} "
+want_tests=" ${BENCH_TESTS:-4K 64K 1M 4K-P16 4K-c1 4K-rand 4K-rand-P16 4K-rand-c1 4K-new} "
 tests=()
 for t in "${all_tests[@]}"; do
   [[ $want_tests == *" ${t%% *} "* ]] && tests+=("$t")
 done
 read -ra ops <<<"${BENCH_OPS:-set get}"
 read -ra servers <<<"${BENCH_SERVERS:-kcached off everysec always}"
-declare -A rps cpu
+# A row's SET: timed for redis-benchmark's payload at -c 50; else the
+# keyspace is filled first, untimed (random values, or a single client's
+# row, whose SETs would take long and say nothing new).
+timed_set() { [ "$1" = bench ] && [ "$2" = 50 ]; }
+declare -A rps cpu lat
 for s in "${servers[@]}"; do
   start_server "$s"
   for t in "${tests[@]}"; do
-    read -r label size n keys pipe <<<"$t"
+    read -r label size n keys pipe clients pay <<<"$t"
     n=$(awk -v n="$n" -v k="$scale" 'BEGIN { printf "%d", n * k }')
     # Only this size's keys: the GETs must not meet values of another test.
     redis-cli -p "$port" flushdb >/dev/null
+    if [ "$pay" = rand ]; then
+      "${client_cpu[@]}" python3 "$here/resp_tool.py" randkeys "$port" "$keys" "$size" >/dev/null
+    elif ! timed_set "$pay" "$clients"; then
+      bench_one -t set -d "$size" -n "$keys" -r "$keys" -c 50 -P 16 >/dev/null
+    fi
     for op in "${ops[@]}"; do
       [ "$op:$label" = get:4K-new ] && continue # its keys: mostly misses
-      read -r r c < <(bench_one -t "$op" -d "$size" -n "$n" -r "$keys" -c 50 -P "$pipe")
-      rps[$s,$op,$label]=$r cpu[$s,$op,$label]=$c
-      echo "bench_resp: $s $op $label: $r req/s, server CPU $c s for $n requests" >&2
+      [ "$op" = set ] && ! timed_set "$pay" "$clients" && continue
+      read -r r c l < <(bench_one -t "$op" -d "$size" -n "$n" -r "$keys" -c "$clients" -P "$pipe")
+      rps[$s,$op,$label]=$r cpu[$s,$op,$label]=$c lat[$s,$op,$label]=$l
+      echo "bench_resp: $s $op $label: $r req/s, server CPU $c s for $n requests, avg latency $l ms" >&2
     done
   done
   stop_server
@@ -231,6 +255,7 @@ for t in "${tests[@]}"; do
   n=$(awk -v n="$n" -v k="$scale" 'BEGIN { printf "%d", n * k }')
   for op in "${ops[@]}"; do
     [ "$op:$label" = get:4K-new ] && continue
+    [ -n "${rps[${servers[0]},$op,$label]:-}" ] || continue
     line=$(printf '%-12s' "${op^^} $label")
     declare -A pcs=()
     for s in "${servers[@]}"; do
@@ -247,6 +272,14 @@ for t in "${tests[@]}"; do
        function x(p, q) { return q > 0 ? sprintf("%.2fx", p / q) : "-" }')
     echo "$line"
   done
+done
+for t in "${tests[@]}"; do
+  read -r label _ _ _ _ clients _ <<<"$t"
+  [ "$clients" = 1 ] && [ -n "${lat[${servers[0]},get,$label]:-}" ] || continue
+  line=$(printf '%-12s' "GET $label")
+  for s in "${servers[@]}"; do line+=$(printf ' %19s ms' "${lat[$s,get,$label]:-}"); done
+  echo "$line  avg latency (single client); /off: $(awk -v k="${lat[kcached,get,$label]:-0}" -v o="${lat[off,get,$label]:-0}" \
+    'BEGIN { print (k > 0 ? sprintf("%.2fx", o / k) : "-") }') (redis / kcached, >= 0.8)"
 done
 if [ "${BENCH_SKIP_RESTART:-0}" != 1 ]; then
   echo

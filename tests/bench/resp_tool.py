@@ -6,6 +6,12 @@
       (redis-benchmark sends the same bytes every time, which kcached stores
       once: content-addressed blobs). Pipelined over one connection, 4 MiB a
       batch. Prints "bytes seconds".
+  randkeys PORT COUNT SIZE
+      SETs redis-benchmark's keys key:000000000000 .. key:COUNT-1 (its -r
+      keyspace) to random (incompressible) values of SIZE bytes, so that a
+      redis-benchmark -t get -r COUNT that follows reads random payloads
+      (redis-benchmark itself sends the same printable bytes every time).
+      Pipelined over one connection. Prints "bytes seconds".
   firstget PIDFILE SIZE INDEX PORT -- COMMAND...
       Starts COMMAND (a server listening on PORT), writes its pid to PIDFILE,
       sends GET fill:INDEX until a whole value comes back (a refused
@@ -78,7 +84,8 @@ class Reader:
         return ln
 
 
-def fill(port, count, size):
+def fill(port, count, size, key="fill:%08d", val=None):
+    val = val or value
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     r = Reader(s)
@@ -86,8 +93,8 @@ def fill(port, count, size):
     t0 = time.monotonic()
     for start in range(0, count, batch):
         n = min(batch, count - start)
-        s.sendall(b"".join(cmd("SET", "fill:%08d" % (start + k),
-                               value(start + k, size)) for k in range(n)))
+        s.sendall(b"".join(cmd("SET", key % (start + k),
+                               val(start + k, size)) for k in range(n)))
         for _ in range(n):
             rep = r.reply()
             if rep != b"+OK":
@@ -144,6 +151,9 @@ def main():
     a = sys.argv[1:]
     if a[:1] == ["fill"] and len(a) == 4:
         return fill(int(a[1]), int(a[2]), int(a[3]))
+    if a[:1] == ["randkeys"] and len(a) == 4:
+        return fill(int(a[1]), int(a[2]), int(a[3]), "key:%012d",
+                    lambda i, size: os.urandom(size))
     if a[:1] == ["firstget"] and len(a) > 6 and a[5] == "--":
         return firstget(a[1], int(a[2]), int(a[3]), int(a[4]), a[6:])
     sys.exit(__doc__)
