@@ -268,7 +268,7 @@ kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
   return KC_OK;
 }
 
-/* The body compressed (level 3) when that saves an eighth (issue 18): sent
+/* The body compressed (level 3) when that saves an eighth: sent
  * with Content-Encoding: zstd, the server verifies the content's digest. */
 static void *compress_body(const void *data, size_t len, size_t *zlen) {
   if (len < 64)
@@ -298,7 +298,7 @@ static kc_err put_once(kc_client *c, const char *path, const void *body,
   return e;
 }
 
-/* A frame, with its header; a server that predates issue 18 hashes the
+/* A frame, with its header; a server without zstd support hashes the
  * frame itself and answers 422 or 415: the content goes again, raw. */
 static kc_err put_zstd(kc_client *c, const char *path, const void *z,
                        size_t zlen, long *status, char *err) {
@@ -469,7 +469,7 @@ static kc_err lookup_parse(const kcc_http_resp *r, const char *const *keys,
                            char *left, size_t *n_left, int two, char *err) {
   json_error_t je;
   /* Duplicate keys are refused, as in any manifest's text: a manifest is
-   * taken from the answer as parsed (issue 17: dumping each and parsing it
+   * taken from the answer as parsed (dumping each and parsing it
    * again cost a sixth of a 1024-bundle warm's time). */
   json_t *root = json_loadb(r->body ? r->body : "", r->len,
                             JSON_REJECT_DUPLICATES, &je);

@@ -27,7 +27,7 @@
 
 /* Blobs up to this size are verified in memory before touching the disk. */
 #define KCC_FETCH_MEM ((uint64_t)1 << 20)
-/* Blobs are asked for with Accept-Encoding: zstd (issue 18): a server that
+/* Blobs are asked for with Accept-Encoding: zstd: a server that
  * holds one compressed sends the frame as held, decoded here while it
  * streams into the temporary file; the SHA-256 and the size checked are the
  * content's, and the cache keeps the content (the loader reads it as is). */

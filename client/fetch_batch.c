@@ -1,4 +1,4 @@
-/* fetch_batch.c: small blobs fetched many per request (issue 17), with
+/* fetch_batch.c: small blobs fetched many per request, with
  * POST /v1/blobs/fetch (docs/DESIGN.md): a warm of 1024 bundles of 4 files
  * made 4096 GETs, and their per-request work on both sides, not the bytes,
  * set its time.

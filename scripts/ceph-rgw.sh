@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ceph-rgw.sh: a throw-away single-node Ceph RADOS Gateway on loopback, the
-# real S3 engine behind the S3 tier's tests (issue 7).
+# real S3 engine behind the S3 tier's tests.
 #
 #   scripts/ceph-rgw.sh start DIR   install if needed, start, print env lines
 #   scripts/ceph-rgw.sh stop DIR    stop what `start DIR` started (pid files)

@@ -40,7 +40,7 @@
  * 0.9.75 zeroes the pool twice per request (shrinking the read buffer, then
  * resetting the pool), so its size is paid by every request: 256 KiB served
  * 4 KiB GETs 40% slower than 32 KiB, and 16 KiB spends half of 32 KiB's 6%
- * of a small GET's cycles in memset (measured, issue 15). Uploads arrive in
+ * of a small GET's cycles in memset (measured). Uploads arrive in
  * pieces of about this size; hashing and writing them, not the number of
  * pieces, is what they cost. */
 #define CONN_MEMORY (16 * 1024)

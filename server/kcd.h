@@ -265,7 +265,7 @@ typedef struct kcd_metrics {
   _Atomic uint64_t duration_us_sum;
   _Atomic uint64_t uploads_aborted;
   /* leases granted, refused, present and repairs: cells of ops below */
-  /* routes_zstd.c (issue 18): GETs of compressed blobs, those answered
+  /* routes_zstd.c: GETs of compressed blobs, those answered
    * with the frame (Accept-Encoding: zstd), PUTs that arrived as frames */
   _Atomic uint64_t zstd_gets, zstd_sent_frames, zstd_puts;
   /* connections shut down by the maintenance tick (conns.c) */
@@ -292,7 +292,7 @@ typedef struct kcd_config {
   const char *data_dir;
   uint64_t max_bytes;      /* store limit; 0 none */
   uint64_t max_blob_bytes; /* one blob (a zstd PUT: its decompressed bytes) */
-  int compress_level;      /* zstd level of blobs at rest; 0 raw (issue 18) */
+  int compress_level;      /* zstd level of blobs at rest; 0 raw */
   uint64_t max_json_bytes; /* manifests, lookups, lease requests */
   const char *tokens;      /* token file or NULL */
   unsigned threads;
@@ -698,7 +698,7 @@ void kcd_set_early(kcd_req *r, kc_err e, const char *fmt, ...)
 int kcd_reply_early(kcd_req *r);
 
 /* A read held for a whole response pins every LMDB page freed after it
- * began (issue 14): bodies from the map up to this size go out zero-copy,
+ * began: bodies from the map up to this size go out zero-copy,
  * larger ones are copied out so that the read ends before the client's pace
  * matters (routes_blob.c, routes_bundle.c). */
 #define KCD_ZERO_COPY_MAX (64 * 1024)

@@ -58,7 +58,7 @@ static void free_tls(kcd_state *st) {
  * may hold one (a small GET served zero-copy, a lookup), each worker thread
  * one more of the store's short reads, and the scrub, the S3 tier's fetches
  * and slack the rest. Too few slots (512 for 1,024 connections) answered
- * every read 503 "busy" while /readyz said 200 (issue 14). */
+ * every read 503 "busy" while /readyz said 200. */
 static unsigned reader_slots(const kcd_config *c) {
   uint64_t n = (uint64_t)c->max_conns + c->threads +
                (c->s3_parallel ? c->s3_parallel : 16) + 64;

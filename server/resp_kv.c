@@ -58,7 +58,7 @@ static kc_err meta1(kcd_resp_ctx *x, size_t i, uint64_t *size, int64_t *exp) {
   return e;
 }
 
-/* A value as a bulk string: one held compressed (issue 18) is decompressed
+/* A value as a bulk string: one held compressed is decompressed
  * straight into the output buffer, no copy between. A frame that does not
  * decode to its size (rot the scrub has not reached yet) reads as a miss. */
 static void reply_value(kcd_resp_buf *b, const kc_store_kv_val *v, int resp3) {

@@ -15,7 +15,7 @@ static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store);
 
 /* A read held for a whole response pins every LMDB page freed after it
  * began: one client reading 40 MB at 10 kB/s kept a full store from reusing
- * its free pages, and writes failed with 507 (issue 14). Blobs up to
+ * its free pages, and writes failed with 507. Blobs up to
  * KCD_ZERO_COPY_MAX go out zero-copy: they fit at once in the socket's
  * buffers (TCP_NOTSENT_LOWAT is 64 KiB, and a client's receive window at
  * least as much), so the send and the read end without waiting for the

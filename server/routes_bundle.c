@@ -127,7 +127,7 @@ static kc_err lookup_keys(json_t *root, const char ***out, size_t *n,
 }
 
 /* An answer holds at most this many bytes of manifests: 128 keys whose
- * manifests were 3.7 MB each made a 461 MB answer (issue 14). Twice the
+ * manifests were 3.7 MB each made a 461 MB answer. Twice the
  * largest manifest a PUT may send, and at least 8 MiB (manifests read
  * through from S3 are at most 4 MiB), so any one manifest fits. */
 #define LOOKUP_MIN_CAP (8ull << 20)

@@ -1,4 +1,4 @@
-/* routes_fetch.c: POST /v1/blobs/fetch, many blobs in one answer (issue 17).
+/* routes_fetch.c: POST /v1/blobs/fetch, many blobs in one answer.
  *
  * A warm of 1024 bundles of 4 small files made 4096 GETs; their per-request
  * cost on both sides, not the bytes, set its time. This route answers a list

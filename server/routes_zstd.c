@@ -1,4 +1,4 @@
-/* routes_zstd.c: blobs held zstd-compressed on the wire (issue 18).
+/* routes_zstd.c: blobs held zstd-compressed on the wire.
  *
  * GET of a blob the store holds compressed: a client that sends
  * Accept-Encoding: zstd gets the held frame as it is (Content-Encoding:

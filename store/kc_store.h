@@ -72,7 +72,7 @@ typedef struct kc_store_opts {
                              max_bytes (--resp-max-bytes); 0: no own limit */
   /* zstd level (1..22) for new blobs, each kept compressed when that saves
    * at least an eighth of its bytes, else raw; 0: every blob raw
-   * (--compress-level; issue 18). Blobs are named by the SHA-256 of their
+   * (--compress-level). Blobs are named by the SHA-256 of their
    * content whatever the encoding; max_bytes counts stored bytes. */
   int compress_level;
 } kc_store_opts;
@@ -103,7 +103,7 @@ kc_err kc_store_read_begin(kc_store *s, kc_store_read **out);
 /* Ends the read; every pointer it gave becomes invalid. NULL: nothing. */
 void kc_store_read_end(kc_store_read *r);
 
-/* How a blob's bytes are held (issue 18). */
+/* How a blob's bytes are held. */
 typedef enum kc_store_enc { KC_STORE_RAW = 0, KC_STORE_ZSTD = 1 } kc_store_enc;
 /* kc_store_blob_get's answer for a blob held compressed. */
 #define KC_STORE_ENCODED KC_NOT_IMPLEMENTED

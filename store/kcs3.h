@@ -1,5 +1,5 @@
 /* kcs3.h: a small S3 client (libcurl with CURLOPT_AWS_SIGV4, expat for the
- * XML answers) for the store's durable tier (docs/DESIGN.md, Scale-out; issue 7).
+ * XML answers) for the store's durable tier (docs/DESIGN.md, Scale-out).
  * Internal to store/: not installed, not part of kc_store.h, and no libcurl
  * type appears here.
  *
@@ -113,7 +113,7 @@ typedef struct kcs3_put_opts {
                               known; TLS still protects it on the way) */
   const char *content_type; /* NULL: application/octet-stream */
   const char *encoding;    /* non-NULL: x-amz-meta-kcache-encoding: this
-                              (a blob held compressed: "zstd"; issue 18) */
+                              (a blob held compressed: "zstd") */
 } kcs3_put_opts;
 
 /* PUT len bytes from data (len may be 0). popts may be NULL (unconditional).

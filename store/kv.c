@@ -96,7 +96,7 @@ static kc_err live_rec(MDB_txn *txn, kc_store *s, const char *hex,
     return kcs_mdb_err(rc, "reading a RESP value", NULL);
   kcs_blob_meta bm = {.size = v.mv_size};
   MDB_val mv;
-  /* a frame's magic: the blob may be held compressed (issue 18) */
+  /* a frame's magic: the blob may be held compressed */
   if (kcs_zstd_magic(v.mv_data, v.mv_size) &&
       (mdb_get(txn, s->blobmeta, &k, &mv) || kcs_blob_meta_read(&mv, &bm)))
     return KC_NOT_FOUND;
@@ -628,7 +628,7 @@ static int prepare(kc_store *s, kv_job *j) {
 }
 
 /* Values whose blob is not held yet are compressed, before the write lock,
- * when that saves an eighth (issue 18); one already held (the same value
+ * when that saves an eighth; one already held (the same value
  * SET again, or under another key) is not: compressing it is wasted work
  * (most of a 4 KiB SET's CPU). A blob gone by the write is compressed
  * there (set_rec). */

@@ -4,7 +4,7 @@
  *
  * Why: a read transaction pins every page freed after it began; held for a
  * whole response to a slow client, it kept a full store from reusing them
- * and writes failed with 507 far below --max-bytes (issue 14). Large blobs
+ * and writes failed with 507 far below --max-bytes. Large blobs
  * are therefore served by kc_store_blob_copy, one short read per piece, and
  * the age of the oldest read is exported so that a pinned map shows. */
 #include <stdatomic.h>

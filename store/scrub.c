@@ -70,7 +70,7 @@ static kc_err hash_one(kc_store *s, MDB_txn *txn, const MDB_val *k,
   key_hex(k, name);
   kcs_blob_meta bm = {.enc = KC_STORE_RAW};
   MDB_val mv, mk = *k;
-  /* a compressed blob is hashed as its content (issue 18) */
+  /* a compressed blob is hashed as its content */
   if (kcs_zstd_magic(v->mv_data, v->mv_size) &&
       !mdb_get(txn, s->blobmeta, &mk, &mv))
     kcs_blob_meta_read(&mv, &bm);

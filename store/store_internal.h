@@ -49,7 +49,7 @@
 #define KCS_UPLOAD_WINDOW_S 600
 /* Read handles (with their reset transactions, which keep their reader
  * slots) kept for reuse, in KCS_SHARDS pools: each thread uses one, so
- * that a GET takes no lock another thread's GETs take (issue 15). */
+ * that a GET takes no lock another thread's GETs take. */
 #define KCS_SHARDS 4
 #define KCS_SHARD_POOL 16 /* 64 in all */
 
@@ -68,7 +68,7 @@ typedef struct kcs_blob_meta {
   uint64_t refs;
   int64_t created;
   int64_t orphan_since; /* valid when refs == 0 */
-  /* Issue 18: a compressed blob's record is longer (KCS_BLOB_META_ZSTD
+  /* A compressed blob's record is longer (KCS_BLOB_META_ZSTD
    * bytes); a raw one keeps the old KCS_BLOB_META_RAW bytes, so stores
    * written before compression read as they are. */
   uint64_t stored; /* bytes held in `blobs` (enc != raw only) */
@@ -137,7 +137,7 @@ struct kc_store {
   char *dir;
   uint64_t max_bytes, map_size, grace_s;
   int high_pct, low_pct;
-  int compress_level; /* zstd level for new blobs; 0: kept raw (issue 18) */
+  int compress_level; /* zstd level for new blobs; 0: kept raw */
   kcs_uses uses;
   kcs_uses touched; /* blobs offered again by clients, by digest (memory) */
   kcs_shard shards[KCS_SHARDS]; /* read handles: pools and open reads */
@@ -228,7 +228,7 @@ kc_err kcs_blob_remove(kc_store *s, MDB_txn *txn, const char *digest,
 kc_err kcs_blob_check(MDB_txn *txn, kc_store *s, const char *digest,
                       char *err);
 
-/* ---- zstd.c: compression of blobs (issue 18) ---- */
+/* ---- zstd.c: compression of blobs ---- */
 
 #define KCS_ZSTD_MIN 64 /* smaller blobs are kept raw: no frame pays */
 /* The largest window (log2) a decoder gets: frames written here never ask

@@ -286,7 +286,7 @@ static kc_err unpark_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   return e;
 }
 
-/* A blob's object as held (issue 18): a compressed one goes up as its
+/* A blob's object as held: a compressed one goes up as its
  * frame, marked x-amz-meta-kcache-encoding: zstd (S3 checks the payload
  * hash of the frame, computed by s3.c); a raw one with its digest as the
  * payload hash. Read-through decodes by that mark. */

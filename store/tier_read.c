@@ -130,7 +130,7 @@ kc_err kcs_tier_corrupt(kcs_tier *t, kcs3 *h, const char *obj, char *err) {
 }
 
 /* A blob object on its way into an upload: one marked
- * x-amz-meta-kcache-encoding: zstd (issue 18) is a frame, decoded as it
+ * x-amz-meta-kcache-encoding: zstd is a frame, decoded as it
  * arrives (and kept as it came when the store compresses). */
 typedef struct obj_sink {
   kc_store_upload *u;

@@ -1,4 +1,4 @@
-/* zstd.c: blobs held zstd-compressed (issue 18). A blob is still named by
+/* zstd.c: blobs held zstd-compressed. A blob is still named by
  * the SHA-256 of its content; its blobmeta record says how its bytes are
  * held (a raw blob keeps the short record stores always had). Compression,
  * whole-frame decoding (verify, scrub, a PUT's frame stored raw), the

@@ -1,4 +1,4 @@
-# tests/demand.cmake: demand feedback (issue 17, part 2): kcached's
+# tests/demand.cmake: demand feedback: kcached's
 # POST /v1/demand and GET /v1/models/{model}/demand against the real binary
 # (server_demand), and the bucket suggestion's dynamic programme against brute
 # force (suggest).

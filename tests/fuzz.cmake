@@ -1,4 +1,4 @@
-# tests/fuzz.cmake: the libFuzzer targets of tests/fuzz (issue 6, Fuzzing).
+# tests/fuzz.cmake: the libFuzzer targets of tests/fuzz.
 # Only with -DKCACHE_FUZZ=ON and clang (Debian's clang 14 works); the normal
 # gcc build never reads further than the guard. scripts/fuzz.sh drives it.
 #

@@ -1,4 +1,4 @@
-# tests/hardening.cmake: the store and server at their limits (issue 14):
+# tests/hardening.cmake: the store and server at their limits:
 # test_store_limits (a lowered --max-bytes, manifests counted, the model
 # listing from the index, the directory lock) and test_server_disk (a full
 # disk on a small tmpfs: 507 disk_full, /readyz 503; two kcached on one

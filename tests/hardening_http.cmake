@@ -1,4 +1,4 @@
-# tests/hardening_http.cmake: kcached under hostile HTTP clients (issue 14),
+# tests/hardening_http.cmake: kcached under hostile HTTP clients,
 # each a cmocka binary over the real kcached (kc_testsrv) and raw sockets
 # (rawhttp.c: bytes libcurl would not send):
 #   server_slow         slow headers, the per-address cap, --health-listen

@@ -1,4 +1,4 @@
-# tests/hardening_read.cmake: issue 14, items 2 and 6: slow readers do not
+# tests/hardening_read.cmake: slow readers do not
 # pin the store or exhaust its reader table; lookup answers are bounded;
 # manifests have at most KC_MANIFEST_MAX_FILES files (test_server_slowread:
 # the real kcached, the real store, the client library).

@@ -1,4 +1,4 @@
-# tests/page.cmake: the routes by model and the page (issue 16):
+# tests/page.cmake: the routes by model and the page:
 # server_models, the API against the real kcached (test_server_models.c);
 # page, the page rendered by a real headless chromium against a kcached
 # filled by `kcache warm` (test_page.py; skipped, 77, without chromium).

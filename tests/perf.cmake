@@ -1,4 +1,4 @@
-# tests/perf.cmake: issue 15, the small-GET hot path: the access log that it
+# tests/perf.cmake: the small-GET hot path: the access log that it
 # formats cheaply, and the --access-log off|FILE flag (test_server_accesslog:
 # the real kcached).
 if(NOT TARGET PkgConfig::CURL)

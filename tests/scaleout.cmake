@@ -1,4 +1,4 @@
-# tests/scaleout.cmake: two kcached replicas over one S3 bucket (issue 7):
+# tests/scaleout.cmake: two kcached replicas over one S3 bucket:
 # write-through and read-through, leases across replicas, SIGKILL with a
 # queue, S3 down, corrupt objects, bad configuration, against a real
 # single-node Ceph RGW (kc_testrgw from tests/s3.cmake, kc_testsrv from

@@ -30,7 +30,7 @@ endforeach()
 set_tests_properties(server_blob server_bundle server_lease server_auth
                      server_ops PROPERTIES TIMEOUT 300)
 
-# fetch: POST /v1/blobs/fetch, many blobs in one answer (issue 17).
+# fetch: POST /v1/blobs/fetch, many blobs in one answer.
 add_executable(test_server_fetch ${CMAKE_CURRENT_LIST_DIR}/test_server_fetch.c)
 target_link_libraries(test_server_fetch PRIVATE kc_servertest PkgConfig::ZSTD)
 add_test(NAME server_fetch COMMAND test_server_fetch)

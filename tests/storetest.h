@@ -3,7 +3,7 @@
  * seed, manifests, bundles, model listings, and the runner that honours
  * KC_TEST_FILTER / KC_TEST_SKIP (comma-separated globs of test names).
  *
- * Written from kc_store.h and issue 2, independently of the implementation.
+ * Written from kc_store.h, independently of the implementation.
  * Every helper fails the current cmocka test on an unexpected error; what a
  * helper returns (a store, a manifest, a JSON string, a listing) belongs to
  * the caller. Tests run one at a time (the globals below are not locked). */

@@ -975,7 +975,7 @@ static void test_server_blob_flipped(void **state) {
   fx *f = *state;
   need_nvrtc();
   /* the scrub off: here the client is the one to find the rot; blobs
-   * held raw, so the content's bytes are there to flip (issue 18) */
+   * held raw, so the content's bytes are there to flip */
   const char *const args[] = {"--scrub-rate", "0", "--compress-level", "0",
                               NULL};
   assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
@@ -1721,7 +1721,7 @@ static void test_fault_stall_builds(void **state) {
   kc_warmup_free(w);
 }
 
-/* ---- issue 14: an adversarial pass over the client ---- */
+/* ---- an adversarial pass over the client ---- */
 
 /* A command-builder warmup (no toolkit needed): `sh -c script` for batch 1
  * on sm_90a, written to dir/<name>.json (path out). script: no quotes. */
@@ -2186,7 +2186,7 @@ static void test_command_builder_symlinks(void **state) {
   kc_client_free(c);
 }
 
-/* ---- issue 17: demand feedback (kc_demand_note against a real kcached) ---- */
+/* ---- demand feedback (kc_demand_note against a real kcached) ---- */
 
 /* GET /v1/models/MODEL/demand's body (malloc'd) once its total reaches want,
  * or after 8 s. */
@@ -2405,7 +2405,7 @@ static void test_suggest_cli(void **state) {
   assert_non_null(strstr(out, "not the manifest's model.hash"));
 }
 
-/* ---- issue 16: models by name, coverage, purge ---- */
+/* ---- models by name, coverage, purge ---- */
 
 /* A command-builder warmup named "refill-model": batch 1 and 2 on sm_80 and
  * sm_90a (no toolkit needed). */
@@ -2606,7 +2606,7 @@ static void test_warm_manifest_roles(void **state) {
   assert_non_null(strstr(out, "403"));
 }
 
-/* ---- issue 17: file-system cost of a fetch ---- */
+/* ---- file-system cost of a fetch ---- */
 
 /* Entries of a directory other than . and .. */
 static int entries_in(const char *dir) {
@@ -2677,7 +2677,7 @@ static void test_fetch_small_and_large(void **state) {
   free(blob);
 }
 
-/* ---- issue 17: many blobs per request (POST /v1/blobs/fetch) ---- */
+/* ---- many blobs per request (POST /v1/blobs/fetch) ---- */
 
 /* A fake's bundle of one file "the real bytes", pulled into a fresh cache
  * (tag): kc_client_pull's code; *landed: whether the blob is cached. */
@@ -2878,7 +2878,7 @@ static void test_fetch_batch_fallback(void **state) {
   kc_warmup_free(w);
 }
 
-/* ---- issue 17: compatible-arch fallback ---- */
+/* ---- compatible-arch fallback ---- */
 
 /* A command-builder warmup for `archs` (a JSON list body: "\"sm_86\"") whose
  * build writes the arch it was built for to arch.txt; KC_FAIL=1 in the
@@ -3108,7 +3108,7 @@ static void test_compat_many(void **state) {
   assert_non_null(strstr(out, "\"hit-local\": 300"));
 }
 
-/* ---- zstd on the wire (issue 18) ---- */
+/* ---- zstd on the wire ---- */
 
 
 /* Real cubins go up compressed (the client compresses what saves an

@@ -1115,7 +1115,7 @@ static void test_fake_forced_missing(void **state) {
   assert_int_equal(info.n_devices, 0);
 }
 
-/* ---- Compatible targets (issue 17) ----
+/* ---- Compatible targets ----
  *
  * The expected table is NVIDIA's published rules written out per target,
  * not derived from arch.c:

@@ -1,4 +1,4 @@
-/* test_reliability.c: kcached under crashes and faults (issue 6): SIGKILL at
+/* test_reliability.c: kcached under crashes and faults: SIGKILL at
  * random moments while several clients upload bundles, then a restart that
  * must keep every acknowledged bundle whole and show no partial one; a tiny
  * --max-bytes (507 or eviction, never a crash, never a half-evicted bundle);
@@ -811,7 +811,7 @@ static int start_bad(const char *data, const char *log, const char *port_file,
 }
 
 /* The data directory is unusable at start: kcached says so on stderr,
- * naming the path, and exits 3 (issue 6; with --store-wait it would serve
+ * naming the path, and exits 3 (with --store-wait it would serve
  * 503 on /readyz while it retries: tests/test_server.c t_readyz_not_open).
  * Never a crash, never "ready". */
 static void check_bad_dir(const char *dir, const char *data, const char *what,

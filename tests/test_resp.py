@@ -1653,7 +1653,7 @@ class Observability(unittest.TestCase):
         self.assertEqual(st["kv_max_bytes"], 0)
         self.assertGreaterEqual(st["resp_clients"], 1)
         # bytes_used counts stored bytes: these values are held compressed
-        # (issue 18); bytes_raw counts their content
+        # (zstd); bytes_raw counts their content
         self.assertGreaterEqual(st["bytes_raw"], 1500)
         self.assertLessEqual(st["bytes_used"], st["bytes_raw"])
         self.assertEqual(st["bundles"], 0)

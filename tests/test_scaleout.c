@@ -1,5 +1,5 @@
 /* test_scaleout.c: two kcached replicas over one S3 bucket (docs/DESIGN.md,
- * Scale-out; issue 7), against a real single-node Ceph RGW (tests/testrgw.h).
+ * Scale-out), against a real single-node Ceph RGW (tests/testrgw.h).
  *
  * Replicas A and B run with separate data directories on one bucket; each
  * case has its own --s3-prefix. Cases:

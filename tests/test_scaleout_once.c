@@ -1,5 +1,5 @@
-/* test_scaleout_once.c: write-once across replicas (docs/DESIGN.md, Scale-out;
- * issue 14 item 16): two kcached replicas over one bucket of a real
+/* test_scaleout_once.c: write-once across replicas (docs/DESIGN.md, Scale-out):
+ * two kcached replicas over one bucket of a real
  * single-node Ceph RGW (tests/testrgw.h). One key names one manifest for
  * the whole fleet, and the bucket decides which.
  *

@@ -1,4 +1,4 @@
-/* test_server_accesslog.c: kcached's access log (issue 15): on by default
+/* test_server_accesslog.c: kcached's access log: on by default
  * with the other log lines, in the format operators parse; --access-log off
  * drops it; --access-log FILE (or KCACHED_ACCESS_LOG) appends it to FILE and
  * leaves the message lines on stderr; an unopenable FILE stops the start.

@@ -1,4 +1,4 @@
-/* test_server_disk.c: kcached at the edges of its disk (issue 14): a full
+/* test_server_disk.c: kcached at the edges of its disk: a full
  * disk answers 507 disk_full (small uploads at the commit, large ones while
  * spooling), /readyz says 503 disk_full while reads still work, the state is
  * logged once each way, and freeing space brings writes back; and a second

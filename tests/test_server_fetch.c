@@ -1,4 +1,4 @@
-/* test_server_fetch.c: POST /v1/blobs/fetch (issue 17), many blobs in one
+/* test_server_fetch.c: POST /v1/blobs/fetch, many blobs in one
  * answer: hits, missing and mixed lists in the order asked (duplicates
  * included), raw and zstd-held blobs with and without Accept-Encoding:
  * zstd, an answer of many pieces, bad bodies and digests (400, nothing

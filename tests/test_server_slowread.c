@@ -1,5 +1,5 @@
-/* test_server_slowread.c: slow readers and oversized answers (issue 14,
- * items 2 and 6) against the real kcached and the real store.
+/* test_server_slowread.c: slow readers and oversized answers
+ * against the real kcached and the real store.
  *
  * - A client that opens a GET of a large blob (or a large manifest) and
  *   stalls holds no LMDB read: writes that replace and evict data

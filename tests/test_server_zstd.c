@@ -1,4 +1,4 @@
-/* test_server_zstd.c: kcached with blobs held zstd-compressed (issue 18):
+/* test_server_zstd.c: kcached with blobs held zstd-compressed:
  * GET with and without Accept-Encoding: zstd (small zero-copy and large
  * piece by piece), HEAD, ETag and If-None-Match, Vary; PUT raw and with
  * Content-Encoding: zstd (plain and chunked); corrupt and truncated frames

@@ -1363,7 +1363,7 @@ static void test_set_settled_compressed(void **state) {
   free(q);
 }
 
-/* RESP keys' own bytes count toward max_bytes (issue 14 item 7): long keys
+/* RESP keys' own bytes count toward max_bytes: long keys
  * with 1-byte values cannot fill the disk past the limit. 10,000 keys of
  * 2 KiB, batched as a pipelining client would, in a 4 MiB store. */
 static void test_key_bytes_counted(void **state) {

@@ -1,4 +1,4 @@
-/* test_store_limits.c: the store at its limits (issue 14): a limit lowered
+/* test_store_limits.c: the store at its limits: a limit lowered
  * below what a store holds (evicted at open, in committed batches; the
  * counters count what was removed), manifests counted in bytes used (also
  * after an upgrade), the model listing served from the index without parsing

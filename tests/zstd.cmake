@@ -1,4 +1,4 @@
-# tests/zstd.cmake: blobs held zstd-compressed and sent so (issue 18).
+# tests/zstd.cmake: blobs held zstd-compressed and sent so.
 # store_zstd: the store's side (store/zstd.c, blob.c): kept compressed when
 # that saves an eighth, uploads arriving as frames, bad frames and bombs,
 # verify and scrub, old stores, RESP values. server_zstd: GET/HEAD/PUT with

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench_s3.sh: a 4 KiB blob GET served from LMDB, read through from S3, and
-# fetched from S3 directly, in one run (issue 7's targets).
+# fetched from S3 directly, in one run (the S3 tier's targets).
 #
 # Starts a throw-away single-node Ceph RGW (scripts/ceph-rgw.sh, into a
 # temporary directory, stopped at exit) and two kcached replicas A and B on

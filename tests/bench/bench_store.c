@@ -1,4 +1,4 @@
-/* bench_store.c: store/ throughput and reopen time (issue 2, "Done when").
+/* bench_store.c: store/ throughput and reopen time.
  *
  *   bench_store [--dir DIR] [--runs R] [--small N] [--large N] [--bundles N]
  *               [--sync-populate] [--no-throughput] [--no-reopen] [--keep]

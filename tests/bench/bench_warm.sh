@@ -34,7 +34,7 @@
 # error, a byte count that differs) exits 1. A missed ratio target only
 # prints MISSED, unless BENCH_STRICT=1 (then exit 1).
 #
-# Then, per BENCH_SHAPES entry, the file-system cost at scale (issue 17):
+# Then, per BENCH_SHAPES entry, the file-system cost at scale:
 # synthetic bundles (B bundles of F random files of K KiB), a warm from
 # kcached into an empty local cache with --out (as the README runs it),
 # against two yardsticks on the same file system: `tar x` of the very files
@@ -86,7 +86,7 @@
 # (load average 2.5-6), two runs of BENCH_RUNS=5: warm from kcached 66 ms and
 # 84 ms (in-process 16-21 ms), curl 54 ms and 59 ms: 1.20x and 1.42x; the
 # code before it, between them: 133 ms (in-process 63 ms), curl 58 ms, 2.29x.
-# Issue 17, the same container, 2026-11-25, BENCH_RUNS=5 BENCH_DEMO=0
+# The same container, 2026-11-25, BENCH_RUNS=5 BENCH_DEMO=0
 # (load average 2.5-5; the shared disk made ext4 figures swing 10x):
 #   shape, TMPDIR        warm before  warm after  tar x   curl    after/tar  after/curl
 #   1024x4x16, tmpfs     1.22 s       622 ms      167 ms  473 ms  3.7x       1.32x
@@ -333,7 +333,7 @@ cold_s="" remote_s="" curl_s="" local_s="" remote_in="" local_in=""
 keys="" nblobs="" blob_bytes="" nfiles="" nvrtc=""
 
 
-# ---- file-system cost at scale (issue 17) ----
+# ---- file-system cost at scale ----
 # Per shape BxFxK (B bundles of F files of K KiB, random bytes, one arch):
 # the bundles are built once with a command builder and uploaded (not
 # timed). Each of BENCH_RUNS rounds times, wall clock, one process each,

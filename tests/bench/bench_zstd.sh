@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_zstd.sh: what zstd at rest and on the wire (issue 18) buys, in one run.
+# bench_zstd.sh: what zstd at rest and on the wire buys, in one run.
 #
 # 1. Warm over a shaped link. The bench makes a network namespace and a veth
 #    pair (host side 10.231.7.1, namespace side 10.231.7.2), shapes both
@@ -27,7 +27,7 @@
 #    compressible 16 MiB blob from the compressing server, sent as the frame
 #    and decoded on the fly.
 #
-# Targets (issue 18): at 1 Gbit/s the warm of compressible cubins at least
+# Targets: at 1 Gbit/s the warm of compressible cubins at least
 # 2x faster with zstd; no more than 5% loss on incompressible blobs; stored
 # bytes of the demo model's cubins at most 40% of raw. Printed with MET or
 # MISSED; a missed target exits 1 only with BENCH_STRICT=1.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# soak.sh: a bounded load soak of kcached (issue 6): wrk on loopback with a
+# soak.sh: a bounded load soak of kcached: wrk on loopback with a
 # mix of GET blob, POST /v1/lookup and PUT blob (distinct bodies), after a
 # warm-up; passes when every response is 2xx, wrk saw no socket error, the
 # server's memory is flat and it holds no more file descriptors than before.
