@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 # the Python tests' environment (torch==2.13.0 CPU, triton, redis-py, pytest)
-./scripts/pyenv.sh >/dev/null
+# (a failure here is not fatal: the Python tests then fail when CI=true)
+./scripts/pyenv.sh >/dev/null || echo "test.sh: scripts/pyenv.sh failed" >&2
 
 jobs=$(nproc)
 build() { # dir, extra cmake args...
