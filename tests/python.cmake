@@ -25,7 +25,7 @@ if(KCACHE_SHARED AND NOT KCACHE_SANITIZE)
            ${CMAKE_CURRENT_LIST_DIR}/python/test_torch.py)
   set_tests_properties(python_client PROPERTIES TIMEOUT 300
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}")
-  # about 13 min alone on 2 busy cores (23 fresh torch processes); not
+  # about 13 min alone on 2 busy cores (17 fresh torch processes); not
   # RUN_SERIAL, so that it overlaps the C tests rather than adding to them
   set_tests_properties(python_torch PROPERTIES TIMEOUT 2400
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}")
