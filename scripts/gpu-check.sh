@@ -118,10 +118,14 @@ add_row() { # NAME STATUS DETAIL
   printf 'gpu-check: %-4s %s: %s\n' "$2" "$1" "$3" >&3
   log "ROW $2 $1: $3"
 }
-rows_from() { # FILE: the ROW lines a helper program printed
-  while IFS=$'\t' read -r tag name status detail; do
-    [ "$tag" = ROW ] && add_row "$name" "$status" "$detail"
-  done <"$1"
+rows_from() { # FILE: the ROW lines a helper program printed; a name printed
+  # again (a row updated after each round) keeps its place and its last line
+  local name status detail
+  while IFS=$'\t' read -r name status detail; do
+    add_row "$name" "$status" "$detail"
+  done < <(awk -F'\t' '$1 == "ROW" { if (!($2 in last)) order[++n] = $2
+                                       last[$2] = $2 "\t" $3 "\t" $4 }
+                         END { for (i = 1; i <= n; i++) print last[order[i]] }' "$1")
 }
 log() { printf '%s %s\n' "$(date -u +%T)" "$*" >>"$logf"; }
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
@@ -513,7 +517,7 @@ check_torch() {
       --resp "redis://$resp_addr" --device cuda --runs 3 || rc=$?
   cat "$tmp/torch.out" >>"$logf"
   local n
-  n=$(grep -c $'^ROW\t' "$tmp/torch.out")
+  n=$(grep -c $'^ROW\t' "$tmp/torch.out")  # lines, not rows: 0 means none
   rows_from "$tmp/torch.out"
   if [ "$rc" -ge 124 ]; then
     add_row "torch.compile through kcached" FAIL "gpu_torch_check.py ran past ${lim}s (exit $rc) after $n rows"

@@ -69,36 +69,34 @@ def main():
     paths = ["cold", "remote", "mega"]
     if a.device == "cuda":
         paths.insert(2, "triton")
-    failed = []
+    failed = {}
 
-    def report(path, s, res):
-        """One ROW as each path ends: a time limit keeps what was done."""
+    def report(rounds, res):
+        """ROW lines after each round (gpu-check.sh keeps the last per name),
+        so that a time limit keeps what was measured."""
         cold = res.get("cold") or {}
-        if path == "cold":
-            ok = s["n"] == a.runs and s["equal"]
-            failed.append(not ok)
-            row("torch_cold", "PASS" if ok else "FAIL",
-                "%s median %ss of %d runs %s; %s" % (
-                    a.device, s["median_s"], s["n"], s["runs_s"],
-                    fmt_counters(s)))
-            return
-        c = s["counters"]
-        if path == "triton":
-            good = s.get("triton", {}).get("hits", 0) > 0
-        else:
-            good = c.get("fxgraph_cache_hit", 0) > 0 and \
-                c.get("fxgraph_cache_miss", 0) == 0
-        ok = s["n"] == a.runs and s["equal"] and good
-        failed.append(not ok)
-        speed = ""
-        if cold.get("median_s") and s["median_s"]:
-            speed = "%.2fx of cold (saves %.2fs)" % (
-                s["median_s"] / cold["median_s"],
-                cold["median_s"] - s["median_s"])
-        row("torch_warm_" + path, "PASS" if ok else "FAIL",
-            "median %ss of %d runs %s, %s; fill %ss; %s" % (
-                s["median_s"], s["n"], s["runs_s"], speed, s.get("fill_s"),
-                fmt_counters(s)))
+        for path, s in res.items():
+            c = s["counters"]
+            if path == "cold":
+                good = True
+            elif path == "triton":
+                good = s.get("triton", {}).get("hits", 0) > 0
+            else:
+                good = c.get("fxgraph_cache_hit", 0) > 0 and \
+                    c.get("fxgraph_cache_miss", 0) == 0
+            ok = s["n"] == rounds and s["equal"] and good
+            failed[path] = not ok or rounds < a.runs
+            speed = ""
+            if path != "cold" and cold.get("median_s") and s["median_s"]:
+                speed = ", %.2fx of cold (saves %.2fs)" % (
+                    s["median_s"] / cold["median_s"],
+                    cold["median_s"] - s["median_s"])
+            fill = "; fill %ss" % s["fill_s"] if s.get("fill_s") else ""
+            row("torch_cold" if path == "cold" else "torch_warm_" + path,
+                "PASS" if ok else "FAIL",
+                "%smedian %ss of %d runs %s%s%s; %s" % (
+                    a.device + " " if path == "cold" else "", s["median_s"],
+                    s["n"], s["runs_s"], speed, fill, fmt_counters(s)))
 
     if "triton" not in paths:
         row("torch_warm_triton", "SKIP", "kcache.triton is exercised by GPU "
@@ -110,7 +108,7 @@ def main():
     except Exception as e:  # a row, not a traceback, for the table
         row("torch_check", "FAIL", "%s: %s" % (type(e).__name__, e))
         return 1
-    failed = any(failed)
+    failed = any(failed.values())
     return 1 if failed else 0
 
 

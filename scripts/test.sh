@@ -23,7 +23,8 @@ fi
 # machine may have the toolkit without it); CI=true fails those tests without.
 eval "$(./scripts/nvrtc.sh)"
 # the Python tests' environment (torch==2.13.0 CPU, triton, redis-py, pytest)
-./scripts/pyenv.sh >/dev/null
+# (a failure here is not fatal: the Python tests then fail when CI=true)
+./scripts/pyenv.sh >/dev/null || echo "test.sh: scripts/pyenv.sh failed" >&2
 
 jobs=$(nproc)
 build() { # dir, extra cmake args...

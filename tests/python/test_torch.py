@@ -8,6 +8,7 @@ the failure cases: wrong token, torch-version mismatch, kcached down,
 corrupt artifacts, a read-only token, and concurrent processes (one upload
 per key). Each worker is a fresh process (tests/python/torch_worker.py)."""
 import concurrent.futures
+import os
 import shutil
 import tempfile
 
@@ -229,3 +230,40 @@ def test_key_fields_bind_the_toolchain():
         assert kcache.key(g) != k, change
     assert kcache.key(kt.key_fields("mega", "my-model", 1, "cpu")) != k
     assert kcache.key(kt.key_fields("inductor-dir", "my-model", 0, "cpu")) != k
+
+
+def test_deadline_bounds_a_silent_kcached(tmp_path):
+    """A kcached that accepts connections and never answers: entering
+    mega_cache and cache_dir_bundle returns at their deadline, not at the
+    client's timeout; the layers are then unknown, so nothing is uploaded."""
+    import socket
+    import time
+    import kcache
+    import kcache.torch as kt
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)  # never accepted: connects succeed, no answer comes
+    url = "http://127.0.0.1:%d" % srv.getsockname()[1]
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "ind")
+    # the client would wait 30 s for an answer: the deadline is what bounds
+    c = kcache.Client(url=url, timeout=30, cache_dir=str(tmp_path / "kc"))
+    try:
+        t = time.monotonic()
+        with kt.mega_cache(model="silent", client=c, device="cpu",
+                           deadline=1.0) as mc:
+            pass
+        with kt.cache_dir_bundle(model="silent", client=c, device="cpu",
+                                 deadline=1.0) as cd:
+            (tmp_path / "ind" / "new.bin").write_bytes(b"x")
+        took = time.monotonic() - t
+    finally:
+        srv.close()
+        if old is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+    assert mc.stats["load"] == "skipped: deadline", mc.stats
+    assert cd.stats["inductor-dir"]["load"] == "skipped: deadline"
+    assert cd.stats["inductor-dir"]["upload"] == "skipped: 32 layers"
+    assert took < 6, took

@@ -82,64 +82,63 @@ def summarize(rs):
     return out
 
 
+def _summaries(paths, results, fills):
+    out = {}
+    for path in paths:
+        out[path] = summarize(results[path])
+        if path in fills:
+            out[path]["fill_s"] = fills[path]
+    return out
+
+
 def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
             python=None, log=print, done=None):
-    """Fills kcached once per path (process A), then `runs` fresh processes
-    per path; returns {path: summary}. cold and local need no kcached.
-    done(path, summary, out), if given, is called as each path ends (so a
-    caller under a time limit keeps what was measured)."""
+    """Fills kcached once per warm path (process A), keeps a cold run's
+    local cache dir for "local", then runs `runs` rounds, each one fresh
+    process per path in turn: interleaved, so that a shared machine's load
+    swings fall on every path alike. Returns {path: summary}. done(rounds,
+    {path: summary}), if given, is called after each round, so that a
+    caller under a time limit keeps what was measured."""
     paths = paths or ["cold", "remote", "mega", "cachedir", "local"]
-    out = {}
-    if "cold" in paths:
-        rs = []
-        for i in range(runs):
-            r, _ = run("cold", url, resp_url, device, token, python=python)
-            rs.append(r)
-            log("cold run %d: %s" % (i + 1, r and r["first_output_s"]))
-        out["cold"] = summarize(rs)
-        if done:
-            done("cold", out["cold"], out)
+    extra = {p: {} for p in paths}
+    if "triton" in extra:
+        extra["triton"]["TRITON_CACHE_MANAGER"] = "kcache.triton:CacheManager"
+    fills = {}
     for path in [p for p in paths if p not in ("cold", "local")]:
-        extra = {}
-        if path == "triton":
-            extra["TRITON_CACHE_MANAGER"] = "kcache.triton:CacheManager"
         a, _ = run(path, url, resp_url, device, token, python=python,
-                   env_extra=extra)
-        log("%s fill: %s" % (path, a and a["first_output_s"]))
-        rs = []
-        for i in range(runs):
+                   env_extra=extra[path])
+        fills[path] = a and a["first_output_s"]
+        log("%s fill: %s" % (path, fills[path]))
+    full = None
+    if "local" in paths:  # torch's best case: what a cold run left
+        a, full = run("cold", url, resp_url, device, token, python=python,
+                      keep=True)
+        log("local fill: %s" % (a and a["first_output_s"]))
+    results = {p: [] for p in paths}
+    for i in range(runs):
+        for path in paths:
+            env_extra = dict(extra[path])
+            copies = []
+            if path == "local":
+                for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+                    if var in full:
+                        d = tempfile.mkdtemp(prefix="kcb-full-")
+                        shutil.rmtree(d)
+                        shutil.copytree(full[var], d, symlinks=True)
+                        env_extra[var] = d
+                        copies.append(d)
+            args = [] if path in ("cold", "local") else ["--no-upload"]
             r, _ = run(path, url, resp_url, device, token, python=python,
-                       env_extra=extra, args=["--no-upload"])
-            rs.append(r)
+                       env_extra=env_extra, args=args)
+            for d in copies:
+                shutil.rmtree(d, ignore_errors=True)
+            results[path].append(r)
             log("%s run %d: %s" % (path, i + 1, r and r["first_output_s"]))
-        out[path] = summarize(rs)
-        out[path]["fill_s"] = a and a["first_output_s"]
         if done:
-            done(path, out[path], out)
-    if "local" in paths:
-        # torch's best case: the local cache dir that a cold run left
-        a, env = run("cold", url, resp_url, device, token, python=python,
-                     keep=True)
-        full = env["TORCHINDUCTOR_CACHE_DIR"]
-        rs = []
-        for i in range(runs):
-            d = tempfile.mkdtemp(prefix="kcb-full-")
-            shutil.rmtree(d)
-            shutil.copytree(full, d, symlinks=True)
-            extra = {"TORCHINDUCTOR_CACHE_DIR": d}
-            if "TRITON_CACHE_DIR" in env:
-                t = tempfile.mkdtemp(prefix="kcb-tfull-")
-                shutil.rmtree(t)
-                shutil.copytree(env["TRITON_CACHE_DIR"], t, symlinks=True)
-                extra["TRITON_CACHE_DIR"] = t
-            r, _ = run("local", url, resp_url, device, token, python=python,
-                       env_extra=extra)
-            rs.append(r)
-            log("local run %d: %s" % (i + 1, r and r["first_output_s"]))
-        _drop(env)
-        out["local"] = summarize(rs)
-        if done:
-            done("local", out["local"], out)
+            done(i + 1, _summaries(paths, results, fills))
+    if full:
+        _drop(full)
+    out = _summaries(paths, results, fills)
     return out
 
 
