@@ -428,7 +428,7 @@ static const opt opts[] = {
      set_resp_anon},
     {"compress-level", "N", "KCACHED_COMPRESS_LEVEL",
      "zstd level (1-19) of blobs at rest: each is kept compressed when that "
-     "saves an eighth of its bytes, else raw, and sent compressed to clients "
+     "halves its bytes, else raw, and sent compressed to clients "
      "that accept zstd; --max-bytes counts stored bytes (default 3; 0: off)",
      set_compress_level},
     {"resp-max-bytes", "SIZE", "KCACHED_RESP_MAX_BYTES",

@@ -265,7 +265,7 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
 }
 
 /* A raw source is compressed before the write transaction (the writer lock
- * is not held for it) and kept so when that saves an eighth. An fd source
+ * is not held for it) and kept so when that halves it. An fd source
  * is hashed on the way when it was to be (verify). A pipe is not: it could
  * not be read again if the frame is not worth keeping. */
 static kc_err maybe_compress(kc_store *s, blob_src *src, char *err) {
@@ -586,7 +586,7 @@ kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
 }
 
 /* A frame received is kept as it came when the store compresses and it
- * saves an eighth (and begins as a frame: reads tell a held frame by its
+ * halves it (and begins as a frame: reads tell a held frame by its
  * magic); else the content goes into the map decompressed. */
 static blob_src upload_src(kc_store_upload *u, const char *digest) {
   blob_src src = {.digest = digest, .mem = upload_mem(u), .fd = u->fd,

@@ -218,7 +218,7 @@ void kc_store_upload_repair(kc_store_upload *u);
  * is that of the output, and more than max_out bytes of output stop the
  * upload (KC_TOO_LARGE: a decompression bomb); a corrupt frame answers
  * KC_EINVAL at the write, a truncated one at the commit. The frame is kept as
- * received when the store compresses and it saves an eighth, else the
+ * received when the store compresses and it halves the bytes, else the
  * content is stored raw. kc_store_upload_size counts the output. */
 void kc_store_upload_zstd(kc_store_upload *u, uint64_t max_out);
 

@@ -628,7 +628,7 @@ static int prepare(kc_store *s, kv_job *j) {
 }
 
 /* Values whose blob is not held yet are compressed, before the write lock,
- * when that saves an eighth; one already held (the same value
+ * when that halves it; one already held (the same value
  * SET again, or under another key) is not: compressing it is wasted work
  * (most of a 4 KiB SET's CPU). A blob gone by the write is compressed
  * there (set_rec). */
