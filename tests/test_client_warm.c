@@ -597,7 +597,8 @@ static void test_purge_rewarm_uploads(void **state) {
   assert_non_null(strstr(r.out, "2 built"));
   assert_int_equal(server_bundles(f), 2);
   run_kcache(&r, NULL, NULL,
-             (const char *[]){"purge", "purged", "--url", f->srv.url, NULL});
+             (const char *[]){"purge", "purged", "--confirm", MODEL, "--url",
+                              f->srv.url, NULL});
   assert_int_equal(r.rc, 0);
   assert_int_equal(server_bundles(f), 0);
   run_kcache(&r, NULL, NULL, warm);
@@ -666,8 +667,8 @@ static void test_purge_rewarm_tokens(void **state) {
                               cache, "--token", wtok, NULL});
   assert_int_equal(r.rc, 0);
   run_kcache(&r, NULL, NULL,
-             (const char *[]){"purge", "purged", "--url", f->srv.url,
-                              "--token", atok, NULL});
+             (const char *[]){"purge", "purged", "--confirm", MODEL, "--url",
+                              f->srv.url, "--token", atok, NULL});
   assert_int_equal(r.rc, 0);
   run_kcache(&r, NULL, NULL,
              (const char *[]){"warm", w, "--url", f->srv.url, "--cache-dir",
