@@ -1,7 +1,8 @@
 # tests/page.cmake: the routes by model and the page:
 # server_models, the API against the real kcached (test_server_models.c);
 # page, the page rendered by a real headless chromium against a kcached
-# filled by `kcache warm` (test_page.py; skipped, 77, without chromium).
+# filled by `kcache warm` (test_page.py; skipped, 77, without chromium;
+# a failure instead when CI=true).
 add_executable(test_server_models ${CMAKE_CURRENT_LIST_DIR}/test_server_models.c)
 target_link_libraries(test_server_models PRIVATE kc_servertest kc_store
                       Threads::Threads)

@@ -6,7 +6,8 @@ op="get"), and graceful shutdown (SIGTERM) waits for a RESP command in
 flight as it does for an HTTP request. A real kcached on free loopback
 ports over a temporary LMDB store (kcharness.py).
 
-usage: test_service.py KCACHED [unittest args]   (exit 77: redis-py missing)
+usage: test_service.py KCACHED [unittest args]
+(exit 77: redis-py missing; a failure instead when CI=true)
 """
 import hashlib
 import http.server
