@@ -2,6 +2,10 @@
 # unit tests, and end-to-end tests against the real kcached (kc_testsrv from
 # tests/server.cmake) with real NVRTC builds of tests/kernels. NVRTC tests
 # skip without the toolkit, and fail with CI=true.
+#   client        test_client.c: libkcache and the CLI, unit and end to end
+#   client_warm   test_client_warm.c: warm and get at their edges
+#   suggest       test_suggest.c: the bucket suggestion's dynamic programme
+#                 against brute force
 if(NOT TARGET PkgConfig::CMOCKA)
   pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
 endif()
@@ -32,3 +36,9 @@ target_link_options(test_client_warm PRIVATE -Wl,--wrap=pthread_create)
 add_dependencies(test_client_warm kcache kcached)
 add_test(NAME client_warm COMMAND test_client_warm)
 set_tests_properties(client_warm PROPERTIES TIMEOUT 300)
+
+# ---- suggest ----
+# The bucket suggestion's dynamic programme against brute force.
+add_executable(test_suggest ${CMAKE_CURRENT_LIST_DIR}/test_suggest.c)
+target_link_libraries(test_suggest PRIVATE kc_client PkgConfig::CMOCKA)
+add_test(NAME suggest COMMAND test_suggest)

@@ -1,4 +1,4 @@
-/* rawhttp.h: raw TCP for the HTTP hardening tests (tests/hardening_http.cmake):
+/* rawhttp.h: raw TCP for the HTTP hardening tests (tests/server.cmake):
  * bytes exactly as written (libcurl would fix what the tests break on
  * purpose), and what came back until the server closed or a timeout.
  * Connections: kc_testsrv_connect; the clock: kc_testsrv_now_ms (testsrv.h). */

@@ -3,6 +3,11 @@
 # test) over kc_storetest, their shared fixtures and helpers (storetest.h);
 # and the store benchmark (bench_store: built, not run by ctest; see its
 # header).
+#   store_blob, store_bundle, store_evict, store_crash, store_concurrency,
+#   store_scrub   the features below
+#   store_kv      the store's RESP keys; store_kv_s3 the same against the RGW
+#   store_limits  a lowered --max-bytes, manifests counted, the directory lock
+#   store_zstd    blobs held zstd-compressed
 if(NOT TARGET PkgConfig::CMOCKA)
   pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
 endif()
@@ -43,3 +48,31 @@ add_test(NAME store_kv COMMAND test_store_kv)
 set_tests_properties(store_kv PROPERTIES TIMEOUT 300)
 add_test(NAME store_kv_s3 COMMAND test_store_kv s3)
 set_tests_properties(store_kv_s3 PROPERTIES TIMEOUT 400 SKIP_RETURN_CODE 77)
+
+# ---- limits ----
+# test_store_limits: a lowered --max-bytes, manifests counted, the model
+# listing from the index, the directory lock.
+if(NOT TARGET PkgConfig::CMOCKA)
+  pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
+endif()
+if(NOT TARGET PkgConfig::LMDB)
+  pkg_check_modules(LMDB REQUIRED IMPORTED_TARGET lmdb)
+endif()
+if(NOT TARGET PkgConfig::JANSSON)
+  pkg_check_modules(JANSSON REQUIRED IMPORTED_TARGET jansson)
+endif()
+
+add_executable(test_store_limits ${CMAKE_CURRENT_LIST_DIR}/test_store_limits.c)
+target_link_libraries(test_store_limits PRIVATE kc_storetest
+                      PkgConfig::LMDB PkgConfig::JANSSON)
+add_test(NAME store_limits COMMAND test_store_limits)
+set_tests_properties(store_limits PROPERTIES TIMEOUT 300)
+
+# ---- zstd ----
+# store_zstd: the store's side of zstd (store/zstd.c, blob.c): kept
+# compressed when that saves enough, uploads arriving as frames, bad frames
+# and bombs, verify and scrub, old stores, RESP values.
+add_executable(test_store_zstd ${CMAKE_CURRENT_LIST_DIR}/test_store_zstd.c)
+target_link_libraries(test_store_zstd PRIVATE kc_storetest PkgConfig::ZSTD)
+add_test(NAME store_zstd COMMAND test_store_zstd)
+set_tests_properties(store_zstd PROPERTIES TIMEOUT 300)

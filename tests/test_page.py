@@ -20,7 +20,7 @@ chromium is driven for that through the DevTools protocol over
 --remote-debugging-pipe (file descriptors 3 and 4, no port, nothing in a
 URL); the test then checks that the token appears in no URL the page shows.
 
-Exit 0 pass, 1 fail, 77 skip (no chromium).
+Exit 0 pass, 1 fail, 77 skip (no chromium; a failure instead when CI=true).
 """
 import hashlib
 import html.parser
@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+
+import kcharness
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
@@ -117,28 +119,8 @@ def parse(dom):
 
 # ---- kcached and the API ----
 
-class Server:
-    def __init__(self, kcached, tmp, name, args=()):
-        self.dir = os.path.join(tmp, name)
-        os.makedirs(self.dir)
-        port_file = os.path.join(self.dir, "port")
-        self.log = open(os.path.join(self.dir, "kcached.log"), "w")
-        self.proc = subprocess.Popen(
-            [kcached, "--listen", "127.0.0.1:0", "--port-file", port_file,
-             "--data-dir", os.path.join(self.dir, "data"), *args],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        for _ in range(300):
-            if os.path.exists(port_file) and open(port_file).read().strip():
-                break
-            time.sleep(0.05)
-        self.url = "http://127.0.0.1:%s" % open(port_file).read().strip()
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(self.url + "/healthz", timeout=2)
-                return
-            except OSError:
-                time.sleep(0.05)
-        fail("kcached did not come up: " + self.url)
+class Server(kcharness.Kcached):
+    """kcharness's kcached, and its JSON API."""
 
     def api(self, path, method="GET", body=None, token=None):
         req = urllib.request.Request(self.url + path, method=method, data=body)
@@ -151,20 +133,7 @@ class Server:
 
     def stop(self):
         """SIGTERM; kcached must exit 0 (a sanitizer's report would not)."""
-        self.proc.terminate()
-        rc = self.proc.wait(30)
-        self.log.close()
-        if rc != 0:
-            tail = open(os.path.join(self.dir, "kcached.log")).read()[-3000:]
-            fail("kcached exited %d:\n%s" % (rc, tail))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+        return super().stop(want_rc=0)
 
 
 def resp_send(port, *cmds):
@@ -447,19 +416,11 @@ def check_purge_confirm(cdp, srv, token):
           "the confirmed purge left bundles")
 
 
-def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
-    toks = {}
-    lines = []
-    for role in ("read", "admin"):
-        r = subprocess.run([kcached, "token", role, "page-" + role],
-                           capture_output=True, text=True)
-        out = r.stdout.split("\n")
-        toks[role], line = out[0].strip(), out[1].strip()
-        lines.append(line)
-    tokfile = os.path.join(tmp, "tokens")
-    with open(tokfile, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    srv = Server(kcached, tmp, "authed", ["--tokens", tokfile])
+def run_token_case(tmp, kcache_bin, demo_manifest):
+    toks, tokfile = kcharness.make_tokens(
+        tmp, ("read", "admin"), {"read": "page-read", "admin": "page-admin"})
+    srv = Server("--tokens", tokfile, data_dir=os.path.join(tmp, "authed"),
+                 resp=False).start()
     try:
         # admin can write: its warm stores the manifest too
         # for archs other than the manifest's: the matrix says so
@@ -517,7 +478,7 @@ def run_token_case(tmp, kcached, kcache_bin, demo_manifest):
             check(kept == toks[role], "the token is not in sessionStorage")
     finally:
         srv.stop()
-    log = open(os.path.join(srv.dir, "kcached.log")).read()
+    log = srv.log_text()
     check(all(t not in log for t in toks.values()), "a token in the log")
 
 
@@ -526,17 +487,15 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     kcached, kcache_bin, artifacts = sys.argv[1:]
+    kcharness.KCACHED = os.path.abspath(kcached)
     if not CHROMIUM:
-        print("skipped: no chromium (scripts/install-deps.sh installs it)")
-        return 77
+        kcharness.missing("no chromium")
     os.makedirs(artifacts, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="kcache-page-")
     srv = None
     try:
-        resp_port = free_port()
-        srv = Server(kcached, tmp, "open",
-                     ["--resp-listen", "127.0.0.1:%d" % resp_port])
-        resp_reads(resp_port)
+        srv = Server(data_dir=os.path.join(tmp, "open")).start()
+        resp_reads(srv.port)
         demo, evil = model_hash("demo"), model_hash("evil")
         wd = warmup(tmp, "demo-mlp", demo, ["sm_80", "sm_89", "sm_90a"],
                     [1, 8, 32],
@@ -569,7 +528,7 @@ def main():
         shot = os.path.join(artifacts, "page.png")
         screenshot(url, shot)
         print("screenshot: " + shot)
-        run_token_case(tmp, kcached, kcache_bin, wd)
+        run_token_case(tmp, kcache_bin, wd)
     finally:
         if srv:
             srv.stop()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """test_resp_attack.py: attacks on kcached's Redis protocol port, each as a
-hostile client sends it, against a real kcached (test_resp.py's Server):
+hostile client sends it, against a real kcached (kcharness.py):
 
 - an HTTP request sent to the RESP port (a web page's no-cors POST) runs
   nothing and is closed; first bytes that are not RESP are refused;
@@ -12,23 +12,19 @@ hostile client sends it, against a real kcached (test_resp.py's Server):
 - --resp-max-connections and --resp-max-connections-per-ip;
 - KEYS and SCAN MATCH patterns of too many '*' runs.
 
-usage: test_resp_attack.py KCACHED [unittest args]   (exit 77: no redis-py)"""
+usage: test_resp_attack.py KCACHED [unittest args]
+(exit 77: no redis-py; a failure instead when CI=true)"""
 import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    import redis  # noqa: F401  (test_resp needs it too)
-except ImportError:
-    print("test_resp_attack: python3-redis is not installed: skipped")
-    sys.exit(77)
-import test_resp as tr  # noqa: E402
+import kcharness as tr
+
+redis = tr.need("redis", "python3-redis")
 
 
 def connect(port, src="127.0.0.1"):
@@ -57,7 +53,7 @@ def read_to_eof(s, timeout=5):
 def sanitized():
     """kcached was built with ASan: its quarantine keeps freed memory
     resident, so bounds on memory given back cannot be measured."""
-    with open(tr.KCACHED, "rb") as f:
+    with open(tr.kcached_path(), "rb") as f:
         return b"__asan_init" in f.read()
 
 
@@ -66,22 +62,7 @@ def refused(srv, reason):
                      'reason="%s"' % reason) or 0
 
 
-def log_text(srv):
-    with open(os.path.join(srv.dir, "kcached.log"), "rb") as f:
-        return f.read().decode(errors="replace")
-
-
-class Case(unittest.TestCase):
-    FLAGS = ()
-
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = tr.Server(*cls.FLAGS).start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.stop()
-        shutil.rmtree(cls.srv.dir, ignore_errors=True)
+Case = tr.ServerCase
 
 
 class CrossProtocol(Case):
@@ -108,7 +89,7 @@ class CrossProtocol(Case):
         self.assertEqual(self.r.get("pt2:model"), b"compiled")
         self.assertIsNone(self.r.get("x"))
         self.assertGreaterEqual(refused(self.srv, "http"), 1)
-        self.assertIn("Possible SECURITY ATTACK detected", log_text(self.srv))
+        self.assertIn("Possible SECURITY ATTACK detected", self.srv.log_text())
 
     def test_http_lines_close_wherever_they_come(self):
         cases = [
@@ -188,7 +169,7 @@ class TokenRevocation(unittest.TestCase):
     def setUp(self):
         d = tempfile.mkdtemp(prefix="kc-resp-")
         self.toks, self.path = tr.make_tokens(d)
-        self.srv = tr.Server("--tokens", self.path, data_dir=d).start()
+        self.srv = tr.Kcached("--tokens", self.path, data_dir=d).start()
 
     def tearDown(self):
         self.srv.stop()
@@ -207,10 +188,10 @@ class TokenRevocation(unittest.TestCase):
         with open(self.path + ".new", "w") as f:
             f.write("\n".join(lines(old)) + "\n")
         os.rename(self.path + ".new", self.path)
-        before = log_text(self.srv).count("SIGHUP: reloaded")
+        before = self.srv.log_text().count("SIGHUP: reloaded")
         self.srv.proc.send_signal(signal.SIGHUP)
         deadline = time.time() + 10
-        while log_text(self.srv).count("SIGHUP: reloaded") == before:
+        while self.srv.log_text().count("SIGHUP: reloaded") == before:
             self.assertLess(time.time(), deadline, "no reload logged")
             time.sleep(0.02)
 
@@ -465,8 +446,4 @@ class Admission(Case):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        print(__doc__)
-        sys.exit(2)
-    tr.KCACHED = os.path.abspath(sys.argv.pop(1))
-    unittest.main(verbosity=2)
+    tr.main_with_kcached(__doc__)

@@ -4,9 +4,10 @@ service.c): kcached_ops_total counts an operation under the same op label
 whichever front end served it (HTTP GET of a blob, RESP GET of a key: both
 op="get"), and graceful shutdown (SIGTERM) waits for a RESP command in
 flight as it does for an HTTP request. A real kcached on free loopback
-ports over a temporary LMDB store (test_resp.py's Server and fake S3).
+ports over a temporary LMDB store (kcharness.py).
 
-usage: test_service.py KCACHED [unittest args]   (exit 77: redis-py missing)
+usage: test_service.py KCACHED [unittest args]
+(exit 77: redis-py missing; a failure instead when CI=true)
 """
 import hashlib
 import http.server
@@ -16,7 +17,6 @@ import re
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -24,12 +24,10 @@ import unittest
 import urllib.error
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_resp  # noqa: E402  (exits 77 without redis-py)
-from test_resp import (FakeS3, Server, ServerCase,  # noqa: E402
-                       make_tokens)
+import kcharness
+from kcharness import FakeS3, Kcached as Server, ServerCase, make_tokens
 
-import redis  # noqa: E402
+redis = kcharness.need("redis", "python3-redis")
 
 
 def call(srv, method, path, body=None, token=None):
@@ -324,8 +322,4 @@ class GracefulShutdown(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        print(__doc__)
-        sys.exit(2)
-    test_resp.KCACHED = os.path.abspath(sys.argv.pop(1))
-    unittest.main(verbosity=2)
+    kcharness.main_with_kcached(__doc__)

@@ -32,7 +32,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--paths", default="cold,remote,mega,cachedir,local")
     a = ap.parse_args()
-    s = kcserver.Kcached().start()
+    s = kcserver.start_kcached()
     try:
         res = torch_paths.measure(s.url, s.resp_url, a.device, a.runs,
                                   a.paths.split(","),

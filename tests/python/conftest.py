@@ -1,6 +1,7 @@
-"""conftest: a real kcached per test module (kcserver.Kcached), and the rule
-for missing packages: a test that needs torch (or triton, redis-py) fails
-when CI=true and is skipped otherwise."""
+"""conftest: a real kcached per test module (tests/kcharness.py through
+kcserver.start_kcached; its log's tail is printed when one of the module's
+tests failed), and the rule for missing packages: a test that needs torch
+(or triton, redis-py) fails when CI=true and is skipped otherwise."""
 import importlib
 import os
 import sys
@@ -21,19 +22,27 @@ def need(module):
         pytest.skip("%s not installed" % module)
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = kcserver.Kcached().start()
-    yield s
-    s.cleanup()
+def _serve(request, s):
+    failed = request.session.testsfailed
+    try:
+        yield s
+    finally:
+        if request.session.testsfailed > failed:
+            tr = request.config.pluginmanager.get_plugin("terminalreporter")
+            if tr:
+                tr.write_line("\n" + s.log_tail())
+        s.cleanup()
 
 
 @pytest.fixture(scope="module")
-def auth_server():
+def server(request):
+    yield from _serve(request, kcserver.start_kcached())
+
+
+@pytest.fixture(scope="module")
+def auth_server(request):
     """kcached with --tokens: read, write and admin tokens in .tokens."""
-    s = kcserver.Kcached(tokens=True).start()
-    yield s
-    s.cleanup()
+    yield from _serve(request, kcserver.start_kcached(tokens=True))
 
 
 @pytest.fixture

@@ -169,7 +169,7 @@ def test_concurrent_one_upload_per_key():
     """Two processes compile the same model at once against an empty
     kcached: one uploads each kind, the other finds the lease held (or the
     bundle present) and skips."""
-    s = kcserver.Kcached().start()
+    s = kcserver.start_kcached()
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as ex:
             rs = list(ex.map(lambda _: kcserver.run_worker(
@@ -193,7 +193,7 @@ def test_prepopulate_then_service():
     """CI prepopulates (two batch buckets, remote caches on) into an empty
     kcached; a service process with empty local caches then hits through
     all three kinds, and uploads nothing."""
-    s = kcserver.Kcached().start()
+    s = kcserver.start_kcached()
     try:
         p = kcserver.run_worker("prepopulate", env_for(s))
         assert p["buckets"] == 2 and p["counters"]["fxgraph_cache_miss"] == 2
