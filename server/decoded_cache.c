@@ -219,16 +219,6 @@ void kcd_dentry_release(void *entry) {
   pthread_mutex_unlock(&c->mu);
 }
 
-void kcd_dcache_drop(kcd_dcache *c, const char *digest) {
-  if (!c)
-    return;
-  pthread_mutex_lock(&c->mu);
-  kcd_dentry *e = find(c, digest);
-  if (e && e->ready) /* one being filled is dropped by its filler */
-    unlink_entry(c, e);
-  pthread_mutex_unlock(&c->mu);
-}
-
 void kcd_dcache_stats(kcd_dcache *c, kcd_dcache_stat *s) {
   memset(s, 0, sizeof *s);
   if (!c)

@@ -763,8 +763,6 @@ size_t kcd_dentry_len(const kcd_dentry *e);
 void kcd_dcache_publish(kcd_dentry *e, int ok);
 /* Drops a reference (a kcd_dentry *; the signature of a free callback). */
 void kcd_dentry_release(void *e);
-/* Forgets digest's entry (answers holding it finish). */
-void kcd_dcache_drop(kcd_dcache *c, const char *digest);
 void kcd_dcache_stats(kcd_dcache *c, kcd_dcache_stat *s);
 
 /* ---- many blobs in one answer (routes_fetch.c) ---- */

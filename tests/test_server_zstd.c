@@ -419,6 +419,50 @@ static void t_dcache_concurrent(void **state) {
   free(p);
 }
 
+/* An entry dropped while a slow client is still sent it lives until that
+ * answer ends, counted in the budget all along; the client gets it whole. */
+static void t_dcache_evicted_while_sent(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  static const char *const args[] = {"--decoded-cache", "8M", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  enum { N = 7, SZ = 1500000 };
+  char d[N][65], *p[N];
+  for (int i = 0; i < N; i++) {
+    p[i] = text_bytes(SZ, 200 + (unsigned)i);
+    assert_int_equal(put_blob(&t, NULL, p[i], SZ, d[i]), 201);
+  }
+  expect_plain(&t, d[0], p[0], SZ); /* cached */
+  int fd = raw_connect(t.port);
+  char rq[256];
+  int k = snprintf(rq, sizeof rq, "GET /v1/blobs/%s HTTP/1.1\r\nHost: "
+                   "127.0.0.1\r\nConnection: close\r\n\r\n", d[0]);
+  raw_send(fd, rq, (size_t)k);
+  kc_testsrv_sleep_ms(200); /* answered from the entry, not read yet */
+  for (int i = 1; i < N; i++) { /* push it out */
+    expect_plain(&t, d[i], p[i], SZ);
+    assert_true(metric(&t, "kcached_decoded_cache_bytes") <= (8 << 20));
+  }
+  assert_true(metric(&t, "kcached_decoded_cache_evictions_total") >= 1);
+  size_t cap = SZ + 4096;
+  char *buf = malloc(cap);
+  size_t got = raw_recv_all(fd, buf, cap);
+  close(fd);
+  char *body = strstr(buf, "\r\n\r\n");
+  assert_non_null(body);
+  body += 4;
+  assert_int_equal(got - (size_t)(body - buf), SZ);
+  assert_memory_equal(body, p[0], SZ);
+  free(buf);
+  long h0 = metric(&t, "kcached_decoded_cache_hits_total");
+  expect_plain(&t, d[0], p[0], SZ); /* gone from the cache: a miss */
+  assert_int_equal(metric(&t, "kcached_decoded_cache_hits_total"), h0);
+  for (int i = 0; i < N; i++)
+    free(p[i]);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+}
+
 /* RESP: one command on a fresh connection; the reply's first line. */
 static void resp_cmd(int port, const char *cmd, size_t len, char *out,
                      size_t cap) {
@@ -539,6 +583,7 @@ int main(void) {
   const struct CMUnitTest own[] = {
       cmocka_unit_test(t_old_store),
       cmocka_unit_test(t_dcache_budget),
+      cmocka_unit_test(t_dcache_evicted_while_sent),
       cmocka_unit_test(t_dcache_deleted),
       cmocka_unit_test(t_dcache_rot),
   };
