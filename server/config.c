@@ -306,6 +306,9 @@ static int set_allow_host(kcd_config *c, const char *v) {
 static int set_max_answer_memory(kcd_config *c, const char *v) {
   return parse_size(v, &c->max_answer_memory);
 }
+static int set_decoded_cache(kcd_config *c, const char *v) {
+  return parse_size(v, &c->decoded_cache);
+}
 
 static const opt opts[] = {
     {"listen", "HOST:PORT", "KCACHED_LISTEN",
@@ -453,6 +456,12 @@ static const opt opts[] = {
      "busy with Retry-After, unless it would be the only one (default 1G; "
      "0: no cap)",
      set_max_answer_memory},
+    {"decoded-cache", "SIZE", "KCACHED_DECODED_CACHE",
+     "memory for blobs held compressed kept decoded, for clients that do "
+     "not send Accept-Encoding: zstd (curl, wget): a hot one is decoded "
+     "once; least recently used out, one blob at most a quarter of it "
+     "(default 256M; 0: off)",
+     set_decoded_cache},
     {"resp-max-connections", "N", "KCACHED_RESP_MAX_CONNECTIONS",
      "RESP connections open at once; more are answered '-ERR max number of "
      "clients reached' and closed (default 10000, Redis's maxclients)",
@@ -529,6 +538,7 @@ static void defaults(kcd_config *c) {
   c->resp_tls = -1;
   c->compress_level = 3;
   c->max_answer_memory = 1ull << 30;
+  c->decoded_cache = 256ull << 20;
   c->resp_max_conns = 10000;
   c->resp_max_conns_per_ip = 256;
   c->resp_output_stall_s = 60;

@@ -333,6 +333,7 @@ typedef struct kcd_config {
    * besides loopback and --listen's (comma-separated; "*": any) */
   const char *allow_hosts;
   uint64_t max_answer_memory; /* bytes of unread answers held; 0: no cap */
+  uint64_t decoded_cache;     /* --decoded-cache bytes; 0: off */
   /* RESP admission and budgets (resp.c, resp_admit.c) */
   unsigned resp_max_conns;        /* --resp-max-connections */
   unsigned resp_max_conns_per_ip; /* 0: no per-address cap */
@@ -385,6 +386,7 @@ struct kcd_state {
   /* bytes of HTTP answers held in memory until their clients read them
    * (reply.c), against --max-answer-memory */
   _Atomic uint64_t answer_bytes;
+  struct kcd_dcache *dcache; /* decoded blobs (decoded_cache.c); NULL: off */
 };
 
 /* ---- the service layer (service.c) ----
@@ -680,6 +682,13 @@ typedef long (*kcd_piece_fn)(void *cls, uint64_t pos, char *buf, size_t max);
 int kcd_reply_pieces(kcd_req *r, int status, const char *ctype, uint64_t len,
                      size_t piece, kcd_piece_fn fn, void *cls,
                      void (*free_cls)(void *), const char *const *headers);
+/* A 200 over len bytes at data that another owner keeps alive until
+ * release(cls) (called once MHD is done, or at once on failure): not
+ * counted against --max-answer-memory, the owner bounds it (the decoded
+ * cache). */
+int kcd_reply_held(kcd_req *r, const char *ctype, const void *data,
+                   size_t len, void (*release)(void *), void *cls,
+                   const char *const *headers);
 /* Serializes a jansson value (stolen). */
 int kcd_reply_json(kcd_req *r, int status, json_t *json,
                    const char *const *headers);
@@ -725,6 +734,36 @@ int kcd_blob_get(kcd_req *r); /* GET and HEAD */
 int kcd_blob_get_encoded(kcd_req *r);
 int kcd_accepts_zstd(kcd_req *r);
 int kcd_body_is_zstd(kcd_req *r);
+
+/* ---- decoded blobs kept in memory (decoded_cache.c) ----
+ * Content of compressed blobs for clients without zstd, by digest, least
+ * recently used out, within a byte budget that also counts entries only
+ * answers still hold. Threads: any. NULL cache: off (every get passes). */
+typedef struct kcd_dcache kcd_dcache;
+typedef struct kcd_dentry kcd_dentry;
+typedef enum kcd_dcache_res {
+  KCD_DC_HIT,  /* *out: the content, a reference held */
+  KCD_DC_FILL, /* *out: len bytes to fill, then kcd_dcache_publish */
+  KCD_DC_PASS  /* not cached (too big, no room, being filled): go without */
+} kcd_dcache_res;
+typedef struct kcd_dcache_stat {
+  uint64_t budget, bytes, entries, hits, misses, evictions;
+} kcd_dcache_stat;
+kcd_dcache *kcd_dcache_new(uint64_t budget); /* NULL: 0 or no memory */
+void kcd_dcache_free(kcd_dcache *c);
+/* len: the content's size (a miss counts, and may make an entry to fill),
+ * or KCD_DC_LOOK: a hit or nothing (no miss counted). */
+#define KCD_DC_LOOK UINT64_MAX
+kcd_dcache_res kcd_dcache_get(kcd_dcache *c, const char *digest,
+                              uint64_t len, kcd_dentry **out);
+void *kcd_dentry_data(kcd_dentry *e);
+size_t kcd_dentry_len(const kcd_dentry *e);
+/* A filled entry: ok (its content hashed to its digest) makes it visible,
+ * else it is dropped. The filler's reference stays its own. */
+void kcd_dcache_publish(kcd_dentry *e, int ok);
+/* Drops a reference (a kcd_dentry *; the signature of a free callback). */
+void kcd_dentry_release(void *e);
+void kcd_dcache_stats(kcd_dcache *c, kcd_dcache_stat *s);
 
 /* ---- many blobs in one answer (routes_fetch.c) ---- */
 

@@ -218,7 +218,27 @@ static uint64_t ops_sum(kcd_metrics *m, kcd_svc_op op, kcd_svc_res res) {
   return n;
 }
 
-static void render_self(FILE *f, kcd_metrics *m) {
+/* The decoded cache (decoded_cache.c); zeros when off. */
+static void render_dcache(FILE *f, kcd_dcache *c) {
+  kcd_dcache_stat s;
+  kcd_dcache_stats(c, &s);
+  counter(f, "kcached_decoded_cache_hits_total",
+          "GETs of compressed blobs without zstd answered from the decoded "
+          "cache.", s.hits);
+  counter(f, "kcached_decoded_cache_misses_total",
+          "Of those GETs, not found there (decoded; kept when it fits).",
+          s.misses);
+  counter(f, "kcached_decoded_cache_evictions_total",
+          "Entries dropped to make room.", s.evictions);
+  gauge(f, "kcached_decoded_cache_bytes",
+        "Memory of decoded blobs, those answers still send included.",
+        s.bytes);
+  gauge(f, "kcached_decoded_cache_limit_bytes", "--decoded-cache.", s.budget);
+  gauge(f, "kcached_decoded_cache_entries", "Decoded blobs kept.", s.entries);
+}
+
+static void render_self(FILE *f, kcd_state *st) {
+  kcd_metrics *m = &st->metrics;
   counter(f, "kcached_received_bytes_total", "Request body bytes received.",
           GET(m->bytes_in));
   counter(f, "kcached_sent_bytes_total", "Response body bytes sent.",
@@ -244,6 +264,7 @@ static void render_self(FILE *f, kcd_metrics *m) {
           "Repair offers (X-Kcache-Repair) that found the held copy not "
           "hashing to its name; the offer's verified bytes replace it.",
           ops_sum(m, KCD_OP_PUT, KCD_RES_REPAIR));
+  render_dcache(f, st->dcache);
   int64_t inflight = atomic_load(&m->in_flight[KCD_FE_HTTP]);
   gauge(f, "kcached_requests_in_flight", "Requests being served.",
         inflight > 0 ? (uint64_t)inflight : 0);
@@ -321,7 +342,7 @@ char *kcd_metrics_render(kcd_state *st, size_t *len) {
     return NULL;
   render_requests(f, &st->metrics);
   render_histogram(f, &st->metrics);
-  render_self(f, &st->metrics);
+  render_self(f, st);
   render_cuts(f, &st->metrics);
   render_ops(f, &st->metrics);
   render_store(f, st);

@@ -202,6 +202,26 @@ int kcd_reply_map(kcd_req *r, const char *key, const char *ctype,
   return ret;
 }
 
+/* ---- bodies another owner holds (the decoded cache) ---- */
+
+int kcd_reply_held(kcd_req *r, const char *ctype, const void *data,
+                   size_t len, void (*release)(void *), void *cls,
+                   const char *const *headers) {
+  struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback_cls(
+      len, (void *)data, release, cls);
+  if (!resp) {
+    release(cls);
+    return MHD_NO;
+  }
+  add_headers(resp, ctype, headers);
+  if (r->close_after)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+  enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
+  MHD_destroy_response(resp); /* released once MHD is done with it */
+  note_queued(r, 200, len);
+  return ret;
+}
+
 /* ---- bodies served in pieces ---- */
 
 typedef struct pieces {

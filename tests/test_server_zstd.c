@@ -4,11 +4,16 @@
  * Content-Encoding: zstd (plain and chunked); corrupt and truncated frames
  * and a decompression bomb answered 4xx with nothing stored; stats and
  * /metrics raw and stored bytes; a store written with --compress-level 0
- * served by a server that compresses. The real kcached on loopback. */
+ * served by a server that compresses; the decoded cache (a second plain
+ * GET from memory, its budget, concurrent GETs, a blob deleted by RESP DEL
+ * is 404, a rotted frame never cached). The real kcached on loopback. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include "servertest.h"
@@ -305,6 +310,260 @@ static void t_old_store(void **state) {
   free(q);
 }
 
+/* ---- the decoded cache ---- */
+
+static void expect_plain(const kc_testsrv *t, const char *d, const char *p,
+                         size_t n) {
+  char path[128];
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  resp r = http(t, path, (req){0});
+  assert_int_equal(r.status, 200);
+  assert_int_equal(r.len, n);
+  assert_memory_equal(r.body, p, n);
+  resp_free(&r);
+}
+
+/* A plain GET decodes once; the second comes from memory (a hit). */
+static void t_dcache_hit(void **state) {
+  (void)state;
+  size_t sizes[] = {20000, 3u << 20}; /* decoded whole, and streamed before */
+  for (size_t i = 0; i < 2; i++) {
+    char *p = text_bytes(sizes[i], 50 + (unsigned)i), d[65];
+    assert_int_equal(put_blob(&S, NULL, p, sizes[i], d), 201);
+    long h0 = metric(&S, "kcached_decoded_cache_hits_total");
+    long m0 = metric(&S, "kcached_decoded_cache_misses_total");
+    assert_true(h0 >= 0 && m0 >= 0);
+    expect_plain(&S, d, p, sizes[i]);
+    assert_int_equal(metric(&S, "kcached_decoded_cache_misses_total"), m0 + 1);
+    assert_int_equal(metric(&S, "kcached_decoded_cache_hits_total"), h0);
+    expect_plain(&S, d, p, sizes[i]);
+    assert_int_equal(metric(&S, "kcached_decoded_cache_hits_total"), h0 + 1);
+    assert_int_equal(metric(&S, "kcached_decoded_cache_misses_total"), m0 + 1);
+    free(p);
+  }
+  assert_true(metric(&S, "kcached_decoded_cache_bytes") >= (long)(3u << 20));
+}
+
+/* 24 blobs of 200 KB through a 1 MiB cache: each served right, the memory
+ * held within the budget, the least recently used dropped. */
+static void t_dcache_budget(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  static const char *const args[] = {"--decoded-cache", "1M", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  enum { N = 24, SZ = 200000 };
+  char d[N][65], *p[N];
+  for (int round = 0; round < 2; round++)
+    for (int i = 0; i < N; i++) {
+      if (!round) {
+        p[i] = text_bytes(SZ, 100 + (unsigned)i);
+        assert_int_equal(put_blob(&t, NULL, p[i], SZ, d[i]), 201);
+      }
+      expect_plain(&t, d[i], p[i], SZ);
+      long held = metric(&t, "kcached_decoded_cache_bytes");
+      assert_true(held > 0 && held <= (1 << 20));
+    }
+  assert_true(metric(&t, "kcached_decoded_cache_evictions_total") > 0);
+  assert_true(metric(&t, "kcached_decoded_cache_entries") <= 5);
+  /* the last one stayed: a hit */
+  long h0 = metric(&t, "kcached_decoded_cache_hits_total");
+  expect_plain(&t, d[N - 1], p[N - 1], SZ);
+  assert_int_equal(metric(&t, "kcached_decoded_cache_hits_total"), h0 + 1);
+  for (int i = 0; i < N; i++)
+    free(p[i]);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+}
+
+typedef struct getter {
+  const char *url, *path, *p;
+  size_t n;
+  int bad;
+} getter;
+
+static void *get_many(void *arg) {
+  getter *g = arg;
+  CURL *c = curl_easy_init();
+  for (int i = 0; i < 25 && c; i++) {
+    resp r = kc_testsrv_http(c, g->url, g->path, (req){0});
+    if (r.status != 200 || r.len != g->n || memcmp(r.body, g->p, g->n))
+      g->bad++;
+    kc_testsrv_resp_free(&r);
+  }
+  if (c)
+    curl_easy_cleanup(c);
+  else
+    g->bad++;
+  return NULL;
+}
+
+/* Eight clients GET one blob at once, cold then warm: all get its bytes. */
+static void t_dcache_concurrent(void **state) {
+  (void)state;
+  size_t n = 1u << 20;
+  char *p = text_bytes(n, 70), d[65], path[128];
+  assert_int_equal(put_blob(&S, NULL, p, n, d), 201);
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  long h0 = metric(&S, "kcached_decoded_cache_hits_total");
+  getter g[8];
+  pthread_t th[8];
+  for (int i = 0; i < 8; i++) {
+    g[i] = (getter){S.url, path, p, n, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, get_many, &g[i]), 0);
+  }
+  for (int i = 0; i < 8; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(g[i].bad, 0);
+  }
+  assert_true(metric(&S, "kcached_decoded_cache_hits_total") - h0 >= 150);
+  free(p);
+}
+
+/* An entry dropped while a slow client is still sent it lives until that
+ * answer ends, counted in the budget all along; the client gets it whole. */
+static void t_dcache_evicted_while_sent(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  static const char *const args[] = {"--decoded-cache", "8M", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  enum { N = 7, SZ = 1500000 };
+  char d[N][65], *p[N];
+  for (int i = 0; i < N; i++) {
+    p[i] = text_bytes(SZ, 200 + (unsigned)i);
+    assert_int_equal(put_blob(&t, NULL, p[i], SZ, d[i]), 201);
+  }
+  expect_plain(&t, d[0], p[0], SZ); /* cached */
+  int fd = raw_connect(t.port);
+  char rq[256];
+  int k = snprintf(rq, sizeof rq, "GET /v1/blobs/%s HTTP/1.1\r\nHost: "
+                   "127.0.0.1\r\nConnection: close\r\n\r\n", d[0]);
+  raw_send(fd, rq, (size_t)k);
+  kc_testsrv_sleep_ms(200); /* answered from the entry, not read yet */
+  for (int i = 1; i < N; i++) { /* push it out */
+    expect_plain(&t, d[i], p[i], SZ);
+    assert_true(metric(&t, "kcached_decoded_cache_bytes") <= (8 << 20));
+  }
+  assert_true(metric(&t, "kcached_decoded_cache_evictions_total") >= 1);
+  size_t cap = SZ + 4096;
+  char *buf = malloc(cap);
+  size_t got = raw_recv_all(fd, buf, cap);
+  close(fd);
+  char *body = strstr(buf, "\r\n\r\n");
+  assert_non_null(body);
+  body += 4;
+  assert_int_equal(got - (size_t)(body - buf), SZ);
+  assert_memory_equal(body, p[0], SZ);
+  free(buf);
+  long h0 = metric(&t, "kcached_decoded_cache_hits_total");
+  expect_plain(&t, d[0], p[0], SZ); /* gone from the cache: a miss */
+  assert_int_equal(metric(&t, "kcached_decoded_cache_hits_total"), h0);
+  for (int i = 0; i < N; i++)
+    free(p[i]);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+}
+
+/* RESP: one command on a fresh connection; the reply's first line. */
+static void resp_cmd(int port, const char *cmd, size_t len, char *out,
+                     size_t cap) {
+  int fd = raw_connect(port);
+  raw_send(fd, cmd, len);
+  size_t got = 0;
+  while (got + 1 < cap) {
+    ssize_t k = recv(fd, out + got, cap - 1 - got, 0);
+    if (k <= 0)
+      break;
+    got += (size_t)k;
+    if (memchr(out, '\n', got))
+      break;
+  }
+  out[got] = '\0';
+  close(fd);
+}
+
+static int resp_port_of(const kc_testsrv *t) {
+  char *log = kc_testsrv_slurp(t->log);
+  const char *at = log ? strstr(log, "RESP (Redis protocol) on 127.0.0.1:") : NULL;
+  int port = at ? atoi(at + strlen("RESP (Redis protocol) on 127.0.0.1:")) : 0;
+  free(log);
+  return port;
+}
+
+/* A value only a RESP key references is freed by DEL at once: its blob,
+ * cached decoded before, is 404 after. */
+static void t_dcache_deleted(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  static const char *const args[] = {"--resp-listen", "127.0.0.1:0", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  int port = resp_port_of(&t);
+  assert_true(port > 0);
+  size_t n = 8000;
+  char *v = text_bytes(n, 80), d[65], line[256];
+  sha_hex(v, n, d);
+  char *cmd = malloc(n + 64);
+  int hl = sprintf(cmd, "*3\r\n$3\r\nSET\r\n$2\r\nkz\r\n$%zu\r\n", n);
+  memcpy(cmd + hl, v, n);
+  memcpy(cmd + hl + n, "\r\n", 2);
+  resp_cmd(port, cmd, (size_t)hl + n + 2, line, sizeof line);
+  assert_string_equal(line, "+OK\r\n");
+  char path[128], enc[32];
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  resp r = http(&t, path, (req){.header = "Accept-Encoding: zstd"});
+  assert_int_equal(r.status, 200);
+  assert_true(header(&r, "Content-Encoding", enc, sizeof enc)); /* a frame */
+  resp_free(&r);
+  expect_plain(&t, d, v, n);
+  expect_plain(&t, d, v, n);
+  assert_int_equal(metric(&t, "kcached_decoded_cache_hits_total"), 1);
+  static const char del[] = "*2\r\n$3\r\nDEL\r\n$2\r\nkz\r\n";
+  resp_cmd(port, del, sizeof del - 1, line, sizeof line);
+  assert_string_equal(line, ":1\r\n");
+  r = http(&t, path, (req){0});
+  assert_int_equal(r.status, 404);
+  resp_free(&r);
+  free(cmd);
+  free(v);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+}
+
+/* A frame whose literals rotted still decodes (no checksum), to other
+ * bytes: the cache hashes what it keeps, so the GET is 500 corrupt, and
+ * never a cached wrong answer. */
+static void t_dcache_rot(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  assert_int_equal(kc_testsrv_start(&t, NULL), 0);
+  size_t n = 16384; /* four copies of 4 KiB of random letters */
+  char *p = malloc(n), d[65], path[128];
+  fill_random(p, 4096, 90);
+  for (size_t i = 0; i < 4096; i++)
+    p[i] = (char)('a' + ((unsigned char)p[i] % 26));
+  for (size_t i = 1; i < 4; i++)
+    memcpy(p + i * 4096, p, 4096);
+  assert_int_equal(put_blob(&t, NULL, p, n, d), 201);
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  resp r = http(&t, path, (req){.header = "Accept-Encoding: zstd"});
+  assert_int_equal(r.status, 200);
+  assert_true(r.len > 1000 && r.len < n / 2);
+  char needle[16];
+  memcpy(needle, r.body + r.len / 2, sizeof needle);
+  resp_free(&r);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  assert_true(kc_testsrv_rot(&t, needle, sizeof needle) >= 1);
+  assert_int_equal(kc_testsrv_start(&t, NULL), 0);
+  for (int i = 0; i < 2; i++) {
+    r = http(&t, path, (req){0});
+    assert_int_equal(r.status, 500);
+    resp_free(&r);
+  }
+  assert_int_equal(metric(&t, "kcached_decoded_cache_entries"), 0);
+  free(p);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+}
+
 static int zsetup(void **state) {
   (void)state;
   static const char *const args[] = {"--max-blob-bytes", "4M", NULL};
@@ -318,9 +577,15 @@ int main(void) {
       cmocka_unit_test(t_incompressible_and_empty),
       cmocka_unit_test(t_put_zstd),
       cmocka_unit_test(t_put_bad_frames),
+      cmocka_unit_test(t_dcache_hit),
+      cmocka_unit_test(t_dcache_concurrent),
   };
   const struct CMUnitTest own[] = {
       cmocka_unit_test(t_old_store),
+      cmocka_unit_test(t_dcache_budget),
+      cmocka_unit_test(t_dcache_evicted_while_sent),
+      cmocka_unit_test(t_dcache_deleted),
+      cmocka_unit_test(t_dcache_rot),
   };
   servertest_init();
   int fails = 0;
