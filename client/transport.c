@@ -47,11 +47,7 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg) {
   return n;
 }
 
-int64_t kcc_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+int64_t kcc_now_ms(void) { return (int64_t)(kc_clock_mono_us() / 1000); }
 
 long kcc_http_budget_ms(const kc_client *c) {
   long t = c->timeout_ms;

@@ -469,7 +469,7 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c);
 /* The headers of a request are complete / a request ended (waiting for the
  * next one's headers from now). c may be NULL. */
 void kcd_conn_headers_done(kcd_conn *c);
-void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kcd_now_us */
+void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kc_clock_mono_us */
 /* The raw target of the request being read, as MHD's URI log callback
  * saw it: where it is in MHD's read buffer, its length then, and
  * kcd_framing_target_flaw of it (MHD decodes it in place afterwards). Set
@@ -580,13 +580,13 @@ typedef struct kcd_access {
   const char *method, *path, *remote, *token;
   int status;
   uint64_t bytes_in, bytes_out, us;
-  uint64_t now_us; /* kcd_now_us() at the end, for the timestamp; 0: none */
+  uint64_t now_us; /* kc_clock_mono_us() at the end, for the timestamp; 0: none */
 } kcd_access;
 void kcd_log_access(const kcd_state *st, const kcd_access *a);
 
-/* ---- clocks (log.c) ---- */
+/* ---- clocks (log.c; the monotonic and millisecond ones are schema's
+ * kc_clock_mono_us and kc_clock_wall_ms) ---- */
 
-uint64_t kcd_now_us(void);  /* monotonic */
 int64_t kcd_unix_now(void); /* wall clock, seconds */
 
 /* ---- requests (http.c) ---- */

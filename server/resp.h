@@ -66,10 +66,10 @@
 #define KCD_RESP_POOL_BYTES (32u << 20) /* their capacity in all */
 #define KCD_RESP_POOL_IDLE_MS 2000     /* freed after this without a taker */
 
-/* Milliseconds of the monotonic clock (kcd_now_us's), for the pools' idle
+/* Milliseconds of the monotonic clock (kc_clock_mono_us's), for the pools' idle
  * times. */
 static inline int64_t kcd_resp_mono_ms(void) {
-  return (int64_t)(kcd_now_us() / 1000);
+  return (int64_t)(kc_clock_mono_us() / 1000);
 }
 
 /* ---- key families (resp_family.c) ----

@@ -87,7 +87,7 @@ kcd_svc_res kcd_svc_blob_offer(kcd_state *st, kcd_fe fe, const char *digest,
 
 /* ---- leases ---- */
 
-static uint64_t now_ms(void) { return kcd_now_us() / 1000; }
+static uint64_t now_ms(void) { return kc_clock_mono_us() / 1000; }
 
 static kc_err acquire(kcd_state *st, const char *key, const char *holder,
                       uint64_t ttl_s, kcd_lease_info *info) {
