@@ -71,7 +71,8 @@ static kc_err stream_get(kc_client *c, const char *path, sink *s, char *err) {
   if (s->write_bad)
     return kc_errf(err, KC_IO, "GET %s: writing the output failed", path);
   return rc == CURLE_OK ? KC_OK
-                        : kcc_http_curl_error(c, rc, "GET", path, ebuf, err);
+                        : kcc_http_curl_error(c, c->deadline_ms, rc, "GET", path,
+                                              ebuf, err);
 }
 
 kc_err kc_client_blob_get_fd(kc_client *c, const char *digest, int fd,
