@@ -29,7 +29,6 @@
 #define KEEP_MAX (256 * 1024) /* buffers above this are freed when empty */
 #define EVENTS 64
 
-kcd_state *kcd_resp_state(kcd_resp *r) { return r->st; }
 size_t kcd_resp_clients(kcd_resp *r) { return r ? atomic_load(&r->nconns) : 0; }
 uint64_t kcd_resp_port(kcd_resp *r) { return r ? r->port : 0; }
 kcd_resp_families *kcd_resp_families_of(kcd_resp *r) {

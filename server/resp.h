@@ -561,7 +561,6 @@ void kcd_resp_quiesce(kcd_state *st);
  * was cut), reading and running nothing more, until --shutdown-timeout
  * after the quiesce at most. NULL st->resp: nothing. */
 void kcd_resp_stop(kcd_state *st);
-kcd_state *kcd_resp_state(kcd_resp *r);
 size_t kcd_resp_clients(kcd_resp *r);
 uint64_t kcd_resp_port(kcd_resp *r);
 
