@@ -626,7 +626,8 @@ typedef struct kcd_access {
   const char *method, *path, *remote, *token;
   int status;
   uint64_t bytes_in, bytes_out, us;
-  uint64_t now_us; /* kc_clock_mono_us() at the end, for the timestamp; 0: none */
+  uint64_t now_us; /* kc_clock_mono_us() at the end, for the timestamp;
+                      0: none */
 } kcd_access;
 void kcd_log_access(const kcd_state *st, const kcd_access *a);
 

@@ -256,7 +256,8 @@ static void shut_down(kcd_state *st) {
   kcd_sd_notify("STOPPING=1");
   kcd_http_quiesce(st);
   kcd_resp_quiesce(st);
-  uint64_t deadline = kc_clock_mono_us() + (uint64_t)st->cfg.shutdown_s * 1000000u;
+  uint64_t deadline =
+      kc_clock_mono_us() + (uint64_t)st->cfg.shutdown_s * 1000000u;
   while (kcd_svc_in_flight(st) > 0 && kc_clock_mono_us() < deadline) {
     struct timespec ms10 = {0, 10 * 1000 * 1000};
     nanosleep(&ms10, NULL);

@@ -174,7 +174,8 @@ int kc_store_lease_ended(kc_store *s, const char *key, const char *token) {
   kcs3 *h = kcs_tier_handle(t);
   lease_obj cur = {0};
   int ended = h && lease_get(t, h, obj, &cur, NULL) == KC_OK &&
-              strcmp(cur.token, token) == 0 && cur.expires_ms <= kc_clock_wall_ms();
+              strcmp(cur.token, token) == 0 &&
+              cur.expires_ms <= kc_clock_wall_ms();
   kcs_tier_put_handle(t, h);
   return ended;
 }
