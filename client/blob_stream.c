@@ -70,8 +70,9 @@ static kc_err stream_get(kc_client *c, const char *path, sink *s, char *err) {
                    path, (unsigned long long)s->max);
   if (s->write_bad)
     return kc_errf(err, KC_IO, "GET %s: writing the output failed", path);
-  return rc == CURLE_OK ? KC_OK
-                        : kcc_http_curl_error(c, rc, "GET", path, ebuf, err);
+  if (rc != CURLE_OK)
+    return kcc_http_curl_error(c, c->deadline_ms, rc, "GET", path, ebuf, err);
+  return KC_OK;
 }
 
 kc_err kc_client_blob_get_fd(kc_client *c, const char *digest, int fd,

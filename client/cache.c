@@ -153,10 +153,8 @@ int kcc_cache_tmp(const kc_client *c, char *path, char *err) {
 
 /* The fan-out directory blobs/<2 hex>/ of a digest, 0..255. */
 static int fan_of(const char *digest) {
-  static const char hex[] = "0123456789abcdef";
-  const char *a = strchr(hex, digest[0]), *b = strchr(hex, digest[1]);
-  return a && b && digest[0] && digest[1] ? (int)((a - hex) * 16 + (b - hex))
-                                          : 0;
+  unsigned char b;
+  return kc_hex_decode(digest, 1, &b) == 0 ? b : 0;
 }
 
 int kcc_cache_blob_maybe(kc_client *c, const char *digest, uint64_t size) {

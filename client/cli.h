@@ -56,7 +56,7 @@ int kcli_parse(const char *cmd, const char *usage, const char *help,
 kc_client *kcli_client(const kcli_common *g);
 /* KCLI_EXIT_OK when a server URL is set, else says so: KCLI_EXIT_USAGE. */
 int kcli_need_url(const kcli_common *g, const char *cmd);
-/* "kcache CMD: message" on stderr; returns code. */
+/* "kcache CMD: message" on stderr; returns code. (cli_options.c) */
 int kcli_fail(const char *cmd, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int kcli_usage(const char *cmd, const char *usage);

@@ -1,7 +1,7 @@
 /* cli_main.c: the kcache CLI: process-wide setup (curl_global_init, which the
- * library leaves to its caller), command dispatch, --help, error lines.
- * The options every command takes are in cli_options.c. */
-#include <stdarg.h>
+ * library leaves to its caller), command dispatch, --help. The options
+ * every command takes, and the error and usage lines, are in
+ * cli_options.c. */
 #include <stdio.h>
 #include <string.h>
 
@@ -40,21 +40,6 @@ static void usage(FILE *f) {
   fputs(usage_head, f);
   kcli_common_help(f);
   fputs(usage_tail, f);
-}
-
-int kcli_fail(const char *cmd, int code, const char *fmt, ...) {
-  va_list ap;
-  fprintf(stderr, "kcache %s: ", cmd);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  return code;
-}
-
-int kcli_usage(const char *cmd, const char *usage) {
-  fprintf(stderr, "%s(kcache %s --help for more)\n", usage, cmd);
-  return KCLI_EXIT_USAGE;
 }
 
 typedef struct command {

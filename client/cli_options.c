@@ -1,12 +1,34 @@
 /* cli_options.c: the options every kcache command takes, in one table: the
  * flag, its environment variable (the flag wins), its help line, and one
  * setter for both. The long options, the defaults from the environment and
- * the --help lines are all made from the table. */
+ * the --help lines are all made from the table. Beside it, what every
+ * command says when an option or the operation fails: kcli_fail's error
+ * line and kcli_usage's usage line. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+
+/* ---- error and usage lines ---- */
+
+int kcli_fail(const char *cmd, int code, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "kcache %s: ", cmd);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  return code;
+}
+
+int kcli_usage(const char *cmd, const char *usage) {
+  fprintf(stderr, "%s(kcache %s --help for more)\n", usage, cmd);
+  return KCLI_EXIT_USAGE;
+}
+
+/* ---- the option table ---- */
 
 typedef struct kcli_opt {
   const char *name, *arg, *env, *help; /* arg NULL: a flag without value */

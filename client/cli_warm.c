@@ -200,11 +200,7 @@ static void upload_warmup(kc_client *c, const warm_args *a,
             "server: %s\n", err);
 }
 
-static double mono_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+static double mono_s(void) { return (double)kc_clock_mono_us() / 1e6; }
 
 /* Seconds of --deadline left since t0; a passed one is a millisecond (a
  * bound that only lets a request fail at once, never "none"). */

@@ -75,10 +75,13 @@ kc_err kcc_http_do(kc_client *c, const char *method, const char *path,
 kc_err kcc_http_do_on(kc_client *c, CURL *h, const char *method,
                       const char *path, const void *body, size_t len,
                       kcc_http_resp *r, char *err);
-/* A libcurl failure of method path -> kc_err and its message (detail:
- * libcurl's error buffer, may be "" or NULL). */
-kc_err kcc_http_curl_error(kc_client *c, CURLcode rc, const char *method,
-                           const char *path, const char *detail, char *err);
+/* A libcurl failure of method path -> kc_err and its message
+ * ("<method> <url><path>: <why>"; detail: libcurl's error buffer, may be ""
+ * or NULL): the one place libcurl's codes are mapped. A timeout once
+ * deadline_ms (kcc_now_ms's clock; 0: none) has passed is KC_DEADLINE. */
+kc_err kcc_http_curl_error(const kc_client *c, int64_t deadline_ms,
+                           CURLcode rc, const char *method, const char *path,
+                           const char *detail, char *err);
 /* Error answer -> kc_err and its message ("server: <message>"). */
 kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err);
 /* A copy of l with one more header h; NULL when out of memory. */

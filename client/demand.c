@@ -160,10 +160,8 @@ static kc_err post(kc_client *c, CURL *h, const char *body, long timeout_ms,
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
   CURLcode rc = curl_easy_perform(h);
-  if (rc != CURLE_OK)
-    return kc_errf(err, rc == CURLE_OPERATION_TIMEDOUT ? KC_TIMEOUT
-                                                       : KC_UNAVAILABLE,
-                   "POST %s/v1/demand: %s", c->url, curl_easy_strerror(rc));
+  if (rc != CURLE_OK) /* no deadline: the sender thread outlives a warmup's */
+    return kcc_http_curl_error(c, 0, rc, "POST", "/v1/demand", NULL, err);
   kcc_http_resp r = {.body = b.p, .len = b.len};
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
   return r.status == 200 ? KC_OK : kcc_http_error(&r, "POST /v1/demand", err);

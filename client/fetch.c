@@ -43,6 +43,7 @@ typedef struct xfer {
   kc_sha256 *sha;
   uint64_t got, want; /* want: the manifest's size */
   int too_big;        /* more bytes arrived than want: cut off */
+  int write_bad;      /* writing the temporary file failed */
   int busy;           /* a transfer is armed (its tmp file, if any, open) */
   int set_up;         /* the handle's fixed options are set */
   int zstd;           /* the response is Content-Encoding: zstd */
@@ -118,8 +119,10 @@ static size_t take(xfer *x, const char *data, size_t n) {
     return 0;
   if (x->fd < 0)
     memcpy(x->buf + x->got, data, n);
-  else if (kcc_write_all(x->fd, data, n) != KC_OK)
+  else if (kcc_write_all(x->fd, data, n) != KC_OK) {
+    x->write_bad = 1;
     return 0;
+  }
   x->got += n;
   return n;
 }
@@ -168,7 +171,7 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   x->idx = idx;
   x->got = 0;
   x->want = r->files[idx]->size;
-  x->too_big = 0;
+  x->too_big = x->write_bad = 0;
   x->zstd = x->zbad = 0;
   x->zleft = 0;
   ZSTD_DCtx_reset(x->dc, ZSTD_reset_session_only);
@@ -207,8 +210,13 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   return 0;
 }
 
-static int deadline_passed(const kc_client *c) {
-  return c->deadline_ms && kcc_now_ms() >= c->deadline_ms;
+/* A failed transfer: transport.c maps libcurl's code and words it. */
+static void fail_curl(fetch_run *r, xfer *x, CURLcode rc) {
+  char e2[KC_ERRBUF_SIZE], path[128];
+  snprintf(path, sizeof path, "/v1/blobs/%s", r->files[x->idx]->sha256);
+  fail(r, kcc_http_curl_error(r->c, r->c->deadline_ms, rc, "GET", path,
+                              x->ebuf, e2),
+       "%s", e2);
 }
 
 /* Why a finished transfer is not a good blob: KC_OK when it is. */
@@ -226,12 +234,10 @@ static kc_err check(fetch_run *r, xfer *x, CURLcode rc, int bad) {
          "GET blob %.16s...: the server sent more than the %llu bytes the "
          "manifest declares; cut off",
          digest, (unsigned long long)x->want);
-  else if (rc == CURLE_OPERATION_TIMEDOUT && deadline_passed(r->c))
-    fail(r, KC_DEADLINE, "GET blob %s: the deadline passed", digest);
+  else if (x->write_bad) /* the write error libcurl reports is ours */
+    fail(r, KC_IO, "write %s: disk error", x->tmp);
   else if (rc != CURLE_OK)
-    fail(r, rc == CURLE_OPERATION_TIMEDOUT ? KC_TIMEOUT : KC_UNAVAILABLE,
-         "GET blob %s: %s", digest,
-         x->ebuf[0] ? x->ebuf : curl_easy_strerror(rc));
+    fail_curl(r, x, rc);
   else if (status != 200)
     fail(r, status == 404 ? KC_NOT_FOUND : KC_PROTOCOL,
          "GET blob %s: server answered %ld", digest, status);

@@ -47,11 +47,7 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg) {
   return n;
 }
 
-int64_t kcc_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+int64_t kcc_now_ms(void) { return (int64_t)(kc_clock_mono_us() / 1000); }
 
 long kcc_http_budget_ms(const kc_client *c) {
   long t = c->timeout_ms;
@@ -87,14 +83,18 @@ void kcc_http_setup(kc_client *c, CURL *h, long timeout_ms) {
     curl_easy_setopt(h, CURLOPT_CAINFO, c->cacert);
 }
 
-/* Transport failures: "cannot connect" is the server being down (the
- * warmup degrades to local builds); anything else is a broken exchange. */
-static kc_err curl_error(kc_client *c, CURLcode rc, const char *method,
-                         const char *path, const char *detail, char *err) {
+/* Transport failures, for every transfer of libkcache (transport.c,
+ * blob_stream.c, fetch.c, demand.c): "cannot connect" is the server being
+ * down (the warmup degrades to local builds); anything else is a broken
+ * exchange. A write error is the write callback's: those that can fail for
+ * another reason than memory say so before they get here. */
+kc_err kcc_http_curl_error(const kc_client *c, int64_t deadline_ms,
+                           CURLcode rc, const char *method, const char *path,
+                           const char *detail, char *err) {
   const char *why = detail && *detail ? detail : curl_easy_strerror(rc);
   switch (rc) {
   case CURLE_OPERATION_TIMEDOUT:
-    if (c->deadline_ms && kcc_now_ms() >= c->deadline_ms)
+    if (deadline_ms && kcc_now_ms() >= deadline_ms)
       return kc_errf(err, KC_DEADLINE, "%s %s: the deadline passed", method,
                      path);
     return kc_errf(err, KC_TIMEOUT, "%s %s%s: %s", method, c->url, path, why);
@@ -158,7 +158,8 @@ kc_err kcc_http_do_on(kc_client *c, CURL *h, const char *method,
       return kc_errf(err, KC_PROTOCOL,
                      "%s %s: the answer is larger than %zu bytes; cut off",
                      method, path, b.max);
-    return curl_error(c, rc, method, path, ebuf, err);
+    return kcc_http_curl_error(c, c->deadline_ms, rc, method, path, ebuf,
+                               err);
   }
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
   r->body = b.p;
@@ -220,9 +221,4 @@ struct curl_slist *kcc_with_header(const struct curl_slist *l,
     return t;
   curl_slist_free_all(n);
   return NULL;
-}
-
-kc_err kcc_http_curl_error(kc_client *c, CURLcode rc, const char *method,
-                           const char *path, const char *detail, char *err) {
-  return curl_error(c, rc, method, path, detail, err);
 }

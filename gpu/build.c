@@ -48,11 +48,7 @@ typedef struct wire_hdr {
   uint64_t log_len, code_len;
 } wire_hdr;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+static double now_s(void) { return (double)kc_clock_mono_us() / 1e6; }
 
 /* ---- Child ---- */
 

@@ -52,7 +52,9 @@
     "another process serves this store directory")                             \
   X(NOT_IMPLEMENTED, 36, 501, "not_implemented", "not implemented")           \
   X(UNSUPPORTED_MEDIA, 37, 415, "unsupported_media_type",                      \
-    "the body's type or content coding is not accepted here")
+    "the body's type or content coding is not accepted here")                  \
+  X(ENCODED, 38, 500, "internal",                                              \
+    "the blob is held compressed: read it as stored")
 
 typedef enum kc_err {
 #define KC_ERR_ENUM_(name, num, http, code, msg) KC_##name = num,

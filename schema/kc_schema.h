@@ -230,6 +230,20 @@ kc_err kc_bucket_pow2(uint64_t n, uint64_t min, uint64_t max, uint64_t *out);
 kc_err kc_bucket_boundary(uint64_t n, const uint64_t *bounds, size_t n_bounds,
                           uint64_t *out);
 
+/* ---- Hex and clocks (hexclock.c) ---- */
+
+/* Writes n bytes as 2n lowercase hex digits and a NUL into out. */
+void kc_hex_encode(const void *bytes, size_t n, char *out);
+/* The value of one hex digit, either case; -1 if c is not one. */
+int kc_hex_digit(int c);
+/* Reads 2n hex digits (either case) into n bytes; -1 if one is not hex
+ * (out is then partly written). Length is the caller's to check. */
+int kc_hex_decode(const char *hex, size_t n, unsigned char *out);
+/* The wall clock (CLOCK_REALTIME), milliseconds since the Unix epoch. */
+int64_t kc_clock_wall_ms(void);
+/* The monotonic clock (CLOCK_MONOTONIC), microseconds: for intervals. */
+uint64_t kc_clock_mono_us(void);
+
 /* ---- Misc ---- */
 
 /* Read a whole file into a NUL-terminated malloc'd buffer. */

@@ -29,15 +29,6 @@ int kc_is_hex64(const char *s) {
   return !bad;
 }
 
-static void kc_hex(const unsigned char *md, char out[KC_HEX_LEN + 1]) {
-  static const char digits[] = "0123456789abcdef";
-  for (int i = 0; i < KC_HEX_LEN / 2; i++) {
-    out[2 * i] = digits[md[i] >> 4];
-    out[2 * i + 1] = digits[md[i] & 15];
-  }
-  out[KC_HEX_LEN] = '\0';
-}
-
 /* OpenSSL 3 looks EVP_sha256() up in its provider tables at every init
  * (EVP_MD_fetch: half the instructions of a RESP GET's key hash); the
  * implementation is fetched once and kept for the process. */
@@ -60,7 +51,7 @@ kc_err kc_sha256_hex(const void *data, size_t len, char out[KC_HEX_LEN + 1]) {
     return KC_EINVAL;
   if (!EVP_Digest(data ? data : "", len, md, &mdlen, sha256_md(), NULL))
     return KC_INTERNAL;
-  kc_hex(md, out);
+  kc_hex_encode(md, KC_HEX_LEN / 2, out);
   return KC_OK;
 }
 
@@ -99,7 +90,7 @@ kc_err kc_sha256_final(kc_sha256 *h, char out[KC_HEX_LEN + 1]) {
   h->done = 1;
   if (!EVP_DigestFinal_ex(h->ctx, md, &mdlen))
     return KC_INTERNAL;
-  kc_hex(md, out);
+  kc_hex_encode(md, KC_HEX_LEN / 2, out);
   return KC_OK;
 }
 

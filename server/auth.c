@@ -42,23 +42,10 @@ void kcd_auth_destroy(kcd_auth *a) {
   pthread_rwlock_destroy(&a->lock);
 }
 
-static int hexval(int c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  c = tolower(c);
-  return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 static int parse_digest(const char *hex, unsigned char out[32]) {
   if (strlen(hex) != 64)
     return -1;
-  for (int i = 0; i < 32; i++) {
-    int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0)
-      return -1;
-    out[i] = (unsigned char)(hi << 4 | lo);
-  }
-  return 0;
+  return kc_hex_decode(hex, 32, out);
 }
 
 /* Names go into logs and metrics: keep them to a plain, printable set. */
@@ -286,15 +273,6 @@ int kcd_auth_holds(kcd_auth *a, const unsigned char digest[32],
 
 /* ---- kcached token ROLE NAME ---- */
 
-static void to_hex(const unsigned char *b, size_t n, char *out) {
-  static const char hex[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    out[2 * i] = hex[b[i] >> 4];
-    out[2 * i + 1] = hex[b[i] & 15];
-  }
-  out[2 * n] = '\0';
-}
-
 int kcd_token_command(int argc, char **argv) {
   kcd_role role;
   if (argc != 3 || kcd_role_parse(argv[1], &role) || role == KCD_ROLE_NONE) {
@@ -313,9 +291,9 @@ int kcd_token_command(int argc, char **argv) {
     return 1;
   }
   memcpy(token, TOKEN_PREFIX, sizeof TOKEN_PREFIX - 1);
-  to_hex(raw, sizeof raw, token + sizeof TOKEN_PREFIX - 1);
+  kc_hex_encode(raw, sizeof raw, token + sizeof TOKEN_PREFIX - 1);
   EVP_Digest(token, strlen(token), d, &dlen, EVP_sha256(), NULL);
-  to_hex(d, sizeof d, dhex);
+  kc_hex_encode(d, sizeof d, dhex);
   printf("%s\n%s %s %s\n", token, kcd_role_name(role), argv[2], dhex);
   fprintf(stderr,
           "# line 1: the token (give it to the client as KCACHE_TOKEN; it is "

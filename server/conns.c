@@ -251,7 +251,7 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
   c->fd = fd;
   c->counted = counted;
   remote_of(fd, c->remote, sizeof c->remote, c->addr);
-  STORE(&c->waiting_since_us, kcd_now_us());
+  STORE(&c->waiting_since_us, kc_clock_mono_us());
   c->scanned = l->scan_raw;
   scan_arm(c, c->scanned);
   if (c->scanned)
@@ -308,7 +308,7 @@ void kcd_conn_body_begin(kcd_conn *c) {
   if (!c)
     return;
   STORE(&c->body_bytes, 0);
-  STORE(&c->body_since_us, kcd_now_us());
+  STORE(&c->body_since_us, kc_clock_mono_us());
 }
 
 void kcd_conn_body_end(kcd_conn *c) {

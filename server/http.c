@@ -137,7 +137,7 @@ static kcd_req *req_new(kcd_state *st, struct MHD_Connection *conn,
     return NULL;
   r->st = st;
   r->conn = conn;
-  r->t0_us = kcd_now_us();
+  r->t0_us = kc_clock_mono_us();
   r->method = kcd_method_of(method);
   copy_cut(r->method_str, sizeof r->method_str, method);
   copy_cut(r->path, sizeof r->path, url);
@@ -456,7 +456,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
   kcd_req *r = *con_cls;
   kcd_conn *c = conn_of(conn);
   (void)toe;
-  uint64_t now = kcd_now_us(); /* one clock reading serves all below */
+  uint64_t now = kc_clock_mono_us(); /* one clock reading serves all below */
   kcd_conn_request_done(c, now); /* the next headers' wait begins */
   if (!r)
     return;
@@ -652,7 +652,7 @@ void kcd_http_sweep(kcd_state *st) {
   kcd_sweep w = {.header_us = (uint64_t)c->header_timeout_s * 1000000u,
                  .body_window_us = (uint64_t)c->timeout_s * 1000000u,
                  .body_min_rate = c->min_body_rate};
-  kcd_conns_sweep(st->conns, kcd_now_us(), &w);
+  kcd_conns_sweep(st->conns, kc_clock_mono_us(), &w);
   atomic_fetch_add(&st->metrics.cut_header_timeout, w.closed_headers);
   atomic_fetch_add(&st->metrics.cut_slow_body, w.closed_body);
   if (w.closed_headers)

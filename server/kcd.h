@@ -408,6 +408,52 @@ void kcd_svc_count(kcd_state *st, kcd_svc_op op, kcd_fe fe, kcd_svc_res res,
  * miss, anything else an error. */
 void kcd_svc_count_get(kcd_state *st, kcd_fe fe, kc_err e);
 
+/* Reads and writes with no rule beyond the store, each counted as its
+ * operation, so that no handler counts for itself. A blob's and a bundle's
+ * GET (kc_store_blob_read / kc_store_bundle_read, counted as get: the
+ * answer's kc_err as kcd_svc_count_get reads it); a bundle's PUT
+ * (kc_store_bundle_put_once, counted as set: new, present or error). */
+kc_err kcd_svc_blob_read(kcd_state *st, kcd_fe fe, const char *digest,
+                         kc_store_read **rd, const void **data, size_t *len,
+                         void **heap, char *err);
+kc_err kcd_svc_bundle_read(kcd_state *st, kcd_fe fe, const char *key,
+                           kc_store_read **rd, const char **json, size_t *len,
+                           char *err);
+kc_err kcd_svc_bundle_put(kcd_state *st, kcd_fe fe, const kc_manifest *m,
+                          int *created, char ***missing, size_t *n_missing,
+                          char *err);
+/* Entry i of a many-entry read, inside rd: KC_OK a hit, KC_NOT_FOUND a miss,
+ * another code stops the read (the callback words err). */
+typedef kc_err (*kcd_svc_read_fn)(void *arg, kc_store_read *rd, size_t i);
+/* n entries in one short read of the store, each by `each`; once all are
+ * read they are counted as op (hit or miss); a stopped read counts none.
+ * POST /v1/blobs/fetch's items are op get. */
+kc_err kcd_svc_read_each(kcd_state *st, kcd_fe fe, kcd_svc_op op, size_t n,
+                         kcd_svc_read_fn each, void *arg, char *err);
+/* A miss of a key's GET offered to the durable tier: 1 when the tier takes
+ * it (the command replies later, when it is run again). */
+typedef int (*kcd_svc_miss_fn)(void *arg, const void *key, size_t klen);
+/* A key's GET (RESP's GET and each key of MGET), counted as get: KC_OK a
+ * hit; KC_NOT_FOUND a miss (a key the store cannot hold is one), not
+ * counted when `tier` (may be NULL) takes it: it is counted when the
+ * command runs again; rd NULL: KC_NOT_READY, an error. */
+kc_err kcd_svc_kv_get(kcd_state *st, kcd_fe fe, kc_store_read *rd,
+                      const void *key, size_t klen, int64_t now_ms,
+                      kc_store_kv_val *v, kcd_svc_miss_fn tier, void *arg);
+/* kc_store_kv_set_settled (a SET the committed state settles with no
+ * commit), counted as set (present, or refused by NX/XX) when it did. */
+int kcd_svc_kv_set_settled(kcd_state *st, kcd_fe fe, kc_store_read *rd,
+                           kc_store_kv_op *o, int64_t now_ms);
+/* The SETs among n committed ops, counted as set: new, refused (NX/XX), or
+ * error (err: the commit's, or the op's own). */
+void kcd_svc_kv_sets_done(kcd_state *st, kcd_fe fe, const kc_store_kv_op *ops,
+                          size_t n, kc_err err);
+/* POST /v1/lookup's keys: the tier's prefetch (kcd_svc_prefetch_bundles),
+ * then kcd_svc_read_each as op lookup (`each` reads an unreadable bundle as
+ * missing). */
+kc_err kcd_svc_lookup(kcd_state *st, kcd_fe fe, const char *const *keys,
+                      size_t n, kcd_svc_read_fn each, void *arg, char *err);
+
 /* Checks a token (the front end took it from its own framing: HTTP's
  * "Bearer", RESP's AUTH). token NULL: none offered (KCD_AUTHN_ANON); an
  * empty one names no token (KCD_AUTHN_BAD); want_name non-NULL: the token
@@ -471,7 +517,7 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c);
 /* The headers of a request are complete / a request ended (waiting for the
  * next one's headers from now). c may be NULL. */
 void kcd_conn_headers_done(kcd_conn *c);
-void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kcd_now_us */
+void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kc_clock_mono_us */
 /* The raw target of the request being read, as MHD's URI log callback
  * saw it: where it is in MHD's read buffer, its length then, and
  * kcd_framing_target_flaw of it (MHD decodes it in place afterwards). Set
@@ -582,13 +628,14 @@ typedef struct kcd_access {
   const char *method, *path, *remote, *token;
   int status;
   uint64_t bytes_in, bytes_out, us;
-  uint64_t now_us; /* kcd_now_us() at the end, for the timestamp; 0: none */
+  uint64_t now_us; /* kc_clock_mono_us() at the end, for the timestamp;
+                      0: none */
 } kcd_access;
 void kcd_log_access(const kcd_state *st, const kcd_access *a);
 
-/* ---- clocks (log.c) ---- */
+/* ---- clocks (log.c; the monotonic and millisecond ones are schema's
+ * kc_clock_mono_us and kc_clock_wall_ms) ---- */
 
-uint64_t kcd_now_us(void);  /* monotonic */
 int64_t kcd_unix_now(void); /* wall clock, seconds */
 
 /* ---- requests (http.c) ---- */

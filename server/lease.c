@@ -53,10 +53,9 @@ void kcd_leases_free(kcd_leases *l) {
 
 /* Keys are SHA-256 hex (checked by the router): their digits are uniform. */
 static size_t slot_of(const char *key) {
-  size_t h = 0;
-  for (int i = 0; i < 4; i++)
-    h = h << 4 | (size_t)(key[i] <= '9' ? key[i] - '0' : key[i] - 'a' + 10);
-  return h & (N_SLOTS - 1);
+  unsigned char b[2] = {0, 0};
+  (void)kc_hex_decode(key, 2, b);
+  return ((size_t)b[0] << 8 | b[1]) & (N_SLOTS - 1);
 }
 
 /* The live lease of key, dropping an expired one on the way. */
@@ -78,15 +77,10 @@ static lease **find(kcd_leases *l, const char *key, uint64_t now_ms) {
 }
 
 static int new_token(char out[KCD_LEASE_TOKEN_LEN + 1]) {
-  static const char hex[] = "0123456789abcdef";
   unsigned char raw[KCD_LEASE_TOKEN_LEN / 2];
   if (RAND_bytes(raw, sizeof raw) != 1)
     return -1;
-  for (size_t i = 0; i < sizeof raw; i++) {
-    out[2 * i] = hex[raw[i] >> 4];
-    out[2 * i + 1] = hex[raw[i] & 15];
-  }
-  out[KCD_LEASE_TOKEN_LEN] = '\0';
+  kc_hex_encode(raw, sizeof raw, out);
   return 0;
 }
 

@@ -26,12 +26,6 @@
 
 #define LINE_MAX_ 4096
 
-uint64_t kcd_now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 int64_t kcd_unix_now(void) { return (int64_t)time(NULL); }
 
 /* "2026-11-22T08:00:00.123Z" */
@@ -48,7 +42,6 @@ static void timestamp(char out[32]) {
  * separate fields). Stops before overflowing; *pos stays within cap. */
 static void put_esc(char *buf, size_t cap, size_t *pos, const char *s,
                     int json) {
-  static const char hex[] = "0123456789abcdef";
   for (; s && *s && *pos + 8 < cap; s++) {
     unsigned char c = (unsigned char)*s;
     if (json && (c == '"' || c == '\\')) {
@@ -60,8 +53,8 @@ static void put_esc(char *buf, size_t cap, size_t *pos, const char *s,
       *pos += (size_t)snprintf(buf + *pos, cap - *pos, "\\u%04x", c);
     } else {
       buf[(*pos)++] = '%';
-      buf[(*pos)++] = hex[c >> 4];
-      buf[(*pos)++] = hex[c & 15];
+      kc_hex_encode(&c, 1, buf + *pos); /* and a NUL, overwritten next */
+      *pos += 2;
     }
   }
 }
@@ -225,7 +218,7 @@ static int64_t wall_us(uint64_t mono_us) {
       mono_us - ts_cache.calib_us > 1000000u) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t m = kcd_now_us();
+    uint64_t m = kc_clock_mono_us();
     ts_cache.offset_us =
         (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 - (int64_t)m;
     ts_cache.calib_us = m;

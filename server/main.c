@@ -196,7 +196,7 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   int64_t now = kcd_unix_now();
   kcd_log_flush(st);
   kcd_http_sweep(st);
-  kcd_lease_sweep(st->leases, kcd_now_us() / 1000);
+  kcd_lease_sweep(st->leases, kc_clock_mono_us() / 1000);
   kcd_history_tick(st, now);
   kc_store *s = atomic_load(&st->store);
   if (!s) {
@@ -256,8 +256,9 @@ static void shut_down(kcd_state *st) {
   kcd_sd_notify("STOPPING=1");
   kcd_http_quiesce(st);
   kcd_resp_quiesce(st);
-  uint64_t deadline = kcd_now_us() + (uint64_t)st->cfg.shutdown_s * 1000000u;
-  while (kcd_svc_in_flight(st) > 0 && kcd_now_us() < deadline) {
+  uint64_t deadline =
+      kc_clock_mono_us() + (uint64_t)st->cfg.shutdown_s * 1000000u;
+  while (kcd_svc_in_flight(st) > 0 && kc_clock_mono_us() < deadline) {
     struct timespec ms10 = {0, 10 * 1000 * 1000};
     nanosleep(&ms10, NULL);
   }

@@ -166,14 +166,12 @@ static void reuse_free(void *slots) {
 
 static void reuse_key_make(void) { pthread_key_create(&reuse_key, reuse_free); }
 
-static unsigned hexval(char c) {
-  return c <= '9' ? (unsigned)(c - '0') : (unsigned)(c - 'a' + 10);
-}
-
 static struct MHD_Response *map_response(const char *key, const char *ctype,
                                          const void *data, size_t len,
                                          const char *const *headers) {
-  reuse_slot *sl = &reuse[(hexval(key[0]) << 4 | hexval(key[1])) % REUSE_SLOTS];
+  unsigned char b0 = 0; /* the key is checked hex: its first byte */
+  (void)kc_hex_decode(key, 1, &b0);
+  reuse_slot *sl = &reuse[b0 % REUSE_SLOTS];
   if (sl->resp && sl->data == data && sl->len == len && sl->ctype == ctype &&
       memcmp(sl->key, key, KC_HEX_LEN) == 0)
     return sl->resp;

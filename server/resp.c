@@ -29,13 +29,6 @@
 #define KEEP_MAX (256 * 1024) /* buffers above this are freed when empty */
 #define EVENTS 64
 
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-kcd_state *kcd_resp_state(kcd_resp *r) { return r->st; }
 size_t kcd_resp_clients(kcd_resp *r) { return r ? atomic_load(&r->nconns) : 0; }
 uint64_t kcd_resp_port(kcd_resp *r) { return r ? r->port : 0; }
 kcd_resp_families *kcd_resp_families_of(kcd_resp *r) {
@@ -315,7 +308,7 @@ static int token_valid(kcd_resp_conn *c) {
 static void run_parsed(kcd_resp_conn *c) {
   kcd_resp_parser *p = &c->parser;
   kcd_resp_ctx x = {.c = c, .st = c->srv->st, .job = c->job,
-                    .now_ms = wall_ms(), .argc = p->argc};
+                    .now_ms = kc_clock_wall_ms(), .argc = p->argc};
   for (size_t i = 0; i < p->argc; i++) {
     c->av[i] = c->in.p + p->argv[i].off;
     c->al[i] = p->argv[i].len;

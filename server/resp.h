@@ -66,10 +66,10 @@
 #define KCD_RESP_POOL_BYTES (32u << 20) /* their capacity in all */
 #define KCD_RESP_POOL_IDLE_MS 2000     /* freed after this without a taker */
 
-/* Milliseconds of the monotonic clock (kcd_now_us's), for the pools' idle
+/* Milliseconds of the monotonic clock (kc_clock_mono_us's), for the pools' idle
  * times. */
 static inline int64_t kcd_resp_mono_ms(void) {
-  return (int64_t)(kcd_now_us() / 1000);
+  return (int64_t)(kc_clock_mono_us() / 1000);
 }
 
 /* ---- key families (resp_family.c) ----
@@ -561,7 +561,6 @@ void kcd_resp_quiesce(kcd_state *st);
  * was cut), reading and running nothing more, until --shutdown-timeout
  * after the quiesce at most. NULL st->resp: nothing. */
 void kcd_resp_stop(kcd_state *st);
-kcd_state *kcd_resp_state(kcd_resp *r);
 size_t kcd_resp_clients(kcd_resp *r);
 uint64_t kcd_resp_port(kcd_resp *r);
 

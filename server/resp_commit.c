@@ -152,12 +152,6 @@ static kcd_resp_job *take(kcd_resp *r, size_t *nops, size_t *njobs) {
   return last ? head : NULL;
 }
 
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void fail_all(kcd_resp_job *jobs, kc_err e, const char *msg) {
   for (kcd_resp_job *j = jobs; j; j = j->next) {
     j->err = e;
@@ -194,7 +188,7 @@ static void apply(kcd_resp *r, kcd_resp_job *jobs, size_t n) {
     k += j->nops;
   }
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kc_store_kv_apply(s, all, n, wall_ms(), err);
+  kc_err e = kc_store_kv_apply(s, all, n, kc_clock_wall_ms(), err);
   k = 0;
   for (kcd_resp_job *j = jobs; j; j = j->next) {
     memcpy(j->ops, all + k, j->nops * sizeof *all);

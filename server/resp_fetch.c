@@ -62,9 +62,7 @@ static void *fetch_main(void *arg) {
   while ((j = take(r))) {
     kc_store *s = atomic_load(&r->st->store);
     for (size_t i = 0; s && i < j->nops; i++) {
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+      int64_t now = kc_clock_wall_ms();
       char err[KC_ERRBUF_SIZE];
       kc_store_kv_read_through(s, j->ops[i].key, j->ops[i].klen, now, err);
     }

@@ -254,16 +254,8 @@ static void count_reply(const kcd_resp_job *j, const kcd_resp_item *it,
 static void count_sets(const kcd_resp_job *j, const kcd_resp_item *it) {
   if (it->kind == KCD_RK_PRE || !j->conn)
     return;
-  kcd_state *st = j->conn->srv->st;
-  for (size_t k = 0; k < it->n; k++) {
-    const kc_store_kv_op *o = j->ops + it->first + k;
-    if (o->op != KC_KV_SET)
-      continue;
-    kcd_svc_res res = j->err || o->err ? KCD_RES_ERROR
-                      : o->done        ? KCD_RES_NEW
-                                       : KCD_RES_REFUSED;
-    kcd_svc_count(st, KCD_OP_SET, KCD_FE_RESP, res, 1);
-  }
+  kcd_svc_kv_sets_done(j->conn->srv->st, KCD_FE_RESP, j->ops + it->first,
+                       it->n, j->err);
 }
 
 void kcd_resp_job_reply(kcd_resp_job *j, kcd_resp_buf *out) {

@@ -33,19 +33,6 @@ void kcd_resp_store_err(kcd_resp_buf *b, kc_err e, const char *msg) {
 
 /* ---- reads ---- */
 
-/* KC_OK with the value, KC_NOT_FOUND, or an error (reply written). */
-static kc_err get1(kcd_resp_ctx *x, size_t i, kc_store_kv_val *v) {
-  if (!key_ok(x->lens[i]))
-    return KC_NOT_FOUND;
-  kc_store_read *r = kcd_resp_read(x);
-  if (!r)
-    return KC_NOT_READY;
-  kc_err e = kc_store_kv_get(r, ARG(i), x->now_ms, v);
-  if (e && e != KC_NOT_FOUND)
-    kcd_resp_store_err(x->out, e, NULL);
-  return e;
-}
-
 static kc_err meta1(kcd_resp_ctx *x, size_t i, uint64_t *size, int64_t *exp) {
   if (!key_ok(x->lens[i]))
     return KC_NOT_FOUND;
@@ -86,19 +73,33 @@ static void family(kcd_resp_ctx *x, size_t i, int hit) {
   kcd_resp_family_count(&x->c->srv->families, ARG(i), hit);
 }
 
+/* GET's miss offered to the tier (kcd_svc_kv_get's callback). */
+typedef struct get_ask {
+  kcd_resp_ctx *x;
+  int asked; /* 1: the tier took it; the command runs again */
+} get_ask;
+
+static int ask_tier(void *arg, const void *key, size_t klen) {
+  get_ask *g = arg;
+  return g->asked = kcd_resp_fetch_key(g->x, key, klen);
+}
+
 void kcd_resp_c_get(kcd_resp_ctx *x) {
   kc_store_kv_val v;
-  kc_err e = get1(x, 1, &v);
+  /* no read (and no error reply) for a key the store cannot hold */
+  kc_store_read *rd = key_ok(x->lens[1]) ? kcd_resp_read(x) : NULL;
+  get_ask g = {x, 0};
+  kc_err e = kcd_svc_kv_get(x->st, KCD_FE_RESP, rd, ARG(1), x->now_ms, &v,
+                            ask_tier, &g);
   if (e == KC_OK) {
     family(x, 1, 1);
     reply_value(x->out, &v, x->c->resp3);
-  } else if (e == KC_NOT_FOUND && !kcd_resp_fetch_key(x, ARG(1))) {
+  } else if (e == KC_NOT_FOUND && !g.asked) {
     family(x, 1, 0); /* a miss read through is counted when it replies */
     kcd_resp_nil(x->out, x->c->resp3);
-  } else if (e == KC_NOT_FOUND) {
-    return; /* asked of the tier: counted when run again */
+  } else if (e != KC_NOT_FOUND && rd) { /* no rd: kcd_resp_read replied */
+    kcd_resp_store_err(x->out, e, NULL);
   }
-  kcd_svc_count_get(x->st, KCD_FE_RESP, e);
 }
 
 /* With the durable tier: asks for every missing key (1: asked, no reply
@@ -126,11 +127,9 @@ void kcd_resp_c_mget(kcd_resp_ctx *x) {
   /* past the output limit the reply is taken back (resp_cmd.c): stop */
   for (size_t i = 1; i < x->argc && !x->out->over; i++) {
     kc_store_kv_val v;
-    kc_err e = key_ok(x->lens[i])
-                   ? kc_store_kv_get(x->c->rd, ARG(i), x->now_ms, &v)
-                   : KC_NOT_FOUND;
+    kc_err e = kcd_svc_kv_get(x->st, KCD_FE_RESP, x->c->rd, ARG(i), x->now_ms,
+                              &v, NULL, NULL);
     family(x, i, e == KC_OK);
-    kcd_svc_count_get(x->st, KCD_FE_RESP, e);
     if (e == KC_OK)
       reply_value(x->out, &v, x->c->resp3);
     else /* an error cannot be one element of a reply already begun */
@@ -238,10 +237,8 @@ static int set_settled(kcd_resp_ctx *x, kc_store_kv_op *o, kcd_resp_rk rk) {
     c->rd = NULL;
     return 0;
   }
-  if (!kc_store_kv_set_settled(c->rd, o, x->now_ms))
+  if (!kcd_svc_kv_set_settled(x->st, KCD_FE_RESP, c->rd, o, x->now_ms))
     return 0;
-  kcd_svc_count(x->st, KCD_OP_SET, KCD_FE_RESP,
-                o->done ? KCD_RES_PRESENT : KCD_RES_REFUSED, 1);
   if (rk == KCD_RK_SUM)
     kcd_resp_int(x->out, (long long)o->done);
   else if (o->done)

@@ -315,23 +315,13 @@ static int is_space(char c) {
          c == '\f';
 }
 
-static int hexval(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
 /* One escape inside "...": consumes from *r, returns the byte. */
 static char dq_escape(const char *s, size_t end, size_t *r) {
   size_t i = *r; /* s[i] == '\\' and i + 1 < end */
-  if (s[i + 1] == 'x' && i + 3 < end && hexval(s[i + 2]) >= 0 &&
-      hexval(s[i + 3]) >= 0) {
+  unsigned char b;
+  if (s[i + 1] == 'x' && i + 3 < end && kc_hex_decode(s + i + 2, 1, &b) == 0) {
     *r = i + 4;
-    return (char)(hexval(s[i + 2]) * 16 + hexval(s[i + 3]));
+    return (char)b;
   }
   *r = i + 2;
   switch (s[i + 1]) {

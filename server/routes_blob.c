@@ -145,9 +145,8 @@ int kcd_blob_get(kcd_req *r) {
   void *heap = NULL;
   size_t len = 0;
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kc_store_blob_read(store_of(r), r->param, &r->read, &data, &len,
-                                &heap, err);
-  kcd_svc_count_get(r->st, KCD_FE_HTTP, e);
+  kc_err e = kcd_svc_blob_read(r->st, KCD_FE_HTTP, r->param, &r->read, &data,
+                               &len, &heap, err);
   if (e == KC_STORE_ENCODED) /* held compressed: routes_zstd.c */
     return kcd_blob_get_encoded(r);
   if (e)

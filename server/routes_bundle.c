@@ -13,9 +13,8 @@ int kcd_bundle_get(kcd_req *r) {
   const char *json = NULL;
   size_t len = 0;
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kc_store_bundle_read(store_of(r), r->param, &r->read, &json,
-                                  &len, err);
-  kcd_svc_count_get(r->st, KCD_FE_HTTP, e);
+  kc_err e = kcd_svc_bundle_read(r->st, KCD_FE_HTTP, r->param, &r->read,
+                                 &json, &len, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   if (len > KCD_ZERO_COPY_MAX) { /* copied: the read ends now (kcd.h) */
@@ -62,11 +61,9 @@ int kcd_bundle_put(kcd_req *r) {
   int created = 0;
   char **missing = NULL;
   size_t n_missing = 0;
-  e = kc_store_bundle_put_once(store_of(r), m, &created, &missing, &n_missing,
-                               err);
+  e = kcd_svc_bundle_put(r->st, KCD_FE_HTTP, m, &created, &missing,
+                         &n_missing, err);
   kc_manifest_free(m);
-  kcd_svc_count(r->st, KCD_OP_SET, KCD_FE_HTTP,
-                e ? KCD_RES_ERROR : created ? KCD_RES_NEW : KCD_RES_PRESENT, 1);
   if (e == KC_MISSING_BLOBS)
     return reply_missing(r, err, missing, n_missing);
   kc_store_strv_free(missing, n_missing);
@@ -153,65 +150,64 @@ static void lookup_list(FILE *f, const char *name, const char **keys,
   fputc(']', f);
 }
 
-/* Writes {"found":{key:manifest,...},"missing":[...],"truncated":[...]}
- * splicing the stored canonical manifests in as they are: no parse, no
- * re-serialization. Manifests that would take the answer over `cap` bytes
- * are left out and listed in "truncated" (the client asks for them again);
- * the first one found always goes in. */
-static kc_err lookup_write(kc_store_read *rd, const char **keys, size_t n,
-                           uint64_t cap, FILE *f, size_t *missing) {
-  char *state = calloc(n ? n : 1, 1);
-  if (!state)
-    return KC_NOMEM;
-  uint64_t total = 0;
-  int first = 1;
-  fputs("{\"found\":{", f);
-  for (size_t i = 0; i < n; i++) {
-    const char *json;
-    size_t len;
-    kc_err e = kc_store_bundle_get(rd, keys[i], &json, &len);
-    if (e) { /* unreadable counts as missing: the client rebuilds */
-      state[i] = L_MISSING;
-      (*missing)++;
-      continue;
-    }
-    if (!first && total + len > cap) {
-      state[i] = L_TRUNCATED;
-      continue;
-    }
-    fprintf(f, "%s\"%s\":", first ? "" : ",", keys[i]);
-    fwrite(json, 1, len, f);
-    total += len;
-    first = 0;
+/* A lookup's answer as it is written: the keys, each one's state, the
+ * manifest bytes spliced in so far and their cap. */
+typedef struct lookup_out {
+  const char **keys;
+  char *state;
+  uint64_t cap, total;
+  int first;
+  FILE *f;
+} lookup_out;
+
+/* One key of the answer (kcd_svc_lookup's callback), splicing the stored
+ * canonical manifest in as it is: no parse, no re-serialization. A manifest
+ * that would take the answer over `cap` bytes is left out and listed in
+ * "truncated" (the client asks for it again); the first one found always
+ * goes in. An unreadable one counts as missing: the client rebuilds. */
+static kc_err lookup_one(void *arg, kc_store_read *rd, size_t i) {
+  lookup_out *o = arg;
+  const char *json;
+  size_t len;
+  if (kc_store_bundle_get(rd, o->keys[i], &json, &len)) {
+    o->state[i] = L_MISSING;
+    return KC_NOT_FOUND;
   }
-  fputc('}', f);
-  lookup_list(f, "missing", keys, state, n, L_MISSING);
-  lookup_list(f, "truncated", keys, state, n, L_TRUNCATED);
-  fputc('}', f);
-  free(state);
+  if (!o->first && o->total + len > o->cap) {
+    o->state[i] = L_TRUNCATED;
+    return KC_OK;
+  }
+  fprintf(o->f, "%s\"%s\":", o->first ? "" : ",", o->keys[i]);
+  fwrite(json, 1, len, o->f);
+  o->total += len;
+  o->first = 0;
   return KC_OK;
 }
 
+/* Writes {"found":{key:manifest,...},"missing":[...],"truncated":[...]}. */
 static int lookup_reply(kcd_req *r, const char **keys, size_t n) {
-  kc_store_read *rd = NULL;
-  kcd_svc_prefetch_bundles(r->st, keys, n);
-  kc_err e = kc_store_read_begin(store_of(r), &rd);
-  if (e)
-    return kcd_reply_error(r, e, "cannot begin a read of the store");
+  char err[KC_ERRBUF_SIZE] = "";
   char *buf = NULL;
   size_t len = 0;
-  FILE *f = open_memstream(&buf, &len);
-  size_t missing = 0;
-  if (f)
-    e = lookup_write(rd, keys, n, lookup_cap(&r->st->cfg), f, &missing);
-  kc_store_read_end(rd);
-  if (f && !e) {
-    kcd_svc_count(r->st, KCD_OP_LOOKUP, KCD_FE_HTTP, KCD_RES_HIT, n - missing);
-    kcd_svc_count(r->st, KCD_OP_LOOKUP, KCD_FE_HTTP, KCD_RES_MISS, missing);
-  }
-  if (!f || fclose(f) != 0 || e) {
-    free(buf);
+  lookup_out o = {keys, calloc(n ? n : 1, 1), lookup_cap(&r->st->cfg), 0, 1,
+                  NULL};
+  if (!o.state || !(o.f = open_memstream(&buf, &len))) {
+    free(o.state);
     return kcd_reply_error(r, KC_NOMEM, "out of memory");
+  }
+  fputs("{\"found\":{", o.f);
+  kc_err e = kcd_svc_lookup(r->st, KCD_FE_HTTP, keys, n, lookup_one, &o, err);
+  if (!e) {
+    fputc('}', o.f);
+    lookup_list(o.f, "missing", keys, o.state, n, L_MISSING);
+    lookup_list(o.f, "truncated", keys, o.state, n, L_TRUNCATED);
+    fputc('}', o.f);
+  }
+  free(o.state);
+  if (fclose(o.f) != 0 || e) {
+    free(buf);
+    return e ? kcd_reply_error(r, e, "%s", err) /* the read did not begin */
+             : kcd_reply_error(r, KC_NOMEM, "out of memory");
   }
   return kcd_reply(r, 200, "application/json", buf, len, KCD_MEM_FREE, NULL);
 }

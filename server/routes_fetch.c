@@ -169,45 +169,53 @@ static kc_err parse(kcd_req *r, answer *a, char *err) {
   return e;
 }
 
+/* What look_up's reads add up, item by item. */
+typedef struct look {
+  kcd_req *r;
+  answer *a;
+  int zstd_ok;
+  uint64_t total, bytes;
+  char *err;
+} look;
+
+/* Item i (kcd_svc_read_each's callback): how its blob is held and how long
+ * its part is. */
+static kc_err look_one(void *arg, kc_store_read *rd, size_t i) {
+  look *l = arg;
+  item *x = &l->a->it[i];
+  const void *data;
+  size_t len;
+  uint64_t size = 0;
+  kc_err e = kc_store_blob_get_stored(rd, x->digest, &data, &len, &x->enc,
+                                      &size);
+  if (e == KC_NOT_FOUND) {
+    x->missing = 1;
+  } else if (e) {
+    return kc_errf(l->err, e, "cannot read blob %s", x->digest);
+  } else {
+    x->decode = x->enc == KC_STORE_ZSTD && !l->zstd_ok;
+    x->len = x->decode ? size : len;
+    if (x->enc == KC_STORE_ZSTD) /* counted as routes_zstd.c's GETs */
+      atomic_fetch_add(&l->r->st->metrics.zstd_gets, 1);
+    if (x->enc == KC_STORE_ZSTD && !x->decode)
+      atomic_fetch_add(&l->r->st->metrics.zstd_sent_frames, 1);
+  }
+  char line[LINE_MAX_];
+  l->total += line_of(x, line) + x->len;
+  l->bytes += x->len;
+  return e;
+}
+
 /* One short read: how each blob is held and how long its part is. *total:
- * the answer's length; *bytes: the blob bytes in it, as sent. */
+ * the answer's length; *bytes: the blob bytes in it, as sent. Each item
+ * counts as a GET of it (kcached_ops_total{op="get"}). */
 static kc_err look_up(kcd_req *r, answer *a, int zstd_ok, uint64_t *total,
                       uint64_t *bytes, char *err) {
-  kc_store_read *rd;
-  kc_err e = kc_store_read_begin(a->s, &rd);
-  if (e)
-    return kc_errf(err, e, "cannot begin a read of the store");
-  *total = *bytes = 0;
-  uint64_t misses = 0;
-  for (size_t i = 0; !e && i < a->n; i++) {
-    item *x = &a->it[i];
-    const void *data;
-    size_t len;
-    uint64_t size = 0;
-    e = kc_store_blob_get_stored(rd, x->digest, &data, &len, &x->enc, &size);
-    if (e == KC_NOT_FOUND) {
-      x->missing = 1;
-      misses++;
-      e = KC_OK;
-    } else if (e) {
-      kc_errf(err, e, "cannot read blob %s", x->digest);
-    } else {
-      x->decode = x->enc == KC_STORE_ZSTD && !zstd_ok;
-      x->len = x->decode ? size : len;
-      if (x->enc == KC_STORE_ZSTD) /* counted as routes_zstd.c's GETs */
-        atomic_fetch_add(&r->st->metrics.zstd_gets, 1);
-      if (x->enc == KC_STORE_ZSTD && !x->decode)
-        atomic_fetch_add(&r->st->metrics.zstd_sent_frames, 1);
-    }
-    char line[LINE_MAX_];
-    *total += line_of(x, line) + x->len;
-    *bytes += x->len;
-  }
-  kc_store_read_end(rd);
-  if (!e) { /* each item as a GET of it (kcached_ops_total{op="get"}) */
-    kcd_svc_count(r->st, KCD_OP_GET, KCD_FE_HTTP, KCD_RES_HIT, a->n - misses);
-    kcd_svc_count(r->st, KCD_OP_GET, KCD_FE_HTTP, KCD_RES_MISS, misses);
-  }
+  look l = {r, a, zstd_ok, 0, 0, err};
+  kc_err e = kcd_svc_read_each(r->st, KCD_FE_HTTP, KCD_OP_GET, a->n, look_one,
+                               &l, err);
+  *total = l.total;
+  *bytes = l.bytes;
   return e;
 }
 

@@ -3,9 +3,11 @@
  * otherwise each decide: operations in flight (graceful shutdown waits for
  * them), the token check, a blob offered for upload (held already, or
  * taken to repair a bad copy), build leases across replicas, a lookup's
- * prefetch from the durable tier. Functions take the daemon state and plain
- * arguments, never a request or a connection; each counts what it did in
- * kcached_ops_total under the front end it is given.
+ * prefetch from the durable tier, and the reads and writes that need no
+ * rule beyond the store (GETs, a bundle's PUT, RESP's SETs, many-entry
+ * reads), so that no handler counts for itself. Functions take the daemon
+ * state and plain arguments, never a request or a connection; each counts
+ * what it did in kcached_ops_total under the front end it is given.
  *
  * Counters are relaxed atomics (statistics, not synchronization), as in
  * metrics.c: no lock and no allocation is added to any request's path. */
@@ -87,7 +89,7 @@ kcd_svc_res kcd_svc_blob_offer(kcd_state *st, kcd_fe fe, const char *digest,
 
 /* ---- leases ---- */
 
-static uint64_t now_ms(void) { return kcd_now_us() / 1000; }
+static uint64_t now_ms(void) { return kc_clock_mono_us() / 1000; }
 
 static kc_err acquire(kcd_state *st, const char *key, const char *holder,
                       uint64_t ttl_s, kcd_lease_info *info) {
@@ -151,6 +153,98 @@ kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
                                       : KCD_RES_ERROR,
                 1);
   return e;
+}
+
+/* ---- reads and writes: each counted as its operation ---- */
+
+kc_err kcd_svc_blob_read(kcd_state *st, kcd_fe fe, const char *digest,
+                         kc_store_read **rd, const void **data, size_t *len,
+                         void **heap, char *err) {
+  kc_err e = kc_store_blob_read(atomic_load(&st->store), digest, rd, data, len,
+                                heap, err);
+  kcd_svc_count_get(st, fe, e);
+  return e;
+}
+
+kc_err kcd_svc_bundle_read(kcd_state *st, kcd_fe fe, const char *key,
+                           kc_store_read **rd, const char **json, size_t *len,
+                           char *err) {
+  kc_err e = kc_store_bundle_read(atomic_load(&st->store), key, rd, json, len,
+                                  err);
+  kcd_svc_count_get(st, fe, e);
+  return e;
+}
+
+kc_err kcd_svc_bundle_put(kcd_state *st, kcd_fe fe, const kc_manifest *m,
+                          int *created, char ***missing, size_t *n_missing,
+                          char *err) {
+  kc_err e = kc_store_bundle_put_once(atomic_load(&st->store), m, created,
+                                      missing, n_missing, err);
+  kcd_svc_count(st, KCD_OP_SET, fe,
+                e ? KCD_RES_ERROR : *created ? KCD_RES_NEW : KCD_RES_PRESENT,
+                1);
+  return e;
+}
+
+kc_err kcd_svc_read_each(kcd_state *st, kcd_fe fe, kcd_svc_op op, size_t n,
+                         kcd_svc_read_fn each, void *arg, char *err) {
+  kc_store_read *rd;
+  kc_err e = kc_store_read_begin(atomic_load(&st->store), &rd);
+  if (e)
+    return kc_errf(err, e, "cannot begin a read of the store");
+  uint64_t misses = 0;
+  for (size_t i = 0; !e && i < n; i++) {
+    e = each(arg, rd, i);
+    if (e == KC_NOT_FOUND) {
+      misses++;
+      e = KC_OK;
+    }
+  }
+  kc_store_read_end(rd);
+  if (!e) { /* all read: counted at once, two atomic adds */
+    kcd_svc_count(st, op, fe, KCD_RES_HIT, n - misses);
+    kcd_svc_count(st, op, fe, KCD_RES_MISS, misses);
+  }
+  return e;
+}
+
+kc_err kcd_svc_lookup(kcd_state *st, kcd_fe fe, const char *const *keys,
+                      size_t n, kcd_svc_read_fn each, void *arg, char *err) {
+  kcd_svc_prefetch_bundles(st, keys, n);
+  return kcd_svc_read_each(st, fe, KCD_OP_LOOKUP, n, each, arg, err);
+}
+
+kc_err kcd_svc_kv_get(kcd_state *st, kcd_fe fe, kc_store_read *rd,
+                      const void *key, size_t klen, int64_t now_ms,
+                      kc_store_kv_val *v, kcd_svc_miss_fn tier, void *arg) {
+  kc_err e = klen < 1 || klen > KC_KV_KEY_MAX ? KC_NOT_FOUND
+             : !rd                            ? KC_NOT_READY
+                      : kc_store_kv_get(rd, key, klen, now_ms, v);
+  if (e == KC_NOT_FOUND && tier && tier(arg, key, klen))
+    return KC_NOT_FOUND; /* asked of the tier: counted when it answers */
+  kcd_svc_count_get(st, fe, e);
+  return e;
+}
+
+int kcd_svc_kv_set_settled(kcd_state *st, kcd_fe fe, kc_store_read *rd,
+                           kc_store_kv_op *o, int64_t now_ms) {
+  if (!kc_store_kv_set_settled(rd, o, now_ms))
+    return 0;
+  kcd_svc_count(st, KCD_OP_SET, fe, o->done ? KCD_RES_PRESENT : KCD_RES_REFUSED,
+                1);
+  return 1;
+}
+
+void kcd_svc_kv_sets_done(kcd_state *st, kcd_fe fe, const kc_store_kv_op *ops,
+                          size_t n, kc_err err) {
+  for (size_t k = 0; k < n; k++) {
+    if (ops[k].op != KC_KV_SET)
+      continue;
+    kcd_svc_res res = err || ops[k].err ? KCD_RES_ERROR
+                      : ops[k].done     ? KCD_RES_NEW
+                                        : KCD_RES_REFUSED;
+    kcd_svc_count(st, KCD_OP_SET, fe, res, 1);
+  }
 }
 
 /* ---- lookups ---- */

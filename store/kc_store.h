@@ -105,8 +105,10 @@ void kc_store_read_end(kc_store_read *r);
 
 /* How a blob's bytes are held. */
 typedef enum kc_store_enc { KC_STORE_RAW = 0, KC_STORE_ZSTD = 1 } kc_store_enc;
-/* kc_store_blob_get's answer for a blob held compressed. */
-#define KC_STORE_ENCODED KC_NOT_IMPLEMENTED
+/* kc_store_blob_get's answer for a blob held compressed: a code of its own
+ * (never an answer on the wire; 500 if one ever leaked), so that it cannot
+ * be mistaken for a front end's 501 not_implemented. */
+#define KC_STORE_ENCODED KC_ENCODED
 
 /* Blob bytes, pointing into LMDB's map: valid until kc_store_read_end(r).
  * Records a use of nothing (blobs are used through bundles). A blob held

@@ -125,7 +125,7 @@ kc_err kc_store_kv_get(kc_store_read *r, const void *key, size_t klen,
   if (e)
     return e;
   atomic_fetch_add(&s->kv_hits, 1);
-  kcs_uses_record(&s->kvuses, hex, kcs_now_ms());
+  kcs_uses_record(&s->kvuses, hex, kc_clock_wall_ms());
   out->expire_ms = rec.expire_ms;
   out->size = rec.size;
   return KC_OK;
@@ -375,7 +375,7 @@ static kc_err set_rec(kc_store *s, MDB_txn *txn, kv_job *j, const kv_state *st,
   }
   /* a replaced record keeps its LRU entry: the use goes with the reads'
    * (kvuses, flushed once a second), not into this commit */
-  int64_t now = kcs_now_ms();
+  int64_t now = kc_clock_wall_ms();
   kcs_kv_rec rec = {.size = op->vlen, .expire_ms = exp,
                     .last_used_ms = st->present ? st->rec.last_used_ms : now,
                     .klen = (uint32_t)op->klen};
@@ -409,7 +409,7 @@ static kc_err op_set(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
     return st.present ? kv_drop(s, txn, j->hex, &st.rec, 0, batch, err) : e;
   if (set_is_noop(j, &st, exp)) {
     j->noop = 1;
-    kcs_uses_record(&s->kvuses, j->hex, kcs_now_ms());
+    kcs_uses_record(&s->kvuses, j->hex, kc_clock_wall_ms());
     return KC_OK;
   }
   return set_rec(s, txn, j, &st, exp, batch, err);
@@ -773,7 +773,7 @@ int kc_store_kv_set_settled(kc_store_read *r, kc_store_kv_op *op,
   /* live: not expired at now_ms, so neither is exp */
   if (st.live && exp == st.rec.expire_ms && same_value(&st, op)) {
     op->done = 1;
-    kcs_uses_record(&s->kvuses, j.hex, kcs_now_ms());
+    kcs_uses_record(&s->kvuses, j.hex, kc_clock_wall_ms());
     return 1;
   }
   /* to the commit: hashed here, not under the write lock */

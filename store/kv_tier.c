@@ -31,7 +31,7 @@ static kc_err ensure_value(kcs_tier *t, kc_store_read *r, const char *digest,
                            char *err) {
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "blobs", digest);
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   kc_err e = kcs_tier_done(t, t0, kcs3_head(t->wh, obj, NULL, NULL, err));
   if (e != KC_NOT_FOUND)
     return e;
@@ -40,7 +40,7 @@ static kc_err ensure_value(kcs_tier *t, kc_store_read *r, const char *digest,
   kcs3_put_opts po;
   if ((e = kcs_tier_blob_obj(r, digest, &data, &len, &po)))
     return e == KC_NOT_FOUND ? KC_OK : e; /* gone: the record is moot */
-  t0 = kcs_tier_now_us();
+  t0 = kc_clock_mono_us();
   e = kcs_tier_done(t, t0, kcs3_put(t->wh, obj, data, len, &po, NULL, err));
   return e == KC_CONFLICT ? KC_OK : e;
 }
@@ -68,7 +68,7 @@ kc_err kcs_kv_upload(kcs_tier *t, kc_store_read *r, const char *hex,
   memcpy(body, head, (size_t)n);
   memcpy(body + n, key, rec.klen);
   kv_obj(t, obj, hex);
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   e = kcs_tier_done(t, t0, kcs3_put(t->wh, obj, body, len, NULL, NULL, err));
   free(body);
   return e;
@@ -77,7 +77,7 @@ kc_err kcs_kv_upload(kcs_tier *t, kc_store_read *r, const char *hex,
 kc_err kcs_kv_delete_obj(kcs_tier *t, const char *hex, char *err) {
   char obj[KCS3_KEY_MAX + 1];
   kv_obj(t, obj, hex);
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   return kcs_tier_done(t, t0, kcs3_delete(t->wh, obj, err));
 }
 
@@ -120,7 +120,7 @@ static kc_err get_rec(kcs_tier *t, const char *hex, const void *key,
   kv_obj(t, obj, hex);
   void *data = NULL;
   size_t len = 0;
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, KV_HEAD_MAX + klen +
                                                     sizeof KV_MAGIC,
                                            &data, &len, NULL, err));
@@ -152,7 +152,7 @@ static kc_err fill_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   digest[KC_HEX_LEN] = '\0';
   if ((e = kcs_blob_ref(s, txn, digest, err)))
     return e;
-  c->rec.last_used_ms = kcs_now_ms();
+  c->rec.last_used_ms = kc_clock_wall_ms();
   return kcs_kv_rec_put(s, txn, c->hex, &c->rec, c->key, err);
 }
 

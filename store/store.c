@@ -26,12 +26,6 @@ kc_err kcs_mdb_err(int rc, const char *what, char *err) {
 
 int64_t kcs_now(void) { return (int64_t)time(NULL); }
 
-int64_t kcs_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 MDB_val kcs_hex_val(const char *hex) {
   MDB_val v = {KC_HEX_LEN, (void *)hex};
   return v;

@@ -397,7 +397,6 @@ kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
 int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);
 
 /* ---- RESP keys (kv.c, kv_scan.c, kv_evict.c) ---- */
-int64_t kcs_now_ms(void);
 /* meta "kv_bytes" inside a transaction. */
 kc_err kcs_kv_bytes_get(MDB_txn *txn, kc_store *s, uint64_t *out);
 /* A record by its LMDB key (64 hex); KC_NOT_FOUND when absent. *key points

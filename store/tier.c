@@ -23,13 +23,7 @@ static const double g_bounds[KC_STORE_S3_BUCKETS] = {
 
 /* ---- small helpers ---- */
 
-uint64_t kcs_mono_ms(void) { return kcs_tier_now_us() / 1000; }
-
-uint64_t kcs_tier_now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
+uint64_t kcs_mono_ms(void) { return kc_clock_mono_us() / 1000; }
 
 void kcs_tier_logf(kcs_tier *t, const char *level, const char *fmt, ...) {
   if (!t->log)
@@ -48,7 +42,7 @@ void kcs_tier_obj(const kcs_tier *t, char out[KCS3_KEY_MAX + 1],
 }
 
 kc_err kcs_tier_done(kcs_tier *t, uint64_t t0_us, kc_err e) {
-  uint64_t us = kcs_tier_now_us() - t0_us;
+  uint64_t us = kc_clock_mono_us() - t0_us;
   size_t b = 0;
   while (b < KC_STORE_S3_BUCKETS && (double)us / 1e6 > g_bounds[b])
     b++;
@@ -304,7 +298,7 @@ kc_err kcs_tier_blob_obj(kc_store_read *r, const char *digest,
 
 static kc_err put_obj(kcs_tier *t, const char *obj, const void *data,
                       size_t len, const kcs3_put_opts *po, char *err) {
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   return kcs_tier_done(t, t0, kcs3_put(t->wh, obj, data, len, po, NULL, err));
 }
 
@@ -335,7 +329,7 @@ static kc_err ensure_blobs(kcs_tier *t, kc_store_read *r, const MDB_val *jv,
   for (size_t i = 0; !e && i < m->n_files; i++) {
     char obj[KCS3_KEY_MAX + 1];
     kcs_tier_obj(t, obj, "blobs", m->files[i].sha256);
-    uint64_t t0 = kcs_tier_now_us();
+    uint64_t t0 = kc_clock_mono_us();
     e = kcs_tier_done(t, t0, kcs3_head(t->wh, obj, NULL, NULL, err));
     if (e == KC_NOT_FOUND)
       e = put_blob(t, r, m->files[i].sha256, err);
@@ -351,7 +345,7 @@ static kc_err manifest_exists(kcs_tier *t, const char *obj, const MDB_val *jv,
                               void **theirs, size_t *theirs_len, char *err) {
   void *data = NULL;
   size_t len = 0;
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   kc_err e = kcs_tier_done(t, t0, kcs3_get(t->wh, obj, KCS_MANIFEST_MAX,
                                            &data, &len, NULL, err));
   if (!e && (len != jv->mv_size || memcmp(data, jv->mv_data, len) != 0)) {
@@ -394,12 +388,12 @@ static kc_err upload_bundle(kcs_tier *t, kc_store_read *r, const entry *en,
 static kc_err delete_bundle(kcs_tier *t, const entry *en, char *err) {
   char obj[KCS3_KEY_MAX + 1];
   snprintf(obj, sizeof obj, "%s/models/%s/%s", t->prefix, en->model, en->key);
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   kc_err e = kcs_tier_done(t, t0, kcs3_delete(t->wh, obj, err));
   if (e)
     return e;
   kcs_tier_obj(t, obj, "bundles", en->key);
-  t0 = kcs_tier_now_us();
+  t0 = kc_clock_mono_us();
   return kcs_tier_done(t, t0, kcs3_delete(t->wh, obj, err));
 }
 
@@ -456,8 +450,7 @@ static kc_err probe_conditional(kcs_tier *t, char *err) {
   unsigned char rnd[16];
   char hex[33], obj[KCS3_KEY_MAX + 1];
   RAND_bytes(rnd, sizeof rnd);
-  for (int i = 0; i < 16; i++)
-    snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
+  kc_hex_encode(rnd, sizeof rnd, hex);
   kcs_tier_obj(t, obj, "probe", hex);
   kcs3_put_opts po = {.if_none_match = 1};
   kc_err e = put_obj(t, obj, "", 0, &po, err);

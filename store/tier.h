@@ -73,10 +73,9 @@ void kcs_tier_logf(kcs_tier *t, const char *level, const char *fmt, ...)
 /* "PREFIX/KIND/hex" (kind "blobs", "bundles", "leases") into out. */
 void kcs_tier_obj(const kcs_tier *t, char out[KCS3_KEY_MAX + 1],
                   const char *kind, const char *hex);
-/* Counts a request that began at t0_us (kcs_tier_now_us) and ended with e;
+/* Counts a request that began at t0_us (kc_clock_mono_us) and ended with e;
  * marks S3 up, or down for 2 s when e says it could not be reached. Returns
  * e. */
-uint64_t kcs_tier_now_us(void);
 kc_err kcs_tier_done(kcs_tier *t, uint64_t t0_us, kc_err e);
 /* A handle from the pool (blocks while `parallel` are in use); NULL when one
  * cannot be made. Give it back with kcs_tier_put_handle. */

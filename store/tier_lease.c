@@ -22,12 +22,6 @@ typedef struct lease_obj {
   char etag[KCS3_ETAG_MAX];
 } lease_obj;
 
-static int64_t unix_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Leases go through the bucket: a tier that honours conditional writes (or
  * has not been probed yet) and that answered lately. */
 static int shared(kcs_tier *t) {
@@ -61,7 +55,7 @@ static kc_err lease_get(kcs_tier *t, kcs3 *h, const char *obj, lease_obj *l,
                         char *err) {
   void *data = NULL;
   size_t len = 0;
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, MAX_LEASE_OBJ, &data, &len,
                                            l->etag, err));
   if (!e)
@@ -74,7 +68,7 @@ static kc_err lease_put(kcs_tier *t, kcs3 *h, const char *obj,
                         const char *body, const char *if_match, char *err) {
   kcs3_put_opts po = {.if_none_match = !if_match, .if_match = if_match,
                       .content_type = "application/json"};
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   return kcs_tier_done(t, t0,
                        kcs3_put(h, obj, body, strlen(body), &po, NULL, err));
 }
@@ -98,7 +92,7 @@ static kc_err lease_take(kcs_tier *t, kcs3 *h, const char *obj,
     }
     if (e)
       break;
-    if (cur->expires_ms > unix_ms())
+    if (cur->expires_ms > kc_clock_wall_ms())
       return KC_LEASED;
     e = lease_put(t, h, obj, body, cur->etag, err);
   }
@@ -114,7 +108,7 @@ kc_err kc_store_lease_acquire(kc_store *s, const char *key, const char *holder,
     return KC_OK; /* per replica only */
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "leases", key);
-  char *body = lease_json(holder, token, unix_ms() + (int64_t)ttl_ms);
+  char *body = lease_json(holder, token, kc_clock_wall_ms() + (int64_t)ttl_ms);
   kcs3 *h = kcs_tier_handle(t);
   lease_obj cur = {0};
   kc_err e = body && h ? lease_take(t, h, obj, body, &cur, err) : KC_NOMEM;
@@ -122,7 +116,7 @@ kc_err kc_store_lease_acquire(kc_store *s, const char *key, const char *holder,
   free(body);
   if (e == KC_LEASED) {
     snprintf(held_by, KC_STORE_HOLDER_MAX + 1, "%s", cur.holder);
-    int64_t left = cur.expires_ms - unix_ms();
+    int64_t left = cur.expires_ms - kc_clock_wall_ms();
     *remaining_ms = left > 0 ? (uint64_t)left : 0;
     return kc_errf(err, KC_LEASED, "%s holds the lease of %s", cur.holder,
                    key);
@@ -155,7 +149,7 @@ kc_err kc_store_lease_release(kc_store *s, const char *key,
   kc_err e = h ? lease_get(t, h, obj, &cur, NULL) : KC_NOMEM;
   if (!e && strcmp(cur.token, token) != 0)
     e = KC_FORBIDDEN;
-  else if (!e && cur.expires_ms <= unix_ms())
+  else if (!e && cur.expires_ms <= kc_clock_wall_ms())
     e = KC_NOT_FOUND;
   /* The bundle built under it is not in the bucket yet: other replicas
    * would not find it, so the lease stays until it expires (they find the
@@ -180,7 +174,8 @@ int kc_store_lease_ended(kc_store *s, const char *key, const char *token) {
   kcs3 *h = kcs_tier_handle(t);
   lease_obj cur = {0};
   int ended = h && lease_get(t, h, obj, &cur, NULL) == KC_OK &&
-              strcmp(cur.token, token) == 0 && cur.expires_ms <= unix_ms();
+              strcmp(cur.token, token) == 0 &&
+              cur.expires_ms <= kc_clock_wall_ms();
   kcs_tier_put_handle(t, h);
   return ended;
 }

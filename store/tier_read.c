@@ -121,7 +121,7 @@ kc_err kcs_tier_corrupt(kcs_tier *t, kcs3 *h, const char *obj, char *err) {
   char why[KC_ERRBUF_SIZE];
   snprintf(why, sizeof why, "%s", err ? err : "");
   atomic_fetch_add(&t->rt_corrupt, 1);
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   kc_err de = kcs_tier_done(t, t0, kcs3_delete(h, obj, NULL));
   kcs_tier_logf(t, "error", "S3 object %s is corrupt (%s); not served, %s",
                 obj, why, de ? "and deleting it failed" : "deleted");
@@ -301,7 +301,7 @@ static kc_err get_blob(kcs_tier *t, const char *digest, fetch_ctx *c,
   }
   char obj[KCS3_KEY_MAX + 1];
   kcs_tier_obj(t, obj, "blobs", digest);
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   obj_sink o = {u, h, t->max_object, 0};
   e = kcs_tier_done(t, t0, kcs3_get_stream(h, obj, t->max_object, to_upload,
                                            &o, NULL, NULL, err));
@@ -333,7 +333,7 @@ static kc_err get_manifest(kcs_tier *t, const char *key, kc_manifest **m,
   kcs_tier_obj(t, obj, "bundles", key);
   void *data = NULL;
   size_t len = 0;
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, KCS_MANIFEST_MAX, &data, &len,
                                            NULL, err));
   if (!e && (e = check_manifest(key, data, len, m, err)) == KC_KEY_MISMATCH) {
@@ -480,7 +480,7 @@ static kc_err list_model(kcs_tier *t, const char *model, listed *l,
   char pre[KCS3_KEY_MAX + 1];
   snprintf(pre, sizeof pre, "%s/models/%s/", t->prefix, model);
   l->skip = strlen(pre);
-  uint64_t t0 = kcs_tier_now_us();
+  uint64_t t0 = kc_clock_mono_us();
   kc_err e = kcs_tier_done(t, t0, kcs3_list(h, pre, on_listed, l, err));
   kcs_tier_put_handle(t, h);
   return e;

@@ -20,6 +20,10 @@ static void test_known_codes(void **state) {
   assert_int_equal(kc_err_http_status(KC_UNAUTHORIZED), 401);
   assert_string_equal(kc_err_name(KC_NOT_FOUND), "KC_NOT_FOUND");
   assert_string_equal(kc_strerror(KC_NO_NVRTC), "NVRTC not found");
+  /* The store's "held compressed" signal has its own code, not 501's. */
+  assert_int_equal(KC_ENCODED, 38);
+  assert_int_equal(kc_err_http_status(KC_ENCODED), 500);
+  assert_int_not_equal(KC_ENCODED, KC_NOT_IMPLEMENTED);
 }
 
 static void test_unknown_code(void **state) {

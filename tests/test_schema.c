@@ -191,6 +191,26 @@ static void test_is_hex64(void **state) {
                            "623784622159c"));
 }
 
+/* The shared hex helpers: lowercase out, either case in, a non-digit (or
+ * the string's end) refused; the clocks move forward. */
+static void test_hex_and_clocks(void **state) {
+  (void)state;
+  const unsigned char raw[4] = {0x00, 0x9f, 0xa0, 0xff};
+  unsigned char back[4];
+  char hex[9];
+  kc_hex_encode(raw, sizeof raw, hex);
+  assert_string_equal(hex, "009fa0ff");
+  assert_int_equal(kc_hex_decode("009FA0fF", 4, back), 0);
+  assert_memory_equal(back, raw, 4);
+  assert_int_equal(kc_hex_decode("0g", 1, back), -1);
+  assert_int_equal(kc_hex_decode("0", 1, back), -1);
+  assert_int_equal(kc_hex_digit('F'), 15);
+  assert_int_equal(kc_hex_digit('/'), -1);
+  assert_true(kc_clock_wall_ms() > 1700000000000LL); /* after 2023 */
+  uint64_t t0 = kc_clock_mono_us();
+  assert_true(kc_clock_mono_us() >= t0);
+}
+
 static void test_read_file(void **state) {
   char *text = NULL;
   size_t len = 0;
@@ -1725,6 +1745,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_sha256_file, tmpdir_setup,
                                       tmpdir_teardown),
       cmocka_unit_test(test_is_hex64),
+      cmocka_unit_test(test_hex_and_clocks),
       cmocka_unit_test_setup_teardown(test_read_file, tmpdir_setup,
                                       tmpdir_teardown),
       cmocka_unit_test(test_arch),

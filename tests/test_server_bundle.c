@@ -236,12 +236,20 @@ static void t_lookup(void **state) {
   char *j1 = store_bundle(&S, NULL, MODEL_A, 6, 21, k1);
   char *j2 = store_bundle(&S, NULL, MODEL_A, 7, 22, k2);
   sha_hex("absent key", 10, absent);
+  const char *hit = "kcached_ops_total{op=\"lookup\",frontend=\"http\","
+                    "result=\"hit\"}";
+  const char *miss = "kcached_ops_total{op=\"lookup\",frontend=\"http\","
+                     "result=\"miss\"}";
+  double h0 = kc_testsrv_metric(&S, hit), m0 = kc_testsrv_metric(&S, miss);
   char body[512];
   snprintf(body, sizeof body, "{\"keys\":[\"%s\",\"%s\",\"%s\",\"%s\"]}", k1,
            absent, k2, k1);
   resp r = http(&S, "/v1/lookup", (req){.method = "POST", .body = body,
                                         .len = strlen(body)});
   assert_int_equal(r.status, 200);
+  /* each distinct key counted once: two found, one missing */
+  assert_true(kc_testsrv_metric(&S, hit) == h0 + 2);
+  assert_true(kc_testsrv_metric(&S, miss) == m0 + 1);
   json_t *j = body_json(&r);
   json_t *found = json_object_get(j, "found");
   assert_int_equal(json_object_size(found), 2);
