@@ -414,7 +414,11 @@ static void t_unread_answers(void **state) {
   char ra[16];
   assert_true(kc_testsrv_header(&r, "Retry-After", ra, sizeof ra));
   kc_testsrv_resp_free(&r);
+#if !defined(__SANITIZE_ADDRESS__)
+  /* Not under ASan: its quarantine keeps freed memory resident (the 503
+   * above shows the budget there). */
   assert_true(rss1 - rss0 < 64 * 1024); /* 24 x 4.8 MB would be 115 MB */
+#endif
   close_all(fd, READERS);
   long t0 = kc_testsrv_now_ms();
   long status = 0;
