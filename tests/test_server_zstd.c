@@ -17,6 +17,7 @@
 #include <zstd.h>
 
 #include "servertest.h"
+#include "zstdframe.h"
 
 static char *text_bytes(size_t n, unsigned seed) {
   char *p = malloc(n ? n : 1);
@@ -36,32 +37,6 @@ static void *frame_of(const void *p, size_t n, size_t *zlen) {
   void *z = malloc(cap);
   *zlen = ZSTD_compress(z, cap, p, n, 3);
   assert_false(ZSTD_isError(*zlen));
-  return z;
-}
-
-/* Streamed with a window of 2^wlog and no content size in the header. */
-static void *wide_frame(const void *p, size_t n, int wlog, size_t *zlen) {
-  ZSTD_CCtx *cc = ZSTD_createCCtx();
-  assert_non_null(cc);
-  ZSTD_CCtx_setParameter(cc, ZSTD_c_windowLog, wlog);
-  ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 0);
-  size_t cap = ZSTD_compressBound(n);
-  void *z = malloc(cap);
-  ZSTD_outBuffer out = {z, cap, 0};
-  /* fed in pieces: given all at once, libzstd would size the window to
-   * the input */
-  size_t left = 0;
-  for (size_t at = 0; at < n; at += 1u << 20) {
-    size_t k = n - at < (1u << 20) ? n - at : 1u << 20;
-    ZSTD_inBuffer in = {(const char *)p + at, k, 0};
-    ZSTD_EndDirective end = at + k == n ? ZSTD_e_end : ZSTD_e_continue;
-    do
-      left = ZSTD_compressStream2(cc, &out, &in, end);
-    while (!ZSTD_isError(left) && (in.pos < in.size || (end && left)));
-    assert_false(ZSTD_isError(left));
-  }
-  ZSTD_freeCCtx(cc);
-  *zlen = out.pos;
   return z;
 }
 
@@ -250,7 +225,7 @@ static void t_put_bad_frames(void **state) {
   size_t wn = 3u << 20, wlen;
   char wd[65];
   sha_hex(zeros, wn, wd);
-  void *wide = wide_frame(zeros, wn, 27, &wlen);
+  void *wide = kc_test_wide_frame(zeros, wn, 27, &wlen);
   assert_int_equal(put_frame(wd, wide, wlen, 0, &r), 400);
   assert_true(error_mentions(&r, "window"));
   resp_free(&r);

@@ -18,6 +18,7 @@
 #include <zstd.h>
 
 #include "storetest.h"
+#include "zstdframe.h"
 
 static kc_store *open_z(const char *dir, int level) {
   kc_store_opts o;
@@ -490,37 +491,6 @@ static void test_kv_values(void **state) {
   free(p);
 }
 
-/* A frame made with a window of 2^wlog and no content size in its header
- * (streamed): the decoder must hold the whole window, however small the
- * frame. */
-static void *wide_frame(const void *p, size_t n, int wlog, size_t *zlen) {
-  ZSTD_CCtx *cc = ZSTD_createCCtx();
-  assert_non_null(cc);
-  assert_false(ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_windowLog,
-                                                   wlog)));
-  assert_false(ZSTD_isError(ZSTD_CCtx_setParameter(cc,
-                                                   ZSTD_c_contentSizeFlag,
-                                                   0)));
-  size_t cap = ZSTD_compressBound(n);
-  void *z = malloc(cap);
-  ZSTD_outBuffer out = {z, cap, 0};
-  /* fed in pieces: given all at once, libzstd would size the window to
-   * the input */
-  size_t left = 0;
-  for (size_t at = 0; at < n; at += 1u << 20) {
-    size_t k = n - at < (1u << 20) ? n - at : 1u << 20;
-    ZSTD_inBuffer in = {(const char *)p + at, k, 0};
-    ZSTD_EndDirective end = at + k == n ? ZSTD_e_end : ZSTD_e_continue;
-    do
-      left = ZSTD_compressStream2(cc, &out, &in, end);
-    while (!ZSTD_isError(left) && (in.pos < in.size || (end && left)));
-    assert_false(ZSTD_isError(left));
-  }
-  ZSTD_freeCCtx(cc);
-  *zlen = out.pos;
-  return z;
-}
-
 /* A PUT's frame asking for a decoding window over 2^23 (2^27: 128 MiB a
  * reader once it is stored) is refused with a clear error, nothing stored;
  * one at 2^23 is taken. The decoder budget is whole again after both. */
@@ -531,14 +501,14 @@ static void test_wide_window_refused(void **state) {
   uint8_t *zeros = calloc(1, n);
   char hex[KC_HEX_LEN + 1];
   OK(kc_sha256_hex(zeros, n, hex));
-  void *z = wide_frame(zeros, n, 27, &zlen);
+  void *z = kc_test_wide_frame(zeros, n, 27, &zlen);
   assert_true(zlen < 65536);
   EXPECT(upload_frame(s, hex, z, zlen, 1u << 30, 65536), KC_EINVAL);
   assert_non_null(strstr(errbuf, "window"));
   assert_false(blob_present(s, hex));
   assert_int_equal(kc_store_zstd_decode_memory(), 0);
   free(z);
-  z = wide_frame(zeros, n, 23, &zlen);
+  z = kc_test_wide_frame(zeros, n, 23, &zlen);
   OK(upload_frame(s, hex, z, zlen, 1u << 30, 65536));
   assert_int_equal(enc_of(s, hex, NULL), KC_STORE_ZSTD);
   expect_content(s, hex, zeros, n, 128 * 1024);
