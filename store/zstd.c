@@ -501,8 +501,10 @@ kc_err kc_store_blob_stream_open(kc_store *s, const char *digest, int decode,
     return e;
   }
   kc_store_blob_stream *b = calloc(1, sizeof *b);
-  if (!b)
+  if (!b) {
+    kc_store_read_end(r);
     return KC_NOMEM;
+  }
   if (decode && how == KC_STORE_ZSTD && (e = stream_decoder(b, data, n))) {
     kc_store_read_end(r);
     kc_store_blob_stream_free(b);

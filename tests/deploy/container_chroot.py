@@ -127,6 +127,7 @@ def health_check(stage, hc_args):
                             env=dict(stage.env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     cmd = hc_args.split(" CMD ", 1)[1]
+    r = None
     try:
         for _ in range(100):
             if proc.poll() is not None:
@@ -136,7 +137,8 @@ def health_check(stage, hc_args):
                 log("HEALTHCHECK passed against kcached as uid %s" % stage.user)
                 return True
             time.sleep(0.2)
-        log("HEALTHCHECK failed: " + (r.stderr or "").strip())
+        log("HEALTHCHECK failed: " + ((r.stderr or "").strip() if r else
+                                      "kcached exited before the first probe"))
         return False
     finally:
         proc.terminate()
