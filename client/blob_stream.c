@@ -77,7 +77,7 @@ static kc_err stream_get(kc_client *c, const char *path, sink *s, char *err) {
 
 kc_err kc_client_blob_get_fd(kc_client *c, const char *digest, int fd,
                              uint64_t max, uint64_t *len, char *err) {
-  char path[128], d[KC_HEX_LEN + 1];
+  char path[128], d[KC_HEX_LEN + 1] = "";
   sink s = {.h = c->easy, .fd = fd, .max = max ? max : KC_BLOB_GET_MAX};
   if (len)
     *len = 0;

@@ -219,10 +219,14 @@ void kc_cache_blob_path(const kc_client *c, const char *digest, char *out,
 
 /* ---- Materialize ---- */
 
-/* Writes every file of m (whose blobs are in the local cache) under dir,
- * creating subdirectories; files are verified and written atomically. Each
- * path is checked again (kc_path_validate) and never followed through a
- * symlink out of dir: nothing is written outside dir. */
+/* Puts every file of m (whose blobs are in the local cache) under dir,
+ * creating subdirectories; each blob is verified first and each name
+ * appears whole. A file is a hard link to its read-only cached blob when
+ * dir is on the cache's file system (else a copy): a tool that rewrites
+ * such a file in place gets EACCES, and must replace it (write a new file,
+ * rename it over) instead. Each path is checked again (kc_path_validate)
+ * and never followed through a symlink out of dir: nothing is written
+ * outside dir. */
 kc_err kc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
                       char *err);
 /* The bytes of one file of m (by its path), from the local cache, verified:

@@ -6,10 +6,11 @@
  * whole (link is atomic). Across file systems (or where links are refused)
  * the blob is copied with copy_file_range (a reflink where the file system
  * has them) into a temporary name beside the file, then renamed over it.
- * Cached blobs are read-only (cache.c), so linked files are too: a service
- * that is not root cannot write through them into the cache. What a
- * writer who can (root) changes is caught by the cache's re-hash on its next
- * use and fetched again; docs/DESIGN.md, "--out". */
+ * Cached blobs are read-only (cache.c), so linked files are too: a write
+ * through a link needs a chmod first (by the cache's owner) or root. What
+ * such a writer changes is caught by the cache's re-hash on its next use
+ * and fetched again; a file already linked under another --out keeps it
+ * until its warm runs again; docs/DESIGN.md, "--out". */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -24,14 +25,17 @@
  * before it. Each step is openat(O_NOFOLLOW) from the previous one, so a
  * symlink planted inside the target cannot lead a write outside it. */
 static int open_parent(int root, const char *rel, const char **leaf,
-                       char *err) {
+                       kc_err *why, char *err) {
   char seg[KC_PATH_MAX + 1];
   const char *p = rel, *slash = strchr(p, '/');
   if (!slash) { /* the common case: a file at the bundle's top */
     *leaf = rel;
     return root;
   }
+  *why = KC_IO;
   int fd = dup(root);
+  if (fd < 0)
+    kc_errf(err, KC_IO, "%s: %s", rel, strerror(errno));
   for (; fd >= 0 && slash; slash = strchr(p, '/')) {
     size_t n = (size_t)(slash - p);
     memcpy(seg, p, n);
@@ -42,10 +46,11 @@ static int open_parent(int root, const char *rel, const char **leaf,
       return -1;
     }
     int next = openat(fd, seg, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (next < 0)
-      kc_errf(err, errno == ELOOP || errno == ENOTDIR ? KC_UNSAFE_PATH : KC_IO,
-              "%s: %s", rel, errno == ELOOP ? "a symlink is in the way"
-                                            : strerror(errno));
+    if (next < 0) {
+      *why = errno == ELOOP || errno == ENOTDIR ? KC_UNSAFE_PATH : KC_IO;
+      kc_errf(err, *why, "%s: %s", rel,
+              errno == ELOOP ? "a symlink is in the way" : strerror(errno));
+    }
     close(fd);
     fd = next;
     p = slash + 1;
@@ -198,8 +203,9 @@ static kc_err materialize_file(kc_client *c, int root, const kc_file *f,
     e = cached_blob(c, f, path, &st, err);
   if (e)
     return e;
-  int dfd = open_parent(root, f->path, &leaf, err);
-  e = dfd < 0 ? KC_UNSAFE_PATH : place(dfd, leaf, path, &st, err);
+  kc_err why = KC_OK;
+  int dfd = open_parent(root, f->path, &leaf, &why, err);
+  e = dfd < 0 ? why : place(dfd, leaf, path, &st, err);
   if (dfd >= 0 && dfd != root)
     close(dfd);
   return e;

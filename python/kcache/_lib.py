@@ -67,7 +67,6 @@ class ClientOpts(Structure):
                 ("trust_cache_dir", c_int)]
 
 
-PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_void_p)
 
 
 class WarmOpts(Structure):
@@ -206,7 +205,7 @@ def take_bytes(p: c_void_p, n: int) -> bytes:
 
 
 # libcurl wants curl_global_init once per process before any handle: done
-# here, at import (the library itself keeps no global state). libkcache
+# here, at import (libkcache leaves process-wide init to its host). libkcache
 # already loaded libcurl, so this finds that same copy.
 _curl_lock = threading.Lock()
 _curl_done = False
