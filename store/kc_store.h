@@ -736,7 +736,8 @@ kc_err kc_store_models_list(kc_store *s, const char *after, size_t limit,
  * model.name), replacing an older one, in one write transaction. A name
  * belongs to the first model that stored it: without KC_WARMUP_RENAME in
  * flags, KC_CONFLICT when the model's stored manifest has another name or
- * another model's manifest has this one (a pass over every manifest). */
+ * another model's manifest has this one (the name index, warmnames). An
+ * empty name, or one over 511 bytes, is KC_BAD_WARMUP. */
 #define KC_WARMUP_RENAME 1 /* may rename, or share a name (admin) */
 /* archs: "a,b", the archs this warm runs for (its --arch, else the
  * manifest's; NULL: neither). They are added to the archs recorded for the

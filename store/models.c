@@ -144,37 +144,124 @@ static char *stored_name(const MDB_val *v) {
   return out;
 }
 
-/* A model's name is owned by the first manifest that gave it: without
- * KC_WARMUP_RENAME, a manifest may not change its model's name, nor take a
- * name another model's manifest holds (KC_CONFLICT, naming the holder).
- * One pass over every stored manifest, inside the write transaction, so two
- * concurrent puts of one name cannot both pass. */
-static kc_err warmup_name_check(kc_store *s, MDB_txn *txn, const wu_put *p,
-                                char *err) {
+/* ---- the name index ----
+ * warmnames: model.name -> the models whose stored manifest has that name
+ * (DUPSORT, 64-hex values), kept in the transaction that puts or purges the
+ * manifest. Usually one model a name; an admin put (KC_WARMUP_RENAME) may
+ * share a name, and then each holder sees the others. */
+
+/* A name as a key: 1 to KCS_WARMNAME_MAX bytes (the schema allows 255). */
+static int name_key(const char *name, MDB_val *k) {
+  size_t n = strlen(name);
+  *k = (MDB_val){n, (void *)name};
+  return n >= 1 && n <= KCS_WARMNAME_MAX;
+}
+
+static kc_err name_add(kc_store *s, MDB_txn *txn, const char *name,
+                       const char *model, char *err) {
+  MDB_val k, v = {KC_HEX_LEN, (void *)model};
+  if (!name_key(name, &k))
+    return KC_OK; /* never a key: checked by kc_store_warmup_put */
+  int rc = mdb_put(txn, s->warmnames, &k, &v, MDB_NODUPDATA);
+  if (rc == MDB_KEYEXIST)
+    rc = 0;
+  return rc ? kcs_mdb_err(rc, "indexing a model's name", err) : KC_OK;
+}
+
+/* Drops the pair (name, model) only: another holder of the name keeps it. */
+static kc_err name_del(kc_store *s, MDB_txn *txn, const char *name,
+                       const char *model, char *err) {
+  MDB_val k, v = {KC_HEX_LEN, (void *)model};
+  if (!name_key(name, &k))
+    return KC_OK;
+  int rc = mdb_del(txn, s->warmnames, &k, &v);
+  if (rc == MDB_NOTFOUND)
+    rc = 0;
+  return rc ? kcs_mdb_err(rc, "unindexing a model's name", err) : KC_OK;
+}
+
+/* The first model other than `model` holding name into other; 0 if none,
+ * 1 if one, -rc on an LMDB error. */
+static int name_holder(kc_store *s, MDB_txn *txn, const char *name,
+                       const char *model, char other[KC_HEX_LEN + 1]) {
+  MDB_val k, v;
+  if (!name_key(name, &k))
+    return 0;
   MDB_cursor *cur;
-  int rc = mdb_cursor_open(txn, s->warmups, &cur);
+  int rc = mdb_cursor_open(txn, s->warmnames, &cur);
   if (rc)
-    return kcs_mdb_err(rc, "checking a model's name", err);
+    return -rc;
+  int found = 0;
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_KEY); rc == 0 && !found;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP))
+    if (v.mv_size == KC_HEX_LEN && memcmp(v.mv_data, model, KC_HEX_LEN)) {
+      memcpy(other, v.mv_data, KC_HEX_LEN);
+      other[KC_HEX_LEN] = '\0';
+      found = 1;
+    }
+  mdb_cursor_close(cur);
+  return found || rc == 0 || rc == MDB_NOTFOUND ? found : -rc;
+}
+
+static MDB_val built_flag(void) {
+  MDB_val k = {16, (void *)"warmnames_built"};
+  return k;
+}
+
+/* A store written before the index: built from every stored manifest, once
+ * (meta "warmnames_built" says it was), in the transaction that opens the
+ * databases. Later puts and purges keep it. */
+kc_err kcs_warmnames_build(kc_store *s, MDB_txn *txn, char *err) {
+  MDB_val fk = built_flag(), fv;
+  if (mdb_get(txn, s->meta, &fk, &fv) == 0)
+    return KC_OK;
+  MDB_cursor *cur;
+  int rc = mdb_drop(txn, s->warmnames, 0);
+  if (!rc)
+    rc = mdb_cursor_open(txn, s->warmups, &cur);
+  if (rc)
+    return kcs_mdb_err(rc, "indexing the models' names", err);
   MDB_val k, v;
   kc_err e = KC_OK;
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && !e;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    int self = k.mv_size == KC_HEX_LEN &&
-               memcmp(k.mv_data, p->model, KC_HEX_LEN) == 0;
-    char *n = stored_name(&v);
-    if (self && n && strcmp(n, p->name) != 0) /* unreadable: replaced */
-      e = kc_errf(err, KC_CONFLICT, "model %s is named '%.100s': renaming "
-                  "it needs an admin token", p->model, n);
-    else if (!self && n && strcmp(n, p->name) == 0)
-      e = kc_errf(err, KC_CONFLICT, "the name '%.100s' belongs to model "
-                  "%.*s: taking it needs an admin token", p->name,
-                  (int)k.mv_size, (const char *)k.mv_data);
+    char model[KC_HEX_LEN + 1], *n = stored_name(&v);
+    if (n && k.mv_size == KC_HEX_LEN) {
+      memcpy(model, k.mv_data, KC_HEX_LEN);
+      model[KC_HEX_LEN] = '\0';
+      e = name_add(s, txn, n, model, err);
+    }
     free(n);
   }
   mdb_cursor_close(cur);
   if (!e && rc != 0 && rc != MDB_NOTFOUND)
-    e = kcs_mdb_err(rc, "checking a model's name", err);
-  return e;
+    e = kcs_mdb_err(rc, "indexing the models' names", err);
+  fv = (MDB_val){1, (void *)"1"};
+  return e ? e : kcs_put(txn, s->meta, &fk, &fv, 0, err);
+}
+
+/* A model's name is owned by the first manifest that gave it: without
+ * KC_WARMUP_RENAME, a manifest may not change its model's name (old: the
+ * name its stored manifest has, NULL when none or unreadable), nor take a
+ * name another model's manifest holds (KC_CONFLICT, naming the holder).
+ * Looked up in the name index inside the write transaction, so two
+ * concurrent puts of one name cannot both pass. */
+static kc_err warmup_name_check(kc_store *s, MDB_txn *txn, const wu_put *p,
+                                const char *old, char *err) {
+  char other[KC_HEX_LEN + 1];
+  int rc = name_holder(s, txn, p->name, p->model, other);
+  if (rc < 0)
+    return kcs_mdb_err(-rc, "checking a model's name", err);
+  int renames = old && strcmp(old, p->name) != 0;
+  /* both wrong: the model first in hex order is named, as a walk of the
+   * manifests in their order would */
+  if (renames && !(rc && memcmp(other, p->model, KC_HEX_LEN) < 0))
+    return kc_errf(err, KC_CONFLICT, "model %s is named '%.100s': renaming "
+                   "it needs an admin token", p->model, old);
+  if (rc)
+    return kc_errf(err, KC_CONFLICT, "the name '%.100s' belongs to model "
+                   "%s: taking it needs an admin token", p->name, other);
+  return KC_OK;
 }
 
 /* Whether the comma list has the arch (len bytes). */
@@ -223,16 +310,25 @@ static kc_err warm_archs_op(kc_store *s, MDB_txn *txn, const wu_put *p,
 
 static kc_err warmup_put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   wu_put *p = ud;
-  if (!(p->flags & KC_WARMUP_RENAME)) {
-    kc_err e = warmup_name_check(s, txn, p, err);
-    if (e)
-      return e;
-  }
   MDB_val k = kcs_hex_val(p->model), v = {p->len, (void *)p->json}, old;
-  int same = mdb_get(txn, s->warmups, &k, &old) == 0 &&
-             old.mv_size == p->len && memcmp(old.mv_data, p->json, p->len) == 0;
-  kc_err e = warm_archs_op(s, txn, p, same, err);
-  return e ? e : kcs_put(txn, s->warmups, &k, &v, 0, err);
+  int had = mdb_get(txn, s->warmups, &k, &old) == 0;
+  /* copied out: old points into the map, which the put below changes */
+  char *oldname = had ? stored_name(&old) : NULL;
+  int same = had && old.mv_size == p->len &&
+             memcmp(old.mv_data, p->json, p->len) == 0;
+  kc_err e = KC_OK;
+  if (!(p->flags & KC_WARMUP_RENAME))
+    e = warmup_name_check(s, txn, p, oldname, err);
+  if (!e)
+    e = warm_archs_op(s, txn, p, same, err);
+  if (!e)
+    e = kcs_put(txn, s->warmups, &k, &v, 0, err);
+  if (!e && oldname && strcmp(oldname, p->name) != 0)
+    e = name_del(s, txn, oldname, p->model, err);
+  if (!e)
+    e = name_add(s, txn, p->name, p->model, err);
+  free(oldname);
+  return e;
 }
 
 kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *name,
@@ -242,8 +338,11 @@ kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *name,
     return kc_errf(err, KC_BAD_KEY, "a model is 64 lowercase hex digits");
   if (!len)
     return kc_errf(err, KC_BAD_WARMUP, "an empty warmup manifest");
-  if (!name)
+  if (!name || !*name)
     return kc_errf(err, KC_BAD_WARMUP, "a warmup manifest without a name");
+  if (strlen(name) > KCS_WARMNAME_MAX)
+    return kc_errf(err, KC_BAD_WARMUP, "model.name: over %d bytes",
+                   KCS_WARMNAME_MAX);
   if (archs && strlen(archs) >= KC_STORE_WARM_ARCHS_MAX)
     return kc_errf(err, KC_EINVAL, "archs: over %d bytes",
                    KC_STORE_WARM_ARCHS_MAX - 1);
@@ -335,8 +434,15 @@ static kc_err purge_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
       e = kcs_queue_add(s, txn, KCS_Q_DELETE, keys[i], p->model, err);
   }
   if (!e && n == 0) {
-    MDB_val mk = kcs_hex_val(p->model);
-    e = kcs_del(txn, s->warmups, &mk, err);
+    MDB_val mk = kcs_hex_val(p->model), mv;
+    /* its name's entry goes, not another holder's of the same name */
+    char *name = mdb_get(txn, s->warmups, &mk, &mv) == 0 ? stored_name(&mv)
+                                                         : NULL;
+    if (name)
+      e = name_del(s, txn, name, p->model, err);
+    free(name);
+    if (!e)
+      e = kcs_del(txn, s->warmups, &mk, err);
     if (!e)
       e = kcs_del(txn, s->warmarchs, &mk, err);
   }

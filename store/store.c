@@ -185,6 +185,13 @@ static kc_err open_dbis(kc_store *s, char *err) {
       return kcs_mdb_err(rc, t[i].name, err);
     }
   }
+  /* a name's holders, sorted fixed-size values (models.c) */
+  rc = mdb_dbi_open(txn, "warmnames",
+                    MDB_CREATE | MDB_DUPSORT | MDB_DUPFIXED, &s->warmnames);
+  if (rc) {
+    mdb_txn_abort(txn);
+    return kcs_mdb_err(rc, "warmnames", err);
+  }
   uint32_t layout = KCS_LAYOUT;
   MDB_val k = {6, (void *)"layout"}, v = {sizeof layout, &layout}, old;
   rc = mdb_get(txn, s->meta, &k, &old);
@@ -199,6 +206,11 @@ static kc_err open_dbis(kc_store *s, char *err) {
   if (rc) {
     mdb_txn_abort(txn);
     return kcs_mdb_err(rc, "writing the layout version", err);
+  }
+  kc_err e = kcs_warmnames_build(s, txn, err); /* a store from before it */
+  if (e) {
+    mdb_txn_abort(txn);
+    return e;
   }
   rc = mdb_txn_commit(txn);
   return rc ? kcs_mdb_err(rc, "opening the databases", err) : KC_OK;
@@ -215,8 +227,8 @@ static int try_open(kc_store *s, const kc_store_opts *o, uint64_t map_size) {
   if (rc)
     return rc;
   mdb_env_set_mapsize(s->env, (size_t)map_size);
-  /* 14, demand (demand.c), warmups and warmarchs (models.c) */
-  mdb_env_set_maxdbs(s->env, 17);
+  /* 14, demand (demand.c), warmups, warmarchs, warmnames (models.c) */
+  mdb_env_set_maxdbs(s->env, 18);
   mdb_env_set_maxreaders(s->env, o->max_readers ? o->max_readers : 512);
   /* NOTLS: a read transaction lives with a request, which may move between
    * libmicrohttpd's threads; NORDAHEAD: blob reads are random. */

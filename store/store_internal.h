@@ -31,6 +31,10 @@
  *             (packed, host-endian), count descending
  *   warmups   model (64 hex) -> the model's warmup manifest JSON, as uploaded
  *             (PUT /v1/models/{model}/warmup; models.c)
+ *   warmnames model.name -> model (64 hex), DUPSORT: the models whose stored
+ *             manifest has that name (one, unless an admin shared it); kept
+ *             with warmups, built at open for a store from before it (meta
+ *             "warmnames_built")
  * Records are host-endian structs (an LMDB file is not portable across
  * architectures anyway); be64 prefixes make LMDB's byte order the time order.
  */
@@ -130,6 +134,7 @@ struct kc_store {
   _Atomic(struct kcs_demand *) demand_pending;
   MDB_dbi warmups; /* model hex -> its warmup manifest (models.c) */
   MDB_dbi warmarchs; /* model hex -> archs its warms ran for, "a,b" */
+  MDB_dbi warmnames; /* model.name -> model hex, DUPSORT (models.c) */
   uint64_t kv_max_bytes;
   kcs_uses kvuses; /* last uses of RESP keys, by hex(sha256(key)), in ms */
   _Atomic uint64_t kv_hits, kv_misses, evicted_kv;
@@ -395,6 +400,13 @@ kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
 
 /* blob.c: 1 if a client offered this blob within the upload window. */
 int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);
+
+/* models.c: the longest model.name the name index takes (an LMDB key;
+ * the warmup schema allows 255 bytes). */
+#define KCS_WARMNAME_MAX 511
+/* models.c: builds warmnames from the stored manifests, unless meta says
+ * it was built (a store written before the index), in txn. */
+kc_err kcs_warmnames_build(kc_store *s, MDB_txn *txn, char *err);
 
 /* ---- RESP keys (kv.c, kv_scan.c, kv_evict.c) ---- */
 /* meta "kv_bytes" inside a transaction. */

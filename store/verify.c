@@ -28,6 +28,9 @@ static kc_err verify_blobs(kc_store *s, MDB_txn *txn, char *err) {
       e = kc_errf(err, KC_CORRUPT, "blob %s: a malformed name", name);
     else
       e = kcs_blob_check(txn, s, name, err);
+    if (e == KC_BUSY) /* a wide frame from before the window bound */
+      e = kc_errf(err, e, "blob %s: its frame's decoding window does not fit "
+                  "the decoder memory free now: not verified", name);
     total += v.mv_size;
   }
   mdb_cursor_close(cur);

@@ -311,23 +311,73 @@ static kc_err decode_flat(const void *z, size_t zlen, void *dst, size_t raw,
 /* Decodes the stored frame, chunk by chunk of input, calling sink on each
  * piece of output; KC_CORRUPT when it is not one complete frame (or frames)
  * of exactly raw bytes. A frame in memory of up to FLAT_MAX bytes of
- * content, or one whose window is over the bound (held from before it),
- * is decoded in a single pass into a buffer of its size and given to the
- * sink at once; the rest stream through a bounded decoder. */
+ * content is decoded in a single pass into a buffer of its size and given
+ * to the sink at once; the rest stream through a decoder and one buffer of
+ * IO_CHUNK, whatever their size. */
 typedef kc_err (*zsink)(void *ud, const void *p, size_t n);
 
 #define FLAT_MAX (1024 * 1024)
 
-static int window_over(const void *z, size_t zlen) {
-  ZSTD_frameHeader fh;
-  return ZSTD_getFrameHeader(&fh, z, zlen) == 0 &&
-         fh.windowSize > ((uint64_t)1 << KCS_ZSTD_WLOG_MAX);
+/* What a streaming decoder needs for the frames at z: the largest window
+ * (log2, at least KCS_ZSTD_WLOG_MAX) and the memory it will allocate for
+ * it. Frames that do not parse leave both as they are (the decoder reports
+ * them as it meets them). */
+static void frames_need(const void *z, size_t zlen, unsigned *wlog,
+                        uint64_t *need) {
+  const char *p = z;
+  *wlog = KCS_ZSTD_WLOG_MAX;
+  *need = 0;
+  while (zlen) {
+    ZSTD_frameHeader fh;
+    size_t fl = ZSTD_findFrameCompressedSize(p, zlen);
+    if (ZSTD_isError(fl) || fl > zlen || ZSTD_getFrameHeader(&fh, p, fl))
+      return;
+    if (fh.frameType == ZSTD_frame) {
+      size_t buf = ZSTD_decodingBufferSize_min(fh.windowSize,
+                                               fh.frameContentSize);
+      uint64_t n = ZSTD_isError(buf) ? UINT64_MAX
+                                     : (uint64_t)ZSTD_estimateDCtxSize() +
+                                           ZSTD_BLOCKSIZE_MAX + buf;
+      if (n > *need)
+        *need = n;
+      while (*wlog < ZSTD_WINDOWLOG_MAX &&
+             fh.windowSize > ((uint64_t)1 << *wlog))
+        (*wlog)++;
+    }
+    p += fl;
+    zlen -= fl;
+  }
+}
+
+/* The decoder for the frames in memory at z (fd: a PUT's spooled frame,
+ * already held to the bound). A frame stored before the window was bounded
+ * gets the window it asks for, its memory taken from the decoder budget as
+ * a stream's is: beyond it the frame is not verified now (KC_BUSY), rather
+ * than decoded whole into a buffer of its content's size (gigabytes, for a
+ * blob that large). *charged: what to give back. */
+static kc_err walk_decoder(const void *z, size_t zlen, ZSTD_DCtx **dc,
+                           uint64_t *charged, char *err) {
+  unsigned wlog = KCS_ZSTD_WLOG_MAX;
+  uint64_t need = 0;
+  *charged = 0;
+  if (z)
+    frames_need(z, zlen, &wlog, &need);
+  if (wlog > KCS_ZSTD_WLOG_MAX) {
+    if (kcs_zstd_charge(need))
+      return kc_errf(err, KC_BUSY, "the frame asks for a %llu MiB decoding "
+                     "window, more than the decoder memory free now (of "
+                     "%llu MiB): not verified",
+                     (unsigned long long)(need >> 20),
+                     (unsigned long long)(KCS_ZSTD_DECODE_BUDGET >> 20));
+    *charged = need;
+  }
+  *dc = kcs_zstd_dctx(wlog);
+  return *dc ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
 }
 
 static kc_err decode_each(const void *mem, int fd, uint64_t zlen, uint64_t raw,
                           zsink sink, void *ud, char *err) {
-  if (mem && (raw <= FLAT_MAX || window_over(mem, (size_t)zlen)) &&
-      raw <= SIZE_MAX / 2) {
+  if (mem && raw <= FLAT_MAX) {
     void *flat = malloc(raw ? (size_t)raw : 1);
     kc_err e = flat ? decode_flat(mem, (size_t)zlen, flat, (size_t)raw, err)
                     : kc_errf(err, KC_NOMEM, "out of memory");
@@ -336,10 +386,13 @@ static kc_err decode_each(const void *mem, int fd, uint64_t zlen, uint64_t raw,
     free(flat);
     return e;
   }
-  ZSTD_DCtx *dc = kcs_zstd_dctx(KCS_ZSTD_WLOG_MAX);
+  ZSTD_DCtx *dc = NULL;
+  uint64_t charged;
+  kc_err e = walk_decoder(mem, (size_t)zlen, &dc, &charged, err);
+  if (e)
+    return e;
   unsigned char *obuf = malloc(IO_CHUNK), *ibuf = mem ? NULL : malloc(IO_CHUNK);
-  kc_err e = dc && obuf && (mem || ibuf)
-                 ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  e = obuf && (mem || ibuf) ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
   uint64_t got = 0, pos = 0;
   size_t left = 1;
   while (!e && pos < zlen) {
@@ -383,6 +436,7 @@ static kc_err decode_each(const void *mem, int fd, uint64_t zlen, uint64_t raw,
                 left ? "is truncated" : "decompresses to another size",
                 (unsigned long long)got, (unsigned long long)raw);
   ZSTD_freeDCtx(dc);
+  kcs_zstd_release(charged);
   free(obuf);
   free(ibuf);
   return e;

@@ -8,6 +8,7 @@
 #   store_kv      the store's RESP keys; store_kv_s3 the same against the RGW
 #   store_limits  a lowered --max-bytes, manifests counted, the directory lock
 #   store_zstd    blobs held zstd-compressed
+#   store_models  warmup manifests' names: first holder, purge, the index
 if(NOT TARGET PkgConfig::CMOCKA)
   pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
 endif()
@@ -68,11 +69,21 @@ target_link_libraries(test_store_limits PRIVATE kc_storetest
 add_test(NAME store_limits COMMAND test_store_limits)
 set_tests_properties(store_limits PROPERTIES TIMEOUT 300)
 
+# ---- models ----
+# store_models: warmup manifests' names (store/models.c): first holder
+# keeps a name, shared names, purge, the name index built for an old store.
+add_executable(test_store_models ${CMAKE_CURRENT_LIST_DIR}/test_store_models.c)
+target_link_libraries(test_store_models PRIVATE kc_storetest PkgConfig::LMDB)
+add_test(NAME store_models COMMAND test_store_models)
+set_tests_properties(store_models PROPERTIES TIMEOUT 120)
+
 # ---- zstd ----
 # store_zstd: the store's side of zstd (store/zstd.c, blob.c): kept
 # compressed when that saves enough, uploads arriving as frames, bad frames
 # and bombs, verify and scrub, old stores, RESP values.
 add_executable(test_store_zstd ${CMAKE_CURRENT_LIST_DIR}/test_store_zstd.c)
-target_link_libraries(test_store_zstd PRIVATE kc_storetest PkgConfig::ZSTD)
+# LMDB: a frame stored as one from before the window bound was
+target_link_libraries(test_store_zstd PRIVATE kc_storetest PkgConfig::ZSTD
+                      PkgConfig::LMDB)
 add_test(NAME store_zstd COMMAND test_store_zstd)
 set_tests_properties(store_zstd PROPERTIES TIMEOUT 300)
