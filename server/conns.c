@@ -38,7 +38,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "kcd.h"
+#include "http.h"
 
 /* The fields below are written by the connection's thread and read by the
  * tick's sweep, each on its own: no order between them is needed, so the

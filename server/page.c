@@ -5,7 +5,7 @@
  * by no one; what it shows from the store goes in as text, never as HTML. */
 #include <stddef.h>
 
-#include "kcd.h"
+#include "http.h"
 
 extern const unsigned char kcd_page_index_html[], kcd_page_app_js[],
     kcd_page_style_css[];

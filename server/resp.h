@@ -47,6 +47,7 @@
 #include <sys/types.h>
 
 #include "kcd.h"
+#include "resp_status.h"
 
 #define KCD_RESP_MAX_ARGS 65536       /* arguments of one command */
 #define KCD_RESP_ARGS_KEEP 1024       /* argument tables above: freed after */
@@ -84,22 +85,15 @@ typedef struct kcd_resp_family {
   _Atomic uint64_t hits, misses;
 } kcd_resp_family;
 
-typedef struct kcd_resp_families {
+struct kcd_resp_families {
   kcd_resp_family f[KCD_RESP_FAMILIES];
   _Atomic uint64_t other_hits, other_misses;
-} kcd_resp_families;
+};
 
 /* Counts one read of key (hit or miss) under its family. */
 void kcd_resp_family_count(kcd_resp_families *t, const void *key, size_t klen,
                            int hit);
-/* Calls fn for every family ready (then "other" with name NULL). */
-void kcd_resp_family_each(kcd_resp_families *t,
-                          void (*fn)(const char *name, size_t len,
-                                     uint64_t hits, uint64_t misses, void *ud),
-                          void *ud);
-/* The family table of r (resp.c), read by /v1/stats; NULL when r is NULL
- * (no --resp-listen). Owned by r: valid while the listener is. */
-kcd_resp_families *kcd_resp_families_of(struct kcd_resp *r);
+/* kcd_resp_family_each and kcd_resp_families_of: resp_status.h. */
 
 /* ---- buffers and replies (resp_proto.c) ---- */
 
@@ -226,7 +220,6 @@ typedef enum kcd_resp_why {
 extern const char *const kcd_resp_why_names[KCD_WHY_N];
 #define KCD_RESP_ADDR_BUCKETS 1024
 
-typedef struct kcd_resp kcd_resp;
 typedef struct kcd_resp_conn kcd_resp_conn;
 
 /* How the replies of a job's write item are written once it is applied. */
@@ -543,25 +536,11 @@ void kcd_resp_c_discard(kcd_resp_ctx *x);
 
 /* The command at index i of the table (metrics); NULL past the end. */
 const kcd_resp_cmd *kcd_resp_cmd_at(size_t i);
-/* Appends kcached_resp_* metrics (Prometheus text) to f; nothing without
- * --resp-listen. f is a FILE *. */
-void kcd_resp_metrics_render(kcd_state *st, void *f);
 
 /* ---- the listener (resp.c), for main.c and the handlers ---- */
 
-/* Binds --resp-listen and starts the threads; *port: the bound port. */
-kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err);
-/* Graceful shutdown: accepts no new connection; those open go on (their
- * operations in flight end as kcd_svc_in_flight counts). NULL st->resp:
- * nothing. */
-void kcd_resp_quiesce(kcd_state *st);
-/* Closes every connection, stops the threads. After kcd_resp_quiesce it
- * first sends the replies already made (a GET answered at once from the
- * store is in no operation in flight, and a large one to a slow reader
- * was cut), reading and running nothing more, until --shutdown-timeout
- * after the quiesce at most. NULL st->resp: nothing. */
-void kcd_resp_stop(kcd_state *st);
-size_t kcd_resp_clients(kcd_resp *r);
+/* kcd_resp_start, kcd_resp_quiesce and kcd_resp_stop: kcd.h (main.c's);
+ * kcd_resp_clients: resp_status.h. */
 uint64_t kcd_resp_port(kcd_resp *r);
 
 #endif

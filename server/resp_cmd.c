@@ -137,7 +137,7 @@ void kcd_resp_err_unknown(kcd_resp_ctx *x) {
 /* ---- access for handlers ---- */
 
 kc_store *kcd_resp_store(kcd_resp_ctx *x) {
-  kc_store *s = atomic_load(&x->st->store);
+  kc_store *s = kcd_store(x->st);
   if (!s)
     kcd_resp_error(x->out, "LOADING the store is not open yet");
   return s;

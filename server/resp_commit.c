@@ -174,7 +174,7 @@ static void observe_batch(kcd_resp *r, size_t n) {
 
 /* Applies the ops of every job in one call; results go back to each op. */
 static void apply(kcd_resp *r, kcd_resp_job *jobs, size_t n) {
-  kc_store *s = atomic_load(&r->st->store);
+  kc_store *s = kcd_store(r->st);
   kc_store_kv_op *all = s ? malloc(n * sizeof *all) : NULL;
   if (!s || !all) { /* a failed commit all the same */
     atomic_fetch_add(&r->commit_errors, 1);

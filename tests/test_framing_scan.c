@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "kcd.h"
+#include "http.h"
 
 /* Feeds p in pieces of `step` bytes after a first piece of `first`; the
  * verdict, and whether the scanner stopped at the block's end. */
