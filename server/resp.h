@@ -13,6 +13,8 @@
  *   resp_family.c hits and misses per key family, for /metrics and
  *                 /v1/stats
  *   resp_commit.c the committer thread: the group commit of writes
+ *   resp_job.c    a job's life: made, filled, handed to the committer and
+ *                 back, answered, freed
  *   resp_cmd.c    the command table, arity, auth and role checks, MULTI
  *   resp_kv.c     the string commands (GET/SET family, TTL, EXISTS, ...)
  *   resp_keys.c   EXPIRE and kin, SCAN, KEYS; the replies of committed writes
@@ -203,7 +205,7 @@ kcd_resp_sniff_res kcd_resp_sniff(const char *buf, size_t len);
 int kcd_resp_is_http(const char *const *argv, const size_t *lens, size_t argc,
                      int inl);
 
-/* ---- connections, jobs (resp.c, resp_commit.c) ---- */
+/* ---- connections (resp.c), jobs (resp_job.c) ---- */
 
 /* Why a connection was refused or closed by a rule (metrics). */
 typedef enum kcd_resp_why {
@@ -262,7 +264,7 @@ kc_store_kv_op *kcd_resp_job_op(kcd_resp_job *j, kc_store_kv_opcode op,
                                 const void *key, size_t klen);
 /* Appends an item for ops [first, nops) or pre [first, pre.len). */
 int kcd_resp_job_item(kcd_resp_job *j, kcd_resp_rk kind, size_t first);
-/* Writes every item's reply into out (resp_kv.c), freeing old values. */
+/* Writes every item's reply into out, freeing old values. */
 void kcd_resp_job_reply(kcd_resp_job *j, kcd_resp_buf *out);
 
 /* A MULTI's queued command: its own copy of the arguments. */
@@ -412,11 +414,12 @@ void kcd_resp_fetch_submit(kcd_resp *r, kcd_resp_job *j);
 int kcd_resp_fetch_start(kcd_resp *r);
 void kcd_resp_fetch_stop(kcd_resp *r);
 
-/* Hands a job with ops to the committer (resp_commit.c). */
+/* Hands a job with ops to the committer (resp_job.c). */
 void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j);
 int kcd_resp_commit_start(kcd_resp *r);
 void kcd_resp_commit_stop(kcd_resp *r);
-/* The listener's side: a committed job comes back (resp.c). */
+/* The listener's side: a committed job comes back (resp_job.c; resp.c's
+ * on_done takes it). */
 void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j);
 
 /* The upper bounds of the batch size histogram's buckets (the last one,
@@ -458,6 +461,10 @@ int kcd_resp_tls_in_handshake(kcd_resp_conn *c);
 /* ---- commands (resp_cmd.c, resp_kv.c, resp_admin.c) ---- */
 
 typedef void (*kcd_resp_fn)(kcd_resp_ctx *x);
+
+/* A handler's argument i as (pointer, length), for the calls that take
+ * both. */
+#define ARG(i) x->argv[i], x->lens[i]
 
 #define KCD_CF_WRITE 1   /* adds write ops (joins the pipeline's job) */
 #define KCD_CF_NOSTORE 2 /* touches no store: may run while a job is open */

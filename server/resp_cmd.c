@@ -158,12 +158,6 @@ kc_store_read *kcd_resp_read(kcd_resp_ctx *x) {
   return c->rd;
 }
 
-kcd_resp_job *kcd_resp_job_of(kcd_resp_ctx *x) {
-  if (!x->job && !(x->job = kcd_resp_job_new(x->c)))
-    kcd_resp_error(x->out, "OOM out of memory");
-  return x->job;
-}
-
 /* ---- dispatch ---- */
 
 static int arity_ok(const kcd_resp_cmd *cmd, size_t argc) {

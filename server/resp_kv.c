@@ -10,7 +10,6 @@
 
 #include "resp.h"
 
-#define ARG(i) x->argv[i], x->lens[i]
 
 static int key_ok(size_t len) { return len >= 1 && len <= KC_KV_KEY_MAX; }
 
