@@ -445,6 +445,26 @@ kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
 void kcd_svc_prefetch_bundles(kcd_state *st, const char *const *keys,
                               size_t n);
 
+/* ---- connections per client address (addrs.c) ----
+ * The table both front ends' per-address caps count in. Not locked: the
+ * caller's lock (HTTP's conns.c) or thread (RESP's listener) owns it. */
+
+typedef struct kcd_addrs kcd_addrs;
+struct sockaddr;
+
+kcd_addrs *kcd_addrs_new(void); /* NULL: out of memory */
+void kcd_addrs_free(kcd_addrs *t);
+/* A client address as 16 bytes (IPv4 as ::ffff:a.b.c.d), and as text when
+ * text is not NULL; 0 when sa is not IP (key zeroed, text "-"). */
+int kcd_addr_key(const struct sockaddr *sa, unsigned char key[16],
+                 char *text, size_t cap);
+/* Connections counted for addr. */
+size_t kcd_addrs_count(kcd_addrs *t, const unsigned char addr[16]);
+/* One more (0), or -1 out of memory (nothing counted); one fewer (nothing
+ * when none is counted). */
+int kcd_addrs_add(kcd_addrs *t, const unsigned char addr[16]);
+void kcd_addrs_sub(kcd_addrs *t, const unsigned char addr[16]);
+
 /* ---- the durable tier's settings (s3cfg.c) ---- */
 
 /* Fills st->s3 from the --s3-* flags and the credentials (the file of

@@ -220,7 +220,6 @@ typedef enum kcd_resp_why {
   KCD_WHY_N
 } kcd_resp_why;
 extern const char *const kcd_resp_why_names[KCD_WHY_N];
-#define KCD_RESP_ADDR_BUCKETS 1024
 
 typedef struct kcd_resp_conn kcd_resp_conn;
 
@@ -346,7 +345,8 @@ struct kcd_resp {
   /* connections refused or closed by a rule, by reason (kcd_resp_why) */
   _Atomic uint64_t refused[KCD_WHY_N];
   kcd_resp_budget outbud;     /* every connection's reply buffer */
-  struct kcd_resp_addr *addrs[KCD_RESP_ADDR_BUCKETS]; /* resp_admit.c */
+  kcd_addrs *addrs;           /* per address (resp_admit.c); NULL until
+                                 the first connection counted */
   int trim;                   /* big tables were freed: trim the heap */
   int64_t attack_logged_ms;   /* the cross-protocol log line, at most 1/s */
   uint64_t attack_unlogged;
