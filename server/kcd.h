@@ -153,7 +153,7 @@ typedef enum kcd_route_id {
   KCD_R_WARMUP,      /* /v1/models/{model}/warmup */
   KCD_R_COVERAGE,    /* /v1/models/{model}/coverage */
   KCD_R_HISTORY,     /* /v1/stats/history */
-  KCD_R_PAGE,        /* GET / and its two assets (server/page/) */
+  KCD_R_PAGE,        /* GET / and its two assets (server/http/page/) */
   KCD_R_PAGE_JS,
   KCD_R_PAGE_CSS,
   KCD_R_BLOBS_FETCH, /* POST /v1/blobs/fetch (routes_fetch.c) */
