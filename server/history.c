@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "kcd.h"
-#include "resp.h"
+#include "resp_status.h"
 
 typedef struct kcd_history {
   pthread_mutex_t mu;
@@ -42,16 +42,14 @@ static void read_counters(kcd_state *st, const uint64_t *last, uint64_t *v) {
   memcpy(v, last, KCD_H_N * sizeof *v);
   v[KCD_H_REQUESTS] = requests_total(&st->metrics);
   v[KCD_H_BYTES_OUT] = atomic_load(&st->metrics.bytes_out);
-  kc_store *s = atomic_load(&st->store);
+  kc_store *s = kcd_store(st);
   kc_store_stats ss;
   if (s && kc_store_stats_get(s, &ss) == KC_OK) {
     v[KCD_H_HITS] = ss.hits;
     v[KCD_H_MISSES] = ss.misses;
     v[KCD_H_EVICTIONS] = ss.evicted_bundles + ss.evicted_blobs + ss.evicted_kv;
   }
-  struct kcd_resp *r = atomic_load(&st->resp);
-  if (r)
-    v[KCD_H_RESP] = atomic_load(&r->commands_total);
+  v[KCD_H_RESP] = kcd_resp_commands(atomic_load(&st->resp));
 }
 
 static kcd_history *history_of(kcd_state *st) {

@@ -1,21 +1,20 @@
-/* kcd.h: kcached's internal interfaces, one section per .c file: the
- * configuration, the daemon state (one struct, passed to every handler), the
- * per-request context and the entry points of each part.
+/* kcd.h: kcached's core, what both front ends (HTTP: http.h, RESP: resp.h)
+ * stand on: the configuration, the daemon state (one struct, passed to
+ * every handler), tokens, leases, metrics, the service layer, the log, the
+ * durable tier's settings, and each front end's face for main.c. One
+ * section per .c file.
  *
- * A request flows one way: main.c starts http.c (libmicrohttpd glue), which
- * finds the route and method in the table (routes.c), checks the token
- * (its Bearer, through service.c and auth.c) and calls the handler
- * (routes_*.c); the handler parses, calls the service layer (service.c) or
- * the store, and answers through reply.c. Handlers call back into http.c
- * only through the request accessors kcd_header and kcd_query; http.c knows
- * handlers only through the table. When the request completes, http.c
- * counts it (metrics.c) and logs it (log.c). The RESP front end (resp.h)
- * calls the same service functions: main -> http/resp -> service -> store.
+ * The layers, nginx's way: main.c -> a front end (http.h: http.c, routes,
+ * replies, connections, framing; resp.h: the Redis protocol) -> the service
+ * layer (service.c) -> the store. A front end includes this header and its
+ * own; neither includes the other's (the CMake object libraries of
+ * server/http/ and server/resp/ make that a compile-time rule). What
+ * others read of RESP (counters, key families) is resp_status.h.
  *
- * Threads: the state is shared by every libmicrohttpd worker thread and the
- * main thread; its parts are either immutable after start (cfg), atomic
- * (metrics, store pointer) or lock their own data (auth, leases). A kcd_req is
- * used by one thread at a time (the connection's worker). */
+ * Threads: the state is shared by every libmicrohttpd worker thread, the
+ * RESP threads and the main thread; its parts are either immutable after
+ * start (cfg), atomic (metrics, store pointer) or lock their own data
+ * (auth, leases). */
 #ifndef KCD_H
 #define KCD_H
 
@@ -24,19 +23,14 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include <jansson.h>
+#include <stdio.h>
 
 #include "kc_error.h"
 #include "kc_schema.h"
 #include "kc_store.h"
 
 struct MHD_Daemon;
-struct MHD_Connection;
 typedef struct kcd_state kcd_state;
-typedef struct kcd_req kcd_req;
-typedef struct kcd_op kcd_op;
-typedef struct kcd_route kcd_route;
 
 /* ---- roles and tokens (auth.c) ---- */
 
@@ -139,7 +133,7 @@ size_t kcd_lease_count(kcd_leases *l);
 int kcd_lease_held(kcd_leases *l, const char *key, uint64_t now_ms,
                    char holder[KCD_HOLDER_MAX + 1]);
 
-/* ---- the route table (routes.c) ---- */
+/* ---- HTTP's labels of the request metrics (routes.c names them) ---- */
 
 /* Routes, as the table, metrics and messages know them. */
 typedef enum kcd_route_id {
@@ -159,7 +153,7 @@ typedef enum kcd_route_id {
   KCD_R_WARMUP,      /* /v1/models/{model}/warmup */
   KCD_R_COVERAGE,    /* /v1/models/{model}/coverage */
   KCD_R_HISTORY,     /* /v1/stats/history */
-  KCD_R_PAGE,        /* GET / and its two assets (server/page/) */
+  KCD_R_PAGE,        /* GET / and its two assets (server/http/page/) */
   KCD_R_PAGE_JS,
   KCD_R_PAGE_CSS,
   KCD_R_BLOBS_FETCH, /* POST /v1/blobs/fetch (routes_fetch.c) */
@@ -176,54 +170,10 @@ typedef enum kcd_method {
   KCD_N_METHODS
 } kcd_method;
 
-typedef enum kcd_body { KCD_BODY_NONE, KCD_BODY_JSON, KCD_BODY_STREAM } kcd_body;
-typedef enum kcd_param { KCD_P_NONE, KCD_P_DIGEST, KCD_P_KEY, KCD_P_MODEL } kcd_param;
-
-/* One method of one route. */
-struct kcd_op {
-  kcd_method method;
-  kcd_role role;    /* least role it needs */
-  int needs_store;  /* 503 not_ready without a store */
-  kcd_body body;
-  /* Stream bodies: on the first call (may set r->early / return an error),
-   * then for every piece. */
-  kc_err (*begin)(kcd_req *r, char *err);
-  kc_err (*data)(kcd_req *r, const char *p, size_t n, char *err);
-  /* The last call: queue a response, return its MHD result. */
-  int (*finish)(kcd_req *r);
-};
-
-struct kcd_route {
-  kcd_route_id id;
-  const char *name; /* in metrics and messages: "blobs", "healthz", ... */
-  const char *path; /* exact, or a prefix ending in '/' followed by param */
-  kcd_param param;
-  const char *allow; /* the Allow header of a 405 */
-  const kcd_op *ops;
-  size_t n_ops;
-  /* A param route's path after the param ("/warmup"); NULL: none. A route
-   * with a suffix is tried before the routes without one. */
-  const char *suffix;
-};
-
-/* Finds the route of a path (NULL: unknown) and copies its param, truncated
- * to cap - 1 bytes (then never valid hex64). */
-const kcd_route *kcd_route_find(const char *url, char *param, size_t cap);
-/* The method's operation on a route; NULL: 405. */
-const kcd_op *kcd_route_op(const kcd_route *rt, kcd_method m);
-/* The least role op needs: op->role, or --metrics-role on /metrics. */
-kcd_role kcd_route_role(const kcd_route *rt, const kcd_op *op,
-                        const kcd_state *st);
 /* The route's name from the table ("other" for KCD_R_OTHER). */
 const char *kcd_route_name(kcd_route_id id);
-/* "GET", ..., "OTHER", and a request's method string to its kcd_method. */
+/* "GET", ..., "OTHER". */
 const char *kcd_method_name(kcd_method m);
-kcd_method kcd_method_of(const char *method);
-
-/* Parses a body as one JSON object whose fields are all in `allowed`
- * (NULL-terminated); the error names the first unknown field. */
-kc_err kcd_json_object(const kcd_req *r, const char *const *allowed,
-                       json_t **out, char *err);
 
 /* ---- metrics (metrics.c) ---- */
 
@@ -389,6 +339,11 @@ struct kcd_state {
   struct kcd_dcache *dcache; /* decoded blobs (decoded_cache.c); NULL: off */
 };
 
+/* The store, or NULL while it is not open: the one way to reach it. */
+static inline kc_store *kcd_store(kcd_state *st) {
+  return atomic_load(&st->store);
+}
+
 /* ---- the service layer (service.c) ----
  * The rules both front ends (HTTP: routes_*.c, RESP: resp_*.c) share, over
  * the daemon state and plain arguments, never a request: a handler parses,
@@ -490,110 +445,25 @@ kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
 void kcd_svc_prefetch_bundles(kcd_state *st, const char *const *keys,
                               size_t n);
 
-/* ---- open connections (conns.c) ---- */
+/* ---- connections per client address (addrs.c) ----
+ * The table both front ends' per-address caps count in. Not locked: the
+ * caller's lock (HTTP's conns.c) or thread (RESP's listener) owns it. */
 
-/* Every connection of the daemons, for the header deadline (conns.c says
- * why MHD's own timeout cannot be it). Thread-safe. */
-typedef struct kcd_conns kcd_conns;
-typedef struct kcd_conn kcd_conn;
-
-kcd_conns *kcd_conns_new(void); /* NULL: out of memory */
-void kcd_conns_free(kcd_conns *l);
-/* A connection accepted (waiting for headers from now); NULL: no memory
- * (the connection then has no deadline). counted: a main-port connection,
- * counted per client address for kcd_conns_admit. */
-kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted);
-/* Whether the main port takes one more connection from this address: it
- * holds less than half of the slots of max_conns still free (or none are,
- * which MHD refuses itself). Keeps room for new addresses. */
+typedef struct kcd_addrs kcd_addrs;
 struct sockaddr;
-int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
-                    unsigned max_conns);
-/* Whether connections of l are plain HTTP, whose received bytes are
- * scanned (kcd_framing_scan); TLS ones are not. Set before serving. */
-void kcd_conns_scan_raw(kcd_conns *l, int on);
-/* Before MHD closes its descriptor; frees c (NULL: nothing). */
-void kcd_conn_close(kcd_conns *l, kcd_conn *c);
-/* The headers of a request are complete / a request ended (waiting for the
- * next one's headers from now). c may be NULL. */
-void kcd_conn_headers_done(kcd_conn *c);
-void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kc_clock_mono_us */
-/* The raw target of the request being read, as MHD's URI log callback
- * saw it: where it is in MHD's read buffer, its length then, and
- * kcd_framing_target_flaw of it (MHD decodes it in place afterwards). Set
- * and read on the connection's thread. */
-void kcd_conn_set_target(kcd_conn *c, const char *target, size_t len,
-                         int flaw);
-const char *kcd_conn_target(const kcd_conn *c, size_t *len, int *flaw);
-/* The peer's address as text, taken at kcd_conn_open; "-" for c NULL. */
-const char *kcd_conn_remote(const kcd_conn *c);
-/* A request body is being read (from its headers to its end): its bytes
- * are counted against --min-body-rate; the answer that follows is not. */
-void kcd_conn_body_begin(kcd_conn *c);
-void kcd_conn_body_end(kcd_conn *c);
-void kcd_conn_body_bytes(kcd_conn *c, size_t n);
 
-typedef struct kcd_sweep {
-  uint64_t header_us;      /* headers must be in within it */
-  uint64_t body_window_us; /* a body is judged once per window */
-  uint64_t body_min_rate;  /* bytes/s over a window; 0: no minimum */
-  size_t closed_headers, closed_body; /* out: connections shut down */
-  size_t refused_length; /* out: answered from the received bytes (a
-                            malformed Content-Length) since the last sweep */
-} kcd_sweep;
-/* Shuts down every connection waiting for headers for header_us or more,
- * and every one whose body brought less than body_min_rate bytes/s over a
- * window; counts them in w. */
-void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w);
-
-/* ---- request framing (framing.c) ---- */
-
-/* A request as libmicrohttpd parsed it in place (framing.c says how). */
-typedef struct kcd_raw_req {
-  const char *method, *version; /* the access handler's arguments */
-  const char *target; /* the raw target the URI log callback saw; NULL none */
-  size_t target_len;  /* its length then */
-  int target_flaw;    /* kcd_framing_target_flaw of it then */
-} kcd_raw_req;
-
-enum { KCD_TARGET_OK, KCD_TARGET_PCT00, KCD_TARGET_SPACE, KCD_TARGET_CTL };
-/* What is wrong with a raw request target (KCD_TARGET_*): "%00", a space,
- * a control character; KCD_TARGET_OK: nothing. */
-int kcd_framing_target_flaw(const char *target, size_t len);
-/* RFC 9112's framing and syntax rules on a request (framing.c lists them):
- * KC_OK with *host the Host header's value (NULL: none), or KC_EINVAL
- * (400) / KC_NOT_IMPLEMENTED (501, a transfer coding other than chunked)
- * with the sentence in err. Call it on the access handler's first call. */
-kc_err kcd_framing_check(struct MHD_Connection *conn, const kcd_raw_req *raw,
-                         const char **host, char *err);
-/* Whether a server without tokens answers a request with this Host value:
- * loopback addresses, localhost and *.localhost, the --listen host,
- * --allow-host names, and none or an empty one (HTTP/1.0; no browser sends
- * that). Any other name reaching a loopback server is a web page's, through
- * DNS rebinding. */
-int kcd_framing_host_allowed(const kcd_config *c, const char *host);
-
-/* The raw bytes of a request's header block as kcached receives them (only
- * on plain HTTP; framing.c says why): enough to find what libmicrohttpd
- * 0.9.75 answers itself, with two status lines, before the access handler
- * could see it: a first Content-Length that is not a decimal number, or
- * too large, without Transfer-Encoding. Per connection, on its thread. */
-typedef struct kcd_scan {
-  int on;            /* a header block is being read */
-  int line;          /* lines it ended so far (0: the request line) */
-  unsigned col;      /* bytes of the current line */
-  unsigned mcl, mte; /* bytes of the names below matched at a line start */
-  int cr;            /* the last byte was a CR */
-  int in_cl;         /* in the first Content-Length's value */
-  int cl_seen, te_seen, cl_digits, cl_bad, cl_big;
-  uint64_t cl;
-} kcd_scan;
-enum { KCD_SCAN_OK, KCD_SCAN_BAD_LENGTH, KCD_SCAN_BIG_LENGTH };
-/* Feeds received bytes; KCD_SCAN_OK, or what the block's end showed. */
-int kcd_framing_scan(kcd_scan *s, const char *p, size_t n);
-/* The answer kcached gives instead (a static HTTP response), for what
- * kcd_framing_scan returned. */
-const char *kcd_framing_scan_answer(int verdict, size_t *len);
+kcd_addrs *kcd_addrs_new(void); /* NULL: out of memory */
+void kcd_addrs_free(kcd_addrs *t);
+/* A client address as 16 bytes (IPv4 as ::ffff:a.b.c.d), and as text when
+ * text is not NULL; 0 when sa is not IP (key zeroed, text "-"). */
+int kcd_addr_key(const struct sockaddr *sa, unsigned char key[16],
+                 char *text, size_t cap);
+/* Connections counted for addr. */
+size_t kcd_addrs_count(kcd_addrs *t, const unsigned char addr[16]);
+/* One more (0), or -1 out of memory (nothing counted); one fewer (nothing
+ * when none is counted). */
+int kcd_addrs_add(kcd_addrs *t, const unsigned char addr[16]);
+void kcd_addrs_sub(kcd_addrs *t, const unsigned char addr[16]);
 
 /* ---- the durable tier's settings (s3cfg.c) ---- */
 
@@ -638,57 +508,21 @@ void kcd_log_access(const kcd_state *st, const kcd_access *a);
 
 int64_t kcd_unix_now(void); /* wall clock, seconds */
 
-/* ---- requests (http.c) ---- */
+/* ---- decoded blobs kept in memory (decoded_cache.c; HTTP's, whose
+ * budget and figures main.c and metrics.c see) ----
+ * Content of compressed blobs for clients without zstd, by digest, least
+ * recently used out, within a byte budget that also counts entries only
+ * answers still hold. Threads: any. NULL cache: off (every get passes).
+ * http.h has the lookups. */
+typedef struct kcd_dcache kcd_dcache;
+typedef struct kcd_dcache_stat {
+  uint64_t budget, bytes, entries, hits, misses, evictions;
+} kcd_dcache_stat;
+kcd_dcache *kcd_dcache_new(uint64_t budget); /* NULL: 0 or no memory */
+void kcd_dcache_free(kcd_dcache *c);
+void kcd_dcache_stats(kcd_dcache *c, kcd_dcache_stat *s);
 
-/* What the handler of a route sees. Pointers live until the request ends. */
-struct kcd_req {
-  /* Requests are recycled per thread (http.c). These strings are set (or
-   * NUL-ended) by req_new, not zeroed: a GET would pay for 1 KiB of memset. */
-  char method_str[16];
-  char path[256];               /* for the log; truncated */
-  char param[96]; /* {sha256}/{key}/{model} of the path (any length < 96) */
-  char token_name[KCD_NAME_MAX];
-  char early_msg[KC_ERRBUF_SIZE];
-  /* Zeroed for each request from here to the end (KCD_REQ_ZERO_FROM): new
-   * fields go below. */
-  kcd_state *st;
-  struct MHD_Connection *conn;
-  const kcd_route *rt; /* the matched route; NULL: none (404) */
-  const kcd_op *op;    /* its operation for the method; NULL: none (405) */
-  kcd_method method;
-  kcd_role role;
-  uint64_t t0_us;
-  uint64_t content_length; /* UINT64_MAX: unknown (chunked or none) */
-  int has_body;
-  uint64_t bytes_in, bytes_out;
-  int status;  /* of the queued response; 0 none yet */
-  int queued;  /* a response is queued: ignore further calls */
-  /* an answer decided before the body was read (error, or "present") */
-  int early;
-  int discard; /* read and drop the rest of the body */
-  uint64_t drop_from; /* bytes_in when dropping began */
-  kc_err early_err;
-  /* JSON bodies */
-  char *body;
-  size_t body_len, body_cap;
-  /* handler state */
-  kc_store_upload *upload; /* aborted at completion if still set */
-  kc_store_read *read;     /* ended at completion (zero-copy responses) */
-  int blob_present;
-  int close_after; /* answer with Connection: close (--health-listen) */
-  kcd_req *next_free; /* the thread's free list */
-};
-
-#define KCD_REQ_ZERO_FROM offsetof(kcd_req, st)
-
-/* Request accessors: a request header, a query argument; NULL: absent. */
-const char *kcd_header(kcd_req *r, const char *name);
-const char *kcd_query(kcd_req *r, const char *name);
-
-/* The caller of an Authorization header (may be NULL): kcd_svc_auth of its
- * Bearer token (kcd_http_bearer in http.c). */
-kcd_authn kcd_http_auth(kcd_state *st, const char *header, kcd_role *role,
-                        char name[KCD_NAME_MAX]);
+/* ---- the front ends, for main.c (http.c, resp.c) ---- */
 
 /* Starts libmicrohttpd; fills st->mhd and *port. */
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err);
@@ -701,153 +535,19 @@ void kcd_http_stop(kcd_state *st);
 /* 1 if this libmicrohttpd was built with TLS (GnuTLS). */
 int kcd_tls_supported(void);
 
-/* ---- replies (reply.c) ---- */
-
-/* Response helpers: each queues the response and returns the MHD result.
- * headers: NULL, or name, value, ..., NULL. */
-enum kcd_mem { KCD_MEM_COPY, KCD_MEM_PERSISTENT, KCD_MEM_FREE };
-int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
-              size_t len, enum kcd_mem mem, const char *const *headers);
-/* A 200 whose body is len bytes at data inside the map of the request's
- * read (r->read, ended when the response is sent), with headers that
- * depend only on `key` (64 hex digits: the blob's digest) and ctype. Each
- * thread keeps the last responses built (REUSE_SLOTS), and one built for
- * the same key, address and length is queued again instead of a new one
- * (a GET then costs no response allocation nor header copies). Valid:
- * the read has just found key's bytes at data, so the old response's body
- * is exactly these bytes, read under this request's read. */
-int kcd_reply_map(kcd_req *r, const char *key, const char *ctype,
-                  const void *data, size_t len, const char *const *headers);
-/* A body produced piece by piece: fill buf with up to max bytes of it from
- * offset pos; return how many (> 0), or -1 to abort the response (the
- * connection closes: the client sees a body shorter than its length). */
-typedef long (*kcd_piece_fn)(void *cls, uint64_t pos, char *buf, size_t max);
-/* Answers a body of len bytes served by fn in pieces of at most `piece`
- * bytes, each asked for when the client has taken the one before; cls is
- * freed with free_cls (may be NULL) when the response is done, also when
- * queuing it fails. */
-int kcd_reply_pieces(kcd_req *r, int status, const char *ctype, uint64_t len,
-                     size_t piece, kcd_piece_fn fn, void *cls,
-                     void (*free_cls)(void *), const char *const *headers);
-/* A 200 over len bytes at data that another owner keeps alive until
- * release(cls) (called once MHD is done, or at once on failure): not
- * counted against --max-answer-memory, the owner bounds it (the decoded
- * cache). */
-int kcd_reply_held(kcd_req *r, const char *ctype, const void *data,
-                   size_t len, void (*release)(void *), void *cls,
-                   const char *const *headers);
-/* Serializes a jansson value (stolen). */
-int kcd_reply_json(kcd_req *r, int status, json_t *json,
-                   const char *const *headers);
-/* {"error":code,"message":msg} with extra fields of `extra` (stolen, may be
- * NULL); msg NULL: kc_strerror(e). Adds WWW-Authenticate to a 401, the
- * route's Allow to a 405, Retry-After to a 503 without caller headers. */
-int kcd_reply_error_json(kcd_req *r, kc_err e, const char *msg, json_t *extra,
-                         const char *const *headers);
-int kcd_reply_error(kcd_req *r, kc_err e, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* An error decided before the body was read: kcd_set_early records it in
- * r->early*, kcd_reply_early answers it (http.c calls it once the body was
- * read or dropped, or at once when there is none to wait for). */
-void kcd_set_early(kcd_req *r, kc_err e, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-int kcd_reply_early(kcd_req *r);
-
-/* A read held for a whole response pins every LMDB page freed after it
- * began: bodies from the map up to this size go out zero-copy,
- * larger ones are copied out so that the read ends before the client's pace
- * matters (routes_blob.c, routes_bundle.c). */
-#define KCD_ZERO_COPY_MAX (64 * 1024)
-
-/* Handlers (routes_*.c): the functions of the route table; each finish
- * function queues one response through reply.c. */
-
-/* ---- operator routes (routes_ops.c) ---- */
-
-int kcd_healthz(kcd_req *r);
-int kcd_readyz(kcd_req *r);
-int kcd_metrics_get(kcd_req *r); /* --metrics-role decides who may */
-int kcd_stats_get(kcd_req *r);
-
-/* ---- blobs (routes_blob.c) ---- */
-
-kc_err kcd_blob_put_begin(kcd_req *r, char *err);
-kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err);
-int kcd_blob_put(kcd_req *r);
-int kcd_blob_get(kcd_req *r); /* GET and HEAD */
-/* routes_zstd.c: GET/HEAD of a blob held compressed (kc_store_blob_get said
- * KC_STORE_ENCODED); whether a request accepts zstd, and whether its body is
- * a zstd frame (Content-Encoding). */
-int kcd_blob_get_encoded(kcd_req *r);
-int kcd_accepts_zstd(kcd_req *r);
-int kcd_body_is_zstd(kcd_req *r);
-
-/* ---- decoded blobs kept in memory (decoded_cache.c) ----
- * Content of compressed blobs for clients without zstd, by digest, least
- * recently used out, within a byte budget that also counts entries only
- * answers still hold. Threads: any. NULL cache: off (every get passes). */
-typedef struct kcd_dcache kcd_dcache;
-typedef struct kcd_dentry kcd_dentry;
-typedef enum kcd_dcache_res {
-  KCD_DC_HIT,  /* *out: the content, a reference held */
-  KCD_DC_FILL, /* *out: len bytes to fill, then kcd_dcache_publish */
-  KCD_DC_PASS  /* not cached (too big, no room, being filled): go without */
-} kcd_dcache_res;
-typedef struct kcd_dcache_stat {
-  uint64_t budget, bytes, entries, hits, misses, evictions;
-} kcd_dcache_stat;
-kcd_dcache *kcd_dcache_new(uint64_t budget); /* NULL: 0 or no memory */
-void kcd_dcache_free(kcd_dcache *c);
-/* len: the content's size (a miss counts, and may make an entry to fill),
- * or KCD_DC_LOOK: a hit or nothing (no miss counted). */
-#define KCD_DC_LOOK UINT64_MAX
-kcd_dcache_res kcd_dcache_get(kcd_dcache *c, const char *digest,
-                              uint64_t len, kcd_dentry **out);
-void *kcd_dentry_data(kcd_dentry *e);
-size_t kcd_dentry_len(const kcd_dentry *e);
-/* A filled entry: ok (its content hashed to its digest) makes it visible,
- * else it is dropped. The filler's reference stays its own. */
-void kcd_dcache_publish(kcd_dentry *e, int ok);
-/* Drops a reference (a kcd_dentry *; the signature of a free callback). */
-void kcd_dentry_release(void *e);
-void kcd_dcache_stats(kcd_dcache *c, kcd_dcache_stat *s);
-
-/* ---- many blobs in one answer (routes_fetch.c) ---- */
-
-/* POST /v1/blobs/fetch: at most this many digests, and this many bytes of
- * blobs as sent (a held frame decoded for a client without zstd counts its
- * content) per answer (413 above either). */
-#define KCD_FETCH_MAX_ITEMS 4096
-#define KCD_FETCH_MAX_BYTES ((uint64_t)256 << 20)
-#define KCD_FETCH_CTYPE "application/vnd.kcache.blobs"
-int kcd_blobs_fetch(kcd_req *r);
-
-/* ---- bundles, lookup, models (routes_bundle.c) ---- */
-
-int kcd_bundle_get(kcd_req *r);
-int kcd_bundle_put(kcd_req *r);
-int kcd_bundle_delete(kcd_req *r);
-int kcd_lookup(kcd_req *r);
-int kcd_models_get(kcd_req *r);
-
-/* ---- leases (routes_lease.c) ---- */
-
-int kcd_lease_post(kcd_req *r);
-int kcd_lease_delete(kcd_req *r);
-
-/* ---- demand (routes_demand.c) ---- */
-
-int kcd_demand_post(kcd_req *r);
-int kcd_demand_get(kcd_req *r);
-/* ---- models, coverage, history, the page (routes_models.c, page.c) ---- */
-
-int kcd_models_index(kcd_req *r);  /* GET /v1/models?limit&cursor */
-int kcd_warmup_get(kcd_req *r);
-int kcd_warmup_put(kcd_req *r);
-int kcd_coverage_get(kcd_req *r);
-int kcd_model_purge(kcd_req *r);   /* DELETE /v1/models/{model} */
-int kcd_history_get(kcd_req *r);   /* GET /v1/stats/history */
-int kcd_page_get(kcd_req *r);      /* GET /, /app.js, /style.css */
+/* The Redis protocol listener (resp.c): binds --resp-listen and starts the
+ * threads; *port: the bound port. */
+kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err);
+/* Graceful shutdown: accepts no new connection; those open go on (their
+ * operations in flight end as kcd_svc_in_flight counts). NULL st->resp:
+ * nothing. */
+void kcd_resp_quiesce(kcd_state *st);
+/* Closes every connection, stops the threads. After kcd_resp_quiesce it
+ * first sends the replies already made (a GET answered at once from the
+ * store is in no operation in flight, and a large one to a slow reader
+ * was cut), reading and running nothing more, until --shutdown-timeout
+ * after the quiesce at most. NULL st->resp: nothing. */
+void kcd_resp_stop(kcd_state *st);
 
 /* ---- the last hour, per 10 seconds (history.c) ---- */
 

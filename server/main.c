@@ -16,7 +16,6 @@
 #include <openssl/crypto.h>
 
 #include "kcd.h"
-#include "resp.h"
 #include "sdnotify.h"
 
 #define GC_EVERY_S 60
@@ -198,7 +197,7 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   kcd_http_sweep(st);
   kcd_lease_sweep(st->leases, kc_clock_mono_us() / 1000);
   kcd_history_tick(st, now);
-  kc_store *s = atomic_load(&st->store);
+  kc_store *s = kcd_store(st);
   if (!s) {
     if (now - st->started >= (int64_t)st->cfg.store_wait_s) {
       kcd_log(st, "error", "no store after %u s (--store-wait): exiting",

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "kcd.h"
-#include "resp.h"
+#include "resp_status.h"
 
 /* Statuses kcached answers with; anything else counts as "other". */
 static const int statuses[KCD_N_STATUS - 1] = {
@@ -128,7 +128,7 @@ static void render_reads(FILE *f, kc_store *s) {
 }
 
 static void render_store(FILE *f, kcd_state *st) {
-  kc_store *s = atomic_load(&st->store);
+  kc_store *s = kcd_store(st);
   kc_store_stats ss = {0};
   int up = s && kc_store_stats_get(s, &ss) == KC_OK;
   gauge(f, "kcached_store_up", "1 when the store is open.", (uint64_t)up);
@@ -165,7 +165,7 @@ static void render_store(FILE *f, kcd_state *st) {
 }
 
 static void render_s3(FILE *f, kcd_state *st) {
-  kc_store *s = atomic_load(&st->store);
+  kc_store *s = kcd_store(st);
   kc_store_tier_stats t;
   if (!st->s3 || !s || kc_store_tier_stats_get(s, &t) != KC_OK)
     return;

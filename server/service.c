@@ -69,7 +69,7 @@ kcd_authn kcd_svc_auth(kcd_state *st, kcd_fe fe, const char *want_name,
 
 kcd_svc_res kcd_svc_blob_offer(kcd_state *st, kcd_fe fe, const char *digest,
                                int repair_asked) {
-  kc_store *s = atomic_load(&st->store);
+  kc_store *s = kcd_store(st);
   char why[KC_ERRBUF_SIZE] = "";
   kc_err held = kc_store_blob_has(s, digest, NULL);
   if (held == KC_OK && repair_asked)
@@ -93,7 +93,7 @@ static uint64_t now_ms(void) { return kc_clock_mono_us() / 1000; }
 
 static kc_err acquire(kcd_state *st, const char *key, const char *holder,
                       uint64_t ttl_s, kcd_lease_info *info) {
-  kc_store *s = atomic_load(&st->store);
+  kc_store *s = kcd_store(st);
   kc_err e = kcd_lease_acquire(st->leases, key, holder, ttl_s * 1000,
                                now_ms(), info);
   /* Our record of a lease its holder released through another replica: the
@@ -117,7 +117,7 @@ static kc_err acquire(kcd_state *st, const char *key, const char *holder,
 kc_err kcd_svc_lease_take(kcd_state *st, kcd_fe fe, const char *key,
                           const char *holder, uint64_t ttl_s,
                           kcd_lease_info *info, int *present) {
-  kc_store *s = atomic_load(&st->store);
+  kc_store *s = kcd_store(st);
   *present = kc_store_bundle_has(s, key) == KC_OK ||
              kc_store_fetch_bundle(s, key, NULL) == KC_OK;
   if (*present) {
@@ -141,7 +141,7 @@ kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
   /* Granted here or through another replica (a load balancer need not send
    * the release where the lease came from): the bucket's copy decides, and
    * a local record that disagrees is another replica's stale grant. */
-  kc_err se = st->s3 ? kc_store_lease_release(atomic_load(&st->store), key,
+  kc_err se = st->s3 ? kc_store_lease_release(kcd_store(st), key,
                                               token)
                      : KC_NOT_FOUND;
   if (se == KC_OK || (e == KC_NOT_FOUND && se == KC_FORBIDDEN))
@@ -160,7 +160,7 @@ kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
 kc_err kcd_svc_blob_read(kcd_state *st, kcd_fe fe, const char *digest,
                          kc_store_read **rd, const void **data, size_t *len,
                          void **heap, char *err) {
-  kc_err e = kc_store_blob_read(atomic_load(&st->store), digest, rd, data, len,
+  kc_err e = kc_store_blob_read(kcd_store(st), digest, rd, data, len,
                                 heap, err);
   kcd_svc_count_get(st, fe, e);
   return e;
@@ -169,7 +169,7 @@ kc_err kcd_svc_blob_read(kcd_state *st, kcd_fe fe, const char *digest,
 kc_err kcd_svc_bundle_read(kcd_state *st, kcd_fe fe, const char *key,
                            kc_store_read **rd, const char **json, size_t *len,
                            char *err) {
-  kc_err e = kc_store_bundle_read(atomic_load(&st->store), key, rd, json, len,
+  kc_err e = kc_store_bundle_read(kcd_store(st), key, rd, json, len,
                                   err);
   kcd_svc_count_get(st, fe, e);
   return e;
@@ -178,7 +178,7 @@ kc_err kcd_svc_bundle_read(kcd_state *st, kcd_fe fe, const char *key,
 kc_err kcd_svc_bundle_put(kcd_state *st, kcd_fe fe, const kc_manifest *m,
                           int *created, char ***missing, size_t *n_missing,
                           char *err) {
-  kc_err e = kc_store_bundle_put_once(atomic_load(&st->store), m, created,
+  kc_err e = kc_store_bundle_put_once(kcd_store(st), m, created,
                                       missing, n_missing, err);
   kcd_svc_count(st, KCD_OP_SET, fe,
                 e ? KCD_RES_ERROR : *created ? KCD_RES_NEW : KCD_RES_PRESENT,
@@ -189,7 +189,7 @@ kc_err kcd_svc_bundle_put(kcd_state *st, kcd_fe fe, const kc_manifest *m,
 kc_err kcd_svc_read_each(kcd_state *st, kcd_fe fe, kcd_svc_op op, size_t n,
                          kcd_svc_read_fn each, void *arg, char *err) {
   kc_store_read *rd;
-  kc_err e = kc_store_read_begin(atomic_load(&st->store), &rd);
+  kc_err e = kc_store_read_begin(kcd_store(st), &rd);
   if (e)
     return kc_errf(err, e, "cannot begin a read of the store");
   uint64_t misses = 0;
@@ -251,7 +251,7 @@ void kcd_svc_kv_sets_done(kcd_state *st, kcd_fe fe, const kc_store_kv_op *ops,
 
 void kcd_svc_prefetch_bundles(kcd_state *st, const char *const *keys,
                               size_t n) {
-  kc_store *s = atomic_load(&st->store);
+  kc_store *s = kcd_store(st);
   if (!st->s3 || !s)
     return;
   const char **miss = malloc((n ? n : 1) * sizeof *miss);

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 #include "store_internal.h"
-#include "tier.h" /* kcs_mono_ms */
+#include "tier/tier.h" /* kcs_mono_ms */
 
 kcs_shard *kcs_shard_mine(kc_store *s) {
   static atomic_uint next;

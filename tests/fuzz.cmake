@@ -22,7 +22,7 @@ set(KC_FUZZ_SAN -fsanitize=address,undefined -fno-sanitize-recover=undefined
 # The code under test gets coverage instrumentation (no libFuzzer main) and
 # the sanitizers; whatever links these libraries links the sanitizer
 # runtimes too.
-foreach(lib kc_schema kc_store kcd_core)
+foreach(lib kc_schema kc_store kc_tier kcd_base kcd_http kcd_resp kcd_core)
   target_compile_options(${lib} PRIVATE -fsanitize=fuzzer-no-link ${KC_FUZZ_SAN})
   target_link_options(${lib} INTERFACE ${KC_FUZZ_SAN})
 endforeach()
@@ -42,6 +42,9 @@ endforeach()
 target_link_libraries(fuzz_router PRIVATE kcd_core)
 target_link_libraries(fuzz_auth PRIVATE kcd_core)
 target_link_libraries(fuzz_resp PRIVATE kcd_core)
+# white-box: each front end's own header
+target_include_directories(fuzz_router PRIVATE ${PROJECT_SOURCE_DIR}/server/http)
+target_include_directories(fuzz_resp PRIVATE ${PROJECT_SOURCE_DIR}/server/resp)
 add_custom_target(fuzz)
 foreach(t ${KC_FUZZ_TARGETS})
   add_dependencies(fuzz fuzz_${t})

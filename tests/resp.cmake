@@ -1,7 +1,7 @@
 # tests/resp.cmake: kcached's Redis protocol listener (--resp-listen).
 #
 # resp_proto  cmocka unit test of the RESP2 parser and reply writers
-#             (server/resp_proto.c): every frame fed whole and byte by byte
+#             (server/resp/resp_proto.c): every frame fed whole and byte by byte
 # resp        tests/test_resp.py: redis-py, redis-cli, redis-benchmark and raw
 #             sockets against a real kcached; skipped (77) without python3-redis,
 #             a failure instead when CI=true (as are the suites below)
@@ -10,6 +10,7 @@
 #             SIGTERM waiting for a RESP command in flight (needs redis-py)
 add_executable(test_resp_proto ${CMAKE_CURRENT_LIST_DIR}/test_resp_proto.c)
 target_link_libraries(test_resp_proto PRIVATE kcd_core PkgConfig::CMOCKA)
+target_include_directories(test_resp_proto PRIVATE ${PROJECT_SOURCE_DIR}/server/resp)
 add_test(NAME resp_proto COMMAND test_resp_proto)
 
 # Debian's python3 first: python3-redis is installed for it.

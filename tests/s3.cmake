@@ -13,7 +13,8 @@ if(NOT TARGET PkgConfig::CURL)
 endif()
 
 add_library(kc_testrgw STATIC ${CMAKE_CURRENT_LIST_DIR}/testrgw.c)
-target_include_directories(kc_testrgw PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+target_include_directories(kc_testrgw PUBLIC ${CMAKE_CURRENT_LIST_DIR}
+  ${PROJECT_SOURCE_DIR}/store/tier) # kcs3.h, the S3 client under test
 target_compile_definitions(kc_testrgw PRIVATE KC_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 target_link_libraries(kc_testrgw PUBLIC kc_testsrv kc_store kc_schema
                       PkgConfig::CMOCKA)

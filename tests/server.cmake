@@ -85,6 +85,7 @@ endforeach()
 
 add_executable(test_framing_scan ${CMAKE_CURRENT_LIST_DIR}/test_framing_scan.c)
 target_link_libraries(test_framing_scan PRIVATE kcd_core PkgConfig::CMOCKA)
+target_include_directories(test_framing_scan PRIVATE ${PROJECT_SOURCE_DIR}/server/http)
 add_test(NAME framing_scan COMMAND test_framing_scan)
 
 # ---- slow readers ----

@@ -1,5 +1,5 @@
-/* test_framing_scan.c: unit test of kcd_framing_scan (server/framing.c), the
- * scanner kcached's recv() feeds each plain-HTTP header block to, so that a
+/* test_framing_scan.c: unit test of kcd_framing_scan
+ * (server/http/framing.c), the scanner kcached's recv() feeds each plain-HTTP header block to, so that a
  * malformed Content-Length is answered by kcached instead of by
  * libmicrohttpd 0.9.75 (twice). Every block is fed whole, split in two at
  * every byte, and byte by byte: the verdict must not depend on how the
@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "kcd.h"
+#include "http.h"
 
 /* Feeds p in pieces of `step` bytes after a first piece of `first`; the
  * verdict, and whether the scanner stopped at the block's end. */

@@ -910,8 +910,8 @@ def set_cmd(key, value):
 
 class BigInputBuffers(ServerCase):
     """Big values' input buffers come from a pool that values which
-    really arrived left (server/resp.c): a declared length borrows at most
-    what is held already, allocates nothing, and one connection's bytes
+    really arrived left (server/resp/resp.c): a declared length borrows at
+    most what is held already, allocates nothing, and one connection's bytes
     never show through another's."""
 
     def fill_pool(self):

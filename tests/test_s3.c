@@ -1,5 +1,5 @@
-/* test_s3.c: the S3 client (store/kcs3.h) against a real Ceph RADOS Gateway
- * that this program starts with scripts/ceph-rgw.sh (installing the packages
+/* test_s3.c: the S3 client (store/tier/kcs3.h) against a real Ceph RADOS
+ * Gateway that this program starts with scripts/ceph-rgw.sh (installing the packages
  * when missing), plus offline cases against a fake HTTP server in a thread.
  *
  * Exit 77 (ctest: skipped) when the Ceph packages cannot be installed, unless

@@ -45,7 +45,7 @@
 
 #include <microhttpd.h>
 
-#include "kcd.h"
+#include "http.h"
 
 /* How the header lines sit in MHD's read buffer (see above). */
 enum layout { LAYOUT_OK, LAYOUT_FOLD, LAYOUT_NUL };

@@ -13,6 +13,8 @@
  *   resp_family.c hits and misses per key family, for /metrics and
  *                 /v1/stats
  *   resp_commit.c the committer thread: the group commit of writes
+ *   resp_job.c    a job's life: made, filled, handed to the committer and
+ *                 back, answered, freed
  *   resp_cmd.c    the command table, arity, auth and role checks, MULTI
  *   resp_kv.c     the string commands (GET/SET family, TTL, EXISTS, ...)
  *   resp_keys.c   EXPIRE and kin, SCAN, KEYS; the replies of committed writes
@@ -47,6 +49,7 @@
 #include <sys/types.h>
 
 #include "kcd.h"
+#include "resp_status.h"
 
 #define KCD_RESP_MAX_ARGS 65536       /* arguments of one command */
 #define KCD_RESP_ARGS_KEEP 1024       /* argument tables above: freed after */
@@ -84,22 +87,15 @@ typedef struct kcd_resp_family {
   _Atomic uint64_t hits, misses;
 } kcd_resp_family;
 
-typedef struct kcd_resp_families {
+struct kcd_resp_families {
   kcd_resp_family f[KCD_RESP_FAMILIES];
   _Atomic uint64_t other_hits, other_misses;
-} kcd_resp_families;
+};
 
 /* Counts one read of key (hit or miss) under its family. */
 void kcd_resp_family_count(kcd_resp_families *t, const void *key, size_t klen,
                            int hit);
-/* Calls fn for every family ready (then "other" with name NULL). */
-void kcd_resp_family_each(kcd_resp_families *t,
-                          void (*fn)(const char *name, size_t len,
-                                     uint64_t hits, uint64_t misses, void *ud),
-                          void *ud);
-/* The family table of r (resp.c), read by /v1/stats; NULL when r is NULL
- * (no --resp-listen). Owned by r: valid while the listener is. */
-kcd_resp_families *kcd_resp_families_of(struct kcd_resp *r);
+/* kcd_resp_family_each and kcd_resp_families_of: resp_status.h. */
 
 /* ---- buffers and replies (resp_proto.c) ---- */
 
@@ -209,7 +205,7 @@ kcd_resp_sniff_res kcd_resp_sniff(const char *buf, size_t len);
 int kcd_resp_is_http(const char *const *argv, const size_t *lens, size_t argc,
                      int inl);
 
-/* ---- connections, jobs (resp.c, resp_commit.c) ---- */
+/* ---- connections (resp.c), jobs (resp_job.c) ---- */
 
 /* Why a connection was refused or closed by a rule (metrics). */
 typedef enum kcd_resp_why {
@@ -224,9 +220,7 @@ typedef enum kcd_resp_why {
   KCD_WHY_N
 } kcd_resp_why;
 extern const char *const kcd_resp_why_names[KCD_WHY_N];
-#define KCD_RESP_ADDR_BUCKETS 1024
 
-typedef struct kcd_resp kcd_resp;
 typedef struct kcd_resp_conn kcd_resp_conn;
 
 /* How the replies of a job's write item are written once it is applied. */
@@ -269,7 +263,7 @@ kc_store_kv_op *kcd_resp_job_op(kcd_resp_job *j, kc_store_kv_opcode op,
                                 const void *key, size_t klen);
 /* Appends an item for ops [first, nops) or pre [first, pre.len). */
 int kcd_resp_job_item(kcd_resp_job *j, kcd_resp_rk kind, size_t first);
-/* Writes every item's reply into out (resp_kv.c), freeing old values. */
+/* Writes every item's reply into out, freeing old values. */
 void kcd_resp_job_reply(kcd_resp_job *j, kcd_resp_buf *out);
 
 /* A MULTI's queued command: its own copy of the arguments. */
@@ -351,7 +345,8 @@ struct kcd_resp {
   /* connections refused or closed by a rule, by reason (kcd_resp_why) */
   _Atomic uint64_t refused[KCD_WHY_N];
   kcd_resp_budget outbud;     /* every connection's reply buffer */
-  struct kcd_resp_addr *addrs[KCD_RESP_ADDR_BUCKETS]; /* resp_admit.c */
+  kcd_addrs *addrs;           /* per address (resp_admit.c); NULL until
+                                 the first connection counted */
   int trim;                   /* big tables were freed: trim the heap */
   int64_t attack_logged_ms;   /* the cross-protocol log line, at most 1/s */
   uint64_t attack_unlogged;
@@ -419,11 +414,12 @@ void kcd_resp_fetch_submit(kcd_resp *r, kcd_resp_job *j);
 int kcd_resp_fetch_start(kcd_resp *r);
 void kcd_resp_fetch_stop(kcd_resp *r);
 
-/* Hands a job with ops to the committer (resp_commit.c). */
+/* Hands a job with ops to the committer (resp_job.c). */
 void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j);
 int kcd_resp_commit_start(kcd_resp *r);
 void kcd_resp_commit_stop(kcd_resp *r);
-/* The listener's side: a committed job comes back (resp.c). */
+/* The listener's side: a committed job comes back (resp_job.c; resp.c's
+ * on_done takes it). */
 void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j);
 
 /* The upper bounds of the batch size histogram's buckets (the last one,
@@ -465,6 +461,10 @@ int kcd_resp_tls_in_handshake(kcd_resp_conn *c);
 /* ---- commands (resp_cmd.c, resp_kv.c, resp_admin.c) ---- */
 
 typedef void (*kcd_resp_fn)(kcd_resp_ctx *x);
+
+/* A handler's argument i as (pointer, length), for the calls that take
+ * both. */
+#define ARG(i) x->argv[i], x->lens[i]
 
 #define KCD_CF_WRITE 1   /* adds write ops (joins the pipeline's job) */
 #define KCD_CF_NOSTORE 2 /* touches no store: may run while a job is open */
@@ -543,25 +543,11 @@ void kcd_resp_c_discard(kcd_resp_ctx *x);
 
 /* The command at index i of the table (metrics); NULL past the end. */
 const kcd_resp_cmd *kcd_resp_cmd_at(size_t i);
-/* Appends kcached_resp_* metrics (Prometheus text) to f; nothing without
- * --resp-listen. f is a FILE *. */
-void kcd_resp_metrics_render(kcd_state *st, void *f);
 
 /* ---- the listener (resp.c), for main.c and the handlers ---- */
 
-/* Binds --resp-listen and starts the threads; *port: the bound port. */
-kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err);
-/* Graceful shutdown: accepts no new connection; those open go on (their
- * operations in flight end as kcd_svc_in_flight counts). NULL st->resp:
- * nothing. */
-void kcd_resp_quiesce(kcd_state *st);
-/* Closes every connection, stops the threads. After kcd_resp_quiesce it
- * first sends the replies already made (a GET answered at once from the
- * store is in no operation in flight, and a large one to a slow reader
- * was cut), reading and running nothing more, until --shutdown-timeout
- * after the quiesce at most. NULL st->resp: nothing. */
-void kcd_resp_stop(kcd_state *st);
-size_t kcd_resp_clients(kcd_resp *r);
+/* kcd_resp_start, kcd_resp_quiesce and kcd_resp_stop: kcd.h (main.c's);
+ * kcd_resp_clients: resp_status.h. */
 uint64_t kcd_resp_port(kcd_resp *r);
 
 #endif

@@ -5,9 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kcd.h"
-
-static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store); }
+#include "http.h"
 
 int kcd_bundle_get(kcd_req *r) {
   const char *json = NULL;
@@ -77,7 +75,7 @@ int kcd_bundle_put(kcd_req *r) {
 
 int kcd_bundle_delete(kcd_req *r) {
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kc_store_bundle_delete(store_of(r), r->param, err);
+  kc_err e = kc_store_bundle_delete(kcd_store(r->st), r->param, err);
   if (e == KC_NOT_FOUND)
     return kcd_reply_error(r, e, "no bundle %s", r->param);
   if (e)
@@ -256,10 +254,10 @@ int kcd_models_get(kcd_req *r) {
     return kcd_reply_error(r, KC_NOMEM, "out of memory");
   char err[KC_ERRBUF_SIZE] = "";
   /* A replica lists what the bucket holds, not only what it has seen. */
-  kc_err e = kc_store_fetch_model(store_of(r), r->param, err);
+  kc_err e = kc_store_fetch_model(kcd_store(r->st), r->param, err);
   if (e)
     kcd_log(r->st, "warn", "listing model %s in S3: %s", r->param, err);
-  e = kc_store_model_list(store_of(r), r->param, model_entry, list);
+  e = kc_store_model_list(kcd_store(r->st), r->param, model_entry, list);
   if (e && e != KC_NOT_FOUND) {
     json_decref(list);
     return kcd_reply_error(r, e, "cannot list model %s", r->param);

@@ -38,7 +38,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "kcd.h"
+#include "http.h"
 
 /* The fields below are written by the connection's thread and read by the
  * tick's sweep, each on its own: no order between them is needed, so the
@@ -62,19 +62,11 @@ struct kcd_conn {
   int scanned;                       /* its bytes are scanned (plain HTTP) */
 };
 
-/* Main-port connections per client address (a chained hash). */
-#define ADDR_BUCKETS 1024
-typedef struct addr_count {
-  struct addr_count *next;
-  unsigned char addr[16];
-  unsigned n;
-} addr_count;
-
 struct kcd_conns {
   pthread_mutex_t lock;
   kcd_conn *head;
   size_t n_counted;                  /* main-port connections */
-  addr_count *bucket[ADDR_BUCKETS];
+  kcd_addrs *addrs;                  /* main-port connections per address */
   int scan_raw;                      /* plain HTTP: scan received bytes */
 };
 
@@ -148,7 +140,12 @@ void kcd_conns_scan_raw(kcd_conns *l, int on) {
 
 kcd_conns *kcd_conns_new(void) {
   kcd_conns *l = calloc(1, sizeof *l);
+  if (l && !(l->addrs = kcd_addrs_new())) {
+    free(l);
+    return NULL;
+  }
   if (l && pthread_mutex_init(&l->lock, NULL)) {
+    kcd_addrs_free(l->addrs);
     free(l);
     return NULL;
   }
@@ -160,82 +157,27 @@ void kcd_conns_free(kcd_conns *l) {
     return;
   while (l->head) /* none left once the daemons stopped; just in case */
     kcd_conn_close(l, l->head);
-  for (size_t i = 0; i < ADDR_BUCKETS; i++)
-    while (l->bucket[i]) {
-      addr_count *a = l->bucket[i];
-      l->bucket[i] = a->next;
-      free(a);
-    }
+  kcd_addrs_free(l->addrs);
   pthread_mutex_destroy(&l->lock);
   free(l);
-}
-
-/* A client address as 16 bytes (IPv4 as ::ffff:a.b.c.d); 0: not IP. */
-static int addr_key(const struct sockaddr *sa, unsigned char key[16]) {
-  if (sa->sa_family == AF_INET) {
-    static const unsigned char v4map[12] = {[10] = 0xff, [11] = 0xff};
-    memcpy(key, v4map, 12);
-    memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-    return 1;
-  }
-  if (sa->sa_family == AF_INET6) {
-    memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
-    return 1;
-  }
-  return 0;
 }
 
 /* Once per connection, not per request's log line. */
 static void remote_of(int fd, char *out, size_t cap, unsigned char key[16]) {
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
-  memcpy(out, "-", 2);
-  memset(key, 0, 16);
   if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
-    return;
-  addr_key((const struct sockaddr *)&ss, key);
-  if (ss.ss_family == AF_INET)
-    inet_ntop(AF_INET, &((const struct sockaddr_in *)&ss)->sin_addr, out,
-              (socklen_t)cap);
-  else if (ss.ss_family == AF_INET6)
-    inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)&ss)->sin6_addr, out,
-              (socklen_t)cap);
-}
-
-/* The count of addr (under the lock); create: make it (NULL: no memory). */
-static addr_count **addr_slot(kcd_conns *l, const unsigned char addr[16]) {
-  uint32_t h = 2166136261u; /* FNV-1a */
-  for (int i = 0; i < 16; i++)
-    h = (h ^ addr[i]) * 16777619u;
-  addr_count **pp = &l->bucket[h % ADDR_BUCKETS];
-  while (*pp && memcmp((*pp)->addr, addr, 16) != 0)
-    pp = &(*pp)->next;
-  return pp;
-}
-
-static void addr_add(kcd_conns *l, const unsigned char addr[16], int d) {
-  addr_count **pp = addr_slot(l, addr);
-  if (!*pp) {
-    if (d < 0 || !(*pp = calloc(1, sizeof **pp)))
-      return;
-    memcpy((*pp)->addr, addr, 16);
-  }
-  (*pp)->n += (unsigned)d;
-  if ((*pp)->n == 0) {
-    addr_count *gone = *pp;
-    *pp = gone->next;
-    free(gone);
-  }
+    ss.ss_family = AF_UNSPEC;
+  kcd_addr_key((const struct sockaddr *)&ss, key, out, cap);
 }
 
 int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
                     unsigned max_conns) {
   unsigned char key[16];
-  if (!l || !addr_key(sa, key))
+  if (!l || !kcd_addr_key(sa, key, NULL, 0))
     return 1;
   pthread_mutex_lock(&l->lock);
-  addr_count **pp = addr_slot(l, key);
-  size_t held = *pp ? (*pp)->n : 0;
+  size_t held = kcd_addrs_count(l->addrs, key);
   size_t free_slots = max_conns > l->n_counted ? max_conns - l->n_counted : 0;
   pthread_mutex_unlock(&l->lock);
   /* none free: MHD refuses it anyway (--max-connections) */
@@ -258,7 +200,7 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
     fd_set_conn(fd, c);
   pthread_mutex_lock(&l->lock);
   if (counted) {
-    addr_add(l, c->addr, 1);
+    (void)kcd_addrs_add(l->addrs, c->addr); /* no memory: not counted */
     l->n_counted++;
   }
   c->next = l->head;
@@ -276,7 +218,7 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
     fd_set_conn(c->fd, NULL);
   pthread_mutex_lock(&l->lock);
   if (c->counted) {
-    addr_add(l, c->addr, -1);
+    kcd_addrs_sub(l->addrs, c->addr);
     l->n_counted--;
   }
   if (c->prev)

@@ -7,9 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kcd.h"
-
-static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store); }
+#include "http.h"
 
 #define ETAG_SIZE (KC_HEX_LEN + 3)
 
@@ -47,7 +45,7 @@ kc_err kcd_blob_put_begin(kcd_req *r, char *err) {
     r->discard = 1;
     return KC_OK;
   }
-  kc_err e = kc_store_upload_begin(store_of(r), &r->upload, err);
+  kc_err e = kc_store_upload_begin(kcd_store(r->st), &r->upload, err);
   if (!e && kcd_body_is_zstd(r)) { /* decoded as it arrives (routes_zstd.c) */
     kc_store_upload_zstd(r->upload, r->st->cfg.max_blob_bytes);
     atomic_fetch_add(&r->st->metrics.zstd_puts, 1);
@@ -86,7 +84,7 @@ static int reply_stored(kcd_req *r, int status, uint64_t size) {
 int kcd_blob_put(kcd_req *r) {
   uint64_t size = 0;
   if (r->blob_present) {
-    kc_store_blob_has(store_of(r), r->param, &size);
+    kc_store_blob_has(kcd_store(r->st), r->param, &size);
     return reply_stored(r, 200, size);
   }
   char err[KC_ERRBUF_SIZE] = "";
@@ -133,7 +131,7 @@ static int reply_pieces(kcd_req *r, uint64_t len, const char *const *h) {
   blob_pieces *b = malloc(sizeof *b);
   if (!b)
     return kcd_reply_error(r, KC_NOMEM, "out of memory");
-  b->s = store_of(r);
+  b->s = kcd_store(r->st);
   snprintf(b->digest, sizeof b->digest, "%.64s", r->param);
   b->size = len;
   return kcd_reply_pieces(r, 200, "application/octet-stream", len, PIECE,

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kcd.h"
+#include "http.h"
 
 #define DEFAULT_TTL_S 300
 

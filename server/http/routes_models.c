@@ -7,14 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kcd.h"
+#include "http.h"
 
 #define LIST_DEFAULT 100
 #define LIST_MAX 1000
-
-static kc_store *store_of(const kcd_req *r) {
-  return atomic_load(&r->st->store);
-}
 
 /* ---- coverage ---- */
 
@@ -91,7 +87,7 @@ static void cov_from_warmup(cov *c, const char *json, size_t len) {
  * those its bundles have. */
 static void cov_archs(kcd_req *r, const char *model, cov *c) {
   char list[KC_STORE_WARM_ARCHS_MAX];
-  if (c->expected && kc_store_warm_archs_get(store_of(r), model, list) ==
+  if (c->expected && kc_store_warm_archs_get(kcd_store(r->st), model, list) ==
                          KC_OK) {
     int same = 1; /* as a set, the manifest's: say "manifest" */
     for (char *save = NULL, *t = strtok_r(list, ",", &save); t;
@@ -135,7 +131,7 @@ static kc_err cov_load(kcd_req *r, const char *model, const char *warmup,
     return KC_NOMEM;
   char *own = NULL;
   size_t olen = 0;
-  if (!warmup && kc_store_warmup_get(store_of(r), model, &own, &olen, NULL) ==
+  if (!warmup && kc_store_warmup_get(kcd_store(r->st), model, &own, &olen, NULL) ==
                      KC_OK) {
     warmup = own;
     wlen = olen;
@@ -144,7 +140,7 @@ static kc_err cov_load(kcd_req *r, const char *model, const char *warmup,
     cov_from_warmup(c, warmup, wlen);
   free(own);
   cov_archs(r, model, c);
-  kc_err e = kc_store_model_list(store_of(r), model, collect_bundle,
+  kc_err e = kc_store_model_list(kcd_store(r->st), model, collect_bundle,
                                  c->bundles);
   if (e && e != KC_NOT_FOUND)
     return e;
@@ -342,7 +338,7 @@ int kcd_models_index(kcd_req *r) {
   const char *cursor = kcd_query(r, "cursor");
   json_t *models = json_array();
   char next[KC_HEX_LEN + 1], err[KC_ERRBUF_SIZE] = "";
-  kc_err e = models ? kc_store_models_list(store_of(r), cursor, limit,
+  kc_err e = models ? kc_store_models_list(kcd_store(r->st), cursor, limit,
                                            list_model, models, next, err)
                     : KC_NOMEM;
   if (e) {
@@ -365,7 +361,7 @@ int kcd_models_index(kcd_req *r) {
 int kcd_warmup_get(kcd_req *r) {
   char *json = NULL, err[KC_ERRBUF_SIZE] = "";
   size_t len = 0;
-  kc_err e = kc_store_warmup_get(store_of(r), r->param, &json, &len, err);
+  kc_err e = kc_store_warmup_get(kcd_store(r->st), r->param, &json, &len, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   return kcd_reply(r, 200, "application/json", json, len, KCD_MEM_FREE, NULL);
@@ -427,11 +423,11 @@ int kcd_warmup_put(kcd_req *r) {
   }
   char *old = NULL;
   size_t olen = 0;
-  int had = kc_store_warmup_get(store_of(r), r->param, &old, &olen, NULL) ==
+  int had = kc_store_warmup_get(kcd_store(r->st), r->param, &old, &olen, NULL) ==
             KC_OK;
   free(old);
   int flags = r->role >= KCD_ROLE_ADMIN ? KC_WARMUP_RENAME : 0;
-  e = kc_store_warmup_put(store_of(r), r->param, w->model_name, body,
+  e = kc_store_warmup_put(kcd_store(r->st), r->param, w->model_name, body,
                           r->body_len, flags, archs, err);
   kc_warmup_free(w);
   if (e)
@@ -447,7 +443,7 @@ int kcd_warmup_put(kcd_req *r) {
 int kcd_model_purge(kcd_req *r) {
   char err[KC_ERRBUF_SIZE] = "";
   size_t removed = 0;
-  kc_err e = kc_store_model_purge(store_of(r), r->param, &removed, err);
+  kc_err e = kc_store_model_purge(kcd_store(r->st), r->param, &removed, err);
   kcd_log(r->st, "info", "purge of model %s by %s: %zu bundles removed%s%s",
           r->param, r->token_name, removed, e ? ", then: " : "",
           e ? err : "");
@@ -480,7 +476,7 @@ static json_t *history_points(kcd_req *r, int64_t now) {
 
 /* What the page shows beside the charts: gauges of now. */
 static json_t *history_now(kcd_req *r) {
-  kc_store *s = store_of(r);
+  kc_store *s = kcd_store(r->st);
   kc_store_stats ss = {0};
   int up = s && kc_store_stats_get(s, &ss) == KC_OK;
   json_t *o = json_pack(

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kcd.h"
+#include "http.h"
 
 #define PIECE (128 * 1024)
 /* "<64 hex> <20 digits> missing\n" */
@@ -224,7 +224,7 @@ int kcd_blobs_fetch(kcd_req *r) {
   answer *a = calloc(1, sizeof *a);
   if (!a)
     return kcd_reply_error(r, KC_NOMEM, "out of memory");
-  a->s = atomic_load(&r->st->store);
+  a->s = kcd_store(r->st);
   int zstd_ok = kcd_accepts_zstd(r);
   uint64_t total = 0, bytes = 0;
   kc_err e = parse(r, a, err);

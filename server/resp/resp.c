@@ -660,24 +660,6 @@ static void on_done(kcd_resp *r) {
   }
 }
 
-/* Only the first job of a list the listener has not taken yet rings the
- * eventfd: on_done takes the whole list (a commit of 30 jobs: one write,
- * one wakeup, not 30). */
-void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j) {
-  j->next = NULL;
-  pthread_mutex_lock(&r->dlock);
-  int ring = !r->dhead;
-  if (r->dtail)
-    r->dtail->next = j;
-  else
-    r->dhead = j;
-  r->dtail = j;
-  pthread_mutex_unlock(&r->dlock);
-  uint64_t one = 1;
-  ssize_t n = ring ? write(r->efd, &one, sizeof one) : 0;
-  (void)n;
-}
-
 static void free_grave(kcd_resp *r) {
   while (r->grave) {
     kcd_resp_conn *c = r->grave;

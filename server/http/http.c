@@ -28,7 +28,7 @@
 
 #include <microhttpd.h>
 
-#include "kcd.h"
+#include "http.h"
 
 /* An error decided while a body is still coming: read and drop up to this
  * much of it before answering, rather than answer and close at once. Closing
@@ -260,7 +260,7 @@ static void req_begin(kcd_req *r) {
   check_param(r, rt->param);
   if (r->early)
     return;
-  if (r->op->needs_store && !atomic_load(&r->st->store))
+  if (r->op->needs_store && !kcd_store(r->st))
     return kcd_set_early(r, KC_NOT_READY, "the store is not open yet");
   check_coding(r);
   if (r->early)

@@ -8,7 +8,6 @@
 
 #include "resp.h"
 
-#define ARG(i) x->argv[i], x->lens[i]
 #define REDIS_VERSION "7.0.0" /* what clients that check versions see */
 
 #ifndef KCACHE_VERSION

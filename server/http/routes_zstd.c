@@ -17,7 +17,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kcd.h"
+#include "http.h"
 
 #define PIECE (128 * 1024)
 #define ETAG_SIZE (KC_HEX_LEN + 3)
@@ -87,7 +87,7 @@ static int reply_frame(kcd_req *r, const char *const *h) {
   const void *data;
   size_t len;
   kc_store_enc enc;
-  kc_err e = kc_store_read_begin(atomic_load(&r->st->store), &r->read);
+  kc_err e = kc_store_read_begin(kcd_store(r->st), &r->read);
   if (!e)
     e = kc_store_blob_get_stored(r->read, r->param, &data, &len, &enc, NULL);
   if (e) {
@@ -112,7 +112,7 @@ static int reply_small_decoded(kcd_req *r, const char *const *h,
   kc_store_read *rd;
   char err[KC_ERRBUF_SIZE] = "";
   *replied = 0;
-  kc_err e = kc_store_read_begin(atomic_load(&r->st->store), &rd);
+  kc_err e = kc_store_read_begin(kcd_store(r->st), &rd);
   if (e)
     return 0; /* the stream's open says why */
   e = kc_store_blob_get_stored(rd, r->param, &z, &zlen, &enc, &size);
@@ -174,7 +174,7 @@ static int reply_cached(kcd_req *r, const char *const *h, int *replied) {
   uint64_t size = 0;
   kc_store_read *rd;
   char err[KC_ERRBUF_SIZE] = "";
-  if (kc_store_read_begin(atomic_load(&r->st->store), &rd))
+  if (kc_store_read_begin(kcd_store(r->st), &rd))
     return 0; /* the stream's open says why */
   kc_err x = kc_store_blob_get_stored(rd, r->param, &z, &zlen, &enc, &size);
   kcd_dcache_res res = x || enc != KC_STORE_ZSTD
@@ -218,7 +218,7 @@ int kcd_blob_get_encoded(kcd_req *r) {
   }
   kc_store_blob_stream *b = NULL;
   uint64_t len = 0;
-  kc_err e = kc_store_blob_stream_open(atomic_load(&r->st->store), r->param,
+  kc_err e = kc_store_blob_stream_open(kcd_store(r->st), r->param,
                                        !frame, &b, &len, NULL, NULL);
   if (e)
     return kcd_reply_error_json(r, e, e == KC_NOT_FOUND ? "no such blob"

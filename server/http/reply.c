@@ -16,7 +16,7 @@
 
 #include <microhttpd.h>
 
-#include "kcd.h"
+#include "http.h"
 
 /* ---- the budget of answers not yet read ----
  *

@@ -2,7 +2,7 @@
 # build time, in pure CMake (no xxd): cmake -DOUT=file.c -DDIR=dir -P embed.cmake
 # Each file NAME.EXT becomes kcd_page_NAME_EXT[] and kcd_page_NAME_EXT_len.
 set(files index.html app.js style.css)
-set(text "/* generated from server/page/ by embed.cmake: do not edit */\n#include <stddef.h>\n")
+set(text "/* generated from server/http/page/ by embed.cmake: do not edit */\n#include <stddef.h>\n")
 foreach(f ${files})
   file(READ "${DIR}/${f}" hex HEX)
   string(LENGTH "${hex}" n)

@@ -4,8 +4,8 @@
  * and the RESP keys', and the RESP reads per key family). */
 #include <stdatomic.h>
 
-#include "kcd.h"
-#include "resp.h"
+#include "http.h"
+#include "resp_status.h"
 
 static int reply_status(kcd_req *r, int code, const char *status) {
   return kcd_reply_json(r, code, json_pack("{ss}", "status", status), NULL);
@@ -16,7 +16,7 @@ int kcd_healthz(kcd_req *r) { return reply_status(r, 200, "ok"); }
 /* Not ready also while writes fail for lack of disk: a balancer then sends
  * uploads elsewhere (reads still work here; /healthz stays 200). */
 int kcd_readyz(kcd_req *r) {
-  kc_store *s = atomic_load(&r->st->store);
+  kc_store *s = kcd_store(r->st);
   if (!s)
     return kcd_reply_error_json(r, KC_NOT_READY, NULL, NULL, NULL);
   int64_t since = kc_store_disk_full_since(s);
@@ -77,7 +77,7 @@ static void stats_families(json_t *o, kcd_state *st) {
 
 int kcd_stats_get(kcd_req *r) {
   kc_store_stats s;
-  kc_err e = kc_store_stats_get(atomic_load(&r->st->store), &s);
+  kc_err e = kc_store_stats_get(kcd_store(r->st), &s);
   if (e)
     return kcd_reply_error(r, e, "cannot read the store's figures");
   json_t *o = json_pack(

@@ -60,7 +60,7 @@ static void *fetch_main(void *arg) {
   kcd_resp *r = arg;
   kcd_resp_job *j;
   while ((j = take(r))) {
-    kc_store *s = atomic_load(&r->st->store);
+    kc_store *s = kcd_store(r->st);
     for (size_t i = 0; s && i < j->nops; i++) {
       int64_t now = kc_clock_wall_ms();
       char err[KC_ERRBUF_SIZE];

@@ -1,12 +1,10 @@
-/* resp_keys.c: the key-space commands (EXPIRE and its kin, SCAN, KEYS) and
- * the replies of committed writes (kcd_resp_job_reply). */
+/* resp_keys.c: the key-space commands (EXPIRE and its kin, SCAN, KEYS). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "resp.h"
 
-#define ARG(i) x->argv[i], x->lens[i]
 #define SCAN_COUNT_MAX 100000 /* one SCAN visits at most 10x this */
 #define KEYS_STEP 1000
 #define PATTERN_STARS 16    /* '*' runs a KEYS/SCAN pattern may hold */
@@ -210,63 +208,3 @@ void kcd_resp_c_keys(kcd_resp_ctx *x) {
   kcd_resp_buf_free(&f.keys);
 }
 
-/* ---- replies of committed writes ---- */
-
-static void reply_ops(const kcd_resp_job *j, const kcd_resp_item *it,
-                      kcd_resp_buf *out) {
-  const kc_store_kv_op *o = j->ops + it->first;
-  if (j->err)
-    return kcd_resp_store_err(out, j->err, j->errmsg);
-  long long sum = 0;
-  for (size_t k = 0; k < it->n; k++) {
-    if (o[k].err)
-      return kcd_resp_store_err(out, o[k].err, NULL);
-    sum += (long long)o[k].done;
-  }
-  switch (it->kind) {
-  case KCD_RK_OK:
-    return kcd_resp_simple(out, "OK");
-  case KCD_RK_SET:
-    return it->n && o[0].done ? kcd_resp_simple(out, "OK")
-                              : kcd_resp_nil(out, it->resp3);
-  case KCD_RK_SET_GET:
-    return it->n && o[0].had_old ? kcd_resp_bulk(out, o[0].old, o[0].old_len)
-                                 : kcd_resp_nil(out, it->resp3);
-  default:
-    return kcd_resp_int(out, sum);
-  }
-}
-
-/* A write's result is counted in /metrics once known: an error found at
- * commit time counts as an error. */
-static void count_reply(const kcd_resp_job *j, const kcd_resp_item *it,
-                        const kcd_resp_buf *out, size_t before) {
-  if (!it->cmd || !j->conn)
-    return;
-  kcd_resp *r = j->conn->srv;
-  int err = out->len > before && out->p[before] == '-';
-  atomic_fetch_add(err ? &r->cmd_err[it->cmd - 1] : &r->cmd_ok[it->cmd - 1],
-                   1);
-}
-
-/* The SETs of a committed item, under kcached_ops_total's op="set" (the
- * ones the committed state settled are counted in resp_kv.c). */
-static void count_sets(const kcd_resp_job *j, const kcd_resp_item *it) {
-  if (it->kind == KCD_RK_PRE || !j->conn)
-    return;
-  kcd_svc_kv_sets_done(j->conn->srv->st, KCD_FE_RESP, j->ops + it->first,
-                       it->n, j->err);
-}
-
-void kcd_resp_job_reply(kcd_resp_job *j, kcd_resp_buf *out) {
-  for (size_t i = 0; i < j->nitems; i++) {
-    const kcd_resp_item *it = &j->items[i];
-    size_t before = out->len;
-    if (it->kind == KCD_RK_PRE)
-      kcd_resp_buf_add(out, j->pre.p + it->first, it->n);
-    else
-      reply_ops(j, it, out);
-    count_reply(j, it, out, before);
-    count_sets(j, it);
-  }
-}

@@ -137,7 +137,7 @@ void kcd_resp_err_unknown(kcd_resp_ctx *x) {
 /* ---- access for handlers ---- */
 
 kc_store *kcd_resp_store(kcd_resp_ctx *x) {
-  kc_store *s = atomic_load(&x->st->store);
+  kc_store *s = kcd_store(x->st);
   if (!s)
     kcd_resp_error(x->out, "LOADING the store is not open yet");
   return s;
@@ -156,12 +156,6 @@ kc_store_read *kcd_resp_read(kcd_resp_ctx *x) {
     kcd_resp_errorf(x->out, "ERR %s", kc_strerror(e));
   }
   return c->rd;
-}
-
-kcd_resp_job *kcd_resp_job_of(kcd_resp_ctx *x) {
-  if (!x->job && !(x->job = kcd_resp_job_new(x->c)))
-    kcd_resp_error(x->out, "OOM out of memory");
-  return x->job;
 }
 
 /* ---- dispatch ---- */

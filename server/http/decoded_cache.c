@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kcd.h"
+#include "http.h"
 
 struct kcd_dentry {
   kcd_dcache *c;

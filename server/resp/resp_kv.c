@@ -10,7 +10,6 @@
 
 #include "resp.h"
 
-#define ARG(i) x->argv[i], x->lens[i]
 
 static int key_ok(size_t len) { return len >= 1 && len <= KC_KV_KEY_MAX; }
 
@@ -227,7 +226,7 @@ int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
  * (the open job's ops are not in that state) and outside EXEC. 1: replied;
  * 0: o goes to the commit, with its hashes. */
 static int set_settled(kcd_resp_ctx *x, kc_store_kv_op *o, kcd_resp_rk rk) {
-  kc_store *s = atomic_load(&x->st->store);
+  kc_store *s = kcd_store(x->st);
   kcd_resp_conn *c = x->c;
   if (x->job || x->exec || !s || (rk != KCD_RK_SET && rk != KCD_RK_SUM))
     return 0;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kcd.h"
+#include "http.h"
 
 #define R KCD_ROLE_READ
 #define W KCD_ROLE_WRITE

@@ -6,9 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kcd.h"
-
-static kc_store *store_of(const kcd_req *r) { return atomic_load(&r->st->store); }
+#include "http.h"
 
 /* One validated entry of a report. */
 typedef struct dentry {
@@ -195,9 +193,9 @@ int kcd_demand_post(kcd_req *r) {
   }
   /* Validated whole before counting: a bad report counts nothing. */
   int scaled = scale_report(d, n);
-  int known = kc_store_model_known(store_of(r), model);
+  int known = kc_store_model_known(kcd_store(r->st), model);
   for (size_t i = 0; i < n; i++)
-    if (kc_store_demand_add(store_of(r), model, d[i].kind, d[i].text,
+    if (kc_store_demand_add(kcd_store(r->st), model, d[i].kind, d[i].text,
                             d[i].count, known, NULL))
       dropped++;
   free(d);
@@ -226,7 +224,7 @@ static json_t *item_json(const kc_store_demand_item *it) {
 int kcd_demand_get(kcd_req *r) {
   char err[KC_ERRBUF_SIZE] = "";
   kc_store_demand d;
-  kc_err e = kc_store_demand_get(store_of(r), r->param, &d, err);
+  kc_err e = kc_store_demand_get(kcd_store(r->st), r->param, &d, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   json_t *shapes = json_array(), *misses = json_array();

@@ -4,7 +4,7 @@
  * and hands the jobs back to the listener, which only then replies: a +OK
  * is never sent for a write that is not durable. While a batch commits, the
  * next one gathers, so the sync cost is shared by every client writing at
- * that moment. Also the job helpers. */
+ * that moment. The jobs themselves: resp_job.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,82 +17,7 @@
 #define GATHER_US 200 /* longest wait for the last batch's writers to return */
 #endif
 
-/* ---- jobs ---- */
-
-kcd_resp_job *kcd_resp_job_new(kcd_resp_conn *c) {
-  kcd_resp_job *j = calloc(1, sizeof *j);
-  if (j)
-    j->conn = c;
-  if (j && c) /* replies made before the commit: the connection's limit */
-    j->pre.limit = c->out.limit;
-  return j;
-}
-
-void kcd_resp_job_free(kcd_resp_job *j) {
-  if (!j)
-    return;
-  for (size_t i = 0; i < j->nops; i++)
-    free(j->ops[i].old);
-  for (size_t i = 0; i < j->nowned; i++)
-    free(j->owned[i]);
-  free(j->owned);
-  free(j->ops);
-  free(j->items);
-  kcd_resp_buf_free(&j->pre);
-  free(j);
-}
-
-kc_store_kv_op *kcd_resp_job_op(kcd_resp_job *j, kc_store_kv_opcode op,
-                                const void *key, size_t klen) {
-  if (j->nops == j->capops) {
-    size_t cap = j->capops ? j->capops * 2 : 8;
-    kc_store_kv_op *v = realloc(j->ops, cap * sizeof *v);
-    if (!v)
-      return NULL;
-    j->ops = v;
-    j->capops = cap;
-  }
-  kc_store_kv_op *o = &j->ops[j->nops++];
-  memset(o, 0, sizeof *o);
-  o->op = op;
-  o->key = key;
-  o->klen = klen;
-  return o;
-}
-
-int kcd_resp_job_item(kcd_resp_job *j, kcd_resp_rk kind, size_t first) {
-  if (j->nitems == j->capitems) {
-    size_t cap = j->capitems ? j->capitems * 2 : 8;
-    kcd_resp_item *v = realloc(j->items, cap * sizeof *v);
-    if (!v)
-      return -1;
-    j->items = v;
-    j->capitems = cap;
-  }
-  size_t end = kind == KCD_RK_PRE ? j->pre.len : j->nops;
-  kcd_resp_conn *c = j->conn;
-  j->items[j->nitems++] = (kcd_resp_item){
-      kind, first, end - first, c ? c->resp3 : 0,
-      c && kind != KCD_RK_PRE ? c->cur_cmd : 0};
-  return 0;
-}
-
 /* ---- the committer ---- */
-
-void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j) {
-  j->next = NULL;
-  pthread_mutex_lock(&r->qlock);
-  if (r->qtail)
-    r->qtail->next = j;
-  else
-    r->qhead = j;
-  r->qtail = j;
-  /* wake the committer only when it waits for this many: a gather's
-   * writers arriving one by one do not each switch to it */
-  if (++r->qlen >= r->qwant && r->qwant)
-    pthread_cond_signal(&r->ccond);
-  pthread_mutex_unlock(&r->qlock);
-}
 
 /* Waits on ccond until qlen reaches want or qstop, up to until (NULL: no
  * limit). Called with qlock held. */
@@ -174,7 +99,7 @@ static void observe_batch(kcd_resp *r, size_t n) {
 
 /* Applies the ops of every job in one call; results go back to each op. */
 static void apply(kcd_resp *r, kcd_resp_job *jobs, size_t n) {
-  kc_store *s = atomic_load(&r->st->store);
+  kc_store *s = kcd_store(r->st);
   kc_store_kv_op *all = s ? malloc(n * sizeof *all) : NULL;
   if (!s || !all) { /* a failed commit all the same */
     atomic_fetch_add(&r->commit_errors, 1);

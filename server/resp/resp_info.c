@@ -123,7 +123,7 @@ void kcd_resp_c_info(kcd_resp_ctx *x) {
   int want[S_N] = {0};
   wanted(x, want);
   kc_store_stats st = {0};
-  kc_store *s = atomic_load(&x->st->store);
+  kc_store *s = kcd_store(x->st);
   if ((want[S_MEMORY] || want[S_STATS] || want[S_KEYSPACE]) && s)
     kc_store_stats_get(s, &st);
   kcd_resp_buf b = {0};
@@ -151,6 +151,10 @@ void kcd_resp_c_info(kcd_resp_ctx *x) {
 }
 
 /* ---- /metrics ---- */
+
+uint64_t kcd_resp_commands(kcd_resp *r) {
+  return r ? atomic_load(&r->commands_total) : 0;
+}
 
 static void counter(FILE *f, const char *name, const char *help,
                     uint64_t v) {

@@ -1,9 +1,9 @@
 /* resp_admit.c: who may hold a RESP connection, and what is not RESP.
  *
  * Admission: at most --resp-max-connections connections, and at most
- * --resp-max-connections-per-ip from one address (a table of counts per
- * address, listener thread only), as the HTTP side's --max-connections and
- * --max-connections-per-ip.
+ * --resp-max-connections-per-ip from one address (counted in addrs.c's
+ * table, as the HTTP side's; this one is the listener thread's), as the
+ * HTTP side's --max-connections and --max-connections-per-ip.
  *
  * The cross-protocol guard: a web page can make a browser send an HTTP
  * request to the RESP port (fetch with mode no-cors); its body lines would
@@ -27,60 +27,20 @@ const char *const kcd_resp_why_names[KCD_WHY_N] = {
 
 /* ---- admission ---- */
 
-struct kcd_resp_addr {
-  unsigned char a[16];
-  size_t n;
-  struct kcd_resp_addr *next;
-};
-
-/* The peer as 16 bytes (IPv4 mapped into IPv6) and as text. */
-static void addr_of(const struct sockaddr *sa, unsigned char a[16],
-                    char *text, size_t cap) {
-  memset(a, 0, 16);
-  snprintf(text, cap, "-");
-  if (sa && sa->sa_family == AF_INET) {
-    const struct sockaddr_in *s4 = (const struct sockaddr_in *)sa;
-    a[10] = a[11] = 0xff;
-    memcpy(a + 12, &s4->sin_addr, 4);
-    inet_ntop(AF_INET, &s4->sin_addr, text, (socklen_t)cap);
-  } else if (sa && sa->sa_family == AF_INET6) {
-    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
-    memcpy(a, &s6->sin6_addr, 16);
-    inet_ntop(AF_INET6, &s6->sin6_addr, text, (socklen_t)cap);
-  }
-}
-
-static size_t bucket(const unsigned char a[16]) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (int i = 0; i < 16; i++)
-    h = (h ^ a[i]) * 1099511628211ull;
-  return (size_t)(h % KCD_RESP_ADDR_BUCKETS);
-}
-
-static struct kcd_resp_addr **find(kcd_resp *r, const unsigned char a[16]) {
-  struct kcd_resp_addr **p = &r->addrs[bucket(a)];
-  while (*p && memcmp((*p)->a, a, 16) != 0)
-    p = &(*p)->next;
-  return p;
-}
-
 kcd_resp_why kcd_resp_admit(kcd_resp *r, kcd_resp_conn *c,
                             const struct sockaddr *sa) {
   const kcd_config *cfg = &r->st->cfg;
-  addr_of(sa, c->addr, c->remote, sizeof c->remote);
+  kcd_addr_key(sa, c->addr, c->remote, sizeof c->remote);
   if (atomic_load(&r->nconns) >= cfg->resp_max_conns)
     return KCD_WHY_MAX_CONNS;
   if (!cfg->resp_max_conns_per_ip)
     return KCD_WHY_N;
-  struct kcd_resp_addr **p = find(r, c->addr);
-  if (*p && (*p)->n >= cfg->resp_max_conns_per_ip)
+  if (!r->addrs && !(r->addrs = kcd_addrs_new()))
+    return KCD_WHY_MAX_CONNS; /* out of memory: as full */
+  if (kcd_addrs_count(r->addrs, c->addr) >= cfg->resp_max_conns_per_ip)
     return KCD_WHY_PER_IP;
-  if (!*p) {
-    if (!(*p = calloc(1, sizeof **p)))
-      return KCD_WHY_MAX_CONNS; /* out of memory: as full */
-    memcpy((*p)->a, c->addr, 16);
-  }
-  (*p)->n++;
+  if (kcd_addrs_add(r->addrs, c->addr))
+    return KCD_WHY_MAX_CONNS;
   c->counted = 1;
   return KCD_WHY_N;
 }
@@ -89,20 +49,12 @@ void kcd_resp_admit_release(kcd_resp *r, kcd_resp_conn *c) {
   if (!c->counted)
     return;
   c->counted = 0;
-  struct kcd_resp_addr **p = find(r, c->addr), *e = *p;
-  if (e && --e->n == 0) {
-    *p = e->next;
-    free(e);
-  }
+  kcd_addrs_sub(r->addrs, c->addr);
 }
 
 void kcd_resp_admit_free(kcd_resp *r) {
-  for (size_t i = 0; i < KCD_RESP_ADDR_BUCKETS; i++)
-    while (r->addrs[i]) {
-      struct kcd_resp_addr *e = r->addrs[i];
-      r->addrs[i] = e->next;
-      free(e);
-    }
+  kcd_addrs_free(r->addrs);
+  r->addrs = NULL;
 }
 
 void kcd_resp_refuse(kcd_resp_conn *c, kcd_resp_why why) {

@@ -1,11 +1,11 @@
 /* page.c: GET / and its script and style sheet: one self-contained page,
- * embedded in the binary at build time (server/page/, embed.cmake), that
- * shows the cache through the JSON API. Its Content-Security-Policy lets it
+ * embedded in the binary at build time (server/http/page/, embed.cmake),
+ * that shows the cache through the JSON API. Its Content-Security-Policy lets it
  * load and connect only to this server, run no inline script and be framed
  * by no one; what it shows from the store goes in as text, never as HTML. */
 #include <stddef.h>
 
-#include "kcd.h"
+#include "http.h"
 
 extern const unsigned char kcd_page_index_html[], kcd_page_app_js[],
     kcd_page_style_css[];
