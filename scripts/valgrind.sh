@@ -2,7 +2,7 @@
 # valgrind.sh: runs the unit and integration test binaries of a build under
 # Valgrind's memcheck (kcached too: the integration tests start it through a
 # wrapper), then fails if any process reported an error or a definite leak.
-# Tests that run NVRTC (gpu, client) are left out: its JIT is not ours.
+# Tests that run NVRTC (gpu, client_*) are left out: its JIT is not ours.
 #   usage: scripts/valgrind.sh [BUILD_DIR]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
