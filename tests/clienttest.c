@@ -551,6 +551,17 @@ void cmd_warmup(fx *f, const char *name, const char *script, char *path,
              MODEL, script);
 }
 
+void cubin_warmup(fx *f, const char *file, const char *name, const char *archs,
+                  char *path, size_t size) {
+  snprintf(path, size, "%s/%s.json", f->dir, file);
+  write_text(path,
+             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"%s\","
+             "\"hash\":\"%s\"},\"archs\":[%s],\"builder\":{\"command\":"
+             "[\"sh\",\"-c\",\"printf x{arch}{batch} > {out}/k.cubin\"],"
+             "\"timeout_s\":30},\"buckets\":[{\"batch\":1},{\"batch\":2}]}",
+             name, MODEL, archs);
+}
+
 /* The one key of a cmd_warmup. */
 void cmd_key(const char *path, char key[65]) {
   char err[KC_ERRBUF_SIZE];

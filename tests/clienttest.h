@@ -100,6 +100,11 @@ kc_warmup *fault_warmup(fx *f, kc_key_fields **k, char keys[2][65]);
  * on sm_90a, written to dir/<name>.json (path out). script: no quotes. */
 void cmd_warmup(fx *f, const char *name, const char *script, char *path,
                 size_t size);
+/* A command-builder warmup of the model `name` (hash MODEL) for archs (a
+ * JSON list body: "\"sm_80\""), batch 1 and 2, written to dir/<file>.json
+ * (path out): each bundle is one file k.cubin holding "x<arch><batch>". */
+void cubin_warmup(fx *f, const char *file, const char *name, const char *archs,
+                  char *path, size_t size);
 /* The one key of a cmd_warmup. */
 void cmd_key(const char *path, char key[65]);
 /* A client on cache (NULL: the default) and url; 20 s requests. */

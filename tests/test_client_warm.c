@@ -18,19 +18,6 @@
 
 /* ---- the warm's deadline ---- */
 
-/* A command-builder warmup (no toolkit needed): 2 buckets x archs, each
- * bundle one file k.cubin holding "x<arch><batch>". */
-static void arch_warmup(fx *f, const char *name, const char *archs,
-                        char *path, size_t size) {
-  snprintf(path, size, "%s/%s.json", f->dir, name);
-  write_text(path,
-             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"%s\","
-             "\"hash\":\"%s\"},\"archs\":[%s],\"builder\":{\"command\":"
-             "[\"sh\",\"-c\",\"printf x{arch}{batch} > {out}/k.cubin\"],"
-             "\"timeout_s\":30},\"buckets\":[{\"batch\":1},{\"batch\":2}]}",
-             name, MODEL, archs);
-}
-
 /* A server that accepts and never answers: the warm (lookup, the warmup
  * manifest's upload, the demand report) ends near --deadline, its keys
  * built here, even with a request limit (--timeout) far beyond it. */
@@ -39,7 +26,7 @@ static void test_warm_deadline_stall(void **state) {
   char w[400], cache[400];
   fake s = {.hold = 1};
   fake_start(&s);
-  arch_warmup(f, "stall", "\"sm_80\"", w, sizeof w);
+  cubin_warmup(f, "stall", "stall", "\"sm_80\"", w, sizeof w);
   snprintf(cache, sizeof cache, "%s/cache", f->dir);
   const double deadline = 3.0;
   run_res r;
@@ -156,7 +143,7 @@ static void test_get_real(void **state) {
 static void seed_model(fx *f, kc_warmup **w, char *path, size_t size) {
   char cache[400], err[KC_ERRBUF_SIZE];
   start_server(f);
-  arch_warmup(f, "outmodel", "\"sm_80\"", path, size);
+  cubin_warmup(f, "outmodel", "outmodel", "\"sm_80\"", path, size);
   snprintf(cache, sizeof cache, "%s/seed", f->dir);
   run_res r;
   run_kcache(&r, NULL, NULL,
@@ -332,7 +319,7 @@ static void test_purge_rewarm_uploads(void **state) {
   fx *f = *state;
   char w[400], cache[400];
   start_server(f);
-  arch_warmup(f, "purged", "\"sm_80\"", w, sizeof w);
+  cubin_warmup(f, "purged", "purged", "\"sm_80\"", w, sizeof w);
   snprintf(cache, sizeof cache, "%s/c1", f->dir);
   run_res r;
   const char *warm[] = {"warm", w, "--url", f->srv.url, "--cache-dir", cache,
@@ -382,7 +369,7 @@ static void test_purge_rewarm_tokens(void **state) {
   const char *args[] = {"--tokens", tokens, NULL};
   assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
   f->have_srv = 1;
-  arch_warmup(f, "purged", "\"sm_80\"", w, sizeof w);
+  cubin_warmup(f, "purged", "purged", "\"sm_80\"", w, sizeof w);
   snprintf(cache, sizeof cache, "%s/c1", f->dir);
   run_res r;
   run_kcache(&r, NULL, NULL,
@@ -407,19 +394,6 @@ static void test_purge_rewarm_tokens(void **state) {
   assert_non_null(strstr(r.out, "2 hit-local bundles uploaded"));
 }
 
-/* A command-builder warmup of the model named "compat" for archs, in
- * file dir/<file>.json (the build is the same for every file). */
-static void compat_warmup(fx *f, const char *file, const char *archs,
-                          char *path, size_t size) {
-  snprintf(path, size, "%s/%s.json", f->dir, file);
-  write_text(path,
-             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"compat\","
-             "\"hash\":\"%s\"},\"archs\":[%s],\"builder\":{\"command\":"
-             "[\"sh\",\"-c\",\"printf x{arch}{batch} > {out}/k.cubin\"],"
-             "\"timeout_s\":30},\"buckets\":[{\"batch\":1},{\"batch\":2}]}",
-             MODEL, archs);
-}
-
 /* A stand-in under --out (sm_86 code for the sm_89 key) says the arch its
  * code is for in DIR/sm_89/<bucket>/kcache-arch; once the exact bundle
  * exists, the next warm into DIR writes it and the file goes. */
@@ -427,8 +401,8 @@ static void test_out_compat_names_arch(void **state) {
   fx *f = *state;
   char w86[400], w89[400], cache[400], out[400], p[600];
   start_server(f);
-  compat_warmup(f, "w86", "\"sm_86\"", w86, sizeof w86);
-  compat_warmup(f, "w89", "\"sm_89\"", w89, sizeof w89);
+  cubin_warmup(f, "w86", "compat", "\"sm_86\"", w86, sizeof w86);
+  cubin_warmup(f, "w89", "compat", "\"sm_89\"", w89, sizeof w89);
   snprintf(out, sizeof out, "%s/out", f->dir);
   run_res r;
   snprintf(cache, sizeof cache, "%s/seed86", f->dir);
@@ -483,7 +457,7 @@ static void test_no_build_says_compat(void **state) {
   fx *f = *state;
   char w89[400], cache[400];
   start_server(f);
-  compat_warmup(f, "w89", "\"sm_89\"", w89, sizeof w89);
+  cubin_warmup(f, "w89", "compat", "\"sm_89\"", w89, sizeof w89);
   snprintf(cache, sizeof cache, "%s/c", f->dir);
   run_res r;
   run_kcache(&r, NULL, NULL,
