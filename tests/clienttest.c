@@ -45,8 +45,10 @@ int fx_teardown(void **state) {
   return 0;
 }
 
-void start_server(fx *f) {
-  assert_int_equal(kc_testsrv_start(&f->srv, NULL), 0);
+void start_server(fx *f) { start_server_with(f, NULL); }
+
+void start_server_with(fx *f, const char *const *args) {
+  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
   f->have_srv = 1;
 }
 

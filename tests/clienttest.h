@@ -64,8 +64,10 @@ int fx_teardown(void **state);
  * cleans up. main's return value. */
 int clienttest_run(const char *group, const struct CMUnitTest *tests, size_t n);
 
-/* Starts the real kcached (no flags) as f->srv. */
+/* Starts the real kcached as f->srv: with no flags; with args
+ * (NULL-terminated). */
 void start_server(fx *f);
+void start_server_with(fx *f, const char *const *args);
 /* Skips the test without NVRTC (fails it with CI=true). */
 void need_nvrtc(void);
 void rmtree(const char *p);

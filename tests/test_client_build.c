@@ -364,8 +364,7 @@ static void test_server_blob_flipped(void **state) {
    * held raw, so the content's bytes are there to flip */
   const char *const args[] = {"--scrub-rate", "0", "--compress-level", "0",
                               NULL};
-  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
-  f->have_srv = 1;
+  start_server_with(f, args);
   char err[KC_ERRBUF_SIZE], key[65], p[PATH_MAX], cache2[400], d[65];
   kc_client *c = client_for(f->cache, f->srv.url);
   kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
@@ -426,10 +425,8 @@ static void test_tokens(void **state) {
   snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
   make_token("write", "ci", tokens, wtok, sizeof wtok);
   make_token("read", "svc", tokens, rtok, sizeof rtok);
-  assert_int_equal(kc_testsrv_init(&f->srv), 0);
-  const char *args[] = {"--tokens", tokens, NULL};
-  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
-  f->have_srv = 1;
+  const char *const args[] = {"--tokens", tokens, NULL};
+  start_server_with(f, args);
   kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
   kc_warmup *w2 = warmup_for(f, "w2", "batch8", "fill8", "");
   struct { const char *tok, *cache; } who[] = {
@@ -483,10 +480,8 @@ static void test_https(void **state) {
     print_message("skipped: openssl cannot make a certificate\n");
     skip();
   }
-  const char *args[] = {"--tls-cert", cert, "--tls-key", key, NULL};
-  assert_int_equal(kc_testsrv_init(&f->srv), 0);
-  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
-  f->have_srv = 1;
+  const char *const args[] = {"--tls-cert", cert, "--tls-key", key, NULL};
+  start_server_with(f, args);
   assert_memory_equal(f->srv.url, "https://", 8);
   kc_client *c = NULL;
   char *json = NULL;

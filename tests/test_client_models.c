@@ -345,10 +345,8 @@ static void test_purge_by_forged_name(void **state) {
   snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
   make_token("write", "ci", tokens, wtok, sizeof wtok);
   make_token("admin", "ops", tokens, atok, sizeof atok);
-  assert_int_equal(kc_testsrv_init(&f->srv), 0);
-  const char *args[] = {"--tokens", tokens, NULL};
-  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
-  f->have_srv = 1;
+  const char *const args[] = {"--tokens", tokens, NULL};
+  start_server_with(f, args);
   named_warmup(f, "demo.json", "demo-mlp", MODEL, w, sizeof w);
   assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
                            "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
@@ -400,10 +398,8 @@ static void test_warm_manifest_roles(void **state) {
   snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
   make_token("read", "svc", tokens, rtok, sizeof rtok);
   make_token("write", "ci", tokens, wtok, sizeof wtok);
-  assert_int_equal(kc_testsrv_init(&f->srv), 0);
-  const char *args[] = {"--tokens", tokens, NULL};
-  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
-  f->have_srv = 1;
+  const char *const args[] = {"--tokens", tokens, NULL};
+  start_server_with(f, args);
   refill_warmup(f, w, sizeof w);
   assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
                            "--cache-dir %s/r", w, f->srv.url, rtok, f->dir),

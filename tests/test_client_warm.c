@@ -365,10 +365,8 @@ static void test_purge_rewarm_tokens(void **state) {
   make_token("read", "svc", tokens, rtok, sizeof rtok);
   make_token("write", "ci", tokens, wtok, sizeof wtok);
   make_token("admin", "ops", tokens, atok, sizeof atok);
-  assert_int_equal(kc_testsrv_init(&f->srv), 0);
-  const char *args[] = {"--tokens", tokens, NULL};
-  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
-  f->have_srv = 1;
+  const char *const args[] = {"--tokens", tokens, NULL};
+  start_server_with(f, args);
   cubin_warmup(f, "purged", "purged", "\"sm_80\"", w, sizeof w);
   snprintf(cache, sizeof cache, "%s/c1", f->dir);
   run_res r;
