@@ -1,7 +1,7 @@
 /* test_client_cli.c: the kcache CLI's own checks: usage errors, `kcache
  * key` and hashing, manifest errors, a names file read once, environment
- * and flags, a plaintext token over http, `kcache verify`. Fixture and
- * the CLI runner: clienttest.h. */
+ * and flags, no token sent in clear by accident, `kcache verify`. Fixture
+ * and the CLI runner: clienttest.h. */
 #include "clienttest.h"
 
 #include "kc_gpu.h"
