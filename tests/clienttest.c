@@ -398,17 +398,22 @@ static void *fake_main(void *arg) {
   }
 }
 
-void fake_start(fake *s) {
+int listen_loopback(int *port, char *url, size_t cap) {
   struct sockaddr_in a = {.sin_family = AF_INET,
                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof a;
-  s->fd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_true(s->fd >= 0);
-  assert_int_equal(bind(s->fd, (struct sockaddr *)&a, sizeof a), 0);
-  assert_int_equal(listen(s->fd, 64), 0);
-  getsockname(s->fd, (struct sockaddr *)&a, &len);
-  s->port = ntohs(a.sin_port);
-  snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", s->port);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(fd, 64), 0);
+  getsockname(fd, (struct sockaddr *)&a, &len);
+  *port = ntohs(a.sin_port);
+  snprintf(url, cap, "http://127.0.0.1:%d", *port);
+  return fd;
+}
+
+void fake_start(fake *s) {
+  s->fd = listen_loopback(&s->port, s->url, sizeof s->url);
   assert_int_equal(pthread_create(&s->thread, NULL, fake_main, s), 0);
 }
 

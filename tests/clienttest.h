@@ -193,6 +193,9 @@ typedef struct fake {
   int stop;
 } fake;
 
+/* A socket listening on a free loopback port: its port, and
+ * "http://127.0.0.1:PORT" in url. */
+int listen_loopback(int *port, char *url, size_t cap);
 /* Listens on a free loopback port (s->url) and serves from a thread. */
 void fake_start(fake *s);
 void fake_stop(fake *s);

@@ -10,7 +10,6 @@
  * a counting proxy here. */
 #include "clienttest.h"
 
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -561,16 +560,8 @@ static void *proxy_main(void *arg) {
 }
 
 static void proxy_start(proxy *x, int up_port) {
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
   x->up_port = up_port;
-  x->fd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_int_equal(bind(x->fd, (struct sockaddr *)&a, sizeof a), 0);
-  assert_int_equal(listen(x->fd, 64), 0);
-  getsockname(x->fd, (struct sockaddr *)&a, &len);
-  x->port = ntohs(a.sin_port);
-  snprintf(x->url, sizeof x->url, "http://127.0.0.1:%d", x->port);
+  x->fd = listen_loopback(&x->port, x->url, sizeof x->url);
   assert_int_equal(__real_pthread_create(&x->th, NULL, proxy_main, x), 0);
 }
 
