@@ -2,7 +2,8 @@
 # valgrind.sh: runs the unit and integration test binaries of a build under
 # Valgrind's memcheck (kcached too: the integration tests start it through a
 # wrapper), then fails if any process reported an error or a definite leak.
-# Tests that run NVRTC (gpu, client) are left out: its JIT is not ours.
+# Tests that run NVRTC (gpu; client_keys, _cli, _build, _faults, _fetch) are
+# left out: its JIT is not ours.
 #   usage: scripts/valgrind.sh [BUILD_DIR]   (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,11 @@ done
 KC_TEST_SKIP=test_key_bytes_recounted_at_open run store_kv "$build/tests/test_store_kv"
 for t in blob bundle lease auth ops http auth_reload demand models fetch; do
   run "server_$t" "$build/tests/test_server_$t"
+done
+# The client's tests that build with a command, not NVRTC (the kcache CLI
+# they run is not under memcheck; libkcache in the test process is).
+for t in hostile models compat warm; do
+  run "client_$t" "$build/tests/test_client_$t"
 done
 run suggest "$build/tests/test_suggest"
 run s3 "$build/tests/test_s3"

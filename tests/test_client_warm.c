@@ -6,268 +6,16 @@
  * not; verified, atomic per file, never outside DIR), the threads and
  * connections a small warm uses, a re-warm after a purge, and what a
  * stand-in (hit-compat) leaves under --out. The real kcached where a real
- * one is meant (tests/testsrv.h); small fake servers in threads here. */
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
+ * one is meant, and the fake server of the shared fixture (clienttest.h);
+ * a counting proxy here. */
+#include "clienttest.h"
+
 #include <poll.h>
 #include <pthread.h>
-#include <setjmp.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <cmocka.h>
-
-#include "kcache.h"
-#include "testsrv.h"
-
-#ifndef KCACHE_BIN
-#define KCACHE_BIN "kcache"
-#endif
-
-#define MODEL "9a1c5e0e3f1c4b0a8f5d2b7c6e4a3d2c1b0a9f8e7d6c5b4a3928171605f4e3d2"
-
-/* ---- fixture ---- */
-
-typedef struct fx {
-  char dir[256];
-  kc_testsrv srv;
-  int have_srv;
-} fx;
-
-static int fx_setup(void **state) {
-  fx *f = calloc(1, sizeof *f);
-  const char *tmp = getenv("TMPDIR");
-  snprintf(f->dir, sizeof f->dir, "%s/kcache-cwarm-XXXXXX",
-           tmp && *tmp ? tmp : "/tmp");
-  assert_non_null(mkdtemp(f->dir));
-  *state = f;
-  return 0;
-}
-
-static int fx_teardown(void **state) {
-  fx *f = *state;
-  char cmd[700];
-  if (f->have_srv)
-    kc_testsrv_cleanup(&f->srv);
-  snprintf(cmd, sizeof cmd, "chmod -R u+w '%s' 2>/dev/null; rm -rf '%s'",
-           f->dir, f->dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "cannot remove %s\n", f->dir);
-  free(f);
-  return 0;
-}
-
-static void start_server(fx *f) {
-  assert_int_equal(kc_testsrv_start(&f->srv, NULL), 0);
-  f->have_srv = 1;
-}
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static void write_text(const char *path, const char *fmt, ...) {
-  FILE *fp = fopen(path, "w");
-  assert_non_null(fp);
-  va_list ap;
-  va_start(ap, fmt);
-  vfprintf(fp, fmt, ap);
-  va_end(ap);
-  fclose(fp);
-}
-
-static char *read_all(const char *path, size_t *len) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp)
-    return NULL;
-  char *buf = NULL;
-  size_t n = 0, cap = 0;
-  for (;;) {
-    if (n + 4096 + 1 > cap) {
-      cap = cap ? cap * 2 : 8192;
-      buf = realloc(buf, cap);
-      assert_non_null(buf);
-    }
-    size_t r = fread(buf + n, 1, 4096, fp);
-    if (!r)
-      break;
-    n += r;
-  }
-  fclose(fp);
-  buf[n] = '\0';
-  if (len)
-    *len = n;
-  return buf;
-}
-
-/* What one run of the CLI did. */
-typedef struct run_res {
-  int rc;        /* exit status; 128 + signal when killed */
-  long maxrss_kb;
-  double secs;
-  char out[16384]; /* stderr, and stdout unless it went to a file */
-} run_res;
-
-/* Runs kcache with args (NULL-terminated) and env additions ("VAR=v" ...,
- * NULL-terminated, may be NULL); stdout to stdout_path when not NULL (else
- * with stderr into r->out). Its own peak memory from wait4. */
-static void run_kcache(run_res *r, const char *stdout_path,
-                       const char *const *env, const char *const *args) {
-  char errp[] = "/tmp/kcache-cwarm-err-XXXXXX";
-  int efd = mkstemp(errp);
-  assert_true(efd >= 0);
-  const char *argv[64] = {KCACHE_BIN};
-  size_t n = 1;
-  for (; args[n - 1]; n++) {
-    assert_true(n < 63);
-    argv[n] = args[n - 1];
-  }
-  argv[n] = NULL;
-  double t0 = now_s();
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    int ofd = stdout_path ? open(stdout_path, O_WRONLY | O_CREAT | O_TRUNC,
-                                 0644)
-                          : efd;
-    if (ofd < 0)
-      _exit(126);
-    dup2(ofd, 1);
-    dup2(efd, 2);
-    unsetenv("KCACHE_URL");
-    unsetenv("KCACHE_TOKEN");
-    unsetenv("KCACHE_DIR");
-    for (size_t i = 0; env && env[i]; i++)
-      putenv((char *)env[i]);
-    execv(KCACHE_BIN, (char *const *)argv);
-    _exit(127);
-  }
-  int st = 0;
-  struct rusage ru;
-  assert_int_equal(wait4(pid, &st, 0, &ru), pid);
-  r->secs = now_s() - t0;
-  r->maxrss_kb = ru.ru_maxrss;
-  r->rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  close(efd);
-  char *text = read_all(errp, NULL);
-  unlink(errp);
-  snprintf(r->out, sizeof r->out, "%s", text ? text : "");
-  free(text);
-}
-
-/* ---- fake servers ---- */
-
-/* A server on loopback: stall (accepts, reads, never answers) or flood (a
- * 200 without a length, then bytes until the client leaves or `flood`
- * bytes went; 0: without end). */
-typedef struct fake {
-  int fd, port;
-  char url[64];
-  pthread_t th;
-  int flood_mode;
-  uint64_t flood;  /* 0: endless */
-  uint64_t sent;   /* flood: bytes the client took (atomic) */
-  int conns;       /* connections accepted (atomic) */
-  int held[64];    /* stall: connections kept open until stop */
-  int n_held;
-  int stop;
-} fake;
-
-static void fake_flood(fake *s, int c) {
-  static char chunk[256 << 10];
-  char req[4096];
-  static const char head[] = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n";
-  if (read(c, req, sizeof req) <= 0)
-    return;
-  memset(chunk, 'x', sizeof chunk);
-  if (send(c, head, strlen(head), MSG_NOSIGNAL) < 0)
-    return;
-  for (uint64_t done = 0; !s->flood || done < s->flood;) {
-    size_t want = sizeof chunk;
-    if (s->flood && s->flood - done < want)
-      want = (size_t)(s->flood - done);
-    ssize_t w = send(c, chunk, want, MSG_NOSIGNAL);
-    if (w <= 0 || __atomic_load_n(&s->stop, __ATOMIC_SEQ_CST))
-      break;
-    done += (uint64_t)w;
-    __atomic_store_n(&s->sent, done, __ATOMIC_SEQ_CST);
-  }
-}
-
-static void *fake_main(void *arg) {
-  fake *s = arg;
-  for (;;) {
-    int c = accept(s->fd, NULL, NULL);
-    if (c < 0 || __atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) {
-      if (c >= 0)
-        close(c);
-      return NULL;
-    }
-    __atomic_add_fetch(&s->conns, 1, __ATOMIC_SEQ_CST);
-    if (s->flood_mode) {
-      fake_flood(s, c);
-      close(c);
-    } else if (s->n_held < 64) {
-      s->held[s->n_held++] = c; /* never read, never answered */
-    } else {
-      close(c);
-    }
-  }
-}
-
-static void fake_start(fake *s) {
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  s->fd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_true(s->fd >= 0);
-  assert_int_equal(bind(s->fd, (struct sockaddr *)&a, sizeof a), 0);
-  assert_int_equal(listen(s->fd, 64), 0);
-  getsockname(s->fd, (struct sockaddr *)&a, &len);
-  s->port = ntohs(a.sin_port);
-  snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", s->port);
-  assert_int_equal(pthread_create(&s->th, NULL, fake_main, s), 0);
-}
-
-static void fake_stop(fake *s) {
-  __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
-  int c = kc_testsrv_connect(s->port); /* wakes accept() */
-  if (c >= 0)
-    close(c);
-  pthread_join(s->th, NULL);
-  for (int i = 0; i < s->n_held; i++)
-    close(s->held[i]);
-  close(s->fd);
-}
 
 /* ---- the warm's deadline ---- */
-
-/* A command-builder warmup (no toolkit needed): 2 buckets x archs, each
- * bundle one file k.cubin holding "x<arch><batch>". */
-static void cmd_warmup(fx *f, const char *name, const char *archs,
-                       char *path, size_t size) {
-  snprintf(path, size, "%s/%s.json", f->dir, name);
-  write_text(path,
-             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"%s\","
-             "\"hash\":\"%s\"},\"archs\":[%s],\"builder\":{\"command\":"
-             "[\"sh\",\"-c\",\"printf x{arch}{batch} > {out}/k.cubin\"],"
-             "\"timeout_s\":30},\"buckets\":[{\"batch\":1},{\"batch\":2}]}",
-             name, MODEL, archs);
-}
 
 /* A server that accepts and never answers: the warm (lookup, the warmup
  * manifest's upload, the demand report) ends near --deadline, its keys
@@ -275,9 +23,9 @@ static void cmd_warmup(fx *f, const char *name, const char *archs,
 static void test_warm_deadline_stall(void **state) {
   fx *f = *state;
   char w[400], cache[400];
-  fake s = {0};
+  fake s = {.hold = 1};
   fake_start(&s);
-  cmd_warmup(f, "stall", "\"sm_80\"", w, sizeof w);
+  cubin_warmup(f, "stall", "stall", "\"sm_80\"", w, sizeof w);
   snprintf(cache, sizeof cache, "%s/cache", f->dir);
   const double deadline = 3.0;
   run_res r;
@@ -304,7 +52,7 @@ static void test_warm_deadline_stall(void **state) {
 static void test_get_max_size(void **state) {
   fx *f = *state;
   char outp[400], file[400];
-  fake s = {.flood_mode = 1};
+  fake s = {.blob_flood = SIZE_MAX}; /* without end */
   fake_start(&s);
   snprintf(outp, sizeof outp, "%s/stdout", f->dir);
   snprintf(file, sizeof file, "%s/blob", f->dir);
@@ -337,7 +85,7 @@ static void test_get_max_size(void **state) {
  * old get held all of it), then refused by their hash. */
 static void test_get_streams(void **state) {
   fx *f = *state;
-  fake s = {.flood_mode = 1, .flood = (uint64_t)256 << 20};
+  fake s = {.blob_flood = (size_t)256 << 20};
   fake_start(&s);
   run_res r;
   run_kcache(&r, "/dev/null", NULL,
@@ -389,22 +137,12 @@ static void test_get_real(void **state) {
 
 /* ---- --out: linked from the cache, copied across file systems ---- */
 
-static kc_client *client_for(const char *cache, const char *url) {
-  char err[KC_ERRBUF_SIZE];
-  kc_client *c = NULL;
-  kc_client_opts o = {.url = url, .cache_dir = cache, .timeout_ms = 20000,
-                      .connect_timeout_ms = 1000};
-  if (kc_client_new(&o, &c, err) != KC_OK)
-    fail_msg("kc_client_new: %s", err);
-  return c;
-}
-
 /* The command-builder model (2 buckets, sm_80) built and uploaded to the
  * real kcached by a first warm; *w loaded. */
 static void seed_model(fx *f, kc_warmup **w, char *path, size_t size) {
   char cache[400], err[KC_ERRBUF_SIZE];
   start_server(f);
-  cmd_warmup(f, "outmodel", "\"sm_80\"", path, size);
+  cubin_warmup(f, "outmodel", "outmodel", "\"sm_80\"", path, size);
   snprintf(cache, sizeof cache, "%s/seed", f->dir);
   run_res r;
   run_kcache(&r, NULL, NULL,
@@ -572,13 +310,6 @@ static int server_bundles(fx *f) {
   return n;
 }
 
-static int count_of(const char *s, const char *needle) {
-  int n = 0;
-  for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
-    n++;
-  return n;
-}
-
 /* The host that built the model still holds it after `kcache purge`: its
  * re-warm is hit-local, and since kcached now lacks the bundles it
  * uploads them (and says so), so the fleet has them again. A second
@@ -587,7 +318,7 @@ static void test_purge_rewarm_uploads(void **state) {
   fx *f = *state;
   char w[400], cache[400];
   start_server(f);
-  cmd_warmup(f, "purged", "\"sm_80\"", w, sizeof w);
+  cubin_warmup(f, "purged", "purged", "\"sm_80\"", w, sizeof w);
   snprintf(cache, sizeof cache, "%s/c1", f->dir);
   run_res r;
   const char *warm[] = {"warm", w, "--url", f->srv.url, "--cache-dir", cache,
@@ -606,7 +337,8 @@ static void test_purge_rewarm_uploads(void **state) {
   assert_int_equal(r.rc, 0);
   assert_non_null(strstr(r.out, "2 hit-local"));
   assert_non_null(strstr(r.out, "2 hit-local bundles uploaded"));
-  assert_int_equal(count_of(r.out, "uploaded: kcached did not hold it"), 2);
+  assert_int_equal(occurrences(r.out, "uploaded: kcached did not hold it"),
+                   2);
   assert_int_equal(server_bundles(f), 2);
   /* another replica's empty cache now fetches them */
   char cache2[400];
@@ -621,29 +353,6 @@ static void test_purge_rewarm_uploads(void **state) {
   assert_null(strstr(r.out, "uploaded"));
 }
 
-static void make_token(const char *role, const char *name, const char *file,
-                       char *token, size_t size) {
-  char cmd[600], line[512];
-  snprintf(cmd, sizeof cmd, "%s token %s %s 2>/dev/null", kc_testsrv_bin(),
-           role, name);
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  FILE *out = fopen(file, "a");
-  assert_non_null(out);
-  while (fgets(line, sizeof line, p)) {
-    line[strcspn(line, "\n")] = '\0';
-    if (line[0] == '#' || !line[0])
-      continue;
-    if (!strchr(line, ' '))
-      snprintf(token, size, "%.200s", line);
-    else
-      fprintf(out, "%s\n", line);
-  }
-  fclose(out);
-  assert_int_equal(pclose(p), 0);
-  assert_true(token[0] != '\0');
-}
-
 /* The same with tokens: a read token's re-warm cannot put them back and
  * says so on each item (one refused upload, not one per bundle); a write
  * token's does. */
@@ -655,11 +364,9 @@ static void test_purge_rewarm_tokens(void **state) {
   make_token("read", "svc", tokens, rtok, sizeof rtok);
   make_token("write", "ci", tokens, wtok, sizeof wtok);
   make_token("admin", "ops", tokens, atok, sizeof atok);
-  assert_int_equal(kc_testsrv_init(&f->srv), 0);
-  const char *args[] = {"--tokens", tokens, NULL};
-  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
-  f->have_srv = 1;
-  cmd_warmup(f, "purged", "\"sm_80\"", w, sizeof w);
+  const char *const args[] = {"--tokens", tokens, NULL};
+  start_server_with(f, args);
+  cubin_warmup(f, "purged", "purged", "\"sm_80\"", w, sizeof w);
   snprintf(cache, sizeof cache, "%s/c1", f->dir);
   run_res r;
   run_kcache(&r, NULL, NULL,
@@ -675,26 +382,13 @@ static void test_purge_rewarm_tokens(void **state) {
                               cache, "--token", rtok, NULL});
   print_message("%s", r.out);
   assert_int_equal(r.rc, 0);
-  assert_int_equal(count_of(r.out, "not uploaded: "), 2);
-  assert_int_equal(count_of(r.out, "403"), 2);
+  assert_int_equal(occurrences(r.out, "not uploaded: "), 2);
+  assert_int_equal(occurrences(r.out, "403"), 2);
   run_kcache(&r, NULL, NULL,
              (const char *[]){"warm", w, "--url", f->srv.url, "--cache-dir",
                               cache, "--token", wtok, NULL});
   assert_int_equal(r.rc, 0);
   assert_non_null(strstr(r.out, "2 hit-local bundles uploaded"));
-}
-
-/* A command-builder warmup of the model named "compat" for archs, in
- * file dir/<file>.json (the build is the same for every file). */
-static void compat_warmup(fx *f, const char *file, const char *archs,
-                          char *path, size_t size) {
-  snprintf(path, size, "%s/%s.json", f->dir, file);
-  write_text(path,
-             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"compat\","
-             "\"hash\":\"%s\"},\"archs\":[%s],\"builder\":{\"command\":"
-             "[\"sh\",\"-c\",\"printf x{arch}{batch} > {out}/k.cubin\"],"
-             "\"timeout_s\":30},\"buckets\":[{\"batch\":1},{\"batch\":2}]}",
-             MODEL, archs);
 }
 
 /* A stand-in under --out (sm_86 code for the sm_89 key) says the arch its
@@ -704,8 +398,8 @@ static void test_out_compat_names_arch(void **state) {
   fx *f = *state;
   char w86[400], w89[400], cache[400], out[400], p[600];
   start_server(f);
-  compat_warmup(f, "w86", "\"sm_86\"", w86, sizeof w86);
-  compat_warmup(f, "w89", "\"sm_89\"", w89, sizeof w89);
+  cubin_warmup(f, "w86", "compat", "\"sm_86\"", w86, sizeof w86);
+  cubin_warmup(f, "w89", "compat", "\"sm_89\"", w89, sizeof w89);
   snprintf(out, sizeof out, "%s/out", f->dir);
   run_res r;
   snprintf(cache, sizeof cache, "%s/seed86", f->dir);
@@ -760,7 +454,7 @@ static void test_no_build_says_compat(void **state) {
   fx *f = *state;
   char w89[400], cache[400];
   start_server(f);
-  compat_warmup(f, "w89", "\"sm_89\"", w89, sizeof w89);
+  cubin_warmup(f, "w89", "compat", "\"sm_89\"", w89, sizeof w89);
   snprintf(cache, sizeof cache, "%s/c", f->dir);
   run_res r;
   run_kcache(&r, NULL, NULL,
@@ -768,19 +462,21 @@ static void test_no_build_says_compat(void **state) {
                               cache, "--device-arch", "sm_89", "--no-build",
                               NULL});
   print_message("%s", r.out);
-  assert_int_equal(count_of(r.out, "no compatible bundle found either "
-                                   "(looked for sm_87, sm_86, sm_80: what "
-                                   "runs on sm_89"), 2);
+  assert_int_equal(occurrences(r.out, "no compatible bundle found either "
+                                      "(looked for sm_87, sm_86, sm_80: what "
+                                      "runs on sm_89"),
+                   2);
   run_kcache(&r, NULL, NULL,
              (const char *[]){"warm", w89, "--url", f->srv.url, "--cache-dir",
                               cache, "--no-compat", "--no-build", NULL});
-  assert_int_equal(count_of(r.out, "no compatible bundle looked for "
-                                   "(--no-compat)"), 2);
+  assert_int_equal(occurrences(r.out, "no compatible bundle looked for "
+                                      "(--no-compat)"),
+                   2);
   run_kcache(&r, NULL, NULL,
              (const char *[]){"warm", w89, "--url", f->srv.url, "--cache-dir",
                               cache, "--device-arch", "sm_80", "--no-build",
                               NULL});
-  assert_int_equal(count_of(r.out, "(sm_89 does not run on sm_80"), 2);
+  assert_int_equal(occurrences(r.out, "(sm_89 does not run on sm_80"), 2);
 }
 
 /* ---- the threads and connections of a small warm ---- */
@@ -864,16 +560,8 @@ static void *proxy_main(void *arg) {
 }
 
 static void proxy_start(proxy *x, int up_port) {
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
   x->up_port = up_port;
-  x->fd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_int_equal(bind(x->fd, (struct sockaddr *)&a, sizeof a), 0);
-  assert_int_equal(listen(x->fd, 64), 0);
-  getsockname(x->fd, (struct sockaddr *)&a, &len);
-  x->port = ntohs(a.sin_port);
-  snprintf(x->url, sizeof x->url, "http://127.0.0.1:%d", x->port);
+  x->fd = listen_loopback(&x->port, x->url, sizeof x->url);
   assert_int_equal(__real_pthread_create(&x->th, NULL, proxy_main, x), 0);
 }
 
@@ -971,20 +659,20 @@ static void test_small_warm_threads_conns(void **state) {
 
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
-#define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
   const struct CMUnitTest tests[] = {
-      T(test_warm_deadline_stall),
-      T(test_get_max_size),
-      T(test_get_streams),
-      T(test_get_real),
-      T(test_out_linked),
-      T(test_out_replaces),
-      T(test_out_other_fs),
-      T(test_purge_rewarm_uploads),
-      T(test_purge_rewarm_tokens),
-      T(test_out_compat_names_arch),
-      T(test_no_build_says_compat),
-      T(test_small_warm_threads_conns),
+      CT(test_warm_deadline_stall),
+      CT(test_get_max_size),
+      CT(test_get_streams),
+      CT(test_get_real),
+      CT(test_out_linked),
+      CT(test_out_replaces),
+      CT(test_out_other_fs),
+      CT(test_purge_rewarm_uploads),
+      CT(test_purge_rewarm_tokens),
+      CT(test_out_compat_names_arch),
+      CT(test_no_build_says_compat),
+      CT(test_small_warm_threads_conns),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return clienttest_run("client_warm", tests,
+                        sizeof tests / sizeof tests[0]);
 }
