@@ -133,8 +133,9 @@ ssize_t recv(int fd, void *buf, size_t n, int flags) {
   return r;
 }
 
-/* Scanning starts where a header block does: at accept and after each
- * request (not for TLS: its bytes are ciphertext). */
+/* Scanning starts at accept, where the first header block does, and the
+ * scanner follows the requests from there (framing.c); not for TLS: its
+ * bytes are ciphertext. */
 static void scan_arm(kcd_conn *c, int on) {
   memset(&c->scan, 0, sizeof c->scan);
   c->scan.on = on;
@@ -293,7 +294,6 @@ void kcd_conn_headers_done(kcd_conn *c) {
   if (!c)
     return;
   STORE(&c->waiting_since_us, 0);
-  c->scan.on = 0;
 }
 
 void kcd_conn_request_done(kcd_conn *c, uint64_t now_us) {
@@ -301,7 +301,6 @@ void kcd_conn_request_done(kcd_conn *c, uint64_t now_us) {
     return;
   STORE(&c->body_since_us, 0);
   STORE(&c->waiting_since_us, now_us);
-  scan_arm(c, c->scanned);
 }
 
 void kcd_conn_body_begin(kcd_conn *c) {
