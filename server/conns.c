@@ -58,7 +58,7 @@ struct kcd_conn {
   char remote[INET6_ADDRSTRLEN];     /* the peer's address, for the log */
   unsigned char addr[16];            /* and as a key (IPv4 mapped) */
   int counted;                       /* in the main port's address counts */
-  kcd_scan scan;                     /* the header block received (recv) */
+  kcd_scan scan;                     /* the received bytes' framing */
   int scanned;                       /* its bytes are scanned (plain HTTP) */
 };
 
@@ -83,8 +83,9 @@ struct kcd_conns {
  * kcached defines recv(), so libmicrohttpd's calls (and every other in the
  * process: libcurl's, the RESP front end's) come here first. It receives
  * as glibc's would; for a descriptor of an open HTTP connection (this
- * table, set while the connection is open) it also feeds the bytes of a
- * request's header block to kcd_framing_scan, and when that finds what
+ * table, set while the connection is open) it also feeds the bytes to
+ * kcd_framing_scan, which follows the requests' header blocks and skips
+ * their bodies, and when that finds what
  * libmicrohttpd would answer wrongly it sends kcached's answer, ends the
  * connection and tells libmicrohttpd the peer closed (framing.c says why
  * no callback can do it). Descriptors beyond the table (the open-file limit
