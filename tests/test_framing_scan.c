@@ -15,7 +15,8 @@
 #include "http.h"
 
 /* Feeds p in pieces of `step` bytes after a first piece of `first`; the
- * verdict, and whether the scanner stopped at the block's end. */
+ * verdict, and the scanner's state after it (KCD_SCAN_OFF, _HEADERS,
+ * _BODY). */
 static int feed(const char *p, size_t n, size_t first, size_t step,
                 int *stopped) {
   kcd_scan s = {.on = 1};
@@ -27,7 +28,7 @@ static int feed(const char *p, size_t n, size_t first, size_t step,
     off += m;
     k = step;
   }
-  *stopped = !s.on;
+  *stopped = s.on;
   return v;
 }
 
@@ -77,15 +78,34 @@ static void t_verdicts(void **state) {
   expect("Content-Length: x\r\nHost: a\r\n\r\n", OK);
 }
 
-/* The scanner stops at the block's end: a body that looks like headers is
- * not read. */
-static void t_stops_at_block_end(void **state) {
+/* The scanner follows the connection: a body (its Content-Length's bytes)
+ * is skipped, however much it looks like headers, and the block after it
+ * is scanned; after a chunked body it stops. */
+static void t_follows_bodies(void **state) {
   (void)state;
-  static const char req[] = "PUT / HTTP/1.1\r\nContent-Length: 30\r\n\r\n"
-                            "x\r\nContent-Length: 2x\r\n\r\n";
-  int stopped = 0;
-  assert_int_equal(feed(req, sizeof req - 1, 0, 1, &stopped), KCD_SCAN_OK);
-  assert_true(stopped);
+  static const char req[] = "PUT / HTTP/1.1\r\nContent-Length: 25\r\n\r\n"
+                            "x\r\nContent-Length: 2x\r\n\r\n"
+                            "GET / HTTP/1.1\r\n\r\n";
+  static const char bad[] = "POST / HTTP/1.1\r\nContent-Length: 2x\r\n\r\n";
+  static const char chunked[] = "PUT / HTTP/1.1\r\nTransfer-Encoding: "
+                                "chunked\r\n\r\n";
+  char two[256];
+  int on = 0;
+  size_t n = sizeof req - 1;
+  for (size_t step = 1; step <= n; step++) {
+    assert_int_equal(feed(req, n, 0, step, &on), KCD_SCAN_OK);
+    assert_int_equal(on, KCD_SCAN_HEADERS);
+  }
+  /* cut inside the body: its bytes still to skip */
+  assert_int_equal(feed(req, 45, 0, 45, &on), KCD_SCAN_OK);
+  assert_int_equal(on, KCD_SCAN_BODY);
+  snprintf(two, sizeof two, "%s%s", req, bad);
+  for (size_t step = 1; step <= strlen(two); step += 7)
+    assert_int_equal(feed(two, strlen(two), 0, step, &on),
+                     KCD_SCAN_BAD_LENGTH);
+  snprintf(two, sizeof two, "%s%s", chunked, bad);
+  assert_int_equal(feed(two, strlen(two), 0, 1, &on), KCD_SCAN_OK);
+  assert_int_equal(on, KCD_SCAN_OFF);
   size_t len;
   const char *a = kcd_framing_scan_answer(KCD_SCAN_BAD_LENGTH, &len);
   assert_int_equal(strlen(a), len);
@@ -101,7 +121,7 @@ static void t_stops_at_block_end(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_verdicts),
-      cmocka_unit_test(t_stops_at_block_end),
+      cmocka_unit_test(t_follows_bodies),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

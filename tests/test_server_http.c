@@ -412,6 +412,43 @@ static void t_good_framing_kept_alive(void **state) {
   close(fd);
 }
 
+/* A body whose bytes look like a header block, arriving after the request
+ * before it on the same connection was answered: the scanner must follow
+ * the request it belongs to (it follows bodies by their Content-Length),
+ * not take it for the next header block. Before, it re-armed when the GET
+ * completed, while libmicrohttpd already held the PUT's header lines but
+ * for the block's last CRLF: it took that CRLF for an empty line before a
+ * request and the PUT's body for headers, a false 400 and a closed
+ * connection. */
+static void t_pipelined_body_like_headers(void **state) {
+  (void)state;
+  static const char blob[] = "y\r\nContent-Length: 2x\r\n\r\n";
+  char d[65], req[512], buf[8192];
+  kc_sha256_hex(blob, sizeof blob - 1, d);
+  int fd = kc_testsrv_connect(S.port);
+  assert_true(fd >= 0);
+  snprintf(req, sizeof req, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+           "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
+           "Content-Length: %zu\r\n", d, sizeof blob - 1);
+  assert_int_equal(raw_send(fd, req), 0);
+  assert_int_equal(raw_read(fd, buf, sizeof buf, 500), 0); /* still open */
+  assert_int_equal(raw_status(buf), 200);
+  snprintf(req, sizeof req, "\r\n%s", blob); /* the block's end, the body */
+  assert_int_equal(raw_send(fd, req), 0);
+  assert_int_equal(raw_read(fd, buf, sizeof buf, 500), 0);
+  if (raw_status(buf) != 201)
+    print_message("answer:\n%s\n", buf);
+  assert_int_equal(raw_status(buf), 201);
+  /* and the header block after it is still scanned */
+  assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: localhost"
+                                "\r\nContent-Length: 2x\r\n\r\n"), 0);
+  assert_int_equal(raw_read(fd, buf, sizeof buf, 3000), 1);
+  assert_int_equal(raw_status(buf), 400);
+  assert_int_equal(n_responses(buf), 1);
+  assert_non_null(strstr(buf, "\"bad_request\""));
+  close(fd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_cl_and_te),
@@ -421,6 +458,7 @@ int main(void) {
       cmocka_unit_test(t_nul_in_target),
       cmocka_unit_test(t_bad_content_length),
       cmocka_unit_test(t_good_framing_kept_alive),
+      cmocka_unit_test(t_pipelined_body_like_headers),
       cmocka_unit_test(t_obs_fold),
       cmocka_unit_test(t_host_count),
       cmocka_unit_test(t_header_bytes),

@@ -58,7 +58,7 @@ struct kcd_conn {
   char remote[INET6_ADDRSTRLEN];     /* the peer's address, for the log */
   unsigned char addr[16];            /* and as a key (IPv4 mapped) */
   int counted;                       /* in the main port's address counts */
-  kcd_scan scan;                     /* the header block received (recv) */
+  kcd_scan scan;                     /* the received bytes' framing */
   int scanned;                       /* its bytes are scanned (plain HTTP) */
 };
 
@@ -75,8 +75,9 @@ struct kcd_conns {
  * kcached defines recv(), so libmicrohttpd's calls (and every other in the
  * process: libcurl's, the RESP front end's) come here first. It receives
  * as glibc's would; for a descriptor of an open HTTP connection (this
- * table, set while the connection is open) it also feeds the bytes of a
- * request's header block to kcd_framing_scan, and when that finds what
+ * table, set while the connection is open) it also feeds the bytes to
+ * kcd_framing_scan, which follows the requests' header blocks and skips
+ * their bodies, and when that finds what
  * libmicrohttpd would answer wrongly it sends kcached's answer, ends the
  * connection and tells libmicrohttpd the peer closed (framing.c says why
  * no callback can do it). Descriptors beyond the table (the open-file limit
@@ -125,8 +126,9 @@ ssize_t recv(int fd, void *buf, size_t n, int flags) {
   return r;
 }
 
-/* Scanning starts where a header block does: at accept and after each
- * request (not for TLS: its bytes are ciphertext). */
+/* Scanning starts at accept, where the first header block does, and the
+ * scanner follows the requests from there (framing.c); not for TLS: its
+ * bytes are ciphertext. */
 static void scan_arm(kcd_conn *c, int on) {
   memset(&c->scan, 0, sizeof c->scan);
   c->scan.on = on;
@@ -235,7 +237,6 @@ void kcd_conn_headers_done(kcd_conn *c) {
   if (!c)
     return;
   STORE(&c->waiting_since_us, 0);
-  c->scan.on = 0;
 }
 
 void kcd_conn_request_done(kcd_conn *c, uint64_t now_us) {
@@ -243,7 +244,6 @@ void kcd_conn_request_done(kcd_conn *c, uint64_t now_us) {
     return;
   STORE(&c->body_since_us, 0);
   STORE(&c->waiting_since_us, now_us);
-  scan_arm(c, c->scanned);
 }
 
 void kcd_conn_body_begin(kcd_conn *c) {

@@ -334,10 +334,14 @@ int kcd_framing_host_allowed(const kcd_config *c, const char *host) {
  * answer). No callback runs between the headers' arrival and that answer,
  * so conns.c hands this scanner the bytes as they are received, and when
  * it reports one, answers it here and closes the connection instead.
- * It follows one header block from the first receive after the previous
- * request ended; a request pipelined behind another, already buffered by
- * MHD, is not seen (MHD's doubled answer then still closes the
- * connection). */
+ * It follows the connection's bytes from its first: a header block, then
+ * the body its Content-Length gives (skipped), then the next block, so a
+ * pipelined request is seen, and a body whose bytes look like headers is
+ * never read as headers (it used to re-arm when a request completed, while
+ * MHD may already hold the next one: a false 400). A chunked body is not
+ * followed: the scan stops for the rest of the connection (MHD's doubled
+ * answer then still closes it). A request MHD answers before its body
+ * (an early answer) closes the connection, so the count stays true. */
 
 static const char SCAN_CL[] = "content-length:";
 static const char SCAN_TE[] = "transfer-encoding:";
@@ -379,12 +383,19 @@ static void scan_byte(kcd_scan *s, unsigned char c) {
 /* A line ended: the next, or the block's end and its verdict. */
 static int scan_eol(kcd_scan *s) {
   if (s->col == 0 && s->line > 0) {
-    s->on = 0;
-    if (!s->cl_seen || s->te_seen)
-      return KCD_SCAN_OK; /* MHD ignores Content-Length beside TE */
-    if (s->cl_bad || !s->cl_digits)
-      return KCD_SCAN_BAD_LENGTH;
-    return s->cl_big ? KCD_SCAN_BIG_LENGTH : KCD_SCAN_OK;
+    if (s->te_seen) { /* MHD ignores Content-Length beside TE */
+      s->on = KCD_SCAN_OFF; /* a chunked body: not followed */
+      return KCD_SCAN_OK;
+    }
+    if (s->cl_seen && (s->cl_bad || !s->cl_digits))
+      return s->on = KCD_SCAN_OFF, KCD_SCAN_BAD_LENGTH;
+    if (s->cl_seen && s->cl_big)
+      return s->on = KCD_SCAN_OFF, KCD_SCAN_BIG_LENGTH;
+    uint64_t body = s->cl_seen ? s->cl : 0;
+    memset(s, 0, sizeof *s);
+    s->cl = body; /* the body's bytes still to skip */
+    s->on = body ? KCD_SCAN_BODY : KCD_SCAN_HEADERS;
+    return KCD_SCAN_OK;
   }
   if (s->col > 0 || s->line > 0) /* empty lines before a request: skipped */
     s->line++;
@@ -395,6 +406,14 @@ static int scan_eol(kcd_scan *s) {
 
 int kcd_framing_scan(kcd_scan *s, const char *p, size_t n) {
   for (size_t i = 0; i < n && s->on; i++) {
+    if (s->on == KCD_SCAN_BODY) { /* skipped; then the next block */
+      uint64_t k = n - i < s->cl ? n - i : s->cl;
+      s->cl -= k;
+      i += (size_t)k - 1;
+      if (s->cl == 0)
+        s->on = KCD_SCAN_HEADERS;
+      continue;
+    }
     unsigned char c = (unsigned char)p[i];
     if (s->cr) {
       s->cr = 0;

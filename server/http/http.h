@@ -163,7 +163,7 @@ int kcd_framing_host_allowed(const kcd_config *c, const char *host);
  * could see it: a first Content-Length that is not a decimal number, or
  * too large, without Transfer-Encoding. Per connection, on its thread. */
 typedef struct kcd_scan {
-  int on;            /* a header block is being read */
+  int on;            /* KCD_SCAN_OFF, _HEADERS (a block), _BODY (cl left) */
   int line;          /* lines it ended so far (0: the request line) */
   unsigned col;      /* bytes of the current line */
   unsigned mcl, mte; /* bytes of the names below matched at a line start */
@@ -173,6 +173,7 @@ typedef struct kcd_scan {
   uint64_t cl;
 } kcd_scan;
 enum { KCD_SCAN_OK, KCD_SCAN_BAD_LENGTH, KCD_SCAN_BIG_LENGTH };
+enum { KCD_SCAN_OFF, KCD_SCAN_HEADERS, KCD_SCAN_BODY };
 /* Feeds received bytes; KCD_SCAN_OK, or what the block's end showed. */
 int kcd_framing_scan(kcd_scan *s, const char *p, size_t n);
 /* The answer kcached gives instead (a static HTTP response), for what

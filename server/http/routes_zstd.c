@@ -99,42 +99,6 @@ static int reply_frame(kcd_req *r, const char *const *h) {
                    KCD_MEM_PERSISTENT, h);
 }
 
-/* A small blob for a client without zstd: decoded whole, in one pass, into
- * a buffer of its size (the thread's decoding context, no stream decoder
- * or window to set up: those cost more than the decode). 0: not small,
- * go on with a stream; else the reply's result. */
-static int reply_small_decoded(kcd_req *r, const char *const *h,
-                               int *replied) {
-  const void *z;
-  size_t zlen;
-  kc_store_enc enc;
-  uint64_t size = 0;
-  kc_store_read *rd;
-  char err[KC_ERRBUF_SIZE] = "";
-  *replied = 0;
-  kc_err e = kc_store_read_begin(kcd_store(r->st), &rd);
-  if (e)
-    return 0; /* the stream's open says why */
-  e = kc_store_blob_get_stored(rd, r->param, &z, &zlen, &enc, &size);
-  void *buf = NULL;
-  if (!e && enc == KC_STORE_ZSTD && size <= KCD_ZERO_COPY_MAX) {
-    buf = malloc(size ? (size_t)size : 1);
-    e = buf ? kc_store_zstd_decode(z, zlen, buf, (size_t)size, err)
-            : KC_NOMEM;
-    *replied = 1;
-  }
-  kc_store_read_end(rd);
-  if (!*replied)
-    return 0;
-  if (e) {
-    free(buf);
-    return kcd_reply_error_json(r, e, *err ? err : "cannot read the blob",
-                                NULL, NULL);
-  }
-  return kcd_reply(r, 200, "application/octet-stream", buf, (size_t)size,
-                   KCD_MEM_FREE, h);
-}
-
 static int reply_entry(kcd_req *r, kcd_dentry *e, const char *const *h) {
   return kcd_reply_held(r, "application/octet-stream", kcd_dentry_data(e),
                         kcd_dentry_len(e), kcd_dentry_release, e, h);
@@ -155,45 +119,83 @@ static kc_err fill_entry(kcd_req *r, kcd_dentry *e, const void *z,
   return x;
 }
 
-/* For a client without zstd, from the decoded cache: a hit answers from
- * memory; a miss the cache takes is decoded whole into the new entry
- * (one pass, the thread's decoding context, inside one short read),
- * hashed, and kept. 0: not answered here (no cache, not held compressed,
- * or the cache passes: too big, no room, being filled). */
-static int reply_cached(kcd_req *r, const char *const *h, int *replied) {
+/* What one read of the held frame decided for a client without zstd. */
+typedef struct decoded {
+  kcd_dentry *entry; /* the decoded cache's entry (hit or filled), or */
+  void *buf;         /* a small blob decoded whole into a buffer, */
+  size_t len;        /* of this length; neither: stream it */
+  kc_err err;
+  char msg[KC_ERRBUF_SIZE];
+} decoded;
+
+/* One read picks the path (a cache hit needs none): the frame is looked up
+ * once, and then either filled into the decoded cache (one pass, the
+ * thread's decoding context, hashed, kept), or, when the cache passes (no
+ * cache, too big, no room, being filled) and the blob is small, decoded
+ * whole into a buffer of its size (no stream decoder or window to set up:
+ * those cost more than the decode). Larger ones are left to the stream,
+ * whose open says why when the blob cannot be read. */
+static void decode_pick(kcd_req *r, decoded *d) {
   kcd_dcache *c = r->st->dcache;
-  kcd_dentry *e;
-  *replied = 0;
-  if (!c)
-    return 0;
-  if (kcd_dcache_get(c, r->param, KCD_DC_LOOK, &e) == KCD_DC_HIT)
-    return *replied = 1, reply_entry(r, e, h);
+  memset(d, 0, sizeof *d);
+  if (c && kcd_dcache_get(c, r->param, KCD_DC_LOOK, &d->entry) == KCD_DC_HIT)
+    return;
+  d->entry = NULL;
   const void *z;
   size_t zlen;
   kc_store_enc enc;
   uint64_t size = 0;
   kc_store_read *rd;
-  char err[KC_ERRBUF_SIZE] = "";
   if (kc_store_read_begin(kcd_store(r->st), &rd))
-    return 0; /* the stream's open says why */
-  kc_err x = kc_store_blob_get_stored(rd, r->param, &z, &zlen, &enc, &size);
-  kcd_dcache_res res = x || enc != KC_STORE_ZSTD
-                           ? KCD_DC_PASS
-                           : kcd_dcache_get(c, r->param, size, &e);
-  if (res == KCD_DC_FILL)
-    x = fill_entry(r, e, z, zlen, err);
-  kc_store_read_end(rd);
-  if (res == KCD_DC_PASS)
-    return 0;
-  *replied = 1;
-  if (res == KCD_DC_FILL)
-    kcd_dcache_publish(e, !x);
-  if (x) {
-    kcd_dentry_release(e);
-    return kcd_reply_error_json(r, x, *err ? err : "cannot read the blob",
-                                NULL, NULL);
+    return;
+  if (kc_store_blob_get_stored(rd, r->param, &z, &zlen, &enc, &size) ||
+      enc != KC_STORE_ZSTD) {
+    kc_store_read_end(rd);
+    return;
   }
-  return reply_entry(r, e, h);
+  kcd_dentry *e = NULL;
+  kcd_dcache_res res = c ? kcd_dcache_get(c, r->param, size, &e) : KCD_DC_PASS;
+  if (res == KCD_DC_HIT) { /* filled by another since the look */
+    kc_store_read_end(rd);
+    d->entry = e;
+    return;
+  }
+  if (res == KCD_DC_FILL) {
+    d->err = fill_entry(r, e, z, zlen, d->msg);
+    kc_store_read_end(rd);
+    kcd_dcache_publish(e, !d->err);
+    if (d->err)
+      kcd_dentry_release(e);
+    else
+      d->entry = e;
+    return;
+  }
+  if (size <= KCD_ZERO_COPY_MAX) {
+    d->buf = malloc(size ? (size_t)size : 1);
+    d->len = (size_t)size;
+    d->err = d->buf ? kc_store_zstd_decode(z, zlen, d->buf, d->len, d->msg)
+                    : KC_NOMEM;
+  }
+  kc_store_read_end(rd);
+}
+
+/* For a client without zstd, from one read (decode_pick); 0 in *replied:
+ * go on with a stream. */
+static int reply_decoded(kcd_req *r, const char *const *h, int *replied) {
+  decoded d;
+  decode_pick(r, &d);
+  *replied = d.entry || d.buf || d.err;
+  if (d.err) {
+    free(d.buf);
+    return kcd_reply_error_json(r, d.err, *d.msg ? d.msg
+                                : "cannot read the blob", NULL, NULL);
+  }
+  if (d.entry)
+    return reply_entry(r, d.entry, h);
+  if (d.buf)
+    return kcd_reply(r, 200, "application/octet-stream", d.buf, d.len,
+                     KCD_MEM_FREE, h);
+  return 0;
 }
 
 int kcd_blob_get_encoded(kcd_req *r) {
@@ -208,9 +210,7 @@ int kcd_blob_get_encoded(kcd_req *r) {
   if (matches_etag(r, etag))
     return kcd_reply(r, 304, NULL, "", 0, KCD_MEM_PERSISTENT, h);
   if (!frame && r->method != KCD_M_HEAD) {
-    int replied, ret = reply_cached(r, h, &replied);
-    if (!replied)
-      ret = reply_small_decoded(r, h, &replied);
+    int replied, ret = reply_decoded(r, h, &replied);
     if (replied) {
       atomic_fetch_add(&r->st->metrics.zstd_gets, 1);
       return ret;
