@@ -326,7 +326,7 @@ struct kcd_resp_conn {
   int backlog;       /* process() stopped at KCD_RESP_OUT_HIGH: complete
                         commands may wait in the input buffer */
   int dead;          /* the socket is gone: free when the job returns */
-  kc_store_read *rd; /* this batch's read transaction, or NULL */
+  kc_store_read *rd; /* the round's read (kcd_resp.rd), lent to a batch */
   const char **av;   /* the parsed command as pointers, for the ctx */
   size_t *al, avcap;
   struct kcd_resp_conn *prev, *next;
@@ -363,6 +363,7 @@ struct kcd_resp {
   _Atomic uint64_t cmd_ok[KCD_RESP_N_CMDS + 1], cmd_err[KCD_RESP_N_CMDS + 1];
   kcd_resp_conn *conns; /* listener thread only */
   kcd_resp_conn *grave; /* closed, freed after this round of events */
+  kc_store_read *rd; /* this round's read, lent to each batch (c->rd) */
   /* input buffers of big values, kept for the next one (resp.c; listener
    * thread only): at most KCD_RESP_POOL_N, KCD_RESP_POOL_BYTES in all,
    * freed after KCD_RESP_POOL_IDLE_MS without a taker */
