@@ -447,6 +447,51 @@ class OpenServer(ServerCase):
             t.join()
         self.assertEqual(errors, [])
 
+    def test_read_after_commit_while_others_read(self):
+        """A GET behind its connection's SET runs when the commit comes
+        back, in a round of events where other connections' GETs began the
+        round's read before the commit: it must see the SET, not that read's
+        older state."""
+        stop, errors = threading.Event(), []
+        self.r.set("hot", "x" * 100)
+        n_get = 32
+
+        def reader():
+            s = socket.create_connection(("127.0.0.1", self.srv.port))
+            want = (b"$100\r\n" + b"x" * 100 + b"\r\n") * n_get
+            try:
+                while not stop.is_set():
+                    s.sendall(b"GET hot\r\n" * n_get)
+                    assert read_exactly(s, len(want)) == want
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+            finally:
+                s.close()
+
+        def writer(n):
+            s = socket.create_connection(("127.0.0.1", self.srv.port))
+            try:
+                for i in range(150):
+                    v = b"%d:%d" % (n, i)
+                    s.sendall(b"SET w%d %s\r\nGET w%d\r\n" % (n, v, n))
+                    want = b"+OK\r\n$%d\r\n%s\r\n" % (len(v), v)
+                    got = read_exactly(s, len(want))
+                    assert got == want, (n, i, got, want)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+            finally:
+                s.close()
+        rs = [threading.Thread(target=reader) for _ in range(4)]
+        ws = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+        for t in rs + ws:
+            t.start()
+        for t in ws:
+            t.join()
+        stop.set()
+        for t in rs:
+            t.join()
+        self.assertEqual(errors, [])
+
     def test_bad_input_closes_only_that_connection(self):
         other = self.srv.client()
         other.set("alive", "1")
