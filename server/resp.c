@@ -20,6 +20,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -151,6 +152,7 @@ static void conn_close(kcd_resp_conn *c) {
   close(c->fd);
   c->fd = -1;
   c->rd = NULL; /* the round's read, lent */
+  c->nrefs = 0;
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -212,6 +214,37 @@ static ssize_t sock_read(kcd_resp_conn *c, void *p, size_t n) {
   return c->ssl ? kcd_resp_tls_read(c, p, n) : read(c->fd, p, n);
 }
 
+/* What waits, with the values of c->refs taken from the map: one writev. */
+static ssize_t write_refs(kcd_resp_conn *c) {
+  struct iovec iov[2 * KCD_RESP_REFS + 1];
+  int k = 0;
+  size_t at = c->out_off;
+  for (size_t i = 0; i < c->nrefs; i++) {
+    const kcd_resp_ref *f = &c->refs[i];
+    if (f->off + f->len <= at)
+      continue; /* sent already (a write that EINTR cut short) */
+    if (f->off > at)
+      iov[k++] = (struct iovec){c->out.p + at, f->off - at};
+    size_t skip = at > f->off ? at - f->off : 0;
+    iov[k++] = (struct iovec){(char *)f->p + skip, f->len - skip};
+    at = f->off + f->len;
+  }
+  if (c->out.len > at)
+    iov[k++] = (struct iovec){c->out.p + at, c->out.len - at};
+  return writev(c->fd, iov, k);
+}
+
+/* After the write: the values not all sent are copied into their room in
+ * out, so nothing unsent points into the map when the round's read ends. */
+static void refs_settle(kcd_resp_conn *c) {
+  for (size_t i = 0; i < c->nrefs; i++) {
+    const kcd_resp_ref *f = &c->refs[i];
+    if (f->off + f->len > c->out_off)
+      memcpy(c->out.p + f->off, f->p, f->len);
+  }
+  c->nrefs = 0;
+}
+
 /* One write of what waits; 0 ok (maybe partly sent), -1 closed. */
 static int conn_flush(kcd_resp_conn *c) {
   if (c->out.oom || c->out.over) { /* a reply no budget had room for */
@@ -220,7 +253,8 @@ static int conn_flush(kcd_resp_conn *c) {
     return conn_close(c), -1;
   }
   while (pending(c)) {
-    ssize_t n = sock_write(c, c->out.p + c->out_off, pending(c));
+    ssize_t n = c->nrefs ? write_refs(c)
+                         : sock_write(c, c->out.p + c->out_off, pending(c));
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -232,6 +266,7 @@ static int conn_flush(kcd_resp_conn *c) {
     atomic_fetch_add(&c->srv->bytes_out, (uint64_t)n);
     break; /* level-triggered: EPOLLOUT brings the rest */
   }
+  refs_settle(c);
   if (!pending(c)) {
     c->out.len = c->out_off = 0;
     if (c->out.cap > KEEP_MAX)

@@ -53,6 +53,10 @@
 #define KCD_RESP_TRIM_MS 2000         /* idle this long: buffers freed */
 #define KCD_RESP_INLINE_MAX (64 * 1024) /* an inline command, a count line */
 #define KCD_RESP_OUT_HIGH (1024 * 1024) /* stop running commands above */
+/* GET values of at least KCD_RESP_REF_MIN bytes go out by writev from the
+ * map, at most KCD_RESP_REFS per batch (kcd_resp_conn.refs) */
+#define KCD_RESP_REFS 16
+#define KCD_RESP_REF_MIN 2048
 #define KCD_RESP_KEYS_MAX 100000        /* KEYS returns at most this many */
 #define KCD_RESP_JOB_OPS 10000         /* a pipeline's writes per job */
 #define KCD_RESP_JOB_BYTES (64u << 20) /* and their value bytes */
@@ -279,6 +283,13 @@ typedef struct kcd_resp_queued {
   size_t *lens;
 } kcd_resp_queued;
 
+/* out's bytes [off, off + len) are a value's, not copied there yet: the
+ * write takes them from p, in the round's read (resp.c, conn_flush) */
+typedef struct kcd_resp_ref {
+  size_t off, len;
+  const void *p;
+} kcd_resp_ref;
+
 struct kcd_resp_conn {
   kcd_resp *srv;
   int fd;
@@ -291,6 +302,8 @@ struct kcd_resp_conn {
   int tls_rd_want_wr, tls_wr_want_rd; /* a read waits to write, and back */
   kcd_resp_buf in, out;
   size_t out_off; /* bytes of out already sent */
+  kcd_resp_ref refs[KCD_RESP_REFS]; /* only from process() to conn_flush */
+  size_t nrefs;
   kcd_resp_parser parser;
   unsigned events; /* epoll interest now */
   int sniffed;     /* the first bytes were judged (kcd_resp_sniff) */
