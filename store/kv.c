@@ -3,6 +3,7 @@
  * meta) and the batched writes of kc_store_kv_apply, one write transaction
  * and one sync per batch. SCAN, expiry and verify are kv_scan.c, eviction
  * kv_evict.c. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,10 +50,39 @@ static kc_err kv_bytes_add(MDB_txn *txn, kc_store *s, int64_t delta,
   return kcs_put(txn, s->meta, &k, &v, 0, err);
 }
 
+/* One SHA-256 hasher per thread for the keys' hashes, made on the thread's
+ * first key and freed when it exits: kc_sha256_hex makes and frees an
+ * OpenSSL context per call, which cost a RESP GET more instructions than
+ * hashing its key (a malloc, a free and the cleansing of the context). */
+static pthread_key_t kh_key;
+static pthread_once_t kh_once = PTHREAD_ONCE_INIT;
+static _Thread_local kc_sha256 *kh_mine;
+
+static void kh_gone(void *h) { kc_sha256_free(h); }
+static void kh_key_make(void) { pthread_key_create(&kh_key, kh_gone); }
+
+static kc_sha256 *thread_hasher(void) {
+  if (kh_mine)
+    return kh_mine;
+  pthread_once(&kh_once, kh_key_make);
+  kc_sha256 *h = kc_sha256_new();
+  if (h && pthread_setspecific(kh_key, h)) {
+    kc_sha256_free(h);
+    return NULL;
+  }
+  return kh_mine = h;
+}
+
 static kc_err key_hex(const void *key, size_t klen, char hex[KC_HEX_LEN + 1]) {
   if (!key || klen == 0 || klen > KC_KV_KEY_MAX)
     return KC_BAD_KEY;
-  return kc_sha256_hex(key, klen, hex);
+  kc_sha256 *h = thread_hasher();
+  if (!h) /* out of memory for the context: the one-shot path */
+    return kc_sha256_hex(key, klen, hex);
+  kc_err e = kc_sha256_reset(h);
+  if (!e)
+    e = kc_sha256_update(h, key, klen);
+  return e ? e : kc_sha256_final(h, hex);
 }
 
 kc_err kcs_kv_rec_get(MDB_txn *txn, kc_store *s, const char *hex,

@@ -447,6 +447,51 @@ class OpenServer(ServerCase):
             t.join()
         self.assertEqual(errors, [])
 
+    def test_read_after_commit_while_others_read(self):
+        """A GET behind its connection's SET runs when the commit comes
+        back, in a round of events where other connections' GETs began the
+        round's read before the commit: it must see the SET, not that read's
+        older state."""
+        stop, errors = threading.Event(), []
+        self.r.set("hot", "x" * 100)
+        n_get = 32
+
+        def reader():
+            s = socket.create_connection(("127.0.0.1", self.srv.port))
+            want = (b"$100\r\n" + b"x" * 100 + b"\r\n") * n_get
+            try:
+                while not stop.is_set():
+                    s.sendall(b"GET hot\r\n" * n_get)
+                    assert read_exactly(s, len(want)) == want
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+            finally:
+                s.close()
+
+        def writer(n):
+            s = socket.create_connection(("127.0.0.1", self.srv.port))
+            try:
+                for i in range(150):
+                    v = b"%d:%d" % (n, i)
+                    s.sendall(b"SET w%d %s\r\nGET w%d\r\n" % (n, v, n))
+                    want = b"+OK\r\n$%d\r\n%s\r\n" % (len(v), v)
+                    got = read_exactly(s, len(want))
+                    assert got == want, (n, i, got, want)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+            finally:
+                s.close()
+        rs = [threading.Thread(target=reader) for _ in range(4)]
+        ws = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+        for t in rs + ws:
+            t.start()
+        for t in ws:
+            t.join()
+        stop.set()
+        for t in rs:
+            t.join()
+        self.assertEqual(errors, [])
+
     def test_bad_input_closes_only_that_connection(self):
         other = self.srv.client()
         other.set("alive", "1")
@@ -881,6 +926,47 @@ class LargePipelines(ServerCase):
             s.shutdown(socket.SHUT_WR)
             got = read_exactly(s, big_gets_reply(5, len(self.value)) + 1)
             self.assertEqual(len(got), big_gets_reply(5, len(self.value)))
+
+    def test_values_sent_from_the_map_survive_a_slow_reader(self):
+        """GET replies of distinct values, more than one batch's writev
+        takes from the map, to a reader that waits: what the first write
+        did not send is copied before the round's read ends, so the bytes
+        stay right while another connection overwrites and deletes the
+        keys. The replies stay under the output mark (1 MiB): every GET
+        runs before the keys change."""
+        vals = [os.urandom(2048 + 600 * i) for i in range(40)]
+        r = self.srv.client()
+        for i, v in enumerate(vals):
+            r.set("mv:%d" % i, v)
+        order = [i % len(vals) for i in range(60)]
+        want = b"".join(b"$%d\r\n%s\r\n" % (len(vals[i]), vals[i])
+                        for i in order)
+        with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+            s.sendall(b"".join(b"GET mv:%d\r\n" % i for i in order))
+            time.sleep(0.3)  # the server's writes stop at a full socket
+            for i in range(len(vals)):
+                r.set("mv:%d" % i, b"x" * 5000)
+            r.delete(*["mv:%d" % i for i in range(len(vals))])
+            got = read_exactly(s, len(want))
+        r.close()
+        self.assertEqual(len(got), len(want))
+        self.assertTrue(got == want, "reply bytes differ")
+        # one value larger than the socket takes at once (loopback: 4 MiB)
+        big = os.urandom(12 << 20)
+        r = self.srv.client()
+        r.set("mv:big", big)
+        with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+            s.sendall(b"GET mv:big\r\n")
+            time.sleep(0.3)
+            r.set("mv:big", b"y" * (12 << 20))
+            r.delete("mv:big")
+            want = b"$%d\r\n" % len(big) + big + b"\r\n"
+            got = read_exactly(s, len(want))
+        r.close()
+        self.assertEqual(len(got), len(want))
+        self.assertTrue(got == want, "reply bytes differ")
 
     def test_slow_reader_bounded_memory(self):
         """A client that pipelines 200 large GETs and reads slowly holds

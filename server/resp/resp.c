@@ -20,6 +20,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -150,8 +151,8 @@ static void conn_close(kcd_resp_conn *c) {
   kcd_resp_tls_close(c);
   close(c->fd);
   c->fd = -1;
-  kc_store_read_end(c->rd);
-  c->rd = NULL;
+  c->rd = NULL; /* the round's read, lent */
+  c->nrefs = 0;
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -213,6 +214,37 @@ static ssize_t sock_read(kcd_resp_conn *c, void *p, size_t n) {
   return c->ssl ? kcd_resp_tls_read(c, p, n) : read(c->fd, p, n);
 }
 
+/* What waits, with the values of c->refs taken from the map: one writev. */
+static ssize_t write_refs(kcd_resp_conn *c) {
+  struct iovec iov[2 * KCD_RESP_REFS + 1];
+  int k = 0;
+  size_t at = c->out_off;
+  for (size_t i = 0; i < c->nrefs; i++) {
+    const kcd_resp_ref *f = &c->refs[i];
+    if (f->off + f->len <= at)
+      continue; /* sent already (a write that EINTR cut short) */
+    if (f->off > at)
+      iov[k++] = (struct iovec){c->out.p + at, f->off - at};
+    size_t skip = at > f->off ? at - f->off : 0;
+    iov[k++] = (struct iovec){(char *)f->p + skip, f->len - skip};
+    at = f->off + f->len;
+  }
+  if (c->out.len > at)
+    iov[k++] = (struct iovec){c->out.p + at, c->out.len - at};
+  return writev(c->fd, iov, k);
+}
+
+/* After the write: the values not all sent are copied into their room in
+ * out, so nothing unsent points into the map when the round's read ends. */
+static void refs_settle(kcd_resp_conn *c) {
+  for (size_t i = 0; i < c->nrefs; i++) {
+    const kcd_resp_ref *f = &c->refs[i];
+    if (f->off + f->len > c->out_off)
+      memcpy(c->out.p + f->off, f->p, f->len);
+  }
+  c->nrefs = 0;
+}
+
 /* One write of what waits; 0 ok (maybe partly sent), -1 closed. */
 static int conn_flush(kcd_resp_conn *c) {
   if (c->out.oom || c->out.over) { /* a reply no budget had room for */
@@ -221,7 +253,8 @@ static int conn_flush(kcd_resp_conn *c) {
     return conn_close(c), -1;
   }
   while (pending(c)) {
-    ssize_t n = sock_write(c, c->out.p + c->out_off, pending(c));
+    ssize_t n = c->nrefs ? write_refs(c)
+                         : sock_write(c, c->out.p + c->out_off, pending(c));
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -233,6 +266,7 @@ static int conn_flush(kcd_resp_conn *c) {
     atomic_fetch_add(&c->srv->bytes_out, (uint64_t)n);
     break; /* level-triggered: EPOLLOUT brings the rest */
   }
+  refs_settle(c);
   if (!pending(c)) {
     c->out.len = c->out_off = 0;
     if (c->out.cap > KEEP_MAX)
@@ -268,7 +302,6 @@ static void submit(kcd_resp_conn *c) {
   if (!j)
     return;
   c->job = NULL;
-  kc_store_read_end(c->rd);
   c->rd = NULL;
   if (j->nops == 0) {
     kcd_resp_job_reply(j, &c->out);
@@ -394,7 +427,6 @@ static int step(kcd_resp_conn *c) {
     kcd_resp_job *j = c->fetch;
     c->fetch = NULL;
     c->held = 1;
-    kc_store_read_end(c->rd);
     c->rd = NULL;
     inflight_begin(c);
     kcd_resp_fetch_submit(c->srv, j);
@@ -462,9 +494,22 @@ static void process(kcd_resp_conn *c) {
     ;
   c->backlog = !go && !c->inflight && !c->closing;
   submit(c);
-  kc_store_read_end(c->rd);
   c->rd = NULL;
   compact(c);
+}
+
+/* Ends the round's read, which every batch of the round borrowed
+ * (kcd_resp_read): one LMDB read per round of events, not one per batch.
+ * A read renewed per request paid its begin and end and, at its first
+ * use of each database, a lookup of that database's root: a fifth of a
+ * one-command batch's instructions. Ended before epoll_wait blocks (a
+ * held read pins the pages freed after it) and before committed jobs
+ * are answered, so a connection's next command sees its writes; a batch
+ * that runs later in a round sees the state as of the round's first
+ * read, which no reply of a later commit has announced yet. */
+static void round_end(kcd_resp *r) {
+  kc_store_read_end(r->rd);
+  r->rd = NULL;
 }
 
 /* ---- I/O events ---- */
@@ -640,6 +685,8 @@ static void on_done(kcd_resp *r) {
   kcd_resp_job *j = r->dhead;
   r->dhead = r->dtail = NULL;
   pthread_mutex_unlock(&r->dlock);
+  if (j) /* their commits came after the round's read */
+    round_end(r);
   while (j) {
     kcd_resp_job *next = j->next;
     kcd_resp_conn *c = j->conn;
@@ -777,6 +824,7 @@ static void drain_replies(kcd_resp *r) {
     int n = epoll_wait(r->ep, ev, EVENTS, 50);
     for (int i = 0; i < n; i++)
       dispatch(r, &ev[i]);
+    round_end(r);
     free_grave(r);
   }
   int left = n_unsent(r);
@@ -794,6 +842,7 @@ static void *io_main(void *arg) {
     int n = epoll_wait(r->ep, ev, EVENTS, 1000);
     for (int i = 0; i < n; i++)
       dispatch(r, &ev[i]);
+    round_end(r);
     sweep(r, &swept);
     free_grave(r);
     pool_trim(r, 0);

@@ -56,6 +56,10 @@
 #define KCD_RESP_TRIM_MS 2000         /* idle this long: buffers freed */
 #define KCD_RESP_INLINE_MAX (64 * 1024) /* an inline command, a count line */
 #define KCD_RESP_OUT_HIGH (1024 * 1024) /* stop running commands above */
+/* GET values of at least KCD_RESP_REF_MIN bytes go out by writev from the
+ * map, at most KCD_RESP_REFS per batch (kcd_resp_conn.refs) */
+#define KCD_RESP_REFS 16
+#define KCD_RESP_REF_MIN 2048
 #define KCD_RESP_KEYS_MAX 100000        /* KEYS returns at most this many */
 #define KCD_RESP_JOB_OPS 10000         /* a pipeline's writes per job */
 #define KCD_RESP_JOB_BYTES (64u << 20) /* and their value bytes */
@@ -273,6 +277,13 @@ typedef struct kcd_resp_queued {
   size_t *lens;
 } kcd_resp_queued;
 
+/* out's bytes [off, off + len) are a value's, not copied there yet: the
+ * write takes them from p, in the round's read (resp.c, conn_flush) */
+typedef struct kcd_resp_ref {
+  size_t off, len;
+  const void *p;
+} kcd_resp_ref;
+
 struct kcd_resp_conn {
   kcd_resp *srv;
   int fd;
@@ -285,6 +296,8 @@ struct kcd_resp_conn {
   int tls_rd_want_wr, tls_wr_want_rd; /* a read waits to write, and back */
   kcd_resp_buf in, out;
   size_t out_off; /* bytes of out already sent */
+  kcd_resp_ref refs[KCD_RESP_REFS]; /* only from process() to conn_flush */
+  size_t nrefs;
   kcd_resp_parser parser;
   unsigned events; /* epoll interest now */
   int sniffed;     /* the first bytes were judged (kcd_resp_sniff) */
@@ -320,7 +333,7 @@ struct kcd_resp_conn {
   int backlog;       /* process() stopped at KCD_RESP_OUT_HIGH: complete
                         commands may wait in the input buffer */
   int dead;          /* the socket is gone: free when the job returns */
-  kc_store_read *rd; /* this batch's read transaction, or NULL */
+  kc_store_read *rd; /* the round's read (kcd_resp.rd), lent to a batch */
   const char **av;   /* the parsed command as pointers, for the ctx */
   size_t *al, avcap;
   struct kcd_resp_conn *prev, *next;
@@ -358,6 +371,7 @@ struct kcd_resp {
   _Atomic uint64_t cmd_ok[KCD_RESP_N_CMDS + 1], cmd_err[KCD_RESP_N_CMDS + 1];
   kcd_resp_conn *conns; /* listener thread only */
   kcd_resp_conn *grave; /* closed, freed after this round of events */
+  kc_store_read *rd; /* this round's read, lent to each batch (c->rd) */
   /* input buffers of big values, kept for the next one (resp.c; listener
    * thread only): at most KCD_RESP_POOL_N, KCD_RESP_POOL_BYTES in all,
    * freed after KCD_RESP_POOL_IDLE_MS without a taker */

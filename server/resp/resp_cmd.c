@@ -145,17 +145,20 @@ kc_store *kcd_resp_store(kcd_resp_ctx *x) {
 
 kc_store_read *kcd_resp_read(kcd_resp_ctx *x) {
   kcd_resp_conn *c = x->c;
+  kcd_resp *r = c->srv;
   if (c->rd)
     return c->rd;
   kc_store *s = kcd_resp_store(x);
   if (!s)
     return NULL;
-  kc_err e = kc_store_read_begin(s, &c->rd);
+  /* the round's read, begun by its first batch that reads (resp.c,
+   * round_end) */
+  kc_err e = r->rd ? KC_OK : kc_store_read_begin(s, &r->rd);
   if (e) {
-    c->rd = NULL;
+    r->rd = NULL;
     kcd_resp_errorf(x->out, "ERR %s", kc_strerror(e));
   }
-  return c->rd;
+  return c->rd = r->rd;
 }
 
 /* ---- dispatch ---- */
