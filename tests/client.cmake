@@ -4,6 +4,8 @@
 # skip without the toolkit, and fail with CI=true.
 #   client        test_client.c: libkcache and the CLI, unit and end to end
 #   client_warm   test_client_warm.c: warm and get at their edges
+#   client_materialize  test_client_materialize.c: file modes (the umask
+#                 read, never set), --out directories, the offer back
 #   suggest       test_suggest.c: the bucket suggestion's dynamic programme
 #                 against brute force
 if(NOT TARGET PkgConfig::CMOCKA)
@@ -36,6 +38,18 @@ target_link_options(test_client_warm PRIVATE -Wl,--wrap=pthread_create)
 add_dependencies(test_client_warm kcache kcached)
 add_test(NAME client_warm COMMAND test_client_warm)
 set_tests_properties(client_warm PROPERTIES TIMEOUT 300)
+
+# What libkcache leaves on disk around --out, and the offer back of
+# hit-local bundles: tests/test_client_materialize.c. umask(2) is counted
+# through the wrap (the library must never set it).
+add_executable(test_client_materialize
+  ${CMAKE_CURRENT_LIST_DIR}/test_client_materialize.c)
+target_link_libraries(test_client_materialize PRIVATE kc_client kc_testsrv
+  PkgConfig::CMOCKA Threads::Threads)
+target_link_options(test_client_materialize PRIVATE -Wl,--wrap=umask)
+add_dependencies(test_client_materialize kcached)
+add_test(NAME client_materialize COMMAND test_client_materialize)
+set_tests_properties(client_materialize PROPERTIES TIMEOUT 120)
 
 # ---- suggest ----
 # The bucket suggestion's dynamic programme against brute force.
