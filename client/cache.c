@@ -404,22 +404,14 @@ typedef struct puts_job {
 
 /* The manifests were validated and their keys checked when they were
  * parsed (kcc_lookup_checked): not again here. */
-kc_err kcc_cache_bundle_put_valid(kc_client *c, const kc_manifest *m) {
-  char *json = NULL;
-  kc_err e = kc_manifest_to_json_valid(m, &json, NULL);
-  return e ? e : bundle_write(c, m, json, NULL);
-}
-
-void kcc_cache_bundle_drop(kc_client *c, const char *key) {
-  char p[PATH_MAX];
-  bundle_path(c, key, p, sizeof p);
-  unlink(p);
-}
-
 static void puts_run(void *arg, size_t from, size_t to) {
   puts_job *p = arg;
-  for (size_t k = from; k < to; k++)
-    p->res[k] = kcc_cache_bundle_put_valid(p->c, p->ms[k]);
+  for (size_t k = from; k < to; k++) {
+    char *json = NULL;
+    p->res[k] = kc_manifest_to_json_valid(p->ms[k], &json, NULL);
+    if (!p->res[k])
+      p->res[k] = bundle_write(p->c, p->ms[k], json, NULL);
+  }
 }
 
 void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,

@@ -156,11 +156,6 @@ void kcc_cache_forget_dirs(kc_client *c);
  * write, close. The file is removed on failure. */
 kc_err kcc_cache_write_tmp(const kc_client *c, const void *data, size_t len,
                            char tmp[PATH_MAX], char *err);
-/* One manifest as parsed (validated, key checked) written to bundles/. */
-kc_err kcc_cache_bundle_put_valid(kc_client *c, const kc_manifest *m);
-/* Removes bundles/<key>.json (a manifest written before its blobs came,
- * when they did not). */
-void kcc_cache_bundle_drop(kc_client *c, const char *key);
 /* kc_cache_bundle_put of ms[0..n), res[k] each one's result; from 32 on,
  * half of them on a second thread (joined before it returns). ms must be
  * manifests as parsed (validated, keys checked): they are not again. */

@@ -368,12 +368,11 @@ static void got_bundle(wctx *x, size_t i, kc_manifest *m) {
 }
 
 /* After the fetch: each bundle whose blobs all came (ok[], in the order
- * they were asked for) is stored (unless early[k] says it was, during the
- * fetch) and used; an early manifest whose blobs did not all come is
- * removed. e and why: the fetch's first failure. */
+ * they were asked for) is stored and used; e and why: the fetch's first
+ * failure. */
 static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
-                         size_t n, const char *ok, const kc_err *early,
-                         kc_err e, const char *why) {
+                         size_t n, const char *ok, kc_err e,
+                         const char *why) {
   /* first the bundles whose blobs all came, stored together */
   const kc_manifest **put = calloc(n + 1, sizeof *put);
   kc_err *res = calloc(n + 1, sizeof *res);
@@ -394,10 +393,7 @@ static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
     all[k] = 1;
     for (size_t j = 0; j < found[k]->n_files; j++)
       all[k] &= *ok++;
-    int written = early && early[k] == KC_OK;
-    if (written && !all[k])
-      kcc_cache_bundle_drop(x->c, found[k]->key);
-    if (all[k] && !written)
+    if (all[k])
       put[np++] = found[k];
   }
   kcc_cache_bundles_put(x->c, put, np, res);
@@ -405,8 +401,7 @@ static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
   for (size_t k = 0; k < n; k++) {
     if (!found[k])
       continue;
-    int written = early && early[k] == KC_OK;
-    if (all[k] && (written || res[np++] == KC_OK)) {
+    if (all[k] && res[np++] == KC_OK) {
       got_bundle(x, idx[k], found[k]);
       found[k] = NULL;
       continue;
@@ -431,65 +426,46 @@ static void out_dir_of(const wctx *x, size_t i, char *dir, size_t size) {
   snprintf(dir, size, "%s/%s/%s", x->o->out_dir, it->arch, label);
 }
 
-/* What a fetch's bundles need besides their blobs, done on a second
- * thread while the blobs are fetched (a fetch of 32 bundles or more): each
- * is a new inode, which on a busy file system waits as long as a blob's
- * file, and none needs to wait for the blobs:
- * - the manifests, written to bundles/ (a manifest there is used only
- *   once its blobs hash right, so one whose blobs have not landed yet is a
- *   miss to another warm, never a wrong hit); one whose blobs did not come
- *   is removed after the fetch (take_fetched);
- * - with --out, the bundles' directories: empty until materialize_all
- *   links the files in; one whose bundle did not come is removed there. */
-typedef struct side_job {
+/* The directories under --out of the bundles a fetch brings, made on a
+ * second thread while the fetch runs: each is a new inode, which on a busy
+ * file system waits as long as a blob's file, and they need not wait for
+ * the blobs. Empty until materialize_all links the files in; one whose
+ * bundle did not come is removed there. */
+typedef struct dirs_job {
   wctx *x;
   kc_manifest **found;
   const size_t *idx;
   size_t n;
-  kc_err *put; /* per bundle: its manifest's write (-1: not written) */
   pthread_t th;
   int on;
-} side_job;
+} dirs_job;
 
-static void side_dir(side_job *j, size_t k) {
+static void *dirs_run(void *arg) {
+  dirs_job *j = arg;
   char dir[PATH_MAX];
-  if (!j->x->o->out_dir || j->x->out_made[j->idx[k]])
-    return;
-  out_dir_of(j->x, j->idx[k], dir, sizeof dir);
-  int r = mkdir(dir, 0755);
-  if (r != 0 && errno == ENOENT) { /* its parent first: DIR/<arch> */
-    char *slash = strrchr(dir, '/');
-    *slash = '\0';
-    r = kcc_mkdirs(dir, NULL) == KC_OK ? 0 : -1;
-    *slash = '/';
-    r = r == 0 ? mkdir(dir, 0755) : -1;
-  }
-  j->x->out_made[j->idx[k]] = r == 0;
-}
-
-static void *side_run(void *arg) {
-  side_job *j = arg;
   for (size_t k = 0; k < j->n; k++) {
-    if (!j->found[k])
+    if (!j->found[k] || j->x->out_made[j->idx[k]])
       continue;
-    j->put[k] = kcc_cache_bundle_put_valid(j->x->c, j->found[k]);
-    side_dir(j, k);
+    out_dir_of(j->x, j->idx[k], dir, sizeof dir);
+    int r = mkdir(dir, 0755);
+    if (r != 0 && errno == ENOENT) { /* its parent first: DIR/<arch> */
+      char *slash = strrchr(dir, '/');
+      *slash = '\0';
+      r = kcc_mkdirs(dir, NULL) == KC_OK ? 0 : -1;
+      *slash = '/';
+      r = r == 0 ? mkdir(dir, 0755) : -1;
+    }
+    j->x->out_made[j->idx[k]] = r == 0;
   }
   return NULL;
 }
 
-static void side_start(side_job *j) {
+static void dirs_start(dirs_job *j) {
   size_t m = 0;
   for (size_t k = 0; k < j->n; k++)
     m += j->found[k] != NULL;
-  j->put = m >= 32 ? malloc(j->n * sizeof *j->put) : NULL;
-  for (size_t k = 0; j->put && k < j->n; k++)
-    j->put[k] = (kc_err)-1;
-  j->on = j->put && pthread_create(&j->th, NULL, side_run, j) == 0;
-  if (!j->on) {
-    free(j->put);
-    j->put = NULL;
-  }
+  j->on = j->x->o->out_dir && m >= 32 &&
+          pthread_create(&j->th, NULL, dirs_run, j) == 0;
 }
 
 /* The served bundles' blobs, all at once: one pool of transfers. */
@@ -510,17 +486,16 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
     for (size_t j = 0; found[k] && j < found[k]->n_files; j++)
       d[nd++] = &found[k]->files[j];
   /* ok[] says which blobs are cached now: no second look at each */
-  side_job sj = {.x = x, .found = found, .idx = idx, .n = n};
-  side_start(&sj);
+  dirs_job dj = {.x = x, .found = found, .idx = idx, .n = n};
+  dirs_start(&dj);
   kc_err e = kcc_fetch_blobs(x->c, d, nd, ok, &got, e2);
-  if (sj.on) /* joined: builds fork, single-threaded */
-    pthread_join(sj.th, NULL);
+  if (dj.on) /* joined: builds fork, single-threaded */
+    pthread_join(dj.th, NULL);
   free(d);
   x->rep->bytes_fetched += got;
   if (is_down(e))
     server_down(x, e2);
-  take_fetched(x, found, idx, n, ok, sj.put, e, e2);
-  free(sj.put);
+  take_fetched(x, found, idx, n, ok, e, e2);
   free(ok);
 }
 

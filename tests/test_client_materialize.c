@@ -1,7 +1,8 @@
 /* test_client_materialize.c: what libkcache leaves on disk around --out,
  * and what a warm asks of kcached after it: the umask is read, never set
  * (it is process-wide: another thread's file would get the wrong mode);
- * a warm removes only the --out directories it made; a client whose token
+ * a warm removes only the --out directories it made (and those, when
+ * their bundle did not come); a client whose token
  * was refused a write does not ask kcached which hit-local bundles it
  * lacks (it could not upload them). The real kcached (tests/testsrv.h). */
 #include <errno.h>
@@ -176,6 +177,93 @@ static void test_out_keeps_foreign_dirs(void **state) {
   }
 }
 
+/* ---- a fetch that does not bring every bundle ---- */
+
+/* A command-builder warmup of n buckets, sm_80, each bundle one file of
+ * 4 KiB of random bytes (stored as they are: rot can find them). */
+static void random_warmup(fx *f, int n, kc_warmup **w) {
+  char path[400], err[KC_ERRBUF_SIZE];
+  snprintf(path, sizeof path, "%s/random.json", f->dir);
+  FILE *fp = fopen(path, "w");
+  assert_non_null(fp);
+  fprintf(fp,
+          "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"rnd\","
+          "\"hash\":\"%s\"},\"archs\":[\"sm_80\"],\"builder\":{\"command\":"
+          "[\"sh\",\"-c\",\"head -c 4096 /dev/urandom > {out}/k.cubin\"],"
+          "\"timeout_s\":30},\"buckets\":[",
+          MODEL);
+  for (int b = 1; b <= n; b++)
+    fprintf(fp, "%s{\"batch\":%d}", b > 1 ? "," : "", b);
+  fprintf(fp, "]}");
+  fclose(fp);
+  assert_int_equal(kc_warmup_load(path, w, err), KC_OK);
+}
+
+static int bundle_cached(const char *cache, const char *key) {
+  char p[600];
+  struct stat st;
+  snprintf(p, sizeof p, "%s/bundles/%s.json", cache, key);
+  return lstat(p, &st) == 0;
+}
+
+/* A fetch of 32 bundles or more makes their --out directories while
+ * their blobs come; a bundle whose blob came corrupt (rotted on kcached's
+ * disk) fails (no build) and leaves no manifest in the local cache and no
+ * directory under --out (this warm made it, and removes it); the others
+ * have both. */
+static void test_out_dir_of_failed_removed(void **state) {
+  fx *f = *state;
+  enum { N = 40, BAD = 7 };
+  char seed[400], cache[400], out[400], p[700], err[KC_ERRBUF_SIZE];
+  kc_warmup *w = NULL;
+  assert_int_equal(kc_testsrv_start(&f->srv, NULL), 0);
+  f->have_srv = 1;
+  random_warmup(f, N, &w);
+  snprintf(seed, sizeof seed, "%s/seed", f->dir);
+  snprintf(cache, sizeof cache, "%s/cache", f->dir);
+  snprintf(out, sizeof out, "%s/out", f->dir);
+  kc_client *c = client_for(seed, f->srv.url, NULL);
+  kc_warm_opts o = {.no_compat = 1};
+  kc_warm_report r;
+  if (kc_warm(c, w, &o, &r, err) != KC_OK)
+    fail_msg("seeding warm: %s", err);
+  assert_int_equal(r.counts[KC_WARM_BUILT], N);
+  char bad_key[65];
+  memcpy(bad_key, r.items[BAD].key, sizeof bad_key);
+  kc_warm_report_free(&r);
+  kc_manifest *m = NULL;
+  assert_int_equal(kc_cache_bundle_get(c, bad_key, &m, err), KC_OK);
+  snprintf(p, sizeof p, "%s/blobs/%.2s/%s", seed, m->files[0].sha256,
+           m->files[0].sha256);
+  kc_manifest_free(m);
+  kc_client_free(c);
+  unsigned char needle[256];
+  FILE *fp = fopen(p, "rb");
+  assert_non_null(fp);
+  assert_int_equal(fread(needle, 1, sizeof needle, fp), sizeof needle);
+  fclose(fp);
+  kc_testsrv_stop(&f->srv);
+  assert_true(kc_testsrv_rot(&f->srv, needle, sizeof needle) >= 1);
+  assert_int_equal(kc_testsrv_restart(&f->srv), 0);
+  c = client_for(cache, f->srv.url, NULL);
+  kc_warm_opts o2 = {.no_compat = 1, .no_build = 1, .out_dir = out};
+  assert_int_not_equal(kc_warm(c, w, &o2, &r, err), KC_OK);
+  print_message("corrupt blob: %zu hit-remote, %zu failed (%s)\n",
+                r.counts[KC_WARM_HIT_REMOTE], r.counts[KC_WARM_FAILED],
+                r.items[BAD].message);
+  assert_int_equal(r.counts[KC_WARM_HIT_REMOTE], N - 1);
+  assert_int_equal(r.items[BAD].status, KC_WARM_FAILED);
+  for (size_t i = 0; i < r.n_items; i++) {
+    struct stat st;
+    snprintf(p, sizeof p, "%s/sm_80/batch=%zu", out, i + 1);
+    assert_int_equal(bundle_cached(cache, r.items[i].key), i != BAD);
+    assert_int_equal(lstat(p, &st) == 0, i != BAD);
+  }
+  kc_warm_report_free(&r);
+  kc_client_free(c);
+  kc_warmup_free(w);
+}
+
 /* ---- the offer of hit-local bundles back to kcached ---- */
 
 static void make_token(const char *role, const char *name, const char *file,
@@ -264,6 +352,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(test_umask_read_not_set),
       T(test_out_keeps_foreign_dirs),
+      T(test_out_dir_of_failed_removed),
       T(test_read_token_no_offer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
