@@ -1431,7 +1431,8 @@ kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
   x.jobs = build_jobs(x.o);
   x.cant_write = c->cant_write;
   if (x.cant_write)
-    snprintf(x.cant_why, sizeof x.cant_why, "refused earlier");
+    snprintf(x.cant_why, sizeof x.cant_why,
+             "a write was refused earlier on this client");
   memset(report, 0, sizeof *report);
   memcpy(report->model, w->model_hash, sizeof report->model);
   if (x.o->deadline_s > 0)
