@@ -2,6 +2,7 @@
  * lookup, leases, models, stats). */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +101,47 @@ static kc_err make_dirs(kc_client *c, int trust, char *err) {
   return e;
 }
 
+/* The process's umask, read without changing it: umask(2) can only read
+ * by setting, and the umask is process-wide, so setting it even for an
+ * instant gives a file another thread creates then the wrong mode. Linux
+ * says it in /proc/self/status (4.7 on); elsewhere a file is made in tmp/
+ * with mode 0777 and its mode read back. Cached blobs get 0444 less it. */
+static int umask_from_proc(mode_t *out) {
+  char line[256];
+  FILE *f = fopen("/proc/self/status", "re");
+  int found = 0;
+  while (f && !found && fgets(line, sizeof line, f)) {
+    unsigned v;
+    found = sscanf(line, "Umask: %o", &v) == 1;
+    if (found)
+      *out = (mode_t)(v & 0777);
+  }
+  if (f)
+    fclose(f);
+  return found;
+}
+
+static kc_err read_umask(kc_client *c, char *err) {
+  char p[PATH_MAX];
+  struct stat st;
+  if (umask_from_proc(&c->umask))
+    return KC_OK;
+  static unsigned long seq; /* threads may make clients at once */
+  snprintf(p, sizeof p, "%s/tmp/umask-%ld-%lu", c->cache_dir, (long)getpid(),
+           __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
+  unlink(p); /* a leftover of a crashed process with this pid */
+  int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0777);
+  if (fd < 0)
+    return kc_errf(err, KC_IO, "create %s: %s", p, strerror(errno));
+  int ok = fstat(fd, &st) == 0;
+  close(fd);
+  unlink(p);
+  if (!ok)
+    return kc_errf(err, KC_IO, "stat %s: %s", p, strerror(errno));
+  c->umask = ~st.st_mode & 0777;
+  return KC_OK;
+}
+
 static kc_err set_headers(kc_client *c) {
   /* Blob PUTs are small; a 100-continue round trip would double latency. */
   struct curl_slist *l = curl_slist_append(NULL, "Expect:");
@@ -185,13 +227,13 @@ kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err) {
   kc_client *c = calloc(1, sizeof *c);
   if (!c)
     return kc_errf(err, KC_NOMEM, "out of memory");
-  c->umask = umask(077); /* read (and put back) once: see cache.c */
-  umask(c->umask);
   kc_err e = copy_opts(c, o, err);
   if (!e)
     e = check_plaintext(c, o, err);
   if (!e)
     e = make_dirs(c, o && o->trust_cache_dir, err);
+  if (!e)
+    e = read_umask(c, err);
   if (!e && set_headers(c))
     e = kc_errf(err, KC_NOMEM, "out of memory");
   if (!e && (!(c->easy = curl_easy_init()) || !(c->multi = curl_multi_init())))

@@ -34,6 +34,9 @@ struct kc_client {
   _Atomic(struct kcc_demand *) demand; /* demand.c; NULL until first used */
   int no_batch;          /* the server lacks POST /v1/blobs/fetch (it
                             answered 404/405): GETs only from then on */
+  int cant_write;         /* the token was refused a write (401/403 on a
+                            lease or an upload): kc_warm offers nothing
+                            back (warm.c) */
   unsigned char blob_dir[256]; /* what is known of blobs/<2 hex>/: KCC_DIR_* */
   mode_t umask;          /* the process's, read once at kc_client_new: the
                             mode cached (and linked) blobs get */
@@ -235,13 +238,31 @@ char *kcc_strdup0(const char *s);
 void kcc_halves(size_t n, int two, void (*fn)(void *, size_t, size_t),
                 void *arg);
 
+/* ---- blob_stream.c ---- */
+
+/* A blob's bytes as they arrive: hashed, and written to fd (or, fd < 0,
+ * copied into buf, room for max bytes), at most max in all. */
+typedef struct kcc_sink {
+  kc_sha256 *sha;
+  int fd;
+  char *buf;
+  uint64_t got, max;
+  int too_big;   /* more than max came: the first max were taken */
+  int write_bad; /* fd refused a write */
+} kcc_sink;
+/* Takes n bytes; fewer (a short count, which stops a libcurl transfer)
+ * when they go past max or a write fails. One writer for every download
+ * (fetch.c's GETs, kc_client_blob_get_fd). */
+size_t kcc_sink_take(kcc_sink *s, const char *data, size_t n);
+
 /* ---- materialize.c ---- */
 
 /* kc_materialize; verified: every blob of m was hashed by this process
  * since it was cached (kc_warm's ready bundles), so it is linked or copied
- * without hashing it again. */
+ * without hashing it again. made (may be NULL): in, 1 when this run made
+ * dir already (no mkdir); out, set to 1 when this call made it. */
 kc_err kcc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
-                       int verified, char *err);
+                       int verified, int *made, char *err);
 
 /* ---- build_key.c ---- */
 

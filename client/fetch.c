@@ -36,14 +36,10 @@
 typedef struct xfer {
   CURL *h;
   size_t idx; /* into the digest list */
-  int fd;     /* a large blob's temporary file; -1: none (in memory) */
-  char *buf;  /* a small blob's bytes (cap allocated) */
+  kcc_sink s; /* fd: a large blob's temporary file, -1: none (in memory,
+                 buf, cap allocated); max: the manifest's size */
   size_t cap;
   char tmp[PATH_MAX];
-  kc_sha256 *sha;
-  uint64_t got, want; /* want: the manifest's size */
-  int too_big;        /* more bytes arrived than want: cut off */
-  int write_bad;      /* writing the temporary file failed */
   int busy;           /* a transfer is armed (its tmp file, if any, open) */
   int set_up;         /* the handle's fixed options are set */
   int zstd;           /* the response is Content-Encoding: zstd */
@@ -70,8 +66,6 @@ typedef struct fetch_run {
   char *err;
 } fetch_run;
 
-static size_t take(xfer *x, const char *data, size_t n);
-
 static size_t on_header(char *data, size_t size, size_t nmemb, void *arg) {
   xfer *x = arg;
   size_t n = size * nmemb;
@@ -96,7 +90,7 @@ static size_t on_frame(xfer *x, const char *data, size_t n) {
       return 0;
     }
     x->zleft = r;
-    if (ob.pos && take(x, x->zout, ob.pos) != ob.pos)
+    if (ob.pos && kcc_sink_take(&x->s, x->zout, ob.pos) != ob.pos)
       return 0;
   }
   return n;
@@ -107,24 +101,7 @@ static size_t on_data(char *data, size_t size, size_t nmemb, void *arg) {
   size_t n = size * nmemb;
   if (x->zstd)
     return on_frame(x, data, n);
-  return take(x, data, n);
-}
-
-static size_t take(xfer *x, const char *data, size_t n) {
-  if (n > x->want - x->got) { /* short return: libcurl aborts the transfer */
-    x->too_big = 1;
-    return 0;
-  }
-  if (kc_sha256_update(x->sha, data, n) != KC_OK)
-    return 0;
-  if (x->fd < 0)
-    memcpy(x->buf + x->got, data, n);
-  else if (kcc_write_all(x->fd, data, n) != KC_OK) {
-    x->write_bad = 1;
-    return 0;
-  }
-  x->got += n;
-  return n;
+  return kcc_sink_take(&x->s, data, n); /* short: libcurl aborts */
 }
 
 /* Keeps the first failure; the other transfers go on (their blobs are
@@ -146,20 +123,20 @@ fail(fetch_run *r, kc_err e, const char *fmt, ...) {
  * one. 0 on success. */
 static int arm(fetch_run *r, xfer *x) {
   char e2[KC_ERRBUF_SIZE];
-  x->fd = -1;
-  if (x->want > KCC_FETCH_MEM) {
-    if ((x->fd = kcc_cache_tmp(r->c, x->tmp, e2)) < 0) {
+  x->s.fd = -1;
+  if (x->s.max > KCC_FETCH_MEM) {
+    if ((x->s.fd = kcc_cache_tmp(r->c, x->tmp, e2)) < 0) {
       fail(r, KC_IO, "%s", e2);
       return -1;
     }
-  } else if (x->cap < x->want) {
-    char *b = realloc(x->buf, (size_t)x->want);
+  } else if (x->cap < x->s.max) {
+    char *b = realloc(x->s.buf, (size_t)x->s.max);
     if (!b) {
       fail(r, KC_NOMEM, "out of memory");
       return -1;
     }
-    x->buf = b;
-    x->cap = (size_t)x->want;
+    x->s.buf = b;
+    x->cap = (size_t)x->s.max;
   }
   x->busy = 1;
   return 0;
@@ -169,9 +146,9 @@ static int arm(fetch_run *r, xfer *x) {
 static int start(fetch_run *r, xfer *x, size_t idx) {
   const char *digest = r->files[idx]->sha256;
   x->idx = idx;
-  x->got = 0;
-  x->want = r->files[idx]->size;
-  x->too_big = x->write_bad = 0;
+  x->s.got = 0;
+  x->s.max = r->files[idx]->size;
+  x->s.too_big = x->s.write_bad = 0;
   x->zstd = x->zbad = 0;
   x->zleft = 0;
   ZSTD_DCtx_reset(x->dc, ZSTD_reset_session_only);
@@ -185,7 +162,7 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   }
   if (arm(r, x) != 0)
     return -1;
-  kc_sha256_reset(x->sha);
+  kc_sha256_reset(x->s.sha);
   snprintf(x->url, sizeof x->url, "%s/v1/blobs/%s", r->c->url, digest);
   if (!x->set_up) { /* options stay on the handle from one blob to the next */
     kcc_http_setup(r->c, x->h, budget);
@@ -204,7 +181,7 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
   curl_easy_setopt(x->h, CURLOPT_TIMEOUT_MS, budget);
   curl_easy_setopt(x->h, CURLOPT_URL, x->url);
   /* A Content-Length above the size is refused before the body. */
-  curl_easy_setopt(x->h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)x->want);
+  curl_easy_setopt(x->h, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)x->s.max);
   x->ebuf[0] = '\0';
   curl_multi_add_handle(r->c->multi, x->h);
   return 0;
@@ -229,12 +206,12 @@ static kc_err check(fetch_run *r, xfer *x, CURLcode rc, int bad) {
     fail(r, KC_DIGEST_MISMATCH,
          "GET blob %.16s...: the server's zstd frame is corrupt or cut "
          "short; discarded", digest);
-  else if (x->too_big || rc == CURLE_FILESIZE_EXCEEDED)
+  else if (x->s.too_big || rc == CURLE_FILESIZE_EXCEEDED)
     fail(r, KC_DIGEST_MISMATCH,
          "GET blob %.16s...: the server sent more than the %llu bytes the "
          "manifest declares; cut off",
-         digest, (unsigned long long)x->want);
-  else if (x->write_bad) /* the write error libcurl reports is ours */
+         digest, (unsigned long long)x->s.max);
+  else if (x->s.write_bad) /* the write error libcurl reports is ours */
     fail(r, KC_IO, "write %s: disk error", x->tmp);
   else if (rc != CURLE_OK)
     fail_curl(r, x, rc);
@@ -243,7 +220,7 @@ static kc_err check(fetch_run *r, xfer *x, CURLcode rc, int bad) {
          "GET blob %s: server answered %ld", digest, status);
   else if (bad)
     fail(r, KC_IO, "write %s: disk error", x->tmp);
-  else if (kc_sha256_final(x->sha, d) || strcmp(d, digest) != 0)
+  else if (kc_sha256_final(x->s.sha, d) || strcmp(d, digest) != 0)
     fail(r, KC_DIGEST_MISMATCH,
          "blob %.16s... from the server hashes to %.16s...; discarded",
          digest, d);
@@ -257,9 +234,9 @@ static kc_err check(fetch_run *r, xfer *x, CURLcode rc, int bad) {
 static void finish(fetch_run *r, xfer *x, CURLcode rc) {
   const char *digest = r->files[x->idx]->sha256;
   char e2[KC_ERRBUF_SIZE];
-  int bad = x->fd >= 0 && close(x->fd) != 0;
-  int on_disk = x->fd >= 0;
-  x->fd = -1;
+  int bad = x->s.fd >= 0 && close(x->s.fd) != 0;
+  int on_disk = x->s.fd >= 0;
+  x->s.fd = -1;
   x->busy = 0;
   if (check(r, x, rc, bad) != KC_OK) {
     if (on_disk)
@@ -268,14 +245,14 @@ static void finish(fetch_run *r, xfer *x, CURLcode rc) {
   }
   /* both remove the temporary file when they fail */
   kc_err e = on_disk ? kcc_cache_blob_publish(r->c, x->tmp, digest, e2)
-                     : kcc_cache_blob_write(r->c, x->buf, (size_t)x->got,
+                     : kcc_cache_blob_write(r->c, x->s.buf, (size_t)x->s.got,
                                             digest, e2);
   if (e) {
     fail(r, e, "%s", e2);
     return;
   }
   r->state[x->idx] = KCC_FETCH_DONE;
-  r->fetched += x->got;
+  r->fetched += x->s.got;
 }
 
 static int cmp_digest(const void *a, const void *b) {
@@ -413,9 +390,9 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
                                  c->hdrs, "Accept-Encoding: zstd")))))
     e = kc_errf(err, KC_NOMEM, "out of memory");
   for (int k = 0; xs && k < nx; k++)
-    xs[k].fd = -1;
+    xs[k].s.fd = -1;
   for (int k = 0; !e && k < nx; k++)
-    if (!(xs[k].h = curl_easy_init()) || !(xs[k].sha = kc_sha256_new()) ||
+    if (!(xs[k].h = curl_easy_init()) || !(xs[k].s.sha = kc_sha256_new()) ||
         !(xs[k].dc = ZSTD_createDCtx()) || !(xs[k].zout = malloc(ZOUT)))
       e = kc_errf(err, KC_NOMEM, "out of memory");
   if (!e)
@@ -423,15 +400,15 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
   for (int k = 0; xs && k < nx; k++) {
     if (xs[k].busy) { /* interrupted: leave nothing behind */
       curl_multi_remove_handle(c->multi, xs[k].h);
-      if (xs[k].fd >= 0) {
-        close(xs[k].fd);
+      if (xs[k].s.fd >= 0) {
+        close(xs[k].s.fd);
         unlink(xs[k].tmp);
       }
     }
-    free(xs[k].buf);
+    free(xs[k].s.buf);
     if (xs[k].h)
       curl_easy_cleanup(xs[k].h);
-    kc_sha256_free(xs[k].sha);
+    kc_sha256_free(xs[k].s.sha);
     ZSTD_freeDCtx(xs[k].dc);
     free(xs[k].zout);
   }

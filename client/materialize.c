@@ -212,11 +212,18 @@ static kc_err materialize_file(kc_client *c, int root, const kc_file *f,
 }
 
 kc_err kcc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
-                       int verified, char *err) {
+                       int verified, int *made, char *err) {
   kc_err e = KC_OK;
-  /* one mkdir when the parent is there (a warm's second bundle on) */
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-    e = kcc_mkdirs(dir, err);
+  /* one mkdir when the parent is there (a warm's second bundle on); none
+   * when this run made it already (kc_warm, during the fetch) */
+  if (!made || !*made) {
+    if (mkdir(dir, 0755) == 0) {
+      if (made)
+        *made = 1;
+    } else if (errno != EEXIST) {
+      e = kcc_mkdirs(dir, err);
+    }
+  }
   if (e)
     return e;
   int root = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -230,5 +237,5 @@ kc_err kcc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
 
 kc_err kc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
                       char *err) {
-  return kcc_materialize(c, m, dir, 0, err);
+  return kcc_materialize(c, m, dir, 0, NULL, err);
 }

@@ -38,6 +38,9 @@ typedef struct wctx {
   char *pending;     /* 1 while an item is neither ready nor failed */
   char *remote_bad;  /* the server's copy failed verification: BAD_* */
   char *waiting;     /* another builder holds the lease */
+  int *out_made;     /* --out: 1 when this run made the item's directory
+                        (only those are removed again, or written without
+                        looking for what an earlier warm left there) */
   int64_t *retry_at; /* waiting: when its lease may have lapsed (ms) */
   int64_t *build_at; /* waiting: when to build it here anyway (ms; 0 never) */
   kc_warm_status fetched_as; /* what a served bundle counts as now */
@@ -441,11 +444,18 @@ static void *dirs_run(void *arg) {
   dirs_job *j = arg;
   char dir[PATH_MAX];
   for (size_t k = 0; k < j->n; k++) {
-    if (!j->found[k])
+    if (!j->found[k] || j->x->out_made[j->idx[k]])
       continue;
     out_dir_of(j->x, j->idx[k], dir, sizeof dir);
-    if (mkdir(dir, 0755) != 0 && errno == ENOENT)
-      kcc_mkdirs(dir, NULL);
+    int r = mkdir(dir, 0755);
+    if (r != 0 && errno == ENOENT) { /* its parent first: DIR/<arch> */
+      char *slash = strrchr(dir, '/');
+      *slash = '\0';
+      r = kcc_mkdirs(dir, NULL) == KC_OK ? 0 : -1;
+      *slash = '/';
+      r = r == 0 ? mkdir(dir, 0755) : -1;
+    }
+    j->x->out_made[j->idx[k]] = r == 0;
   }
   return NULL;
 }
@@ -744,6 +754,16 @@ static void offer_blobs(wctx *x, const kc_manifest *m) {
   }
 }
 
+/* The token cannot write (a lease or an upload got 401/403): nothing is
+ * uploaded for the rest of the warm, and the client remembers it for its
+ * life (a later warm does not offer hit-local bundles back). */
+static void cannot_write(wctx *x, const char *why) {
+  if (!x->cant_write)
+    snprintf(x->cant_why, sizeof x->cant_why, "%.400s", why);
+  x->cant_write = 1;
+  x->c->cant_write = 1;
+}
+
 static void upload(wctx *x, size_t i, const kc_manifest *m) {
   char e2[KC_ERRBUF_SIZE];
   kc_warm_item *it = &x->rep->items[i];
@@ -760,9 +780,7 @@ static void upload(wctx *x, size_t i, const kc_manifest *m) {
     server_down(x, e2);
   else if (e == KC_FORBIDDEN || e == KC_UNAUTHORIZED) {
     /* the token cannot write: said once per item, asked once per warm */
-    if (!x->cant_write)
-      snprintf(x->cant_why, sizeof x->cant_why, "%.400s", e2);
-    x->cant_write = 1;
+    cannot_write(x, e2);
     snprintf(it->message, sizeof it->message,
              "not uploaded: the token cannot write (%.420s)", x->cant_why);
   }
@@ -956,6 +974,8 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
     return 1;
   }
   if (e) { /* e.g. a read-only token: build for ourselves */
+    if (e == KC_FORBIDDEN || e == KC_UNAUTHORIZED)
+      cannot_write(x, e2);
     snprintf(x->rep->items[i].message, KC_ERRBUF_SIZE, "lease: %.450s", e2);
     warn(x, e2);
     x->remote_bad[i] = BAD_OTHER;
@@ -1160,7 +1180,11 @@ static void phase_offer_local(wctx *x) {
   size_t n_local = 0, n_keys = 0;
   for (size_t i = 0; i < x->rep->n_items; i++)
     n_local += x->rep->items[i].status == KC_WARM_HIT_LOCAL && x->ms[i];
-  if (!n_local || !x->server_ok || x->o->no_upload || deadline_passed(x))
+  /* a token known to be read-only (a 401/403 on a lease or an upload,
+   * in this warm or an earlier one of this client) could not upload what
+   * the server lacks: the question is not asked */
+  if (!n_local || !x->server_ok || x->o->no_upload || x->cant_write ||
+      deadline_passed(x))
     return;
   json_t *root = NULL;
   const char **keys = NULL;
@@ -1197,7 +1221,8 @@ static kc_err mark_arch(wctx *x, size_t i, const char *dir, char *err) {
       return KC_OK;
   snprintf(p, sizeof p, "%s/%s", dir, KCC_ARCH_FILE);
   if (x->rep->items[i].status != KC_WARM_HIT_COMPAT) {
-    unlink(p);
+    if (!x->out_made[i]) /* a new directory holds none */
+      unlink(p);
     return KC_OK;
   }
   int n = snprintf(text, sizeof text, "%s\n", m->fields.arch);
@@ -1215,10 +1240,15 @@ static void materialize_run(void *arg, size_t from, size_t to) {
     kc_warm_item *it = &x->rep->items[i];
     out_dir_of(x, i, dir, sizeof dir);
     if (!x->ms[i]) {
-      rmdir(dir); /* made during a fetch that did not bring it (if empty) */
+      /* made during a fetch that did not bring it: removed (if still
+       * empty); a directory this run did not make is left alone */
+      if (x->out_made[i])
+        rmdir(dir);
       continue;
     }
-    kc_err e = kcc_materialize(x->c, x->ms[i], dir, 1, e2);
+    int made = x->out_made[i];
+    kc_err e = kcc_materialize(x->c, x->ms[i], dir, 1, &made, e2);
+    x->out_made[i] = made;
     if (!e)
       e = mark_arch(x, i, dir, e2);
     if (e) {
@@ -1334,8 +1364,10 @@ static kc_err setup(wctx *x, char *err) {
   x->retry_at = calloc(n + 1, sizeof *x->retry_at);
   x->build_at = calloc(n + 1, sizeof *x->build_at);
   x->spare = calloc(n + 1, sizeof *x->spare);
+  x->out_made = calloc(n + 1, sizeof *x->out_made);
   if (!x->rep->items || !x->ms || !x->pending || !x->remote_bad ||
-      !x->waiting || !x->retry_at || !x->build_at || !x->spare)
+      !x->waiting || !x->retry_at || !x->build_at || !x->spare ||
+      !x->out_made)
     return kc_errf(err, KC_NOMEM, "out of memory");
   x->rep->n_items = n;
   for (size_t i = 0; i < n; i++) {
@@ -1360,6 +1392,7 @@ static void teardown(wctx *x) {
   free(x->pending);
   free(x->remote_bad);
   free(x->waiting);
+  free(x->out_made);
   free(x->retry_at);
   free(x->build_at);
   x->c->deadline_ms = 0;
@@ -1396,6 +1429,10 @@ kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
             .t0 = kcc_now_ms(),
             .fetched_as = KC_WARM_HIT_REMOTE};
   x.jobs = build_jobs(x.o);
+  x.cant_write = c->cant_write;
+  if (x.cant_write)
+    snprintf(x.cant_why, sizeof x.cant_why,
+             "a write was refused earlier on this client");
   memset(report, 0, sizeof *report);
   memcpy(report->model, w->model_hash, sizeof report->model);
   if (x.o->deadline_s > 0)

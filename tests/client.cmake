@@ -18,6 +18,8 @@
 #   client_compat   the compatible-arch fallback (hit-compat)
 #   client_warm     warm and get at their edges (stalled and endless
 #                   servers, --out files, a warm's threads and connections)
+#   client_materialize  file modes (the umask read, never set), --out
+#                   directories, the offer back
 #   suggest         test_suggest.c: the bucket suggestion's dynamic
 #                   programme against brute force
 if(NOT TARGET PkgConfig::CMOCKA)
@@ -53,6 +55,18 @@ target_link_libraries(test_client_warm PRIVATE kc_clienttest)
 target_link_options(test_client_warm PRIVATE -Wl,--wrap=pthread_create)
 add_test(NAME client_warm COMMAND test_client_warm)
 set_tests_properties(client_warm PROPERTIES TIMEOUT 300)
+
+# What libkcache leaves on disk around --out, and the offer back of
+# hit-local bundles: tests/test_client_materialize.c. umask(2) is counted
+# through the wrap (the library must never set it).
+add_executable(test_client_materialize
+  ${CMAKE_CURRENT_LIST_DIR}/test_client_materialize.c)
+target_link_libraries(test_client_materialize PRIVATE kc_client kc_testsrv
+  PkgConfig::CMOCKA Threads::Threads)
+target_link_options(test_client_materialize PRIVATE -Wl,--wrap=umask)
+add_dependencies(test_client_materialize kcached)
+add_test(NAME client_materialize COMMAND test_client_materialize)
+set_tests_properties(client_materialize PROPERTIES TIMEOUT 120)
 
 # ---- suggest ----
 # The bucket suggestion's dynamic programme against brute force.

@@ -148,6 +148,15 @@
 # 0.67/0.88/1.28 s, tar x 0.59/0.57/0.84 s. What is left there is inodes:
 # a warm --out makes 4096 blob files, 1024 manifests, 256 fan-out and 1025
 # out directories (6400 new inodes) where curl makes 4096.
+# Then 2,020 fewer system calls per 1024x4x16 warm --out (no mkdir of, nor
+# unlink in, a directory the warm made; 42,165 -> 40,145 by strace -c), the
+# same inodes; same container, 2026-11-27, BENCH_RUNS=7 (5 for 16x300x48)
+# BENCH_DEMO=0 BENCH_KCACHE_BASE=<the build before>, load average 3-5
+# (6 agents' builds, tests and benchmarks): per-round medians
+#   shape      warm --out  tar x   curl    --out/tar  --out/curl  new/before
+#   1024x4x16  1.10 s      980 ms  794 ms  (0.66)     (0.79)      (0.99)
+#   16x300x48  4.16 s      2.84 s  6.01 s  (1.14)     (0.58)      (0.86)
+# with per-round --out/curl from 0.41x to 5.1x: no difference shows.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
