@@ -8,7 +8,7 @@ pkgs=(
   liblmdb-dev libzstd-dev lmdb-utils libmicrohttpd-dev libcurl4-openssl-dev libssl-dev
   libjansson-dev libcmocka-dev libexpat1-dev
   python3 python3-venv python3-jsonschema python3-yaml openssl locales
-  wrk nginx-light valgrind clang libclang-rt-14-dev systemd debootstrap
+  wrk nginx-light valgrind clang clang-format libclang-rt-14-dev systemd debootstrap
   redis-tools python3-redis redis-server
   chromium
 )
