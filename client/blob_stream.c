@@ -28,8 +28,8 @@ size_t kcc_sink_take(kcc_sink *s, const char *data, size_t n) {
 
 typedef struct sink {
   CURL *h;
-  kcc_sink s;    /* to the caller's descriptor */
-  long status;   /* 0 until the body starts */
+  kcc_sink s;                   /* to the caller's descriptor */
+  long status;                  /* 0 until the body starts */
   char ebody[ERR_BODY_MAX + 1]; /* not a 200: its body, for the message */
   size_t elen;
 } sink;
@@ -80,8 +80,7 @@ static kc_err stream_get(kc_client *c, const char *path, sink *s, char *err) {
 kc_err kc_client_blob_get_fd(kc_client *c, const char *digest, int fd,
                              uint64_t max, uint64_t *len, char *err) {
   char path[128], d[KC_HEX_LEN + 1] = "";
-  sink s = {.h = c->easy,
-            .s = {.fd = fd, .max = max ? max : KC_BLOB_GET_MAX}};
+  sink s = {.h = c->easy, .s = {.fd = fd, .max = max ? max : KC_BLOB_GET_MAX}};
   if (len)
     *len = 0;
   if (!kc_is_hex64(digest))

@@ -76,8 +76,7 @@ kc_err kcc_build_hash(const kc_warmup *w, char out[KC_HEX_LEN + 1], char *err) {
     root = json_pack("{ss so}", "builder", NVRTC_BUILDER_ID, "kernels",
                      ks ? ks : json_array());
   }
-  char *s = !e && root ? json_dumps(root, JSON_SORT_KEYS | JSON_COMPACT)
-                       : NULL;
+  char *s = !e && root ? json_dumps(root, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
   json_decref(root);
   if (e)
     return e;
@@ -117,11 +116,15 @@ static kc_err build_kernel(kc_client *c, const kc_kernel *k,
   kc_err e = kc_read_file(k->source, &src, NULL, err);
   if (e)
     return e;
-  kc_gpu_build_req q = {
-      .name = k->name, .source = src, .arch = f->arch,
-      .options = (const char *const *)k->options, .n_options = k->n_options,
-      .bucket = &f->bucket, .entries = (const char *const *)k->entries,
-      .n_entries = k->n_entries, .timeout_s = timeout_s};
+  kc_gpu_build_req q = {.name = k->name,
+                        .source = src,
+                        .arch = f->arch,
+                        .options = (const char *const *)k->options,
+                        .n_options = k->n_options,
+                        .bucket = &f->bucket,
+                        .entries = (const char *const *)k->entries,
+                        .n_entries = k->n_entries,
+                        .timeout_s = timeout_s};
   e = kc_gpu_build(&q, &o, err);
   free(src);
   if (!e)
@@ -157,7 +160,8 @@ static kc_err build_nvrtc(kc_client *c, const kc_warmup *w,
                 "the key names another NVRTC than the %s this host loads "
                 "(pinned in the manifest, or the toolkit's version metadata "
                 "disagrees with its library): a build here would be stored "
-                "under the wrong key", ver);
+                "under the wrong key",
+                ver);
   for (size_t i = 0; !e && i < w->n_kernels; i++) {
     double left = seconds > 0 ? seconds - (kcc_now_ms() - t0) / 1000.0 : 0;
     if (seconds > 0 && left <= 0)
@@ -279,8 +283,7 @@ static kc_err build_command(kc_client *c, const kc_warmup *w,
   if (!mkdtemp(dir))
     return kc_errf(err, KC_IO, "mkdtemp %s: %s", dir, strerror(errno));
   kc_err e = run_command(w, f, dir, timeout_of(w, seconds), err);
-  if (!e && (e = kc_bundle_from_dir(c, dir, NULL, f, out, err)) ==
-                KC_NOT_FOUND)
+  if (!e && (e = kc_bundle_from_dir(c, dir, NULL, f, out, err)) == KC_NOT_FOUND)
     e = kc_errf(err, KC_BUILD_FAILED, "builder command left no file in {out}");
   if (!e) {
     set_producer(*out, w->command[0], (kcc_now_ms() - t0) / 1000.0);

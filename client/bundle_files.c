@@ -16,8 +16,8 @@ kc_err kc_bundle_file_bytes(kc_client *c, const kc_manifest *m,
                             char *err) {
   for (size_t i = 0; i < m->n_files; i++)
     if (!strcmp(m->files[i].path, path))
-      return kcc_cache_blob_read(c, m->files[i].sha256, m->files[i].size,
-                                 data, len, err);
+      return kcc_cache_blob_read(c, m->files[i].sha256, m->files[i].size, data,
+                                 len, err);
   return kc_errf(err, KC_NOT_FOUND, "bundle %.12s... has no file %s", m->key,
                  path);
 }
@@ -25,9 +25,13 @@ kc_err kc_bundle_file_bytes(kc_client *c, const kc_manifest *m,
 /* ---- a bundle from a directory ---- */
 
 static kc_file_kind kind_of(const char *path) {
-  static const struct { const char *ext; kc_file_kind k; } t[] = {
-      {".cubin", KC_KIND_CUBIN}, {".ptx", KC_KIND_PTX},
-      {".fatbin", KC_KIND_FATBIN}, {".ltoir", KC_KIND_LTOIR}};
+  static const struct {
+    const char *ext;
+    kc_file_kind k;
+  } t[] = {{".cubin", KC_KIND_CUBIN},
+           {".ptx", KC_KIND_PTX},
+           {".fatbin", KC_KIND_FATBIN},
+           {".ltoir", KC_KIND_LTOIR}};
   size_t n = strlen(path);
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
     size_t e = strlen(t[i].ext);
@@ -44,7 +48,7 @@ typedef struct walk {
   const char *skip;
   kc_err e;
   char *err;
-  char real_root[PATH_MAX]; /* realpath of the root */
+  char real_root[PATH_MAX];     /* realpath of the root */
   char bad[KC_ERRBUF_SIZE / 2]; /* refused names, "a -> /x, b (dangling)" */
   size_t n_bad;
   int bad_cut; /* the list of names was cut short */
@@ -61,8 +65,7 @@ static kc_err add_path(walk *w, const char *full) {
   if (!e)
     e = kc_cache_blob_put_file(w->c, full, d, &size, w->err);
   if (!e)
-    e = kc_manifest_add_file(w->m, rel, d, size, kind_of(rel), NULL, 0,
-                             w->err);
+    e = kc_manifest_add_file(w->m, rel, d, size, kind_of(rel), NULL, 0, w->err);
   return e;
 }
 
@@ -134,8 +137,8 @@ static kc_err walk_entry(walk *w, const char *p) {
 static kc_err walk_dir(walk *w, const char *dir) {
   if (++w->depth > KCC_WALK_DEPTH) /* symlinked directories in a loop */
     return kc_errf(w->err, KC_UNSAFE_PATH,
-                   "%s: directories nest deeper than %d (a symlink loop?)",
-                   dir, KCC_WALK_DEPTH);
+                   "%s: directories nest deeper than %d (a symlink loop?)", dir,
+                   KCC_WALK_DEPTH);
   DIR *d = opendir(dir);
   struct dirent *de;
   if (!d)
@@ -270,7 +273,8 @@ kc_err kc_client_pull(kc_client *c, const char *key, kc_manifest **out,
     if (err)
       snprintf(err, KC_ERRBUF_SIZE,
                "the cached manifest of %.12s... lists other files than the "
-               "server's: not used, replaced by the server's", key);
+               "server's: not used, replaced by the server's",
+               key);
     e = KC_CORRUPT;
   }
   kc_manifest_free(served);

@@ -46,8 +46,8 @@ static kc_err open_blob(const char *p, const char *digest, uint64_t size,
                    digest);
   if (fd < 0 && errno != ELOOP) /* EACCES, EMFILE: not the blob's fault */
     return kc_errf(err, KC_IO, "open %s: %s", p, strerror(errno));
-  const char *why = fd < 0 ? "a symlink"
-                    : fstat(fd, &st) != 0 ? strerror(errno)
+  const char *why = fd < 0                 ? "a symlink"
+                    : fstat(fd, &st) != 0  ? strerror(errno)
                     : !S_ISREG(st.st_mode) ? "not a regular file"
                     : (uint64_t)st.st_size != size
                         ? "not the size its manifest declares"
@@ -139,8 +139,8 @@ int kcc_cache_tmp(const kc_client *c, char *path, char *err) {
     unsigned long n = __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED);
     snprintf(path, PATH_MAX, "%s/tmp/part-%ld-%lu", c->cache_dir,
              (long)getpid(), n);
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                  0444);
+    int fd =
+        open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
     if (fd >= 0 || errno != EEXIST) {
       if (fd < 0)
         kc_errf(err, KC_IO, "create %s: %s", path, strerror(errno));
@@ -195,8 +195,8 @@ kc_err kcc_cache_write_tmp(const kc_client *c, const void *data, size_t len,
 
 /* Made once per client: a directory that vanished meanwhile (another
  * process cleaned the cache) is made again when the rename says so. */
-kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
-                              const char *digest, char *err) {
+kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp, const char *digest,
+                              char *err) {
   char dst[PATH_MAX];
   int k = fan_of(digest);
   kc_cache_blob_path(c, digest, dst, sizeof dst);
@@ -278,8 +278,8 @@ static kc_err check_blobs(kc_client *c, const kc_manifest *m, char *err) {
     char e2[KC_ERRBUF_SIZE] = "";
     kc_err e = blob_check(c, m->files[i].sha256, m->files[i].size, NULL, e2);
     if (e == KC_NOT_FOUND)
-      return kc_errf(err, e, "blob %s of %s is not cached",
-                     m->files[i].sha256, m->files[i].path);
+      return kc_errf(err, e, "blob %s of %s is not cached", m->files[i].sha256,
+                     m->files[i].path);
     if (e)
       return kc_errf(err, e, "%s: %s", m->files[i].path, e2);
   }
@@ -296,8 +296,8 @@ static kc_err read_manifest(const char *p, char **json, size_t *len,
   if (fd < 0 && errno == ENOENT)
     return KC_NOT_FOUND;
   const char *why = fd < 0 ? (errno == ELOOP ? "a symlink" : strerror(errno))
-                    : fstat(fd, &st) != 0 ? strerror(errno)
-                    : !S_ISREG(st.st_mode) ? "not a regular file"
+                    : fstat(fd, &st) != 0           ? strerror(errno)
+                    : !S_ISREG(st.st_mode)          ? "not a regular file"
                     : st.st_size > KCC_MANIFEST_MAX ? "too large"
                                                     : NULL;
   char *buf = why ? NULL : malloc((size_t)st.st_size + 1);
@@ -317,8 +317,7 @@ static kc_err read_manifest(const char *p, char **json, size_t *len,
   if (why) {
     free(buf);
     unlink(p);
-    return kc_errf(err, KC_CORRUPT, "local manifest %s is %s; removed", p,
-                   why);
+    return kc_errf(err, KC_CORRUPT, "local manifest %s is %s; removed", p, why);
   }
   buf[got] = '\0';
   *json = buf;
@@ -364,8 +363,7 @@ kc_err kc_cache_bundle_get(kc_client *c, const char *key, kc_manifest **out,
     e = check_blobs(c, m, err);
   if (e) {
     kc_manifest_free(m);
-    return e == KC_NOT_FOUND || e == KC_IO || e == KC_DEADLINE ? e
-                                                               : KC_CORRUPT;
+    return e == KC_NOT_FOUND || e == KC_IO || e == KC_DEADLINE ? e : KC_CORRUPT;
   }
   *out = m;
   return KC_OK;
@@ -414,8 +412,8 @@ static void puts_run(void *arg, size_t from, size_t to) {
   }
 }
 
-void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,
-                           size_t n, kc_err *res) {
+void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms, size_t n,
+                           kc_err *res) {
   puts_job j = {c, ms, res};
   kcc_halves(n, n >= 32, puts_run, &j);
 }

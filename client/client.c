@@ -184,8 +184,8 @@ static kc_err copy_opts(kc_client *c, const kc_client_opts *o, char *err) {
   c->token = kcc_strdup0(o && o->token && *o->token ? o->token : NULL);
   c->cacert = kcc_strdup0(o && o->cacert && *o->cacert ? o->cacert : NULL);
   c->holder = o && o->holder ? strdup(o->holder) : default_holder();
-  c->connect_timeout_ms = o && o->connect_timeout_ms ? o->connect_timeout_ms
-                                                       : 3000;
+  c->connect_timeout_ms =
+      o && o->connect_timeout_ms ? o->connect_timeout_ms : 3000;
   c->timeout_ms = o && o->timeout_ms > 0 ? o->timeout_ms : 300000;
   long lb = o ? o->low_speed_bps : 0, ls = o ? o->low_speed_s : 0;
   c->low_speed_bps = lb < 0 || ls < 0 ? 0 : lb ? lb : 1024;
@@ -475,9 +475,9 @@ static void served_run(void *arg, size_t from, size_t to) {
     if (!m)
       continue;
     /* Not an object (a number, a string): no manifest. */
-    kc_err e = json_is_object(m) ? served_manifest(p->keys[i], NULL, 0, m,
-                                                   &p->out[i], NULL)
-                                 : KC_BAD_MANIFEST;
+    kc_err e = json_is_object(m)
+                   ? served_manifest(p->keys[i], NULL, 0, m, &p->out[i], NULL)
+                   : KC_BAD_MANIFEST;
     if (p->refused)
       p->refused[i] = e;
   }
@@ -513,8 +513,8 @@ static kc_err lookup_parse(const kcc_http_resp *r, const char *const *keys,
   /* Duplicate keys are refused, as in any manifest's text: a manifest is
    * taken from the answer as parsed (dumping each and parsing it
    * again cost a sixth of a 1024-bundle warm's time). */
-  json_t *root = json_loadb(r->body ? r->body : "", r->len,
-                            JSON_REJECT_DUPLICATES, &je);
+  json_t *root =
+      json_loadb(r->body ? r->body : "", r->len, JSON_REJECT_DUPLICATES, &je);
   json_t *f = json_object_get(root, "found");
   if (!root)
     return kc_errf(err, KC_PROTOCOL, "lookup: the answer is not JSON (%s)",
@@ -566,10 +566,9 @@ static kc_err lookup_once(const lk_conn *k, const char *const *keys, size_t n,
 /* Asks again for the keys an answer left out for its size (docs/DESIGN.md,
  * "truncated"): one lookup of them; *n_left becomes how many this answer
  * left out in turn, *got how many it brought. */
-static kc_err lookup_rest(const lk_conn *lk, const char *const *keys,
-                          size_t n, kc_manifest **found, kc_err *refused,
-                          char *left, size_t *n_left, size_t *got,
-                          char *err) {
+static kc_err lookup_rest(const lk_conn *lk, const char *const *keys, size_t n,
+                          kc_manifest **found, kc_err *refused, char *left,
+                          size_t *n_left, size_t *got, char *err) {
   size_t cap = *n_left, m = 0, again = 0;
   const char **k = malloc(cap * sizeof *k);
   size_t *at = malloc(cap * sizeof *at);
@@ -605,9 +604,8 @@ static kc_err lookup_rest(const lk_conn *lk, const char *const *keys,
 
 /* The keys, and those an answer leaves out for its size, on one
  * connection. */
-static kc_err lookup_keys(const lk_conn *k, const char *const *keys,
-                          size_t n, kc_manifest **found, kc_err *refused,
-                          char *err) {
+static kc_err lookup_keys(const lk_conn *k, const char *const *keys, size_t n,
+                          kc_manifest **found, kc_err *refused, char *err) {
   char *left = calloc(n ? n : 1, 1);
   size_t n_left = 0, got = 1;
   if (!left)
@@ -645,8 +643,13 @@ static void *half_main(void *arg) {
 static kc_err lookup_split(kc_client *c, const char *const *keys, size_t n,
                            kc_manifest **found, kc_err *refused, char *err) {
   size_t h = n / 2;
-  lookup_half b = {{c, c->easy2, 0}, keys + h, n - h, found + h,
-                   refused ? refused + h : NULL, KC_OK, ""};
+  lookup_half b = {{c, c->easy2, 0},
+                   keys + h,
+                   n - h,
+                   found + h,
+                   refused ? refused + h : NULL,
+                   KC_OK,
+                   ""};
   pthread_t th;
   int on = pthread_create(&th, NULL, half_main, &b) == 0;
   lk_conn a = {c, c->easy, !on};
@@ -777,8 +780,8 @@ kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
   return e;
 }
 
-kc_err kc_client_lease_release(kc_client *c, const char *key,
-                               const char *token, char *err) {
+kc_err kc_client_lease_release(kc_client *c, const char *key, const char *token,
+                               char *err) {
   char path[512];
   kcc_http_resp r;
   char *esc = curl_easy_escape(c->easy, token, 0);
@@ -797,8 +800,7 @@ kc_err kc_client_lease_release(kc_client *c, const char *key,
 
 /* ---- models, stats ---- */
 
-static kc_err get_json(kc_client *c, const char *path, char **json,
-                       char *err) {
+static kc_err get_json(kc_client *c, const char *path, char **json, char *err) {
   kcc_http_resp r;
   *json = NULL;
   kc_err e = kcc_http_do(c, "GET", path, NULL, 0, &r, err);

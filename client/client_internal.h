@@ -21,25 +21,25 @@ struct kc_client {
   long timeout_ms;
   long low_speed_bps, low_speed_s; /* 0 bps: no low-speed limit */
   int parallel;
-  CURL *easy;            /* one handle for sequential requests: keeps the
-                            connection alive between them */
-  CURL *easy2;           /* a second one, made when first needed: the
-                            other half of a large lookup (client.c) */
-  CURLM *multi;          /* parallel blob fetches; pools connections */
+  CURL *easy;              /* one handle for sequential requests: keeps the
+                              connection alive between them */
+  CURL *easy2;             /* a second one, made when first needed: the
+                              other half of a large lookup (client.c) */
+  CURLM *multi;            /* parallel blob fetches; pools connections */
   struct curl_slist *hdrs; /* Authorization, no Expect: 100-continue */
-  int64_t deadline_ms;   /* monotonic; 0: none (set by kc_warm) */
-  long request_cap_ms;   /* > 0: one request's most (kc_warm's lookup) */
-  size_t answer_max;     /* > 0: the largest answer kcc_http_do takes
-                            (kc_client_blob_get: any); 0: KCC_ANSWER_MAX */
+  int64_t deadline_ms;     /* monotonic; 0: none (set by kc_warm) */
+  long request_cap_ms;     /* > 0: one request's most (kc_warm's lookup) */
+  size_t answer_max;       /* > 0: the largest answer kcc_http_do takes
+                              (kc_client_blob_get: any); 0: KCC_ANSWER_MAX */
   _Atomic(struct kcc_demand *) demand; /* demand.c; NULL until first used */
-  int no_batch;          /* the server lacks POST /v1/blobs/fetch (it
-                            answered 404/405): GETs only from then on */
-  int cant_write;         /* the token was refused a write (401/403 on a
-                            lease or an upload): kc_warm offers nothing
-                            back (warm.c) */
+  int no_batch;                /* the server lacks POST /v1/blobs/fetch (it
+                                  answered 404/405): GETs only from then on */
+  int cant_write;              /* the token was refused a write (401/403 on a
+                                 lease or an upload): kc_warm offers nothing
+                                 back (warm.c) */
   unsigned char blob_dir[256]; /* what is known of blobs/<2 hex>/: KCC_DIR_* */
-  mode_t umask;          /* the process's, read once at kc_client_new: the
-                            mode cached (and linked) blobs get */
+  mode_t umask;                /* the process's, read once at kc_client_new: the
+                                  mode cached (and linked) blobs get */
 };
 
 /* What is known of a blob fan-out directory (bits), so that a warm makes
@@ -82,14 +82,13 @@ kc_err kcc_http_do_on(kc_client *c, CURL *h, const char *method,
  * ("<method> <url><path>: <why>"; detail: libcurl's error buffer, may be ""
  * or NULL): the one place libcurl's codes are mapped. A timeout once
  * deadline_ms (kcc_now_ms's clock; 0: none) has passed is KC_DEADLINE. */
-kc_err kcc_http_curl_error(const kc_client *c, int64_t deadline_ms,
-                           CURLcode rc, const char *method, const char *path,
+kc_err kcc_http_curl_error(const kc_client *c, int64_t deadline_ms, CURLcode rc,
+                           const char *method, const char *path,
                            const char *detail, char *err);
 /* Error answer -> kc_err and its message ("server: <message>"). */
 kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err);
 /* A copy of l with one more header h; NULL when out of memory. */
-struct curl_slist *kcc_with_header(const struct curl_slist *l,
-                                   const char *h);
+struct curl_slist *kcc_with_header(const struct curl_slist *l, const char *h);
 /* Applies the handle's common options (TLS, auth, timeouts). */
 void kcc_http_setup(kc_client *c, CURL *h, long timeout_ms);
 /* Milliseconds left before the deadline, capped to c->timeout_ms; 0 when it
@@ -105,9 +104,9 @@ kc_err kcc_lookup_checked(kc_client *c, const char *const *keys, size_t n,
 
 /* What a lease answer says beyond its state. */
 typedef struct kcc_lease_info {
-  int retry_after_s;         /* >= 1 */
+  int retry_after_s;                    /* >= 1 */
   char holder[KC_LEASE_HOLDER_MAX + 1]; /* held: who; "" when not said */
-  double expires_s;          /* held: seconds left; -1 when not said */
+  double expires_s; /* held: seconds left; -1 when not said */
 } kcc_lease_info;
 
 /* kc_client_lease_take, and what a 409 says of the holder. */
@@ -159,13 +158,13 @@ kc_err kcc_cache_write_tmp(const kc_client *c, const void *data, size_t len,
 /* kc_cache_bundle_put of ms[0..n), res[k] each one's result; from 32 on,
  * half of them on a second thread (joined before it returns). ms must be
  * manifests as parsed (validated, keys checked): they are not again. */
-void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms,
-                           size_t n, kc_err *res);
+void kcc_cache_bundles_put(kc_client *c, const kc_manifest *const *ms, size_t n,
+                           kc_err *res);
 /* Renames a verified tmp file to blobs/<2 hex>/<digest>, making the
  * directory the first time this client needs it; tmp is removed on
  * failure. */
-kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp,
-                              const char *digest, char *err);
+kc_err kcc_cache_blob_publish(kc_client *c, const char *tmp, const char *digest,
+                              char *err);
 /* Verified bytes of blob digest into the cache: kcc_cache_write_tmp, then
  * kcc_cache_blob_publish. */
 kc_err kcc_cache_blob_write(kc_client *c, const void *data, size_t len,
@@ -217,8 +216,8 @@ int kcc_compat_applies(const kcc_compat *cp, const char *arch);
 /* The keys that may stand in for item's, best first, its own left out
  * (none when item's arch is not for this device). */
 size_t kcc_compat_keys(const kcc_compat *cp, const kc_key_fields *base,
-                       const kc_key_fields *item,
-                       char (*keys)[KC_HEX_LEN + 1], size_t max);
+                       const kc_key_fields *item, char (*keys)[KC_HEX_LEN + 1],
+                       size_t max);
 
 /* ---- files.c ---- */
 

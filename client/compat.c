@@ -36,8 +36,8 @@ static kc_err find_device(kcc_compat *cp, const kc_warm_opts *o,
   int driver = 0;
   if (o->device_arch) {
     if (kc_gpu_cc_parse(o->device_arch, &cp->cc_major, &cp->cc_minor) != 0)
-      return kc_errf(err, KC_EINVAL,
-                     "device arch '%.20s': not sm_XY or X.Y", o->device_arch);
+      return kc_errf(err, KC_EINVAL, "device arch '%.20s': not sm_XY or X.Y",
+                     o->device_arch);
     snprintf(cp->device, sizeof cp->device, "%.20s (given)", o->device_arch);
     if (!pinned && kc_gpu_driver_version(&driver, NULL) != KC_OK)
       driver = 0;
@@ -74,9 +74,9 @@ kc_err kcc_compat_init(kcc_compat *cp, const kc_warm_opts *o,
   int isa = kc_gpu_ptx_isa_written(tk ? tk : tool_of(base, "cuda"));
   if (!(cp->archs = calloc(KCC_COMPAT_MAX, sizeof *cp->archs)))
     return kc_errf(err, KC_NOMEM, "out of memory");
-  cp->n_archs = kc_gpu_compat_archs(cp->cc_major, cp->cc_minor, isa,
-                                    cp->driver_version, cp->archs,
-                                    KCC_COMPAT_MAX);
+  cp->n_archs =
+      kc_gpu_compat_archs(cp->cc_major, cp->cc_minor, isa, cp->driver_version,
+                          cp->archs, KCC_COMPAT_MAX);
   return KC_OK;
 }
 
@@ -91,8 +91,8 @@ int kcc_compat_applies(const kcc_compat *cp, const char *arch) {
 }
 
 size_t kcc_compat_keys(const kcc_compat *cp, const kc_key_fields *base,
-                       const kc_key_fields *item,
-                       char (*keys)[KC_HEX_LEN + 1], size_t max) {
+                       const kc_key_fields *item, char (*keys)[KC_HEX_LEN + 1],
+                       size_t max) {
   size_t n = 0;
   if (!kcc_compat_applies(cp, item->arch))
     return 0;

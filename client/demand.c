@@ -16,11 +16,11 @@
 
 #include "client_internal.h"
 
-#define DEM_CAP 8192        /* slots: twice KC_DEMAND_BUFFER, a power of two */
-#define DEM_ROUND_MS 2000   /* the thread sends at least this often */
-#define DEM_SEND_MS 2000    /* one POST's most, in the thread */
-#define DEM_BATCH 4096      /* elements in one POST (kcached's limit) */
-#define DEM_MODELS 16       /* models whose buckets classify notes */
+#define DEM_CAP 8192      /* slots: twice KC_DEMAND_BUFFER, a power of two */
+#define DEM_ROUND_MS 2000 /* the thread sends at least this often */
+#define DEM_SEND_MS 2000  /* one POST's most, in the thread */
+#define DEM_BATCH 4096    /* elements in one POST (kcached's limit) */
+#define DEM_MODELS 16     /* models whose buckets classify notes */
 
 typedef enum { K_SHAPE, K_MISS_SHAPE, K_MISS_KEY } dkind;
 

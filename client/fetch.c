@@ -40,11 +40,11 @@ typedef struct xfer {
                  buf, cap allocated); max: the manifest's size */
   size_t cap;
   char tmp[PATH_MAX];
-  int busy;           /* a transfer is armed (its tmp file, if any, open) */
-  int set_up;         /* the handle's fixed options are set */
-  int zstd;           /* the response is Content-Encoding: zstd */
-  int zbad;           /* the frame did not decode */
-  size_t zleft;       /* the decoder's last hint: 0 at a frame's end */
+  int busy;     /* a transfer is armed (its tmp file, if any, open) */
+  int set_up;   /* the handle's fixed options are set */
+  int zstd;     /* the response is Content-Encoding: zstd */
+  int zbad;     /* the frame did not decode */
+  size_t zleft; /* the decoder's last hint: 0 at a frame's end */
   ZSTD_DCtx *dc;
   char *zout;
   char url[512];
@@ -57,9 +57,9 @@ typedef struct fetch_run {
   size_t *head; /* head[i]: the first file with files[i]'s digest (a
                     blob shared by two bundles is fetched once) */
   size_t n, next;
-  size_t *todo;   /* the distinct blobs not cached, in list order */
+  size_t *todo; /* the distinct blobs not cached, in list order */
   size_t n_todo;
-  char *state;    /* per file: KCC_FETCH_* (duplicates: see head) */
+  char *state;             /* per file: KCC_FETCH_* (duplicates: see head) */
   struct curl_slist *hdrs; /* the client's and Accept-Encoding, for all */
   uint64_t fetched;
   kc_err first;
@@ -106,8 +106,8 @@ static size_t on_data(char *data, size_t size, size_t nmemb, void *arg) {
 
 /* Keeps the first failure; the other transfers go on (their blobs are
  * still worth having). */
-__attribute__((format(printf, 3, 4))) static void
-fail(fetch_run *r, kc_err e, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void fail(fetch_run *r, kc_err e,
+                                                       const char *fmt, ...) {
   va_list ap;
   if (r->first)
     return;
@@ -191,8 +191,9 @@ static int start(fetch_run *r, xfer *x, size_t idx) {
 static void fail_curl(fetch_run *r, xfer *x, CURLcode rc) {
   char e2[KC_ERRBUF_SIZE], path[128];
   snprintf(path, sizeof path, "/v1/blobs/%s", r->files[x->idx]->sha256);
-  fail(r, kcc_http_curl_error(r->c, r->c->deadline_ms, rc, "GET", path,
-                              x->ebuf, e2),
+  fail(r,
+       kcc_http_curl_error(r->c, r->c->deadline_ms, rc, "GET", path, x->ebuf,
+                           e2),
        "%s", e2);
 }
 
@@ -205,7 +206,8 @@ static kc_err check(fetch_run *r, xfer *x, CURLcode rc, int bad) {
   if (x->zbad || (rc == CURLE_OK && x->zstd && x->zleft))
     fail(r, KC_DIGEST_MISMATCH,
          "GET blob %.16s...: the server's zstd frame is corrupt or cut "
-         "short; discarded", digest);
+         "short; discarded",
+         digest);
   else if (x->s.too_big || rc == CURLE_FILESIZE_EXCEEDED)
     fail(r, KC_DIGEST_MISMATCH,
          "GET blob %.16s...: the server sent more than the %llu bytes the "
@@ -222,8 +224,8 @@ static kc_err check(fetch_run *r, xfer *x, CURLcode rc, int bad) {
     fail(r, KC_IO, "write %s: disk error", x->tmp);
   else if (kc_sha256_final(x->s.sha, d) || strcmp(d, digest) != 0)
     fail(r, KC_DIGEST_MISMATCH,
-         "blob %.16s... from the server hashes to %.16s...; discarded",
-         digest, d);
+         "blob %.16s... from the server hashes to %.16s...; discarded", digest,
+         d);
   else
     return KC_OK;
   return KC_IO; /* fail() kept the first failure and its sentence */
@@ -309,8 +311,8 @@ static void batched(fetch_run *r) {
   for (size_t k = 0; k < r->n_todo; k++)
     if (r->files[r->todo[k]]->size <= KCC_FETCH_MEM)
       small[ns++] = r->todo[k];
-  kc_err e = kcc_fetch_batched(r->c, r->files, small, ns, r->state, &got,
-                               r->err);
+  kc_err e =
+      kcc_fetch_batched(r->c, r->files, small, ns, r->state, &got, r->err);
   if (e && !r->first)
     r->first = e; /* its sentence is in r->err */
   r->fetched += got;
@@ -386,8 +388,9 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
   /* transfers only for what the batches left (usually nothing) */
   int nx = e ? 0 : gets_left(&r, c->parallel);
   xfer *xs = calloc(nx ? (size_t)nx : 1, sizeof *xs);
-  if (!e && (!xs || (nx && !(r.hdrs = kcc_with_header(
-                                 c->hdrs, "Accept-Encoding: zstd")))))
+  if (!e &&
+      (!xs ||
+       (nx && !(r.hdrs = kcc_with_header(c->hdrs, "Accept-Encoding: zstd")))))
     e = kc_errf(err, KC_NOMEM, "out of memory");
   for (int k = 0; xs && k < nx; k++)
     xs[k].s.fd = -1;
@@ -414,7 +417,7 @@ kc_err kcc_fetch_blobs(kc_client *c, const kc_file *const *files, size_t n,
   }
   free(xs);
   curl_slist_free_all(r.hdrs);
-  for (size_t i = 0; ok && r.head && i < n; i++) /* a duplicate is there */
+  for (size_t i = 0; ok && r.head && i < n; i++)  /* a duplicate is there */
     ok[i] = r.state[r.head[i]] == KCC_FETCH_DONE; /* when its first copy is */
   free(r.head);
   free(r.todo);

@@ -53,7 +53,8 @@
  * and trimmed the heap, and each new page was a fault: malloc and page
  * faults were about a tenth of a 1024-bundle warm's CPU). */
 #define KCC_WRITER_SPARES 64
-#define KCC_SPARE_MAX ((size_t)256 << 10) /* larger ones: 16 MiB held at most */
+/* larger ones: 16 MiB held at most */
+#define KCC_SPARE_MAX ((size_t)256 << 10)
 
 typedef struct brun brun;
 
@@ -62,17 +63,17 @@ typedef struct batch {
   CURL *h;
   const size_t *idx; /* its files (into run.files) */
   size_t n;
-  char *body;        /* the request's JSON */
-  size_t cur;        /* the item whose line or bytes come next */
-  int in_data;       /* its bytes are coming (else its line) */
-  int skip;          /* they are dropped: the item was refused */
-  int zstd, zbad;    /* zbad: 1 corrupt, 2 decodes to more than declared */
-  size_t zleft;      /* the decoder's last hint: 0 at a frame's end */
+  char *body;     /* the request's JSON */
+  size_t cur;     /* the item whose line or bytes come next */
+  int in_data;    /* its bytes are coming (else its line) */
+  int skip;       /* they are dropped: the item was refused */
+  int zstd, zbad; /* zbad: 1 corrupt, 2 decodes to more than declared */
+  size_t zleft;   /* the decoder's last hint: 0 at a frame's end */
   int status_seen, not_ok;
   char line[LINE_CAP];
   size_t line_len;
-  uint64_t left;     /* the current item's bytes still to come */
-  char *buf;         /* its content (cap allocated; want + 1 used) */
+  uint64_t left; /* the current item's bytes still to come */
+  char *buf;     /* its content (cap allocated; want + 1 used) */
   size_t cap;
   uint64_t got, want;
   ZSTD_DCtx *dc;
@@ -115,8 +116,8 @@ struct brun {
   writer *w; /* NULL: items are verified and written inline */
 };
 
-__attribute__((format(printf, 3, 4))) static void
-bfail(brun *r, kc_err e, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void bfail(brun *r, kc_err e,
+                                                        const char *fmt, ...) {
   va_list ap;
   if (r->w) /* the writer may fail at the same time */
     pthread_mutex_lock(&r->w->mu);
@@ -269,17 +270,18 @@ static void item_done(brun *r, batch *b) {
   } else if (b->zstd && b->zbad == 2)
     bfail(r, KC_DIGEST_MISMATCH,
           "fetch blob %.16s...: the server's zstd frame decodes to more than "
-          "the %llu bytes the manifest declares; cut off", f->sha256,
-          (unsigned long long)b->want);
+          "the %llu bytes the manifest declares; cut off",
+          f->sha256, (unsigned long long)b->want);
   else if (b->zstd && (b->zbad || b->zleft))
     bfail(r, KC_DIGEST_MISMATCH,
           "fetch blob %.16s...: the server's zstd frame is corrupt or cut "
-          "short; discarded", f->sha256);
+          "short; discarded",
+          f->sha256);
   else if (b->got != b->want)
     bfail(r, KC_DIGEST_MISMATCH,
           "fetch blob %.16s...: the server sent %llu bytes, the manifest "
-          "declares %llu; discarded", f->sha256,
-          (unsigned long long)b->got, (unsigned long long)b->want);
+          "declares %llu; discarded",
+          f->sha256, (unsigned long long)b->got, (unsigned long long)b->want);
   else if (!r->w || hand_over(r, b) != 0)
     verify_write(r, b->idx[b->cur], b->buf, (size_t)b->got);
   next_item(b);
@@ -318,8 +320,8 @@ static int on_line(brun *r, batch *b) {
   if (b->zstd ? len > ZSTD_compressBound((size_t)f->size) : len != f->size) {
     bfail(r, KC_DIGEST_MISMATCH,
           "fetch blob %.16s...: the server sends %llu bytes %s for %llu "
-          "declared; discarded", f->sha256, len, how,
-          (unsigned long long)f->size);
+          "declared; discarded",
+          f->sha256, len, how, (unsigned long long)f->size);
     b->skip = 1;
   } else if (b->zstd) {
     ZSTD_DCtx_reset(b->dc, ZSTD_reset_session_only);

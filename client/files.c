@@ -145,8 +145,8 @@ kc_err kc_model_hash(const char *const *paths, size_t n,
     if ((e = kc_sha256_file(paths[i], d, &size, err)))
       break;
     const char *base = strrchr(paths[i], '/');
-    int len = snprintf(line, sizeof line, "%s  %s\n", d,
-                       base ? base + 1 : paths[i]);
+    int len =
+        snprintf(line, sizeof line, "%s  %s\n", d, base ? base + 1 : paths[i]);
     e = kc_sha256_update(h, line, (size_t)len);
   }
   if (!e)

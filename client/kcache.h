@@ -52,11 +52,11 @@ extern "C" {
 typedef struct kc_client kc_client; /* opaque */
 
 typedef struct kc_client_opts {
-  const char *url;       /* "http://host:port"; NULL or "": no server
-                            (local cache and local builds only) */
-  const char *token;     /* bearer token; NULL: none */
-  const char *cacert;    /* CA bundle (PEM) for https; NULL: system's */
-  const char *cache_dir; /* NULL: $KCACHE_DIR, else $HOME/.cache/kcache */
+  const char *url;         /* "http://host:port"; NULL or "": no server
+                              (local cache and local builds only) */
+  const char *token;       /* bearer token; NULL: none */
+  const char *cacert;      /* CA bundle (PEM) for https; NULL: system's */
+  const char *cache_dir;   /* NULL: $KCACHE_DIR, else $HOME/.cache/kcache */
   long connect_timeout_ms; /* 0: 3000 */
   long timeout_ms;         /* whole request (a blob transfer included);
                               0: 300000 */
@@ -153,8 +153,8 @@ kc_err kc_client_lease_take(kc_client *c, const char *key, int ttl_s,
                             char token[KC_LEASE_TOKEN_MAX], int *retry_after_s,
                             char *err);
 /* DELETE /v1/leases/{key}?lease=token. */
-kc_err kc_client_lease_release(kc_client *c, const char *key,
-                               const char *token, char *err);
+kc_err kc_client_lease_release(kc_client *c, const char *key, const char *token,
+                               char *err);
 
 /* ---- Other reads ---- */
 
@@ -255,8 +255,7 @@ kc_err kc_client_pull(kc_client *c, const char *key, kc_manifest **out,
  * .ptx, .fatbin, .ltoir, else file). No file: KC_NOT_FOUND.
  * *out: kc_manifest_free. */
 kc_err kc_bundle_from_dir(kc_client *c, const char *dir, const char *skip,
-                          const kc_key_fields *f, kc_manifest **out,
-                          char *err);
+                          const kc_key_fields *f, kc_manifest **out, char *err);
 
 /* ---- Warmup ---- */
 
@@ -282,9 +281,9 @@ typedef struct kc_warm_item {
   char message[KC_ERRBUF_SIZE]; /* why it failed, or a warning */
   uint64_t bytes;               /* bundle size (sum of its files) */
   size_t n_files;
-  double seconds;               /* when it was ready (or failed), counted
-                                   from the start of the warmup */
-  int uploaded;                 /* built and stored on the server */
+  double seconds; /* when it was ready (or failed), counted
+                     from the start of the warmup */
+  int uploaded;   /* built and stored on the server */
   /* Another builder's lease on this key, when one was met ("" none): who
    * held it, and when it ends (seconds from the start of the warmup, and
    * the UTC time "2026-11-25T08:30:00Z"; -1 and "" when not said). */
@@ -301,12 +300,12 @@ typedef struct kc_warm_item {
 typedef struct kc_warm_report {
   char model[KC_HEX_LEN + 1];
   size_t n_items;
-  kc_warm_item *items;  /* owned by the report */
+  kc_warm_item *items; /* owned by the report */
   size_t counts[KC_WARM_N_STATUS];
-  uint64_t bytes;       /* total of ready bundles */
+  uint64_t bytes;         /* total of ready bundles */
   uint64_t bytes_fetched; /* over the network */
   double seconds;
-  int server_down;      /* a server was set but could not be reached */
+  int server_down;              /* a server was set but could not be reached */
   char warning[KC_ERRBUF_SIZE]; /* "" or a sentence for the operator */
 } kc_warm_report;
 
@@ -318,8 +317,8 @@ void kc_warm_report_print(const kc_warm_report *r, FILE *f);
 kc_err kc_warm_report_json(const kc_warm_report *r, char **out, char *err);
 
 typedef struct kc_warm_progress {
-  size_t done, total;        /* keys finished (any status) of all keys */
-  const kc_warm_item *item;  /* the key just finished; borrowed for the call */
+  size_t done, total;       /* keys finished (any status) of all keys */
+  const kc_warm_item *item; /* the key just finished; borrowed for the call */
 } kc_warm_progress;
 typedef void (*kc_warm_progress_fn)(const kc_warm_progress *p, void *arg);
 
@@ -351,11 +350,11 @@ typedef struct kc_warm_opts {
    * that device. PTX only with a known driver (detected, else the
    * manifest's "driver") that reads its ISA. */
   const char *device_arch; /* NULL: detect */
-  int no_compat;       /* no fallback */
-  int prefer_build;    /* build the exact arch when a builder is here; the
-                          compatible bundle (fetched meanwhile) is used only
-                          when that build is not ready by the deadline or
-                          fails */
+  int no_compat;           /* no fallback */
+  int prefer_build;        /* build the exact arch when a builder is here; the
+                              compatible bundle (fetched meanwhile) is used only
+                              when that build is not ready by the deadline or
+                              fails */
   kc_warm_progress_fn progress; /* may be NULL; called on the caller's thread */
   void *progress_arg;
 } kc_warm_opts;
@@ -410,9 +409,8 @@ kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
  *       kc_bundle_file_bytes(c, m, "gemm.cubin", &img, &len, err) == KC_OK)
  *     cuModuleLoadData(&mod, img);
  */
-kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w,
-                      const kc_bucket *bucket, const char *arch,
-                      kc_manifest **out, char *err);
+kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w, const kc_bucket *bucket,
+                      const char *arch, kc_manifest **out, char *err);
 
 /* ---- Demand feedback (demand.c) ----
  *

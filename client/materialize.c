@@ -73,8 +73,9 @@ static int copy_bytes(int src, int dst, uint64_t len) {
   off_t in = 0, out = 0;
   int plain = 0;
   while ((uint64_t)in < len) {
-    size_t want = len - (uint64_t)in > (1u << 30) ? (1u << 30)
-                                                  : (size_t)(len - (uint64_t)in);
+    size_t want = len - (uint64_t)in > (1u << 30)
+                      ? (1u << 30)
+                      : (size_t)(len - (uint64_t)in);
     ssize_t n = -1;
     if (!plain) {
       n = copy_file_range(src, &in, dst, &out, want, 0);
@@ -119,8 +120,8 @@ static kc_err copy_in(int dfd, const char *leaf, const char *path,
   if (src < 0)
     return kc_errf(err, KC_IO, "open %s: %s", path, strerror(errno));
   tmp_name(tmp, sizeof tmp, leaf);
-  int dst = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW |
-                                 O_CLOEXEC, 0444);
+  int dst = openat(dfd, tmp,
+                   O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
   if (dst < 0) {
     int saved = errno;
     close(src);

@@ -12,8 +12,7 @@
 
 /* One request whose 2xx answer's body is returned (malloc'd). */
 static kc_err call_json(kc_client *c, const char *method, const char *path,
-                        const void *body, size_t len, char **json,
-                        char *err) {
+                        const void *body, size_t len, char **json, char *err) {
   kcc_http_resp r;
   *json = NULL;
   kc_err e = kcc_http_do(c, method, path, body, len, &r, err);
@@ -147,8 +146,10 @@ kc_err kc_client_model_resolve(kc_client *c, const char *name_or_hash,
                       found ? other : out);
     if (f == 2 || (f == 1 && found)) { /* names are not unique */
       json_decref(root);
-      return kc_errf(err, KC_EINVAL, "two models are named '%.100s': give "
-                     "the hash", name_or_hash);
+      return kc_errf(err, KC_EINVAL,
+                     "two models are named '%.100s': give "
+                     "the hash",
+                     name_or_hash);
     }
     found |= f;
     const char *next = json_string_value(json_object_get(root, "next"));
@@ -157,7 +158,9 @@ kc_err kc_client_model_resolve(kc_client *c, const char *name_or_hash,
     json_decref(root);
   } while (*cursor);
   if (!found)
-    return kc_errf(err, KC_NOT_FOUND, "no model named '%.100s' (a name comes "
-                   "from its warmup manifest)", name_or_hash);
+    return kc_errf(err, KC_NOT_FOUND,
+                   "no model named '%.100s' (a name comes "
+                   "from its warmup manifest)",
+                   name_or_hash);
   return KC_OK;
 }

@@ -67,9 +67,9 @@ static json_t *item_json(const kc_warm_item *it) {
   if (o && it->message[0])
     json_object_set_new(o, "message", json_string(it->message));
   if (o && it->status == KC_WARM_HIT_COMPAT) /* the bundle used instead */
-    json_object_set_new(o, "compat", json_pack("{ss ss}", "arch",
-                                               it->compat_arch, "key",
-                                               it->compat_key));
+    json_object_set_new(
+        o, "compat",
+        json_pack("{ss ss}", "arch", it->compat_arch, "key", it->compat_key));
   if (o && it->lease_holder[0]) { /* another builder's lease was met */
     json_t *l = json_pack("{ss}", "holder", it->lease_holder);
     if (l && it->lease_expires_s >= 0) {
@@ -90,12 +90,12 @@ kc_err kc_warm_report_json(const kc_warm_report *r, char **out, char *err) {
   for (int s = 0; counts && s < KC_WARM_N_STATUS; s++)
     json_object_set_new(counts, kc_warm_status_name((kc_warm_status)s),
                         json_integer((json_int_t)r->counts[s]));
-  json_t *root = json_pack(
-      "{ss so so sI sI sf sb}", "model", r->model, "counts",
-      counts ? counts : json_object(), "items", items ? items : json_array(),
-      "bytes", (json_int_t)r->bytes, "bytes_fetched",
-      (json_int_t)r->bytes_fetched, "seconds", r->seconds, "server_down",
-      r->server_down);
+  json_t *root =
+      json_pack("{ss so so sI sI sf sb}", "model", r->model, "counts",
+                counts ? counts : json_object(), "items",
+                items ? items : json_array(), "bytes", (json_int_t)r->bytes,
+                "bytes_fetched", (json_int_t)r->bytes_fetched, "seconds",
+                r->seconds, "server_down", r->server_down);
   if (root && r->warning[0])
     json_object_set_new(root, "warning", json_string(r->warning));
   *out = root ? json_dumps(root, JSON_INDENT(2)) : NULL;

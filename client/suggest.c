@@ -34,8 +34,8 @@ static size_t distinct(const kcc_point *p, size_t n, kcc_point **q) {
 static kcc_cost dp_run(const kcc_point *x, size_t n, size_t k,
                        const kcc_cost *W, const kcc_cost *S, uint32_t *cut,
                        kcc_cost *prev, kcc_cost *cur) {
-#define SEG(a, i) ((kcc_cost)x[(i) - 1].value * (W[i] - W[(a) - 1]) - \
-                   (S[i] - S[(a) - 1]))
+#define SEG(a, i)                                                              \
+  ((kcc_cost)x[(i)-1].value * (W[i] - W[(a)-1]) - (S[i] - S[(a)-1]))
   for (size_t i = 1; i <= n; i++) {
     prev[i] = SEG(1, i);
     cut[1 * (n + 1) + i] = 1;
@@ -74,7 +74,8 @@ kc_err kcc_suggest_1d(const kcc_point *p, size_t n, size_t k, uint64_t *bounds,
     return KC_NOMEM;
   size_t kk = k < m ? k : m; /* more segments never cost more */
   kcc_cost *W = calloc(m + 1, sizeof *W), *S = calloc(m + 1, sizeof *S);
-  kcc_cost *prev = calloc(m + 1, sizeof *prev), *cur = calloc(m + 1, sizeof *cur);
+  kcc_cost *prev = calloc(m + 1, sizeof *prev),
+           *cur = calloc(m + 1, sizeof *cur);
   uint32_t *cut = calloc((kk + 1) * (m + 1), sizeof *cut);
   kc_err e = W && S && prev && cur && cut ? KC_OK : KC_NOMEM;
   for (size_t i = 1; !e && i <= m; i++) {
@@ -178,8 +179,8 @@ static kc_err one_dim(const kcc_shape *s, const kc_bucket *sh, size_t n,
 }
 
 /* The observed cells: each shape padded per dimension, then deduplicated. */
-static size_t cells(kc_bucket *sh, size_t n, uint64_t (*bounds)[KCC_SUGGEST_K_MAX],
-                    const size_t *nb) {
+static size_t cells(kc_bucket *sh, size_t n,
+                    uint64_t (*bounds)[KCC_SUGGEST_K_MAX], const size_t *nb) {
   for (size_t i = 0; i < n; i++)
     for (size_t d = 0; d < sh[i].n; d++)
       sh[i].dims[d].value = bound_of(bounds[d], nb[d], sh[i].dims[d].value);

@@ -88,8 +88,8 @@ void kcc_http_setup(kc_client *c, CURL *h, long timeout_ms) {
  * down (the warmup degrades to local builds); anything else is a broken
  * exchange. A write error is the write callback's: those that can fail for
  * another reason than memory say so before they get here. */
-kc_err kcc_http_curl_error(const kc_client *c, int64_t deadline_ms,
-                           CURLcode rc, const char *method, const char *path,
+kc_err kcc_http_curl_error(const kc_client *c, int64_t deadline_ms, CURLcode rc,
+                           const char *method, const char *path,
                            const char *detail, char *err) {
   const char *why = detail && *detail ? detail : curl_easy_strerror(rc);
   switch (rc) {
@@ -158,8 +158,7 @@ kc_err kcc_http_do_on(kc_client *c, CURL *h, const char *method,
       return kc_errf(err, KC_PROTOCOL,
                      "%s %s: the answer is larger than %zu bytes; cut off",
                      method, path, b.max);
-    return kcc_http_curl_error(c, c->deadline_ms, rc, method, path, ebuf,
-                               err);
+    return kcc_http_curl_error(c, c->deadline_ms, rc, method, path, ebuf, err);
   }
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
   r->body = b.p;
@@ -209,8 +208,7 @@ kc_err kcc_http_error(const kcc_http_resp *r, const char *what, char *err) {
   return e;
 }
 
-struct curl_slist *kcc_with_header(const struct curl_slist *l,
-                                   const char *h) {
+struct curl_slist *kcc_with_header(const struct curl_slist *l, const char *h) {
   struct curl_slist *n = NULL, *t;
   for (; l; l = l->next) {
     if (!(t = curl_slist_append(n, l->data)))

@@ -28,28 +28,28 @@ typedef struct wctx {
   const kc_warm_opts *o;
   kc_warm_report *rep;
   kc_key_fields *fields;
-  kc_key_fields base; /* the keys' fields without bucket and arch */
-  kcc_compat cp;     /* the compatible-arch fallback (compat.c) */
-  int cp_ready;      /* cp was set up (lazily: only when a key is missing) */
-  int defer_compat;  /* --prefer-build with a builder: compat bundles are
-                        fetched but kept as spares until the end */
-  kc_manifest **ms;  /* ready bundles, per item */
+  kc_key_fields base;  /* the keys' fields without bucket and arch */
+  kcc_compat cp;       /* the compatible-arch fallback (compat.c) */
+  int cp_ready;        /* cp was set up (lazily: only when a key is missing) */
+  int defer_compat;    /* --prefer-build with a builder: compat bundles are
+                          fetched but kept as spares until the end */
+  kc_manifest **ms;    /* ready bundles, per item */
   kc_manifest **spare; /* defer_compat: the stand-in, per item */
-  char *pending;     /* 1 while an item is neither ready nor failed */
-  char *remote_bad;  /* the server's copy failed verification: BAD_* */
-  char *waiting;     /* another builder holds the lease */
-  int *out_made;     /* --out: 1 when this run made the item's directory
-                        (only those are removed again, or written without
-                        looking for what an earlier warm left there) */
-  int64_t *retry_at; /* waiting: when its lease may have lapsed (ms) */
-  int64_t *build_at; /* waiting: when to build it here anyway (ms; 0 never) */
+  char *pending;       /* 1 while an item is neither ready nor failed */
+  char *remote_bad;    /* the server's copy failed verification: BAD_* */
+  char *waiting;       /* another builder holds the lease */
+  int *out_made;       /* --out: 1 when this run made the item's directory
+                          (only those are removed again, or written without
+                          looking for what an earlier warm left there) */
+  int64_t *retry_at;   /* waiting: when its lease may have lapsed (ms) */
+  int64_t *build_at;   /* waiting: when to build it here anyway (ms; 0 never) */
   kc_warm_status fetched_as; /* what a served bundle counts as now */
   kc_err remote_err; /* why the last lookup failed (KC_OK: it did not) */
   char remote_why[KC_ERRBUF_SIZE];
   int server_ok;
-  int cant_write;    /* an upload was refused (401/403): none tried again */
+  int cant_write; /* an upload was refused (401/403): none tried again */
   char cant_why[KC_ERRBUF_SIZE];
-  int jobs;          /* concurrent builds */
+  int jobs; /* concurrent builds */
   int64_t t0;
   size_t done;
 } wctx;
@@ -69,8 +69,8 @@ const char *kc_warm_status_name(kc_warm_status s) {
 /* ---- keys ---- */
 
 /* cache: where the NVRTC version is remembered (NULL: load NVRTC to ask). */
-static kc_err pin_nvrtc(kc_key_fields *f, const kc_warmup *w,
-                        const char *cache, char *err) {
+static kc_err pin_nvrtc(kc_key_fields *f, const kc_warmup *w, const char *cache,
+                        char *err) {
   char ver[16] = "", e2[KC_ERRBUF_SIZE];
   const char *pinned = NULL, *cuda = NULL;
   for (size_t i = 0; i < w->n_tools; i++) {
@@ -125,8 +125,9 @@ static kc_err resolve_archs(const kc_warmup *w, const char *const *archs,
   if (!*out)
     return kc_errf(err, KC_NOMEM, "out of memory");
   for (size_t i = 0; i < m; i++) {
-    const char *a = n_archs ? archs[i] : w->n_archs ? w->archs[i]
-                                                    : gi.devices[0].arch;
+    const char *a = n_archs      ? archs[i]
+                    : w->n_archs ? w->archs[i]
+                                 : gi.devices[0].arch;
     if (!kc_arch_valid(a)) {
       free(*out);
       return kc_errf(err, KC_EINVAL, "arch '%.20s': not a valid target", a);
@@ -159,7 +160,7 @@ static kc_err warm_keys(const kc_warmup *w, const char *nvrtc_cache,
                         const char *const *archs, size_t n_archs,
                         kc_key_fields **fields, size_t *n,
                         kc_key_fields *base_out, char *err) {
-  char (*av)[KC_ARCH_MAX + 1] = NULL;
+  char(*av)[KC_ARCH_MAX + 1] = NULL;
   size_t na = 0;
   kc_key_fields base;
   *fields = NULL;
@@ -200,9 +201,8 @@ kc_err kc_warm_keys(const kc_warmup *w, const char *const *archs,
   return warm_keys(w, NULL, archs, n_archs, fields, n, NULL, err);
 }
 
-kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w,
-                      const kc_bucket *bucket, const char *arch,
-                      kc_manifest **out, char *err) {
+kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w, const kc_bucket *bucket,
+                      const char *arch, kc_manifest **out, char *err) {
   kc_key_fields f;
   char key[KC_HEX_LEN + 1];
   *out = NULL;
@@ -223,8 +223,7 @@ kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w,
     return KC_OK;
   return kc_client_has_server(c)
              ? kc_client_pull(c, key, out, err)
-             : kc_errf(err, KC_NOT_FOUND, "bundle %.12s... is not cached",
-                       key);
+             : kc_errf(err, KC_NOT_FOUND, "bundle %.12s... is not cached", key);
 }
 
 /* ---- bookkeeping ---- */
@@ -371,8 +370,7 @@ static void got_bundle(wctx *x, size_t i, kc_manifest *m) {
  * they were asked for) is stored and used; e and why: the fetch's first
  * failure. */
 static void take_fetched(wctx *x, kc_manifest **found, const size_t *idx,
-                         size_t n, const char *ok, kc_err e,
-                         const char *why) {
+                         size_t n, const char *ok, kc_err e, const char *why) {
   /* first the bundles whose blobs all came, stored together */
   const kc_manifest **put = calloc(n + 1, sizeof *put);
   kc_err *res = calloc(n + 1, sizeof *res);
@@ -535,10 +533,10 @@ static long lookup_cap_ms(const wctx *x) {
 /* The keys of one POST /v1/lookup: each item's own, then its stand-ins
  * best first (compat.c), all in the same round trip. */
 typedef struct lookup_set {
-  size_t n;                            /* keys */
+  size_t n; /* keys */
   const char *keys[KC_LOOKUP_MAX];
-  size_t item[KC_LOOKUP_MAX];          /* the item each key is for */
-  char (*alt)[KC_HEX_LEN + 1];         /* stand-in keys (KC_LOOKUP_MAX) */
+  size_t item[KC_LOOKUP_MAX];  /* the item each key is for */
+  char (*alt)[KC_HEX_LEN + 1]; /* stand-in keys (KC_LOOKUP_MAX) */
   size_t n_alt;
   char scratch[KCC_COMPAT_MAX][KC_HEX_LEN + 1]; /* one item's stand-ins */
 } lookup_set;
@@ -609,11 +607,11 @@ static kcc_compat *compat(wctx *x) {
 /* Adds item i (its key and, with alts, its stand-ins) to s, running s
  * first when they would not fit. */
 static void lookup_add(wctx *x, lookup_set *s, size_t i, int alts) {
-  char (*alt)[KC_HEX_LEN + 1] = s->scratch;
+  char(*alt)[KC_HEX_LEN + 1] = s->scratch;
   const kcc_compat *cp = x->spare[i] || !alts ? NULL : compat(x);
-  size_t na = cp ? kcc_compat_keys(cp, &x->base, &x->fields[i], alt,
-                                   KCC_COMPAT_MAX)
-                 : 0;
+  size_t na =
+      cp ? kcc_compat_keys(cp, &x->base, &x->fields[i], alt, KCC_COMPAT_MAX)
+         : 0;
   if (s->n + 1 + na > KC_LOOKUP_MAX)
     lookup_run(x, s);
   s->item[s->n] = i;
@@ -670,14 +668,14 @@ static void phase_remote(wctx *x, int waiting) {
 /* Keys still missing after the lookup: a stand-in in the local cache (a
  * replica whose server is down, or that fetched one before). */
 static void phase_local_compat(wctx *x) {
-  char (*alt)[KC_HEX_LEN + 1] = NULL;
+  char(*alt)[KC_HEX_LEN + 1] = NULL;
   for (size_t i = 0; i < x->rep->n_items; i++) {
     const kcc_compat *cp = x->pending[i] ? compat(x) : NULL;
     if (cp && !alt && !(alt = calloc(KCC_COMPAT_MAX, sizeof *alt)))
       return;
-    size_t na = cp ? kcc_compat_keys(cp, &x->base, &x->fields[i], alt,
-                                     KCC_COMPAT_MAX)
-                   : 0;
+    size_t na =
+        cp ? kcc_compat_keys(cp, &x->base, &x->fields[i], alt, KCC_COMPAT_MAX)
+           : 0;
     for (size_t k = 0; k < na && x->pending[i] && !x->spare[i]; k++) {
       kc_manifest *m = NULL;
       if (kc_cache_bundle_get(x->c, alt[k], &m, NULL) == KC_OK)
@@ -740,8 +738,8 @@ static void offer_blobs(wctx *x, const kc_manifest *m) {
   for (size_t j = 0; !e && j < m->n_files; j++) {
     void *data = NULL;
     size_t len = 0;
-    e = kcc_cache_blob_read(x->c, m->files[j].sha256, m->files[j].size,
-                            &data, &len, e2);
+    e = kcc_cache_blob_read(x->c, m->files[j].sha256, m->files[j].size, &data,
+                            &len, e2);
     if (!e)
       e = kc_client_blob_repair(x->c, data, len, e2);
     free(data);
@@ -783,8 +781,7 @@ static void upload(wctx *x, size_t i, const kc_manifest *m) {
     cannot_write(x, e2);
     snprintf(it->message, sizeof it->message,
              "not uploaded: the token cannot write (%.420s)", x->cant_why);
-  }
-  else if (e == KC_CONFLICT) /* write-once: another build got there first */
+  } else if (e == KC_CONFLICT) /* write-once: another build got there first */
     snprintf(it->message, sizeof it->message,
              "not uploaded: kcached already holds another build of this key "
              "(the first complete upload wins)");
@@ -849,8 +846,7 @@ static void collect(wctx *x, job *jobs, size_t n, int fd, pid_t pid) {
     j->e = r.e;
     memcpy(j->msg, r.msg, sizeof j->msg);
     if (!j->e)
-      j->e = kc_cache_bundle_get(x->c, x->rep->items[j->i].key, &j->m,
-                                 j->msg);
+      j->e = kc_cache_bundle_get(x->c, x->rep->items[j->i].key, &j->m, j->msg);
   }
   close(fd);
   waitpid(pid, NULL, 0);
@@ -937,8 +933,8 @@ static void held(wctx *x, size_t i, const kcc_lease_info *li) {
   double wait = x->o->lease_wait_s;
   if (x->build_at[i] || !x->c->deadline_ms || wait < 0)
     return;
-  x->build_at[i] = now + (wait > 0 ? (int64_t)(wait * 1000)
-                                   : (x->c->deadline_ms - now) / 2);
+  x->build_at[i] =
+      now + (wait > 0 ? (int64_t)(wait * 1000) : (x->c->deadline_ms - now) / 2);
 }
 
 /* A waiting key whose holder has had its share of the deadline: built here
@@ -951,8 +947,8 @@ static void take_over(wctx *x, size_t i, job *j) {
   snprintf(it->message, sizeof it->message,
            "built here: '%.200s' holds the lease (until %s) and had not "
            "delivered after %.1f s",
-           it->lease_holder, it->lease_expires_at[0] ? it->lease_expires_at
-                                                     : "unknown",
+           it->lease_holder,
+           it->lease_expires_at[0] ? it->lease_expires_at : "unknown",
            since(x));
 }
 
@@ -967,8 +963,8 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
   if (!x->server_ok || x->remote_bad[i])
     return 1;
   kcc_lease_info li;
-  kc_err e = kcc_lease_take(x->c, x->rep->items[i].key, ttl, &st, j->token,
-                            &li, e2);
+  kc_err e =
+      kcc_lease_take(x->c, x->rep->items[i].key, ttl, &st, j->token, &li, e2);
   if (is_down(e)) {
     server_down(x, e2);
     return 1;
@@ -1011,16 +1007,20 @@ static void compat_said(wctx *x, size_t i, char *out, size_t size) {
     return;
   }
   if (!cp || !cp->on) {
-    snprintf(out, size, "no compatible bundle looked for (no GPU detected; "
+    snprintf(out, size,
+             "no compatible bundle looked for (no GPU detected; "
              "--device-arch names one)");
     return;
   }
   if (!kcc_compat_applies(cp, arch)) {
-    snprintf(out, size, "no compatible bundle looked for (%s does not run "
-             "on %s)", arch, cp->device);
+    snprintf(out, size,
+             "no compatible bundle looked for (%s does not run "
+             "on %s)",
+             arch, cp->device);
     return;
   }
-  size_t n = (size_t)snprintf(out, size, "no compatible bundle found either "
+  size_t n = (size_t)snprintf(out, size,
+                              "no compatible bundle found either "
                               "(looked for");
   size_t k = 0;
   for (size_t a = 0; a < cp->n_archs && n < size; a++) {
@@ -1142,8 +1142,7 @@ static int cmp_key(const void *a, const void *b) {
 
 /* The keys kcached holds for the warm's model (GET /v1/models/{model}),
  * sorted, into *keys (pointers into *root); -1 when it cannot say. */
-static int server_keys(wctx *x, json_t **root, const char ***keys,
-                       size_t *n) {
+static int server_keys(wctx *x, json_t **root, const char ***keys, size_t *n) {
   char *text = NULL;
   char hex[KC_HEX_LEN + 1];
   memcpy(hex, x->w->model_hash, sizeof hex);
@@ -1163,8 +1162,8 @@ static int server_keys(wctx *x, json_t **root, const char ***keys,
     return -1;
   }
   for (size_t k = 0; k < *n; k++) {
-    const char *key = json_string_value(
-        json_object_get(json_array_get(bs, k), "key"));
+    const char *key =
+        json_string_value(json_object_get(json_array_get(bs, k), "key"));
     (*keys)[k] = key ? key : "";
   }
   qsort(*keys, *n, sizeof **keys, cmp_key);
@@ -1326,8 +1325,8 @@ static void keys_run(void *arg, size_t from, size_t to) {
   keys_job *j = arg;
   int h = from != 0;
   for (size_t i = from; i < to && !j->e[h]; i++)
-    j->e[h] = kc_key_compute(&j->x->fields[i], j->x->rep->items[i].key,
-                             j->err[h]);
+    j->e[h] =
+        kc_key_compute(&j->x->fields[i], j->x->rep->items[i].key, j->err[h]);
 }
 
 /* Every item's key; from 32 keys on, a second thread computes half of
@@ -1352,8 +1351,8 @@ static kc_err setup(wctx *x, char *err) {
                    "device arch '%.20s': not sm_XY (sm_89) or X.Y (8.9)",
                    x->o->device_arch);
   nvrtc_cache_of(x->c, cache);
-  kc_err e = warm_keys(x->w, cache, x->o->archs, x->o->n_archs, &x->fields,
-                       &n, &x->base, err);
+  kc_err e = warm_keys(x->w, cache, x->o->archs, x->o->n_archs, &x->fields, &n,
+                       &x->base, err);
   if (e)
     return e;
   x->rep->items = calloc(n + 1, sizeof *x->rep->items);
@@ -1366,8 +1365,7 @@ static kc_err setup(wctx *x, char *err) {
   x->spare = calloc(n + 1, sizeof *x->spare);
   x->out_made = calloc(n + 1, sizeof *x->out_made);
   if (!x->rep->items || !x->ms || !x->pending || !x->remote_bad ||
-      !x->waiting || !x->retry_at || !x->build_at || !x->spare ||
-      !x->out_made)
+      !x->waiting || !x->retry_at || !x->build_at || !x->spare || !x->out_made)
     return kc_errf(err, KC_NOMEM, "out of memory");
   x->rep->n_items = n;
   for (size_t i = 0; i < n; i++) {

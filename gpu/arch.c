@@ -35,8 +35,7 @@ static int cc_at_least(int major, int minor, int want_major, int want_minor) {
 
 int kc_gpu_arch_runs_on(const char *arch, int cc_major, int cc_minor) {
   parsed_arch a;
-  if (parse_arch(arch, &a) != 0 || cc_major < 1 || cc_minor < 0 ||
-      cc_minor > 9)
+  if (parse_arch(arch, &a) != 0 || cc_major < 1 || cc_minor < 0 || cc_minor > 9)
     return 0;
   if (a.suffix == 'a') /* arch-specific features exist on that chip only */
     return cc_major == a.major && cc_minor == a.minor;

@@ -36,7 +36,7 @@
 #include "gpu_internal.h"
 
 #define DEFAULT_TIMEOUT_S 600
-#define WIRE_MAGIC 0x6b636731u /* "kcg1" */
+#define WIRE_MAGIC 0x6b636731u            /* "kcg1" */
 #define WIRE_PART_MAX ((uint64_t)1 << 31) /* bigger log or code: garbage */
 
 /* Parent and child are one program image, so a plain struct is the format. */
@@ -73,8 +73,9 @@ static _Noreturn void child_main(int fd, const kc_gpu_build_req *req) {
   char msg[KC_ERRBUF_SIZE] = "";
   kc_err rc = kcg_nvrtc_compile(req, &out, msg);
   const char *log = out.log ? out.log : "";
-  wire_hdr h = {WIRE_MAGIC, (int32_t)rc, (int32_t)out.kind,
-                (uint32_t)strlen(msg), strlen(log), out.code_len};
+  wire_hdr h = {WIRE_MAGIC,        (int32_t)rc,
+                (int32_t)out.kind, (uint32_t)strlen(msg),
+                strlen(log),       out.code_len};
   int bad = write_all(fd, &h, sizeof h) || write_all(fd, msg, h.msg_len) ||
             write_all(fd, log, h.log_len) ||
             write_all(fd, out.code, out.code_len);

@@ -21,8 +21,7 @@ static int section(const unsigned char *elf, size_t len, const Elf64_Ehdr *eh,
       (len - eh->e_shoff) / sizeof *out <= i)
     return -1;
   memcpy(out, elf + eh->e_shoff + i * sizeof *out, sizeof *out);
-  return out->sh_offset <= len && len - out->sh_offset >= out->sh_size ? 0
-                                                                        : -1;
+  return out->sh_offset <= len && len - out->sh_offset >= out->sh_size ? 0 : -1;
 }
 
 static int symtab_has(const unsigned char *elf, size_t len,

@@ -60,9 +60,9 @@ static char *define_for(const kc_dim *d) {
   char buf[KC_NAME_MAX + 32] = "-D";
   size_t i = 0;
   for (; d->name[i] && i < KC_NAME_MAX; i++)
-    buf[2 + i] = (char)(d->name[i] - ('a' <= d->name[i] && d->name[i] <= 'z'
-                                          ? 'a' - 'A'
-                                          : 0));
+    buf[2 + i] =
+        (char)(d->name[i] -
+               ('a' <= d->name[i] && d->name[i] <= 'z' ? 'a' - 'A' : 0));
   snprintf(buf + 2 + i, sizeof buf - 2 - i, "=%" PRIu64, d->value);
   return strdup(buf);
 }
@@ -119,8 +119,8 @@ static kc_err get_code(const kcg_nvrtc *api, nvrtcProgram prog,
                        kc_gpu_build_out *out, char *err) {
   int ptx = out->kind == KC_KIND_PTX;
   size_t size = 0;
-  nvrtcResult r = ptx ? api->GetPTXSize(prog, &size)
-                      : api->GetCUBINSize(prog, &size);
+  nvrtcResult r =
+      ptx ? api->GetPTXSize(prog, &size) : api->GetCUBINSize(prog, &size);
   if (r != KCG_NVRTC_SUCCESS)
     return nv_fail(api, ptx ? "nvrtcGetPTXSize" : "nvrtcGetCUBINSize", r, err);
   if (!(out->code = calloc(size + 1, 1)))
@@ -155,8 +155,8 @@ static kc_err compile_failed(const kcg_nvrtc *api, const kc_gpu_build_req *req,
   if (r == KCG_NVRTC_ERROR_COMPILATION)
     return kc_errf(err, KC_BUILD_FAILED, "%s: compilation failed (empty log)",
                    name);
-  return kc_errf(err, KC_BUILD_FAILED, "%s: nvrtcCompileProgram: %s%s%s",
-                 name, api->GetErrorString(r), line[0] ? ": " : "", line);
+  return kc_errf(err, KC_BUILD_FAILED, "%s: nvrtcCompileProgram: %s%s%s", name,
+                 api->GetErrorString(r), line[0] ? ": " : "", line);
 }
 
 static kc_err check_entries(const kc_gpu_build_req *req,
@@ -173,12 +173,10 @@ static kc_err check_entries(const kc_gpu_build_req *req,
 }
 
 static kc_err run_program(const kcg_nvrtc *api, const kc_gpu_build_req *req,
-                          const opt_list *o, kc_gpu_build_out *out,
-                          char *err) {
+                          const opt_list *o, kc_gpu_build_out *out, char *err) {
   nvrtcProgram prog = NULL;
-  nvrtcResult r = api->CreateProgram(&prog, req->source,
-                                     req->name ? req->name : "kernel.cu", 0,
-                                     NULL, NULL);
+  nvrtcResult r = api->CreateProgram(
+      &prog, req->source, req->name ? req->name : "kernel.cu", 0, NULL, NULL);
   if (r != KCG_NVRTC_SUCCESS)
     return nv_fail(api, "nvrtcCreateProgram", r, err);
   nvrtcResult cr = api->CompileProgram(prog, (int)o->n, o->argv);
@@ -197,8 +195,8 @@ kc_err kcg_nvrtc_compile(const kc_gpu_build_req *req, kc_gpu_build_out *out,
   kc_err rc = kcg_build_req_check(req, err);
   if (rc != KC_OK)
     return rc;
-  out->kind = strncmp(req->arch, "compute_", 8) == 0 ? KC_KIND_PTX
-                                                      : KC_KIND_CUBIN;
+  out->kind =
+      strncmp(req->arch, "compute_", 8) == 0 ? KC_KIND_PTX : KC_KIND_CUBIN;
   kcg_nvrtc api;
   if ((rc = kcg_nvrtc_open(&api, err)) != KC_OK)
     return rc;

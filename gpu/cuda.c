@@ -40,8 +40,7 @@ typedef struct cu_api {
   CUresult (*CtxGetCurrent)(CUcontext *ctx);
   CUresult (*CtxSetCurrent)(CUcontext ctx);
   CUresult (*ModuleLoadData)(CUmodule *mod, const void *image);
-  CUresult (*ModuleGetFunction)(CUfunction *fn, CUmodule mod,
-                                const char *name);
+  CUresult (*ModuleGetFunction)(CUfunction *fn, CUmodule mod, const char *name);
   CUresult (*ModuleUnload)(CUmodule mod);
   CUresult (*GetErrorName)(CUresult r, const char **s);
   CUresult (*GetErrorString)(CUresult r, const char **s);
@@ -92,8 +91,10 @@ static void *cu_dlopen(char *err) {
              cuda_dirs[i]);
     used = strlen(dirs);
   }
-  kc_errf(err, KC_NO_DRIVER, "no CUDA driver (libcuda.so.1 not on the loader "
-          "path: %s; nor in %s; set KCACHE_LIBCUDA)", first, dirs);
+  kc_errf(err, KC_NO_DRIVER,
+          "no CUDA driver (libcuda.so.1 not on the loader "
+          "path: %s; nor in %s; set KCACHE_LIBCUDA)",
+          first, dirs);
   return NULL;
 }
 
@@ -121,15 +122,18 @@ static kc_err cu_open(cu_api *api, char *err) {
       {"cuGetErrorName", &api->GetErrorName, 0},
       {"cuGetErrorString", &api->GetErrorString, 0},
   };
-  const char *missing = kcg_load_syms(api->lib, syms, sizeof syms / sizeof *syms);
+  const char *missing =
+      kcg_load_syms(api->lib, syms, sizeof syms / sizeof *syms);
   if (!missing && !api->DeviceGetUuid_v2 && !api->DeviceGetUuid)
     missing = "cuDeviceGetUuid"; /* one of the two is enough */
   if (!missing)
     return KC_OK;
   dlclose(api->lib);
   api->lib = NULL;
-  return kc_errf(err, KC_NO_DRIVER, "libcuda.so.1 lacks %s (driver older "
-                 "than CUDA 11.4?)", missing);
+  return kc_errf(err, KC_NO_DRIVER,
+                 "libcuda.so.1 lacks %s (driver older "
+                 "than CUDA 11.4?)",
+                 missing);
 }
 
 static void cu_close(cu_api *api) {
@@ -194,8 +198,8 @@ static kc_err describe(const cu_api *api, int ordinal, kc_gpu_device *d,
       (r = api->DeviceGetAttribute(&d->cc_minor, CU_ATTR_CC_MINOR, dev)))
     return cu_fail(api, KC_GPU, "cuDeviceGetName/Attribute", r, err);
   d->name[sizeof d->name - 1] = '\0';
-  r = (api->DeviceGetUuid_v2 ? api->DeviceGetUuid_v2 : api->DeviceGetUuid)(
-      &uuid, dev);
+  r = (api->DeviceGetUuid_v2 ? api->DeviceGetUuid_v2
+                             : api->DeviceGetUuid)(&uuid, dev);
   if (r != CU_SUCCESS)
     return cu_fail(api, KC_GPU, "cuDeviceGetUuid", r, err);
   format_uuid(&uuid, d->uuid);
@@ -203,8 +207,10 @@ static kc_err describe(const cu_api *api, int ordinal, kc_gpu_device *d,
     return cu_fail(api, KC_GPU, "cuDeviceTotalMem", r, err);
   d->total_mem = mem;
   if (kcg_native_arch(d->cc_major, d->cc_minor, d->arch) != 0)
-    return kc_errf(err, KC_GPU, "device %d: compute capability %d.%d is out "
-                   "of range", ordinal, d->cc_major, d->cc_minor);
+    return kc_errf(err, KC_GPU,
+                   "device %d: compute capability %d.%d is out "
+                   "of range",
+                   ordinal, d->cc_major, d->cc_minor);
   return KC_OK;
 }
 
@@ -218,9 +224,10 @@ static kc_err detect_all(const cu_api *api, kc_gpu_info *out, char *err) {
   if ((r = api->DeviceGetCount(&count)) != CU_SUCCESS)
     return cu_fail(api, KC_GPU, "cuDeviceGetCount", r, err);
   if (count <= 0)
-    return kc_errf(err, KC_NO_DRIVER, "no CUDA device (driver %d.%d sees "
-                   "none)", out->driver_version / 1000,
-                   out->driver_version % 1000 / 10);
+    return kc_errf(err, KC_NO_DRIVER,
+                   "no CUDA device (driver %d.%d sees "
+                   "none)",
+                   out->driver_version / 1000, out->driver_version % 1000 / 10);
   int max = (int)(sizeof out->devices / sizeof out->devices[0]);
   for (int i = 0; i < count && i < max; i++) {
     kc_err rc = describe(api, i, &out->devices[i], err);
@@ -268,7 +275,10 @@ static const void *image_for_driver(const void *code, size_t len, void **copy) {
   const unsigned char *b = code;
   static const unsigned char fatbin[4] = {0x50, 0xed, 0x55, 0xba};
   *copy = NULL;
-  if ((len >= 4 && (memcmp(b, "\x7f" "ELF", 4) == 0 ||
+  if ((len >= 4 && (memcmp(b,
+                           "\x7f"
+                           "ELF",
+                           4) == 0 ||
                     memcmp(b, fatbin, 4) == 0)) ||
       b[len - 1] == '\0')
     return code;
@@ -323,8 +333,7 @@ static CUresult primary_ctx(const cu_api *api, int ordinal, CUdevice dev,
 
 /* The calling thread's current context is put back afterwards. */
 static kc_err check_on_device(const cu_api *api, int ordinal, const void *image,
-                              const char *const *entries, size_t n,
-                              char *err) {
+                              const char *const *entries, size_t n, char *err) {
   CUresult r = api->Init(0);
   if (r != CU_SUCCESS)
     return cu_fail(api, KC_NO_DRIVER, "no usable CUDA driver: cuInit", r, err);

@@ -21,16 +21,16 @@
 typedef struct kc_gpu_device {
   int ordinal;
   char name[256];
-  int cc_major, cc_minor;          /* compute capability */
-  char arch[KC_ARCH_MAX + 1];      /* native cubin target: "sm_90a" for 9.0,
-                                      "sm_100a" for 10.0, else "sm_86" ... */
-  char uuid[41];                   /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx":
-                                      40 characters and the NUL */
+  int cc_major, cc_minor;     /* compute capability */
+  char arch[KC_ARCH_MAX + 1]; /* native cubin target: "sm_90a" for 9.0,
+                                 "sm_100a" for 10.0, else "sm_86" ... */
+  char uuid[41];              /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx":
+                                 40 characters and the NUL */
   uint64_t total_mem;
 } kc_gpu_device;
 
 typedef struct kc_gpu_info {
-  int driver_version;              /* cuDriverGetVersion: 13000 = 13.0 */
+  int driver_version; /* cuDriverGetVersion: 13000 = 13.0 */
   int n_devices;
   kc_gpu_device devices[16];
 } kc_gpu_info;
@@ -118,23 +118,25 @@ kc_err kc_gpu_nvrtc_version_cached(const char *cache_file, char out[16],
                                    char *err);
 
 typedef struct kc_gpu_build_req {
-  const char *name;         /* program name, for the log ("gemm.cu") */
-  const char *source;       /* CUDA C source text */
-  const char *arch;         /* "sm_90a" -> cubin, "compute_90" -> PTX */
-  const char *const *options; size_t n_options; /* extra NVRTC options */
-  const kc_bucket *bucket;  /* passed as -D<NAME upper>=<value>; may be NULL */
-  const char *const *entries; size_t n_entries; /* extern "C" kernel names;
-                              each must be in the output (ELF symbol table of
-                              the cubin, ".entry" of the PTX), else
-                              KC_BUILD_FAILED: no GPU needed to catch a typo */
-  int timeout_s;            /* the child is killed after this; 0: 600 */
+  const char *name;   /* program name, for the log ("gemm.cu") */
+  const char *source; /* CUDA C source text */
+  const char *arch;   /* "sm_90a" -> cubin, "compute_90" -> PTX */
+  const char *const *options;
+  size_t n_options;        /* extra NVRTC options */
+  const kc_bucket *bucket; /* passed as -D<NAME upper>=<value>; may be NULL */
+  const char *const *entries;
+  size_t n_entries; /* extern "C" kernel names;
+  each must be in the output (ELF symbol table of
+  the cubin, ".entry" of the PTX), else
+  KC_BUILD_FAILED: no GPU needed to catch a typo */
+  int timeout_s;    /* the child is killed after this; 0: 600 */
 } kc_gpu_build_req;
 
 typedef struct kc_gpu_build_out {
-  void *code;               /* cubin or PTX bytes (malloc'd) */
+  void *code; /* cubin or PTX bytes (malloc'd) */
   size_t code_len;
-  kc_file_kind kind;        /* KC_KIND_CUBIN or KC_KIND_PTX */
-  char *log;                /* NVRTC's log, malloc'd, may be "" */
+  kc_file_kind kind; /* KC_KIND_CUBIN or KC_KIND_PTX */
+  char *log;         /* NVRTC's log, malloc'd, may be "" */
   double seconds;
 } kc_gpu_build_out;
 
@@ -153,9 +155,9 @@ void kc_gpu_build_out_free(kc_gpu_build_out *out);
 /* cuModuleLoadData on device `ordinal` (0 to 63) in its primary context,
  * then cuModuleGetFunction for each entry. The primary context is retained
  * on the first call and kept for the life of the process (creating it costs
- * a real GPU hundreds of ms; the driver frees it at exit). KC_NO_DRIVER without a driver, KC_GPU
- * with the CUDA error otherwise. Any thread; the calling thread's current
- * context is restored. PTX need not end with a NUL. */
+ * a real GPU hundreds of ms; the driver frees it at exit). KC_NO_DRIVER without
+ * a driver, KC_GPU with the CUDA error otherwise. Any thread; the calling
+ * thread's current context is restored. PTX need not end with a NUL. */
 kc_err kc_gpu_load_check(int ordinal, const void *code, size_t len,
                          const char *const *entries, size_t n_entries,
                          char *err);

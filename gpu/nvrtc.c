@@ -44,8 +44,8 @@ typedef struct search_log {
 
 static void add_place(search_log *s, const char *place) {
   size_t used = strlen(s->places);
-  snprintf(s->places + used, sizeof s->places - used, "%s%s",
-           used ? ", " : "", place);
+  snprintf(s->places + used, sizeof s->places - used, "%s%s", used ? ", " : "",
+           place);
 }
 
 static kc_err bind_syms(kcg_nvrtc *api, char *err) {
@@ -62,11 +62,14 @@ static kc_err bind_syms(kcg_nvrtc *api, char *err) {
       {"nvrtcGetPTXSize", &api->GetPTXSize, 0},
       {"nvrtcGetPTX", &api->GetPTX, 0},
   };
-  const char *missing = kcg_load_syms(api->lib, syms, sizeof syms / sizeof *syms);
+  const char *missing =
+      kcg_load_syms(api->lib, syms, sizeof syms / sizeof *syms);
   if (!missing)
     return KC_OK;
-  kc_errf(err, KC_NO_NVRTC, "%s is not a usable NVRTC: it lacks %s (NVRTC "
-          "11.1 or later needed)", api->path, missing);
+  kc_errf(err, KC_NO_NVRTC,
+          "%s is not a usable NVRTC: it lacks %s (NVRTC "
+          "11.1 or later needed)",
+          api->path, missing);
   dlclose(api->lib);
   api->lib = NULL;
   return KC_NO_NVRTC;
@@ -214,7 +217,8 @@ kc_err kcg_nvrtc_open(kcg_nvrtc *api, char *err) {
   add_place(&s, FILES_GLOB " on the loader path");
   return kc_errf(err, KC_NO_NVRTC,
                  "NVRTC not found (searched: %s; set KCACHE_NVRTC or "
-                 "CUDA_HOME)%s", s.places, s.why);
+                 "CUDA_HOME)%s",
+                 s.places, s.why);
 }
 
 void kcg_nvrtc_close(kcg_nvrtc *api) {
@@ -317,8 +321,9 @@ static int version_from_name(const char *real, char out[16]) {
   char tail;
   const char *base = strrchr(real, '/');
   base = base ? base + 1 : real;
-  if (sscanf(base, "libnvrtc.so.%u.%u.%u%c", &major, &minor, &patch,
-             &tail) != 3 || major > 999 || minor > 999)
+  if (sscanf(base, "libnvrtc.so.%u.%u.%u%c", &major, &minor, &patch, &tail) !=
+          3 ||
+      major > 999 || minor > 999)
     return -1;
   snprintf(out, 16, "%u.%u", major, minor);
   return 0;

@@ -105,8 +105,8 @@ static int record_lists(const char *dist, const char *base, long long size) {
       continue;
     *comma = '\0';
     const char *slash = strrchr(line, '/');
-    found = strcmp(slash ? slash + 1 : line, base) == 0 &&
-            atoll(last + 1) == size;
+    found =
+        strcmp(slash ? slash + 1 : line, base) == 0 && atoll(last + 1) == size;
   }
   if (f)
     fclose(f);

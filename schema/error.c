@@ -4,7 +4,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#define KC_ROW_(name, num, http, code, msg) [num] = {msg, code, "KC_" #name, http},
+#define KC_ROW_(name, num, http, code, msg)                                    \
+  [num] = {msg, code, "KC_" #name, http},
 static const struct {
   const char *msg, *code, *name;
   int http;

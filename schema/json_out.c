@@ -55,9 +55,14 @@ void kci_jb_str(kci_jbuf *b, const char *s) {
   *o++ = '"';
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
-    const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b"
-                      : c == '\f' ? "\\f" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
-                      : c == '\t' ? "\\t" : NULL;
+    const char *esc = c == '"'    ? "\\\""
+                      : c == '\\' ? "\\\\"
+                      : c == '\b' ? "\\b"
+                      : c == '\f' ? "\\f"
+                      : c == '\n' ? "\\n"
+                      : c == '\r' ? "\\r"
+                      : c == '\t' ? "\\t"
+                                  : NULL;
     if (esc) {
       *o++ = esc[0];
       *o++ = esc[1];
@@ -77,8 +82,8 @@ void kci_jb_str(kci_jbuf *b, const char *s) {
 
 void kci_jb_u64(kci_jbuf *b, uint64_t v) {
   char num[24];
-  kci_jb_raw(b, num, (size_t)snprintf(num, sizeof num, "%llu",
-                                      (unsigned long long)v));
+  kci_jb_raw(b, num,
+             (size_t)snprintf(num, sizeof num, "%llu", (unsigned long long)v));
 }
 
 /* jansson's jsonp_dtostr at precision 15: "%.15g" with the locale's
@@ -117,12 +122,10 @@ void kci_jb_real(kci_jbuf *b, double v) {
 
 /* ix[0..n): the order of n names (stride bytes apart from first) by
  * strcmp, as JSON_SORT_KEYS orders object keys. */
-static void sort_names(const char *first, size_t stride, size_t n,
-                       size_t *ix) {
+static void sort_names(const char *first, size_t stride, size_t n, size_t *ix) {
   for (size_t i = 0; i < n; i++) {
     size_t j = i;
-    for (; j && strcmp(first + ix[j - 1] * stride, first + i * stride) > 0;
-         j--)
+    for (; j && strcmp(first + ix[j - 1] * stride, first + i * stride) > 0; j--)
       ix[j] = ix[j - 1];
     ix[j] = i;
   }

@@ -38,19 +38,17 @@
   X(NO_NVRTC, 23, 500, "nvrtc_not_found", "NVRTC not found")                   \
   X(BUILD_FAILED, 24, 500, "build_failed", "the build failed")                 \
   X(TIMEOUT, 25, 504, "timeout", "timed out")                                  \
-  X(UNAVAILABLE, 26, 503, "unavailable", "the server cannot be reached")      \
+  X(UNAVAILABLE, 26, 503, "unavailable", "the server cannot be reached")       \
   X(PROTOCOL, 27, 502, "bad_response", "unexpected answer from the server")    \
   X(DEADLINE, 28, 504, "deadline", "the deadline passed")                      \
   X(BAD_WARMUP, 29, 400, "bad_warmup", "invalid warmup manifest")              \
   X(INTERNAL, 30, 500, "internal", "internal error")                           \
   X(BAD_TOKEN_FILE, 31, 500, "bad_token_file", "invalid token file")           \
   X(BUSY, 32, 503, "busy", "resource busy, try again")                         \
-  X(GPU, 33, 500, "cuda_error", "CUDA driver call failed")                    \
-  X(DISK_FULL, 34, 507, "disk_full",                                           \
-    "the disk holding the store is full")                                      \
-  X(LOCKED, 35, 503, "locked",                                                 \
-    "another process serves this store directory")                             \
-  X(NOT_IMPLEMENTED, 36, 501, "not_implemented", "not implemented")           \
+  X(GPU, 33, 500, "cuda_error", "CUDA driver call failed")                     \
+  X(DISK_FULL, 34, 507, "disk_full", "the disk holding the store is full")     \
+  X(LOCKED, 35, 503, "locked", "another process serves this store directory")  \
+  X(NOT_IMPLEMENTED, 36, 501, "not_implemented", "not implemented")            \
   X(UNSUPPORTED_MEDIA, 37, 415, "unsupported_media_type",                      \
     "the body's type or content coding is not accepted here")                  \
   X(ENCODED, 38, 500, "internal",                                              \

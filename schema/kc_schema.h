@@ -23,7 +23,7 @@
 #define KC_ARCH_MAX 15        /* "compute_100f" and room */
 #define KC_PATH_MAX 255       /* manifest file path bytes */
 #define KC_BUCKET_VALUE_MAX 9007199254740992ULL /* 2^53 */
-#define KC_LOOKUP_MAX 4096    /* keys in one POST /v1/lookup */
+#define KC_LOOKUP_MAX 4096 /* keys in one POST /v1/lookup */
 /* Files in one bundle manifest. A Triton cache entry is about 6 files per
  * kernel (cubin, ptx, ttir, ttgir, llir, json) and an Inductor compile of a
  * large model a few hundred kernels: about 2,000 files; this leaves twice
@@ -106,7 +106,7 @@ typedef enum kc_file_kind {
   KC_KIND_FILE
 } kc_file_kind;
 
-const char *kc_file_kind_name(kc_file_kind k);      /* "cubin", ... */
+const char *kc_file_kind_name(kc_file_kind k);            /* "cubin", ... */
 int kc_file_kind_parse(const char *s, kc_file_kind *out); /* 0 ok, -1 bad */
 
 typedef struct kc_file {
@@ -213,7 +213,8 @@ typedef struct kc_warmup {
   char *base_dir; /* directory relative paths resolve against */
 } kc_warmup;
 
-/* Parse and validate (schema "kcache.warmup/v1"). base_dir may be NULL ("."). */
+/* Parse and validate (schema "kcache.warmup/v1"). base_dir may be NULL (".").
+ */
 kc_err kc_warmup_parse(const char *json, size_t len, const char *base_dir,
                        kc_warmup **out, char *err);
 /* Read a file and parse it; base_dir is the file's directory. */

@@ -62,9 +62,9 @@ static kc_err key_fields_from(const kci_ctx *c, json_t *root,
                               kc_key_fields *f) {
   kci_key_json j = {0};
   json_t *v = NULL;
-  if (kci_unpack(c, root, "key fields", "{s?o s?o s?o s?o s?o s?o !}",
-                 "model", &j.model, "bucket", &j.bucket, "arch", &j.arch,
-                 "toolchain", &j.toolchain, "build", &j.build, "v", &v))
+  if (kci_unpack(c, root, "key fields", "{s?o s?o s?o s?o s?o s?o !}", "model",
+                 &j.model, "bucket", &j.bucket, "arch", &j.arch, "toolchain",
+                 &j.toolchain, "build", &j.build, "v", &v))
     return c->code;
   /* v is optional in input (the canonical form always carries it) */
   if (v && !(json_is_integer(v) && json_integer_value(v) == 1))

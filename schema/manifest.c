@@ -102,7 +102,8 @@ static kc_err check_file(const kci_ctx *c, const kc_file *f, size_t i) {
 }
 
 static int cmp_file_path(const void *a, const void *b) {
-  const kc_file *x = *(const kc_file *const *)a, *y = *(const kc_file *const *)b;
+  const kc_file *x = *(const kc_file *const *)a,
+                *y = *(const kc_file *const *)b;
   int r = strcmp(x->path, y->path);
   return r ? r : (x < y ? -1 : x > y);
 }
@@ -154,8 +155,8 @@ kc_err kc_manifest_validate(const kc_manifest *m, char *err) {
   if (m->n_files == 0 || !m->files)
     return kci_bad(&c, "files: at least one file required");
   if (m->n_files > KC_MANIFEST_MAX_FILES)
-    return kci_bad(&c, "files: %zu files, at most %d in one bundle",
-                   m->n_files, KC_MANIFEST_MAX_FILES);
+    return kci_bad(&c, "files: %zu files, at most %d in one bundle", m->n_files,
+                   KC_MANIFEST_MAX_FILES);
   for (size_t i = 0; i < m->n_files; i++)
     if (check_file(&c, &m->files[i], i))
       return c.code;
@@ -199,8 +200,11 @@ kc_err kc_manifest_add_file(kc_manifest *m, const char *path,
   if (!m || !sha256)
     return kci_err(err, KC_EINVAL, "add_file: NULL argument");
   /* Check the borrowed strings in place: nothing is copied until they pass. */
-  kc_file probe = {.path = (char *)path, .size = size, .kind = kind,
-                   .n_entries = n_entries, .entries = (char **)entries};
+  kc_file probe = {.path = (char *)path,
+                   .size = size,
+                   .kind = kind,
+                   .n_entries = n_entries,
+                   .entries = (char **)entries};
   snprintf(probe.sha256, sizeof probe.sha256, "%.64s", sha256);
   if (m->n_files >= KC_MANIFEST_MAX_FILES)
     return kci_bad(&c, "files: at most %d in one bundle",
@@ -353,8 +357,7 @@ kc_err kc_manifest_to_json(const kc_manifest *m, char **out, char *err) {
   return e ? e : kc_manifest_to_json_valid(m, out, err);
 }
 
-kc_err kc_manifest_to_json_valid(const kc_manifest *m, char **out,
-                                 char *err) {
+kc_err kc_manifest_to_json_valid(const kc_manifest *m, char **out, char *err) {
   if (!out)
     return kci_err(err, KC_EINVAL, "manifest: NULL output");
   if (!(*out = manifest_text(m)))

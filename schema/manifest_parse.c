@@ -27,8 +27,10 @@ static kc_err kind_from_json(const kci_ctx *c, json_t *v, const char *what,
   if (kci_str(c, v, what, &s))
     return c->code;
   if (kc_file_kind_parse(s, out) != 0)
-    return kci_bad(c, "%s: '%.40s' is not one of cubin, ptx, fatbin, ltoir, "
-                      "file", what, s);
+    return kci_bad(c,
+                   "%s: '%.40s' is not one of cubin, ptx, fatbin, ltoir, "
+                   "file",
+                   what, s);
   return KC_OK;
 }
 
@@ -38,8 +40,8 @@ static kc_err file_from_json(const kci_ctx *c, json_t *v, size_t i,
   json_t *path = NULL, *sha = NULL, *size = NULL, *kind = NULL, *ent = NULL;
   const char *s = NULL;
   snprintf(what, sizeof what, "files[%zu]", i);
-  if (kci_unpack(c, v, what, "{s?o s?o s?o s?o s?o !}", "path", &path,
-                 "sha256", &sha, "size", &size, "kind", &kind, "entries", &ent))
+  if (kci_unpack(c, v, what, "{s?o s?o s?o s?o s?o !}", "path", &path, "sha256",
+                 &sha, "size", &size, "kind", &kind, "entries", &ent))
     return c->code;
   snprintf(w, sizeof w, "files[%zu].path", i);
   if (path_from_json(c, path, w, &f->path))
@@ -115,11 +117,10 @@ static kc_err manifest_from_json(const kci_ctx *c, json_t *root,
   json_t *schema = NULL, *key = NULL, *files = NULL, *producer = NULL;
   kci_key_json j = {0};
   const char *s = NULL;
-  if (kci_unpack(c, root, "manifest",
-                 "{s?o s?o s?o s?o s?o s?o s?o s?o s?o !}", "schema", &schema,
-                 "key", &key, "model", &j.model, "bucket", &j.bucket, "arch",
-                 &j.arch, "toolchain", &j.toolchain, "build", &j.build,
-                 "files", &files, "producer", &producer))
+  if (kci_unpack(c, root, "manifest", "{s?o s?o s?o s?o s?o s?o s?o s?o s?o !}",
+                 "schema", &schema, "key", &key, "model", &j.model, "bucket",
+                 &j.bucket, "arch", &j.arch, "toolchain", &j.toolchain, "build",
+                 &j.build, "files", &files, "producer", &producer))
     return c->code;
   if (kci_str(c, schema, "schema", &s))
     return c->code;

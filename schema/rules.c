@@ -73,7 +73,8 @@ int kci_check_ident(const kci_ctx *c, const char *s, const char *what) {
     kci_bad(c, "%s: longer than 255 bytes", what);
     return 0;
   }
-  int ok = n > 0 && (lower(s[0]) || (s[0] >= 'A' && s[0] <= 'Z') || s[0] == '_');
+  int ok =
+      n > 0 && (lower(s[0]) || (s[0] >= 'A' && s[0] <= 'Z') || s[0] == '_');
   for (size_t i = 1; ok && i < n; i++)
     ok = lower(s[i]) || (s[i] >= 'A' && s[i] <= 'Z') || digit(s[i]) ||
          s[i] == '_';
@@ -255,4 +256,3 @@ kc_err kci_key_from_json(const kci_ctx *c, const kci_key_json *j,
     return c->code;
   return KC_OK;
 }
-

@@ -35,7 +35,8 @@ kc_err kci_bad(const kci_ctx *c, const char *fmt, ...)
 
 /* ---- jansson input ---- */
 
-/* json_loadb with duplicate keys rejected; KC_BAD_JSON "line L, column C: ...". */
+/* json_loadb with duplicate keys rejected; KC_BAD_JSON "line L, column C: ...".
+ */
 kc_err kci_load(const char *json, size_t len, json_t **out, char *err);
 /* json_vunpack_ex on an object with a strict ("!") format of optional "s?o"
  * slots; an unknown field gives "<what>: unknown field(s): a, b". */

@@ -67,14 +67,21 @@ kc_err kci_unpack(const kci_ctx *c, json_t *obj, const char *what,
 
 static const char *kci_type_name(json_type t) {
   switch (t) {
-  case JSON_OBJECT: return "an object";
-  case JSON_ARRAY: return "an array";
-  case JSON_STRING: return "a string";
-  case JSON_INTEGER: return "an integer";
-  case JSON_REAL: return "a number";
+  case JSON_OBJECT:
+    return "an object";
+  case JSON_ARRAY:
+    return "an array";
+  case JSON_STRING:
+    return "a string";
+  case JSON_INTEGER:
+    return "an integer";
+  case JSON_REAL:
+    return "a number";
   case JSON_TRUE:
-  case JSON_FALSE: return "a boolean";
-  default: return "null";
+  case JSON_FALSE:
+    return "a boolean";
+  default:
+    return "null";
   }
 }
 

@@ -49,8 +49,7 @@ static kc_err model_from_json(const kci_ctx *c, json_t *v, kc_warmup *w) {
                       "characters");
   if (!(w->model_name = strdup(s)))
     return kci_err(c->err, KC_NOMEM, "model.name: out of memory");
-  if (kci_str(c, hash, "model.hash", &s) ||
-      !kci_check_hex(c, s, "model.hash"))
+  if (kci_str(c, hash, "model.hash", &s) || !kci_check_hex(c, s, "model.hash"))
     return c->code;
   memcpy(w->model_hash, s, KC_HEX_LEN + 1);
   return KC_OK;
@@ -100,8 +99,9 @@ static int check_kernel_name(const kci_ctx *c, const char *s,
     ok = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
          (s[i] >= '0' && s[i] <= '9') || strchr("_.-", s[i]);
   if (!ok)
-    kci_bad(c, "%s: '%.40s' is not a valid kernel name (want "
-               KERNEL_NAME_RULE ")", what, s);
+    kci_bad(
+        c, "%s: '%.40s' is not a valid kernel name (want " KERNEL_NAME_RULE ")",
+        what, s);
   return ok;
 }
 
@@ -168,8 +168,10 @@ static kc_err kernels_from_json(const kci_ctx *c, json_t *v, kc_warmup *w) {
     /* Kernels are bundled under their names, which must not collide. */
     for (size_t j = 0; j < i; j++)
       if (strcmp(w->kernels[j].name, k->name) == 0)
-        return kci_bad(c, "kernels[%zu].name: duplicate of kernels[%zu].name "
-                          "'%s'", i, j, k->name);
+        return kci_bad(c,
+                       "kernels[%zu].name: duplicate of kernels[%zu].name "
+                       "'%s'",
+                       i, j, k->name);
   }
   return KC_OK;
 }
@@ -279,10 +281,9 @@ static kc_err warmup_from_json(const kci_ctx *c, json_t *root, kc_warmup *w) {
   json_t *schema = NULL, *model = NULL, *archs = NULL, *tools = NULL,
          *kernels = NULL, *builder = NULL, *buckets = NULL;
   const char *s = NULL;
-  if (kci_unpack(c, root, "warmup", "{s?o s?o s?o s?o s?o s?o s?o !}",
-                 "schema", &schema, "model", &model, "archs", &archs,
-                 "toolchain", &tools, "kernels", &kernels, "builder",
-                 &builder, "buckets", &buckets))
+  if (kci_unpack(c, root, "warmup", "{s?o s?o s?o s?o s?o s?o s?o !}", "schema",
+                 &schema, "model", &model, "archs", &archs, "toolchain", &tools,
+                 "kernels", &kernels, "builder", &builder, "buckets", &buckets))
     return c->code;
   if (kci_str(c, schema, "schema", &s))
     return c->code;
@@ -290,8 +291,8 @@ static kc_err warmup_from_json(const kci_ctx *c, json_t *root, kc_warmup *w) {
     return kci_bad(c, "schema: must be '" WARMUP_SCHEMA "'");
   if (model_from_json(c, model, w) || archs_from_json(c, archs, w))
     return c->code;
-  if (tools && kci_tools_from_json(c, tools, "toolchain", w->tools,
-                                   &w->n_tools))
+  if (tools &&
+      kci_tools_from_json(c, tools, "toolchain", w->tools, &w->n_tools))
     return c->code;
   if (build_from_json(c, kernels, builder, w))
     return c->code;

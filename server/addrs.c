@@ -37,8 +37,8 @@ void kcd_addrs_free(kcd_addrs *t) {
   free(t);
 }
 
-int kcd_addr_key(const struct sockaddr *sa, unsigned char key[16],
-                 char *text, size_t cap) {
+int kcd_addr_key(const struct sockaddr *sa, unsigned char key[16], char *text,
+                 size_t cap) {
   memset(key, 0, 16);
   if (text)
     snprintf(text, cap, "-");

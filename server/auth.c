@@ -200,7 +200,6 @@ kc_err kcd_auth_load(kcd_auth *a, const char *path, char *err) {
   return KC_OK;
 }
 
-
 int kcd_auth_enabled(kcd_auth *a) {
   pthread_rwlock_rdlock(&a->lock);
   int on = a->enabled;
@@ -239,11 +238,11 @@ kcd_authn kcd_auth_check_token(kcd_auth *a, const char *want_name,
   const kcd_token *t = NULL;
   int on = a->enabled;
   /* An empty token names none, even were its hash in the file. */
-  if (on && token && len && EVP_Digest(token, len, d, &dlen, EVP_sha256(),
-                                       NULL))
+  if (on && token && len &&
+      EVP_Digest(token, len, d, &dlen, EVP_sha256(), NULL))
     t = find_token(a, d);
   if (t && want_name && strcmp(t->name, want_name) != 0)
-    t = NULL; /* names are not secret: a plain compare */
+    t = NULL;     /* names are not secret: a plain compare */
   if (t || !on) { /* tokens off: admin (loopback only, enforced at start) */
     *role = t ? t->role : KCD_ROLE_ADMIN;
     snprintf(name, KCD_NAME_MAX, "%s", t ? t->name : "-");

@@ -111,8 +111,7 @@ static int set_max_json(kcd_config *c, const char *v) {
 }
 static int set_scrub_rate(kcd_config *c, const char *v) {
   /* at most 1T: the credit arithmetic stays far from int64's limits */
-  return parse_size(v, &c->scrub_rate) || c->scrub_rate > (1ull << 40) ? -1
-                                                                         : 0;
+  return parse_size(v, &c->scrub_rate) || c->scrub_rate > (1ull << 40) ? -1 : 0;
 }
 static int set_tokens(kcd_config *c, const char *v) {
   c->tokens = *v ? v : NULL;
@@ -338,16 +337,16 @@ static const opt opts[] = {
      "SIGHUP re-reads it. Without one, everything is allowed and only "
      "loopback addresses are served",
      set_tokens},
-    {"tls-cert", "FILE", "KCACHED_TLS_CERT", "PEM certificate chain: serve HTTPS",
-     set_tls_cert},
+    {"tls-cert", "FILE", "KCACHED_TLS_CERT",
+     "PEM certificate chain: serve HTTPS", set_tls_cert},
     {"tls-key", "FILE", "KCACHED_TLS_KEY", "PEM private key of --tls-cert",
      set_tls_key},
     {"allow-plaintext", NULL, "KCACHED_ALLOW_PLAINTEXT",
      "accept tokens over plain HTTP on a non-loopback address (behind a "
      "TLS-terminating proxy only)",
      set_plaintext},
-    {"threads", "N", "KCACHED_THREADS",
-     "worker threads (default: one per CPU)", set_threads},
+    {"threads", "N", "KCACHED_THREADS", "worker threads (default: one per CPU)",
+     set_threads},
     {"timeout", "SECONDS", "KCACHED_TIMEOUT",
      "close a connection idle this long (default 30)", set_timeout},
     {"max-connections", "N", "KCACHED_MAX_CONNECTIONS",
@@ -495,7 +494,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: kcached [OPTION]...\n"
           "       kcached token read|write|admin NAME\n\n"
-          "kcached serves the kcache HTTP API (docs/DESIGN.md) from an LMDB store.\n"
+          "kcached serves the kcache HTTP API (docs/DESIGN.md) from an LMDB "
+          "store.\n"
           "Every option can also be set by its environment variable; the "
           "option wins.\nSIZE takes K, M, G, T suffixes (powers of 1024).\n\n");
   for (size_t i = 0; i < N_OPTS; i++) {
@@ -505,15 +505,16 @@ static void usage(FILE *f) {
     fprintf(f, "  %-28s %s\n  %-28s [%s]\n", left, opts[i].help, "",
             opts[i].env);
   }
-  fprintf(f,
-          "  %-28s this text\n  %-28s print the version\n\n"
-          "Subcommand:\n  token ROLE NAME              print a new random token "
-          "and its token-file line\n\n"
-          "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP re-reads the token "
-          "file.\n"
-          "Exit status: 0 stopped by a signal; 1 could not start; 2 bad "
-          "option or token file; 3 the store could not be opened.\n",
-          "--help", "--version");
+  fprintf(
+      f,
+      "  %-28s this text\n  %-28s print the version\n\n"
+      "Subcommand:\n  token ROLE NAME              print a new random token "
+      "and its token-file line\n\n"
+      "Signals: SIGTERM/SIGINT stop gracefully; SIGHUP re-reads the token "
+      "file.\n"
+      "Exit status: 0 stopped by a signal; 1 could not start; 2 bad "
+      "option or token file; 3 the store could not be opened.\n",
+      "--help", "--version");
 }
 
 static void defaults(kcd_config *c) {
@@ -562,8 +563,8 @@ static int from_flags(kcd_config *c, int argc, char **argv) {
   struct option lo[N_OPTS + 3];
   for (size_t i = 0; i < N_OPTS; i++)
     lo[i] = (struct option){opts[i].name,
-                            opts[i].arg ? required_argument : no_argument,
-                            NULL, (int)(i + 256)};
+                            opts[i].arg ? required_argument : no_argument, NULL,
+                            (int)(i + 256)};
   lo[N_OPTS] = (struct option){"help", no_argument, NULL, 'h'};
   lo[N_OPTS + 1] = (struct option){"version", no_argument, NULL, 'V'};
   lo[N_OPTS + 2] = (struct option){0, 0, 0, 0};
@@ -582,7 +583,8 @@ static int from_flags(kcd_config *c, int argc, char **argv) {
     }
     const opt *o = &opts[ch - 256];
     if (o->set(c, optarg)) {
-      fprintf(stderr, "kcached: --%s: invalid value '%s' (see kcached --help)\n",
+      fprintf(stderr,
+              "kcached: --%s: invalid value '%s' (see kcached --help)\n",
               o->name, optarg ? optarg : "");
       return 2;
     }
@@ -604,9 +606,8 @@ int kcd_config_parse(kcd_config *c, int argc, char **argv) {
     c->resp_output_limit = c->resp_max_value + (2u << 20);
   /* auto: 1G, or room for one largest reply when values may be larger */
   if (!rc && !c->resp_output_total)
-    c->resp_output_total = c->resp_output_limit > (1ull << 30)
-                               ? c->resp_output_limit
-                               : 1ull << 30;
+    c->resp_output_total =
+        c->resp_output_limit > (1ull << 30) ? c->resp_output_limit : 1ull << 30;
   return rc;
 }
 
@@ -629,7 +630,8 @@ int kcd_host_is_loopback(const char *host) {
  * too unless --resp-tls off) or --allow-plaintext. */
 static int kcd_resp_config_check(const kcd_config *c) {
   if (c->resp_output_limit > c->resp_output_total) {
-    fprintf(stderr, "kcached: --resp-output-limit (%llu bytes; by default "
+    fprintf(stderr,
+            "kcached: --resp-output-limit (%llu bytes; by default "
             "--resp-max-value + 2M) is above --resp-output-total (%llu): no "
             "largest reply could be sent; raise --resp-output-total\n",
             (unsigned long long)c->resp_output_limit,
@@ -643,15 +645,19 @@ static int kcd_resp_config_check(const kcd_config *c) {
   if (kcd_host_is_loopback(c->resp_host))
     return 0;
   if (!c->tokens) {
-    fprintf(stderr, "kcached: refusing --resp-listen on %s without --tokens: "
-            "anyone who can reach it could write and delete.\n", c->resp_host);
+    fprintf(stderr,
+            "kcached: refusing --resp-listen on %s without --tokens: "
+            "anyone who can reach it could write and delete.\n",
+            c->resp_host);
     return 2;
   }
   if (!c->allow_plaintext && (!c->tls_cert || c->resp_tls == 0)) {
-    fprintf(stderr, "kcached: --resp-listen on %s would send tokens in clear: "
+    fprintf(stderr,
+            "kcached: --resp-listen on %s would send tokens in clear: "
             "give --tls-cert/--tls-key (RESP then speaks TLS; not with "
             "--resp-tls off), or add --allow-plaintext on a trusted "
-            "network.\n", c->resp_host);
+            "network.\n",
+            c->resp_host);
     return 2;
   }
   return 0;
@@ -668,7 +674,7 @@ int kcd_config_check(const kcd_config *c) {
   }
   if (c->s3_endpoint && c->max_blob_bytes > (5ull << 30)) {
     fprintf(stderr, "kcached: --max-blob-bytes over 5G with --s3-endpoint: "
-            "S3 takes at most 5 GiB in one PUT\n");
+                    "S3 takes at most 5 GiB in one PUT\n");
     return 2;
   }
   if (c->resp_on && kcd_resp_config_check(c))

@@ -18,8 +18,8 @@ typedef struct kcd_history {
 } kcd_history;
 
 static const char *const names[KCD_H_N] = {
-    [KCD_H_REQUESTS] = "requests", [KCD_H_HITS] = "hits",
-    [KCD_H_MISSES] = "misses",     [KCD_H_BYTES_OUT] = "bytes_out",
+    [KCD_H_REQUESTS] = "requests",   [KCD_H_HITS] = "hits",
+    [KCD_H_MISSES] = "misses",       [KCD_H_BYTES_OUT] = "bytes_out",
     [KCD_H_EVICTIONS] = "evictions", [KCD_H_RESP] = "resp_commands"};
 
 const char *kcd_hist_name(kcd_hist_counter c) {
@@ -31,8 +31,7 @@ static uint64_t requests_total(kcd_metrics *m) {
   for (int r = 0; r < KCD_N_ROUTES; r++)
     for (int me = 0; me < KCD_N_METHODS; me++)
       for (int s = 0; s < KCD_N_STATUS; s++)
-        n += atomic_load_explicit(&m->requests[r][me][s],
-                                  memory_order_relaxed);
+        n += atomic_load_explicit(&m->requests[r][me][s], memory_order_relaxed);
   return n;
 }
 

@@ -60,9 +60,9 @@ typedef struct kcd_auth {
 
 /* Outcome of checking a token. */
 typedef enum kcd_authn {
-  KCD_AUTHN_ANON,  /* none offered (role NONE) */
-  KCD_AUTHN_OK,    /* a known token: role and name filled */
-  KCD_AUTHN_BAD    /* one that names no token (HTTP: or a malformed header) */
+  KCD_AUTHN_ANON, /* none offered (role NONE) */
+  KCD_AUTHN_OK,   /* a known token: role and name filled */
+  KCD_AUTHN_BAD   /* one that names no token (HTTP: or a malformed header) */
 } kcd_authn;
 
 int kcd_auth_init(kcd_auth *a);
@@ -97,7 +97,8 @@ int kcd_auth_holds(kcd_auth *a, const unsigned char digest[32],
 /* "read" / "write" / "admin" / "none" and back (-1: unknown). */
 const char *kcd_role_name(kcd_role r);
 int kcd_role_parse(const char *s, kcd_role *out);
-/* `kcached token ROLE NAME`: prints a new token and its file line; exit code. */
+/* `kcached token ROLE NAME`: prints a new token and its file line; exit code.
+ */
 int kcd_token_command(int argc, char **argv);
 
 /* ---- leases (lease.c) ---- */
@@ -121,7 +122,8 @@ void kcd_leases_free(kcd_leases *l);
 /* KC_OK granted (info->token), KC_LEASED (info->holder, remaining_ms),
  * KC_BUSY when the table is full. now_ms: a monotonic clock. */
 kc_err kcd_lease_acquire(kcd_leases *l, const char *key, const char *holder,
-                         uint64_t ttl_ms, uint64_t now_ms, kcd_lease_info *info);
+                         uint64_t ttl_ms, uint64_t now_ms,
+                         kcd_lease_info *info);
 /* KC_OK released, KC_NOT_FOUND no live lease, KC_FORBIDDEN wrong token. */
 kc_err kcd_lease_release(kcd_leases *l, const char *key, const char *token,
                          uint64_t now_ms);
@@ -149,11 +151,11 @@ typedef enum kcd_route_id {
   KCD_R_LEASES,
   KCD_R_DEMAND,       /* POST /v1/demand */
   KCD_R_MODEL_DEMAND, /* GET /v1/models/{model}/demand */
-  KCD_R_MODEL_INDEX, /* GET /v1/models (routes_models.c) */
-  KCD_R_WARMUP,      /* /v1/models/{model}/warmup */
-  KCD_R_COVERAGE,    /* /v1/models/{model}/coverage */
-  KCD_R_HISTORY,     /* /v1/stats/history */
-  KCD_R_PAGE,        /* GET / and its two assets (server/http/page/) */
+  KCD_R_MODEL_INDEX,  /* GET /v1/models (routes_models.c) */
+  KCD_R_WARMUP,       /* /v1/models/{model}/warmup */
+  KCD_R_COVERAGE,     /* /v1/models/{model}/coverage */
+  KCD_R_HISTORY,      /* /v1/stats/history */
+  KCD_R_PAGE,         /* GET / and its two assets (server/http/page/) */
   KCD_R_PAGE_JS,
   KCD_R_PAGE_CSS,
   KCD_R_BLOBS_FETCH, /* POST /v1/blobs/fetch (routes_fetch.c) */
@@ -181,13 +183,13 @@ const char *kcd_method_name(kcd_method m);
  * kcached_ops_total (service.c counts them, metrics.c names them). */
 typedef enum kcd_fe { KCD_FE_HTTP, KCD_FE_RESP, KCD_N_FE } kcd_fe;
 typedef enum kcd_svc_op {
-  KCD_OP_GET,           /* a blob, a bundle (HTTP), a key (RESP) */
-  KCD_OP_LOOKUP,        /* each key of POST /v1/lookup */
-  KCD_OP_PUT,           /* a blob offered for upload */
+  KCD_OP_GET,    /* a blob, a bundle (HTTP), a key (RESP) */
+  KCD_OP_LOOKUP, /* each key of POST /v1/lookup */
+  KCD_OP_PUT,    /* a blob offered for upload */
   KCD_OP_LEASE_TAKE,
   KCD_OP_LEASE_RELEASE,
-  KCD_OP_AUTH,          /* a token checked (tokens on) */
-  KCD_OP_SET,           /* a key written: a bundle (HTTP PUT), a key (RESP) */
+  KCD_OP_AUTH, /* a token checked (tokens on) */
+  KCD_OP_SET,  /* a key written: a bundle (HTTP PUT), a key (RESP) */
   KCD_N_OPS
 } kcd_svc_op;
 typedef enum kcd_svc_res {
@@ -205,7 +207,7 @@ typedef enum kcd_svc_res {
   KCD_N_RES
 } kcd_svc_res;
 
-#define KCD_N_STATUS 20 /* distinct statuses counted, the last is "other" */
+#define KCD_N_STATUS 20  /* distinct statuses counted, the last is "other" */
 #define KCD_N_BUCKETS 16 /* request-duration histogram bounds, +Inf apart */
 
 typedef struct kcd_metrics {
@@ -237,8 +239,8 @@ void kcd_metrics_observe(kcd_metrics *m, kcd_route_id r, kcd_method meth,
 typedef enum kcd_log_format { KCD_LOG_TEXT, KCD_LOG_JSON } kcd_log_format;
 
 typedef struct kcd_config {
-  char host[256];          /* from --listen */
-  unsigned port;           /* 0: pick one */
+  char host[256]; /* from --listen */
+  unsigned port;  /* 0: pick one */
   const char *data_dir;
   uint64_t max_bytes;      /* store limit; 0 none */
   uint64_t max_blob_bytes; /* one blob (a zstd PUT: its decompressed bytes) */
@@ -247,18 +249,18 @@ typedef struct kcd_config {
   const char *tokens;      /* token file or NULL */
   unsigned threads;
   kcd_log_format log_format;
-  const char *access_log;  /* NULL: with the log on stderr; "off"; a file */
+  const char *access_log; /* NULL: with the log on stderr; "off"; a file */
   const char *port_file;
   const char *tls_cert, *tls_key;
   int allow_plaintext;
-  unsigned timeout_s;      /* idle connection timeout */
+  unsigned timeout_s; /* idle connection timeout */
   unsigned max_conns;
-  unsigned shutdown_s;     /* grace for in-flight requests at SIGTERM */
-  unsigned store_wait_s;   /* retry opening the store this long at start */
-  kcd_role metrics_role;   /* role /metrics needs (default none) */
-  kcd_role demand_role;    /* role POST /v1/demand needs (default write) */
+  unsigned shutdown_s;   /* grace for in-flight requests at SIGTERM */
+  unsigned store_wait_s; /* retry opening the store this long at start */
+  kcd_role metrics_role; /* role /metrics needs (default none) */
+  kcd_role demand_role;  /* role POST /v1/demand needs (default write) */
   uint64_t lease_max_ttl_s;
-  uint64_t scrub_rate;     /* bytes hashed per second by the scrub; 0 off */
+  uint64_t scrub_rate; /* bytes hashed per second by the scrub; 0 off */
   /* the durable tier (s3cfg.c); endpoint NULL: none */
   const char *s3_endpoint, *s3_bucket, *s3_prefix, *s3_region;
   const char *s3_credentials; /* AWS shared-credentials file, or NULL */
@@ -268,11 +270,11 @@ typedef struct kcd_config {
   int resp_on;
   char resp_host[256];
   unsigned resp_port;
-  uint64_t resp_max_value;  /* longest RESP argument */
-  kcd_role resp_anon_role;  /* role before AUTH when tokens are on */
-  uint64_t resp_max_bytes;  /* the store's kv_max_bytes; 0 none */
-  int resp_tls;             /* --resp-tls: -1 unset (on with a certificate),
-                               0 plaintext RESP beside HTTPS, 1 on */
+  uint64_t resp_max_value; /* longest RESP argument */
+  kcd_role resp_anon_role; /* role before AUTH when tokens are on */
+  uint64_t resp_max_bytes; /* the store's kv_max_bytes; 0 none */
+  int resp_tls;            /* --resp-tls: -1 unset (on with a certificate),
+                              0 plaintext RESP beside HTTPS, 1 on */
   /* slow clients and probes (conns.c, http.c) */
   unsigned header_timeout_s; /* a request's headers must be in within it */
   unsigned max_conns_per_ip; /* 0: no per-address cap */
@@ -313,17 +315,17 @@ struct kcd_state {
   kcd_metrics metrics;
   struct MHD_Daemon *mhd;
   char *tls_cert_pem, *tls_key_pem; /* read once at start */
-  int64_t started; /* unix seconds */
-  struct kcd_logbuf *logbuf; /* NULL: every line written at once */
-  struct kcd_s3 *s3;         /* NULL: no durable tier */
-  kc_store_scrub scrub;      /* where the scrub goes on (main thread only) */
-  int64_t scrub_credit;      /* bytes it may hash now; < 0 after a big blob */
-  int disk_full_logged;      /* main.c: a full disk was logged (disk_watch) */
+  int64_t started;                  /* unix seconds */
+  struct kcd_logbuf *logbuf;        /* NULL: every line written at once */
+  struct kcd_s3 *s3;                /* NULL: no durable tier */
+  kc_store_scrub scrub; /* where the scrub goes on (main thread only) */
+  int64_t scrub_credit; /* bytes it may hash now; < 0 after a big blob */
+  int disk_full_logged; /* main.c: a full disk was logged (disk_watch) */
   _Atomic(struct kcd_resp *) resp; /* NULL: no --resp-listen */
-  struct kcd_conns *conns;        /* open connections (conns.c) */
-  struct MHD_Daemon *mhd_health;  /* --health-listen; NULL: none */
-  _Atomic int http_quiesced;      /* kcd_http_quiesce: new connections are
-                                     closed unserved (http.c, on_accept) */
+  struct kcd_conns *conns;         /* open connections (conns.c) */
+  struct MHD_Daemon *mhd_health;   /* --health-listen; NULL: none */
+  _Atomic int http_quiesced;       /* kcd_http_quiesce: new connections are
+                                      closed unserved (http.c, on_accept) */
   /* LMDB's reader table (main thread only): refusals seen by the last tick,
    * whether it counts as full (logged once per change), seconds without a
    * refusal. */
@@ -442,8 +444,7 @@ kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
 
 /* Before a lookup's read: the keys the store lacks are fetched from the
  * durable tier, in parallel (nothing without one). */
-void kcd_svc_prefetch_bundles(kcd_state *st, const char *const *keys,
-                              size_t n);
+void kcd_svc_prefetch_bundles(kcd_state *st, const char *const *keys, size_t n);
 
 /* ---- connections per client address (addrs.c) ----
  * The table both front ends' per-address caps count in. Not locked: the
@@ -456,8 +457,8 @@ kcd_addrs *kcd_addrs_new(void); /* NULL: out of memory */
 void kcd_addrs_free(kcd_addrs *t);
 /* A client address as 16 bytes (IPv4 as ::ffff:a.b.c.d), and as text when
  * text is not NULL; 0 when sa is not IP (key zeroed, text "-"). */
-int kcd_addr_key(const struct sockaddr *sa, unsigned char key[16],
-                 char *text, size_t cap);
+int kcd_addr_key(const struct sockaddr *sa, unsigned char key[16], char *text,
+                 size_t cap);
 /* Connections counted for addr. */
 size_t kcd_addrs_count(kcd_addrs *t, const unsigned char addr[16]);
 /* One more (0), or -1 out of memory (nothing counted); one fewer (nothing
@@ -486,7 +487,8 @@ void kcd_logbuf_free(kcd_logbuf *b);
 /* Opens --access-log FILE (appending) for the access lines; NULL or "off":
  * nothing to open. Call once at start, after kcd_logbuf_new. */
 kc_err kcd_log_access_open(kcd_state *st, char *err);
-/* Writes the buffered access lines now (the maintenance tick, once a second). */
+/* Writes the buffered access lines now (the maintenance tick, once a second).
+ */
 void kcd_log_flush(const kcd_state *st);
 
 void kcd_log(const kcd_state *st, const char *level, const char *fmt, ...)

@@ -94,7 +94,9 @@ static void write_fd(int fd, const char *p, size_t n) {
   }
 }
 
-static void write_all(const char *p, size_t n) { write_fd(STDERR_FILENO, p, n); }
+static void write_all(const char *p, size_t n) {
+  write_fd(STDERR_FILENO, p, n);
+}
 
 kcd_logbuf *kcd_logbuf_new(void) {
   kcd_logbuf *b = malloc(sizeof *b); /* 64 KiB: not worth zeroing */
@@ -277,24 +279,21 @@ static void put_u64(line *l, uint64_t v) {
 /* Bytes written as they are: printable ASCII, and in text mode no space; in
  * JSON no quote or backslash. A table per mode (bit 0: text, bit 1: JSON):
  * every byte of every access line is looked up. */
-#define PLAIN_RANGE(a)                                                          \
-  [a] = 3, [a + 1] = 3, [a + 2] = 3, [a + 3] = 3, [a + 4] = 3, [a + 5] = 3,  \
-  [a + 6] = 3, [a + 7] = 3, [a + 8] = 3, [a + 9] = 3, [a + 10] = 3,          \
+#define PLAIN_RANGE(a)                                                         \
+  [a] = 3, [a + 1] = 3, [a + 2] = 3, [a + 3] = 3, [a + 4] = 3, [a + 5] = 3,    \
+  [a + 6] = 3, [a + 7] = 3, [a + 8] = 3, [a + 9] = 3, [a + 10] = 3,            \
   [a + 11] = 3, [a + 12] = 3, [a + 13] = 3, [a + 14] = 3, [a + 15] = 3
 #pragma GCC diagnostic push /* the ranges first, then their exceptions */
 #pragma GCC diagnostic ignored "-Woverride-init"
 static const unsigned char plain_tab[256] = {
-    PLAIN_RANGE(0x20), PLAIN_RANGE(0x30), PLAIN_RANGE(0x40),
-    PLAIN_RANGE(0x50), PLAIN_RANGE(0x60), PLAIN_RANGE(0x70),
-    [' '] = 2,  /* JSON only */
-    ['"'] = 1,  /* text only */
-    ['\\'] = 1, /* text only */
+    PLAIN_RANGE(0x20), PLAIN_RANGE(0x30), PLAIN_RANGE(0x40), PLAIN_RANGE(0x50),
+    PLAIN_RANGE(0x60), PLAIN_RANGE(0x70), [' '] = 2, /* JSON only */
+    ['"'] = 1,                                       /* text only */
+    ['\\'] = 1,                                      /* text only */
     [0x7f] = 0};
 #pragma GCC diagnostic pop
 
-static int plain(unsigned char c, int json) {
-  return plain_tab[c] >> json & 1;
-}
+static int plain(unsigned char c, int json) { return plain_tab[c] >> json & 1; }
 
 /* Appends s escaped (put_esc) with a fast run for the common bytes. */
 static void put_str(line *l, const char *s, int json) {

@@ -66,7 +66,8 @@ static unsigned reader_slots(const kcd_config *c) {
 
 /* 0 when the store is open; the error names the directory either way. */
 static int open_store(kcd_state *st, int will_retry) {
-  kc_store_opts o = {.dir = st->cfg.data_dir, .max_bytes = st->cfg.max_bytes,
+  kc_store_opts o = {.dir = st->cfg.data_dir,
+                     .max_bytes = st->cfg.max_bytes,
                      .max_readers = reader_slots(&st->cfg),
                      .s3 = kcd_s3_opts(st)};
   o.kv_max_bytes = st->cfg.resp_max_bytes;
@@ -129,9 +130,10 @@ static void scrub(kcd_state *st, kc_store *s) {
       return;
     }
     if (sc->removed)
-      kcd_log(st, "warn", "scrub: blob %s no longer hashes to its name (bit "
-              "rot); removed it and the %zu bundles naming it", sc->bad,
-              sc->bundles);
+      kcd_log(st, "warn",
+              "scrub: blob %s no longer hashes to its name (bit "
+              "rot); removed it and the %zu bundles naming it",
+              sc->bad, sc->bundles);
     if (!sc->bad[0])
       return; /* the second's budget is spent, or a pass ended */
   }
@@ -145,7 +147,8 @@ static void disk_watch(kcd_state *st, kc_store *s) {
     return;
   st->disk_full_logged = since != 0;
   if (since)
-    kcd_log(st, "error", "the disk holding %s is full: writes fail (507 "
+    kcd_log(st, "error",
+            "the disk holding %s is full: writes fail (507 "
             "disk_full) and /readyz answers 503 until space is freed",
             st->cfg.data_dir);
   else
@@ -157,8 +160,8 @@ static void disk_watch(kcd_state *st, kc_store *s) {
 static void expire_kv(kcd_state *st, kc_store *s) {
   char err[KC_ERRBUF_SIZE] = "";
   size_t removed = 0;
-  kc_err e = kc_store_kv_expire_step(s, kcd_unix_now() * 1000, 1000, &removed,
-                                     err);
+  kc_err e =
+      kc_store_kv_expire_step(s, kcd_unix_now() * 1000, 1000, &removed, err);
   if (e)
     kcd_log(st, "error", "expiring RESP keys: %s", *err ? err : kc_strerror(e));
 }
@@ -183,9 +186,10 @@ static void watch_readers(kcd_state *st, kc_store *s) {
             rs.max_readers, (unsigned long long)rs.open);
   } else if (st->readers_full_now && st->readers_quiet_s >= READERS_QUIET_S) {
     st->readers_full_now = 0;
-    kcd_log(st, "info", "the store's reader table: no read refused for %d s "
-            "(%llu refused since start)", READERS_QUIET_S,
-            (unsigned long long)rs.readers_full);
+    kcd_log(st, "info",
+            "the store's reader table: no read refused for %d s "
+            "(%llu refused since start)",
+            READERS_QUIET_S, (unsigned long long)rs.readers_full);
   }
 }
 
@@ -263,8 +267,10 @@ static void shut_down(kcd_state *st) {
   }
   int64_t left = kcd_svc_in_flight(st);
   if (left > 0)
-    kcd_log(st, "warn", "cutting off %lld operations still in flight (HTTP "
-            "requests, RESP commands)", (long long)left);
+    kcd_log(st, "warn",
+            "cutting off %lld operations still in flight (HTTP "
+            "requests, RESP commands)",
+            (long long)left);
   kcd_http_stop(st);
   kcd_resp_stop(st);
   kc_store *s = atomic_exchange(&st->store, NULL);
@@ -287,17 +293,19 @@ static void announce(kcd_state *st, unsigned port) {
             "no token file: every client may read, write and delete; serving "
             "loopback only (--tokens FILE to require tokens)");
   else if (kcd_auth_count(&st->auth) == 0)
-    kcd_log(st, "warn", "no token in %s: every request that needs a role "
-            "gets 401 until a SIGHUP loads some", c->tokens);
+    kcd_log(st, "warn",
+            "no token in %s: every request that needs a role "
+            "gets 401 until a SIGHUP loads some",
+            c->tokens);
   else
     kcd_log(st, "info", "%zu tokens from %s", kcd_auth_count(&st->auth),
             c->tokens);
   if (c->s3_endpoint)
-    kcd_log(st, "info", "durable tier: s3 %s bucket %s prefix %s/", c->s3_endpoint,
-            c->s3_bucket, c->s3_prefix ? c->s3_prefix : "kcache");
+    kcd_log(st, "info", "durable tier: s3 %s bucket %s prefix %s/",
+            c->s3_endpoint, c->s3_bucket,
+            c->s3_prefix ? c->s3_prefix : "kcache");
   char status[128];
-  snprintf(status, sizeof status, "READY=1\nSTATUS=listening on port %u",
-           port);
+  snprintf(status, sizeof status, "READY=1\nSTATUS=listening on port %u", port);
   kcd_sd_notify(status);
 }
 
@@ -310,9 +318,10 @@ static int start_resp(kcd_state *st) {
     kcd_log(st, "error", "%s", err);
     return 1;
   }
-  kcd_log(st, "info", "RESP (Redis protocol) on %s:%u (anonymous role %s)",
-          st->cfg.resp_host, port,
-          kcd_role_name(st->cfg.tokens ? st->cfg.resp_anon_role : KCD_ROLE_ADMIN));
+  kcd_log(
+      st, "info", "RESP (Redis protocol) on %s:%u (anonymous role %s)",
+      st->cfg.resp_host, port,
+      kcd_role_name(st->cfg.tokens ? st->cfg.resp_anon_role : KCD_ROLE_ADMIN));
   return 0;
 }
 

@@ -15,7 +15,7 @@ static const int statuses[KCD_N_STATUS - 1] = {
 
 /* Upper bounds of the duration buckets, microseconds. */
 static const uint64_t bounds_us[KCD_N_BUCKETS] = {
-    100,    250,    500,    1000,    2500,    5000,    10000,   25000,
+    100,   250,    500,    1000,   2500,    5000,    10000,   25000,
     50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000};
 
 static size_t status_index(int status) {
@@ -25,7 +25,8 @@ static size_t status_index(int status) {
   return KCD_N_STATUS - 1;
 }
 
-#define ADD(field, v) atomic_fetch_add_explicit(&(field), (v), memory_order_relaxed)
+#define ADD(field, v)                                                          \
+  atomic_fetch_add_explicit(&(field), (v), memory_order_relaxed)
 #define GET(field) atomic_load_explicit(&(field), memory_order_relaxed)
 
 void kcd_metrics_observe(kcd_metrics *m, kcd_route_id r, kcd_method meth,
@@ -52,8 +53,8 @@ static void counter(FILE *f, const char *name, const char *help, uint64_t v) {
 }
 
 static void gauge(FILE *f, const char *name, const char *help, uint64_t v) {
-  fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name,
-          name, (unsigned long long)v);
+  fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name, name,
+          (unsigned long long)v);
 }
 
 static void render_requests(FILE *f, kcd_metrics *m) {
@@ -92,8 +93,8 @@ static void histogram(FILE *f, const char *name, const char *help,
   }
   cum += counts[n];
   fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
-  fprintf(f, "%s_sum %.6f\n%s_count %llu\n", name, (double)sum_us / 1e6,
-          name, (unsigned long long)cum);
+  fprintf(f, "%s_sum %.6f\n%s_count %llu\n", name, (double)sum_us / 1e6, name,
+          (unsigned long long)cum);
 }
 
 static void render_histogram(FILE *f, kcd_metrics *m) {
@@ -113,9 +114,9 @@ static void render_histogram(FILE *f, kcd_metrics *m) {
 static void render_reads(FILE *f, kc_store *s) {
   kc_store_read_stats rs;
   kc_store_read_stats_get(s, &rs);
-  gauge(f, "kcached_store_reads_open", "LMDB read transactions open.",
-        rs.open);
-  fprintf(f, "# HELP kcached_store_oldest_read_seconds Age of the oldest "
+  gauge(f, "kcached_store_reads_open", "LMDB read transactions open.", rs.open);
+  fprintf(f,
+          "# HELP kcached_store_oldest_read_seconds Age of the oldest "
           "open LMDB read transaction (0: none).\n# TYPE "
           "kcached_store_oldest_read_seconds gauge\n"
           "kcached_store_oldest_read_seconds %.3f\n",
@@ -136,10 +137,14 @@ static void render_store(FILE *f, kcd_state *st) {
     render_reads(f, s);
   if (!up)
     return;
-  gauge(f, "kcached_store_bytes", "Blob bytes held (stored: compressed "
-        "blobs count their compressed bytes).", ss.bytes_used);
-  gauge(f, "kcached_store_raw_bytes", "Blob bytes held, each counted at its "
-        "content's size (uncompressed).", ss.bytes_raw);
+  gauge(f, "kcached_store_bytes",
+        "Blob bytes held (stored: compressed "
+        "blobs count their compressed bytes).",
+        ss.bytes_used);
+  gauge(f, "kcached_store_raw_bytes",
+        "Blob bytes held, each counted at its "
+        "content's size (uncompressed).",
+        ss.bytes_raw);
   gauge(f, "kcached_store_limit_bytes", "Store size limit (0: none).",
         ss.max_bytes);
   gauge(f, "kcached_store_map_bytes", "LMDB map size.", ss.map_size);
@@ -171,17 +176,20 @@ static void render_s3(FILE *f, kcd_state *st) {
     return;
   gauge(f, "kcached_s3_up", "1 when the last S3 request reached S3.",
         (uint64_t)t.up);
-  fprintf(f, "# HELP kcached_s3_conditional_writes 1 when S3 honours "
+  fprintf(f,
+          "# HELP kcached_s3_conditional_writes 1 when S3 honours "
           "If-None-Match, 0 when not, -1 not known yet.\n# TYPE "
           "kcached_s3_conditional_writes gauge\nkcached_s3_conditional_writes "
-          "%d\n", t.conditional);
+          "%d\n",
+          t.conditional);
   gauge(f, "kcached_s3_queue_depth",
         "Write-through entries not yet in S3 (kept in LMDB).", t.queue_depth);
   counter(f, "kcached_s3_uploaded_total", "Write-through entries done.",
           t.uploaded);
   counter(f, "kcached_s3_parked_total",
           "Write-through entries S3 refused 8 times, set aside until the "
-          "next start.", t.parked);
+          "next start.",
+          t.parked);
   counter(f, "kcached_s3_requests_total", "S3 requests.", t.requests);
   counter(f, "kcached_s3_errors_total", "S3 requests that failed.", t.errors);
   counter(f, "kcached_s3_corrupt_total",
@@ -189,20 +197,24 @@ static void render_s3(FILE *f, kcd_state *st) {
           t.rt_corrupt);
   fputs("# HELP kcached_s3_read_through_total Misses asked of S3, by "
         "outcome (error: S3 failed, or was skipped for 2 s after it "
-        "did).\n# TYPE kcached_s3_read_through_total counter\n", f);
+        "did).\n# TYPE kcached_s3_read_through_total counter\n",
+        f);
   const char *names[] = {"hit", "miss", "corrupt", "error"};
   uint64_t v[] = {t.rt_hit, t.rt_miss, t.rt_corrupt, t.rt_error};
   for (int i = 0; i < 4; i++)
-    fprintf(f, "kcached_s3_read_through_total{result=\"%s\"} %llu\n",
-            names[i], (unsigned long long)v[i]);
+    fprintf(f, "kcached_s3_read_through_total{result=\"%s\"} %llu\n", names[i],
+            (unsigned long long)v[i]);
   fputs("# HELP kcached_s3_write_once_conflicts_total Bundle manifests that "
         "met another replica's in the bucket: refused (a PUT answered 409, "
         "the bucket's copy kept) or replaced (the upload queue found the "
         "bucket's copy first; the local one gave way).\n# TYPE "
-        "kcached_s3_write_once_conflicts_total counter\n", f);
-  fprintf(f, "kcached_s3_write_once_conflicts_total{outcome=\"refused\"} "
+        "kcached_s3_write_once_conflicts_total counter\n",
+        f);
+  fprintf(f,
+          "kcached_s3_write_once_conflicts_total{outcome=\"refused\"} "
           "%llu\nkcached_s3_write_once_conflicts_total{outcome=\"replaced\"} "
-          "%llu\n", (unsigned long long)t.once_refused,
+          "%llu\n",
+          (unsigned long long)t.once_refused,
           (unsigned long long)t.once_replaced);
   histogram(f, "kcached_s3_request_duration_seconds",
             "S3 requests of the durable tier.", t.bounds_s, t.duration,
@@ -224,15 +236,15 @@ static void render_dcache(FILE *f, kcd_dcache *c) {
   kcd_dcache_stats(c, &s);
   counter(f, "kcached_decoded_cache_hits_total",
           "GETs of compressed blobs without zstd answered from the decoded "
-          "cache.", s.hits);
+          "cache.",
+          s.hits);
   counter(f, "kcached_decoded_cache_misses_total",
           "Of those GETs, not found there (decoded; kept when it fits).",
           s.misses);
   counter(f, "kcached_decoded_cache_evictions_total",
           "Entries dropped to make room.", s.evictions);
   gauge(f, "kcached_decoded_cache_bytes",
-        "Memory of decoded blobs, those answers still send included.",
-        s.bytes);
+        "Memory of decoded blobs, those answers still send included.", s.bytes);
   gauge(f, "kcached_decoded_cache_limit_bytes", "--decoded-cache.", s.budget);
   gauge(f, "kcached_decoded_cache_entries", "Decoded blobs kept.", s.entries);
 }
@@ -254,7 +266,8 @@ static void render_self(FILE *f, kcd_state *st) {
           "Uploads dropped (client gone, error).", GET(m->uploads_aborted));
   counter(f, "kcached_zstd_gets_total",
           "Blobs held zstd-compressed read by GETs and by items of POST "
-          "/v1/blobs/fetch.", GET(m->zstd_gets));
+          "/v1/blobs/fetch.",
+          GET(m->zstd_gets));
   counter(f, "kcached_zstd_frames_sent_total",
           "Of them, answered with the frame (Accept-Encoding: zstd).",
           GET(m->zstd_sent_frames));
@@ -276,8 +289,8 @@ static const char *const fe_names[KCD_N_FE] = {"http", "resp"};
 static const char *const op_names[KCD_N_OPS] = {
     "get", "lookup", "put", "lease_take", "lease_release", "auth", "set"};
 static const char *const res_names[KCD_N_RES] = {
-    "ok",      "hit",     "miss", "error",  "present",
-    "new",     "repair",  "granted", "held", "denied", "refused"};
+    "ok",     "hit",     "miss", "error",  "present", "new",
+    "repair", "granted", "held", "denied", "refused"};
 
 /* The results each op can have (shown at 0 until counted); -1 ends. */
 static const int op_results[KCD_N_OPS][6] = {
@@ -304,18 +317,22 @@ static int fe_does(int fe, int op) {
 static void render_ops(FILE *f, kcd_metrics *m) {
   fputs("# HELP kcached_ops_total Operations by what they were (the same "
         "op for every front end), the front end that served them, and "
-        "their result.\n# TYPE kcached_ops_total counter\n", f);
+        "their result.\n# TYPE kcached_ops_total counter\n",
+        f);
   for (int op = 0; op < KCD_N_OPS; op++)
     for (int fe = 0; fe < KCD_N_FE; fe++)
       for (int i = 0; fe_does(fe, op) && op_results[op][i] >= 0; i++) {
         int res = op_results[op][i];
-        fprintf(f, "kcached_ops_total{op=\"%s\",frontend=\"%s\","
-                "result=\"%s\"} %llu\n", op_names[op], fe_names[fe],
-                res_names[res], (unsigned long long)GET(m->ops[op][fe][res]));
+        fprintf(f,
+                "kcached_ops_total{op=\"%s\",frontend=\"%s\","
+                "result=\"%s\"} %llu\n",
+                op_names[op], fe_names[fe], res_names[res],
+                (unsigned long long)GET(m->ops[op][fe][res]));
       }
   fputs("# HELP kcached_ops_in_flight Operations begun and not answered, "
         "by front end (graceful shutdown waits for them).\n# TYPE "
-        "kcached_ops_in_flight gauge\n", f);
+        "kcached_ops_in_flight gauge\n",
+        f);
   for (int fe = 0; fe < KCD_N_FE; fe++) {
     int64_t v = atomic_load(&m->in_flight[fe]);
     fprintf(f, "kcached_ops_in_flight{frontend=\"%s\"} %lld\n", fe_names[fe],
@@ -328,7 +345,8 @@ static void render_cuts(FILE *f, kcd_metrics *m) {
   fputs("# HELP kcached_connections_cut_total Connections closed for "
         "headers not complete within --header-timeout, or a body slower "
         "than --min-body-rate.\n# TYPE kcached_connections_cut_total "
-        "counter\n", f);
+        "counter\n",
+        f);
   fprintf(f, "kcached_connections_cut_total{reason=\"header_timeout\"} %llu\n",
           (unsigned long long)GET(m->cut_header_timeout));
   fprintf(f, "kcached_connections_cut_total{reason=\"slow_body\"} %llu\n",

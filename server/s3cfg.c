@@ -63,7 +63,8 @@ static int read_credentials(kcd_s3 *c, const char *path) {
   }
   const char *profile = getenv("AWS_PROFILE");
   char want[160];
-  snprintf(want, sizeof want, "[%s]", profile && *profile ? profile : "default");
+  snprintf(want, sizeof want, "[%s]",
+           profile && *profile ? profile : "default");
   char *line = NULL;
   size_t cap = 0;
   int in = 0;
@@ -79,8 +80,10 @@ static int read_credentials(kcd_s3 *c, const char *path) {
   free(line);
   fclose(f);
   if (!c->access || !c->secret) {
-    fprintf(stderr, "kcached: --s3-credentials %s: no aws_access_key_id and "
-            "aws_secret_access_key in %s\n", path, want);
+    fprintf(stderr,
+            "kcached: --s3-credentials %s: no aws_access_key_id and "
+            "aws_secret_access_key in %s\n",
+            path, want);
     return 2;
   }
   return 0;
@@ -92,8 +95,8 @@ static int env_credentials(kcd_s3 *c) {
   const char *t = getenv("AWS_SESSION_TOKEN");
   if (!a || !*a || !s || !*s) {
     fprintf(stderr, "kcached: --s3-endpoint needs credentials: set "
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give "
-            "--s3-credentials FILE\n");
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give "
+                    "--s3-credentials FILE\n");
     return 2;
   }
   c->access = strdup(a);

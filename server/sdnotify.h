@@ -1,4 +1,5 @@
-/* sdnotify.h: systemd readiness notification (sd_notify protocol) without libsystemd. */
+/* sdnotify.h: systemd readiness notification (sd_notify protocol) without
+ * libsystemd. */
 #ifndef KCD_SDNOTIFY_H
 #define KCD_SDNOTIFY_H
 

@@ -16,7 +16,8 @@
 
 #include "kcd.h"
 
-#define ADD(field, v) atomic_fetch_add_explicit(&(field), (v), memory_order_relaxed)
+#define ADD(field, v)                                                          \
+  atomic_fetch_add_explicit(&(field), (v), memory_order_relaxed)
 
 /* ---- operations in flight, counts ---- */
 
@@ -94,8 +95,8 @@ static uint64_t now_ms(void) { return kc_clock_mono_us() / 1000; }
 static kc_err acquire(kcd_state *st, const char *key, const char *holder,
                       uint64_t ttl_s, kcd_lease_info *info) {
   kc_store *s = kcd_store(st);
-  kc_err e = kcd_lease_acquire(st->leases, key, holder, ttl_s * 1000,
-                               now_ms(), info);
+  kc_err e =
+      kcd_lease_acquire(st->leases, key, holder, ttl_s * 1000, now_ms(), info);
   /* Our record of a lease its holder released through another replica: the
    * bucket says it ended, so forget it and grant. */
   if (e == KC_LEASED && st->s3 && kc_store_lease_ended(s, key, info->token) &&
@@ -141,16 +142,15 @@ kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
   /* Granted here or through another replica (a load balancer need not send
    * the release where the lease came from): the bucket's copy decides, and
    * a local record that disagrees is another replica's stale grant. */
-  kc_err se = st->s3 ? kc_store_lease_release(kcd_store(st), key,
-                                              token)
-                     : KC_NOT_FOUND;
+  kc_err se =
+      st->s3 ? kc_store_lease_release(kcd_store(st), key, token) : KC_NOT_FOUND;
   if (se == KC_OK || (e == KC_NOT_FOUND && se == KC_FORBIDDEN))
     e = se;
   kcd_svc_count(st, KCD_OP_LEASE_RELEASE, fe,
-                !e                    ? KCD_RES_OK
-                : e == KC_NOT_FOUND   ? KCD_RES_MISS
-                : e == KC_FORBIDDEN   ? KCD_RES_DENIED
-                                      : KCD_RES_ERROR,
+                !e                  ? KCD_RES_OK
+                : e == KC_NOT_FOUND ? KCD_RES_MISS
+                : e == KC_FORBIDDEN ? KCD_RES_DENIED
+                                    : KCD_RES_ERROR,
                 1);
   return e;
 }
@@ -160,8 +160,8 @@ kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
 kc_err kcd_svc_blob_read(kcd_state *st, kcd_fe fe, const char *digest,
                          kc_store_read **rd, const void **data, size_t *len,
                          void **heap, char *err) {
-  kc_err e = kc_store_blob_read(kcd_store(st), digest, rd, data, len,
-                                heap, err);
+  kc_err e =
+      kc_store_blob_read(kcd_store(st), digest, rd, data, len, heap, err);
   kcd_svc_count_get(st, fe, e);
   return e;
 }
@@ -169,8 +169,7 @@ kc_err kcd_svc_blob_read(kcd_state *st, kcd_fe fe, const char *digest,
 kc_err kcd_svc_bundle_read(kcd_state *st, kcd_fe fe, const char *key,
                            kc_store_read **rd, const char **json, size_t *len,
                            char *err) {
-  kc_err e = kc_store_bundle_read(kcd_store(st), key, rd, json, len,
-                                  err);
+  kc_err e = kc_store_bundle_read(kcd_store(st), key, rd, json, len, err);
   kcd_svc_count_get(st, fe, e);
   return e;
 }
@@ -178,10 +177,12 @@ kc_err kcd_svc_bundle_read(kcd_state *st, kcd_fe fe, const char *key,
 kc_err kcd_svc_bundle_put(kcd_state *st, kcd_fe fe, const kc_manifest *m,
                           int *created, char ***missing, size_t *n_missing,
                           char *err) {
-  kc_err e = kc_store_bundle_put_once(kcd_store(st), m, created,
-                                      missing, n_missing, err);
+  kc_err e = kc_store_bundle_put_once(kcd_store(st), m, created, missing,
+                                      n_missing, err);
   kcd_svc_count(st, KCD_OP_SET, fe,
-                e ? KCD_RES_ERROR : *created ? KCD_RES_NEW : KCD_RES_PRESENT,
+                e          ? KCD_RES_ERROR
+                : *created ? KCD_RES_NEW
+                           : KCD_RES_PRESENT,
                 1);
   return e;
 }
@@ -219,7 +220,7 @@ kc_err kcd_svc_kv_get(kcd_state *st, kcd_fe fe, kc_store_read *rd,
                       kc_store_kv_val *v, kcd_svc_miss_fn tier, void *arg) {
   kc_err e = klen < 1 || klen > KC_KV_KEY_MAX ? KC_NOT_FOUND
              : !rd                            ? KC_NOT_READY
-                      : kc_store_kv_get(rd, key, klen, now_ms, v);
+                   : kc_store_kv_get(rd, key, klen, now_ms, v);
   if (e == KC_NOT_FOUND && tier && tier(arg, key, klen))
     return KC_NOT_FOUND; /* asked of the tier: counted when it answers */
   kcd_svc_count_get(st, fe, e);

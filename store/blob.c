@@ -18,8 +18,10 @@
 
 static kc_err check_digest(const char *digest, char *err) {
   if (!digest || !kc_is_hex64(digest))
-    return kc_errf(err, KC_BAD_DIGEST, "'%.80s' is not a lowercase 64-hex "
-                   "SHA-256", digest ? digest : "(null)");
+    return kc_errf(err, KC_BAD_DIGEST,
+                   "'%.80s' is not a lowercase 64-hex "
+                   "SHA-256",
+                   digest ? digest : "(null)");
   return KC_OK;
 }
 
@@ -64,8 +66,10 @@ kc_err kcs_blob_check(MDB_txn *txn, kc_store *s, const char *digest,
     char why[KC_ERRBUF_SIZE] = "";
     e = kcs_zstd_hash(v.mv_data, v.mv_size, bm.size, got, why);
     if (e == KC_CORRUPT)
-      return kc_errf(err, e, "the held copy of blob %s does not decompress: "
-                     "%s", digest, why);
+      return kc_errf(err, e,
+                     "the held copy of blob %s does not decompress: "
+                     "%s",
+                     digest, why);
   } else {
     e = kc_sha256_hex(v.mv_data, v.mv_size, got);
   }
@@ -111,8 +115,8 @@ kc_err kc_store_blob_get_stored(kc_store_read *r, const char *digest,
   kcs_blob_meta bm;
   kc_err e = get_meta(r->txn, r->s, digest, &bm);
   if (e)
-    return e == KC_NOT_FOUND ? kcs_mdb_err(MDB_CORRUPTED, "blob metadata",
-                                           NULL) : e;
+    return e == KC_NOT_FOUND ? kcs_mdb_err(MDB_CORRUPTED, "blob metadata", NULL)
+                             : e;
   *enc = (kc_store_enc)bm.enc;
   if (size)
     *size = bm.size;
@@ -136,8 +140,8 @@ typedef struct blob_src {
   int fd;
   int seekable;
   off_t off;
-  uint64_t len;  /* bytes written into the map */
-  uint64_t raw;  /* the content's size (len unless enc != raw) */
+  uint64_t len; /* bytes written into the map */
+  uint64_t raw; /* the content's size (len unless enc != raw) */
   kc_store_enc enc;
   uint64_t zlen; /* decode: the frame's bytes at mem or fd */
   int decode;    /* the source is a zstd frame, stored decompressed */
@@ -154,18 +158,19 @@ static kc_err read_full(blob_src *src, unsigned char *dst, kc_sha256 *h,
                         char *err) {
   uint64_t done = 0;
   while (done < src->len) {
-    size_t want = src->len - done > COPY_CHUNK ? COPY_CHUNK
-                                               : (size_t)(src->len - done);
+    size_t want =
+        src->len - done > COPY_CHUNK ? COPY_CHUNK : (size_t)(src->len - done);
     ssize_t n = src->seekable
                     ? pread(src->fd, dst + done, want, src->off + (off_t)done)
                     : read(src->fd, dst + done, want);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
-      return kc_errf(err, KC_IO, "the blob's source ended after %llu of %llu "
-                     "bytes%s%s", (unsigned long long)done,
-                     (unsigned long long)src->len, n < 0 ? ": " : "",
-                     n < 0 ? strerror(errno) : "");
+      return kc_errf(err, KC_IO,
+                     "the blob's source ended after %llu of %llu "
+                     "bytes%s%s",
+                     (unsigned long long)done, (unsigned long long)src->len,
+                     n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
     if (h)
       kc_sha256_update(h, dst + done, (size_t)n);
     done += (uint64_t)n;
@@ -182,7 +187,8 @@ static kc_err fill(blob_src *src, void *dst, char *err) {
     return KC_OK;
   }
   if (src->consumed)
-    return kc_errf(err, KC_STORE_FULL, "the store was full and the blob's "
+    return kc_errf(err, KC_STORE_FULL,
+                   "the store was full and the blob's "
                    "stream cannot be read again");
   src->consumed = !src->seekable;
   kc_sha256 *h = src->verify ? kc_sha256_new() : NULL;
@@ -198,8 +204,7 @@ static kc_err fill(blob_src *src, void *dst, char *err) {
 }
 
 /* The bytes into the space LMDB reserves for the value. */
-static kc_err write_value(kc_store *s, MDB_txn *txn, blob_src *src,
-                          char *err) {
+static kc_err write_value(kc_store *s, MDB_txn *txn, blob_src *src, char *err) {
   MDB_val k = kcs_hex_val(src->digest), v = {(size_t)src->len, NULL};
   kc_err e = kcs_put(txn, s->blobs, &k, &v, MDB_RESERVE, err);
   return e ? e : fill(src, v.mv_data, err);
@@ -230,8 +235,8 @@ static kc_err repair_op(kc_store *s, MDB_txn *txn, blob_src *src,
     MDB_val mv = kcs_blob_meta_val(bm);
     if (!(e = kcs_put(txn, s->blobmeta, &k, &mv, 0, err)) &&
         !(e = kcs_bytes_add(txn, s, (int64_t)src->len - (int64_t)old, err)))
-      e = kcs_saved_add(txn, s, (int64_t)(src->raw - src->len) -
-                        (int64_t)old_saved, err);
+      e = kcs_saved_add(
+          txn, s, (int64_t)(src->raw - src->len) - (int64_t)old_saved, err);
   }
   return e ? e : written(s, txn, src, err);
 }
@@ -285,10 +290,10 @@ static kc_err maybe_compress(kc_store *s, blob_src *src, char *err) {
     uint64_t n = 0;
     int fd = -1;
     char got[KC_HEX_LEN + 1];
-    kc_err e = src->verify && !h ? kc_errf(err, KC_NOMEM, "out of memory")
-                                 : kcs_zstd_compress_fd(s, level, src->fd, 1,
-                                                        src->off, src->len, h,
-                                                        &fd, &n, err);
+    kc_err e = src->verify && !h
+                   ? kc_errf(err, KC_NOMEM, "out of memory")
+                   : kcs_zstd_compress_fd(s, level, src->fd, 1, src->off,
+                                          src->len, h, &fd, &n, err);
     if (!e && h && !kc_sha256_final(h, got) && strcmp(got, src->digest))
       e = kc_errf(err, KC_DIGEST_MISMATCH, "the content hashes to %s, not %s",
                   got, src->digest);
@@ -316,8 +321,7 @@ static void src_done(blob_src *src) {
     close(src->own_fd);
 }
 
-static kc_err put_checked(kc_store *s, blob_src *src, int *created,
-                          char *err);
+static kc_err put_checked(kc_store *s, blob_src *src, int *created, char *err);
 
 static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
   if (created)
@@ -336,11 +340,11 @@ static kc_err put_src(kc_store *s, blob_src *src, int *created, char *err) {
   return e;
 }
 
-static kc_err put_checked(kc_store *s, blob_src *src, int *created,
-                          char *err) {
+static kc_err put_checked(kc_store *s, blob_src *src, int *created, char *err) {
   kc_err e;
   if (s->max_bytes && src->len > s->max_bytes)
-    return kc_errf(err, KC_STORE_FULL, "a blob of %llu bytes is larger than "
+    return kc_errf(err, KC_STORE_FULL,
+                   "a blob of %llu bytes is larger than "
                    "the store's limit of %llu bytes",
                    (unsigned long long)src->len,
                    (unsigned long long)s->max_bytes);
@@ -376,8 +380,12 @@ kc_err kc_store_blob_put(kc_store *s, const char *digest, const void *data,
 kc_err kc_store_blob_put_fd(kc_store *s, const char *digest, int fd,
                             uint64_t len, int *created, char *err) {
   off_t off = lseek(fd, 0, SEEK_CUR);
-  blob_src src = {.digest = digest, .fd = fd, .seekable = off >= 0,
-                  .off = off < 0 ? 0 : off, .len = len, .verify = 1};
+  blob_src src = {.digest = digest,
+                  .fd = fd,
+                  .seekable = off >= 0,
+                  .off = off < 0 ? 0 : off,
+                  .len = len,
+                  .verify = 1};
   return put_src(s, &src, created, err);
 }
 
@@ -388,15 +396,15 @@ struct kc_store_upload {
   kc_sha256 *h;
   unsigned char *buf; /* the first SPOOL_MEM bytes, until spilled */
   size_t len, cap;
-  int fd; /* the spool file once over SPOOL_MEM; -1 before */
+  int fd;           /* the spool file once over SPOOL_MEM; -1 before */
   uint64_t size;    /* the content's bytes (hashed) */
   uint64_t spooled; /* bytes received (== size unless zstd) */
   /* kc_store_upload_zstd: the body is a frame, decoded as it arrives */
   ZSTD_DCtx *dc;
   unsigned char *zout;
   uint64_t max_out;
-  size_t zleft; /* the decoder's last hint: 0 at the end of a frame */
-  uint64_t zcharged; /* of the process's decoder budget (zstd.c) */
+  size_t zleft;          /* the decoder's last hint: 0 at the end of a frame */
+  uint64_t zcharged;     /* of the process's decoder budget (zstd.c) */
   unsigned char head[4]; /* the first bytes received (the frame's magic) */
   int from_tier;
   int verified; /* kcs_upload_verify passed: commit does not hash again */
@@ -485,7 +493,8 @@ static kc_err zstd_charge(kc_store_upload *u, char *err) {
   if (have <= u->zcharged)
     return KC_OK;
   if (kcs_zstd_charge(have - u->zcharged))
-    return kc_errf(err, KC_BUSY, "too many zstd bodies and reads are being "
+    return kc_errf(err, KC_BUSY,
+                   "too many zstd bodies and reads are being "
                    "decoded at once: try again shortly");
   u->zcharged = have;
   return KC_OK;
@@ -503,18 +512,22 @@ static kc_err zstd_take(kc_store_upload *u, const void *data, size_t len,
     size_t r = ZSTD_decompressStream(u->dc, &ob, &in);
     if (ZSTD_isError(r) &&
         ZSTD_getErrorCode(r) == ZSTD_error_frameParameter_windowTooLarge)
-      return kc_errf(err, KC_EINVAL, "the zstd body needs a decoding window "
+      return kc_errf(err, KC_EINVAL,
+                     "the zstd body needs a decoding window "
                      "of more than %u MiB: compress it with a smaller window "
                      "(zstd -19 or lower, no --long or --ultra)",
                      1u << (KCS_ZSTD_WLOG_MAX - 20));
     if (ZSTD_isError(r))
-      return kc_errf(err, KC_EINVAL, "the body is not a valid zstd stream "
-                     "(Content-Encoding: zstd): %s", ZSTD_getErrorName(r));
+      return kc_errf(err, KC_EINVAL,
+                     "the body is not a valid zstd stream "
+                     "(Content-Encoding: zstd): %s",
+                     ZSTD_getErrorName(r));
     if ((e = zstd_charge(u, err)))
       return e;
     u->zleft = r;
     if ((u->size += ob.pos) > u->max_out)
-      return kc_errf(err, KC_TOO_LARGE, "the zstd body decompresses to more "
+      return kc_errf(err, KC_TOO_LARGE,
+                     "the zstd body decompresses to more "
                      "than the limit of %llu bytes",
                      (unsigned long long)u->max_out);
     if ((e = kc_sha256_update(u->h, u->zout, ob.pos)))
@@ -571,7 +584,8 @@ kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
   char got[KC_HEX_LEN + 1];
   kc_err e = check_digest(digest, err);
   if (!e && u->max_out && u->zleft)
-    e = kc_errf(err, KC_EINVAL, "the zstd body ends inside a frame "
+    e = kc_errf(err, KC_EINVAL,
+                "the zstd body ends inside a frame "
                 "(truncated after %llu bytes)",
                 (unsigned long long)u->spooled);
   if (!e && (e = kc_sha256_final(u->h, got)))
@@ -589,8 +603,12 @@ kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
  * halves it (and begins as a frame: reads tell a held frame by its
  * magic); else the content goes into the map decompressed. */
 static blob_src upload_src(kc_store_upload *u, const char *digest) {
-  blob_src src = {.digest = digest, .mem = upload_mem(u), .fd = u->fd,
-                  .seekable = 1, .len = u->size, .from_tier = u->from_tier,
+  blob_src src = {.digest = digest,
+                  .mem = upload_mem(u),
+                  .fd = u->fd,
+                  .seekable = 1,
+                  .len = u->size,
+                  .from_tier = u->from_tier,
                   .repair = u->repair};
   if (!u->max_out)
     return src;

@@ -51,7 +51,7 @@ typedef struct put_ctx {
   char **missing;
   size_t n_missing;
   int created;
-  int queue; /* for the durable tier (not when fetched from it) */
+  int queue;   /* for the durable tier (not when fetched from it) */
   int replace; /* a different bundle under the key goes (KCS_PUT_REPLACE) */
 } put_ctx;
 
@@ -65,10 +65,11 @@ static kc_err check_sizes(kc_store *s, MDB_txn *txn, const kc_manifest *m,
     if (mdb_get(txn, s->blobmeta, &k, &v) || kcs_blob_meta_read(&v, &bm))
       continue; /* missing: find_missing says so */
     if (bm.size != m->files[i].size)
-      return kc_errf(err, KC_BAD_MANIFEST, "files[%zu].size: %llu, but blob "
-                     "%s holds %llu bytes", i,
-                     (unsigned long long)m->files[i].size, m->files[i].sha256,
-                     (unsigned long long)bm.size);
+      return kc_errf(err, KC_BAD_MANIFEST,
+                     "files[%zu].size: %llu, but blob "
+                     "%s holds %llu bytes",
+                     i, (unsigned long long)m->files[i].size,
+                     m->files[i].sha256, (unsigned long long)bm.size);
   }
   return KC_OK;
 }
@@ -89,9 +90,10 @@ static kc_err find_missing(kc_store *s, MDB_txn *txn, put_ctx *c, char *err) {
   }
   if (!c->n_missing)
     return KC_OK;
-  return kc_errf(err, KC_MISSING_BLOBS, "%zu of the bundle's %zu blobs are "
-                 "not in the store (first: %s)", c->n_missing, c->n_digests,
-                 c->missing[0]);
+  return kc_errf(err, KC_MISSING_BLOBS,
+                 "%zu of the bundle's %zu blobs are "
+                 "not in the store (first: %s)",
+                 c->n_missing, c->n_digests, c->missing[0]);
 }
 
 /* The manifest, its metadata and its index entries. */
@@ -153,13 +155,11 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
 
 kc_err kc_store_bundle_put(kc_store *s, const kc_manifest *m, int *created,
                            char ***missing, size_t *n_missing, char *err) {
-  return kcs_bundle_put(s, m, KCS_PUT_QUEUE, created, missing, n_missing,
-                        err);
+  return kcs_bundle_put(s, m, KCS_PUT_QUEUE, created, missing, n_missing, err);
 }
 
-kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode,
-                      int *created, char ***missing, size_t *n_missing,
-                      char *err) {
+kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode, int *created,
+                      char ***missing, size_t *n_missing, char *err) {
   if (created)
     *created = 0;
   if (missing)
@@ -169,7 +169,8 @@ kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode,
   kc_err e = kc_manifest_check_key(m, err);
   if (e)
     return e;
-  put_ctx c = {.m = m, .queue = mode & KCS_PUT_QUEUE,
+  put_ctx c = {.m = m,
+               .queue = mode & KCS_PUT_QUEUE,
                .replace = (mode & KCS_PUT_REPLACE) != 0};
   if ((e = kc_manifest_to_json(m, (char **)&c.json, err)))
     return e;
@@ -289,8 +290,8 @@ kc_err kc_store_bundle_has(kc_store *s, const char *key) {
   return rc ? kcs_mdb_err(rc, "reading a bundle", NULL) : KC_OK;
 }
 
-kc_err kc_store_bundle_get(kc_store_read *r, const char *key,
-                           const char **json, size_t *len) {
+kc_err kc_store_bundle_get(kc_store_read *r, const char *key, const char **json,
+                           size_t *len) {
   kc_store *s = r->s;
   if (!kc_is_hex64(key))
     return KC_BAD_KEY;
@@ -314,13 +315,16 @@ kc_err kc_store_bundle_get(kc_store_read *r, const char *key,
 static int list_one(kc_store *s, MDB_txn *txn, const char *key,
                     const MDB_val *rec, kc_store_bundle_cb cb, void *ud) {
   MDB_val k = kcs_hex_val(key), mv, jv;
-  if (mdb_get(txn, s->bundlemeta, &k, &mv) || mv.mv_size != sizeof(kcs_bundle_meta) ||
+  if (mdb_get(txn, s->bundlemeta, &k, &mv) ||
+      mv.mv_size != sizeof(kcs_bundle_meta) ||
       mdb_get(txn, s->bundles, &k, &jv))
     return 0; /* index ahead of data cannot happen in one txn; skip */
   kcs_bundle_meta bm;
   memcpy(&bm, mv.mv_data, sizeof bm);
-  kc_store_bundle_info info = {.bytes = bm.bytes, .created = bm.created,
-                               .last_used = bm.last_used, .hits = bm.hits,
+  kc_store_bundle_info info = {.bytes = bm.bytes,
+                               .created = bm.created,
+                               .last_used = bm.last_used,
+                               .hits = bm.hits,
                                .manifest = jv.mv_data,
                                .manifest_len = jv.mv_size,
                                .fields = rec->mv_size ? rec->mv_data : NULL,

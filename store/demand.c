@@ -181,9 +181,9 @@ static kc_err check_entry(kc_store_demand_kind kind, const char *text,
     return kc_errf(err, KC_EINVAL, "count %llu is not in 1..%llu",
                    (unsigned long long)count, KC_STORE_DEMAND_COUNT_MAX);
   if (kind == KC_DEMAND_MISS_KEY)
-    return kc_is_hex64(text) ? KC_OK
-                             : kc_errf(err, KC_BAD_KEY,
-                                       "a missed key must be 64 hex digits");
+    return kc_is_hex64(text)
+               ? KC_OK
+               : kc_errf(err, KC_BAD_KEY, "a missed key must be 64 hex digits");
   kc_bucket b;
   char canon[KC_STORE_DEMAND_TEXT_MAX + 1];
   if (kind != KC_DEMAND_SHAPE && kind != KC_DEMAND_MISS_SHAPE)
@@ -301,8 +301,8 @@ static size_t merge(ent *e, size_t n, uint64_t *dropped) {
   for (size_t i = 0; i < n; i++) {
     if (m && cmp_ident(&e[m - 1], &e[i]) == 0) {
       uint64_t c = e[m - 1].count;
-      e[m - 1].count = c > UINT64_MAX - e[i].count ? UINT64_MAX
-                                                   : c + e[i].count;
+      e[m - 1].count =
+          c > UINT64_MAX - e[i].count ? UINT64_MAX : c + e[i].count;
     } else {
       e[m++] = e[i];
     }
@@ -315,8 +315,8 @@ static size_t merge(ent *e, size_t n, uint64_t *dropped) {
          bytes + ENT_HEAD + e[keep].len <= KC_STORE_DEMAND_RECORD_BYTES)
     bytes += ENT_HEAD + e[keep++].len;
   for (size_t i = keep; i < m; i++)
-    *dropped = *dropped > UINT64_MAX - e[i].count ? UINT64_MAX
-                                                  : *dropped + e[i].count;
+    *dropped =
+        *dropped > UINT64_MAX - e[i].count ? UINT64_MAX : *dropped + e[i].count;
   return keep;
 }
 
@@ -434,10 +434,10 @@ static kc_err flush_model(kc_store *s, MDB_txn *txn, const pend *p, size_t n,
   if (rc == 0 && rec_decode(&v, &h, &e, n))
     h = (kcs_demand_head){REC_VERSION, 0, 0, 0, now};
   int room = 1;
-  kc_err x = rc == MDB_NOTFOUND
-                 ? evict_model(s, txn, model_known(s, txn, p[0].model), &room,
-                               err)
-                 : KC_OK;
+  kc_err x =
+      rc == MDB_NOTFOUND
+          ? evict_model(s, txn, model_known(s, txn, p[0].model), &room, err)
+          : KC_OK;
   if (x || !room) { /* !room: no unknown record to displace, dropped */
     struct kcs_demand *d = atomic_load(&s->demand_pending);
     if (!x && d)
@@ -449,10 +449,10 @@ static kc_err flush_model(kc_store *s, MDB_txn *txn, const pend *p, size_t n,
     return kc_errf(err, KC_NOMEM, "out of memory");
   size_t m = h.n;
   for (size_t i = 0; i < n; i++) {
-    e[m++] = (ent){p[i].count, p[i].kind, (uint16_t)strlen(p[i].text),
-                   p[i].text};
-    h.total = h.total > UINT64_MAX - p[i].count ? UINT64_MAX
-                                                 : h.total + p[i].count;
+    e[m++] =
+        (ent){p[i].count, p[i].kind, (uint16_t)strlen(p[i].text), p[i].text};
+    h.total =
+        h.total > UINT64_MAX - p[i].count ? UINT64_MAX : h.total + p[i].count;
   }
   h.n = (uint32_t)merge(e, m, &h.dropped);
   h.updated = now;
@@ -532,8 +532,8 @@ static kc_err demand_copy(const MDB_val *v, kc_store_demand *out) {
   for (uint32_t i = 0; i < h.n; i++) {
     memcpy(t, e[i].text, e[i].len);
     t[e[i].len] = '\0';
-    out->items[i] = (kc_store_demand_item){(kc_store_demand_kind)e[i].kind, t,
-                                           e[i].count};
+    out->items[i] =
+        (kc_store_demand_item){(kc_store_demand_kind)e[i].kind, t, e[i].count};
     t += e[i].len + 1;
   }
   if (!h.n)
@@ -546,8 +546,8 @@ static kc_err demand_copy(const MDB_val *v, kc_store_demand *out) {
   return KC_OK;
 }
 
-kc_err kc_store_demand_get(kc_store *s, const char *model,
-                           kc_store_demand *out, char *err) {
+kc_err kc_store_demand_get(kc_store *s, const char *model, kc_store_demand *out,
+                           char *err) {
   memset(out, 0, sizeof *out);
   if (!kc_is_hex64(model))
     return kc_errf(err, KC_BAD_KEY, "model must be 64 hex digits");
@@ -563,8 +563,9 @@ kc_err kc_store_demand_get(kc_store *s, const char *model,
     e = kcs_mdb_err(rc, "demand", err);
   kc_store_read_end(r);
   if (e == KC_CORRUPT || e == KC_NOMEM)
-    kc_errf(err, e, e == KC_NOMEM ? "out of memory"
-                                  : "the demand record of %.64s is damaged",
+    kc_errf(err, e,
+            e == KC_NOMEM ? "out of memory"
+                          : "the demand record of %.64s is damaged",
             model);
   return e;
 }

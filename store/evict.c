@@ -8,7 +8,6 @@
 
 #define EVICT_BATCH 512 /* bundles or blobs removed per write transaction */
 
-
 static int64_t time_of(const unsigned char *k) {
   return (int64_t)kcs_be64_get(k);
 }
@@ -34,8 +33,8 @@ static kc_err flush_one(kc_store *s, MDB_txn *txn, const kcs_use *use,
   memcpy(&bm, v.mv_data, sizeof bm);
   kc_err e;
   if (use->last_used > bm.last_used) {
-    if ((e = kcs_lru_move(txn, s->lru, bm.last_used, use->last_used,
-                          use->key, err)))
+    if ((e = kcs_lru_move(txn, s->lru, bm.last_used, use->last_used, use->key,
+                          err)))
       return e;
     bm.last_used = use->last_used;
   }
@@ -121,8 +120,8 @@ int kcs_first_unqueued(kc_store *s, MDB_txn *txn, MDB_dbi dbi,
 }
 
 /* Drops the oldest orphan blob. 1 dropped, 0 none left, <0 error in *e. */
-static int drop_orphan(kc_store *s, MDB_txn *txn, int64_t older_than,
-                       kc_err *e, char *err) {
+static int drop_orphan(kc_store *s, MDB_txn *txn, int64_t older_than, kc_err *e,
+                       char *err) {
   char digest[KC_HEX_LEN + 1];
   int64_t since = 0;
   if (first_of(txn, s->orphans, digest, &since) || since >= older_than)
@@ -138,8 +137,8 @@ static int drop_orphan(kc_store *s, MDB_txn *txn, int64_t older_than,
 }
 
 /* Evicts at most `limit` items; *done when below target or nothing is left. */
-kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
-                      size_t limit, int *done, char *err) {
+kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target, size_t limit,
+                      int *done, char *err) {
   kc_err e = KC_OK;
   uint64_t used;
   *done = 0;

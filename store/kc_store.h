@@ -13,11 +13,11 @@
  *
  * Errors: kc_err, plus a sentence in `err` (KC_ERRBUF_SIZE, may be NULL).
  * A full LMDB map is never a crash: a write that finds it full evicts (least
- * recently used bundles, then old unreferenced blobs) down to the low-water mark
- * of what is held and tries once more; KC_STORE_FULL when that is not enough.
- * With max_bytes set, a put that would cross the high-water mark evicts first.
- * What is held counts blobs, manifests and RESP keys (KC_KV_KEY_BYTES each).
- * Eviction runs in transactions of a few removals each; the eviction
+ * recently used bundles, then old unreferenced blobs) down to the low-water
+ * mark of what is held and tries once more; KC_STORE_FULL when that is not
+ * enough. With max_bytes set, a put that would cross the high-water mark evicts
+ * first. What is held counts blobs, manifests and RESP keys (KC_KV_KEY_BYTES
+ * each). Eviction runs in transactions of a few removals each; the eviction
  * counters count what was committed.
  * A disk that is full (ENOSPC, EDQUOT) is KC_DISK_FULL, not KC_IO.
  *
@@ -45,10 +45,10 @@ typedef struct kc_store kc_store;
  * Strings are copied at open; the secret is wiped at close. */
 typedef struct kc_store_s3 {
   const char *endpoint, *bucket, *region; /* region NULL: us-east-1 */
-  const char *prefix;    /* NULL or "": "kcache" */
+  const char *prefix;                     /* NULL or "": "kcache" */
   int path_style;
   const char *access_key, *secret_key, *session_token;
-  unsigned parallel;     /* S3 requests at once for read-through; 0: 16 */
+  unsigned parallel;         /* S3 requests at once for read-through; 0: 16 */
   uint64_t max_object_bytes; /* largest blob read through; 0: 4 GiB */
   /* Where the tier says what happens in the background (queue errors, a
    * corrupt object, conditional writes missing); level "info", "warn" or
@@ -58,18 +58,18 @@ typedef struct kc_store_s3 {
 } kc_store_s3;
 
 typedef struct kc_store_opts {
-  const char *dir;        /* created if missing */
-  uint64_t max_bytes;     /* limit on blob and manifest bytes; 0: none */
-  uint64_t map_size;      /* LMDB map size; 0: derived from max_bytes, or 64 GiB */
-  uint64_t grace_s;       /* unreferenced blobs older than this are collected;
-                             0: default 3600 */
-  unsigned max_readers;   /* LMDB reader slots: reads open at once (pooled
-                             handles keep theirs); 0: 512 */
-  int high_water_pct;     /* eviction starts above this % of max_bytes; 0: 95 */
-  int low_water_pct;      /* and stops below this %; 0: 85 */
-  const kc_store_s3 *s3;  /* NULL: no durable tier */
-  uint64_t kv_max_bytes;  /* what RESP keys (kv.c) may reference, inside
-                             max_bytes (--resp-max-bytes); 0: no own limit */
+  const char *dir;    /* created if missing */
+  uint64_t max_bytes; /* limit on blob and manifest bytes; 0: none */
+  uint64_t map_size;  /* LMDB map size; 0: derived from max_bytes, or 64 GiB */
+  uint64_t grace_s;   /* unreferenced blobs older than this are collected;
+                         0: default 3600 */
+  unsigned max_readers;  /* LMDB reader slots: reads open at once (pooled
+                            handles keep theirs); 0: 512 */
+  int high_water_pct;    /* eviction starts above this % of max_bytes; 0: 95 */
+  int low_water_pct;     /* and stops below this %; 0: 85 */
+  const kc_store_s3 *s3; /* NULL: no durable tier */
+  uint64_t kv_max_bytes; /* what RESP keys (kv.c) may reference, inside
+                            max_bytes (--resp-max-bytes); 0: no own limit */
   /* zstd level (1..22) for new blobs, each kept compressed when that saves
    * at least an eighth of its bytes, else raw; 0: every blob raw
    * (--compress-level). Blobs are named by the SHA-256 of their
@@ -135,8 +135,7 @@ kc_err kc_store_blob_stream_open(kc_store *s, const char *digest, int decode,
                                  kc_store_enc *enc, uint64_t *size);
 /* The next up to max bytes into buf: how many (0 at the end), -1 when the
  * blob went away or failed to decompress. */
-long kc_store_blob_stream_read(kc_store_blob_stream *b, char *buf,
-                               size_t max);
+long kc_store_blob_stream_read(kc_store_blob_stream *b, char *buf, size_t max);
 void kc_store_blob_stream_free(kc_store_blob_stream *b);
 /* Bytes of the decoder budget that open streams and uploads hold now. */
 uint64_t kc_store_zstd_decode_memory(void);
@@ -160,15 +159,15 @@ kc_err kc_store_blob_copy(kc_store *s, const char *digest, uint64_t off,
 typedef struct kc_store_read_stats {
   uint64_t open;          /* reads open now */
   uint64_t oldest_age_ms; /* age of the oldest open read; 0: none */
-  uint64_t readers_full;  /* reads refused for a full reader table, since open */
-  unsigned max_readers;   /* slots of the reader table (opts.max_readers) */
+  uint64_t readers_full; /* reads refused for a full reader table, since open */
+  unsigned max_readers;  /* slots of the reader table (opts.max_readers) */
 } kc_store_read_stats;
 void kc_store_read_stats_get(kc_store *s, kc_store_read_stats *out);
 /* Bundle manifest JSON (canonical), pointing into the map; valid until
  * kc_store_read_end(r). Counts a hit and records the last use in memory
  * (flushed in batches, never one write transaction per read). */
-kc_err kc_store_bundle_get(kc_store_read *r, const char *key,
-                           const char **json, size_t *len);
+kc_err kc_store_bundle_get(kc_store_read *r, const char *key, const char **json,
+                           size_t *len);
 
 /* ---- Blobs ---- */
 
@@ -245,9 +244,9 @@ void kc_store_strv_free(char **v, size_t n);
 /* One bundle of a model, for listings. */
 typedef struct kc_store_bundle_info {
   char key[KC_HEX_LEN + 1];
-  uint64_t bytes;     /* sum of its files' sizes */
-  int64_t created;    /* unix seconds */
-  int64_t last_used;  /* unix seconds */
+  uint64_t bytes;    /* sum of its files' sizes */
+  int64_t created;   /* unix seconds */
+  int64_t last_used; /* unix seconds */
   uint64_t hits;
   const char *manifest; /* canonical JSON, valid during the callback only */
   size_t manifest_len;
@@ -269,30 +268,30 @@ kc_err kc_store_model_list(kc_store *s, const char *model,
 /* ---- Bookkeeping, eviction, GC ---- */
 
 typedef struct kc_store_stats {
-  uint64_t bytes_used;    /* bytes of blobs, manifests and RESP keys held
-                             (KC_KV_KEY_BYTES each; a compressed blob
-                             counts its stored bytes) */
-  uint64_t max_bytes;     /* 0: no limit */
+  uint64_t bytes_used; /* bytes of blobs, manifests and RESP keys held
+                          (KC_KV_KEY_BYTES each; a compressed blob
+                          counts its stored bytes) */
+  uint64_t max_bytes;  /* 0: no limit */
   uint64_t map_size;
-  uint64_t map_used;      /* pages in use * page size */
+  uint64_t map_used; /* pages in use * page size */
   uint64_t blobs;
   uint64_t bundles;
-  uint64_t hits, misses;  /* bundle gets since open */
+  uint64_t hits, misses; /* bundle gets since open */
   uint64_t evicted_bundles, evicted_blobs, gc_blobs; /* since open */
-  uint64_t scrub_bytes, scrub_passes, scrub_corrupt;  /* since open */
+  uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* since open */
   /* Unix time since when writes fail for lack of disk (a commit or an
    * upload's spool file got ENOSPC or EDQUOT: KC_DISK_FULL); 0 when they do
    * not. Cleared by the next commit that succeeds. Reads still work. */
   int64_t disk_full_since;
-  uint64_t kv_keys;       /* RESP keys held (expired not yet reclaimed too) */
-  uint64_t kv_expires;    /* of them, those with an expiry (the kvexp index's
-                             entries: O(1), exact) */
-  uint64_t kv_bytes;      /* value bytes they reference, each key counted
-                             (a value two keys share counts twice) */
-  uint64_t kv_max_bytes;  /* 0: no own limit */
+  uint64_t kv_keys;      /* RESP keys held (expired not yet reclaimed too) */
+  uint64_t kv_expires;   /* of them, those with an expiry (the kvexp index's
+                            entries: O(1), exact) */
+  uint64_t kv_bytes;     /* value bytes they reference, each key counted
+                            (a value two keys share counts twice) */
+  uint64_t kv_max_bytes; /* 0: no own limit */
   uint64_t kv_hits, kv_misses, evicted_kv; /* since open */
-  uint64_t bytes_raw;     /* bytes_used with each compressed blob counted at
-                             its content's size (== bytes_used: none) */
+  uint64_t bytes_raw; /* bytes_used with each compressed blob counted at
+                         its content's size (== bytes_used: none) */
 } kc_store_stats;
 
 /* The same flag without a read transaction (for a readiness probe). */
@@ -369,9 +368,9 @@ kc_err kc_store_scrub_step(kc_store *s, kc_store_scrub *sc, uint64_t budget,
  * corrupt object (a blob whose bytes do not hash to its name, a manifest
  * under another key) is deleted from the bucket, counted and never stored
  * (KC_CORRUPT); a manifest this version cannot parse is a miss, left in
- * place (a newer replica may read it). Concurrent fetches of one object share one request. After a
- * failure to reach S3, fetches answer KC_UNAVAILABLE at once for 2 s rather
- * than make every miss wait for a timeout.
+ * place (a newer replica may read it). Concurrent fetches of one object share
+ * one request. After a failure to reach S3, fetches answer KC_UNAVAILABLE at
+ * once for 2 s rather than make every miss wait for a timeout.
  *
  * Threads: any. Without a tier every fetch is KC_NOT_FOUND and every lease
  * call KC_OK. */
@@ -386,9 +385,8 @@ kc_err kc_store_scrub_step(kc_store *s, kc_store_scrub *sc, uint64_t budget,
  * queue then find another manifest in the bucket, the bucket's replaces the
  * local one (counted in once_replaced). Without a tier, or for a key held:
  * kc_store_bundle_put. What every front end's bundle PUT calls. */
-kc_err kc_store_bundle_put_once(kc_store *s, const kc_manifest *m,
-                                int *created, char ***missing,
-                                size_t *n_missing, char *err);
+kc_err kc_store_bundle_put_once(kc_store *s, const kc_manifest *m, int *created,
+                                char ***missing, size_t *n_missing, char *err);
 
 /* Makes the blob local from S3 when the store lacks it. KC_OK: held now;
  * KC_NOT_FOUND: S3 lacks it too (or no tier); KC_CORRUPT; KC_UNAVAILABLE. */
@@ -452,11 +450,11 @@ int kc_store_lease_ended(kc_store *s, const char *key, const char *token);
 #define KC_STORE_S3_BUCKETS 12 /* request-duration histogram bounds */
 typedef struct kc_store_tier_stats {
   int enabled;
-  int up;           /* the last S3 request reached S3 */
-  int conditional;  /* If-None-Match honoured: 1 yes, 0 no, -1 not known yet */
+  int up;          /* the last S3 request reached S3 */
+  int conditional; /* If-None-Match honoured: 1 yes, 0 no, -1 not known yet */
   uint64_t queue_depth;
-  uint64_t uploaded;   /* queue entries done */
-  uint64_t parked;     /* entries S3 refused for good, set aside (since open) */
+  uint64_t uploaded; /* queue entries done */
+  uint64_t parked;   /* entries S3 refused for good, set aside (since open) */
   uint64_t requests, errors;
   uint64_t rt_hit, rt_miss, rt_corrupt, rt_error; /* read-through outcomes */
   /* Write-once across replicas (kc_store_bundle_put_once): PUTs refused
@@ -544,11 +542,11 @@ typedef struct kc_store_kv_op {
   int flags;
   int64_t expire_ms; /* SET/EXPIRE: absolute unix ms; 0 none */
   /* results */
-  kc_err err;     /* this op's own error (KC_STORE_FULL, KC_TOO_LARGE, ...);
-                     the others of the batch still apply */
-  uint64_t done;  /* see each opcode; SET: 1 written, 0 refused by NX/XX */
-  int had_old;    /* KC_KV_GET: the key existed */
-  void *old;      /* KC_KV_GET: malloc'd copy of the old value; caller frees */
+  kc_err err;    /* this op's own error (KC_STORE_FULL, KC_TOO_LARGE, ...);
+                    the others of the batch still apply */
+  uint64_t done; /* see each opcode; SET: 1 written, 0 refused by NX/XX */
+  int had_old;   /* KC_KV_GET: the key existed */
+  void *old;     /* KC_KV_GET: malloc'd copy of the old value; caller frees */
   size_t old_len;
   /* SET: the SHA-256 (hex) of key and value when already computed
    * (kc_store_kv_set_settled did): hashed set, apply does not hash again.
@@ -706,8 +704,8 @@ kc_err kc_store_demand_flush(kc_store *s, char *err);
 uint64_t kc_store_demand_dropped(kc_store *s);
 /* The model's histogram as last flushed; an unknown model gives n = 0.
  * *out is filled and owned by the caller (kc_store_demand_free). */
-kc_err kc_store_demand_get(kc_store *s, const char *model,
-                           kc_store_demand *out, char *err);
+kc_err kc_store_demand_get(kc_store *s, const char *model, kc_store_demand *out,
+                           char *err);
 void kc_store_demand_free(kc_store_demand *d);
 /* ---- Models (models.c): every model, its warmup manifest, a purge ---- */
 

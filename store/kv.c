@@ -148,8 +148,8 @@ kc_err kc_store_kv_get(kc_store_read *r, const void *key, size_t klen,
   kcs_kv_rec rec;
   kc_err e = key_hex(key, klen, hex);
   if (!e)
-    e = live_rec(r->txn, s, hex, key, klen, now_ms, &rec, &out->data,
-                 &out->len, &out->enc);
+    e = live_rec(r->txn, s, hex, key, klen, now_ms, &rec, &out->data, &out->len,
+                 &out->enc);
   if (e == KC_NOT_FOUND)
     atomic_fetch_add(&s->kv_misses, 1);
   if (e)
@@ -167,8 +167,7 @@ kc_err kc_store_kv_meta(kc_store_read *r, const void *key, size_t klen,
   kcs_kv_rec rec;
   kc_err e = key_hex(key, klen, hex);
   if (!e)
-    e = live_rec(r->txn, r->s, hex, key, klen, now_ms, &rec, NULL, NULL,
-                 NULL);
+    e = live_rec(r->txn, r->s, hex, key, klen, now_ms, &rec, NULL, NULL, NULL);
   if (e)
     return e;
   if (size)
@@ -230,8 +229,8 @@ static kc_err kv_drop(kc_store *s, MDB_txn *txn, const char *hex,
   kc_err e;
   if ((e = kcs_del(txn, s->kv, &k, err)) ||
       (e = idx_del(txn, s->kvlru, rec->last_used_ms, hex, err)) ||
-      (rec->expire_ms && (e = idx_del(txn, s->kvexp, rec->expire_ms, hex,
-                                      err))) ||
+      (rec->expire_ms &&
+       (e = idx_del(txn, s->kvexp, rec->expire_ms, hex, err))) ||
       (e = kv_bytes_add(txn, s, -(int64_t)rec->size, batch, err)) ||
       (e = kcs_bytes_add(txn, s, -(int64_t)KC_KV_KEY_BYTES(rec->klen), err)) ||
       (e = kcs_queue_unpend(s, txn, hex, err)))
@@ -297,8 +296,8 @@ static kc_err rec_put(kc_store *s, MDB_txn *txn, const char *hex,
                  (old ? (int64_t)KC_KV_KEY_BYTES(old->klen) : 0);
   if (meta && (e = kcs_bytes_add(txn, s, meta, err)))
     return e;
-  return kv_bytes_add(txn, s, (int64_t)rec->size - (old ? (int64_t)old->size
-                                                        : 0), batch, err);
+  return kv_bytes_add(
+      txn, s, (int64_t)rec->size - (old ? (int64_t)old->size : 0), batch, err);
 }
 
 kc_err kcs_kv_rec_put(kc_store *s, MDB_txn *txn, const char *hex,
@@ -317,7 +316,7 @@ typedef struct kv_job {
   int noop;                    /* a SET that changed nothing stored */
   void *zval;                  /* SET: the value compressed, or NULL */
   size_t zlen;
-  int ztried;                  /* compression tried (zval may stay NULL) */
+  int ztried; /* compression tried (zval may stay NULL) */
 } kv_job;
 
 typedef struct apply_ctx {
@@ -340,8 +339,8 @@ typedef struct kv_state {
 static kc_err state_of(kc_store *s, MDB_txn *txn, const kv_job *j,
                        int64_t now_ms, kv_state *st) {
   memset(st, 0, sizeof *st);
-  kc_err e = live_rec(txn, s, j->hex, j->op->key, j->op->klen, now_ms,
-                      &st->rec, &st->data, &st->len, &st->enc);
+  kc_err e = live_rec(txn, s, j->hex, j->op->key, j->op->klen, now_ms, &st->rec,
+                      &st->data, &st->len, &st->enc);
   if (e == KC_OK)
     st->present = st->live = 1;
   else if (e == KC_NOT_FOUND)
@@ -376,8 +375,7 @@ static int blob_held(kc_store *s, MDB_txn *txn, const char *digest) {
  * expiry (redis-benchmark's SETs, a cache writing what it just read). Only
  * its use is recorded, in memory and batched as reads' are. */
 static int set_is_noop(const kv_job *j, const kv_state *st, int64_t exp) {
-  return st->live && st->rec.expire_ms == exp &&
-         st->rec.size == j->op->vlen &&
+  return st->live && st->rec.expire_ms == exp && st->rec.size == j->op->vlen &&
          memcmp(st->rec.digest, j->digest, KC_HEX_LEN) == 0;
 }
 
@@ -406,14 +404,16 @@ static kc_err set_rec(kc_store *s, MDB_txn *txn, kv_job *j, const kv_state *st,
   /* a replaced record keeps its LRU entry: the use goes with the reads'
    * (kvuses, flushed once a second), not into this commit */
   int64_t now = kc_clock_wall_ms();
-  kcs_kv_rec rec = {.size = op->vlen, .expire_ms = exp,
+  kcs_kv_rec rec = {.size = op->vlen,
+                    .expire_ms = exp,
                     .last_used_ms = st->present ? st->rec.last_used_ms : now,
                     .klen = (uint32_t)op->klen};
   memcpy(rec.digest, j->digest, KC_HEX_LEN);
   if (st->present)
     kcs_uses_record(&s->kvuses, j->hex, now);
-  if (e || (e = rec_put(s, txn, j->hex, &rec, st->present ? &st->rec : NULL,
-                        op->key, batch, err)) ||
+  if (e ||
+      (e = rec_put(s, txn, j->hex, &rec, st->present ? &st->rec : NULL, op->key,
+                   batch, err)) ||
       !st->present || same)
     return e;
   char old[KC_HEX_LEN + 1];
@@ -432,8 +432,8 @@ static kc_err op_set(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
   if (e || ((op->flags & KC_KV_NX) && st.live) ||
       ((op->flags & KC_KV_XX) && !st.live))
     return e; /* done stays 0: refused */
-  int64_t exp = (op->flags & KC_KV_KEEPTTL) && st.live ? st.rec.expire_ms
-                                                       : op->expire_ms;
+  int64_t exp =
+      (op->flags & KC_KV_KEEPTTL) && st.live ? st.rec.expire_ms : op->expire_ms;
   op->done = 1;
   if (exp && exp <= now_ms) /* set in the past: gone at once */
     return st.present ? kv_drop(s, txn, j->hex, &st.rec, 0, batch, err) : e;
@@ -471,8 +471,8 @@ static kc_err op_expire(kc_store *s, MDB_txn *txn, kv_job *j, int64_t now_ms,
   kc_store_kv_op *op = j->op;
   kv_state st;
   kc_err e = state_of(s, txn, j, now_ms, &st);
-  if (e || !st.live || expire_refused(op->flags, st.rec.expire_ms,
-                                      op->expire_ms))
+  if (e || !st.live ||
+      expire_refused(op->flags, st.rec.expire_ms, op->expire_ms))
     return e;
   op->done = 1;
   if (op->expire_ms <= now_ms)
@@ -549,8 +549,7 @@ static kc_err op_flush(kc_store *s, MDB_txn *txn, kv_job *j, int64_t *batch,
 /* With the durable tier: after a write of the key (a DEL even of a key
  * evicted here: the bucket may hold it), its record goes up, or its
  * removal does. */
-static kc_err queue_key(kc_store *s, MDB_txn *txn, const kv_job *j,
-                        char *err) {
+static kc_err queue_key(kc_store *s, MDB_txn *txn, const kv_job *j, char *err) {
   kc_store_kv_op *op = j->op;
   if (!s->tier || op->op == KC_KV_FLUSH || j->noop ||
       (!op->done && op->op != KC_KV_DEL))
@@ -688,8 +687,7 @@ static void compress_new(kc_store *s, kv_job *jobs, size_t n) {
 /* Room for the batch's values (and keys, which bytes_used counts) before
  * the write (eviction is writes of its own): under max_bytes and under the
  * RESP side's kv_max_bytes (values only). */
-static kc_err make_room(kc_store *s, const kv_job *jobs, size_t n,
-                        char *err) {
+static kc_err make_room(kc_store *s, const kv_job *jobs, size_t n, char *err) {
   uint64_t values = 0, keys = 0;
   for (size_t i = 0; i < n; i++)
     if (!jobs[i].skip && jobs[i].op->op == KC_KV_SET) {
@@ -752,7 +750,7 @@ kc_err kc_store_kv_apply(kc_store *s, kc_store_kv_op *ops, size_t n,
 /* ---- a SET settled without a write ---- */
 
 #define CMP_Z_MIN (64 * 1024) /* smaller frames: hashing costs less */
-#define CMP_Z_RATIO 16         /* frames at most 1/16 of their content */
+#define CMP_Z_RATIO 16        /* frames at most 1/16 of their content */
 
 /* The live value st holds is val's bytes. A raw blob is compared, not
  * hashed: memcmp runs at memory speed, SHA-256 several times slower (most
@@ -797,8 +795,8 @@ int kc_store_kv_set_settled(kc_store_read *r, kc_store_kv_op *op,
     op->done = 0; /* refused, as op_set would */
     return 1;
   }
-  int64_t exp = (op->flags & KC_KV_KEEPTTL) && st.live ? st.rec.expire_ms
-                                                       : op->expire_ms;
+  int64_t exp =
+      (op->flags & KC_KV_KEEPTTL) && st.live ? st.rec.expire_ms : op->expire_ms;
   memcpy(op->key_hex, j.hex, sizeof op->key_hex);
   /* live: not expired at now_ms, so neither is exp */
   if (st.live && exp == st.rec.expire_ms && same_value(&st, op)) {

@@ -50,12 +50,10 @@ int kcs_kv_evict_first(kc_store *s, MDB_txn *txn, int have_bundle,
   MDB_stat ms;
   if (mdb_stat(txn, s->kv, &ms) == 0)
     kv_side += (uint64_t)ms.ms_entries * KC_KV_KEY_OVERHEAD;
-  int bundles_over = s->kv_max_bytes && s->max_bytes &&
-                     s->max_bytes > s->kv_max_bytes &&
-                     used - (kv_side < used ? kv_side : used) >
-                         s->max_bytes - s->kv_max_bytes;
-  if (have_bundle && !over &&
-      (bundles_over || bundle_last_s * 1000 <= t))
+  int bundles_over =
+      s->kv_max_bytes && s->max_bytes && s->max_bytes > s->kv_max_bytes &&
+      used - (kv_side < used ? kv_side : used) > s->max_bytes - s->kv_max_bytes;
+  if (have_bundle && !over && (bundles_over || bundle_last_s * 1000 <= t))
     return 0;
   return evict_oldest(s, txn, e, err);
 }
@@ -117,8 +115,8 @@ static kc_err flush_one(kc_store *s, MDB_txn *txn, const kcs_use *use,
   memcpy(&rec, v.mv_data, sizeof rec);
   if (use->last_used <= rec.last_used_ms)
     return KC_OK;
-  kc_err e = kcs_lru_move(txn, s->kvlru, rec.last_used_ms, use->last_used,
-                          hex, err);
+  kc_err e =
+      kcs_lru_move(txn, s->kvlru, rec.last_used_ms, use->last_used, hex, err);
   if (e)
     return e;
   /* The record rewritten with its new last use; v points into a page the

@@ -167,11 +167,11 @@ kc_err kc_store_kv_scan(kc_store *s, uint64_t cursor, const void *pattern,
     kc_store_read_end(r);
     return kcs_mdb_err(rc, "walking the RESP keys", NULL);
   }
-  size_t given = 0, seen = 0, most = count > SIZE_MAX / 10 ? SIZE_MAX
-                                                          : count * 10;
+  size_t given = 0, seen = 0,
+         most = count > SIZE_MAX / 10 ? SIZE_MAX : count * 10;
   int stop = 0;
-  for (rc = seek(cur, cursor, &k, &v); rc == 0 && !stop && given < count &&
-                                       seen < most;
+  for (rc = seek(cur, cursor, &k, &v);
+       rc == 0 && !stop && given < count && seen < most;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT), seen++)
     stop = visit(s, r->txn, &v, pattern, plen, now_ms, cb, ud, &given);
   if (rc == 0)
@@ -314,8 +314,10 @@ static kc_err verify_rec(kc_store *s, MDB_txn *txn, const MDB_val *k,
   kcs_blob_meta bm;
   if (mdb_get(txn, s->blobmeta, &bk, &bv) || kcs_blob_meta_read(&bv, &bm) ||
       bm.refs == 0 || bm.size != rec.size)
-    return kc_errf(err, KC_CORRUPT, "RESP key %s: value blob %s missing, "
-                   "unreferenced or of another size", hex, digest);
+    return kc_errf(err, KC_CORRUPT,
+                   "RESP key %s: value blob %s missing, "
+                   "unreferenced or of another size",
+                   hex, digest);
   unsigned char ik[8 + KC_HEX_LEN];
   kcs_time_key(ik, rec.last_used_ms, hex);
   MDB_val ikv = {sizeof ik, ik}, iv;
@@ -328,8 +330,7 @@ static kc_err verify_rec(kc_store *s, MDB_txn *txn, const MDB_val *k,
   return KC_OK;
 }
 
-kc_err kcs_kv_key_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum,
-                        char *err) {
+kc_err kcs_kv_key_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err) {
   MDB_cursor *cur;
   MDB_val k, v;
   kcs_kv_rec rec;

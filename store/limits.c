@@ -36,8 +36,10 @@ kc_err kcs_disk_err(kc_store *s, int errnum, const char *what, char *err) {
     return kc_errf(err, KC_IO, "%s: %s", what, strerror(errnum));
   int64_t zero = 0;
   atomic_compare_exchange_strong(&s->disk_full_since, &zero, kcs_now());
-  return kc_errf(err, KC_DISK_FULL, "%s: the disk holding the store (%s) is "
-                 "full: %s", what, s->dir, strerror(errnum));
+  return kc_errf(err, KC_DISK_FULL,
+                 "%s: the disk holding the store (%s) is "
+                 "full: %s",
+                 what, s->dir, strerror(errnum));
 }
 
 /* Whether the file system holding the store has less than DISK_FULL_SLACK
@@ -125,17 +127,20 @@ kc_err kcs_lock_dir(kc_store *s, char *err) {
     if (en != EWOULDBLOCK)
       return kc_errf(err, KC_IO, "cannot lock %s: %s", path, strerror(en));
     if (pid > 0)
-      return kc_errf(err, KC_LOCKED, "%s is in use by another process (pid "
-                     "%ld, in %s): one kcached per data directory", s->dir,
-                     pid, path);
-    return kc_errf(err, KC_LOCKED, "%s is in use by another process (%s is "
-                   "locked): one kcached per data directory", s->dir, path);
+      return kc_errf(err, KC_LOCKED,
+                     "%s is in use by another process (pid "
+                     "%ld, in %s): one kcached per data directory",
+                     s->dir, pid, path);
+    return kc_errf(err, KC_LOCKED,
+                   "%s is in use by another process (%s is "
+                   "locked): one kcached per data directory",
+                   s->dir, path);
   }
   char buf[32];
   int n = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
   if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)n, 0) != n) {
-    kc_err e = kc_errf(err, KC_IO, "cannot write %s: %s", path,
-                       strerror(errno));
+    kc_err e =
+        kc_errf(err, KC_IO, "cannot write %s: %s", path, strerror(errno));
     close(fd);
     kcs_unlock_dir(s);
     return e;
@@ -176,7 +181,8 @@ kc_err kcs_evict_batched(kc_store *s, uint64_t target, char *err) {
       continue;
     }
     if (e == KCS_MAP_FULL)
-      return kc_errf(err, KC_STORE_FULL, "the store's map is too full to "
+      return kc_errf(err, KC_STORE_FULL,
+                     "the store's map is too full to "
                      "evict even one item");
     if (e)
       return e;
@@ -198,8 +204,7 @@ uint64_t kcs_map_with_room(const char *dir, uint64_t want) {
   return (uint64_t)st.st_size + (uint64_t)st.st_size / 16 + MAP_ROOM_MIN;
 }
 
-kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum,
-                          char *err) {
+kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err) {
   MDB_cursor *cur;
   *sum = 0;
   int rc = mdb_cursor_open(txn, s->bundles, &cur);

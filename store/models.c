@@ -14,9 +14,9 @@
 typedef struct walk {
   kc_store *s;
   MDB_txn *txn;
-  MDB_cursor *idx, *wu;  /* models index, warmups */
+  MDB_cursor *idx, *wu; /* models index, warmups */
   MDB_val ik, iv, wk, wv;
-  int irc, wrc;          /* 0: positioned on an entry */
+  int irc, wrc; /* 0: positioned on an entry */
 } walk;
 
 static int idx_ok(const walk *w) {
@@ -136,9 +136,8 @@ typedef struct wu_put {
  * malloc'd, NULL when it has none or cannot be read. */
 static char *stored_name(const MDB_val *v) {
   json_t *j = json_loadb(v->mv_data, v->mv_size, 0, NULL);
-  const char *n = json_string_value(json_object_get(json_object_get(j,
-                                                                    "model"),
-                                                    "name"));
+  const char *n =
+      json_string_value(json_object_get(json_object_get(j, "model"), "name"));
   char *out = n ? strdup(n) : NULL;
   json_decref(j);
   return out;
@@ -256,17 +255,20 @@ static kc_err warmup_name_check(kc_store *s, MDB_txn *txn, const wu_put *p,
   /* both wrong: the model first in hex order is named, as a walk of the
    * manifests in their order would */
   if (renames && !(rc && memcmp(other, p->model, KC_HEX_LEN) < 0))
-    return kc_errf(err, KC_CONFLICT, "model %s is named '%.100s': renaming "
-                   "it needs an admin token", p->model, old);
+    return kc_errf(err, KC_CONFLICT,
+                   "model %s is named '%.100s': renaming "
+                   "it needs an admin token",
+                   p->model, old);
   if (rc)
-    return kc_errf(err, KC_CONFLICT, "the name '%.100s' belongs to model "
-                   "%s: taking it needs an admin token", p->name, other);
+    return kc_errf(err, KC_CONFLICT,
+                   "the name '%.100s' belongs to model "
+                   "%s: taking it needs an admin token",
+                   p->name, other);
   return KC_OK;
 }
 
 /* Whether the comma list has the arch (len bytes). */
-static int list_has(const char *list, size_t n, const char *arch,
-                    size_t len) {
+static int list_has(const char *list, size_t n, const char *arch, size_t len) {
   for (const char *p = list, *end = list + n; p < end;) {
     const char *c = memchr(p, ',', (size_t)(end - p));
     size_t l = c ? (size_t)(c - p) : (size_t)(end - p);
@@ -314,8 +316,8 @@ static kc_err warmup_put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   int had = mdb_get(txn, s->warmups, &k, &old) == 0;
   /* copied out: old points into the map, which the put below changes */
   char *oldname = had ? stored_name(&old) : NULL;
-  int same = had && old.mv_size == p->len &&
-             memcmp(old.mv_data, p->json, p->len) == 0;
+  int same =
+      had && old.mv_size == p->len && memcmp(old.mv_data, p->json, p->len) == 0;
   kc_err e = KC_OK;
   if (!(p->flags & KC_WARMUP_RENAME))
     e = warmup_name_check(s, txn, p, oldname, err);
@@ -391,8 +393,7 @@ kc_err kc_store_warmup_get(kc_store *s, const char *model, char **json,
   }
   kc_store_read_end(r);
   if (rc == MDB_NOTFOUND)
-    return kc_errf(err, KC_NOT_FOUND, "no warmup manifest for model %s",
-                   model);
+    return kc_errf(err, KC_NOT_FOUND, "no warmup manifest for model %s", model);
   if (rc)
     return kcs_mdb_err(rc, "reading a warmup manifest", err);
   return *json ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
@@ -403,7 +404,7 @@ kc_err kc_store_warmup_get(kc_store *s, const char *model, char **json,
 typedef struct purge {
   const char *model;
   char (*keys)[KC_HEX_LEN + 1]; /* KC_STORE_PURGE_BATCH of them */
-  size_t dropped; /* by the last batch */
+  size_t dropped;               /* by the last batch */
 } purge;
 
 /* One batch: collects up to KC_STORE_PURGE_BATCH of the model's keys, then
@@ -436,8 +437,8 @@ static kc_err purge_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   if (!e && n == 0) {
     MDB_val mk = kcs_hex_val(p->model), mv;
     /* its name's entry goes, not another holder's of the same name */
-    char *name = mdb_get(txn, s->warmups, &mk, &mv) == 0 ? stored_name(&mv)
-                                                         : NULL;
+    char *name =
+        mdb_get(txn, s->warmups, &mk, &mv) == 0 ? stored_name(&mv) : NULL;
     if (name)
       e = name_del(s, txn, name, p->model, err);
     free(name);

@@ -8,7 +8,7 @@
 
 #include "store_internal.h"
 
-#define MIN_COST 4096 /* a tiny blob still costs a cursor step and a hash */
+#define MIN_COST 4096    /* a tiny blob still costs a cursor step and a hash */
 #define SAVE_EVERY_S 300 /* how often the position is written to meta */
 
 static MDB_val next_name(void) {

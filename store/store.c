@@ -164,16 +164,26 @@ static uint64_t derive_map_size(const kc_store_opts *o) {
 }
 
 static kc_err open_dbis(kc_store *s, char *err) {
-  struct { const char *name; MDB_dbi *dbi; } t[] = {
-      {"blobs", &s->blobs},           {"blobmeta", &s->blobmeta},
-      {"orphans", &s->orphans},       {"bundles", &s->bundles},
-      {"bundlemeta", &s->bundlemeta}, {"models", &s->models},
-      {"lru", &s->lru},               {"meta", &s->meta},
-      {"s3queue", &s->s3queue},       {"s3pend", &s->s3pend},
-      {"s3dead", &s->s3dead},         {"kv", &s->kv},
-      {"kvlru", &s->kvlru},           {"kvexp", &s->kvexp},
-      {"demand", &s->demand},
-      {"warmups", &s->warmups},       {"warmarchs", &s->warmarchs}};
+  struct {
+    const char *name;
+    MDB_dbi *dbi;
+  } t[] = {{"blobs", &s->blobs},
+           {"blobmeta", &s->blobmeta},
+           {"orphans", &s->orphans},
+           {"bundles", &s->bundles},
+           {"bundlemeta", &s->bundlemeta},
+           {"models", &s->models},
+           {"lru", &s->lru},
+           {"meta", &s->meta},
+           {"s3queue", &s->s3queue},
+           {"s3pend", &s->s3pend},
+           {"s3dead", &s->s3dead},
+           {"kv", &s->kv},
+           {"kvlru", &s->kvlru},
+           {"kvexp", &s->kvexp},
+           {"demand", &s->demand},
+           {"warmups", &s->warmups},
+           {"warmarchs", &s->warmarchs}};
   MDB_txn *txn;
   int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
   if (rc)
@@ -186,8 +196,8 @@ static kc_err open_dbis(kc_store *s, char *err) {
     }
   }
   /* a name's holders, sorted fixed-size values (models.c) */
-  rc = mdb_dbi_open(txn, "warmnames",
-                    MDB_CREATE | MDB_DUPSORT | MDB_DUPFIXED, &s->warmnames);
+  rc = mdb_dbi_open(txn, "warmnames", MDB_CREATE | MDB_DUPSORT | MDB_DUPFIXED,
+                    &s->warmnames);
   if (rc) {
     mdb_txn_abort(txn);
     return kcs_mdb_err(rc, "warmnames", err);
@@ -247,13 +257,11 @@ static kc_err open_env(kc_store *s, const kc_store_opts *o, char *err) {
    * valgrind: mmap says ENOMEM or EINVAL), halve it rather than refuse to
    * start. */
   for (uint64_t m = want / 2;
-       (rc == ENOMEM || rc == EINVAL) && !o->map_size && m >= GiB;
-       m /= 2)
+       (rc == ENOMEM || rc == EINVAL) && !o->map_size && m >= GiB; m /= 2)
     rc = try_open(s, o, m);
   if (rc)
     return kc_errf(err, kcs_mdb_err(rc, "", NULL),
-                   "cannot open the store in %s: %s", s->dir,
-                   mdb_strerror(rc));
+                   "cannot open the store in %s: %s", s->dir, mdb_strerror(rc));
   MDB_envinfo info;
   if (mdb_env_info(s->env, &info) == 0)
     s->map_size = info.me_mapsize; /* an existing larger map wins */

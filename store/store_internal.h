@@ -12,12 +12,10 @@
  *   models    model key -> canonical key JSON (empty before it was kept):
  *             the per-model index, listed without parsing manifests
  *   lru       be64(last_used) key -> "" : bundles, least recently used first
- *   meta      "bytes_used" -> u64 (blobs, manifests, RESP keys), "layout" -> u32,
- *             "manifests_counted" -> u32 (bytes_used counts manifests; stores
- *             written before lack it and are recounted at open),
- *             "kv_keys_counted" -> u32 (likewise for RESP keys' own bytes,
- *             KC_KV_KEY_BYTES each),
- *             "scrub_next" -> 64 hex
+ *   meta      "bytes_used" -> u64 (blobs, manifests, RESP keys), "layout" ->
+ * u32, "manifests_counted" -> u32 (bytes_used counts manifests; stores written
+ * before lack it and are recounted at open), "kv_keys_counted" -> u32 (likewise
+ * for RESP keys' own bytes, KC_KV_KEY_BYTES each), "scrub_next" -> 64 hex
  *             (where the scrub goes on; scrub.c)
  *   s3queue, s3pend, s3dead: the durable tier's upload queue (tier.h)
  *   kv        hex(sha256(RESP key)) -> kcs_kv_rec + the key's bytes (kv.c)
@@ -132,7 +130,7 @@ struct kc_store {
   MDB_dbi demand;           /* demand histograms (demand.c) */
   /* demand.c's pending counts: made at the first add (NULL before). */
   _Atomic(struct kcs_demand *) demand_pending;
-  MDB_dbi warmups; /* model hex -> its warmup manifest (models.c) */
+  MDB_dbi warmups;   /* model hex -> its warmup manifest (models.c) */
   MDB_dbi warmarchs; /* model hex -> archs its warms ran for, "a,b" */
   MDB_dbi warmnames; /* model.name -> model hex, DUPSORT (models.c) */
   uint64_t kv_max_bytes;
@@ -172,7 +170,7 @@ void kcs_demand_close(kc_store *s);
 
 struct kc_store_read {
   kc_store *s;
-  kcs_shard *shard;           /* whose pool and open list it is in */
+  kcs_shard *shard; /* whose pool and open list it is in */
   MDB_txn *txn;
   kc_store_read *prev, *next; /* in shard->open_head's list */
   uint64_t t0_ms;             /* when it began (monotonic) */
@@ -230,8 +228,7 @@ kc_err kcs_blob_remove(kc_store *s, MDB_txn *txn, const char *digest,
                        char *err);
 /* blob.c: hashes the held copy: KC_OK when it hashes to its name,
  * KC_CORRUPT (err names the hash) when not, KC_NOT_FOUND when none is held. */
-kc_err kcs_blob_check(MDB_txn *txn, kc_store *s, const char *digest,
-                      char *err);
+kc_err kcs_blob_check(MDB_txn *txn, kc_store *s, const char *digest, char *err);
 
 /* ---- zstd.c: compression of blobs ---- */
 
@@ -262,12 +259,12 @@ kc_err kcs_zstd_compress(int level, const void *src, size_t len, void **out,
  * seekable) into an unlinked temporary file in dir (*outfd, -1 when not
  * worth keeping), hashing the content into h when h != NULL. */
 kc_err kcs_zstd_compress_fd(kc_store *s, int level, int fd, int seekable,
-                            off_t off, uint64_t len, kc_sha256 *h,
-                            int *outfd, uint64_t *outlen, char *err);
+                            off_t off, uint64_t len, kc_sha256 *h, int *outfd,
+                            uint64_t *outlen, char *err);
 /* Decompresses a whole frame (mem, or fd when mem is NULL: pread from 0)
  * of zlen bytes into dst, which holds exactly raw bytes. */
-kc_err kcs_zstd_decode_into(const void *mem, int fd, uint64_t zlen,
-                            void *dst, uint64_t raw, char *err);
+kc_err kcs_zstd_decode_into(const void *mem, int fd, uint64_t zlen, void *dst,
+                            uint64_t raw, char *err);
 /* Hashes what a stored frame decompresses to (hex into got); KC_CORRUPT
  * when it does not decompress to exactly raw bytes. */
 kc_err kcs_zstd_hash(const void *z, size_t zlen, uint64_t raw,
@@ -324,8 +321,13 @@ int64_t kcs_uses_last(kcs_uses *u, const char *key);
 void kcs_uses_prune(kcs_uses *u, int64_t before);
 /* Queue kinds; a RESP key's: 'v' upload its record (marks it pending, as
  * a bundle), 'w' delete its record (kv_tier.c). */
-enum { KCS_Q_BLOB = 'b', KCS_Q_BUNDLE = 'm', KCS_Q_DELETE = 'x',
-       KCS_Q_KV = 'v', KCS_Q_KVDEL = 'w' };
+enum {
+  KCS_Q_BLOB = 'b',
+  KCS_Q_BUNDLE = 'm',
+  KCS_Q_DELETE = 'x',
+  KCS_Q_KV = 'v',
+  KCS_Q_KVDEL = 'w'
+};
 /* tier.c: the upload queue. Each adds inside the caller's write transaction
  * (nothing without a tier). A bundle entry also marks the bundle pending;
  * model is the bundle's model for a delete entry, else NULL. */
@@ -333,8 +335,7 @@ kc_err kcs_queue_add(kc_store *s, MDB_txn *txn, char kind, const char *key,
                      const char *model, char *err);
 /* 1 if the bundle's manifest waits in the queue (eviction skips it). */
 int kcs_queue_pending(kc_store *s, MDB_txn *txn, const char *key);
-kc_err kcs_queue_unpend(kc_store *s, MDB_txn *txn, const char *key,
-                        char *err);
+kc_err kcs_queue_unpend(kc_store *s, MDB_txn *txn, const char *key, char *err);
 /* Wakes the worker after a commit that queued something. */
 void kcs_tier_kick(kc_store *s);
 kc_err kcs_tier_open(kc_store *s, const kc_store_s3 *o, char *err);
@@ -350,16 +351,14 @@ kc_err kcs_upload_verify(kc_store_upload *u, const char *digest,
  * in one transaction, so one sync serves them all; frees them. KC_OK, or an
  * error and none stored. */
 kc_err kcs_upload_commit_batch(kc_store *s, kc_store_upload *const *u,
-                               const char *const *digests, size_t n,
-                               char *err);
+                               const char *const *digests, size_t n, char *err);
 /* bundle.c: kc_store_bundle_put; `mode` 0 (fetched from S3: not queued) or
  * a sum of: KCS_PUT_QUEUE queued for S3; KCS_PUT_REPLACE a different bundle
  * held under the key is dropped in the same transaction instead of
  * answering KC_CONFLICT (the bucket's copy won the write-once race). */
 enum { KCS_PUT_QUEUE = 1, KCS_PUT_REPLACE = 2 };
-kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode,
-                      int *created, char ***missing, size_t *n_missing,
-                      char *err);
+kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode, int *created,
+                      char ***missing, size_t *n_missing, char *err);
 
 /* ---- limits.c: the lock, disk full, bounded eviction, upgrades ---- */
 
@@ -388,15 +387,14 @@ kc_err kcs_open_limits(kc_store *s, char *err);
  * and room to work in: a map the exact size of its file cannot evict. */
 uint64_t kcs_map_with_room(const char *dir, uint64_t want);
 /* The bytes of all manifests (what bytes used counts beside blobs). */
-kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum,
-                          char *err);
+kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err);
 /* Evicts down to target in transactions of a few removals each, each
  * committed: a full map frees pages the next one can use. */
 kc_err kcs_evict_batched(kc_store *s, uint64_t target, char *err);
 /* evict.c: evicts at most limit items in txn; *done when bytes used is at
  * most target or nothing is left. */
-kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target,
-                      size_t limit, int *done, char *err);
+kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target, size_t limit,
+                      int *done, char *err);
 
 /* blob.c: 1 if a client offered this blob within the upload window. */
 int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);
@@ -426,8 +424,7 @@ kc_err kcs_kv_rec_put(kc_store *s, MDB_txn *txn, const char *hex,
                       const kcs_kv_rec *rec, const void *key, char *err);
 /* kv_tier.c, from the tier's worker: uploads a RESP key's record (and its
  * value when the bucket lacks it); KC_OK when the key is gone. */
-kc_err kcs_kv_upload(kcs_tier *t, kc_store_read *r, const char *hex,
-                     char *err);
+kc_err kcs_kv_upload(kcs_tier *t, kc_store_read *r, const char *hex, char *err);
 /* kv_tier.c: deletes a RESP key's record from the bucket. */
 kc_err kcs_kv_delete_obj(kcs_tier *t, const char *hex, char *err);
 /* kv_evict.c: one step of eviction (evict.c's loop): evicts the least

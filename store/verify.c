@@ -29,8 +29,10 @@ static kc_err verify_blobs(kc_store *s, MDB_txn *txn, char *err) {
     else
       e = kcs_blob_check(txn, s, name, err);
     if (e == KC_BUSY) /* a wide frame from before the window bound */
-      e = kc_errf(err, e, "blob %s: its frame's decoding window does not fit "
-                  "the decoder memory free now: not verified", name);
+      e = kc_errf(err, e,
+                  "blob %s: its frame's decoding window does not fit "
+                  "the decoder memory free now: not verified",
+                  name);
     total += v.mv_size;
   }
   mdb_cursor_close(cur);
@@ -43,7 +45,8 @@ static kc_err verify_blobs(kc_store *s, MDB_txn *txn, char *err) {
     e = kcs_kv_key_bytes(s, txn, &keys, err);
   total += keys;
   if (!e && (e = kcs_bytes_get(txn, s, &used)) == KC_OK && used != total)
-    e = kc_errf(err, KC_CORRUPT, "bytes used says %llu, blobs, manifests and "
+    e = kc_errf(err, KC_CORRUPT,
+                "bytes used says %llu, blobs, manifests and "
                 "RESP keys hold %llu",
                 (unsigned long long)used, (unsigned long long)total);
   return e;
@@ -57,21 +60,22 @@ static kc_err verify_bundle(kc_store *s, MDB_txn *txn, MDB_val *k, MDB_val *v,
   char why[KC_ERRBUF_SIZE] = "";
   if (kc_manifest_parse(v->mv_data, v->mv_size, &m, why))
     return kc_errf(err, KC_CORRUPT, "bundle %s: %s", key, why);
-  kc_err e = strcmp(m->key, key) == 0
-                 ? KC_OK
-                 : kc_errf(err, KC_CORRUPT, "bundle %s holds key %s", key,
-                           m->key);
+  kc_err e =
+      strcmp(m->key, key) == 0
+          ? KC_OK
+          : kc_errf(err, KC_CORRUPT, "bundle %s holds key %s", key, m->key);
   for (size_t i = 0; !e && i < m->n_files; i++) {
     MDB_val bk = kcs_hex_val(m->files[i].sha256), bv;
     kcs_blob_meta bm;
     if (mdb_get(txn, s->blobmeta, &bk, &bv) || kcs_blob_meta_read(&bv, &bm))
       e = kc_errf(err, KC_CORRUPT, "bundle %s: blob %s missing", key,
                   m->files[i].sha256);
-    else if (bm.refs == 0 ||
-             bm.size != m->files[i].size)
-      e = kc_errf(err, KC_CORRUPT, "bundle %s: blob %s has %llu refs and "
-                  "%llu bytes", key, m->files[i].sha256,
-                  (unsigned long long)bm.refs, (unsigned long long)bm.size);
+    else if (bm.refs == 0 || bm.size != m->files[i].size)
+      e = kc_errf(err, KC_CORRUPT,
+                  "bundle %s: blob %s has %llu refs and "
+                  "%llu bytes",
+                  key, m->files[i].sha256, (unsigned long long)bm.refs,
+                  (unsigned long long)bm.size);
   }
   kc_manifest_free(m);
   return e;

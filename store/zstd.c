@@ -37,8 +37,8 @@ int kcs_blob_meta_read(const MDB_val *v, kcs_blob_meta *bm) {
 }
 
 MDB_val kcs_blob_meta_val(kcs_blob_meta *bm) {
-  MDB_val v = {bm->enc == KC_STORE_RAW ? KCS_BLOB_META_RAW
-                                       : KCS_BLOB_META_ZSTD, bm};
+  MDB_val v = {bm->enc == KC_STORE_RAW ? KCS_BLOB_META_RAW : KCS_BLOB_META_ZSTD,
+               bm};
   return v;
 }
 
@@ -172,8 +172,8 @@ static int zfd_feed(zfd *z, const void *p, size_t n, int end, kc_err *e,
   size_t left;
   do {
     ZSTD_outBuffer ob = {z->obuf, IO_CHUNK, 0};
-    left = ZSTD_compressStream2(z->cc, &ob, &in, end ? ZSTD_e_end
-                                                     : ZSTD_e_continue);
+    left = ZSTD_compressStream2(z->cc, &ob, &in,
+                                end ? ZSTD_e_end : ZSTD_e_continue);
     if (ZSTD_isError(left)) {
       *e = kc_errf(err, KC_INTERNAL, "zstd: %s", ZSTD_getErrorName(left));
       return 0;
@@ -188,13 +188,18 @@ static int zfd_feed(zfd *z, const void *p, size_t n, int end, kc_err *e,
 }
 
 kc_err kcs_zstd_compress_fd(kc_store *s, int level, int fd, int seekable,
-                            off_t off, uint64_t len, kc_sha256 *h,
-                            int *outfd, uint64_t *outlen, char *err) {
+                            off_t off, uint64_t len, kc_sha256 *h, int *outfd,
+                            uint64_t *outlen, char *err) {
   *outfd = -1;
-  zfd z = {s, ZSTD_createCCtx(), -1, 0, kcs_zstd_keep_max(len),
-           malloc(IO_CHUNK), malloc(IO_CHUNK)};
-  kc_err e = z.cc && z.in && z.obuf ? KC_OK
-                                    : kc_errf(err, KC_NOMEM, "out of memory");
+  zfd z = {s,
+           ZSTD_createCCtx(),
+           -1,
+           0,
+           kcs_zstd_keep_max(len),
+           malloc(IO_CHUNK),
+           malloc(IO_CHUNK)};
+  kc_err e =
+      z.cc && z.in && z.obuf ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
   if (!e && (z.out = open(s->dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)) < 0)
     e = kcs_disk_err(s, errno, "making a spool file", err);
   if (!e) {
@@ -206,8 +211,10 @@ kc_err kcs_zstd_compress_fd(kc_store *s, int level, int fd, int seekable,
     size_t want = len - done > IO_CHUNK ? IO_CHUNK : (size_t)(len - done);
     ssize_t n = read_at(fd, seekable, off + (off_t)done, z.in, want);
     if (n <= 0) {
-      e = kc_errf(err, KC_IO, "the blob's source ended after %llu of %llu "
-                  "bytes", (unsigned long long)done, (unsigned long long)len);
+      e = kc_errf(err, KC_IO,
+                  "the blob's source ended after %llu of %llu "
+                  "bytes",
+                  (unsigned long long)done, (unsigned long long)len);
       break;
     }
     done += (uint64_t)n;
@@ -297,14 +304,17 @@ static kc_err decode_flat(const void *z, size_t zlen, void *dst, size_t raw,
     return kc_errf(err, KC_CORRUPT, "the frame is empty");
   size_t n = ZSTD_decompressDCtx(dc, dst, raw, z, zlen);
   if (ZSTD_isError(n) && ZSTD_getErrorCode(n) == ZSTD_error_dstSize_tooSmall)
-    return kc_errf(err, KC_CORRUPT, "the frame decompresses to more than "
-                   "%llu bytes", (unsigned long long)raw);
+    return kc_errf(err, KC_CORRUPT,
+                   "the frame decompresses to more than "
+                   "%llu bytes",
+                   (unsigned long long)raw);
   if (ZSTD_isError(n))
     return kc_errf(err, KC_CORRUPT, "zstd: %s", ZSTD_getErrorName(n));
   if (n != raw)
-    return kc_errf(err, KC_CORRUPT, "the frame decompresses to another size "
-                   "(%llu of %llu bytes)", (unsigned long long)n,
-                   (unsigned long long)raw);
+    return kc_errf(err, KC_CORRUPT,
+                   "the frame decompresses to another size "
+                   "(%llu of %llu bytes)",
+                   (unsigned long long)n, (unsigned long long)raw);
   return KC_OK;
 }
 
@@ -333,8 +343,8 @@ static void frames_need(const void *z, size_t zlen, unsigned *wlog,
     if (ZSTD_isError(fl) || fl > zlen || ZSTD_getFrameHeader(&fh, p, fl))
       return;
     if (fh.frameType == ZSTD_frame) {
-      size_t buf = ZSTD_decodingBufferSize_min(fh.windowSize,
-                                               fh.frameContentSize);
+      size_t buf =
+          ZSTD_decodingBufferSize_min(fh.windowSize, fh.frameContentSize);
       uint64_t n = ZSTD_isError(buf) ? UINT64_MAX
                                      : (uint64_t)ZSTD_estimateDCtxSize() +
                                            ZSTD_BLOCKSIZE_MAX + buf;
@@ -364,7 +374,8 @@ static kc_err walk_decoder(const void *z, size_t zlen, ZSTD_DCtx **dc,
     frames_need(z, zlen, &wlog, &need);
   if (wlog > KCS_ZSTD_WLOG_MAX) {
     if (kcs_zstd_charge(need))
-      return kc_errf(err, KC_BUSY, "the frame asks for a %llu MiB decoding "
+      return kc_errf(err, KC_BUSY,
+                     "the frame asks for a %llu MiB decoding "
                      "window, more than the decoder memory free now (of "
                      "%llu MiB): not verified",
                      (unsigned long long)(need >> 20),
@@ -412,8 +423,10 @@ static kc_err decode_each(const void *mem, int fd, uint64_t zlen, uint64_t raw,
       if (ZSTD_isError(left))
         e = kc_errf(err, KC_CORRUPT, "zstd: %s", ZSTD_getErrorName(left));
       else if ((got += ob.pos) > raw)
-        e = kc_errf(err, KC_CORRUPT, "the frame decompresses to more than "
-                    "%llu bytes", (unsigned long long)raw);
+        e = kc_errf(err, KC_CORRUPT,
+                    "the frame decompresses to more than "
+                    "%llu bytes",
+                    (unsigned long long)raw);
       else if (ob.pos)
         e = sink(ud, obuf, ob.pos);
     }
@@ -454,8 +467,8 @@ static kc_err sink_into(void *ud, const void *p, size_t n) {
   return KC_OK;
 }
 
-kc_err kcs_zstd_decode_into(const void *mem, int fd, uint64_t zlen,
-                            void *dst, uint64_t raw, char *err) {
+kc_err kcs_zstd_decode_into(const void *mem, int fd, uint64_t zlen, void *dst,
+                            uint64_t raw, char *err) {
   if (mem)
     return decode_flat(mem, (size_t)zlen, dst, (size_t)raw, err);
   into d = {dst, 0};
@@ -506,9 +519,9 @@ int kcs_zstd_equals(const void *z, size_t zlen, const void *val, size_t n) {
 struct kc_store_blob_stream {
   kc_store *s;
   char digest[KC_HEX_LEN + 1];
-  ZSTD_DCtx *dc; /* NULL: the held bytes go out as they are */
+  ZSTD_DCtx *dc;    /* NULL: the held bytes go out as they are */
   uint64_t charged; /* of the decoder budget */
-  uint64_t zpos; /* bytes of the held copy consumed */
+  uint64_t zpos;    /* bytes of the held copy consumed */
   uint64_t stored, out, len;
   int done;
 };
@@ -524,8 +537,7 @@ static kc_err stream_decoder(kc_store_blob_stream *b, const void *z,
     return KC_CORRUPT; /* not a frame the reads could decode either */
   /* what ZSTD_decompressStream will allocate for this frame */
   size_t need = ZSTD_estimateDCtxSize() + ZSTD_BLOCKSIZE_MAX +
-                ZSTD_decodingBufferSize_min(fh.windowSize,
-                                            fh.frameContentSize);
+                ZSTD_decodingBufferSize_min(fh.windowSize, fh.frameContentSize);
   if (ZSTD_isError(need))
     return KC_CORRUPT;
   unsigned wlog = KCS_ZSTD_WLOG_MAX;
@@ -608,8 +620,7 @@ static long stream_decode(kc_store_blob_stream *b, const void *z, size_t zlen,
   return b->out > b->len || ob.pos == 0 ? -1 : (long)ob.pos;
 }
 
-long kc_store_blob_stream_read(kc_store_blob_stream *b, char *buf,
-                               size_t max) {
+long kc_store_blob_stream_read(kc_store_blob_stream *b, char *buf, size_t max) {
   if (b->out >= b->len)
     return 0;
   kc_store_read *r;

@@ -159,8 +159,7 @@ static const struct {
     {INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
     {NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
     {INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
-    {INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT",
-     "invalid device context"},
+    {INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU",
      "no kernel image is available for execution on the device"},
     {NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
@@ -175,7 +174,9 @@ static CUresult describe(CUresult r, const char **s, int text) {
   *s = NULL;
   return INVALID_VALUE;
 }
-CUresult cuGetErrorName(CUresult r, const char **s) { return describe(r, s, 0); }
+CUresult cuGetErrorName(CUresult r, const char **s) {
+  return describe(r, s, 0);
+}
 CUresult cuGetErrorString(CUresult r, const char **s) {
   return describe(r, s, 1);
 }

@@ -66,8 +66,9 @@ static void row(const char *name, const char *status, const char *fmt, ...) {
  * the one $KCACHE_LIBCUDA names. */
 static int drv_open(drv *d, char *err, size_t cap) {
   const char *forced = getenv("KCACHE_LIBCUDA");
-  void *lib = forced && *forced ? dlopen(forced, RTLD_NOW | RTLD_NOLOAD)
-                                : dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  void *lib = forced && *forced
+                  ? dlopen(forced, RTLD_NOW | RTLD_NOLOAD)
+                  : dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   if (!lib) {
     snprintf(err, cap, "libcuda is not loaded");
     return -1;
@@ -121,8 +122,8 @@ static int launch_saxpy(const drv *d, const void *image, char *why,
   CUresult r;
   const char *step = "cuModuleLoadData";
   if ((r = d->ModuleLoadData(&mod, image)) ||
-      (step = "cuModuleGetFunction", r = d->ModuleGetFunction(&fn, mod,
-                                                              "saxpy")) ||
+      (step = "cuModuleGetFunction",
+       r = d->ModuleGetFunction(&fn, mod, "saxpy")) ||
       (step = "cuMemAlloc", r = d->MemAlloc(&dx, sizeof x)) ||
       (r = d->MemAlloc(&dy, sizeof y)) ||
       (step = "cuMemcpyHtoD", r = d->MemcpyHtoD(dx, x, sizeof x)) ||
@@ -161,9 +162,9 @@ out:
 /* ---- Rules (no GPU) ---- */
 
 static void rules_row(void) {
-  static const int caps[][2] = {{5, 0}, {5, 2}, {6, 0}, {6, 1}, {7, 0},
-                                {7, 5}, {8, 0}, {8, 6}, {8, 7}, {8, 9},
-                                {9, 0}, {10, 0}, {10, 1}, {10, 3}, {11, 0},
+  static const int caps[][2] = {{5, 0},  {5, 2},  {6, 0},  {6, 1},  {7, 0},
+                                {7, 5},  {8, 0},  {8, 6},  {8, 7},  {8, 9},
+                                {9, 0},  {10, 0}, {10, 1}, {10, 3}, {11, 0},
                                 {12, 0}, {12, 1}};
   size_t n = sizeof caps / sizeof *caps, runs = 0, wrong = 0;
   char where[64] = "";
@@ -178,8 +179,8 @@ static void rules_row(void) {
   }
   int sm80_on_90 = kc_gpu_arch_runs_on("sm_80", 9, 0);
   int ptx80_on_90 = kc_gpu_arch_runs_on("compute_80", 9, 0);
-  row("compat rules: sm_90a only on 9.0", !wrong && !sm80_on_90 && ptx80_on_90
-                                              ? "PASS" : "FAIL",
+  row("compat rules: sm_90a only on 9.0",
+      !wrong && !sm80_on_90 && ptx80_on_90 ? "PASS" : "FAIL",
       "kc_gpu_arch_runs_on(sm_90a) is true on %zu of %zu capabilities (%s); "
       "sm_80 cubin on 9.0: %d; compute_80 PTX on 9.0: %d",
       runs, n, where[0] ? where : "none", sm80_on_90, ptx80_on_90);
@@ -210,9 +211,12 @@ static void one_arch(const drv *d, const kc_gpu_device *dev, const char *src,
   snprintf(b.dims[0].name, sizeof b.dims[0].name, "batch");
   b.dims[0].value = BATCH;
   const char *const entries[] = {"saxpy", "scale"};
-  kc_gpu_build_req req = {.name = "saxpy.cu", .source = src,
-                          .arch = res->arch, .bucket = &b,
-                          .entries = entries, .n_entries = 2,
+  kc_gpu_build_req req = {.name = "saxpy.cu",
+                          .source = src,
+                          .arch = res->arch,
+                          .bucket = &b,
+                          .entries = entries,
+                          .n_entries = 2,
                           .timeout_s = 120};
   kc_gpu_build_out out;
   res->rules = kc_gpu_arch_runs_on(res->arch, dev->cc_major, dev->cc_minor);
@@ -227,7 +231,9 @@ static void one_arch(const drv *d, const kc_gpu_device *dev, const char *src,
     res->loaded = -1; /* not built */
   }
   fprintf(stderr, "  %-12s rules %d, %s%s%s\n", res->arch, res->rules,
-          res->loaded < 0 ? "build failed" : res->loaded ? "loaded" : "refused",
+          res->loaded < 0 ? "build failed"
+          : res->loaded   ? "loaded"
+                          : "refused",
           res->loaded > 0 ? (res->ran ? ", ran correctly" : ", RUN FAILED")
                           : "",
           res->why[0] ? res->why : "");
@@ -248,9 +254,9 @@ static void append(char *buf, size_t cap, const char *s) {
 
 static void gpu_rows(const drv *d, const kc_gpu_device *dev, const char *src) {
   static const char *const archs[] = {
-      "native",      "sm_75",      "sm_80",      "sm_86",      "sm_89",
-      "sm_90",       "sm_90a",     "sm_100a",    "sm_120a",    "compute_75",
-      "compute_80",  "compute_90", "compute_90a", "compute_100a"};
+      "native",     "sm_75",      "sm_80",       "sm_86",       "sm_89",
+      "sm_90",      "sm_90a",     "sm_100a",     "sm_120a",     "compute_75",
+      "compute_80", "compute_90", "compute_90a", "compute_100a"};
   enum { N = sizeof archs / sizeof *archs };
   result res[N];
   memset(res, 0, sizeof res);
@@ -262,8 +268,8 @@ static void gpu_rows(const drv *d, const kc_gpu_device *dev, const char *src) {
     res[n].arch = a;
     one_arch(d, dev, src, &res[n++]);
   }
-  char loads[512] = "", refuses[512] = "", disagree[512] = "",
-       ran[512] = "", runfail[1024] = "", unbuilt[512] = "";
+  char loads[512] = "", refuses[512] = "", disagree[512] = "", ran[512] = "",
+       runfail[1024] = "", unbuilt[512] = "";
   for (size_t i = 0; i < n; i++) {
     const result *r = &res[i];
     if (r->loaded < 0) {
@@ -291,10 +297,8 @@ static void gpu_rows(const drv *d, const kc_gpu_device *dev, const char *src) {
       runfail[0] || !ran[0] ? "FAIL" : "PASS", "correct from %s%s%s",
       ran[0] ? ran : "none", runfail[0] ? "; FAILED: " : "", runfail);
   const result *s80 = find(res, n, "sm_80"), *p80 = find(res, n, "compute_80"),
-               *s90a = find(res, n, "sm_90a"),
-               *s100a = find(res, n, "sm_100a");
-  if (dev->cc_major == 9 && dev->cc_minor == 0 && s80 && p80 && s90a &&
-      s100a) {
+               *s90a = find(res, n, "sm_90a"), *s100a = find(res, n, "sm_100a");
+  if (dev->cc_major == 9 && dev->cc_minor == 0 && s80 && p80 && s90a && s100a) {
     int ok = s80->loaded == 0 && p80->loaded == 1 && p80->ran &&
              s90a->loaded == 1 && s90a->ran && s100a->loaded == 0;
     row("compat: sm_80 and sm_90a on a 9.0 GPU", ok ? "PASS" : "FAIL",
@@ -309,7 +313,8 @@ static void gpu_rows(const drv *d, const kc_gpu_device *dev, const char *src) {
   } else {
     row("compat: sm_80 and sm_90a on a 9.0 GPU", "SKIP",
         "the GPU is %d.%d, not 9.0 (the rows above still compare every "
-        "target with the rules)", dev->cc_major, dev->cc_minor);
+        "target with the rules)",
+        dev->cc_major, dev->cc_minor);
   }
 }
 

@@ -21,8 +21,10 @@
 #include "kc_schema.h"
 #include "testsrv.h"
 
-#define MODEL_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-#define MODEL_B "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"
+#define MODEL_A                                                                \
+  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define MODEL_B                                                                \
+  "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"
 
 /* ---- HTTP ---- */
 
@@ -64,8 +66,8 @@ char *make_manifest(const char *model, uint64_t batch, const char *arch,
 char *store_bundle(const kc_testsrv *t, const char *token, const char *model,
                    uint64_t batch, unsigned seed, char key[65]);
 /* Asserts that t serves the blob d (n bytes) and the bundle key as json. */
-void check_kept(const kc_testsrv *t, const char *d, const char *blob,
-                size_t n, const char *key, const char *json);
+void check_kept(const kc_testsrv *t, const char *d, const char *blob, size_t n,
+                const char *key, const char *json);
 
 /* ---- processes and files ---- */
 
@@ -76,7 +78,7 @@ int run_sh(const char *cmd, char *out, size_t cap);
 int run_kcached(const char *args, char *out, size_t cap);
 /* Makes a token with `kcached token` and appends its line to file. */
 void new_token(const char *role, const char *name, const char *file,
-              char *token, size_t cap);
+               char *token, size_t cap);
 
 /* ---- raw sockets ---- */
 

@@ -107,7 +107,9 @@ kc_store *open_with(const kc_store_opts *o) {
 
 kc_store *open_store(const char *dir, uint64_t max_bytes, uint64_t map_size,
                      uint64_t grace_s) {
-  kc_store_opts o = {.dir = dir, .max_bytes = max_bytes, .map_size = map_size,
+  kc_store_opts o = {.dir = dir,
+                     .max_bytes = max_bytes,
+                     .map_size = map_size,
                      .grace_s = grace_s};
   return open_with(&o);
 }

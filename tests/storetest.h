@@ -49,8 +49,8 @@ void check_err_at(kc_err got, kc_err want, const char *what, const char *file,
 #define OK(call) EXPECT(call, KC_OK)
 
 /* Fails unless got is one of the listed codes (ambiguous spec corners). */
-void check_err_in_at(kc_err got, const kc_err *want, size_t n,
-                     const char *what, const char *file, int line);
+void check_err_in_at(kc_err got, const kc_err *want, size_t n, const char *what,
+                     const char *file, int line);
 #define EXPECT_IN(call, ...)                                                   \
   do {                                                                         \
     const kc_err want_[] = {__VA_ARGS__};                                      \
@@ -62,8 +62,8 @@ void check_err_in_at(kc_err got, const kc_err *want, size_t n,
 /* ---- fixture: a temporary directory ---- */
 
 typedef struct fx {
-  char *tmp;   /* mkdtemp'd, removed after the test */
-  char *dir;   /* tmp/store, created */
+  char *tmp; /* mkdtemp'd, removed after the test */
+  char *dir; /* tmp/store, created */
 } fx;
 
 int fx_setup(void **state);

@@ -63,9 +63,9 @@ static void test_warm_build_failure(void **state) {
   kc_client_free(c);
   /* Exit status by policy: the service starts anyway unless --strict. */
   snprintf(p, sizeof p, "%s/broken.json", f->dir);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --cache-dir %s --quiet",
-                           p, f->cache),
-                   0);
+  assert_int_equal(
+      run_cli(out, sizeof out, "warm %s --cache-dir %s --quiet", p, f->cache),
+      0);
   assert_int_equal(run_cli(out, sizeof out,
                            "warm %s --cache-dir %s --quiet --strict", p,
                            f->cache),
@@ -203,8 +203,8 @@ static void test_cli_roundtrip(void **state) {
   snprintf(p, sizeof p, "%s/w.json", f->dir);
   kc_warmup_free(warmup_for(f, "w", "saxpy", "saxpy", ""));
   assert_int_equal(run_cli(out, sizeof out,
-                           "warm %s --url %s --cache-dir %s --json --quiet",
-                           p, f->srv.url, f->cache),
+                           "warm %s --url %s --cache-dir %s --json --quiet", p,
+                           f->srv.url, f->cache),
                    0);
   assert_non_null(strstr(out, "\"built\": 2"));
   char *k = strstr(out, "\"key\": \"");
@@ -212,14 +212,18 @@ static void test_cli_roundtrip(void **state) {
   memcpy(key, k + 8, 64);
   key[64] = '\0';
   snprintf(dir, sizeof dir, "%s/pulled", f->dir);
-  assert_int_equal(run_cli(out, sizeof out, "pull %s %s --url %s "
-                           "--cache-dir %s/c2", key, dir, f->srv.url, f->dir),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "pull %s %s --url %s "
+                           "--cache-dir %s/c2",
+                           key, dir, f->srv.url, f->dir),
                    0);
   snprintf(p, sizeof p, "%s/saxpy.cubin", dir);
   assert_int_equal(access(p, F_OK), 0);
   /* push of the pulled directory: identical bundle, accepted. */
-  assert_int_equal(run_cli(out, sizeof out, "push %s --url %s --cache-dir "
-                           "%s/c3", dir, f->srv.url, f->dir),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "push %s --url %s --cache-dir "
+                           "%s/c3",
+                           dir, f->srv.url, f->dir),
                    0);
   assert_memory_equal(out, key, 64);
   assert_int_equal(run_cli(out, sizeof out, "put %s --url %s", p, f->srv.url),
@@ -227,12 +231,11 @@ static void test_cli_roundtrip(void **state) {
   char digest[65];
   memcpy(digest, out, 64);
   digest[64] = '\0';
-  assert_int_equal(run_cli(NULL, 0, "get %s -o %s/got --url %s", digest,
-                           f->dir, f->srv.url),
-                   0);
-  assert_int_equal(run_cli(out, sizeof out, "ls %s --url %s", MODEL,
-                           f->srv.url),
-                   0);
+  assert_int_equal(
+      run_cli(NULL, 0, "get %s -o %s/got --url %s", digest, f->dir, f->srv.url),
+      0);
+  assert_int_equal(
+      run_cli(out, sizeof out, "ls %s --url %s", MODEL, f->srv.url), 0);
   assert_non_null(strstr(out, key));
   assert_int_equal(run_cli(out, sizeof out, "stat --url %s", f->srv.url), 0);
 }
@@ -315,8 +318,8 @@ static void test_deadline(void **state) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
   kc_err e = kc_warm(c, w, &o, &r, err);
   clock_gettime(CLOCK_MONOTONIC, &t1);
-  double secs = (double)(t1.tv_sec - t0.tv_sec) +
-                (t1.tv_nsec - t0.tv_nsec) / 1e9;
+  double secs =
+      (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
   assert_true(e == KC_DEADLINE || e == KC_TIMEOUT);
   assert_int_equal(count(&r, KC_WARM_FAILED), 2);
   assert_true(secs < 4.0);
@@ -429,15 +432,16 @@ static void test_tokens(void **state) {
   start_server_with(f, args);
   kc_warmup *w = warmup_for(f, "w", "saxpy", "saxpy", "");
   kc_warmup *w2 = warmup_for(f, "w2", "batch8", "fill8", "");
-  struct { const char *tok, *cache; } who[] = {
-      {NULL, "none"}, {rtok, "read"}, {wtok, "write"}};
+  struct {
+    const char *tok, *cache;
+  } who[] = {{NULL, "none"}, {rtok, "read"}, {wtok, "write"}};
   kc_warm_report r;
   for (int k = 0; k < 3; k++) {
     char cache[400];
     kc_client *c = NULL;
     snprintf(cache, sizeof cache, "%s/%s", f->dir, who[k].cache);
-    kc_client_opts o = {.url = f->srv.url, .token = who[k].tok,
-                        .cache_dir = cache};
+    kc_client_opts o = {
+        .url = f->srv.url, .token = who[k].tok, .cache_dir = cache};
     assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
     assert_int_equal(kc_warm(c, w, NULL, &r, err), KC_OK);
     assert_int_equal(count(&r, KC_WARM_BUILT), 2);
@@ -485,8 +489,7 @@ static void test_https(void **state) {
   assert_memory_equal(f->srv.url, "https://", 8);
   kc_client *c = NULL;
   char *json = NULL;
-  kc_client_opts o = {.url = f->srv.url, .cacert = cert,
-                      .cache_dir = f->cache};
+  kc_client_opts o = {.url = f->srv.url, .cacert = cert, .cache_dir = f->cache};
   assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
   assert_int_equal(kc_client_stats(c, &json, err), KC_OK);
   free(json);
@@ -512,6 +515,5 @@ int main(void) {
       CT(test_tokens),
       CT(test_https),
   };
-  return clienttest_run("client_build", tests,
-                        sizeof tests / sizeof tests[0]);
+  return clienttest_run("client_build", tests, sizeof tests / sizeof tests[0]);
 }

@@ -27,9 +27,9 @@ static void test_cli_usage(void **state) {
   assert_int_equal(run_cli(out, sizeof out, "stat --bogus"), 2);
   assert_int_equal(run_cli(out, sizeof out, "stat"), 2);
   assert_non_null(strstr(out, "KCACHE_URL"));
-  for (const char *const *cmd = (const char *const[]){
-           "push", "pull", "get", "put", "key", "ls", "stat", "hash",
-           "verify", NULL};
+  for (const char *const *cmd =
+           (const char *const[]){"push", "pull", "get", "put", "key", "ls",
+                                 "stat", "hash", "verify", NULL};
        *cmd; cmd++)
     assert_int_equal(run_cli(out, sizeof out, "%s --help", *cmd), 0);
 }
@@ -62,16 +62,13 @@ static void test_manifest_errors(void **state) {
              "\"a\",\"source\":\"a.cu\",\"entries\":[\"a\"]}],\"buckets\":"
              "[{\"batch\":1}]}",
              MODEL);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --cache-dir %s", p,
-                           f->cache),
-                   1);
+  assert_int_equal(
+      run_cli(out, sizeof out, "warm %s --cache-dir %s", p, f->cache), 1);
   assert_non_null(strstr(out, "archs[0]"));
-  write_text(p,
-             "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
-             "\"hash\":\"nothex\"},\"kernels\":[],\"buckets\":[]}");
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --cache-dir %s", p,
-                           f->cache),
-                   1);
+  write_text(p, "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"t\","
+                "\"hash\":\"nothex\"},\"kernels\":[],\"buckets\":[]}");
+  assert_int_equal(
+      run_cli(out, sizeof out, "warm %s --cache-dir %s", p, f->cache), 1);
   assert_non_null(strstr(out, "model.hash"));
 }
 
@@ -121,14 +118,14 @@ static void test_cli_env_and_flags(void **state) {
   snprintf(from_flag, sizeof from_flag, "%s/flag-cache", f->dir);
   snprintf(env, sizeof env, "KCACHE_DIR=%s", from_env);
   /* pull needs no server; the client makes its cache before it fails */
-  assert_int_equal(run_cli_env(out, sizeof out, env, "pull %s %s", MODEL,
-                               f->out),
-                   1);
+  assert_int_equal(
+      run_cli_env(out, sizeof out, env, "pull %s %s", MODEL, f->out), 1);
   snprintf(p, sizeof p, "%s/blobs", from_env);
   assert_int_equal(access(p, F_OK), 0);
   rmtree(from_env);
-  assert_int_equal(run_cli_env(out, sizeof out, env, "pull %s %s --cache-dir %s",
-                               MODEL, f->out, from_flag),
+  assert_int_equal(run_cli_env(out, sizeof out, env,
+                               "pull %s %s --cache-dir %s", MODEL, f->out,
+                               from_flag),
                    1);
   snprintf(p, sizeof p, "%s/blobs", from_flag);
   assert_int_equal(access(p, F_OK), 0);
@@ -145,10 +142,10 @@ static void test_cli_env_and_flags(void **state) {
   assert_null(strstr(out, "in clear"));
   assert_int_equal(run_cli(out, sizeof out, "stat --parallel 0"), 2);
   assert_int_equal(run_cli(out, sizeof out, "--help"), 0);
-  for (const char *const *v = (const char *const[]){
-           "--url", "KCACHE_URL", "KCACHE_TOKEN", "KCACHE_CACERT",
-           "--cache-dir", "KCACHE_DIR", "--parallel", "KCACHE_ALLOW_PLAINTEXT",
-           NULL};
+  for (const char *const *v =
+           (const char *const[]){"--url", "KCACHE_URL", "KCACHE_TOKEN",
+                                 "KCACHE_CACERT", "--cache-dir", "KCACHE_DIR",
+                                 "--parallel", "KCACHE_ALLOW_PLAINTEXT", NULL};
        *v; v++)
     assert_non_null(strstr(out, *v));
 }
@@ -158,8 +155,8 @@ static void test_plaintext_token(void **state) {
   fx *f = *state;
   char err[KC_ERRBUF_SIZE];
   kc_client *c = NULL;
-  kc_client_opts o = {.url = "http://kcache.example:8080", .token = "t",
-                      .cache_dir = f->cache};
+  kc_client_opts o = {
+      .url = "http://kcache.example:8080", .token = "t", .cache_dir = f->cache};
   assert_int_equal(kc_client_new(&o, &c, err), KC_EINVAL);
   assert_non_null(strstr(err, "in clear"));
   o.allow_plaintext = 1;
@@ -188,8 +185,11 @@ static void test_cli_verify(void **state) {
     return;
   }
   need_nvrtc();
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --cache-dir %s --arch %s"
-                           " --quiet", p, f->cache, gi.devices[0].arch), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --cache-dir %s --arch %s"
+                           " --quiet",
+                           p, f->cache, gi.devices[0].arch),
+                   0);
   rc = run_cli(out, sizeof out, "verify %s --cache-dir %s --arch %s", p,
                f->cache, gi.devices[0].arch);
   print_message("%s", out);
@@ -198,14 +198,10 @@ static void test_cli_verify(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      CT(test_cli_usage),
-      CT(test_cli_key_hash),
-      CT(test_manifest_errors),
-      CT(test_cli_names_file_once),
-      CT(test_cli_env_and_flags),
-      CT(test_plaintext_token),
+      CT(test_cli_usage),         CT(test_cli_key_hash),
+      CT(test_manifest_errors),   CT(test_cli_names_file_once),
+      CT(test_cli_env_and_flags), CT(test_plaintext_token),
       CT(test_cli_verify),
   };
-  return clienttest_run("client_cli", tests,
-                        sizeof tests / sizeof tests[0]);
+  return clienttest_run("client_cli", tests, sizeof tests / sizeof tests[0]);
 }

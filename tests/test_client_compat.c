@@ -79,7 +79,7 @@ static void test_compat_hit(void **state) {
   assert_non_null(strstr(out, "\"status\": \"hit-compat\""));
   assert_non_null(strstr(out, "\"arch\": \"sm_86\""));
   assert_non_null(strstr(out, "\"hit-compat\": 1"));
-  assert_non_null(strstr(out, "hit-compat sm_89"));    /* the human line */
+  assert_non_null(strstr(out, "hit-compat sm_89")); /* the human line */
   assert_non_null(strstr(out, "(used sm_86)"));
   assert_string_equal(built_for(f, "c1", "sm_89"), "sm_86");
   assert_int_equal(compat_warm(f, "c2", "\"sm_89\"", "",
@@ -99,8 +99,7 @@ static void test_compat_hit(void **state) {
                                "--device-arch gfx90a", out, sizeof out),
                    2);
   assert_int_equal(compat_warm(f, "c5", "\"sm_89\"", "",
-                               "KCACHE_DEVICE_ARCH=sm_8", "", out,
-                               sizeof out),
+                               "KCACHE_DEVICE_ARCH=sm_8", "", out, sizeof out),
                    2);
 }
 
@@ -235,12 +234,8 @@ static void test_compat_many(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      CT(test_compat_hit),
-      CT(test_compat_never_wrong),
-      CT(test_compat_ptx),
-      CT(test_compat_flags),
-      CT(test_compat_many),
+      CT(test_compat_hit),   CT(test_compat_never_wrong), CT(test_compat_ptx),
+      CT(test_compat_flags), CT(test_compat_many),
   };
-  return clienttest_run("client_compat", tests,
-                        sizeof tests / sizeof tests[0]);
+  return clienttest_run("client_compat", tests, sizeof tests / sizeof tests[0]);
 }

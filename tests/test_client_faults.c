@@ -19,8 +19,8 @@ static void test_served_blob_corrupt(void **state) {
   assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
   char *man = fake_manifest(&k[0], "saxpy.cubin", "the real bytes", key);
   char *look = lookup_of(key, man);
-  fake s = {.lookup_body = look, .bundle_body = man,
-            .blob_body = "the wrong bytes"};
+  fake s = {
+      .lookup_body = look, .bundle_body = man, .blob_body = "the wrong bytes"};
   fake_start(&s);
   kc_client *c = client_for(f->cache, s.url);
   char d[65];
@@ -110,20 +110,21 @@ static kc_err warm_faulty(fx *f, fake *s, const kc_warmup *w, const char *tag,
   snprintf(cache, sizeof cache, "%s/cache-%s", f->dir, tag);
   snprintf(out, sizeof out, "%s/out-%s", f->dir, tag);
   kc_client *c = NULL;
-  kc_client_opts co = {.url = s->url, .cache_dir = cache,
-                       .timeout_ms = 20000, .connect_timeout_ms = 1000,
+  kc_client_opts co = {.url = s->url,
+                       .cache_dir = cache,
+                       .timeout_ms = 20000,
+                       .connect_timeout_ms = 1000,
                        .parallel = parallel};
   assert_int_equal(kc_client_new(&co, &c, err), KC_OK);
-  kc_warm_opts o = {.no_build = 1, .deadline_s = FAULT_DEADLINE_S,
-                    .out_dir = out};
+  kc_warm_opts o = {
+      .no_build = 1, .deadline_s = FAULT_DEADLINE_S, .out_dir = out};
   double t0 = now_s();
   kc_err e = kc_warm(c, w, &o, r, err);
   *secs = now_s() - t0;
   print_message("%-14s %.2f s  %s: %s\n", tag, *secs, kc_err_name(e), err);
   for (size_t i = 0; i < r->n_items; i++)
     print_message("  %.12s %s: %s\n", r->items[i].key,
-                  kc_warm_status_name(r->items[i].status),
-                  r->items[i].message);
+                  kc_warm_status_name(r->items[i].status), r->items[i].message);
   assert_true(*secs < FAULT_DEADLINE_S + 2.0);
   assert_int_equal(r->n_items, 2);
   kc_client_free(c);
@@ -207,8 +208,8 @@ static void test_fault_blob(void **state) {
       {"blob-html500", FAULT_HTML},
   };
   for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
-    fake s = {.lookup_body = look, .bundle_body = man,
-              .blob_fault = cases[t].fault};
+    fake s = {
+        .lookup_body = look, .bundle_body = man, .blob_fault = cases[t].fault};
     kc_warm_report r;
     double secs;
     fake_start(&s);
@@ -269,8 +270,7 @@ static void test_fault_fallback_build(void **state) {
   assert_int_equal(kc_warm_keys(w, NULL, 0, &k, &n, err), KC_OK);
   char *man = fake_manifest(&k[0], "saxpy.cubin", "the real bytes", key);
   char *look = lookup_of(key, man);
-  fake s = {.lookup_body = look, .bundle_body = man,
-            .blob_fault = FAULT_RESET};
+  fake s = {.lookup_body = look, .bundle_body = man, .blob_fault = FAULT_RESET};
   fake_start(&s);
   kc_client *c = client_for(f->cache, s.url);
   kc_warm_report r;
@@ -335,6 +335,5 @@ int main(void) {
       CT(test_fault_stall_builds),
       CT(test_fault_fallback_build),
   };
-  return clienttest_run("client_faults", tests,
-                        sizeof tests / sizeof tests[0]);
+  return clienttest_run("client_faults", tests, sizeof tests / sizeof tests[0]);
 }

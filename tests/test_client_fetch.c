@@ -57,8 +57,7 @@ static void test_fetch_small_and_large(void **state) {
     assert_true(kc_testsrv_metric_settle(&f->srv, gets, round + 1, 2000) ==
                 round + 1);
     /* another process empties the cache under this handle */
-    snprintf(p, sizeof p, "rm -rf '%s'/blobs/* '%s'/bundles/*", cache2,
-             cache2);
+    snprintf(p, sizeof p, "rm -rf '%s'/blobs/* '%s'/bundles/*", cache2, cache2);
     assert_int_equal(system(p), 0);
   }
   kc_client_free(c);
@@ -128,8 +127,8 @@ static void test_fetch_batch_verified(void **state) {
       zl -= 3;
     int hl = snprintf(body, sizeof body, "%s %zu zstd\n", d, zl);
     memcpy(body + hl, z, zl);
-    fake t = {.bundle_body = man, .fetch_body = body,
-              .fetch_len = (size_t)hl + zl};
+    fake t = {
+        .bundle_body = man, .fetch_body = body, .fetch_len = (size_t)hl + zl};
     fake_start(&t);
     char tag[16];
     snprintf(tag, sizeof tag, "zstd%zu", i);
@@ -146,7 +145,8 @@ static void test_fetch_batch_verified(void **state) {
   const char *bodies[] = {other, "", "no line at all"};
   snprintf(other, sizeof other, "%064d 14 raw\nthe real bytes", 0);
   for (size_t i = 0; i < 3; i++) {
-    fake t = {.bundle_body = man, .fetch_body = bodies[i],
+    fake t = {.bundle_body = man,
+              .fetch_body = bodies[i],
               .blob_body = "the real bytes"};
     fake_start(&t);
     char tag[16];
@@ -195,8 +195,11 @@ static void test_fetch_batch_writer(void **state) {
   fake s = {.bundle_body = json, .fetch_body = body};
   fake_start(&s);
   snprintf(cache, sizeof cache, "%s/writer", f->dir);
-  kc_client_opts o = {.url = s.url, .cache_dir = cache, .timeout_ms = 20000,
-                      .connect_timeout_ms = 1000, .parallel = 1};
+  kc_client_opts o = {.url = s.url,
+                      .cache_dir = cache,
+                      .timeout_ms = 20000,
+                      .connect_timeout_ms = 1000,
+                      .parallel = 1};
   kc_client *c = NULL;
   assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
   kc_manifest *got = NULL;
@@ -231,7 +234,8 @@ static void test_fetch_batch_fallback(void **state) {
   char *man = fake_manifest(&k[0], "a.cubin", "the real bytes", key);
   const int statuses[] = {404, 405};
   for (int i = 0; i < 2; i++) {
-    fake s = {.bundle_body = man, .blob_body = "the real bytes",
+    fake s = {.bundle_body = man,
+              .blob_body = "the real bytes",
               .fetch_status = statuses[i],
               .fetch_body = "{\"error\":\"not_found\",\"message\":\"x\"}"};
     fake_start(&s);
@@ -253,8 +257,8 @@ static void test_fetch_batch_fallback(void **state) {
   }
   kc_sha256_hex("the real bytes", 14, d);
   snprintf(missing, sizeof missing, "%s 0 missing\n", d);
-  fake s = {.bundle_body = man, .blob_body = "the real bytes",
-            .fetch_body = missing};
+  fake s = {
+      .bundle_body = man, .blob_body = "the real bytes", .fetch_body = missing};
   fake_start(&s);
   int landed = 0;
   assert_int_equal(pull_from(f, &s, key, "missing", &landed, err), KC_OK);
@@ -306,6 +310,5 @@ int main(void) {
       CT(test_fetch_small_and_large),
       CT(test_warm_zstd),
   };
-  return clienttest_run("client_fetch", tests,
-                        sizeof tests / sizeof tests[0]);
+  return clienttest_run("client_fetch", tests, sizeof tests / sizeof tests[0]);
 }

@@ -17,8 +17,10 @@ static void test_local_blob_not_a_blob(void **state) {
   char err[KC_ERRBUF_SIZE];
   start_server(f);
   cmd_warmup(f, "w9", "printf cached-bytes > {out}/k.bin", w, sizeof w);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --cache-dir %s"
-                           " --quiet --strict", w, f->srv.url, f->cache),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --cache-dir %s"
+                           " --quiet --strict",
+                           w, f->srv.url, f->cache),
                    0);
   cmd_key(w, key);
   kc_client *c = client_for(f->cache, NULL);
@@ -39,7 +41,8 @@ static void test_local_blob_not_a_blob(void **state) {
     double t0 = now_s();
     int rc = run_cli_env(out, sizeof out, "timeout 20",
                          "warm %s --url %s --cache-dir %s --deadline 3 "
-                         "--json --quiet", w, f->srv.url, f->cache);
+                         "--json --quiet",
+                         w, f->srv.url, f->cache);
     double secs = now_s() - t0;
     print_message("%s in the cache: %.2f s, exit %d\n",
                   t ? "symlink to /dev/zero" : "1 TiB sparse file", secs, rc);
@@ -102,19 +105,19 @@ static void test_blob_flood(void **state) {
   kc_warmup *w = fault_warmup(f, &k, keys);
   char *man = fake_manifest(&k[0], "saxpy.cubin", "the real bytes", key);
   for (int t = 0; t < 2; t++) {
-    fake s = {.bundle_body = man, .blob_flood = (size_t)1 << 30,
-              .flood_length = t};
+    fake s = {
+        .bundle_body = man, .blob_flood = (size_t)1 << 30, .flood_length = t};
     fake_start(&s);
     double t0 = now_s();
     int rc = run_cli_env(out, sizeof out, "timeout 60",
-                         "pull %s %s/pulled%d --url %s --cache-dir %s/c%d",
-                         key, f->dir, t, s.url, f->dir, t);
+                         "pull %s %s/pulled%d --url %s --cache-dir %s/c%d", key,
+                         f->dir, t, s.url, f->dir, t);
     double secs = now_s() - t0;
     fake_stop(&s);
     size_t sent = __atomic_load_n(&s.sent, __ATOMIC_SEQ_CST);
     print_message("1 GiB for a 14-byte blob (%s): %.2f s, %zu bytes "
-                  "taken: %s", t ? "Content-Length" : "no length", secs,
-                  sent, out);
+                  "taken: %s",
+                  t ? "Content-Length" : "no length", secs, sent, out);
     assert_int_equal(rc, 1);
     assert_non_null(strstr(out, "more than the 14 bytes"));
     assert_true(sent < ((size_t)64 << 20));
@@ -130,8 +133,8 @@ static void test_blob_flood(void **state) {
   double secs = now_s() - t0;
   fake_stop(&s);
   size_t sent = __atomic_load_n(&s.sent, __ATOMIC_SEQ_CST);
-  print_message("1 GiB for a manifest: %.2f s, %zu bytes taken: %s", secs,
-                sent, out);
+  print_message("1 GiB for a manifest: %.2f s, %zu bytes taken: %s", secs, sent,
+                out);
   assert_int_equal(rc, 1);
   assert_non_null(strstr(out, "larger than 268435456 bytes"));
   assert_true(sent < ((size_t)320 << 20));
@@ -158,16 +161,18 @@ static void test_drip_feed(void **state) {
   assert_true(secs < 4.5);
   t0 = now_s();
   rc = run_cli_env(out, sizeof out, "KCACHE_TIMEOUT=2",
-                   "pull %s %s/p --url %s --cache-dir %s", MODEL, f->dir,
-                   s.url, f->cache);
+                   "pull %s %s/p --url %s --cache-dir %s", MODEL, f->dir, s.url,
+                   f->cache);
   secs = now_s() - t0;
   print_message("drip, pull KCACHE_TIMEOUT=2: %.2f s: %s", secs, out);
   assert_int_equal(rc, 1);
   assert_true(secs < 4.5);
   /* 1 s under 1 KiB/s (the default is 30 s) ends it; the 20 s limit not */
   kc_client *c = NULL;
-  kc_client_opts o = {.url = s.url, .cache_dir = f->cache,
-                      .timeout_ms = 20000, .low_speed_s = 1};
+  kc_client_opts o = {.url = s.url,
+                      .cache_dir = f->cache,
+                      .timeout_ms = 20000,
+                      .low_speed_s = 1};
   assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
   t0 = now_s();
   kc_err e = kc_client_stats(c, &json, err);
@@ -194,8 +199,11 @@ static void test_cache_dir_private(void **state) {
   assert_int_equal(chmod(d, 0777), 0);
   snprintf(p, sizeof p, "%s/bundles", d); /* not empty: someone was here */
   assert_int_equal(mkdir(p, 0777), 0);
-  assert_int_equal(run_cli(out, sizeof out, "stat --url http://127.0.0.1:1 "
-                           "--cache-dir %s", d), 1);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "stat --url http://127.0.0.1:1 "
+                           "--cache-dir %s",
+                           d),
+                   1);
   print_message("%s", out);
   assert_non_null(strstr(out, "writable by others (mode 777)"));
   assert_non_null(strstr(out, "--trust-cache-dir"));
@@ -204,16 +212,23 @@ static void test_cache_dir_private(void **state) {
   assert_int_equal(kc_client_new(&o, &c, err), KC_FORBIDDEN);
   assert_null(c);
   assert_int_equal(chmod(d, 0770), 0);
-  assert_int_equal(run_cli(out, sizeof out, "stat --url http://127.0.0.1:1 "
-                           "--cache-dir %s", d), 1);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "stat --url http://127.0.0.1:1 "
+                           "--cache-dir %s",
+                           d),
+                   1);
   assert_non_null(strstr(out, "writable by its group"));
   /* trusted on purpose: no refusal (stat then fails to connect) */
-  assert_int_equal(run_cli(out, sizeof out, "stat --url http://127.0.0.1:1 "
-                           "--cache-dir %s --trust-cache-dir", d), 1);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "stat --url http://127.0.0.1:1 "
+                           "--cache-dir %s --trust-cache-dir",
+                           d),
+                   1);
   assert_null(strstr(out, "writable"));
   assert_int_equal(run_cli_env(out, sizeof out, "KCACHE_TRUST_DIR=1",
                                "stat --url http://127.0.0.1:1 --cache-dir %s",
-                               d), 1);
+                               d),
+                   1);
   assert_null(strstr(out, "writable"));
   o.trust_cache_dir = 1;
   assert_int_equal(kc_client_new(&o, &c, err), KC_OK);
@@ -236,8 +251,10 @@ static void test_cache_manifest_swapped(void **state) {
   char *json = NULL;
   start_server(f);
   cmd_warmup(f, "w11", "printf good-kernel > {out}/k.bin", w, sizeof w);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --cache-dir %s"
-                           " --quiet --strict", w, f->srv.url, f->cache),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --cache-dir %s"
+                           " --quiet --strict",
+                           w, f->srv.url, f->cache),
                    0);
   cmd_key(w, key);
   kc_client *c = client_for(f->cache, NULL);
@@ -254,9 +271,10 @@ static void test_cache_manifest_swapped(void **state) {
   /* the key binds the fields, not the files: locally it looks fine */
   assert_int_equal(kc_cache_bundle_get(c, key, &m, err), KC_OK);
   kc_manifest_free(m);
-  assert_int_equal(run_cli(out, sizeof out, "pull %s %s/pulled --url %s "
-                           "--cache-dir %s", key, f->dir, f->srv.url,
-                           f->cache),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "pull %s %s/pulled --url %s "
+                           "--cache-dir %s",
+                           key, f->dir, f->srv.url, f->cache),
                    0);
   print_message("%s", out);
   assert_non_null(strstr(out, "other files than the server's"));
@@ -281,8 +299,8 @@ static void test_lease_squatter(void **state) {
   cmd_warmup(f, "w12", "printf built-here > {out}/k.bin", w, sizeof w);
   cmd_key(w, key);
   snprintf(sq, sizeof sq, "%s/squatter", f->dir);
-  kc_client_opts so = {.url = f->srv.url, .cache_dir = sq,
-                       .holder = "squatter-7"};
+  kc_client_opts so = {
+      .url = f->srv.url, .cache_dir = sq, .holder = "squatter-7"};
   kc_client *squat = NULL;
   assert_int_equal(kc_client_new(&so, &squat, err), KC_OK);
   assert_int_equal(kc_client_lease_take(squat, key, 600, &st, tok, NULL, err),
@@ -312,7 +330,8 @@ static void test_lease_squatter(void **state) {
   free(json);
   kc_warm_report_free(&r);
   /* the CLI told never to build over the lease: human and JSON name it */
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --cache-dir "
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --cache-dir "
                            "%s/c3 --deadline 1 --lease-wait never --json",
                            w, f->srv.url, f->dir),
                    0);
@@ -323,8 +342,10 @@ static void test_lease_squatter(void **state) {
   assert_non_null(strstr(out, "\"holder\": \"squatter-7\""));
   /* the CLI, with a builder: built here at half the deadline, uploaded */
   double t0 = now_s();
-  int rc = run_cli(out, sizeof out, "warm %s --url %s --cache-dir %s/c2 "
-                   "--deadline 3 --json", w, f->srv.url, f->dir);
+  int rc = run_cli(out, sizeof out,
+                   "warm %s --url %s --cache-dir %s/c2 "
+                   "--deadline 3 --json",
+                   w, f->srv.url, f->dir);
   double secs = now_s() - t0;
   print_message("squatted, --deadline 3: %.2f s\n%s", secs, out);
   assert_int_equal(rc, 0);
@@ -364,15 +385,18 @@ static void test_push_symlinks(void **state) {
              "{\"model\":\"%s\",\"bucket\":{\"batch\":2},\"arch\":\"sm_90a\","
              "\"toolchain\":{\"app\":\"t\"},\"build\":\"%s\"}",
              MODEL, MODEL);
-  assert_int_equal(run_cli(out, sizeof out, "push %s --fields %s --url %s "
-                           "--cache-dir %s", d, fields, f->srv.url, f->cache),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "push %s --fields %s --url %s "
+                           "--cache-dir %s",
+                           d, fields, f->srv.url, f->cache),
                    0);
   memcpy(key, out, 64);
   key[64] = '\0';
   assert_true(kc_is_hex64(key));
-  assert_int_equal(run_cli(out, sizeof out, "pull %s %s/pulled --url %s "
-                           "--cache-dir %s/c2", key, f->dir, f->srv.url,
-                           f->dir),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "pull %s %s/pulled --url %s "
+                           "--cache-dir %s/c2",
+                           key, f->dir, f->srv.url, f->dir),
                    0);
   snprintf(got, sizeof got, "%s/pulled/b.txt", f->dir);
   assert_string_equal(text_of(got), "alpha");
@@ -385,8 +409,10 @@ static void test_push_symlinks(void **state) {
   assert_int_equal(symlink(got, p), 0);
   snprintf(p, sizeof p, "%s/dangling", d);
   assert_int_equal(symlink("nowhere", p), 0);
-  assert_int_equal(run_cli(out, sizeof out, "push %s --fields %s --url %s "
-                           "--cache-dir %s", d, fields, f->srv.url, f->cache),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "push %s --fields %s --url %s "
+                           "--cache-dir %s",
+                           d, fields, f->srv.url, f->cache),
                    1);
   print_message("%s", out);
   assert_non_null(strstr(out, "evil -> "));
@@ -403,9 +429,11 @@ static void test_command_builder_symlinks(void **state) {
   kc_warmup *wu = NULL;
   kc_client *c = client_for(f->cache, NULL);
   kc_warm_opts o = {.out_dir = f->out};
-  cmd_warmup(f, "w13", "printf hi > {out}/real.txt && ln -s real.txt "
+  cmd_warmup(f, "w13",
+             "printf hi > {out}/real.txt && ln -s real.txt "
              "{out}/alias.txt && mkdir {out}/d && ln -s ../real.txt "
-             "{out}/d/up.txt", w, sizeof w);
+             "{out}/d/up.txt",
+             w, sizeof w);
   assert_int_equal(kc_warmup_load(w, &wu, err), KC_OK);
   assert_int_equal(kc_warm(c, wu, &o, &r, err), KC_OK);
   assert_int_equal(count(&r, KC_WARM_BUILT), 1);

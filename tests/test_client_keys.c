@@ -219,6 +219,5 @@ int main(void) {
       CT(test_materialize),
       CT(test_materialize_never_escapes),
   };
-  return clienttest_run("client_keys", tests,
-                        sizeof tests / sizeof tests[0]);
+  return clienttest_run("client_keys", tests, sizeof tests / sizeof tests[0]);
 }

@@ -76,8 +76,11 @@ static kc_client *client_for(const char *cache, const char *url,
                              const char *token) {
   char err[KC_ERRBUF_SIZE];
   kc_client *c = NULL;
-  kc_client_opts o = {.url = url, .cache_dir = cache, .token = token,
-                      .timeout_ms = 20000, .connect_timeout_ms = 1000};
+  kc_client_opts o = {.url = url,
+                      .cache_dir = cache,
+                      .token = token,
+                      .timeout_ms = 20000,
+                      .connect_timeout_ms = 1000};
   if (kc_client_new(&o, &c, err) != KC_OK)
     fail_msg("kc_client_new: %s", err);
   return c;
@@ -289,7 +292,7 @@ static void make_token(const char *role, const char *name, const char *file,
   assert_true(token[0] != '\0');
 }
 
-#define MODELS_GETS                                                           \
+#define MODELS_GETS                                                            \
   "kcached_requests_total{route=\"models\",method=\"GET\",status=\"200\"}"
 
 static double models_gets(const fx *f) {

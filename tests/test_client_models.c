@@ -146,11 +146,13 @@ static void test_suggest_cli(void **state) {
   char w[400], w2[400], out[8192], err[KC_ERRBUF_SIZE];
   start_server(f);
   kc_client *c = client_for(f->cache, f->srv.url);
-  static const struct { uint64_t batch, seq; int n; } seen[] = {
-      {1, 100, 50}, {2, 120, 30}, {3, 900, 20}, {8, 1000, 5}};
+  static const struct {
+    uint64_t batch, seq;
+    int n;
+  } seen[] = {{1, 100, 50}, {2, 120, 30}, {3, 900, 20}, {8, 1000, 5}};
   for (size_t i = 0; i < 4; i++) {
-    kc_bucket b = {.n = 2, .dims = {{"batch", seen[i].batch},
-                                    {"seq", seen[i].seq}}};
+    kc_bucket b = {.n = 2,
+                   .dims = {{"batch", seen[i].batch}, {"seq", seen[i].seq}}};
     for (int j = 0; j < seen[i].n; j++)
       assert_int_equal(kc_demand_note(c, MODEL, &b), KC_OK);
   }
@@ -209,17 +211,20 @@ static void test_suggest_cli(void **state) {
   assert_non_null(strstr(out, "warmup manifest kcached holds"));
   /* Usage errors. */
   assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --out %s %s",
-                           f->srv.url, w2, MODEL), 2);
-  assert_int_equal(run_cli(out, sizeof out, "suggest --url %s abc",
-                           f->srv.url), 1);
+                           f->srv.url, w2, MODEL),
+                   2);
+  assert_int_equal(run_cli(out, sizeof out, "suggest --url %s abc", f->srv.url),
+                   1);
   assert_non_null(strstr(out, "no model named 'abc'"));
   assert_int_equal(run_cli(out, sizeof out, "suggest --url %s --buckets 0 %s",
-                           f->srv.url, MODEL), 2);
+                           f->srv.url, MODEL),
+                   2);
   assert_int_equal(run_cli(out, sizeof out,
                            "suggest --url %s --manifest %s "
                            "11111111111111111111111111111111"
                            "11111111111111111111111111111111",
-                           f->srv.url, w), 2);
+                           f->srv.url, w),
+                   2);
   assert_non_null(strstr(out, "not the manifest's model.hash"));
 }
 
@@ -247,45 +252,60 @@ static void test_warm_purge_refill(void **state) {
   char w[400], out[8192];
   start_server(f);
   refill_warmup(f, w, sizeof w);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --cache-dir "
-                           "%s/c1", w, f->srv.url, f->dir), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --cache-dir "
+                           "%s/c1",
+                           w, f->srv.url, f->dir),
+                   0);
   assert_non_null(strstr(out, "4 built"));
   assert_null(strstr(out, "warmup manifest was not stored"));
   assert_int_equal(run_cli(out, sizeof out, "ls --url %s", f->srv.url), 0);
   assert_non_null(strstr(out, "refill-model"));
   assert_non_null(strstr(out, "4/4"));
-  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
-                           "%s", f->srv.url), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "ls refill-model --matrix --url "
+                           "%s",
+                           f->srv.url),
+                   0);
   assert_non_null(strstr(out, "4/4 present"));
   assert_non_null(strstr(out, "batch=2"));
-  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --url %s",
-                           f->srv.url), 0);
+  assert_int_equal(
+      run_cli(out, sizeof out, "ls refill-model --url %s", f->srv.url), 0);
   assert_int_equal(occurrences(out, " hits"), 4);
   /* a name is confirmed with its hash: without --confirm, nothing goes */
-  assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s",
-                           f->srv.url), 1);
+  assert_int_equal(
+      run_cli(out, sizeof out, "purge refill-model --url %s", f->srv.url), 1);
   assert_non_null(strstr(out, MODEL));
   assert_non_null(strstr(out, "nothing deleted"));
-  assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s "
-                           "--confirm %.12s", f->srv.url, MODEL), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "purge refill-model --url %s "
+                           "--confirm %.12s",
+                           f->srv.url, MODEL),
+                   0);
   assert_non_null(strstr(out, "purged 4 bundles"));
   /* the name went with the manifest; the hash still answers, empty */
-  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --url %s",
-                           f->srv.url), 1);
+  assert_int_equal(
+      run_cli(out, sizeof out, "ls refill-model --url %s", f->srv.url), 1);
   assert_non_null(strstr(out, "no model named 'refill-model'"));
-  assert_int_equal(run_cli(out, sizeof out, "ls %s --url %s", MODEL,
-                           f->srv.url), 0);
+  assert_int_equal(
+      run_cli(out, sizeof out, "ls %s --url %s", MODEL, f->srv.url), 0);
   assert_int_equal(occurrences(out, " hits"), 0);
   /* another replica's empty cache: nothing on the server, so it builds
    * and uploads, and the model is whole again */
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --cache-dir "
-                           "%s/c2", w, f->srv.url, f->dir), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --cache-dir "
+                           "%s/c2",
+                           w, f->srv.url, f->dir),
+                   0);
   assert_non_null(strstr(out, "4 built"));
-  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
-                           "%s", f->srv.url), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "ls refill-model --matrix --url "
+                           "%s",
+                           f->srv.url),
+                   0);
   assert_non_null(strstr(out, "4/4 present"));
-  assert_int_equal(run_cli(out, sizeof out, "purge nobody --url %s",
-                           f->srv.url), 1);
+  assert_int_equal(
+      run_cli(out, sizeof out, "purge nobody --url %s", f->srv.url), 1);
   assert_int_equal(run_cli(out, sizeof out, "purge --url %s", f->srv.url), 2);
 }
 
@@ -298,28 +318,40 @@ static void test_matrix_warm_archs(void **state) {
   char w[400], out[8192];
   start_server(f);
   refill_warmup(f, w, sizeof w);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --arch sm_86 --url %s "
-                           "--cache-dir %s/c1", w, f->srv.url, f->dir), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --arch sm_86 --url %s "
+                           "--cache-dir %s/c1",
+                           w, f->srv.url, f->dir),
+                   0);
   assert_non_null(strstr(out, "2 built"));
-  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
-                           "%s", f->srv.url), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "ls refill-model --matrix --url "
+                           "%s",
+                           f->srv.url),
+                   0);
   print_message("%s", out);
   assert_non_null(strstr(out, "2/2 present"));
   assert_non_null(strstr(out, "archs: those its warms ran for (the manifest "
                               "lists sm_80 sm_90a)"));
   assert_non_null(strstr(out, " sm_86"));
   assert_null(strstr(out, "no longer expected"));
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --arch sm_80,sm_90a,"
-                           "sm_100f --url %s --cache-dir %s/c1", w,
-                           f->srv.url, f->dir), 0);
-  assert_int_equal(run_cli(out, sizeof out, "ls refill-model --matrix --url "
-                           "%s", f->srv.url), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --arch sm_80,sm_90a,"
+                           "sm_100f --url %s --cache-dir %s/c1",
+                           w, f->srv.url, f->dir),
+                   0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "ls refill-model --matrix --url "
+                           "%s",
+                           f->srv.url),
+                   0);
   print_message("%s", out);
   assert_non_null(strstr(out, "8/8 present"));
   assert_non_null(strstr(out, " sm_100f"));
 }
 
-#define VICTIM "9f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+#define VICTIM                                                                 \
+  "9f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
 
 /* A command-builder warmup of one bucket on sm_80, named name, for hash. */
 static void named_warmup(fx *f, const char *file, const char *name,
@@ -348,45 +380,64 @@ static void test_purge_by_forged_name(void **state) {
   const char *const args[] = {"--tokens", tokens, NULL};
   start_server_with(f, args);
   named_warmup(f, "demo.json", "demo-mlp", MODEL, w, sizeof w);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
-                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1",
+                           w, f->srv.url, wtok, f->dir),
                    0);
   named_warmup(f, "llm.json", "big-llm", VICTIM, w, sizeof w);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
-                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1",
+                           w, f->srv.url, wtok, f->dir),
                    0);
   /* the attack: the victim named demo-mlp, demo-mlp renamed away */
   named_warmup(f, "forged.json", "demo-mlp", VICTIM, w, sizeof w);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
-                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1",
+                           w, f->srv.url, wtok, f->dir),
                    0);
   assert_non_null(strstr(out, "warmup manifest was not stored"));
   assert_non_null(strstr(out, "belongs to model " MODEL));
   named_warmup(f, "away.json", "renamed", MODEL, w, sizeof w);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
-                           "--cache-dir %s/c1", w, f->srv.url, wtok, f->dir),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --token %s "
+                           "--cache-dir %s/c1",
+                           w, f->srv.url, wtok, f->dir),
                    0);
   assert_non_null(strstr(out, "renaming it needs an admin token"));
   /* the admin's purge by name: the hash is shown, nothing deleted */
-  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
-                           "--token %s", f->srv.url, atok), 1);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "purge demo-mlp --url %s "
+                           "--token %s",
+                           f->srv.url, atok),
+                   1);
   assert_non_null(strstr(out, "is model " MODEL " (2 bundles)"));
-  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
-                           "--token %s --confirm %.12s", f->srv.url, atok,
-                           VICTIM), 1);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "purge demo-mlp --url %s "
+                           "--token %s --confirm %.12s",
+                           f->srv.url, atok, VICTIM),
+                   1);
   assert_non_null(strstr(out, "is not its hash"));
-  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
-                           "--token %s --confirm %.11s", f->srv.url, atok,
-                           MODEL), 1); /* too short to confirm */
+  assert_int_equal(run_cli(out, sizeof out,
+                           "purge demo-mlp --url %s "
+                           "--token %s --confirm %.11s",
+                           f->srv.url, atok, MODEL),
+                   1); /* too short to confirm */
   assert_int_equal(run_cli(out, sizeof out, "ls big-llm --url %s --token %s",
-                           f->srv.url, atok), 0);
+                           f->srv.url, atok),
+                   0);
   assert_int_equal(occurrences(out, " hits"), 2);
-  assert_int_equal(run_cli(out, sizeof out, "purge demo-mlp --url %s "
-                           "--token %s --confirm %.12s", f->srv.url, atok,
-                           MODEL), 0);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "purge demo-mlp --url %s "
+                           "--token %s --confirm %.12s",
+                           f->srv.url, atok, MODEL),
+                   0);
   assert_non_null(strstr(out, "purged 2 bundles of " MODEL));
   assert_int_equal(run_cli(out, sizeof out, "ls big-llm --url %s --token %s",
-                           f->srv.url, atok), 0);
+                           f->srv.url, atok),
+                   0);
   assert_int_equal(occurrences(out, " hits"), 2); /* the victim's are kept */
 }
 
@@ -401,35 +452,37 @@ static void test_warm_manifest_roles(void **state) {
   const char *const args[] = {"--tokens", tokens, NULL};
   start_server_with(f, args);
   refill_warmup(f, w, sizeof w);
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
-                           "--cache-dir %s/r", w, f->srv.url, rtok, f->dir),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --token %s "
+                           "--cache-dir %s/r",
+                           w, f->srv.url, rtok, f->dir),
                    0);
   assert_null(strstr(out, "warmup manifest"));
-  assert_int_equal(run_cli(out, sizeof out, "ls --url %s --token %s",
-                           f->srv.url, rtok), 0);
+  assert_int_equal(
+      run_cli(out, sizeof out, "ls --url %s --token %s", f->srv.url, rtok), 0);
   assert_null(strstr(out, "refill-model"));
-  assert_int_equal(run_cli(out, sizeof out, "warm %s --url %s --token %s "
-                           "--cache-dir %s/w", w, f->srv.url, wtok, f->dir),
+  assert_int_equal(run_cli(out, sizeof out,
+                           "warm %s --url %s --token %s "
+                           "--cache-dir %s/w",
+                           w, f->srv.url, wtok, f->dir),
                    0);
-  assert_int_equal(run_cli(out, sizeof out, "ls --url %s --token %s",
-                           f->srv.url, rtok), 0);
+  assert_int_equal(
+      run_cli(out, sizeof out, "ls --url %s --token %s", f->srv.url, rtok), 0);
   assert_non_null(strstr(out, "refill-model"));
-  assert_int_equal(run_cli(out, sizeof out, "purge refill-model --url %s "
-                           "--token %s --confirm %.12s", f->srv.url, wtok,
-                           MODEL), 1);
+  assert_int_equal(run_cli(out, sizeof out,
+                           "purge refill-model --url %s "
+                           "--token %s --confirm %.12s",
+                           f->srv.url, wtok, MODEL),
+                   1);
   assert_non_null(strstr(out, "403"));
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      CT(test_demand_note),
-      CT(test_demand_server_down),
-      CT(test_suggest_cli),
-      CT(test_warm_purge_refill),
-      CT(test_purge_by_forged_name),
-      CT(test_matrix_warm_archs),
+      CT(test_demand_note),          CT(test_demand_server_down),
+      CT(test_suggest_cli),          CT(test_warm_purge_refill),
+      CT(test_purge_by_forged_name), CT(test_matrix_warm_archs),
       CT(test_warm_manifest_roles),
   };
-  return clienttest_run("client_models", tests,
-                        sizeof tests / sizeof tests[0]);
+  return clienttest_run("client_models", tests, sizeof tests / sizeof tests[0]);
 }

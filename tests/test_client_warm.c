@@ -31,11 +31,12 @@ static void test_warm_deadline_stall(void **state) {
   run_res r;
   run_kcache(&r, NULL, NULL,
              (const char *[]){"warm", w, "--url", s.url, "--cache-dir", cache,
-                              "--deadline", "3", "--timeout", "20",
-                              "--quiet", NULL});
+                              "--deadline", "3", "--timeout", "20", "--quiet",
+                              NULL});
   fake_stop(&s);
   print_message("warm against a stalled server: %.2f s (deadline %.0f s), "
-                "%d connections\n%s", r.secs, deadline, s.conns, r.out);
+                "%d connections\n%s",
+                r.secs, deadline, s.conns, r.out);
   assert_true(s.conns >= 1); /* it did ask, and got no answer */
   assert_int_equal(r.rc, 0);
   assert_true(r.secs < deadline + 1.0);
@@ -44,7 +45,7 @@ static void test_warm_deadline_stall(void **state) {
 
 /* ---- kcache get: streamed, cut at --max-size ---- */
 
-#define DIGEST_X                                                              \
+#define DIGEST_X                                                               \
   "1111111111111111111111111111111111111111111111111111111111111111"
 
 /* An answer without end: get stops at --max-size, having written exactly
@@ -120,17 +121,17 @@ static void test_get_real(void **state) {
   char *a = read_all(outp, NULL);
   assert_string_equal(a, "some cubin bytes\n");
   free(a);
-  run_kcache(&r, NULL, NULL,
-             (const char *[]){"get", digest, "--url", f->srv.url, "-o", file,
-                              NULL});
+  run_kcache(
+      &r, NULL, NULL,
+      (const char *[]){"get", digest, "--url", f->srv.url, "-o", file, NULL});
   assert_int_equal(r.rc, 0);
   a = read_all(file, NULL);
   assert_string_equal(a, "some cubin bytes\n");
   free(a);
   /* missing: the server's 404 is said, nothing is written */
-  run_kcache(&r, NULL, NULL,
-             (const char *[]){"get", DIGEST_X, "--url", f->srv.url, "-o",
-                              outp, NULL});
+  run_kcache(
+      &r, NULL, NULL,
+      (const char *[]){"get", DIGEST_X, "--url", f->srv.url, "-o", outp, NULL});
   assert_int_equal(r.rc, 1);
   assert_non_null(strstr(r.out, "404"));
 }
@@ -146,9 +147,8 @@ static void seed_model(fx *f, kc_warmup **w, char *path, size_t size) {
   snprintf(cache, sizeof cache, "%s/seed", f->dir);
   run_res r;
   run_kcache(&r, NULL, NULL,
-             (const char *[]){"warm", path, "--url", f->srv.url,
-                              "--cache-dir", cache, "--quiet", "--strict",
-                              NULL});
+             (const char *[]){"warm", path, "--url", f->srv.url, "--cache-dir",
+                              cache, "--quiet", "--strict", NULL});
   if (r.rc != 0)
     fail_msg("seeding warm: %s", r.out);
   assert_int_equal(kc_warmup_load(path, w, err), KC_OK);
@@ -173,8 +173,8 @@ static void warm_out(fx *f, const kc_warmup *w, const char *cache,
 
 /* DIR's file for batch b and its cached blob: same bytes; *same: one
  * inode. */
-static void check_out_file(const char *out, const char *cache, int b,
-                           int *same, struct stat *st) {
+static void check_out_file(const char *out, const char *cache, int b, int *same,
+                           struct stat *st) {
   char p[600], text[64], d[65], bp[600];
   snprintf(p, sizeof p, "%s/sm_80/batch=%d/k.cubin", out, b);
   snprintf(text, sizeof text, "xsm_80%d", b);
@@ -242,8 +242,7 @@ static void test_out_replaces(void **state) {
   snprintf(out, sizeof out, "%s/out", f->dir);
   snprintf(victim, sizeof victim, "%s/victim", f->dir);
   write_text(victim, "keep me");
-  snprintf(p, sizeof p, "mkdir -p %s/sm_80/batch=1 %s/sm_80/batch=2", out,
-           out);
+  snprintf(p, sizeof p, "mkdir -p %s/sm_80/batch=1 %s/sm_80/batch=2", out, out);
   assert_int_equal(system(p), 0);
   snprintf(p, sizeof p, "%s/sm_80/batch=1/k.cubin", out);
   assert_int_equal(symlink(victim, p), 0);
@@ -321,8 +320,8 @@ static void test_purge_rewarm_uploads(void **state) {
   cubin_warmup(f, "purged", "purged", "\"sm_80\"", w, sizeof w);
   snprintf(cache, sizeof cache, "%s/c1", f->dir);
   run_res r;
-  const char *warm[] = {"warm", w, "--url", f->srv.url, "--cache-dir", cache,
-                        NULL};
+  const char *warm[] = {"warm",        w,     "--url", f->srv.url,
+                        "--cache-dir", cache, NULL};
   run_kcache(&r, NULL, NULL, warm);
   assert_int_equal(r.rc, 0);
   assert_non_null(strstr(r.out, "2 built"));
@@ -337,8 +336,7 @@ static void test_purge_rewarm_uploads(void **state) {
   assert_int_equal(r.rc, 0);
   assert_non_null(strstr(r.out, "2 hit-local"));
   assert_non_null(strstr(r.out, "2 hit-local bundles uploaded"));
-  assert_int_equal(occurrences(r.out, "uploaded: kcached did not hold it"),
-                   2);
+  assert_int_equal(occurrences(r.out, "uploaded: kcached did not hold it"), 2);
   assert_int_equal(server_bundles(f), 2);
   /* another replica's empty cache now fetches them */
   char cache2[400];
@@ -359,7 +357,7 @@ static void test_purge_rewarm_uploads(void **state) {
 static void test_purge_rewarm_tokens(void **state) {
   fx *f = *state;
   char w[400], cache[400], tokens[400], rtok[256] = "", wtok[256] = "",
-       atok[256] = "";
+                                        atok[256] = "";
   snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
   make_token("read", "svc", tokens, rtok, sizeof rtok);
   make_token("write", "ci", tokens, wtok, sizeof wtok);
@@ -606,9 +604,8 @@ static void warm_counted(fx *f, const char *path, int *conns, int *threads) {
   snprintf(cache, sizeof cache, "%s/seed%d", f->dir, round);
   run_res r;
   run_kcache(&r, NULL, NULL,
-             (const char *[]){"warm", path, "--url", f->srv.url,
-                              "--cache-dir", cache, "--strict", "--quiet",
-                              NULL});
+             (const char *[]){"warm", path, "--url", f->srv.url, "--cache-dir",
+                              cache, "--strict", "--quiet", NULL});
   if (r.rc)
     fail_msg("seed: %s", r.out);
   kc_warmup *w = NULL;
@@ -645,14 +642,15 @@ static void test_small_warm_threads_conns(void **state) {
   three_file_warmup(f, "small", "printf x{i}$f", small, sizeof small);
   warm_counted(f, small, &conns, &threads);
   print_message("16 bundles, 48 files of a few bytes: %d connections, %d "
-                "threads\n", conns, threads);
+                "threads\n",
+                conns, threads);
   assert_int_equal(conns, 1);
   assert_int_equal(threads, 0);
-  three_file_warmup(f, "big", "head -c 32768 /dev/urandom", big,
-                    sizeof big);
+  three_file_warmup(f, "big", "head -c 32768 /dev/urandom", big, sizeof big);
   warm_counted(f, big, &conns, &threads);
   print_message("16 bundles, 48 files of 32 KiB: %d connections, %d "
-                "threads\n", conns, threads);
+                "threads\n",
+                conns, threads);
   assert_true(conns >= 2);
   assert_int_equal(threads, 1);
 }
@@ -660,19 +658,12 @@ static void test_small_warm_threads_conns(void **state) {
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      CT(test_warm_deadline_stall),
-      CT(test_get_max_size),
-      CT(test_get_streams),
-      CT(test_get_real),
-      CT(test_out_linked),
-      CT(test_out_replaces),
-      CT(test_out_other_fs),
-      CT(test_purge_rewarm_uploads),
-      CT(test_purge_rewarm_tokens),
-      CT(test_out_compat_names_arch),
-      CT(test_no_build_says_compat),
-      CT(test_small_warm_threads_conns),
+      CT(test_warm_deadline_stall),  CT(test_get_max_size),
+      CT(test_get_streams),          CT(test_get_real),
+      CT(test_out_linked),           CT(test_out_replaces),
+      CT(test_out_other_fs),         CT(test_purge_rewarm_uploads),
+      CT(test_purge_rewarm_tokens),  CT(test_out_compat_names_arch),
+      CT(test_no_build_says_compat), CT(test_small_warm_threads_conns),
   };
-  return clienttest_run("client_warm", tests,
-                        sizeof tests / sizeof tests[0]);
+  return clienttest_run("client_warm", tests, sizeof tests / sizeof tests[0]);
 }

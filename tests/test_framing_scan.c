@@ -1,9 +1,9 @@
 /* test_framing_scan.c: unit test of kcd_framing_scan
- * (server/http/framing.c), the scanner kcached's recv() feeds each plain-HTTP header block to, so that a
- * malformed Content-Length is answered by kcached instead of by
- * libmicrohttpd 0.9.75 (twice). Every block is fed whole, split in two at
- * every byte, and byte by byte: the verdict must not depend on how the
- * bytes arrive. */
+ * (server/http/framing.c), the scanner kcached's recv() feeds each plain-HTTP
+ * header block to, so that a malformed Content-Length is answered by kcached
+ * instead of by libmicrohttpd 0.9.75 (twice). Every block is fed whole, split
+ * in two at every byte, and byte by byte: the verdict must not depend on how
+ * the bytes arrive. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -67,9 +67,11 @@ static void t_verdicts(void **state) {
   expect("POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: x\r\n\r\n",
          OK);
   expect("POST / HTTP/1.1\r\nContent-Length: x\r\nTransfer-Encoding: "
-         "chunked\r\n\r\n", OK);
+         "chunked\r\n\r\n",
+         OK);
   expect("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
-         "Content-Length: x\r\n\r\n", OK);
+         "Content-Length: x\r\n\r\n",
+         OK);
   /* other names that only contain or start like it */
   expect("POST / HTTP/1.1\r\nX-Content-Length: x\r\n\r\n", OK);
   expect("POST / HTTP/1.1\r\nContent-Lengthy: x\r\n\r\n", OK);
@@ -101,8 +103,7 @@ static void t_follows_bodies(void **state) {
   assert_int_equal(on, KCD_SCAN_BODY);
   snprintf(two, sizeof two, "%s%s", req, bad);
   for (size_t step = 1; step <= strlen(two); step += 7)
-    assert_int_equal(feed(two, strlen(two), 0, step, &on),
-                     KCD_SCAN_BAD_LENGTH);
+    assert_int_equal(feed(two, strlen(two), 0, step, &on), KCD_SCAN_BAD_LENGTH);
   snprintf(two, sizeof two, "%s%s", chunked, bad);
   assert_int_equal(feed(two, strlen(two), 0, 1, &on), KCD_SCAN_OK);
   assert_int_equal(on, KCD_SCAN_OFF);

@@ -123,8 +123,11 @@ static kc_err build(const char *file, const char *arch, const kc_bucket *b,
                     const char *const *entries, size_t n_entries,
                     kc_gpu_build_out *out, char *err) {
   char *src = kernel_source(file);
-  kc_gpu_build_req req = {.name = file, .source = src, .arch = arch,
-                          .bucket = b, .entries = entries,
+  kc_gpu_build_req req = {.name = file,
+                          .source = src,
+                          .arch = arch,
+                          .bucket = b,
+                          .entries = entries,
                           .n_entries = n_entries};
   err[0] = '\0';
   kc_err rc = kc_gpu_build(&req, out, err);
@@ -138,8 +141,11 @@ static void assert_cubin(const kc_gpu_build_out *out) {
   const unsigned char *c = out->code;
   assert_int_equal(out->kind, KC_KIND_CUBIN);
   assert_true(out->code_len > 64);
-  assert_memory_equal(c, "\x7f" "ELF", 4);
-  assert_int_equal(c[4], 2);                /* ELFCLASS64 */
+  assert_memory_equal(c,
+                      "\x7f"
+                      "ELF",
+                      4);
+  assert_int_equal(c[4], 2);                 /* ELFCLASS64 */
   assert_int_equal(c[18] | c[19] << 8, 190); /* e_machine: EM_CUDA */
 }
 
@@ -151,18 +157,23 @@ typedef struct runs_case {
 } runs_case;
 
 static const runs_case runs_cases[] = {
-    {"sm_86", 8, 6, 1},       {"sm_86", 8, 9, 1},     {"sm_86", 8, 0, 0},
-    {"sm_86", 9, 0, 0},       {"sm_80", 8, 0, 1},     {"sm_80", 8, 6, 1},
-    {"sm_80", 8, 9, 1},       {"sm_80", 9, 0, 0},     {"sm_80", 7, 5, 0},
-    {"sm_90a", 9, 0, 1},      {"sm_90a", 10, 0, 0},   {"sm_90a", 8, 9, 0},
-    {"sm_90", 9, 0, 1},       {"sm_90", 10, 0, 0},    {"sm_90", 8, 9, 0},
-    {"sm_100f", 10, 0, 1},    {"sm_100f", 10, 3, 1},  {"sm_100f", 12, 0, 0},
-    {"sm_100f", 9, 0, 0},     {"sm_103f", 10, 0, 0},  {"sm_100a", 10, 0, 1},
-    {"sm_100a", 10, 3, 0},    {"sm_120", 12, 1, 1},   {"sm_120a", 12, 1, 0},
-    {"compute_80", 8, 0, 1},  {"compute_80", 8, 6, 1}, {"compute_80", 9, 0, 1},
-    {"compute_80", 10, 0, 1}, {"compute_80", 12, 0, 1}, {"compute_80", 7, 5, 0},
-    {"compute_90a", 9, 0, 1}, {"compute_90a", 10, 0, 0},
-    {"compute_90a", 12, 0, 0}, {"compute_100f", 10, 3, 1},
+    {"sm_86", 8, 6, 1},         {"sm_86", 8, 9, 1},
+    {"sm_86", 8, 0, 0},         {"sm_86", 9, 0, 0},
+    {"sm_80", 8, 0, 1},         {"sm_80", 8, 6, 1},
+    {"sm_80", 8, 9, 1},         {"sm_80", 9, 0, 0},
+    {"sm_80", 7, 5, 0},         {"sm_90a", 9, 0, 1},
+    {"sm_90a", 10, 0, 0},       {"sm_90a", 8, 9, 0},
+    {"sm_90", 9, 0, 1},         {"sm_90", 10, 0, 0},
+    {"sm_90", 8, 9, 0},         {"sm_100f", 10, 0, 1},
+    {"sm_100f", 10, 3, 1},      {"sm_100f", 12, 0, 0},
+    {"sm_100f", 9, 0, 0},       {"sm_103f", 10, 0, 0},
+    {"sm_100a", 10, 0, 1},      {"sm_100a", 10, 3, 0},
+    {"sm_120", 12, 1, 1},       {"sm_120a", 12, 1, 0},
+    {"compute_80", 8, 0, 1},    {"compute_80", 8, 6, 1},
+    {"compute_80", 9, 0, 1},    {"compute_80", 10, 0, 1},
+    {"compute_80", 12, 0, 1},   {"compute_80", 7, 5, 0},
+    {"compute_90a", 9, 0, 1},   {"compute_90a", 10, 0, 0},
+    {"compute_90a", 12, 0, 0},  {"compute_100f", 10, 3, 1},
     {"compute_100f", 12, 0, 0}, {"compute_75", 7, 5, 1},
 };
 
@@ -172,16 +183,17 @@ static void test_arch_runs_on(void **state) {
     const runs_case *c = &runs_cases[i];
     int got = kc_gpu_arch_runs_on(c->arch, c->major, c->minor);
     if (got != c->runs)
-      fail_msg("%s on %d.%d: got %d, want %d", c->arch, c->major, c->minor,
-               got, c->runs);
+      fail_msg("%s on %d.%d: got %d, want %d", c->arch, c->major, c->minor, got,
+               c->runs);
   }
 }
 
 static void test_arch_invalid(void **state) {
   (void)state;
   static const char *const bad[] = {
-      NULL, "",  "sm_8", "sm_1000", "sm_80x", "sm_80af", "SM_80", "sm80",
-      "compute_", "sm_05", "sm_-80", "sm_80 ", " sm_80", "compute_8a", "gfx90a"};
+      NULL,      "",       "sm_8",   "sm_1000",    "sm_80x",
+      "sm_80af", "SM_80",  "sm80",   "compute_",   "sm_05",
+      "sm_-80",  "sm_80 ", " sm_80", "compute_8a", "gfx90a"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
     for (int major = 7; major <= 12; major++)
       if (kc_gpu_arch_runs_on(bad[i], major, 0))
@@ -196,8 +208,8 @@ static void test_native_arch(void **state) {
   static const struct {
     int major, minor;
     const char *arch;
-  } cases[] = {{7, 5, "sm_75"},   {8, 0, "sm_80"},    {8, 6, "sm_86"},
-               {8, 9, "sm_89"},   {9, 0, "sm_90a"},   {10, 0, "sm_100a"},
+  } cases[] = {{7, 5, "sm_75"},    {8, 0, "sm_80"},    {8, 6, "sm_86"},
+               {8, 9, "sm_89"},    {9, 0, "sm_90a"},   {10, 0, "sm_100a"},
                {10, 3, "sm_103a"}, {12, 0, "sm_120a"}, {12, 1, "sm_121a"}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char arch[KC_ARCH_MAX + 1];
@@ -229,7 +241,10 @@ static void test_ptx_entries(void **state) {
   assert_false(kcg_code_has_entry(KC_KIND_PTX, ptx, n, ""));
   assert_false(kcg_code_has_entry(KC_KIND_PTX, ".entry", 6, "saxpy"));
   assert_false(kcg_code_has_entry(KC_KIND_CUBIN, ptx, n, "saxpy"));
-  assert_false(kcg_code_has_entry(KC_KIND_CUBIN, "\x7f" "ELF", 4, "saxpy"));
+  assert_false(kcg_code_has_entry(KC_KIND_CUBIN,
+                                  "\x7f"
+                                  "ELF",
+                                  4, "saxpy"));
 }
 
 /* Every truncation and a corrupted byte at every offset of a real cubin:
@@ -300,8 +315,7 @@ static void test_build_cubin_sm90a(void **state) {
   const char *const entries[] = {"saxpy"};
   kc_gpu_build_out a, c;
   char err[KC_ERRBUF_SIZE];
-  assert_int_equal(build("saxpy.cu", "sm_90a", &b, entries, 1, &a, err),
-                   KC_OK);
+  assert_int_equal(build("saxpy.cu", "sm_90a", &b, entries, 1, &a, err), KC_OK);
   assert_cubin(&a);
   assert_int_equal(build("saxpy.cu", "sm_80", &b, entries, 1, &c, err), KC_OK);
   assert_false(a.code_len == c.code_len &&
@@ -370,8 +384,12 @@ static void test_multi_dim_bucket(void **state) {
   snprintf(b.dims[2].name, sizeof b.dims[2].name, "heads");
   b.dims[2].value = 0;
   const char *const entries[] = {"k"};
-  kc_gpu_build_req req = {.name = "multi.cu", .source = src, .arch = "sm_80",
-                          .bucket = &b, .entries = entries, .n_entries = 1};
+  kc_gpu_build_req req = {.name = "multi.cu",
+                          .source = src,
+                          .arch = "sm_80",
+                          .bucket = &b,
+                          .entries = entries,
+                          .n_entries = 1};
   kc_gpu_build_out out;
   char err[KC_ERRBUF_SIZE] = "";
   kc_err rc = kc_gpu_build(&req, &out, err);
@@ -421,8 +439,11 @@ static void test_user_options(void **state) {
   char *src = kernel_source("saxpy.cu");
   const char *const good[] = {"-DBATCH=2", "--use_fast_math"};
   const char *const bad[] = {"--no-such-nvrtc-option"};
-  kc_gpu_build_req req = {.name = "saxpy.cu", .source = src, .arch = "sm_80",
-                          .options = good, .n_options = 2};
+  kc_gpu_build_req req = {.name = "saxpy.cu",
+                          .source = src,
+                          .arch = "sm_80",
+                          .options = good,
+                          .n_options = 2};
   kc_gpu_build_out out;
   char err[KC_ERRBUF_SIZE] = "";
   kc_err rc = kc_gpu_build(&req, &out, err);
@@ -476,8 +497,8 @@ static void test_timeout(void **state) {
   (void)state;
   need_nvrtc();
   char *src = kernel_source("slow.cu");
-  kc_gpu_build_req req = {.name = "slow.cu", .source = src, .arch = "sm_80",
-                          .timeout_s = 1};
+  kc_gpu_build_req req = {
+      .name = "slow.cu", .source = src, .arch = "sm_80", .timeout_s = 1};
   kc_gpu_build_out out;
   char err[KC_ERRBUF_SIZE] = "";
   assert_int_equal(kc_gpu_build(&req, &out, err), KC_TIMEOUT);
@@ -503,8 +524,12 @@ static void *par_build(void *arg) {
   char *src = kernel_source("saxpy.cu");
   kc_bucket b = bucket1("batch", j->batch);
   const char *const entries[] = {"saxpy"};
-  kc_gpu_build_req req = {.name = "saxpy.cu", .source = src, .arch = "sm_80",
-                          .bucket = &b, .entries = entries, .n_entries = 1};
+  kc_gpu_build_req req = {.name = "saxpy.cu",
+                          .source = src,
+                          .arch = "sm_80",
+                          .bucket = &b,
+                          .entries = entries,
+                          .n_entries = 1};
   kc_gpu_build_out out;
   j->rc = kc_gpu_build(&req, &out, j->err);
   kc_gpu_build_out_free(&out);
@@ -718,8 +743,7 @@ static void test_nvrtc_meta_version_json(void **state) {
   tree_link(&t, "cuda/lib64", "targets/x86_64-linux/lib");
   tree_text(&t, "cuda/version.json", toolkit_json);
   tree_path(&t, "nvrtc-version", cache);
-  assert_int_equal(cached_at(&t, "cuda/lib64/libnvrtc.so.13", cache, v),
-                   KC_OK);
+  assert_int_equal(cached_at(&t, "cuda/lib64/libnvrtc.so.13", cache, v), KC_OK);
   assert_string_equal(v, "13.7"); /* MAJOR.MINOR of cuda_nvrtc's, not cuda's */
   assert_int_equal(access(cache, F_OK), -1);
   assert_int_equal(kc_gpu_nvrtc_version(v, err), KC_NO_NVRTC); /* no ELF */
@@ -737,7 +761,8 @@ static void write_record(fake_tree *t, const char *dist, const char *lib,
   snprintf(rel, sizeof rel, "%s/RECORD", dist);
   snprintf(text, sizeof text,
            "nvidia/cu13/include/nvrtc.h,sha256=x,44887\n"
-           "%s,sha256=x,%ld\n%s/RECORD,,\n", lib, size, dist);
+           "%s,sha256=x,%ld\n%s/RECORD,,\n",
+           lib, size, dist);
   tree_text(t, rel, text);
 }
 
@@ -768,8 +793,8 @@ static void test_nvrtc_meta_dist_info(void **state) {
   tree_text(&t, "site/nvidia/cu13/lib/libnvrtc.so.13", NOT_AN_ELF);
   write_record(&t, "site/nvidia_cuda_nvrtc-13.9.0.dist-info",
                "nvidia/cu13/lib/libnvrtc.so.13", size);
-  assert_int_equal(cached_at(&t, "site/nvidia/cu13/lib/libnvrtc.so.13", NULL,
-                             v), KC_OK);
+  assert_int_equal(
+      cached_at(&t, "site/nvidia/cu13/lib/libnvrtc.so.13", NULL, v), KC_OK);
   assert_string_equal(v, "13.9");
   tree_free(&t);
 }
@@ -781,7 +806,9 @@ static void test_nvrtc_meta_dist_info(void **state) {
 static void test_nvrtc_meta_fallback(void **state) {
   (void)state;
   static const char *const bad_json[] = {
-      "{\"cuda_nvrtc\": {\"version\": \"13.0", "[1, 2]", "",
+      "{\"cuda_nvrtc\": {\"version\": \"13.0",
+      "[1, 2]",
+      "",
       "{\"cuda_nvrtc\": {\"version\": 13.0}}",
       "{\"cuda_nvrtc\": {\"version\": \"v13\"}}",
       "{\"cuda_nvrtc\": {\"version\": \"13.0000.1\"}}",
@@ -831,8 +858,10 @@ static void test_nvrtc_wheel_env(void **state) {
   char lib[512], v[16], err[KC_ERRBUF_SIZE] = "";
   tree_init(&t);
   copy_file(FAKE_NVRTC,
-            tree_path(&t, "lib/python3.12/site-packages/nvidia/cu13/lib/"
-                          "libnvrtc.so.13", lib));
+            tree_path(&t,
+                      "lib/python3.12/site-packages/nvidia/cu13/lib/"
+                      "libnvrtc.so.13",
+                      lib));
   unsetenv("KCACHE_NVRTC");
   unsetenv("CONDA_PREFIX");
   setenv("CUDA_HOME", "/nonexistent/kcache-cuda", 1);
@@ -949,9 +978,9 @@ static void test_load_check_no_driver(void **state) {
     skip();
   }
   const char *const entries[] = {"saxpy"};
-  assert_int_equal(kc_gpu_load_check(0, not_code, sizeof not_code, entries, 1,
-                                     err),
-                   KC_NO_DRIVER);
+  assert_int_equal(
+      kc_gpu_load_check(0, not_code, sizeof not_code, entries, 1, err),
+      KC_NO_DRIVER);
   assert_int_equal(kc_gpu_load_check(0, NULL, 0, entries, 1, err), KC_EINVAL);
 }
 
@@ -963,8 +992,8 @@ static void load_one(const kc_gpu_device *d, const char *arch) {
   kc_gpu_build_out out;
   char err[KC_ERRBUF_SIZE];
   assert_int_equal(build("saxpy.cu", arch, &b, entries, 2, &out, err), KC_OK);
-  kc_err rc = kc_gpu_load_check(d->ordinal, out.code, out.code_len, entries,
-                                2, err);
+  kc_err rc =
+      kc_gpu_load_check(d->ordinal, out.code, out.code_len, entries, 2, err);
   int want = kc_gpu_arch_runs_on(arch, d->cc_major, d->cc_minor);
   print_message("  load %s on %d.%d: %s %s\n", arch, d->cc_major, d->cc_minor,
                 kc_err_name(rc), rc ? err : "");
@@ -987,22 +1016,22 @@ static void test_load_check_gpu(void **state) {
   need_nvrtc();
   const kc_gpu_device *d = &info.devices[0];
   load_one(d, d->arch);
-  static const char *const others[] = {"sm_75", "sm_80", "sm_86", "sm_90a",
-                                       "sm_100a", "sm_120a", "compute_75",
-                                       "compute_90a"};
+  static const char *const others[] = {"sm_75",      "sm_80",      "sm_86",
+                                       "sm_90a",     "sm_100a",    "sm_120a",
+                                       "compute_75", "compute_90a"};
   for (size_t i = 0; i < sizeof others / sizeof *others; i++)
     load_one(d, others[i]);
   const char *const typo[] = {"saxpy_typo"};
   kc_bucket b = bucket1("batch", 4);
   kc_gpu_build_out out;
   assert_int_equal(build("saxpy.cu", d->arch, &b, NULL, 0, &out, err), KC_OK);
-  assert_int_equal(kc_gpu_load_check(d->ordinal, out.code, out.code_len, typo,
-                                     1, err),
-                   KC_GPU);
+  assert_int_equal(
+      kc_gpu_load_check(d->ordinal, out.code, out.code_len, typo, 1, err),
+      KC_GPU);
   assert_contains(err, "saxpy_typo");
-  assert_int_equal(kc_gpu_load_check(d->ordinal, not_code, sizeof not_code,
-                                     typo, 1, err),
-                   KC_GPU);
+  assert_int_equal(
+      kc_gpu_load_check(d->ordinal, not_code, sizeof not_code, typo, 1, err),
+      KC_GPU);
   kc_gpu_build_out_free(&out);
 }
 
@@ -1016,9 +1045,9 @@ static void test_stub_driver(void **state) {
   assert_contains(err, "cuInit: CUDA_ERROR_STUB_LIBRARY");
   assert_int_equal(info.n_devices, 0);
   const char *const entries[] = {"saxpy"};
-  assert_int_equal(kc_gpu_load_check(0, not_code, sizeof not_code, entries, 1,
-                                     err),
-                   KC_NO_DRIVER);
+  assert_int_equal(
+      kc_gpu_load_check(0, not_code, sizeof not_code, entries, 1, err),
+      KC_NO_DRIVER);
   assert_contains(err, "cuInit");
 }
 
@@ -1082,12 +1111,11 @@ static void test_fake_load_check(void **state) {
   assert_int_equal(fake_count("fake_cuda_contexts_created"), 1);
   assert_int_equal(fake_count("fake_cuda_primary_refs"), 1);
 
-  assert_int_equal(kc_gpu_load_check(0, not_code, sizeof not_code, entries,
-                                     2, err), KC_GPU);
+  assert_int_equal(
+      kc_gpu_load_check(0, not_code, sizeof not_code, entries, 2, err), KC_GPU);
   assert_contains(err, "cuModuleLoadData: CUDA_ERROR_NO_BINARY_FOR_GPU");
   const char *const typo[] = {"saxpy", "saxpy_typo"};
-  assert_int_equal(kc_gpu_load_check(0, mod, sizeof mod, typo, 2, err),
-                   KC_GPU);
+  assert_int_equal(kc_gpu_load_check(0, mod, sizeof mod, typo, 2, err), KC_GPU);
   assert_contains(err, "entry 'saxpy_typo': cuModuleGetFunction: "
                        "CUDA_ERROR_NOT_FOUND");
   assert_int_equal(kc_gpu_load_check(1, mod, sizeof mod, entries, 2, err),
@@ -1135,9 +1163,8 @@ static void test_fake_forced_missing(void **state) {
  * of (target, device) is checked: a device missing from a row must not run
  * it. */
 static const char *const compat_devices[] = {
-    "5.0",  "5.2",  "5.3",  "6.0",  "6.1",  "6.2",  "7.0",
-    "7.2",  "7.5",  "8.0",  "8.6",  "8.7",  "8.9",  "9.0",
-    "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"};
+    "5.0", "5.2", "5.3", "6.0", "6.1",  "6.2",  "7.0",  "7.2",  "7.5",  "8.0",
+    "8.6", "8.7", "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"};
 
 static const struct {
   const char *arch, *runs_on; /* the devices, space-separated */
@@ -1175,13 +1202,20 @@ static const struct {
     {"sm_121", "12.1"},
     {"sm_121a", "12.1"},
     {"sm_121f", "12.1"},
-    {"compute_50", "5.0 5.2 5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
-    {"compute_52", "5.2 5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
-    {"compute_53", "5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
-    {"compute_60", "6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
-    {"compute_61", "6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
-    {"compute_62", "6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
-    {"compute_70", "7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_50", "5.0 5.2 5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 "
+                   "10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_52", "5.2 5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 "
+                   "10.1 10.3 11.0 12.0 12.1"},
+    {"compute_53", "5.3 6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 "
+                   "10.3 11.0 12.0 12.1"},
+    {"compute_60", "6.0 6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 "
+                   "11.0 12.0 12.1"},
+    {"compute_61",
+     "6.1 6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_62",
+     "6.2 7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
+    {"compute_70",
+     "7.0 7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
     {"compute_72", "7.2 7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
     {"compute_75", "7.5 8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
     {"compute_80", "8.0 8.6 8.7 8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1"},
@@ -1232,9 +1266,9 @@ static void test_compat_table(void **state) {
         fail_msg("%s on %s: got %d, want %d", compat_table[i].arch,
                  compat_devices[d], got, want);
       /* with a driver that reads the PTX, usable is runs_on */
-      assert_int_equal(kc_gpu_arch_usable(compat_table[i].arch, major, minor,
-                                          87, 12080),
-                       want);
+      assert_int_equal(
+          kc_gpu_arch_usable(compat_table[i].arch, major, minor, 87, 12080),
+          want);
       pairs++;
     }
   }
@@ -1247,11 +1281,11 @@ static void test_ptx_isa(void **state) {
   static const struct {
     const char *cuda;
     int isa;
-  } w[] = {{"9.0", 60},   {"10.2", 65}, {"11.0", 70}, {"11.8", 78},
-           {"12.0", 80},  {"12.5", 85}, {"12.6", 85}, {"12.7", 86},
-           {"12.8", 87},  {"12.9", 88}, {"13.0", 90}, {"13.1", 91},
-           {"12.8.1", 87}, {"8.0", 0},  {"99.0", 0},  {"", 0},
-           {"abc", 0},    {"12", 0},    {"12.8x", 0}};
+  } w[] = {{"9.0", 60},    {"10.2", 65}, {"11.0", 70}, {"11.8", 78},
+           {"12.0", 80},   {"12.5", 85}, {"12.6", 85}, {"12.7", 86},
+           {"12.8", 87},   {"12.9", 88}, {"13.0", 90}, {"13.1", 91},
+           {"12.8.1", 87}, {"8.0", 0},   {"99.0", 0},  {"", 0},
+           {"abc", 0},     {"12", 0},    {"12.8x", 0}};
   for (size_t i = 0; i < sizeof w / sizeof *w; i++)
     if (kc_gpu_ptx_isa_written(w[i].cuda) != w[i].isa)
       fail_msg("written(%s) = %d, want %d", w[i].cuda,
@@ -1290,9 +1324,9 @@ static void test_cc_parse(void **state) {
   assert_true(ma == 8 && mi == 6);
   assert_int_equal(kc_gpu_cc_parse("10.3", &ma, &mi), 0);
   assert_true(ma == 10 && mi == 3);
-  static const char *const bad[] = {NULL, "", "8", "8.", ".9", "8.10",
-                                    "08.9", " 8.9", "8.9 ", "sm_8", "gfx90a",
-                                    "-8.9", "123.4"};
+  static const char *const bad[] = {NULL,     "",     "8",    "8.",   ".9",
+                                    "8.10",   "08.9", " 8.9", "8.9 ", "sm_8",
+                                    "gfx90a", "-8.9", "123.4"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
     if (kc_gpu_cc_parse(bad[i], &ma, &mi) == 0)
       fail_msg("'%s' parsed as %d.%d", bad[i] ? bad[i] : "(null)", ma, mi);
@@ -1326,14 +1360,14 @@ static void test_compat_order(void **state) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char out[80][KC_ARCH_MAX + 1], got[2048] = "";
-    size_t n = kc_gpu_compat_archs(cases[i].major, cases[i].minor,
-                                   cases[i].isa, cases[i].driver, out, 80);
+    size_t n = kc_gpu_compat_archs(cases[i].major, cases[i].minor, cases[i].isa,
+                                   cases[i].driver, out, 80);
     for (size_t k = 0; k < n; k++)
       snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s",
                k ? " " : "", out[k]);
     if (strcmp(got, cases[i].want) != 0)
-      fail_msg("%d.%d: got '%s', want '%s'", cases[i].major,
-               cases[i].minor, got, cases[i].want);
+      fail_msg("%d.%d: got '%s', want '%s'", cases[i].major, cases[i].minor,
+               got, cases[i].want);
   }
   char small[2][KC_ARCH_MAX + 1];
   assert_int_equal(kc_gpu_compat_archs(8, 9, 87, 12080, small, 2), 2);
@@ -1404,8 +1438,8 @@ int main(int argc, char **argv) {
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_version_from_name, env_setup,
                                       env_teardown),
-      cmocka_unit_test_setup_teardown(test_nvrtc_meta_version_json,
-                                      env_setup, env_teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_meta_version_json, env_setup,
+                                      env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_meta_dist_info, env_setup,
                                       env_teardown),
       cmocka_unit_test_setup_teardown(test_nvrtc_meta_fallback, env_setup,

@@ -96,7 +96,8 @@ static resp http_on(CURL *c, const char *base, const char *method,
                     const char *path, const void *body, size_t len,
                     long timeout_ms) {
   resp r = kc_testsrv_http(c, base, path,
-                           (kc_testsrv_req){.method = method, .body = body,
+                           (kc_testsrv_req){.method = method,
+                                            .body = body,
                                             .len = len,
                                             .timeout_ms = timeout_ms});
   if (r.rc != CURLE_OK)
@@ -207,7 +208,8 @@ static int bundle_gone(CURL *c, const char *base, const char *key) {
 
 /* 0 when the server holds exactly this bundle and every blob's bytes hash to
  * its digest; 1 when it does not have the bundle (404); -1 (with a message)
- * when it has something else, or a partial bundle. *bytes adds what was read. */
+ * when it has something else, or a partial bundle. *bytes adds what was read.
+ */
 static int check_bundle(CURL *c, const char *base, const bundle_rec *b,
                         size_t *bytes) {
   char path[160];
@@ -241,8 +243,7 @@ static int check_bundle(CURL *c, const char *base, const bundle_rec *b,
     char d[65] = "";
     if (br.rc == CURLE_OK && br.status == 200)
       kc_sha256_hex(br.body ? br.body : "", br.len, d);
-    if (br.rc == CURLE_OK && br.status == 404 &&
-        bundle_gone(c, base, b->key)) {
+    if (br.rc == CURLE_OK && br.status == 404 && bundle_gone(c, base, b->key)) {
       kc_testsrv_resp_free(&br);
       rc = 1; /* evicted between the two reads: not a partial bundle */
       goto out;
@@ -283,7 +284,8 @@ static size_t model_keys(const kc_testsrv *t, const char *model,
   size_t n = json_array_size(list);
   *out = calloc(n ? n : 1, 65);
   for (size_t i = 0; i < n; i++) {
-    const char *k = json_string_value(json_object_get(json_array_get(list, i), "key"));
+    const char *k =
+        json_string_value(json_object_get(json_array_get(list, i), "key"));
     assert_non_null(k);
     snprintf((*out)[i], 65, "%s", k);
   }
@@ -300,11 +302,11 @@ typedef struct crash_ctx {
   char model[65];
   int iter;
   atomic_int stop;
-  bundle_vec acked; /* this iteration: 201/200 on the manifest */
-  bundle_vec maybe; /* manifest sent, no answer: may or may not be there */
+  bundle_vec acked;  /* this iteration: 201/200 on the manifest */
+  bundle_vec maybe;  /* manifest sent, no answer: may or may not be there */
   char (*blobs)[65]; /* this iteration: blobs that got 201/200 */
   size_t n_blobs, cap_blobs;
-  int full;     /* a tiny --max-bytes: 507 store_full, 409 missing_blobs ok */
+  int full; /* a tiny --max-bytes: 507 store_full, 409 missing_blobs ok */
   long unexpected, full_answers, full_507;
   char first_full[300];
   char first_unexpected[512];
@@ -317,8 +319,8 @@ typedef struct crash_worker {
 
 static void note_unexpected(crash_ctx *x, const char *what, const resp *r) {
   pthread_mutex_lock(&x->mu);
-  if (x->full && (is_error(r, 507, "store_full") ||
-                  is_error(r, 409, "missing_blobs"))) {
+  if (x->full &&
+      (is_error(r, 507, "store_full") || is_error(r, 409, "missing_blobs"))) {
     x->full_answers++;
     x->full_507 += r->status == 507;
     if (!x->first_full[0])
@@ -363,10 +365,10 @@ static void *crash_worker_main(void *arg) {
     for (size_t i = 0; i < n && ok; i++) {
       /* file 0 is the same bytes in every bundle of this worker: shared
        * blobs, refcounts and 200 "already present" under crashes */
-      uint64_t cs = i == 0 ? (uint64_t)w->id + 7
-                           : ((uint64_t)g_seed << 32) ^
-                                 ((uint64_t)x->iter << 24) ^
-                                 ((uint64_t)w->id << 20) ^ (seq * 4u + i);
+      uint64_t cs = i == 0
+                        ? (uint64_t)w->id + 7
+                        : ((uint64_t)g_seed << 32) ^ ((uint64_t)x->iter << 24) ^
+                              ((uint64_t)w->id << 20) ^ (seq * 4u + i);
       sizes[i] = i == 0 ? 4096 : 100 + rnd(&s) % 32000;
       fill(buf, sizes[i], cs);
       kc_sha256_hex(buf, sizes[i], digests[i]);
@@ -385,9 +387,8 @@ static void *crash_worker_main(void *arg) {
     if (!ok)
       continue;
     char key[65];
-    char *json =
-        kc_testsrv_manifest(x->model, (uint64_t)w->id * 1000000 + seq,
-                            "sm_90a", digests, sizes, n, key);
+    char *json = kc_testsrv_manifest(x->model, (uint64_t)w->id * 1000000 + seq,
+                                     "sm_90a", digests, sizes, n, key);
     if (!json)
       abort();
     char path[128];
@@ -425,7 +426,8 @@ static void check_data_dir(const kc_testsrv *t) {
   assert_non_null(d);
   for (struct dirent *e; (e = readdir(d));) {
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
-        strcmp(e->d_name, "data.mdb") == 0 || strcmp(e->d_name, "lock.mdb") == 0 ||
+        strcmp(e->d_name, "data.mdb") == 0 ||
+        strcmp(e->d_name, "lock.mdb") == 0 ||
         strcmp(e->d_name, "kcached.lock") == 0)
       continue;
     fprintf(stderr, "stray file in the store directory: %s\n", e->d_name);
@@ -476,7 +478,8 @@ static void t_crash_kill_restart(void **state) {
     crash_worker w[CRASH_THREADS];
     for (int i = 0; i < CRASH_THREADS; i++) {
       w[i] = (crash_worker){&x, i};
-      assert_int_equal(pthread_create(&th[i], NULL, crash_worker_main, &w[i]), 0);
+      assert_int_equal(pthread_create(&th[i], NULL, crash_worker_main, &w[i]),
+                       0);
     }
     long kill_at = 50 + (long)(rnd(&s) % 451);
     min_kill = kill_at < min_kill ? kill_at : min_kill;
@@ -507,7 +510,8 @@ static void t_crash_kill_restart(void **state) {
       int rc = check_bundle(c, t.url, &x.acked.v[i], &verified_bytes);
       evicted += rc == 1;
       if (rc != 0 && !(rc == 1 && evicting))
-        fail_msg("iteration %d: acknowledged bundle %s %s", it, x.acked.v[i].key,
+        fail_msg("iteration %d: acknowledged bundle %s %s", it,
+                 x.acked.v[i].key,
                  rc == 1 ? "LOST after SIGKILL" : "is not intact");
     }
     /* Every acknowledged blob is there, referenced or not. */
@@ -556,21 +560,24 @@ static void t_crash_kill_restart(void **state) {
   for (size_t i = 0; i < all.n; i++) {
     int rc = check_bundle(c, t.url, &all.v[i], &verified_bytes);
     if (rc < 0 || (rc == 1 && !evicting))
-      fail_msg("bundle %s acknowledged earlier is gone or damaged", all.v[i].key);
+      fail_msg("bundle %s acknowledged earlier is gone or damaged",
+               all.v[i].key);
   }
   curl_easy_cleanup(c);
   assert_true(healthy(&t));
   if (evicting)
     printf("crash: --max-bytes %s: %ld acknowledged bundles evicted, %ld "
-           "507/409 answers (%ld 507; first: %s)\n", max_bytes, evicted,
-           x.full_answers, x.full_507, x.first_full);
-  printf("crash: %d iterations (kill %ld-%ld ms after the first ack), %d "
-         "threads, %zu "
-         "acknowledged bundles all intact, %ld acknowledged blob PUTs all there, %ld unanswered "
-         "(%ld present whole, rest absent), %.1f MiB verified, %.1f s, seed %u\n",
-         it, min_kill, max_kill, CRASH_THREADS, all.n, acked_blobs, total_maybe,
-         maybe_present, (double)verified_bytes / 1048576.0,
-         (double)(kc_testsrv_now_ms() - t0) / 1000.0, g_seed);
+           "507/409 answers (%ld 507; first: %s)\n",
+           max_bytes, evicted, x.full_answers, x.full_507, x.first_full);
+  printf(
+      "crash: %d iterations (kill %ld-%ld ms after the first ack), %d "
+      "threads, %zu "
+      "acknowledged bundles all intact, %ld acknowledged blob PUTs all there, "
+      "%ld unanswered "
+      "(%ld present whole, rest absent), %.1f MiB verified, %.1f s, seed %u\n",
+      it, min_kill, max_kill, CRASH_THREADS, all.n, acked_blobs, total_maybe,
+      maybe_present, (double)verified_bytes / 1048576.0,
+      (double)(kc_testsrv_now_ms() - t0) / 1000.0, g_seed);
   assert_true(all.n > 0);
   int rc = kc_testsrv_stop(&t);
   if (rc != 0)
@@ -608,7 +615,8 @@ static void t_store_full(void **state) {
     uint64_t sizes[2];
     for (int i = 0; i < 2; i++) {
       sizes[i] = 16384 + rnd(&s) % 49152;
-      fill(buf, sizes[i], ((uint64_t)g_seed << 16) + (uint64_t)b * 2 + (uint64_t)i);
+      fill(buf, sizes[i],
+           ((uint64_t)g_seed << 16) + (uint64_t)b * 2 + (uint64_t)i);
       sha_hex(buf, sizes[i], digests[i]);
       snprintf(path, sizeof path, "/v1/blobs/%s", digests[i]);
       resp r = http_on(c, t.url, "PUT", path, buf, sizes[i], 30000);
@@ -678,12 +686,13 @@ static void t_store_full(void **state) {
   r = get(&t, "/readyz");
   assert_int_equal(r.status, 200);
   kc_testsrv_resp_free(&r);
-  printf("store full: --max-bytes 1M, %.1f MiB uploaded in %d bundles: blobs "
-         "201=%ld 200=%ld 507=%ld; bundles 201=%ld 409=%ld 507=%ld; %d "
-         "bundles left, all whole; evicted %lld bundles %lld blobs; used %lld\n",
-         (double)uploaded / 1048576.0, N, st_blob[201], st_blob[200],
-         st_blob[507], st_bundle[201], st_bundle[409], st_bundle[507], present,
-         (long long)ev_bundles, (long long)ev_blobs, (long long)used);
+  printf(
+      "store full: --max-bytes 1M, %.1f MiB uploaded in %d bundles: blobs "
+      "201=%ld 200=%ld 507=%ld; bundles 201=%ld 409=%ld 507=%ld; %d "
+      "bundles left, all whole; evicted %lld bundles %lld blobs; used %lld\n",
+      (double)uploaded / 1048576.0, N, st_blob[201], st_blob[200], st_blob[507],
+      st_bundle[201], st_bundle[409], st_bundle[507], present,
+      (long long)ev_bundles, (long long)ev_blobs, (long long)used);
   curl_easy_cleanup(c);
   free(buf);
   vec_free(&sent);
@@ -762,11 +771,12 @@ static void t_store_full_concurrent(void **state) {
   json_int_t used = stat_of(&t, "bytes_used");
   json_int_t ev = stat_of(&t, "evicted_bundles");
   printf("store full, concurrent: %d uploaders 4 s on --max-bytes 1M: %zu "
-         "bundles acknowledged, %ld answered 507/409 (%ld 507), %d reads meanwhile (all "
+         "bundles acknowledged, %ld answered 507/409 (%ld 507), %d reads "
+         "meanwhile (all "
          "whole or absent), %d left and whole (index lists %zu), evicted %lld "
          "bundles, used %lld\n",
-         CRASH_THREADS, x.acked.n, x.full_answers, x.full_507, reads, present, nk,
-         (long long)ev, (long long)used);
+         CRASH_THREADS, x.acked.n, x.full_answers, x.full_507, reads, present,
+         nk, (long long)ev, (long long)used);
   assert_true(used <= 1 << 20);
   assert_true(ev > 0);
   assert_true(healthy(&t));
@@ -920,9 +930,10 @@ static void t_half_body(void **state) {
     sha_hex(buf, len, d);
     snprintf(blob_paths[round], sizeof blob_paths[round], "/v1/blobs/%s", d);
     int fd = raw_connect(t.port);
-    int h = snprintf(head, sizeof head,
-                     "PUT %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n",
-                     blob_paths[round], len);
+    int h = snprintf(
+        head, sizeof head,
+        "PUT %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: %zu\r\n\r\n",
+        blob_paths[round], len);
     assert_int_equal(raw_send(fd, head, (size_t)h), 0);
     assert_int_equal(raw_send(fd, buf, len / 2 + (size_t)round), 0);
     kc_testsrv_sleep_ms(50);
@@ -974,7 +985,8 @@ static void t_half_body(void **state) {
   assert_true(healthy(&t));
   check_data_dir(&t);
   printf("half body: 9 uploads cut mid-body (64K..4M, FIN and RST): none "
-         "visible; server fds %d before, %d after\n", fds0, fds);
+         "visible; server fds %d before, %d after\n",
+         fds0, fds);
   assert_true(fds <= fds0 + 1);
   free(buf);
   assert_int_equal(kc_testsrv_stop(&t), 0);
@@ -1046,8 +1058,10 @@ int main(void) {
   printf("reliability: seed %u (KC_RELIABILITY_SEED to repeat)\n", g_seed);
   setvbuf(stdout, NULL, _IOLBF, 0);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(t_too_large),  cmocka_unit_test(t_half_body),
-      cmocka_unit_test(t_slowloris),  cmocka_unit_test(t_bad_data_dir),
+      cmocka_unit_test(t_too_large),
+      cmocka_unit_test(t_half_body),
+      cmocka_unit_test(t_slowloris),
+      cmocka_unit_test(t_bad_data_dir),
       cmocka_unit_test(t_store_full),
       cmocka_unit_test(t_store_full_concurrent),
       cmocka_unit_test(t_crash_kill_restart),

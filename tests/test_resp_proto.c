@@ -1,7 +1,8 @@
 /* test_resp_proto.c: the RESP2 parser and reply writers (server/
- * resp_proto.c, RESP3's too), and the key family table (resp_family.c). Every input is parsed whole, then fed one byte at a time
- * into a buffer that is compacted between reads as the listener does: both
- * must give the same commands and errors. */
+ * resp_proto.c, RESP3's too), and the key family table (resp_family.c). Every
+ * input is parsed whole, then fed one byte at a time into a buffer that is
+ * compacted between reads as the listener does: both must give the same
+ * commands and errors. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -119,20 +120,23 @@ static void test_errors(void **state) {
   (void)state;
   EXPECT("*1\r\n$-5\r\n", "ERR:Protocol error: invalid bulk length");
   EXPECT("*1\r\n$abc\r\n", "ERR:Protocol error: invalid bulk length");
-  EXPECT("*1\r\n$999999999999999\r\n", "ERR:Protocol error: invalid bulk length");
+  EXPECT("*1\r\n$999999999999999\r\n",
+         "ERR:Protocol error: invalid bulk length");
   EXPECT("*99999999999\r\n", "ERR:Protocol error: invalid multibulk length");
   EXPECT("*1001\r\n", "ERR:Protocol error: invalid multibulk length");
   EXPECT("*x\r\n", "ERR:Protocol error: invalid multibulk length");
   EXPECT("*01\r\n", "ERR:Protocol error: invalid multibulk length");
   EXPECT("*+1\r\n", "ERR:Protocol error: invalid multibulk length");
   EXPECT("*1\r\n+abc\r\n", "ERR:Protocol error: expected '$', got '+'");
-  EXPECT("PING\r\n*1\r\n$x\r\n", "PING\nERR:Protocol error: invalid bulk length");
+  EXPECT("PING\r\n*1\r\n$x\r\n",
+         "PING\nERR:Protocol error: invalid bulk length");
   /* the limits hold whatever the client declares */
   char *got = run("*1\r\n$1025\r\n", 11, 0, 1024, 0);
   assert_string_equal(got, "ERR:Protocol error: invalid bulk length");
   free(got);
   got = run("*11\r\n", 5, 0, 1024, 1);
-  assert_string_equal(got, "ERR:Protocol error: unauthenticated multibulk length");
+  assert_string_equal(got,
+                      "ERR:Protocol error: unauthenticated multibulk length");
   free(got);
   got = run("*1\r\n$16385\r\n", 12, 0, 1 << 20, 1);
   assert_string_equal(got, "ERR:Protocol error: unauthenticated bulk length");
@@ -192,7 +196,8 @@ static void test_replies(void **state) {
   kcd_resp_bulk(&b, "a\0b", 3);
   kcd_resp_null(&b);
   kcd_resp_array(&b, 0);
-  static const char want[] = "+OK\r\n-ERR a  b\r\n:-2\r\n$3\r\na\0b\r\n$-1\r\n*0\r\n";
+  static const char want[] =
+      "+OK\r\n-ERR a  b\r\n:-2\r\n$3\r\na\0b\r\n$-1\r\n*0\r\n";
   assert_int_equal(b.len, sizeof want - 1);
   assert_memory_equal(b.p, want, sizeof want - 1);
   kcd_resp_buf_free(&b);
@@ -228,8 +233,8 @@ typedef struct fam_list {
   int n;
 } fam_list;
 
-static void fam_cb(const char *name, size_t len, uint64_t hits,
-                   uint64_t misses, void *ud) {
+static void fam_cb(const char *name, size_t len, uint64_t hits, uint64_t misses,
+                   void *ud) {
   fam_list *l = ud;
   fam_row *r = &l->rows[l->n++];
   snprintf(r->name, sizeof r->name, "%.*s", name ? (int)len : 5,
@@ -254,16 +259,16 @@ static void test_families(void **state) {
   static kcd_resp_families t; /* zeroed: every slot free */
   count(&t, "pt2:fx:abc", 1);
   count(&t, "pt2:x", 0);
-  count(&t, "pt2", 0);          /* no ':': other */
-  count(&t, ":x", 0);           /* empty prefix: other */
-  count(&t, "a b:x", 1);        /* a space: other */
-  count(&t, "q\"uote:x", 1);    /* a label's quote: other */
-  count(&t, "other:x", 0);      /* the name of the rest: other */
+  count(&t, "pt2", 0);       /* no ':': other */
+  count(&t, ":x", 0);        /* empty prefix: other */
+  count(&t, "a b:x", 1);     /* a space: other */
+  count(&t, "q\"uote:x", 1); /* a label's quote: other */
+  count(&t, "other:x", 0);   /* the name of the rest: other */
   char longk[KCD_RESP_FAMILY_MAX + 8];
   memset(longk, 'l', sizeof longk);
   longk[sizeof longk - 2] = ':';
   longk[sizeof longk - 1] = '\0';
-  count(&t, longk, 0);          /* a prefix too long: other */
+  count(&t, longk, 0); /* a prefix too long: other */
   count(&t, "triton:k", 1);
   for (int i = 0; i < 40; i++) { /* 30 more fit, 10 do not */
     char k[32];
@@ -295,14 +300,21 @@ static void test_sniff(void **state) {
     const char *in;
     kcd_resp_sniff_res want;
   } cases[] = {
-      {"", KCD_SNIFF_MORE},           {"\r\n\r\n", KCD_SNIFF_MORE},
-      {"*", KCD_SNIFF_OK},            {"\r\n *3\r\n", KCD_SNIFF_OK},
-      {"PING\r\n", KCD_SNIFF_OK},     {"PIN", KCD_SNIFF_MORE},
-      {"ping\n", KCD_SNIFF_OK},        {"SET a \"b c\"\r\n", KCD_SNIFF_OK},
+      {"", KCD_SNIFF_MORE},
+      {"\r\n\r\n", KCD_SNIFF_MORE},
+      {"*", KCD_SNIFF_OK},
+      {"\r\n *3\r\n", KCD_SNIFF_OK},
+      {"PING\r\n", KCD_SNIFF_OK},
+      {"PIN", KCD_SNIFF_MORE},
+      {"ping\n", KCD_SNIFF_OK},
+      {"SET a \"b c\"\r\n", KCD_SNIFF_OK},
       {"GET / HTTP/1.1\r\n", KCD_SNIFF_OK}, /* letters: the guard's part */
-      {"\x16\x03\x01", KCD_SNIFF_BAD}, {"{\"a\":1}", KCD_SNIFF_BAD},
-      {"<html>", KCD_SNIFF_BAD},       {"\"abc\"\r\n", KCD_SNIFF_BAD},
-      {"SET x \x01", KCD_SNIFF_BAD},   {"SET\rx\r\n", KCD_SNIFF_BAD},
+      {"\x16\x03\x01", KCD_SNIFF_BAD},
+      {"{\"a\":1}", KCD_SNIFF_BAD},
+      {"<html>", KCD_SNIFF_BAD},
+      {"\"abc\"\r\n", KCD_SNIFF_BAD},
+      {"SET x \x01", KCD_SNIFF_BAD},
+      {"SET\rx\r\n", KCD_SNIFF_BAD},
       {"SET x \xc3\xa9\r\n", KCD_SNIFF_BAD},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -388,13 +400,13 @@ static void test_buf_limits(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_sniff), cmocka_unit_test(test_is_http),
-      cmocka_unit_test(test_buf_limits),
-      cmocka_unit_test(test_multibulk), cmocka_unit_test(test_binary),
-      cmocka_unit_test(test_inline),    cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_too_big_lines), cmocka_unit_test(test_want),
-      cmocka_unit_test(test_ll),        cmocka_unit_test(test_replies),
-      cmocka_unit_test(test_replies_resp3), cmocka_unit_test(test_families),
+      cmocka_unit_test(test_sniff),      cmocka_unit_test(test_is_http),
+      cmocka_unit_test(test_buf_limits), cmocka_unit_test(test_multibulk),
+      cmocka_unit_test(test_binary),     cmocka_unit_test(test_inline),
+      cmocka_unit_test(test_errors),     cmocka_unit_test(test_too_big_lines),
+      cmocka_unit_test(test_want),       cmocka_unit_test(test_ll),
+      cmocka_unit_test(test_replies),    cmocka_unit_test(test_replies_resp3),
+      cmocka_unit_test(test_families),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* test_s3.c: the S3 client (store/tier/kcs3.h) against a real Ceph RADOS
- * Gateway that this program starts with scripts/ceph-rgw.sh (installing the packages
- * when missing), plus offline cases against a fake HTTP server in a thread.
+ * Gateway that this program starts with scripts/ceph-rgw.sh (installing the
+ * packages when missing), plus offline cases against a fake HTTP server in a
+ * thread.
  *
  * Exit 77 (ctest: skipped) when the Ceph packages cannot be installed, unless
  * CI=true: then a missing RGW fails. KC_TEST_S3_ENV=FILE uses an RGW that is
@@ -42,9 +43,13 @@ static double now_s(void) {
 
 static kcs3 *open_with(const char *bucket, const char *secret,
                        unsigned max_keys) {
-  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = bucket, .region = g_rgw.region,
-                 .path_style = 1, .access_key = g_rgw.access,
-                 .secret_key = secret, .list_max_keys = max_keys};
+  kcs3_opts o = {.endpoint = g_rgw.endpoint,
+                 .bucket = bucket,
+                 .region = g_rgw.region,
+                 .path_style = 1,
+                 .access_key = g_rgw.access,
+                 .secret_key = secret,
+                 .list_max_keys = max_keys};
   kcs3 *c = NULL;
   char err[KC_ERRBUF_SIZE] = "";
   kc_err e = kcs3_open(&o, &c, err);
@@ -117,8 +122,7 @@ static void test_roundtrip(void **state) {
   assert_int_equal(len, 0);
   free(got);
   /* over the caller's cap: refused, nothing returned */
-  assert_int_equal(kcs3_get(c, key, 1000, &got, &len, NULL, err),
-                   KC_TOO_LARGE);
+  assert_int_equal(kcs3_get(c, key, 1000, &got, &len, NULL, err), KC_TOO_LARGE);
   assert_null(got);
   free(bytes);
   kcs3_close(c);
@@ -162,20 +166,21 @@ static void test_get_stream(void **state) {
   assert_string_equal(etag, etag2);
   /* the consumer's refusal stops the transfer and is what comes back */
   sink_state r = {.buf = s.buf, .cap = n, .refuse_after = 100000};
-  assert_int_equal(kcs3_get_stream(c, "st/big", n, collect, &r, NULL, NULL, err),
-                   KC_CORRUPT);
+  assert_int_equal(
+      kcs3_get_stream(c, "st/big", n, collect, &r, NULL, NULL, err),
+      KC_CORRUPT);
   assert_non_null(strstr(err, "KC_CORRUPT"));
   /* over the cap: refused before any byte (Content-Length) */
   sink_state t = {.buf = s.buf, .cap = n};
-  assert_int_equal(kcs3_get_stream(c, "st/big", n - 1, collect, &t, NULL, NULL,
-                                   err),
-                   KC_TOO_LARGE);
+  assert_int_equal(
+      kcs3_get_stream(c, "st/big", n - 1, collect, &t, NULL, NULL, err),
+      KC_TOO_LARGE);
   assert_int_equal(t.len, 0);
   /* an error answer is parsed, not streamed */
   sink_state u = {.buf = s.buf, .cap = n};
-  assert_int_equal(kcs3_get_stream(c, "st/missing", n, collect, &u, NULL, NULL,
-                                   err),
-                   KC_NOT_FOUND);
+  assert_int_equal(
+      kcs3_get_stream(c, "st/missing", n, collect, &u, NULL, NULL, err),
+      KC_NOT_FOUND);
   assert_int_equal(u.len, 0);
   assert_non_null(strstr(err, "NoSuchKey"));
   /* and the connection still works afterwards */
@@ -214,8 +219,7 @@ static void test_not_found(void **state) {
   kcs3_close(c);
   /* a bucket that does not exist says so */
   c = open_with("kcache-no-such-bucket", g_rgw.secret, 0);
-  assert_int_equal(kcs3_get(c, "x", 100, &data, &len, NULL, err),
-                   KC_NOT_FOUND);
+  assert_int_equal(kcs3_get(c, "x", 100, &data, &len, NULL, err), KC_NOT_FOUND);
   assert_non_null(strstr(err, "NoSuchBucket"));
   kcs3_close(c);
 }
@@ -328,8 +332,11 @@ static void test_virtual_host(void **state) {
   const char *port = strrchr(g_rgw.endpoint, ':');
   assert_non_null(port);
   snprintf(ep, sizeof ep, "http://localhost%s", port);
-  kcs3_opts o = {.endpoint = ep, .bucket = g_bucket, .region = g_rgw.region,
-                 .path_style = 0, .access_key = g_rgw.access,
+  kcs3_opts o = {.endpoint = ep,
+                 .bucket = g_bucket,
+                 .region = g_rgw.region,
+                 .path_style = 0,
+                 .access_key = g_rgw.access,
                  .secret_key = g_rgw.secret};
   kcs3 *c = NULL;
   assert_int_equal(kcs3_open(&o, &c, err), KC_OK);
@@ -363,7 +370,7 @@ typedef struct fake {
   const char *answer; /* the whole response; NULL: read and never answer */
   volatile int stop;
   pthread_t th;
-  char req[8192];     /* the last request as received (head and a bit) */
+  char req[8192]; /* the last request as received (head and a bit) */
   int accepts, requests;
 } fake;
 
@@ -416,8 +423,7 @@ static int listen_any(int *port) {
   socklen_t len = sizeof a;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-      listen(fd, 16) != 0 ||
-      getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+      listen(fd, 16) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0)
     fail_msg("cannot listen on loopback");
   *port = ntohs(a.sin_port);
   return fd;
@@ -439,9 +445,13 @@ static void fake_stop(fake *f) {
 static kcs3 *open_port(int port, long timeout_ms) {
   char ep[64];
   snprintf(ep, sizeof ep, "http://127.0.0.1:%d", port);
-  kcs3_opts o = {.endpoint = ep, .bucket = "fake-bucket", .path_style = 1,
-                 .access_key = "AKIDEXAMPLE", .secret_key = "secret-example",
-                 .connect_timeout_ms = 1000, .timeout_ms = timeout_ms};
+  kcs3_opts o = {.endpoint = ep,
+                 .bucket = "fake-bucket",
+                 .path_style = 1,
+                 .access_key = "AKIDEXAMPLE",
+                 .secret_key = "secret-example",
+                 .connect_timeout_ms = 1000,
+                 .timeout_ms = timeout_ms};
   kcs3 *c = NULL;
   assert_int_equal(kcs3_open(&o, &c, NULL), KC_OK);
   return c;
@@ -499,15 +509,16 @@ static void test_bad_xml(void **state) {
   int n = 0;
   /* a well-formed page parses */
   assert_int_equal(
-      list_fake("<?xml version=\"1.0\"?><ListBucketResult xmlns=\"http://s3."
-                "amazonaws.com/doc/2006-03-01/\"><IsTruncated>false</IsTruncated>"
-                "<Contents><Key>p/a&amp;b</Key><Size>3</Size><ETag>&quot;x&quot;"
-                "</ETag></Contents></ListBucketResult>",
-                &n, err),
+      list_fake(
+          "<?xml version=\"1.0\"?><ListBucketResult xmlns=\"http://s3."
+          "amazonaws.com/doc/2006-03-01/\"><IsTruncated>false</IsTruncated>"
+          "<Contents><Key>p/a&amp;b</Key><Size>3</Size><ETag>&quot;x&quot;"
+          "</ETag></Contents></ListBucketResult>",
+          &n, err),
       KC_OK);
   assert_int_equal(n, 1);
   const char *bad[] = {
-      "<ListBucketResult><Contents><Key>p/a</Key>",         /* cut short */
+      "<ListBucketResult><Contents><Key>p/a</Key>", /* cut short */
       "not xml at all",
       "<Other><Contents><Key>p/a</Key><Size>1</Size></Contents></Other>",
       ("<ListBucketResult><Contents><Key>p/a</Key><Size>-1</Size></Contents>"
@@ -556,8 +567,11 @@ static void test_request_shape(void **state) {
   char ep[64], etag[KCS3_ETAG_MAX] = "", err[KC_ERRBUF_SIZE] = "";
   /* curl resolves *.localhost to loopback itself: no DNS needed */
   snprintf(ep, sizeof ep, "http://localhost:%d", f.port);
-  kcs3_opts o = {.endpoint = ep, .bucket = "fake-bucket", .region = "kc-1",
-                 .access_key = "AKIDEXAMPLE", .secret_key = "secret-example"};
+  kcs3_opts o = {.endpoint = ep,
+                 .bucket = "fake-bucket",
+                 .region = "kc-1",
+                 .access_key = "AKIDEXAMPLE",
+                 .secret_key = "secret-example"};
   kcs3 *c = NULL;
   assert_int_equal(kcs3_open(&o, &c, err), KC_OK);
   kcs3_put_opts once = {.if_none_match = 1};
@@ -568,11 +582,14 @@ static void test_request_shape(void **state) {
   char host[96];
   snprintf(host, sizeof host, "Host: fake-bucket.localhost:%d\r\n", f.port);
   const char *want[] = {
-      "PUT /dir/a%20b HTTP/1.1\r\n", host, "If-None-Match: *\r\n",
+      "PUT /dir/a%20b HTTP/1.1\r\n",
+      host,
+      "If-None-Match: *\r\n",
       "Content-Length: 5\r\n",
       "x-amz-content-sha256: "
       "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\r\n",
-      "Credential=AKIDEXAMPLE/", "/kc-1/s3/aws4_request",
+      "Credential=AKIDEXAMPLE/",
+      "/kc-1/s3/aws4_request",
       "SignedHeaders=content-type;host;if-none-match;x-amz-content-sha256;"
       "x-amz-date"};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
@@ -604,8 +621,11 @@ static void test_connection_reuse(void **state) {
 static void test_bad_options(void **state) {
   (void)state;
   kcs3 *c = NULL;
-  kcs3_opts o = {.endpoint = "http://127.0.0.1:1", .bucket = "ab",
-                 .access_key = "a", .secret_key = "s", .path_style = 1};
+  kcs3_opts o = {.endpoint = "http://127.0.0.1:1",
+                 .bucket = "ab",
+                 .access_key = "a",
+                 .secret_key = "s",
+                 .path_style = 1};
   assert_int_equal(kcs3_open(&o, &c, NULL), KC_EINVAL); /* bucket < 3 */
   o.bucket = "kc-ok";
   o.endpoint = "ftp://x";
@@ -629,18 +649,20 @@ static void test_bad_options(void **state) {
 int main(void) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   const struct CMUnitTest offline[] = {
-      cmocka_unit_test(test_bad_options), cmocka_unit_test(test_unreachable),
-      cmocka_unit_test(test_timeout),     cmocka_unit_test(test_bad_xml),
-      cmocka_unit_test(test_error_body),  cmocka_unit_test(test_request_shape),
+      cmocka_unit_test(test_bad_options),
+      cmocka_unit_test(test_unreachable),
+      cmocka_unit_test(test_timeout),
+      cmocka_unit_test(test_bad_xml),
+      cmocka_unit_test(test_error_body),
+      cmocka_unit_test(test_request_shape),
       cmocka_unit_test(test_connection_reuse),
   };
   const struct CMUnitTest rgw[] = {
-      cmocka_unit_test(test_roundtrip),   cmocka_unit_test(test_get_stream),
-      cmocka_unit_test(test_head),
-      cmocka_unit_test(test_not_found),   cmocka_unit_test(test_if_none_match),
-      cmocka_unit_test(test_if_match),    cmocka_unit_test(test_list_pages),
-      cmocka_unit_test(test_delete),      cmocka_unit_test(test_payload_sha),
-      cmocka_unit_test(test_virtual_host),
+      cmocka_unit_test(test_roundtrip),     cmocka_unit_test(test_get_stream),
+      cmocka_unit_test(test_head),          cmocka_unit_test(test_not_found),
+      cmocka_unit_test(test_if_none_match), cmocka_unit_test(test_if_match),
+      cmocka_unit_test(test_list_pages),    cmocka_unit_test(test_delete),
+      cmocka_unit_test(test_payload_sha),   cmocka_unit_test(test_virtual_host),
       cmocka_unit_test(test_wrong_secret),
   };
   int fails = cmocka_run_group_tests_name("s3_offline", offline, NULL, NULL);

@@ -30,9 +30,12 @@ static unsigned char *g_data[N_BLOBS];
 static char g_hex[N_BLOBS][KC_HEX_LEN + 1];
 
 static kcs3 *open_rgw(void) {
-  kcs3_opts o = {.endpoint = g_rgw.endpoint, .bucket = g_bucket,
-                 .region = g_rgw.region, .path_style = 1,
-                 .access_key = g_rgw.access, .secret_key = g_rgw.secret};
+  kcs3_opts o = {.endpoint = g_rgw.endpoint,
+                 .bucket = g_bucket,
+                 .region = g_rgw.region,
+                 .path_style = 1,
+                 .access_key = g_rgw.access,
+                 .secret_key = g_rgw.secret};
   kcs3 *c = NULL;
   char err[KC_ERRBUF_SIZE] = "";
   if (kcs3_open(&o, &c, err) != KC_OK)
@@ -43,11 +46,15 @@ static kcs3 *open_rgw(void) {
 static kc_store *open_store(const char *name, int level) {
   char dir[400], err[KC_ERRBUF_SIZE] = "";
   snprintf(dir, sizeof dir, "%s/%s", g_tmp, name);
-  kc_store_s3 s3 = {.endpoint = g_rgw.endpoint, .bucket = g_bucket,
-                    .region = g_rgw.region, .prefix = "zt", .path_style = 1,
-                    .access_key = g_rgw.access, .secret_key = g_rgw.secret};
-  kc_store_opts o = {.dir = dir, .map_size = 256u << 20, .s3 = &s3,
-                     .compress_level = level};
+  kc_store_s3 s3 = {.endpoint = g_rgw.endpoint,
+                    .bucket = g_bucket,
+                    .region = g_rgw.region,
+                    .prefix = "zt",
+                    .path_style = 1,
+                    .access_key = g_rgw.access,
+                    .secret_key = g_rgw.secret};
+  kc_store_opts o = {
+      .dir = dir, .map_size = 256u << 20, .s3 = &s3, .compress_level = level};
   kc_store *s = NULL;
   if (kc_store_open(&o, &s, err) != KC_OK)
     fail_msg("kc_store_open: %s", err);
@@ -61,9 +68,10 @@ static void make_blobs(void) {
     uint64_t x = 88172645463325252ull + i;
     for (size_t j = 0; j < sizes[i]; j++) {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      g_data[i][j] = i == 1 ? (unsigned char)x
-                            : (unsigned char)"ld.global.f32 %r1, [%rd2];\n"
-                                  [(j + j / 97) % 27];
+      g_data[i][j] =
+          i == 1 ? (unsigned char)x
+                 : (unsigned char)"ld.global.f32 %r1, [%rd2];\n"[(j + j / 97) %
+                                                                 27];
     }
     kc_sha256_hex(g_data[i], sizes[i], g_hex[i]);
   }
@@ -75,8 +83,8 @@ static kc_store_enc enc_of(kc_store *s, size_t i, size_t *stored) {
   const void *d;
   size_t len;
   kc_store_enc enc;
-  assert_int_equal(kc_store_blob_get_stored(r, g_hex[i], &d, &len, &enc,
-                                            NULL), KC_OK);
+  assert_int_equal(kc_store_blob_get_stored(r, g_hex[i], &d, &len, &enc, NULL),
+                   KC_OK);
   kc_store_read_end(r);
   *stored = len;
   return enc;
@@ -85,8 +93,8 @@ static kc_store_enc enc_of(kc_store *s, size_t i, size_t *stored) {
 static void expect_content(kc_store *s, size_t i) {
   kc_store_blob_stream *b;
   uint64_t len;
-  assert_int_equal(kc_store_blob_stream_open(s, g_hex[i], 1, &b, &len, NULL,
-                                             NULL), KC_OK);
+  assert_int_equal(
+      kc_store_blob_stream_open(s, g_hex[i], 1, &b, &len, NULL, NULL), KC_OK);
   assert_int_equal(len, sizes[i]);
   char *got = malloc(sizes[i] + 65536);
   size_t at = 0;
@@ -116,8 +124,8 @@ static void test_upload_compressed_objects(void **state) {
   char err[KC_ERRBUF_SIZE] = "";
   kc_store *a = open_store("a", 3);
   for (size_t i = 0; i < N_BLOBS; i++)
-    assert_int_equal(kc_store_blob_put(a, g_hex[i], g_data[i], sizes[i], NULL,
-                                       err), KC_OK);
+    assert_int_equal(
+        kc_store_blob_put(a, g_hex[i], g_data[i], sizes[i], NULL, err), KC_OK);
   wait_uploaded(a);
   kcs3 *c = open_rgw();
   for (size_t i = 0; i < N_BLOBS; i++) {
@@ -126,8 +134,8 @@ static void test_upload_compressed_objects(void **state) {
     void *d = NULL;
     size_t len = 0, stored = 0;
     assert_int_equal(kcs3_get(c, obj, 64u << 20, &d, &len, NULL, err), KC_OK);
-    int marked = kcs3_answer_header(c, "x-amz-meta-kcache-encoding", v,
-                                    sizeof v);
+    int marked =
+        kcs3_answer_header(c, "x-amz-meta-kcache-encoding", v, sizeof v);
     kc_store_enc enc = enc_of(a, i, &stored);
     assert_int_equal(len, stored); /* the object is the blob as held */
     if (i == 0 || i == 3) {

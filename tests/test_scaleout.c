@@ -62,8 +62,8 @@
 #include "testrgw.h"
 #include "testsrv.h"
 
-#define DRAIN_MS 60000   /* the queue's backoff tops out at 30 s */
-#define PROMPT_MS 5000   /* a miss while S3 is down */
+#define DRAIN_MS 60000 /* the queue's backoff tops out at 30 s */
+#define PROMPT_MS 5000 /* a miss while S3 is down */
 
 static kc_testrgw_pair P; /* the RGW, the bucket, the replicas A and B */
 
@@ -79,9 +79,11 @@ static reply call(CURL *h, const char *base, const char *method,
                   const char *path, const void *body, size_t len) {
   reply r = kc_testsrv_http(
       h, base, path,
-      (kc_testsrv_req){.method = method, .body = body, .len = len,
-                       .header = body ? "Content-Type: application/json"
-                                      : NULL});
+      (kc_testsrv_req){.method = method,
+                       .body = body,
+                       .len = len,
+                       .header =
+                           body ? "Content-Type: application/json" : NULL});
   if (r.rc != CURLE_OK)
     r.status = 0;
   return r;
@@ -274,8 +276,8 @@ static int in_bucket(const bundle *b) {
   void *data = NULL;
   size_t len = 0;
   kc_err e = kcs3_get(P.s3, k, 1 << 20, &data, &len, NULL, err);
-  int same = e == KC_OK && len == strlen(b->json) &&
-             memcmp(data, b->json, len) == 0;
+  int same =
+      e == KC_OK && len == strlen(b->json) && memcmp(data, b->json, len) == 0;
   free(data);
   if (!same) {
     fprintf(stderr, "bucket: %s: %s\n", k,
@@ -328,9 +330,9 @@ static void t_through(void **state) {
   REQUIRE(r.status == 200, "B: lookup: %ld %s", r.status, r.body);
   j = json_loadb(r.body, r.len, 0, NULL);
   json_t *want = json_loads(k2.json, 0, NULL);
-  REQUIRE(json_equal(json_object_get(json_object_get(j, "found"), k2.key),
-                     want),
-          "B: lookup does not find k2 as uploaded: %s", r.body);
+  REQUIRE(
+      json_equal(json_object_get(json_object_get(j, "found"), k2.key), want),
+      "B: lookup does not find k2 as uploaded: %s", r.body);
   json_t *missing = json_object_get(j, "missing");
   REQUIRE(json_array_size(missing) == 1 &&
               strcmp(json_string_value(json_array_get(missing, 0)), unknown) ==
@@ -425,9 +427,12 @@ static void t_bucket_gone(void **state) {
   (void)state;
   char bucket[80], err[KC_ERRBUF_SIZE] = "";
   snprintf(bucket, sizeof bucket, "%s-gone", P.bucket);
-  kcs3_opts o = {.endpoint = P.rgw.endpoint, .bucket = bucket,
-                 .region = P.rgw.region, .path_style = 1,
-                 .access_key = P.rgw.access, .secret_key = P.rgw.secret};
+  kcs3_opts o = {.endpoint = P.rgw.endpoint,
+                 .bucket = bucket,
+                 .region = P.rgw.region,
+                 .path_style = 1,
+                 .access_key = P.rgw.access,
+                 .secret_key = P.rgw.secret};
   kcs3 *gone = NULL;
   REQUIRE(kcs3_open(&o, &gone, err) == KC_OK, "%s", err);
   g_main_s3 = P.s3; /* in_bucket() looks at P.s3; the teardown puts it back */
@@ -435,8 +440,9 @@ static void t_bucket_gone(void **state) {
   REQUIRE(kcs3_bucket_create(gone, err) == KC_OK, "%s", err);
   snprintf(P.prefix, sizeof P.prefix, "gone");
   const char *args[KC_TESTSRV_MAX_ARGS];
-  assert_int_equal(kc_testrgw_replica_args(&P.rgw, bucket, P.prefix, NULL,
-                                           args, KC_TESTSRV_MAX_ARGS), 0);
+  assert_int_equal(kc_testrgw_replica_args(&P.rgw, bucket, P.prefix, NULL, args,
+                                           KC_TESTSRV_MAX_ARGS),
+                   0);
   REQUIRE(kc_testsrv_start(&P.a, args) == 0, "replica A did not start");
   bundle x, y;
   bundle_new(&x, &P.a, "gone-1", 21, 1, (const size_t[]){3000});
@@ -484,12 +490,13 @@ static void t_parked(void **state) {
   const char *args[KC_TESTSRV_MAX_ARGS];
   assert_int_equal(kc_testrgw_replica_args(&P.rgw, P.bucket, P.prefix,
                                            scrub_off, args,
-                                           KC_TESTSRV_MAX_ARGS), 0);
+                                           KC_TESTSRV_MAX_ARGS),
+                   0);
   rgw_stop(); /* so both blobs wait in the queue */
   REQUIRE(kc_testsrv_start(&P.a, args) == 0, "replica A did not start");
   bundle x;
-  assert_int_equal(bundle_make(&x, "parked", 41, 2,
-                               (const size_t[]){4096, 4096}), 0);
+  assert_int_equal(
+      bundle_make(&x, "parked", 41, 2, (const size_t[]){4096, 4096}), 0);
   for (size_t i = 0; i < 2; i++) {
     char path[128];
     unsigned char *bytes = kc_testsrv_bytes(x.seed[i], x.size[i]);
@@ -548,8 +555,8 @@ static void t_scrub_heals(void **state) {
   assert_int_equal(obj_head("bundles", b.key), KC_OK);
   REQUIRE(serves(&P.a, &b) == 0, "A does not serve the bundle back from S3");
   assert_true(metric(&P.a, "kcached_store_bundles") == 1);
-  assert_true(
-      metric(&P.a, "kcached_s3_read_through_total{result=\"hit\"}") >= 2);
+  assert_true(metric(&P.a, "kcached_s3_read_through_total{result=\"hit\"}") >=
+              2);
   bundle_free(&b);
 }
 
@@ -559,7 +566,8 @@ static reply lease(const kc_testsrv *t, const char *key, const char *holder,
                    int ttl_s) {
   char path[128], body[128];
   snprintf(path, sizeof path, "/v1/leases/%s", key);
-  snprintf(body, sizeof body, "{\"holder\":\"%s\",\"ttl_s\":%d}", holder, ttl_s);
+  snprintf(body, sizeof body, "{\"holder\":\"%s\",\"ttl_s\":%d}", holder,
+           ttl_s);
   return call(NULL, t->url, "POST", path, body, strlen(body));
 }
 
@@ -639,8 +647,10 @@ static void t_leases(void **state) {
 /* Every bundle in the bucket whole, and served by B. */
 static void check_all(bundle *v, size_t n, const char *what) {
   for (size_t i = 0; i < n; i++) {
-    REQUIRE(in_bucket(&v[i]) == 0, "%s: acknowledged bundle %zu (%s) is not "
-            "whole in the bucket", what, i, v[i].key);
+    REQUIRE(in_bucket(&v[i]) == 0,
+            "%s: acknowledged bundle %zu (%s) is not "
+            "whole in the bucket",
+            what, i, v[i].key);
     long s = serves(&P.b, &v[i]);
     REQUIRE(s == 0, "%s: B does not serve acknowledged bundle %s: %ld", what,
             v[i].key, s);
@@ -719,7 +729,8 @@ static void t_kill(void **state) {
   rgw_start();
   long ms = drain(&P.a, "A");
   printf("kill: %d bundles queued with S3 down (depth %g), SIGKILL, restart "
-         "(depth %g), radosgw back: drained in %ld ms\n", N, depth, after, ms);
+         "(depth %g), radosgw back: drained in %ld ms\n",
+         N, depth, after, ms);
   check_all(v, N, "kill, S3 down");
   for (int i = 0; i < N; i++)
     bundle_free(&v[i]);
@@ -836,16 +847,17 @@ static void t_s3_down(void **state) {
   /* Ready, and the metrics say what is going on. */
   for (int i = 0; i < 2; i++) {
     r = kc_testsrv_get(i ? &P.b : &P.a, "/readyz");
-    REQUIRE(r.status == 200, "%s: /readyz with S3 down: %ld",
-            i ? "B" : "A", r.status);
+    REQUIRE(r.status == 200, "%s: /readyz with S3 down: %ld", i ? "B" : "A",
+            r.status);
     kc_testsrv_resp_free(&r);
   }
   double errors = metric(&P.a, "kcached_s3_errors_total");
   REQUIRE(errors > 0, "A: kcached_s3_errors_total %g with S3 down", errors);
-  REQUIRE(metric(&P.a, "kcached_s3_up") == 0, "A: kcached_s3_up %g with S3 down",
-          metric(&P.a, "kcached_s3_up"));
+  REQUIRE(metric(&P.a, "kcached_s3_up") == 0,
+          "A: kcached_s3_up %g with S3 down", metric(&P.a, "kcached_s3_up"));
   printf("s3 down: A queue depth %g, errors %g; B errors %g, read-through "
-         "errors %g\n", depth, errors, metric(&P.b, "kcached_s3_errors_total"),
+         "errors %g\n",
+         depth, errors, metric(&P.b, "kcached_s3_errors_total"),
          metric(&P.b, "kcached_s3_read_through_total{result=\"error\"}"));
 
   rgw_start();
@@ -857,7 +869,8 @@ static void t_s3_down(void **state) {
     usleep(200000);
   REQUIRE(s == 0, "B does not serve x3 after S3 came back: %ld", s);
   printf("s3 down: radosgw back: A drained in %ld ms; B served x3 after %ld "
-         "ms more\n", ms, kc_testsrv_now_ms() - t0);
+         "ms more\n",
+         ms, kc_testsrv_now_ms() - t0);
   assert_int_equal(metric(&P.a, "kcached_s3_up"), 1);
   bundle_free(&x1);
   bundle_free(&x2);
@@ -929,9 +942,10 @@ static void t_credentials_file(void **state) {
   snprintf(creds, sizeof creds, "%s/credentials", P.a.dir);
   FILE *f = fopen(creds, "w");
   assert_non_null(f);
-  fprintf(f, "# kcache test\n[other]\naws_access_key_id = WRONG\n"
-             "aws_secret_access_key = wrong\n\n[default]\n"
-             "aws_access_key_id = %s\naws_secret_access_key=%s\n",
+  fprintf(f,
+          "# kcache test\n[other]\naws_access_key_id = WRONG\n"
+          "aws_secret_access_key = wrong\n\n[default]\n"
+          "aws_access_key_id = %s\naws_secret_access_key=%s\n",
           P.rgw.access, P.rgw.secret);
   fclose(f);
   unsetenv("AWS_ACCESS_KEY_ID");
@@ -968,9 +982,8 @@ static int run_kcached(const char *const *args, char *const *env, char **out) {
                                    0600);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   pid_t pid;
-  assert_int_equal(posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv,
-                               env),
-                   0);
+  assert_int_equal(
+      posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, env), 0);
   posix_spawn_file_actions_destroy(&fa);
   int st = 0, rc = -2;
   for (long t0 = kc_testsrv_now_ms(); kc_testsrv_now_ms() - t0 < 15000;
@@ -1003,8 +1016,8 @@ static void expect_exit2(const char *const *args, char *const *env,
                          const char *names, const char *secret) {
   char *out;
   int rc = run_kcached(args, env, &out);
-  printf("bad config (%s): exit %d: %.*s\n", names, rc,
-         (int)strcspn(out, "\n"), out);
+  printf("bad config (%s): exit %d: %.*s\n", names, rc, (int)strcspn(out, "\n"),
+         out);
   if (rc != 2 || !strstr(out, names) || (secret && strstr(out, secret)))
     fail_msg("want exit 2 naming %s (and no secret); got %d: %s", names, rc,
              out);
@@ -1026,11 +1039,15 @@ static void t_bad_config(void **state) {
   const char *no_bucket[] = {"--s3-endpoint", "http://127.0.0.1:1", NULL};
   expect_exit2(no_bucket, with, "--s3-bucket", secret);
   const char *both[] = {"--s3-endpoint", "http://127.0.0.1:1", "--s3-bucket",
-                        "kc-bucket", "--s3-path-style", NULL};
+                        "kc-bucket",     "--s3-path-style",    NULL};
   expect_exit2(both, without, "AWS_ACCESS_KEY_ID", NULL);
-  const char *no_file[] = {"--s3-endpoint", "http://127.0.0.1:1",
-                           "--s3-bucket", "kc-bucket", "--s3-credentials",
-                           "/nonexistent/kcache-credentials", NULL};
+  const char *no_file[] = {"--s3-endpoint",
+                           "http://127.0.0.1:1",
+                           "--s3-bucket",
+                           "kc-bucket",
+                           "--s3-credentials",
+                           "/nonexistent/kcache-credentials",
+                           NULL};
   expect_exit2(no_file, without, "/nonexistent/kcache-credentials", NULL);
 }
 
@@ -1048,17 +1065,22 @@ int main(void) {
   const struct CMUnitTest offline[] = {cmocka_unit_test(t_bad_config)};
 #define CASE(f) cmocka_unit_test_teardown(f, case_teardown)
   const struct CMUnitTest rgw[] = {
-      CASE(t_through), CASE(t_leases),  CASE(t_corrupt),
-      CASE(t_credentials_file), CASE(t_s3_down), CASE(t_kill),
+      CASE(t_through),
+      CASE(t_leases),
+      CASE(t_corrupt),
+      CASE(t_credentials_file),
+      CASE(t_s3_down),
+      CASE(t_kill),
       CASE(t_tier_added),
       cmocka_unit_test_teardown(t_bucket_gone, gone_teardown),
-      CASE(t_parked), CASE(t_scrub_heals),
+      CASE(t_parked),
+      CASE(t_scrub_heals),
   };
-  int fails = cmocka_run_group_tests_name("scaleout_config", offline, NULL,
-                                          NULL);
+  int fails =
+      cmocka_run_group_tests_name("scaleout_config", offline, NULL, NULL);
   int rc = kc_testrgw_pair_run(&P, "test_scaleout", "kcache-scaleout",
-                               "scaleout_rgw", rgw,
-                               sizeof rgw / sizeof rgw[0], fails);
+                               "scaleout_rgw", rgw, sizeof rgw / sizeof rgw[0],
+                               fails);
   curl_global_cleanup();
   return rc;
 }

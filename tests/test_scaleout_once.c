@@ -69,10 +69,11 @@ static reply call(const char *base, const char *method, const char *path,
 static const char *member(const reply *r, const char *name, char out[64]) {
   json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
   json_t *v = json_object_get(j, name);
-  snprintf(out, 64, "%s", json_is_string(v) ? json_string_value(v)
-                          : json_is_true(v)  ? "true"
-                          : json_is_false(v) ? "false"
-                                             : "");
+  snprintf(out, 64, "%s",
+           json_is_string(v)  ? json_string_value(v)
+           : json_is_true(v)  ? "true"
+           : json_is_false(v) ? "false"
+                              : "");
   json_decref(j);
   return out;
 }
@@ -165,8 +166,8 @@ static int bucket_holds(const bundle *b) {
   void *data = NULL;
   size_t len = 0;
   kc_err e = kcs3_get(P.s3, k, 1 << 20, &data, &len, NULL, err);
-  int same = e == KC_OK && len == strlen(b->json) &&
-             memcmp(data, b->json, len) == 0;
+  int same =
+      e == KC_OK && len == strlen(b->json) && memcmp(data, b->json, len) == 0;
   if (e)
     fprintf(stderr, "GET %s: %s\n", k, err);
   free(data);
@@ -207,7 +208,8 @@ static void t_refused(void **state) {
   reply r = bundle_put(&P.b, &k_b);
   REQUIRE(r.status == 409 && strcmp(member(&r, "error", v), "conflict") == 0,
           "B: PUT of a different manifest for a key in the bucket: %ld %s "
-          "(want 409 conflict)", r.status, r.body);
+          "(want 409 conflict)",
+          r.status, r.body);
   printf("refused: B answered %ld %s\n", r.status, r.body);
   kc_testsrv_resp_free(&r);
   long s = serves(&P.b, &k_a);
@@ -223,7 +225,8 @@ static void t_refused(void **state) {
   r = bundle_put(&P.b, &same);
   REQUIRE(r.status == 200 && strcmp(member(&r, "created", v), "false") == 0,
           "B: PUT of the bucket's own manifest: %ld %s (want 200, created "
-          "false)", r.status, r.body);
+          "false)",
+          r.status, r.body);
   kc_testsrv_resp_free(&r);
   REQUIRE(serves(&P.b, &same) == 0, "B does not serve the bucket's manifest");
   free(same.json);
@@ -258,11 +261,13 @@ static void t_race(void **state) {
   long drained = kc_testsrv_now_ms() - t0, t1 = kc_testsrv_now_ms();
   while ((s = serves(&P.b, &k_a)) != 0 && kc_testsrv_now_ms() - t1 < SETTLE_MS)
     usleep(100000);
-  REQUIRE(s == 0, "B still does not serve A's manifest %d ms after its queue "
+  REQUIRE(s == 0,
+          "B still does not serve A's manifest %d ms after its queue "
           "drained (%ld): two replicas answer one key differently",
           SETTLE_MS, s);
   printf("race: radosgw back; B's queue drained in %ld ms, B served A's "
-         "manifest %ld ms later\n", drained, kc_testsrv_now_ms() - t1);
+         "manifest %ld ms later\n",
+         drained, kc_testsrv_now_ms() - t1);
   REQUIRE(bucket_holds(&k_a), "the bucket lost A's manifest");
   REQUIRE(serves(&P.a, &k_a) == 0, "A does not serve its manifest");
   REQUIRE(kc_testsrv_metric(&P.b, REPLACED) == 1, "B: %s %g (want 1)", REPLACED,
@@ -274,7 +279,7 @@ static void t_race(void **state) {
   REQUIRE(kc_testrgw_gateway_stop(&P.rgw) == 0, "rgw-stop failed");
   REQUIRE(kc_testsrv_restart(&P.b) == 0, "B did not restart");
   REQUIRE(serves(&P.b, &k_a) == 0, "B after a restart, S3 down, does not "
-          "serve A's manifest");
+                                   "serve A's manifest");
   free(k_a.json);
   free(k_b.json);
 }
@@ -289,9 +294,9 @@ int main(void) {
       cmocka_unit_test_teardown(t_refused, case_teardown),
       cmocka_unit_test_teardown(t_race, case_teardown),
   };
-  int rc = kc_testrgw_pair_run(&P, "test_scaleout_once", "kcache-once",
-                               "scaleout_once", rgw,
-                               sizeof rgw / sizeof rgw[0], 0);
+  int rc =
+      kc_testrgw_pair_run(&P, "test_scaleout_once", "kcache-once",
+                          "scaleout_once", rgw, sizeof rgw / sizeof rgw[0], 0);
   curl_global_cleanup();
   return rc;
 }

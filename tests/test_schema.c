@@ -132,8 +132,8 @@ static void test_sha256(void **state) {
   assert_non_null(h);
   const char *msg = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
   for (size_t at = 0, len = strlen(msg); at < len; at += 5)
-    assert_int_equal(
-        kc_sha256_update(h, msg + at, len - at < 5 ? len - at : 5), KC_OK);
+    assert_int_equal(kc_sha256_update(h, msg + at, len - at < 5 ? len - at : 5),
+                     KC_OK);
   assert_int_equal(kc_sha256_final(h, hex), KC_OK);
   assert_string_equal(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6"
                            "ecedd419db06c1");
@@ -232,9 +232,9 @@ static void test_read_file(void **state) {
 
 static void test_arch(void **state) {
   (void)state;
-  const char *good[] = {"sm_80", "sm_86", "sm_90a", "sm_100f", "sm_120a",
-                        "compute_90", "compute_100a", "compute_120f", "sm_75",
-                        "sm_999"};
+  const char *good[] = {"sm_80",   "sm_86",      "sm_90a",       "sm_100f",
+                        "sm_120a", "compute_90", "compute_100a", "compute_120f",
+                        "sm_75",   "sm_999"};
   const char *bad[] = {"",       "sm_",      "sm_9",     "sm_1000", "sm_90b",
                        "SM_90",  "sm90",     "gfx90a",   "sm_90aa", "sm_90a ",
                        " sm_90", "compute_", "sm_9a",    "sm__90",  "sm_-90",
@@ -270,42 +270,88 @@ typedef struct key_vec {
   "abcdefghijklmnopqrstuvwxyz{|}~ !'#$%&'()*+,-./0123456789:;<=>?@"
 
 static const key_vec vectors[] = {
-    {M1, B1, "sm_90a", {{"seq", 1024}, {"batch", 8}},
+    {M1,
+     B1,
+     "sm_90a",
+     {{"seq", 1024}, {"batch", 8}},
      {{"nvrtc", "13.0"}, {"cuda", "13.0"}}},
-    {M1, B1, "sm_80", {{"seq", 1024}, {"batch", 8}},
+    {M1,
+     B1,
+     "sm_80",
+     {{"seq", 1024}, {"batch", 8}},
      {{"nvrtc", "13.0"}, {"cuda", "13.0"}}},
-    {M1, B2, "compute_90", {{"seq", 128}, {"batch", 1}},
+    {M1,
+     B2,
+     "compute_90",
+     {{"seq", 128}, {"batch", 1}},
      {{"nvrtc", "12.4"}, {"driver", "550.54.15"}, {"cuda", "12.4"}}},
     {F64, Z64, "sm_100f", {{"seq", 0}}, {{0}}},
     {M2, B2, "sm_86", {{"tokens", P53}}, {{"cuda", "12.8"}}},
-    {M2, B1, "sm_89",
-     {{"d", 3}, {"o", 14}, {"h", 7}, {"j", 9}, {"n", 13}, {"l", 11},
-      {"e", 4}, {"f", 5}, {"m", 12}, {"i", 8}, {"b", 1}, {"a", 0},
-      {"p", 15}, {"g", 6}, {"c", 2}, {"k", 10}},
+    {M2,
+     B1,
+     "sm_89",
+     {{"d", 3},
+      {"o", 14},
+      {"h", 7},
+      {"j", 9},
+      {"n", 13},
+      {"l", 11},
+      {"e", 4},
+      {"f", 5},
+      {"m", 12},
+      {"i", 8},
+      {"b", 1},
+      {"a", 0},
+      {"p", 15},
+      {"g", 6},
+      {"c", 2},
+      {"k", 10}},
      {{"nvrtc", "12.9"}}},
-    {M2, B1, "sm_120a", {{"batch", 4}},
-     {{"t22", "22"}, {"t05", "5"},   {"t14", "14"}, {"t15", "15"},
-      {"t10", "10"}, {"t09", "9"},   {"t11", "11"}, {"t16", "16"},
-      {"t25", "25"}, {"t26", "26"},  {"t06", "6"},  {"t04", "4"},
-      {"t31", "31"}, {"t08", "8"},   {"t00", "0"},  {"t21", "21"},
-      {"t19", "19"}, {"t12", "12"},  {"t24", "24"}, {"t23", "23"},
-      {"t20", "20"}, {"t28", "28"},  {"t03", "3"},  {"t18", "18"},
-      {"t01", "1"},  {"t30", "30"},  {"t17", "17"}, {"t29", "29"},
-      {"t07", "7"},  {"t02", "2"},   {"t13", "13"}, {"t27", "27"}}},
+    {M2,
+     B1,
+     "sm_120a",
+     {{"batch", 4}},
+     {{"t22", "22"}, {"t05", "5"},  {"t14", "14"}, {"t15", "15"}, {"t10", "10"},
+      {"t09", "9"},  {"t11", "11"}, {"t16", "16"}, {"t25", "25"}, {"t26", "26"},
+      {"t06", "6"},  {"t04", "4"},  {"t31", "31"}, {"t08", "8"},  {"t00", "0"},
+      {"t21", "21"}, {"t19", "19"}, {"t12", "12"}, {"t24", "24"}, {"t23", "23"},
+      {"t20", "20"}, {"t28", "28"}, {"t03", "3"},  {"t18", "18"}, {"t01", "1"},
+      {"t30", "30"}, {"t17", "17"}, {"t29", "29"}, {"t07", "7"},  {"t02", "2"},
+      {"t13", "13"}, {"t27", "27"}}},
     /* byte order: '-' < '.' < '0' < '_' < 'a' */
-    {M1, B2, "compute_100",
+    {M1,
+     B2,
+     "compute_100",
      {{"aa", 4}, {"a_", 3}, {"b1_x", 5}, {"a0", 2}, {"a", 1}},
-     {{"aa", "6"}, {"a_", "5"}, {"a0", "4"}, {"a.b", "3"}, {"a-b", "2"},
+     {{"aa", "6"},
+      {"a_", "5"},
+      {"a0", "4"},
+      {"a.b", "3"},
+      {"a-b", "2"},
       {"a", "1"}}},
-    {M1, B1, "sm_90", {{"seq", 256}, {"batch", 2}},
+    {M1,
+     B1,
+     "sm_90",
+     {{"seq", 256}, {"batch", 2}},
      {{"cuda", "13.0"}, {"app", "a\"b\\c /x"}}},
     {M2, B2, "sm_75", {{"seq", 64}}, {{"long", V128}}},
-    {M1, B1, "sm_90a", {{"abcdefghijklmnopqrstuvwxyz_01234", 32}},
+    {M1,
+     B1,
+     "sm_90a",
+     {{"abcdefghijklmnopqrstuvwxyz_01234", 32}},
      {{"cuda", ""}, {"abcdefghijklmnopqrstuvwxyz_.-012", "max"}}},
-    {M1, B1, "sm_90a", {{"seq", 1024}, {"batch", 8}},
-     {{"triton", "3.3.0"}, {"torch", "2.7.0+cu128"}, {"nvrtc", "12.8"},
+    {M1,
+     B1,
+     "sm_90a",
+     {{"seq", 1024}, {"batch", 8}},
+     {{"triton", "3.3.0"},
+      {"torch", "2.7.0+cu128"},
+      {"nvrtc", "12.8"},
       {"cuda", "12.8"}}},
-    {Z64, F64, "compute_120f", {{"seq", P53 - 1}, {"batch", 1}},
+    {Z64,
+     F64,
+     "compute_120f",
+     {{"seq", P53 - 1}, {"batch", 1}},
      {{"cuda", "13.0 (V13.0.48)"}}},
     {M2, B2, "sm_100a", {{"x", 1}}, {{"space", " "}}},
 };
@@ -324,8 +370,7 @@ static void vec_fields(const key_vec *v, kc_key_fields *f) {
   }
   for (size_t i = 0; v->tools[i].name; i++)
     assert_int_equal(
-        kc_key_set_tool(f, v->tools[i].name, v->tools[i].value, errbuf),
-        KC_OK);
+        kc_key_set_tool(f, v->tools[i].name, v->tools[i].value, errbuf), KC_OK);
 }
 
 typedef struct vec_line {
@@ -338,7 +383,8 @@ static size_t read_vectors(vec_line *out, size_t max) {
   char *path = path_join(tests_dir, "vectors/keys.txt"), *text, *save = NULL;
   assert_int_equal(kc_read_file(path, &text, NULL, errbuf), KC_OK);
   size_t n = 0;
-  for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+  for (char *l = strtok_r(text, "\n", &save); l;
+       l = strtok_r(NULL, "\n", &save)) {
     if (l[0] == '#')
       continue;
     assert_true(n < max);
@@ -489,8 +535,8 @@ static char *manifest_by_jansson(const kc_manifest *m) {
   qsort(v, m->n_files, sizeof *v, cmp_path);
   for (size_t i = 0; i < m->n_files; i++) {
     json_t *o = json_pack("{ss ss sI ss}", "path", v[i]->path, "sha256",
-                          v[i]->sha256, "size", (json_int_t)v[i]->size,
-                          "kind", kc_file_kind_name(v[i]->kind));
+                          v[i]->sha256, "size", (json_int_t)v[i]->size, "kind",
+                          kc_file_kind_name(v[i]->kind));
     if (v[i]->n_entries) {
       json_t *a = json_array();
       for (size_t k = 0; k < v[i]->n_entries; k++)
@@ -501,16 +547,16 @@ static char *manifest_by_jansson(const kc_manifest *m) {
   }
   free(v);
   for (size_t i = 0; i < m->fields.bucket.n; i++)
-    json_object_set_new(bk, m->fields.bucket.dims[i].name,
-                        json_integer((json_int_t)m->fields.bucket.dims[i].value));
+    json_object_set_new(
+        bk, m->fields.bucket.dims[i].name,
+        json_integer((json_int_t)m->fields.bucket.dims[i].value));
   for (size_t i = 0; i < m->fields.n_tools; i++)
     json_object_set_new(tc, m->fields.tools[i].name,
                         json_string(m->fields.tools[i].value));
-  json_t *root = json_pack("{ss ss so ss so ss ss so}", "schema",
-                           "kcache.bundle/v1", "key", m->key, "files", files,
-                           "arch", m->fields.arch, "bucket", bk, "build",
-                           m->fields.build, "model", m->fields.model,
-                           "toolchain", tc);
+  json_t *root = json_pack(
+      "{ss ss so ss so ss ss so}", "schema", "kcache.bundle/v1", "key", m->key,
+      "files", files, "arch", m->fields.arch, "bucket", bk, "build",
+      m->fields.build, "model", m->fields.model, "toolchain", tc);
   const kc_producer *p = &m->producer;
   if (p->builder || p->host || p->created || p->seconds > 0) {
     json_t *o = json_object();
@@ -524,8 +570,8 @@ static char *manifest_by_jansson(const kc_manifest *m) {
       json_object_set_new(o, "created", json_string(p->created));
     json_object_set_new(root, "producer", o);
   }
-  char *s = json_dumps(root, JSON_SORT_KEYS | JSON_COMPACT |
-                                 JSON_REAL_PRECISION(15));
+  char *s =
+      json_dumps(root, JSON_SORT_KEYS | JSON_COMPACT | JSON_REAL_PRECISION(15));
   json_decref(root);
   return s;
 }
@@ -533,10 +579,31 @@ static char *manifest_by_jansson(const kc_manifest *m) {
 /* A random string of pieces: ASCII, 2- to 4-byte UTF-8, quotes,
  * backslashes (unless no_bs), control bytes, DEL. */
 static void random_text(char *out, size_t max_pieces, int no_bs) {
-  static const char *const piece[] = {
-      "a", "Z", "0", "_", " ", "-", ".", "\"", "\\", "\t", "\n", "\r", "\b",
-      "\f", "\x01", "\x1f", "\x7f", "\xc3\xa9", "\xe6\x97\xa5",
-      "\xf0\x9f\x98\x80", "~", "{", "}", ":", ","};
+  static const char *const piece[] = {"a",
+                                      "Z",
+                                      "0",
+                                      "_",
+                                      " ",
+                                      "-",
+                                      ".",
+                                      "\"",
+                                      "\\",
+                                      "\t",
+                                      "\n",
+                                      "\r",
+                                      "\b",
+                                      "\f",
+                                      "\x01",
+                                      "\x1f",
+                                      "\x7f",
+                                      "\xc3\xa9",
+                                      "\xe6\x97\xa5",
+                                      "\xf0\x9f\x98\x80",
+                                      "~",
+                                      "{",
+                                      "}",
+                                      ":",
+                                      ","};
   size_t n = 1 + (size_t)rand() % max_pieces;
   out[0] = '\0';
   for (size_t i = 0; i < n; i++) {
@@ -551,8 +618,8 @@ static void random_text(char *out, size_t max_pieces, int no_bs) {
  * control bytes; entries; producers with every kind of real). */
 static void test_manifest_canonical_matches_jansson(void **state) {
   (void)state;
-  static const double secs[] = {0,      0.021, 1e-7,  3.0,     123456.789,
-                                1e20,   1.0 / 3, 2.5e-300, 0.1 + 0.2, 7e15};
+  static const double secs[] = {0,    0.021,   1e-7,     3.0,       123456.789,
+                                1e20, 1.0 / 3, 2.5e-300, 0.1 + 0.2, 7e15};
   size_t n_paths = 0, odd = 0; /* what the rounds covered */
   for (int round = 0; round < 800; round++) {
     if (round % 100 == 0)
@@ -587,8 +654,9 @@ static void test_manifest_canonical_matches_jansson(void **state) {
       }
     }
     if (!m->n_files)
-      assert_int_equal(kc_manifest_add_file(m, "f", d, 1, KC_KIND_FILE, NULL,
-                                            0, NULL), KC_OK);
+      assert_int_equal(
+          kc_manifest_add_file(m, "f", d, 1, KC_KIND_FILE, NULL, 0, NULL),
+          KC_OK);
     random_text(host, 10, 0);
     m->producer.builder = round % 3 ? strdup("sh \"x\"") : NULL;
     m->producer.host = round % 4 ? strdup(host) : NULL;
@@ -631,7 +699,8 @@ static void test_manifest_real_in_comma_locale(void **state) {
     m->fields.bucket.n = 1;
     strcpy(m->fields.bucket.dims[0].name, "seq");
     assert_int_equal(kc_manifest_add_file(m, "a.cubin", B2, 1, KC_KIND_CUBIN,
-                                          NULL, 0, errbuf), KC_OK);
+                                          NULL, 0, errbuf),
+                     KC_OK);
     m->producer.seconds = 12.5;
     assert_int_equal(kc_manifest_seal(m, errbuf), KC_OK);
     assert_int_equal(kc_manifest_to_json(m, &json, errbuf), KC_OK);
@@ -662,8 +731,8 @@ static void test_manifest_path_not_utf8(void **state) {
   char d[65];
   memset(d, 'a', 64);
   d[64] = '\0';
-  EXPECT_ERR(kc_manifest_add_file(m, "bad\xff.bin", d, 1, KC_KIND_FILE, NULL,
-                                  0, errbuf),
+  EXPECT_ERR(kc_manifest_add_file(m, "bad\xff.bin", d, 1, KC_KIND_FILE, NULL, 0,
+                                  errbuf),
              KC_BAD_MANIFEST, "not valid UTF-8");
   assert_int_equal(m->n_files, 0);
   kc_manifest_free(m);
@@ -717,8 +786,7 @@ static void test_key_validate_bucket(void **state) {
     base_fields(&f);
     snprintf(f.bucket.dims[0].name, sizeof f.bucket.dims[0].name, "%s",
              bad_names[i]);
-    EXPECT_ERR(kc_key_validate(&f, errbuf), KC_BAD_KEY,
-               "bucket: invalid name");
+    EXPECT_ERR(kc_key_validate(&f, errbuf), KC_BAD_KEY, "bucket: invalid name");
   }
   base_fields(&f);
   memset(f.bucket.dims[1].name, 'a', sizeof f.bucket.dims[1].name);
@@ -814,9 +882,9 @@ static void test_key_set_tool(void **state) {
   assert_string_equal(f.tools[0].value, "13.0");
   EXPECT_ERR(kc_key_set_tool(&f, "Torch", "2", errbuf), KC_BAD_KEY,
              "toolchain: invalid name 'Torch'");
-  EXPECT_ERR(kc_key_set_tool(&f, "abcdefghijklmnopqrstuvwxyz0123456", "2",
-                             errbuf),
-             KC_BAD_KEY, "toolchain: invalid name");
+  EXPECT_ERR(
+      kc_key_set_tool(&f, "abcdefghijklmnopqrstuvwxyz0123456", "2", errbuf),
+      KC_BAD_KEY, "toolchain: invalid name");
   char long_value[130];
   memset(long_value, 'v', 129);
   long_value[129] = '\0';
@@ -1112,8 +1180,10 @@ static const rule_case manifest_cases[] = {
     {"files.0.size", "-1", KC_BAD_MANIFEST, "files[0].size: value below 0"},
     {"files.0.size", "9007199254740993", KC_BAD_MANIFEST,
      "files[0].size: value above 2^53"},
-    {"files.0.size", "5.0", KC_BAD_MANIFEST, "files[0].size: must be an integer"},
-    {"files.0.size", "\"5\"", KC_BAD_MANIFEST, "files[0].size: must be an integer"},
+    {"files.0.size", "5.0", KC_BAD_MANIFEST,
+     "files[0].size: must be an integer"},
+    {"files.0.size", "\"5\"", KC_BAD_MANIFEST,
+     "files[0].size: must be an integer"},
     {"files.0.kind", NULL, KC_BAD_MANIFEST, "files[0].kind: missing"},
     {"files.0.kind", "\"elf\"", KC_BAD_MANIFEST,
      "files[0].kind: 'elf' is not one of cubin, ptx, fatbin, ltoir, file"},
@@ -1235,32 +1305,32 @@ static void test_manifest_build(void **state) {
   assert_int_equal(kc_manifest_add_file(m, "gemm.cubin", SHA_A, 5632,
                                         KC_KIND_CUBIN, entries, 1, errbuf),
                    KC_OK);
-  EXPECT_ERR(kc_manifest_add_file(m, "../x", SHA_A, 1, KC_KIND_FILE, NULL, 0,
-                                  errbuf),
-             KC_BAD_MANIFEST, "files[1].path: '..' segment not allowed");
-  EXPECT_ERR(kc_manifest_add_file(m, NULL, SHA_A, 1, KC_KIND_FILE, NULL, 0,
-                                  errbuf),
-             KC_BAD_MANIFEST, "files[1].path: missing");
+  EXPECT_ERR(
+      kc_manifest_add_file(m, "../x", SHA_A, 1, KC_KIND_FILE, NULL, 0, errbuf),
+      KC_BAD_MANIFEST, "files[1].path: '..' segment not allowed");
+  EXPECT_ERR(
+      kc_manifest_add_file(m, NULL, SHA_A, 1, KC_KIND_FILE, NULL, 0, errbuf),
+      KC_BAD_MANIFEST, "files[1].path: missing");
   const char short_sha[KC_HEX_LEN + 1] = "abc";
-  EXPECT_ERR(kc_manifest_add_file(m, "x", short_sha, 1, KC_KIND_FILE, NULL, 0,
+  EXPECT_ERR(
+      kc_manifest_add_file(m, "x", short_sha, 1, KC_KIND_FILE, NULL, 0, errbuf),
+      KC_BAD_MANIFEST, "files[1].sha256: must be 64 lowercase hex");
+  EXPECT_ERR(kc_manifest_add_file(m, "x", SHA_A, P53 + 1, KC_KIND_FILE, NULL, 0,
                                   errbuf),
-             KC_BAD_MANIFEST, "files[1].sha256: must be 64 lowercase hex");
-  EXPECT_ERR(kc_manifest_add_file(m, "x", SHA_A, P53 + 1, KC_KIND_FILE, NULL,
-                                  0, errbuf),
              KC_BAD_MANIFEST, "files[1].size: value above 2^53");
-  EXPECT_ERR(kc_manifest_add_file(m, "x", SHA_A, 1, (kc_file_kind)9, NULL, 0,
-                                  errbuf),
-             KC_BAD_MANIFEST, "files[1].kind: unknown kind 9");
+  EXPECT_ERR(
+      kc_manifest_add_file(m, "x", SHA_A, 1, (kc_file_kind)9, NULL, 0, errbuf),
+      KC_BAD_MANIFEST, "files[1].kind: unknown kind 9");
   const char *bad_entries[] = {"ok", "not ok"};
   EXPECT_ERR(kc_manifest_add_file(m, "x", SHA_A, 1, KC_KIND_FILE, bad_entries,
                                   2, errbuf),
              KC_BAD_MANIFEST, "files[1].entries[1]: 'not ok' is not a C");
-  EXPECT_ERR(kc_manifest_add_file(m, "x", SHA_A, 1, KC_KIND_FILE, NULL, 2,
-                                  errbuf),
-             KC_BAD_MANIFEST, "files[1].entries: NULL with 2 entries");
-  EXPECT_ERR(kc_manifest_add_file(NULL, "x", SHA_A, 1, KC_KIND_FILE, NULL, 0,
-                                  errbuf),
-             KC_EINVAL, "NULL");
+  EXPECT_ERR(
+      kc_manifest_add_file(m, "x", SHA_A, 1, KC_KIND_FILE, NULL, 2, errbuf),
+      KC_BAD_MANIFEST, "files[1].entries: NULL with 2 entries");
+  EXPECT_ERR(
+      kc_manifest_add_file(NULL, "x", SHA_A, 1, KC_KIND_FILE, NULL, 0, errbuf),
+      KC_EINVAL, "NULL");
   assert_int_equal(m->n_files, 1);
   assert_int_equal(kc_manifest_add_file(m, "sub/dir/gemm.ptx", SHA_B, 100,
                                         KC_KIND_PTX, NULL, 0, errbuf),
@@ -1278,8 +1348,8 @@ static void test_manifest_build(void **state) {
   assert_non_null(strstr(out, "\"producer\":{\"seconds\":0.1}"));
   free(out);
   /* duplicate paths appear only at validation */
-  assert_int_equal(kc_manifest_add_file(m, "gemm.cubin", SHA_B, 1,
-                                        KC_KIND_FILE, NULL, 0, errbuf),
+  assert_int_equal(kc_manifest_add_file(m, "gemm.cubin", SHA_B, 1, KC_KIND_FILE,
+                                        NULL, 0, errbuf),
                    KC_OK);
   EXPECT_ERR(kc_manifest_validate(m, errbuf), KC_BAD_MANIFEST,
              "files[2].path: duplicate of files[0].path 'gemm.cubin'");
@@ -1338,8 +1408,9 @@ static void test_manifest_validate_struct(void **state) {
 
 static void test_path_validate(void **state) {
   (void)state;
-  const char *good[] = {"a", "a/b/c.cubin", "...", "a..b/.c", ".hidden",
-                        "triton/abc/gemm.json", "caf\xc3\xa9"};
+  const char *good[] = {"a",          "a/b/c.cubin", "...",
+                        "a..b/.c",    ".hidden",     "triton/abc/gemm.json",
+                        "caf\xc3\xa9"};
   for (size_t i = 0; i < sizeof good / sizeof *good; i++)
     if (kc_path_validate(good[i], NULL, errbuf) != KC_OK)
       fail_msg("path %s: %s", good[i], errbuf);
@@ -1444,7 +1515,8 @@ static const rule_case warmup_cases[] = {
     {"kernels.1.name", "\"a/b\"", KC_BAD_WARMUP,
      "kernels[1].name: 'a/b' is not a valid kernel name"},
     {"kernels.1.name", "\".x\"", KC_BAD_WARMUP, "is not a valid kernel name"},
-    {"kernels.1.name", "@ident256", KC_BAD_WARMUP, "is not a valid kernel name"},
+    {"kernels.1.name", "@ident256", KC_BAD_WARMUP,
+     "is not a valid kernel name"},
     {"kernels.1.name", "\"gemm\"", KC_BAD_WARMUP,
      "kernels[1].name: duplicate of kernels[0].name 'gemm'"},
     {"kernels.1.source", NULL, KC_BAD_WARMUP, "kernels[1].source: missing"},
@@ -1607,11 +1679,21 @@ static void test_bucket_pow2(void **state) {
   static const struct {
     uint64_t n, min, max, want;
   } ok[] = {
-      {0, 1, 1024, 1},       {0, 16, 1024, 16},     {1, 1, 1024, 1},
-      {2, 1, 1024, 2},       {3, 1, 1024, 4},       {5, 1, 1024, 8},
-      {8, 1, 1024, 8},       {9, 1, 1024, 16},      {1023, 1, 1024, 1024},
-      {1024, 1, 1024, 1024}, {3, 4, 64, 4},         {600, 1, 1000, 1000},
-      {1000, 1, 1000, 1000}, {7, 7, 7, 7},          {1, 3, 100, 3},
+      {0, 1, 1024, 1},
+      {0, 16, 1024, 16},
+      {1, 1, 1024, 1},
+      {2, 1, 1024, 2},
+      {3, 1, 1024, 4},
+      {5, 1, 1024, 8},
+      {8, 1, 1024, 8},
+      {9, 1, 1024, 16},
+      {1023, 1, 1024, 1024},
+      {1024, 1, 1024, 1024},
+      {3, 4, 64, 4},
+      {600, 1, 1000, 1000},
+      {1000, 1, 1000, 1000},
+      {7, 7, 7, 7},
+      {1, 3, 100, 3},
       {(1ULL << 63) + 1, 1, UINT64_MAX, UINT64_MAX},
       {1ULL << 63, 1, UINT64_MAX, 1ULL << 63},
       {UINT64_MAX, 1, UINT64_MAX, UINT64_MAX},
@@ -1639,8 +1721,8 @@ static void test_bucket_boundary(void **state) {
   const uint64_t b[] = {128, 512, 2048};
   static const struct {
     uint64_t n, want;
-  } ok[] = {{0, 128},    {1, 128},     {127, 128},   {128, 128},
-            {129, 512},  {512, 512},   {513, 2048},  {2048, 2048}};
+  } ok[] = {{0, 128},   {1, 128},   {127, 128},  {128, 128},
+            {129, 512}, {512, 512}, {513, 2048}, {2048, 2048}};
   for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
     uint64_t out = 0;
     assert_int_equal(kc_bucket_boundary(ok[i].n, b, 3, &out), KC_OK);
@@ -1691,8 +1773,8 @@ static kc_err example_warmup(const char *dir, const char *text, size_t len,
 }
 
 /* Runs every *.json of kind/which; returns how many there were. */
-static size_t run_examples(const char *kind, const char *which,
-                           example_fn fn, int want_ok) {
+static size_t run_examples(const char *kind, const char *which, example_fn fn,
+                           int want_ok) {
   char rel[64], *names[256];
   size_t n = 0;
   snprintf(rel, sizeof rel, "schema_examples/%s/%s", kind, which);

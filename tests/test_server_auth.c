@@ -89,13 +89,15 @@ static void t_auth_matrix(void **state) {
     for (int role = 0; role < 4; role++) {
       route_case *c = &cases[i];
       resp r = http(&A, c->path,
-                    (req){.method = c->method, .token = tokens[role],
-                          .body = c->body, .len = c->body ? strlen(c->body) : 0});
+                    (req){.method = c->method,
+                          .token = tokens[role],
+                          .body = c->body,
+                          .len = c->body ? strlen(c->body) : 0});
       long want = c->need == 0 || role >= c->need ? 0 : role == 0 ? 401 : 403;
       if ((want && r.status != want) ||
           (!want && (r.status == 401 || r.status == 403)))
-        fprintf(stderr, "%s %s as role %d: got %ld\n", c->method, c->path,
-                role, r.status);
+        fprintf(stderr, "%s %s as role %d: got %ld\n", c->method, c->path, role,
+                r.status);
       if (want)
         assert_int_equal(r.status, want);
       else
@@ -247,7 +249,7 @@ static void t_tls(void **state) {
   snprintf(file, sizeof file, "%s/tokens", t.dir);
   new_token("write", "tls-client", file, tok, sizeof tok);
   const char *const args[] = {"--tls-cert", cert, "--tls-key", key,
-                              "--tokens", file, NULL};
+                              "--tokens",   file, NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   assert_int_equal(strncmp(t.url, "https://", 8), 0);
   resp r = http(&t, "/healthz", (req){.cainfo = ca});
@@ -258,8 +260,12 @@ static void t_tls(void **state) {
   fill_random(blob, sizeof blob, 70);
   sha_hex(blob, sizeof blob, d);
   snprintf(path, sizeof path, "/v1/blobs/%s", d);
-  r = http(&t, path, (req){.method = "PUT", .token = tok, .body = blob,
-                           .len = sizeof blob, .cainfo = ca});
+  r = http(&t, path,
+           (req){.method = "PUT",
+                 .token = tok,
+                 .body = blob,
+                 .len = sizeof blob,
+                 .cainfo = ca});
   assert_int_equal(r.status, 201);
   resp_free(&r);
   r = http(&t, path, (req){.token = tok, .cainfo = ca});
@@ -327,10 +333,8 @@ int main(void) {
       cmocka_unit_test(t_auth_tokens_not_logged),
   };
   const struct CMUnitTest own[] = {
-      cmocka_unit_test(t_metrics_role),
-      cmocka_unit_test(t_sighup_reload),
-      cmocka_unit_test(t_tls),
-      cmocka_unit_test(t_refuse_plaintext),
+      cmocka_unit_test(t_metrics_role),  cmocka_unit_test(t_sighup_reload),
+      cmocka_unit_test(t_tls),           cmocka_unit_test(t_refuse_plaintext),
       cmocka_unit_test(t_token_command),
   };
   servertest_init();

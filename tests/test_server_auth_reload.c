@@ -39,8 +39,10 @@ static void token_line(char *out, size_t cap, const char *role,
 
 static int stats_status(const kc_testsrv *t, const char *token) {
   char req[256], buf[8192];
-  snprintf(req, sizeof req, "GET /v1/stats HTTP/1.1\r\nHost: localhost\r\n"
-           "Authorization: Bearer %s\r\nConnection: close\r\n\r\n", token);
+  snprintf(req, sizeof req,
+           "GET /v1/stats HTTP/1.1\r\nHost: localhost\r\n"
+           "Authorization: Bearer %s\r\nConnection: close\r\n\r\n",
+           token);
   raw_exchange(t->port, req, buf, sizeof buf, 3000);
   return raw_status(buf);
 }

@@ -120,8 +120,8 @@ static void t_blob_mismatch(void **state) {
   char d[65], path[128];
   sha_hex("the real bytes", 14, d);
   snprintf(path, sizeof path, "/v1/blobs/%s", d);
-  resp r = http(&S, path, (req){.method = "PUT", .body = "other bytes!!!",
-                                .len = 14});
+  resp r = http(&S, path,
+                (req){.method = "PUT", .body = "other bytes!!!", .len = 14});
   assert_error(&r, 422, "digest_mismatch");
   resp_free(&r);
   r = http(&S, path, (req){0});
@@ -139,12 +139,12 @@ static void t_blob_too_large(void **state) {
   resp r = http(&S, path, (req){.method = "PUT", .body = big, .len = n});
   assert_error(&r, 413, "too_large");
   resp_free(&r);
-  r = http(&S, path, (req){.method = "PUT", .body = big, .len = n,
-                           .expect = 1});
+  r = http(&S, path,
+           (req){.method = "PUT", .body = big, .len = n, .expect = 1});
   assert_error(&r, 413, "too_large");
   resp_free(&r);
-  r = http(&S, path, (req){.method = "PUT", .body = big, .len = n,
-                           .chunked = 1});
+  r = http(&S, path,
+           (req){.method = "PUT", .body = big, .len = n, .chunked = 1});
   assert_error(&r, 413, "too_large");
   resp_free(&r);
   r = http(&S, path, (req){0});
@@ -181,8 +181,9 @@ static void t_blob_pieces(void **state) {
   fill_random(data, n, 10);
   sha_hex(data, 300 * 1024, d);
   snprintf(path, sizeof path, "/v1/blobs/%s", d);
-  r = http(&S, path, (req){.method = "PUT", .body = data, .len = 300 * 1024,
-                           .chunked = 1});
+  r = http(
+      &S, path,
+      (req){.method = "PUT", .body = data, .len = 300 * 1024, .chunked = 1});
   assert_int_equal(r.status, 201);
   resp_free(&r);
   r = http(&S, path, (req){0});
@@ -226,8 +227,12 @@ static long put_repair(const kc_testsrv *t, const void *p, size_t n,
                        const char *digest) {
   char path[128];
   snprintf(path, sizeof path, "/v1/blobs/%s", digest);
-  resp r = http(t, path, (req){.method = "PUT", .body = p, .len = n,
-                               .has_body = 1, .header = "X-Kcache-Repair: 1"});
+  resp r = http(t, path,
+                (req){.method = "PUT",
+                      .body = p,
+                      .len = n,
+                      .has_body = 1,
+                      .header = "X-Kcache-Repair: 1"});
   resp_free(&r);
   return r.status;
 }
@@ -300,8 +305,8 @@ static void t_scrub_removes_rotted(void **state) {
   free(json);
   json = store_bundle(&t, NULL, MODEL_A, 64, 64, key);
   long passes = metric(&t, "kcached_scrub_passes_total");
-  for (int i = 0; i < 500 && metric(&t, "kcached_scrub_passes_total") <
-                                 passes + 2; i++)
+  for (int i = 0;
+       i < 500 && metric(&t, "kcached_scrub_passes_total") < passes + 2; i++)
     kc_testsrv_sleep_ms(20);
   assert_true(metric(&t, "kcached_scrub_passes_total") >= passes + 2);
   assert_int_equal(metric(&t, "kcached_scrub_corrupt_total"), 1);

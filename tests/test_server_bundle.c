@@ -16,11 +16,12 @@ static void t_bundle_roundtrip(void **state) {
                         "result=\"present\"}";
   const char *created = "kcached_ops_total{op=\"set\",frontend=\"http\","
                         "result=\"new\"}";
-  double p0 = kc_testsrv_metric(&S, present), n0 = kc_testsrv_metric(&S, created);
+  double p0 = kc_testsrv_metric(&S, present),
+         n0 = kc_testsrv_metric(&S, created);
   char *json = store_bundle(&S, NULL, MODEL_A, 1, 11, key);
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
-  resp r = http(&S, path, (req){.method = "PUT", .body = json,
-                                .len = strlen(json)});
+  resp r =
+      http(&S, path, (req){.method = "PUT", .body = json, .len = strlen(json)});
   assert_int_equal(r.status, 200); /* identical, already there */
   resp_free(&r);
   /* the shared op label: one bundle written, then offered again */
@@ -56,8 +57,8 @@ static void t_bundle_conflict(void **state) {
   char *other = make_manifest(MODEL_A, 2, "sm_90a", d, &size, 1, key2);
   assert_string_equal(key, key2); /* same fields, different files */
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
-  resp r = http(&S, path, (req){.method = "PUT", .body = other,
-                                .len = strlen(other)});
+  resp r = http(&S, path,
+                (req){.method = "PUT", .body = other, .len = strlen(other)});
   assert_error(&r, 409, "conflict");
   resp_free(&r);
   free(json);
@@ -72,8 +73,8 @@ static void t_bundle_missing_blobs(void **state) {
   sha_hex("absent two", 10, d[1]);
   char *json = make_manifest(MODEL_A, 3, "sm_80", d, sizes, 2, key);
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
-  resp r = http(&S, path, (req){.method = "PUT", .body = json,
-                                .len = strlen(json)});
+  resp r =
+      http(&S, path, (req){.method = "PUT", .body = json, .len = strlen(json)});
   assert_error(&r, 409, "missing_blobs");
   json_t *j = body_json(&r);
   json_t *missing = json_object_get(j, "missing");
@@ -103,16 +104,16 @@ static void t_bundle_key_mismatch(void **state) {
   char other[65];
   sha_hex("another key", 11, other);
   snprintf(path, sizeof path, "/v1/bundles/%s", other);
-  resp r = http(&S, path, (req){.method = "PUT", .body = json,
-                                .len = strlen(json)});
+  resp r =
+      http(&S, path, (req){.method = "PUT", .body = json, .len = strlen(json)});
   assert_error(&r, 422, "key_mismatch");
   resp_free(&r);
   /* a manifest whose key is not the hash of its fields */
   json_t *j = json_loads(json, 0, NULL);
   json_object_set_new(j, "key", json_string(other));
   char *forged = json_dumps(j, JSON_COMPACT);
-  r = http(&S, path, (req){.method = "PUT", .body = forged,
-                           .len = strlen(forged)});
+  r = http(&S, path,
+           (req){.method = "PUT", .body = forged, .len = strlen(forged)});
   assert_error(&r, 422, "key_mismatch");
   resp_free(&r);
   free(forged);
@@ -129,8 +130,8 @@ static void put_edited(const char *json, const char *key,
   char *text = json_dumps(j, JSON_COMPACT);
   char path[128];
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
-  resp r = http(&S, path, (req){.method = "PUT", .body = text,
-                                .len = strlen(text)});
+  resp r =
+      http(&S, path, (req){.method = "PUT", .body = text, .len = strlen(text)});
   assert_error(&r, 400, code);
   if (mention)
     assert_true(error_mentions(&r, mention));
@@ -139,13 +140,19 @@ static void put_edited(const char *json, const char *key,
   json_decref(j);
 }
 
-static void edit_arch_type(json_t *j) { json_object_set_new(j, "arch", json_integer(5)); }
-static void edit_files_type(json_t *j) { json_object_set_new(j, "files", json_string("x")); }
+static void edit_arch_type(json_t *j) {
+  json_object_set_new(j, "arch", json_integer(5));
+}
+static void edit_files_type(json_t *j) {
+  json_object_set_new(j, "files", json_string("x"));
+}
 static void edit_size_type(json_t *j) {
   json_object_set_new(json_array_get(json_object_get(j, "files"), 0), "size",
                       json_string("12"));
 }
-static void edit_unknown(json_t *j) { json_object_set_new(j, "surprise", json_true()); }
+static void edit_unknown(json_t *j) {
+  json_object_set_new(j, "surprise", json_true());
+}
 static void set_path(json_t *j, const char *p) {
   json_object_set_new(json_array_get(json_object_get(j, "files"), 0), "path",
                       json_string(p));
@@ -177,9 +184,11 @@ static void t_bundle_bad_manifests(void **state) {
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
   const char *malformed[] = {"{not json", "[]", "", "{\"key\":", "null"};
   for (size_t i = 0; i < sizeof malformed / sizeof *malformed; i++) {
-    resp r = http(&S, path, (req){.method = "PUT", .body = malformed[i],
-                                  .len = strlen(malformed[i]),
-                                  .has_body = 1});
+    resp r = http(&S, path,
+                  (req){.method = "PUT",
+                        .body = malformed[i],
+                        .len = strlen(malformed[i]),
+                        .has_body = 1});
     assert_int_equal(r.status, 400);
     json_t *e = body_json(&r);
     const char *code = json_string_value(json_object_get(e, "error"));
@@ -223,8 +232,8 @@ static void t_json_too_large(void **state) {
   resp r = http(&S, path, (req){.method = "PUT", .body = big, .len = n});
   assert_error(&r, 413, "too_large");
   resp_free(&r);
-  r = http(&S, "/v1/lookup", (req){.method = "POST", .body = big, .len = n,
-                                   .chunked = 1});
+  r = http(&S, "/v1/lookup",
+           (req){.method = "POST", .body = big, .len = n, .chunked = 1});
   assert_error(&r, 413, "too_large");
   resp_free(&r);
   free(big);
@@ -244,8 +253,8 @@ static void t_lookup(void **state) {
   char body[512];
   snprintf(body, sizeof body, "{\"keys\":[\"%s\",\"%s\",\"%s\",\"%s\"]}", k1,
            absent, k2, k1);
-  resp r = http(&S, "/v1/lookup", (req){.method = "POST", .body = body,
-                                        .len = strlen(body)});
+  resp r = http(&S, "/v1/lookup",
+                (req){.method = "POST", .body = body, .len = strlen(body)});
   assert_int_equal(r.status, 200);
   /* each distinct key counted once: two found, one missing */
   assert_true(kc_testsrv_metric(&S, hit) == h0 + 2);
@@ -254,15 +263,16 @@ static void t_lookup(void **state) {
   json_t *found = json_object_get(j, "found");
   assert_int_equal(json_object_size(found), 2);
   assert_string_equal(
-      json_string_value(json_object_get(json_object_get(found, k1), "key")), k1);
+      json_string_value(json_object_get(json_object_get(found, k1), "key")),
+      k1);
   assert_non_null(json_object_get(found, k2));
   json_t *missing = json_object_get(j, "missing");
   assert_int_equal(json_array_size(missing), 1);
   assert_string_equal(json_string_value(json_array_get(missing, 0)), absent);
   json_decref(j);
   resp_free(&r);
-  r = http(&S, "/v1/lookup", (req){.method = "POST", .body = "{\"keys\":[]}",
-                                   .len = 11});
+  r = http(&S, "/v1/lookup",
+           (req){.method = "POST", .body = "{\"keys\":[]}", .len = 11});
   assert_int_equal(r.status, 200);
   resp_free(&r);
   free(j1);
@@ -285,8 +295,10 @@ static char *many_keys(size_t n) {
 
 static void lookup_expect(const char *body, long status, const char *code,
                           const char *mention) {
-  resp r = http(&S, "/v1/lookup", (req){.method = "POST", .body = body,
-                                        .len = strlen(body), .has_body = 1});
+  resp r = http(
+      &S, "/v1/lookup",
+      (req){
+          .method = "POST", .body = body, .len = strlen(body), .has_body = 1});
   if (code)
     assert_error(&r, status, code);
   else
@@ -332,7 +344,8 @@ static void t_models(void **state) {
     const char *k = json_string_value(json_object_get(e, "key"));
     assert_true(strcmp(k, k1) == 0 || strcmp(k, k2) == 0);
     assert_true(json_is_object(json_object_get(e, "bucket")));
-    assert_string_equal(json_string_value(json_object_get(e, "arch")), "sm_90a");
+    assert_string_equal(json_string_value(json_object_get(e, "arch")),
+                        "sm_90a");
     assert_true(json_is_object(json_object_get(e, "toolchain")));
     assert_true(json_integer_value(json_object_get(e, "bytes")) > 3000);
     assert_true(json_is_integer(json_object_get(e, "created")));

@@ -14,8 +14,11 @@
 static resp demand_post(const kc_testsrv *t, const char *token,
                         const char *body) {
   return http(t, "/v1/demand",
-              (req){.method = "POST", .token = token, .body = body,
-                    .len = strlen(body), .has_body = 1});
+              (req){.method = "POST",
+                    .token = token,
+                    .body = body,
+                    .len = strlen(body),
+                    .has_body = 1});
 }
 
 static json_t *demand_get(const kc_testsrv *t, const char *token,
@@ -123,8 +126,8 @@ static void t_demand_bad(void **state) {
        "bad_request", "shapes[1]: not an object"},
       {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"Batch\":1}]}", "bad_request",
        "shapes[0]: invalid name 'Batch'"},
-      {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"batch\":-1}]}",
-       "bad_request", "shapes[0].batch: not an integer in 0..2^53"},
+      {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"batch\":-1}]}", "bad_request",
+       "shapes[0].batch: not an integer in 0..2^53"},
       {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"batch\":1.5}]}",
        "bad_request", "shapes[0].batch"},
       {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"batch\":9007199254740993}]}",
@@ -143,10 +146,10 @@ static void t_demand_bad(void **state) {
        "misses[0]"},
       {"{\"model\":\"" MODEL_A "\",\"misses\":[{\"seq\":-4}]}", "bad_request",
        "misses[0].seq"},
-      {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"a\\nb\":-1}]}",
-       "bad_request", "shapes[0].a?b: not an integer"},
-      {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"a\":1,\"a\":2}]}",
-       "bad_json", "duplicate"},
+      {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"a\\nb\":-1}]}", "bad_request",
+       "shapes[0].a?b: not an integer"},
+      {"{\"model\":\"" MODEL_A "\",\"shapes\":[{\"a\":1,\"a\":2}]}", "bad_json",
+       "duplicate"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     resp r = demand_post(&S, NULL, cases[i].body);
@@ -178,8 +181,8 @@ static void t_demand_bad(void **state) {
   assert_true(error_mentions(&r, "more than 4096"));
   resp_free(&r);
   /* A bad report counts nothing, not even its good elements. */
-  r = demand_post(&S, NULL,
-                  "{\"model\":\"" MODEL_B "\",\"shapes\":[{\"b\":1},{\"B\":1}]}");
+  r = demand_post(
+      &S, NULL, "{\"model\":\"" MODEL_B "\",\"shapes\":[{\"b\":1},{\"B\":1}]}");
   assert_int_equal(r.status, 400);
   resp_free(&r);
   r = http(&S, "/v1/models/XYZ/demand", (req){0});
@@ -365,8 +368,7 @@ static void t_demand_read_role_flag(void **state) {
   const char *const bad[] = {"--tokens", file, "--demand-role", "none", NULL};
   assert_int_not_equal(kc_testsrv_start(&t, bad), 0);
   kc_testsrv_stop(&t);
-  const char *const args[] = {"--tokens", file, "--demand-role", "read",
-                              NULL};
+  const char *const args[] = {"--tokens", file, "--demand-role", "read", NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   const char *body = "{\"model\":\"" MODEL_A "\",\"shapes\":[{\"batch\":4}]}";
   resp r = demand_post(&t, NULL, body);
@@ -404,7 +406,8 @@ static void t_demand_report_cap(void **state) {
   json_decref(j);
   snprintf(body, sizeof body, /* within the cap: as sent */
            "{\"model\":\"%s\",\"shapes\":[{\"shape\":{\"batch\":3,\"seq\":3},"
-           "\"count\":1000}]}", model);
+           "\"count\":1000}]}",
+           model);
   r = demand_post(&S, NULL, body);
   j = body_json(&r);
   assert_true(json_is_false(json_object_get(j, "scaled")));
@@ -426,14 +429,16 @@ static void t_demand_known_model_kept(void **state) {
   snprintf(w, sizeof w,
            "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"real\","
            "\"hash\":\"%s\"},\"archs\":[\"sm_80\"],\"builder\":{\"command\":"
-           "[\"true\"]},\"buckets\":[{\"batch\":1}]}", known);
-  resp r = http(&t, "/v1/models/5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
-                    "5a5a5a5a5a5a5a5a5a5a/warmup",
+           "[\"true\"]},\"buckets\":[{\"batch\":1}]}",
+           known);
+  resp r = http(&t,
+                "/v1/models/5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
+                "5a5a5a5a5a5a5a5a5a5a/warmup",
                 (req){.method = "PUT", .body = w, .len = strlen(w)});
   assert_int_equal(r.status, 201);
   resp_free(&r);
-  snprintf(body, sizeof body,
-           "{\"model\":\"%s\",\"shapes\":[{\"batch\":8}]}", known);
+  snprintf(body, sizeof body, "{\"model\":\"%s\",\"shapes\":[{\"batch\":8}]}",
+           known);
   r = demand_post(&t, NULL, body);
   assert_int_equal(r.status, 200);
   resp_free(&r);
@@ -461,7 +466,8 @@ static void t_demand_known_model_kept(void **state) {
       snprintf(model, sizeof model, "%064x", 0x200000 + sent);
       snprintf(body, sizeof body,
                "{\"model\":\"%s\",\"shapes\":[{\"shape\":{\"batch\":1},"
-               "\"count\":1000000}]}", model);
+               "\"count\":1000000}]}",
+               model);
       r = demand_post(&t, NULL, body);
       assert_int_equal(r.status, 200);
       resp_free(&r);

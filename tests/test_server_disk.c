@@ -51,9 +51,9 @@ static const char *code_of(const resp *r, char out[64]) {
   do {                                                                         \
     char c_[64];                                                               \
     if ((r).status != (want) ||                                                \
-        ((code) && strcmp(code_of(&(r), c_), (code) ? (code) : "") != 0))     \
-      fail_msg("%s:%d: got %ld (curl %d) %s, want %d %s", __FILE__, __LINE__, \
-               (r).status, (int)(r).rc, (r).body ? (r).body : "", (want),     \
+        ((code) && strcmp(code_of(&(r), c_), (code) ? (code) : "") != 0))      \
+      fail_msg("%s:%d: got %ld (curl %d) %s, want %d %s", __FILE__, __LINE__,  \
+               (r).status, (int)(r).rc, (r).body ? (r).body : "", (want),      \
                (code) ? (code) : "");                                          \
   } while (0)
 
@@ -303,7 +303,8 @@ static char *big_manifest(uint64_t b, const char *blob, char key[65]) {
     const char *entries[] = {"a_kernel_entry_point_with_a_long_name"};
     snprintf(path, sizeof path, "kernels/some/dir/f%06zu.cubin", i);
     assert_int_equal(kc_manifest_add_file(m, path, blob, 100, KC_KIND_CUBIN,
-                                          entries, 1, NULL), KC_OK);
+                                          entries, 1, NULL),
+                     KC_OK);
   }
   assert_int_equal(kc_manifest_seal(m, NULL), KC_OK);
   char *json = NULL;
@@ -367,8 +368,8 @@ static void t_model_listing(void **state) {
   for (uint64_t i = 1; i <= 128; i++) {
     char *json = big_manifest(i, blob, key);
     snprintf(path, sizeof path, "/v1/bundles/%s", key);
-    r = http(&t, path, (req){.method = "PUT", .body = json,
-                             .len = strlen(json)});
+    r = http(&t, path,
+             (req){.method = "PUT", .body = json, .len = strlen(json)});
     EXPECT_HTTP(r, 201, NULL);
     resp_free(&r);
     free(json);
@@ -385,7 +386,8 @@ static void t_model_listing(void **state) {
     assert_true(batch >= 1 && batch <= 128);
     assert_string_equal(arch, batch % 2 ? "sm_90a" : "sm_80");
     assert_string_equal(json_string_value(json_object_get(
-                            json_object_get(e, "toolchain"), "cuda")), "13.0");
+                            json_object_get(e, "toolchain"), "cuda")),
+                        "13.0");
     assert_int_equal(json_integer_value(json_object_get(e, "bytes")),
                      3000 * 100);
   }

@@ -47,7 +47,9 @@ static long parse(const resp *r, item *it, size_t max) {
 static resp fetch(const kc_testsrv *t, const char *token, const char *body,
                   int zstd) {
   return http(t, "/v1/blobs/fetch",
-              (req){.method = "POST", .token = token, .body = body,
+              (req){.method = "POST",
+                    .token = token,
+                    .body = body,
                     .len = strlen(body),
                     .header = zstd ? "Accept-Encoding: zstd" : NULL});
 }
@@ -282,13 +284,15 @@ static void t_roles(void **state) {
 
 int main(void) {
   const struct CMUnitTest api[] = {
-      cmocka_unit_test(t_mixed),      cmocka_unit_test(t_many_pieces),
-      cmocka_unit_test(t_bad_bodies), cmocka_unit_test(t_too_large),
+      cmocka_unit_test(t_mixed),
+      cmocka_unit_test(t_many_pieces),
+      cmocka_unit_test(t_bad_bodies),
+      cmocka_unit_test(t_too_large),
   };
   const struct CMUnitTest own[] = {cmocka_unit_test(t_roles)};
   servertest_init();
-  int fails = cmocka_run_group_tests_name("fetch", api, open_setup,
-                                          open_teardown);
+  int fails =
+      cmocka_run_group_tests_name("fetch", api, open_setup, open_teardown);
   fails += cmocka_run_group_tests_name("fetch_roles", own, NULL, NULL);
   return fails ? 1 : 0;
 }

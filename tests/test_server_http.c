@@ -58,7 +58,8 @@ static void refused(const char *req, int status, const char *code) {
   assert_int_equal(n_responses(buf), 1);
 }
 
-#define DIGEST "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define DIGEST                                                                 \
+  "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 
 /* Both: MHD let chunked win and kept the connection. */
 static void t_cl_and_te(void **state) {
@@ -77,11 +78,13 @@ static void t_cl_and_te(void **state) {
 static void t_two_content_lengths(void **state) {
   (void)state;
   refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n"
-          "Content-Length: 36\r\n\r\n{}GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
+          "Content-Length: 36\r\n\r\n{}GET /healthz HTTP/1.1\r\nHost: "
+          "localhost\r\n\r\n",
           400, "bad_request");
   /* the same value twice is one length (RFC 9112 6.3): served */
   char buf[8192];
-  raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
+  raw_exchange(S.port,
+               "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
                "Content-Length: 11\r\nContent-Length: 11\r\n"
                "Connection: close\r\n\r\n{\"keys\":[]}",
                buf, sizeof buf, 3000);
@@ -95,20 +98,23 @@ static void t_space_before_colon(void **state) {
   refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding : "
           "chunked\r\n\r\nb\r\n{\"keys\":[]}\r\n0\r\n\r\n",
           400, "bad_request");
-  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Bad\tName: 1\r\n\r\n", 400,
-          "bad_request");
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Bad\tName: 1\r\n\r\n",
+          400, "bad_request");
 }
 
 /* An unknown coding hung until the idle timeout (30 s here). */
 static void t_unknown_coding(void **state) {
   (void)state;
-  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip"
-          "\r\n\r\n{}",
-          501, "not_implemented");
-  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip, "
-          "chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
-          501, "not_implemented");
-  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked"
+  refused(
+      "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip"
+      "\r\n\r\n{}",
+      501, "not_implemented");
+  refused(
+      "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip, "
+      "chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+      501, "not_implemented");
+  refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: "
+          "chunked"
           "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
           501, "not_implemented");
 }
@@ -118,8 +124,8 @@ static void t_nul_in_target(void **state) {
   (void)state;
   refused("GET /healthz%00junk HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
           "bad_request");
-  refused("GET /v1/blobs/" DIGEST "%00 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
-          "bad_request");
+  refused("GET /v1/blobs/" DIGEST "%00 HTTP/1.1\r\nHost: localhost\r\n\r\n",
+          400, "bad_request");
 }
 
 /* MHD 0.9.75 answers a malformed Content-Length itself while parsing the
@@ -134,36 +140,42 @@ static void t_bad_content_length(void **state) {
           "\r\n\r\n{}GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
           400, "bad_request");
   refused("POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nContent-Length:"
-          "\r\n\r\n{}", 400, "bad_request");
+          "\r\n\r\n{}",
+          400, "bad_request");
   refused("POST /v1/lookup HTTP/1.1\nHost: localhost\ncontent-LENGTH: -1\n\n",
           400, "bad_request");
   refused("PUT /v1/blobs/" DIGEST " HTTP/1.1\r\nHost: localhost\r\n"
-          "Content-Length: 99999999999999999999999\r\n\r\n", 413,
-          "too_large");
+          "Content-Length: 99999999999999999999999\r\n\r\n",
+          413, "too_large");
   int fd = kc_testsrv_connect(S.port);
   assert_true(fd >= 0);
   char buf[8192];
   assert_int_equal(raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: localhost"
-                                "\r\n\r\n"), 0);
+                                "\r\n\r\n"),
+                   0);
   assert_int_equal(raw_read(fd, buf, sizeof buf, 500), 0);
   assert_int_equal(raw_status(buf), 200);
   assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: localhost"
-                                "\r\nContent-Length: 1,1\r\n\r\n{}"), 0);
+                                "\r\nContent-Length: 1,1\r\n\r\n{}"),
+                   0);
   assert_int_equal(raw_read(fd, buf, sizeof buf, 3000), 1);
   assert_int_equal(raw_status(buf), 400);
   assert_int_equal(n_responses(buf), 1);
   assert_non_null(strstr(buf, "\"bad_request\""));
   close(fd);
   /* said in the log by the next tick, as connections cut are */
-  assert_true(kc_testsrv_wait_log(&S, "with a malformed or too large "
-                                  "Content-Length", 1, 3000));
+  assert_true(kc_testsrv_wait_log(&S,
+                                  "with a malformed or too large "
+                                  "Content-Length",
+                                  1, 3000));
   /* a body that looks like a header block is a body: stored */
   static const char blob[] = "x\r\nContent-Length: 2x\r\n\r\n";
   char d[65], req[512];
   kc_sha256_hex(blob, sizeof blob - 1, d);
-  snprintf(req, sizeof req, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
-           "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", d,
-           sizeof blob - 1, blob);
+  snprintf(req, sizeof req,
+           "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
+           "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+           d, sizeof blob - 1, blob);
   raw_exchange(S.port, req, buf, sizeof buf, 3000);
   assert_int_equal(raw_status(buf), 201);
 }
@@ -191,7 +203,8 @@ static void t_obs_fold(void **state) {
           "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
           400, "bad_request");
   refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\r\n\tb\r\n"
-          "\r\n", 400, "bad_request");
+          "\r\n",
+          400, "bad_request");
   refused("GET /healthz HTTP/1.1\r\nX-A: a\r\n \r\nHost: localhost\r\n\r\n",
           400, "bad_request");
   refused("GET /healthz HTTP/1.1\nHost: localhost\nX-A: a\n b\n\n", 400,
@@ -202,10 +215,11 @@ static void t_obs_fold(void **state) {
 static void t_host_count(void **state) {
   (void)state;
   refused("GET /healthz HTTP/1.1\r\n\r\n", 400, "bad_request");
-  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: evil\r\n\r\n",
-          400, "bad_request");
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: evil\r\n\r\n", 400,
+          "bad_request");
   refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nhost: localhost\r\n"
-          "\r\n", 400, "bad_request");
+          "\r\n",
+          400, "bad_request");
   served("GET /healthz HTTP/1.0\r\n\r\n", 200);
 }
 
@@ -215,11 +229,12 @@ static void t_host_count(void **state) {
 static void t_header_bytes(void **state) {
   (void)state;
   refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\r"
-          "Transfer-Encoding: chunked\r\n\r\n", 400, "bad_request");
+          "Transfer-Encoding: chunked\r\n\r\n",
+          400, "bad_request");
   refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\x01b\r\n\r\n",
           400, "bad_request");
-  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\x7f\r\n\r\n",
-          400, "bad_request");
+  refused("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\x7f\r\n\r\n", 400,
+          "bad_request");
   /* raw_exchange sends C strings: the NUL goes by raw bytes */
   static const char nul_req[] = "GET /healthz HTTP/1.1\r\nX-A: a\0Host: "
                                 "evil\r\nHost: localhost\r\n\r\n";
@@ -230,7 +245,8 @@ static void t_header_bytes(void **state) {
   for (int i = 0; i < 2; i++) {
     int fd = kc_testsrv_connect(S.port);
     assert_true(fd >= 0);
-    assert_int_equal(send(fd, reqs[i], lens[i], MSG_NOSIGNAL), (ssize_t)lens[i]);
+    assert_int_equal(send(fd, reqs[i], lens[i], MSG_NOSIGNAL),
+                     (ssize_t)lens[i]);
     char buf[8192];
     assert_int_equal(raw_read(fd, buf, sizeof buf, 3000), 1);
     assert_int_equal(raw_status(buf), 400);
@@ -239,7 +255,8 @@ static void t_header_bytes(void **state) {
   }
   /* blanks, tabs, empty values, LF-only lines and obs-text are fine */
   served("GET /healthz HTTP/1.1\r\nHost:\tlocalhost \r\nX-A:\r\nX-B: \t a\tb"
-         " \r\nX-C: caf\xc3\xa9\r\n\r\n", 200);
+         " \r\nX-C: caf\xc3\xa9\r\n\r\n",
+         200);
   served("GET /healthz HTTP/1.1\nHost: localhost\nX-A: b\n\n", 200);
 }
 
@@ -284,15 +301,18 @@ static void t_dns_rebinding(void **state) {
   kc_testsrv_resp_free(&r);
   /* --allow-host adds names */
   kc_testsrv t2 = {0};
-  const char *const args[] = {"--allow-host", "cache.example,other.test",
-                              NULL};
+  const char *const args[] = {"--allow-host", "cache.example,other.test", NULL};
   assert_int_equal(kc_testsrv_start(&t2, args), 0);
   char buf[8192];
-  raw_exchange(t2.port, "GET /healthz HTTP/1.1\r\nHost: cache.example:80"
-               "\r\n\r\n", buf, sizeof buf, 1000);
+  raw_exchange(t2.port,
+               "GET /healthz HTTP/1.1\r\nHost: cache.example:80"
+               "\r\n\r\n",
+               buf, sizeof buf, 1000);
   assert_int_equal(raw_status(buf), 200);
-  raw_exchange(t2.port, "GET /healthz HTTP/1.1\r\nHost: evil.example\r\n"
-               "\r\n", buf, sizeof buf, 1000);
+  raw_exchange(t2.port,
+               "GET /healthz HTTP/1.1\r\nHost: evil.example\r\n"
+               "\r\n",
+               buf, sizeof buf, 1000);
   assert_int_equal(raw_status(buf), 403);
   kc_testsrv_cleanup(&t2);
 }
@@ -309,14 +329,17 @@ static void t_lease_needs_json(void **state) {
       "Content-Type: application/jsonp\r\n", ""};
   char req[512], buf[8192];
   for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
-    snprintf(req, sizeof req, "POST /v1/leases/%s HTTP/1.1\r\nHost: "
+    snprintf(req, sizeof req,
+             "POST /v1/leases/%s HTTP/1.1\r\nHost: "
              "127.0.0.1\r\n%sContent-Length: 2\r\nConnection: close\r\n"
-             "\r\n{}", DIGEST, types[i]);
+             "\r\n{}",
+             DIGEST, types[i]);
     raw_exchange(S.port, req, buf, sizeof buf, 3000);
     assert_int_equal(raw_status(buf), 415);
     assert_non_null(strstr(buf, "\"unsupported_media_type\""));
   }
-  snprintf(req, sizeof req, "POST /v1/leases/%s HTTP/1.1\r\nHost: 127.0.0.1"
+  snprintf(req, sizeof req,
+           "POST /v1/leases/%s HTTP/1.1\r\nHost: 127.0.0.1"
            "\r\nContent-Type: Application/JSON; charset=utf-8\r\n"
            "Content-Length: 2\r\nConnection: close\r\n\r\n{}",
            DIGEST);
@@ -332,25 +355,31 @@ static void t_content_coding(void **state) {
   char req[512], buf[8192];
   static const char *const codings[] = {"gzip", "br", "zstd, gzip", "x"};
   for (size_t i = 0; i < sizeof codings / sizeof *codings; i++) {
-    snprintf(req, sizeof req, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost"
+    snprintf(req, sizeof req,
+             "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost"
              "\r\nContent-Encoding: %s\r\nContent-Length: 5\r\n"
-             "Connection: close\r\n\r\nhello", DIGEST, codings[i]);
+             "Connection: close\r\n\r\nhello",
+             DIGEST, codings[i]);
     raw_exchange(S.port, req, buf, sizeof buf, 3000);
     assert_int_equal(raw_status(buf), 415);
     assert_non_null(strstr(buf, "\"unsupported_media_type\""));
   }
   /* zstd is for blobs only: a manifest or lookup is JSON as it comes */
-  raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
+  raw_exchange(S.port,
+               "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
                "Content-Encoding: zstd\r\nContent-Length: 11\r\nConnection:"
-               " close\r\n\r\n{\"keys\":[]}", buf, sizeof buf, 3000);
+               " close\r\n\r\n{\"keys\":[]}",
+               buf, sizeof buf, 3000);
   assert_int_equal(raw_status(buf), 415);
-  raw_exchange(S.port, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
+  raw_exchange(S.port,
+               "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
                "Content-Encoding: identity \r\nContent-Length: 11\r\n"
-               "Connection: close\r\n\r\n{\"keys\":[]}", buf, sizeof buf,
-               3000);
+               "Connection: close\r\n\r\n{\"keys\":[]}",
+               buf, sizeof buf, 3000);
   assert_int_equal(raw_status(buf), 200);
   /* "hello" itself, declared identity: stored */
-  snprintf(req, sizeof req, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
+  snprintf(req, sizeof req,
+           "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
            "Content-Encoding: identity\r\nContent-Length: 5\r\n"
            "Connection: close\r\n\r\nhello",
            "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
@@ -366,22 +395,24 @@ static void t_zstd_qvalue(void **state) {
   memset(body, 'z', sizeof body); /* compressible: held as a frame */
   kc_sha256_hex(body, sizeof body, d);
   snprintf(path, sizeof path, "/v1/blobs/%s", d);
-  kc_testsrv_resp r = kc_testsrv_http(NULL, S.url, path,
+  kc_testsrv_resp r = kc_testsrv_http(
+      NULL, S.url, path,
       (kc_testsrv_req){.method = "PUT", .body = body, .len = sizeof body});
   assert_true(r.status == 201 || r.status == 200);
   kc_testsrv_resp_free(&r);
   static const struct {
     const char *ae;
     int zstd;
-  } cases[] = {{"zstd;q=nan", 0}, {"zstd;q=-1", 0}, {"zstd;q=0", 0},
-               {"zstd;q=0.000", 0}, {"zstd;q=2", 0}, {"zstd;q=inf", 0},
-               {"zstd", 1}, {"zstd;q=0.5", 1}, {"gzip, zstd;q=1.0", 1},
+  } cases[] = {{"zstd;q=nan", 0},   {"zstd;q=-1", 0},  {"zstd;q=0", 0},
+               {"zstd;q=0.000", 0}, {"zstd;q=2", 0},   {"zstd;q=inf", 0},
+               {"zstd", 1},         {"zstd;q=0.5", 1}, {"gzip, zstd;q=1.0", 1},
                {"zstd;q=0.001", 1}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char req[512], buf[8192];
-    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: localhost\r\n"
-             "Accept-Encoding: %s\r\nConnection: close\r\n\r\n", path,
-             cases[i].ae);
+    snprintf(req, sizeof req,
+             "GET %s HTTP/1.1\r\nHost: localhost\r\n"
+             "Accept-Encoding: %s\r\nConnection: close\r\n\r\n",
+             path, cases[i].ae);
     raw_exchange(S.port, req, buf, sizeof buf, 3000);
     assert_int_equal(raw_status(buf), 200);
     int framed = strcasestr(buf, "\r\nContent-Encoding: zstd") != NULL;
@@ -397,9 +428,10 @@ static void t_good_framing_kept_alive(void **state) {
   (void)state;
   int fd = kc_testsrv_connect(S.port);
   assert_true(fd >= 0);
-  assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
-                                "Transfer-Encoding: chunked\r\n\r\n"
-                                "b\r\n{\"keys\":[]}\r\n0\r\n\r\n"),
+  assert_int_equal(raw_send(fd,
+                            "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
+                            "Transfer-Encoding: chunked\r\n\r\n"
+                            "b\r\n{\"keys\":[]}\r\n0\r\n\r\n"),
                    0);
   char buf[8192];
   assert_int_equal(raw_read(fd, buf, sizeof buf, 500), 0); /* still open */
@@ -427,9 +459,11 @@ static void t_pipelined_body_like_headers(void **state) {
   kc_sha256_hex(blob, sizeof blob - 1, d);
   int fd = kc_testsrv_connect(S.port);
   assert_true(fd >= 0);
-  snprintf(req, sizeof req, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+  snprintf(req, sizeof req,
+           "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
            "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
-           "Content-Length: %zu\r\n", d, sizeof blob - 1);
+           "Content-Length: %zu\r\n",
+           d, sizeof blob - 1);
   assert_int_equal(raw_send(fd, req), 0);
   assert_int_equal(raw_read(fd, buf, sizeof buf, 500), 0); /* still open */
   assert_int_equal(raw_status(buf), 200);
@@ -441,7 +475,8 @@ static void t_pipelined_body_like_headers(void **state) {
   assert_int_equal(raw_status(buf), 201);
   /* and the header block after it is still scanned */
   assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: localhost"
-                                "\r\nContent-Length: 2x\r\n\r\n"), 0);
+                                "\r\nContent-Length: 2x\r\n\r\n"),
+                   0);
   assert_int_equal(raw_read(fd, buf, sizeof buf, 3000), 1);
   assert_int_equal(raw_status(buf), 400);
   assert_int_equal(n_responses(buf), 1);

@@ -12,8 +12,10 @@ static resp lease_post(CURL *c, const char *key, const char *body) {
   char path[128];
   snprintf(path, sizeof path, "/v1/leases/%s", key);
   return http_on(c, S.url, path,
-                 (req){.method = "POST", .body = body,
-                       .len = body ? strlen(body) : 0, .has_body = 1,
+                 (req){.method = "POST",
+                       .body = body,
+                       .len = body ? strlen(body) : 0,
+                       .has_body = 1,
                        .header = "Content-Type: application/json"});
 }
 
@@ -97,10 +99,14 @@ static void t_lease_bad(void **state) {
   (void)state;
   char key[65];
   sha_hex("bad lease", 9, key);
-  const char *bodies[] = {"{\"holder\":\"a\",\"x\":1}", "{\"ttl_s\":\"x\"}",
-                          "{\"ttl_s\":0}",           "{\"ttl_s\":99999999}",
-                          "{\"holder\":5}",          "{\"holder\":\"\"}",
-                          "{\"holder\":",            "[]"};
+  const char *bodies[] = {"{\"holder\":\"a\",\"x\":1}",
+                          "{\"ttl_s\":\"x\"}",
+                          "{\"ttl_s\":0}",
+                          "{\"ttl_s\":99999999}",
+                          "{\"holder\":5}",
+                          "{\"holder\":\"\"}",
+                          "{\"holder\":",
+                          "[]"};
   for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
     resp r = lease_post(NULL, key, bodies[i]);
     assert_int_equal(r.status, 400);

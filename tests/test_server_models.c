@@ -38,10 +38,10 @@ static int m_teardown(void **state) {
 
 /* A warmup manifest of model: buckets batch=1,2 and archs sm_80, sm_90a. */
 static char *warmup_json(const char *model, const char *name) {
-  json_t *j = json_pack(
-      "{ss s{ss ss} s[ss] s{s[ss]} s[{si}{si}]}", "schema", "kcache.warmup/v1",
-      "model", "name", name, "hash", model, "archs", "sm_80", "sm_90a",
-      "builder", "command", "true", "x", "buckets", "batch", 1, "batch", 2);
+  json_t *j = json_pack("{ss s{ss ss} s[ss] s{s[ss]} s[{si}{si}]}", "schema",
+                        "kcache.warmup/v1", "model", "name", name, "hash",
+                        model, "archs", "sm_80", "sm_90a", "builder", "command",
+                        "true", "x", "buckets", "batch", 1, "batch", 2);
   char *s = json_dumps(j, JSON_COMPACT);
   json_decref(j);
   assert_non_null(s);
@@ -52,8 +52,10 @@ static long put_warmup(const kc_testsrv *t, const char *token,
                        const char *model, const char *json) {
   char path[160];
   snprintf(path, sizeof path, "/v1/models/%s/warmup", model);
-  resp r = http(t, path, (req){.method = "PUT", .token = token, .body = json,
-                               .len = strlen(json)});
+  resp r = http(
+      t, path,
+      (req){
+          .method = "PUT", .token = token, .body = json, .len = strlen(json)});
   long st = r.status;
   resp_free(&r);
   return st;
@@ -67,8 +69,10 @@ static void put_bundle(const kc_testsrv *t, const char *token,
   memcpy(ds[0], d, 65);
   char *json = make_manifest(model, batch, arch, ds, &n, 1, key);
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
-  resp r = http(t, path, (req){.method = "PUT", .token = token, .body = json,
-                               .len = strlen(json)});
+  resp r = http(
+      t, path,
+      (req){
+          .method = "PUT", .token = token, .body = json, .len = strlen(json)});
   assert_true(r.status == 201 || r.status == 200);
   resp_free(&r);
   free(json);
@@ -90,8 +94,9 @@ static json_t *get_json(const kc_testsrv *t, const char *token,
 static json_t *find_model(json_t *models, const char *model) {
   size_t i;
   json_t *m;
-  json_array_foreach(models, i, m) if (!strcmp(
-      json_string_value(json_object_get(m, "model")), model)) return m;
+  json_array_foreach(
+      models, i, m) if (!strcmp(json_string_value(json_object_get(m, "model")),
+                                model)) return m;
   return NULL;
 }
 
@@ -176,8 +181,8 @@ static void t_models_pages(void **state) {
     if (json_array_size(list)) {
       assert_string_equal(
           json_string_value(json_object_get(json_array_get(list, 0), "model")),
-          json_string_value(json_object_get(json_array_get(models, n),
-                                            "model")));
+          json_string_value(
+              json_object_get(json_array_get(models, n), "model")));
       n++;
     }
     const char *next = json_string_value(json_object_get(p, "next"));
@@ -209,8 +214,8 @@ static void t_warmup(void **state) {
   free(w);
   const char *bad[] = {"{", "[]", "{\"schema\":\"kcache.warmup/v1\"}"};
   for (size_t i = 0; i < 3; i++) {
-    r = http(&M, path, (req){.method = "PUT", .body = bad[i],
-                             .len = strlen(bad[i])});
+    r = http(&M, path,
+             (req){.method = "PUT", .body = bad[i], .len = strlen(bad[i])});
     assert_error(&r, 400, "bad_warmup");
     resp_free(&r);
   }
@@ -272,9 +277,11 @@ static void t_coverage(void **state) {
   key_of(MC, 1, "sm_90a", lk);
   snprintf(path, sizeof path, "/v1/leases/%s", lk);
   const char *lb = "{\"holder\":\"builder-9\"}";
-  resp r = http(&M, path, (req){.method = "POST", .body = lb,
-                                .len = strlen(lb),
-                                .header = "Content-Type: application/json"});
+  resp r = http(&M, path,
+                (req){.method = "POST",
+                      .body = lb,
+                      .len = strlen(lb),
+                      .header = "Content-Type: application/json"});
   assert_int_equal(r.status, 201);
   resp_free(&r);
   snprintf(path, sizeof path, "/v1/models/%s/coverage", MC);
@@ -285,16 +292,16 @@ static void t_coverage(void **state) {
   assert_int_equal(JI(c, "expected"), 4);
   assert_string_equal(state_of(c, 0, 0), "present");
   assert_string_equal(state_of(c, 0, 1), "building");
-  assert_string_equal(json_string_value(json_object_get(cell(c, 0, 1),
-                                                        "holder")),
-                      "builder-9");
+  assert_string_equal(
+      json_string_value(json_object_get(cell(c, 0, 1), "holder")), "builder-9");
   assert_string_equal(state_of(c, 1, 0), "missing");
   assert_string_equal(state_of(c, 1, 1), "present");
   assert_int_equal(JI(cell(c, 1, 1), "bytes"), 13);
   json_t *extra = json_object_get(c, "extra");
   assert_int_equal(json_array_size(extra), 1);
-  assert_string_equal(json_string_value(json_object_get(json_array_get(
-                          extra, 0), "key")), k[2]);
+  assert_string_equal(
+      json_string_value(json_object_get(json_array_get(extra, 0), "key")),
+      k[2]);
   json_decref(c);
   r = http(&M, path, (req){.method = "HEAD"});
   assert_int_equal(r.status, 200);
@@ -332,9 +339,8 @@ static void archs_text(json_t *c, const char *field, char *out, size_t cap) {
   size_t i, n = 0;
   json_t *a;
   out[0] = '\0';
-  json_array_foreach(json_object_get(c, field), i, a)
-    n += (size_t)snprintf(out + n, cap - n, "%s%s", i ? "," : "",
-                          json_string_value(a));
+  json_array_foreach(json_object_get(c, field), i, a) n += (size_t)snprintf(
+      out + n, cap - n, "%s%s", i ? "," : "", json_string_value(a));
 }
 
 /* The coverage's columns are the archs the warms ran for: a warm with
@@ -350,8 +356,7 @@ static void t_warm_archs(void **state) {
   put_bundle(&M, NULL, MA, 2, "sm_86", d, 15, k);
   char *w = warmup_json(MA, "warm-archs");
   snprintf(path, sizeof path, "/v1/models/%s/warmup?archs=sm_86", MA);
-  resp r = http(&M, path, (req){.method = "PUT", .body = w,
-                                .len = strlen(w)});
+  resp r = http(&M, path, (req){.method = "PUT", .body = w, .len = strlen(w)});
   assert_int_equal(r.status, 201);
   resp_free(&r);
   snprintf(path, sizeof path, "/v1/models/%s/coverage", MA);
@@ -403,8 +408,7 @@ static void t_warm_archs(void **state) {
   const char *bad[] = {"sm_86,", "nonsense", ",sm_80", "sm_80,,sm_86"};
   for (size_t i = 0; i < 4; i++) {
     snprintf(path, sizeof path, "/v1/models/%s/warmup?archs=%s", MA, bad[i]);
-    r = http(&M, path, (req){.method = "PUT", .body = w2,
-                             .len = strlen(w2)});
+    r = http(&M, path, (req){.method = "PUT", .body = w2, .len = strlen(w2)});
     assert_error(&r, 400, "bad_request");
     resp_free(&r);
   }
@@ -421,7 +425,7 @@ typedef struct reader {
   _Atomic int *stop;
   char (*keys)[65];
   char **jsons;
-  int bad;     /* answers other than 200/404, or a torn manifest */
+  int bad; /* answers other than 200/404, or a torn manifest */
   long reads;
 } reader;
 
@@ -460,11 +464,11 @@ static void t_purge_concurrent(void **state) {
   memcpy(ds[0], d, 65);
   uint64_t n = 10;
   for (int i = 0; i < N_PURGE; i++) {
-    jsons[i] = make_manifest(MP, (uint64_t)i + 1, "sm_90a", ds, &n, 1,
-                             keys[i]);
+    jsons[i] = make_manifest(MP, (uint64_t)i + 1, "sm_90a", ds, &n, 1, keys[i]);
     snprintf(path, sizeof path, "/v1/bundles/%.64s", keys[i]);
-    resp r = http(&M, path, (req){.method = "PUT", .body = jsons[i],
-                                  .len = strlen(jsons[i])});
+    resp r =
+        http(&M, path,
+             (req){.method = "PUT", .body = jsons[i], .len = strlen(jsons[i])});
     assert_int_equal(r.status, 201);
     resp_free(&r);
   }
@@ -552,8 +556,8 @@ static void t_history(void **state) {
   assert_int_equal(JI(j, "step_s"), 10);
   json_t *p0 = json_array_get(pts, 0);
   assert_int_equal(JI(p0, "t") % 10, 0);
-  const char *names[] = {"requests", "hits", "misses", "bytes_out",
-                         "evictions", "resp_commands"};
+  const char *names[] = {"requests",  "hits",      "misses",
+                         "bytes_out", "evictions", "resp_commands"};
   for (size_t i = 0; i < 6; i++)
     assert_true(json_is_integer(json_object_get(p0, names[i])));
   assert_true(requests <= metric(&h, "kcached_requests_total") ||
@@ -566,8 +570,8 @@ static void t_history(void **state) {
   j = get_json(&h, NULL, "/v1/stats/history", 200);
   assert_int_equal(json_array_size(json_object_get(j, "points")), 0);
   json_decref(j);
-  resp r = http(&h, "/v1/stats/history", (req){.method = "POST",
-                                                .has_body = 1});
+  resp r =
+      http(&h, "/v1/stats/history", (req){.method = "POST", .has_body = 1});
   assert_error(&r, 405, "method_not_allowed");
   resp_free(&r);
   assert_int_equal(kc_testsrv_stop(&h), 0);
@@ -588,9 +592,9 @@ static void t_page(void **state) {
     assert_true(header(&r, "Content-Type", v, sizeof v));
     assert_non_null(strstr(v, types[i]));
     assert_true(header(&r, "Content-Security-Policy", v, sizeof v));
-    const char *csp[] = {"default-src 'self'", "script-src 'self'",
-                         "style-src 'self'", "img-src 'self' data:",
-                         "connect-src 'self'", "frame-ancestors 'none'"};
+    const char *csp[] = {
+        "default-src 'self'",   "script-src 'self'",  "style-src 'self'",
+        "img-src 'self' data:", "connect-src 'self'", "frame-ancestors 'none'"};
     for (size_t c = 0; c < 6; c++)
       assert_non_null(strstr(v, csp[c]));
     assert_non_null(strstr(r.body, marks[i]));
@@ -626,12 +630,15 @@ typedef struct toks {
 
 static void expect(const kc_testsrv *t, const char *method, const char *path,
                    const char *body, const char *token, long status) {
-  resp r = http(t, path, (req){.method = method, .token = token, .body = body,
-                               .len = body ? strlen(body) : 0,
-                               .has_body = body != NULL});
+  resp r = http(t, path,
+                (req){.method = method,
+                      .token = token,
+                      .body = body,
+                      .len = body ? strlen(body) : 0,
+                      .has_body = body != NULL});
   if (r.status != status)
-    fprintf(stderr, "%s %s: %ld, not %ld: %s\n", method, path, r.status,
-            status, r.body);
+    fprintf(stderr, "%s %s: %ld, not %ld: %s\n", method, path, r.status, status,
+            r.body);
   assert_int_equal(r.status, status);
   resp_free(&r);
 }
@@ -670,8 +677,7 @@ static void t_roles(void **state) {
     expect(&a, "GET", page[i], NULL, NULL, 200);
   json_t *j = get_json(&a, T.read, "/v1/models", 200);
   assert_string_equal(json_string_value(json_object_get(j, "role")), "read");
-  assert_string_equal(json_string_value(json_object_get(j, "token")),
-                      "reader");
+  assert_string_equal(json_string_value(json_object_get(j, "token")), "reader");
   assert_true(json_is_true(json_object_get(j, "auth")));
   json_decref(j);
   snprintf(path, sizeof path, "/v1/models/%s", M1);
@@ -705,8 +711,11 @@ static void t_warmup_names(void **state) {
   assert_int_equal(put_warmup(&a, T.write, M1, demo), 200); /* CI re-warm */
   char *forged = warmup_json(M2, "demo-mlp"), *away = warmup_json(M1, "x");
   snprintf(path, sizeof path, "/v1/models/%s/warmup", M2);
-  resp r = http(&a, path, (req){.method = "PUT", .token = T.write,
-                                .body = forged, .len = strlen(forged)});
+  resp r = http(&a, path,
+                (req){.method = "PUT",
+                      .token = T.write,
+                      .body = forged,
+                      .len = strlen(forged)});
   assert_error(&r, 409, "conflict");
   assert_non_null(strstr(r.body, M1)); /* names the holder */
   resp_free(&r);
@@ -749,8 +758,7 @@ static void store_put(kc_store *s, const char *model, uint64_t batch,
   kc_manifest *m = NULL;
   assert_int_equal(kc_manifest_parse(json, strlen(json), &m, err), KC_OK);
   int created = 0;
-  assert_int_equal(kc_store_bundle_put(s, m, &created, NULL, NULL, err),
-                   KC_OK);
+  assert_int_equal(kc_store_bundle_put(s, m, &created, NULL, NULL, err), KC_OK);
   kc_manifest_free(m);
   free(json);
 }
@@ -771,23 +779,24 @@ static void t_store_purge_gc(void **state) {
   sha_hex("shared", 6, d[0]);
   sha_hex("only-mp", 7, d[1]);
   assert_int_equal(kc_store_blob_put(s, d[0], "shared", 6, &created, err), 0);
-  assert_int_equal(kc_store_blob_put(s, d[1], "only-mp", 7, &created, err),
-                   0);
+  assert_int_equal(kc_store_blob_put(s, d[1], "only-mp", 7, &created, err), 0);
   for (uint64_t b = 1; b <= 3; b++)
     store_put(s, MP, b, d, sizes, 2);
   store_put(s, M1, 1, d, sizes, 1); /* M1 uses the shared blob only */
   char *w = warmup_json(MP, "store-purge");
-  assert_int_equal(kc_store_warmup_put(s, MP, "store-purge", w, strlen(w), 0, "sm_80", err), KC_OK);
+  assert_int_equal(
+      kc_store_warmup_put(s, MP, "store-purge", w, strlen(w), 0, "sm_80", err),
+      KC_OK);
   free(w);
   int n = 0;
   char next[65];
-  assert_int_equal(kc_store_models_list(s, NULL, 10, count_model, &n, next,
-                                        err), KC_OK);
+  assert_int_equal(
+      kc_store_models_list(s, NULL, 10, count_model, &n, next, err), KC_OK);
   assert_int_equal(n, 2);
   assert_string_equal(next, "");
   n = 0; /* a page of one: next names it */
-  assert_int_equal(kc_store_models_list(s, NULL, 1, count_model, &n, next,
-                                        err), KC_OK);
+  assert_int_equal(kc_store_models_list(s, NULL, 1, count_model, &n, next, err),
+                   KC_OK);
   assert_int_equal(n, 1);
   assert_true(kc_is_hex64(next));
   size_t removed = 0;
@@ -795,10 +804,8 @@ static void t_store_purge_gc(void **state) {
   assert_int_equal(removed, 3);
   char *got = NULL;
   size_t len = 0;
-  assert_int_equal(kc_store_warmup_get(s, MP, &got, &len, NULL),
-                   KC_NOT_FOUND);
-  assert_int_equal(kc_store_gc(s, (int64_t)time(NULL) + 7200, err),
-                   KC_OK);
+  assert_int_equal(kc_store_warmup_get(s, MP, &got, &len, NULL), KC_NOT_FOUND);
+  assert_int_equal(kc_store_gc(s, (int64_t)time(NULL) + 7200, err), KC_OK);
   assert_int_equal(kc_store_blob_has(s, d[1], NULL), KC_NOT_FOUND);
   assert_int_equal(kc_store_blob_has(s, d[0], NULL), KC_OK);
   assert_int_equal(kc_store_verify(s, err), KC_OK);
@@ -810,12 +817,9 @@ static void t_store_purge_gc(void **state) {
 
 int main(void) {
   const struct CMUnitTest api[] = {
-      cmocka_unit_test(t_models_list),
-      cmocka_unit_test(t_models_pages),
-      cmocka_unit_test(t_warmup),
-      cmocka_unit_test(t_coverage),
-      cmocka_unit_test(t_warm_archs),
-      cmocka_unit_test(t_purge_concurrent),
+      cmocka_unit_test(t_models_list), cmocka_unit_test(t_models_pages),
+      cmocka_unit_test(t_warmup),      cmocka_unit_test(t_coverage),
+      cmocka_unit_test(t_warm_archs),  cmocka_unit_test(t_purge_concurrent),
       cmocka_unit_test(t_page),
   };
   const struct CMUnitTest own[] = {

@@ -31,9 +31,9 @@ static void t_health(void **state) {
 static void t_unknown_routes(void **state) {
   (void)state;
   /* "/" is the page (test_server_models.c) */
-  const char *paths[] = {"/index.html", "/nope", "/v1", "/v1/blob/x",
-                         "/healthz/",
-                         "/v2/blobs/x", "/v1/stats/x", "/V1/lookup"};
+  const char *paths[] = {"/index.html", "/nope",     "/v1",
+                         "/v1/blob/x",  "/healthz/", "/v2/blobs/x",
+                         "/v1/stats/x", "/V1/lookup"};
   for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
     resp r = http(&S, paths[i], (req){0});
     assert_error(&r, 404, "not_found");
@@ -84,8 +84,9 @@ static void t_stats(void **state) {
   resp r = http(&S, "/v1/stats", (req){0});
   assert_int_equal(r.status, 200);
   json_t *j = body_json(&r);
-  const char *fields[] = {"bytes_used", "max_bytes", "blobs", "bundles",
-                          "hits", "misses", "evicted_bundles", "evicted_blobs"};
+  const char *fields[] = {"bytes_used",      "max_bytes",    "blobs",
+                          "bundles",         "hits",         "misses",
+                          "evicted_bundles", "evicted_blobs"};
   for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
     assert_true(json_is_integer(json_object_get(j, fields[i])));
   assert_true(json_integer_value(json_object_get(j, "blobs")) > 0);
@@ -107,10 +108,15 @@ static void t_metrics(void **state) {
       "kcached_requests_total{route=\"other\",method=\"GET\",status=\"404\"}",
       "kcached_request_duration_seconds_bucket{le=\"+Inf\"}",
       "kcached_request_duration_seconds_count",
-      "kcached_received_bytes_total", "kcached_sent_bytes_total",
-      "kcached_hits_total", "kcached_misses_total", "kcached_store_bytes",
-      "kcached_store_limit_bytes", "kcached_evicted_bundles_total",
-      "kcached_leases_granted_total", "kcached_leases_refused_total",
+      "kcached_received_bytes_total",
+      "kcached_sent_bytes_total",
+      "kcached_hits_total",
+      "kcached_misses_total",
+      "kcached_store_bytes",
+      "kcached_store_limit_bytes",
+      "kcached_evicted_bundles_total",
+      "kcached_leases_granted_total",
+      "kcached_leases_refused_total",
       "# TYPE kcached_request_duration_seconds histogram"};
   for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
     if (!strstr(r.body, want[i]))
@@ -131,10 +137,19 @@ static void t_keepalive(void **state) {
     resp r;
     long want = 200;
     switch (i % 6) {
-    case 0: r = http_on(c, S.url, path, (req){0}); break;
-    case 1: r = http_on(c, S.url, path, (req){.method = "HEAD"}); break;
-    case 2: r = http_on(c, S.url, "/healthz", (req){0}); break;
-    case 3: r = http_on(c, S.url, "/nope", (req){0}); want = 404; break;
+    case 0:
+      r = http_on(c, S.url, path, (req){0});
+      break;
+    case 1:
+      r = http_on(c, S.url, path, (req){.method = "HEAD"});
+      break;
+    case 2:
+      r = http_on(c, S.url, "/healthz", (req){0});
+      break;
+    case 3:
+      r = http_on(c, S.url, "/nope", (req){0});
+      want = 404;
+      break;
     case 4:
       r = http_on(c, S.url, "/healthz", (req){.method = "DELETE"});
       want = 405;
@@ -144,8 +159,8 @@ static void t_keepalive(void **state) {
       snprintf(blob, sizeof blob, "keepalive blob %d", i);
       sha_hex(blob, strlen(blob), fresh);
       snprintf(p2, sizeof p2, "/v1/blobs/%s", fresh);
-      r = http_on(c, S.url, p2, (req){.method = "PUT", .body = blob,
-                                      .len = strlen(blob)});
+      r = http_on(c, S.url, p2,
+                  (req){.method = "PUT", .body = blob, .len = strlen(blob)});
       want = 201;
     }
     }
@@ -245,20 +260,27 @@ static void t_flags(void **state) {
   (void)state;
   static char out[16384];
   assert_int_equal(run_kcached("--help", out, sizeof out), 0);
-  const char *flags[] = {"--listen", "--port-file", "--data-dir",
-                         "--max-bytes", "--max-blob-bytes", "--tokens",
-                         "--threads", "--log-format", "--tls-cert",
-                         "--tls-key", "--allow-plaintext", "KCACHED_LISTEN",
-                         "KCACHED_DATA_DIR", "KCACHED_THREADS", "token ROLE",
-                         "--scrub-rate", "KCACHED_SCRUB_RATE"};
+  const char *flags[] = {
+      "--listen",         "--port-file",       "--data-dir",
+      "--max-bytes",      "--max-blob-bytes",  "--tokens",
+      "--threads",        "--log-format",      "--tls-cert",
+      "--tls-key",        "--allow-plaintext", "KCACHED_LISTEN",
+      "KCACHED_DATA_DIR", "KCACHED_THREADS",   "token ROLE",
+      "--scrub-rate",     "KCACHED_SCRUB_RATE"};
   for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
     assert_non_null(strstr(out, flags[i]));
-  const char *bad[] = {"--bogus", "--threads 0", "--threads x",
-                       "--log-format xml", "--listen nocolon",
-                       "--max-bytes 12Q", "--listen 127.0.0.1:99999",
-                       "--scrub-rate 2T", "--scrub-rate -1",
-                       "stray-argument", "--tokens /nonexistent/tokens "
-                                         "--listen 127.0.0.1:0"};
+  const char *bad[] = {"--bogus",
+                       "--threads 0",
+                       "--threads x",
+                       "--log-format xml",
+                       "--listen nocolon",
+                       "--max-bytes 12Q",
+                       "--listen 127.0.0.1:99999",
+                       "--scrub-rate 2T",
+                       "--scrub-rate -1",
+                       "stray-argument",
+                       "--tokens /nonexistent/tokens "
+                       "--listen 127.0.0.1:0"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     int rc = run_kcached(bad[i], out, sizeof out);
     if (rc != 2)
@@ -400,12 +422,9 @@ static void t_env_vars(void **state) {
 
 int main(void) {
   const struct CMUnitTest api[] = {
-      cmocka_unit_test(t_health),
-      cmocka_unit_test(t_unknown_routes),
-      cmocka_unit_test(t_wrong_methods),
-      cmocka_unit_test(t_stats),
-      cmocka_unit_test(t_keepalive),
-      cmocka_unit_test(t_metrics),
+      cmocka_unit_test(t_health),        cmocka_unit_test(t_unknown_routes),
+      cmocka_unit_test(t_wrong_methods), cmocka_unit_test(t_stats),
+      cmocka_unit_test(t_keepalive),     cmocka_unit_test(t_metrics),
       cmocka_unit_test(t_access_log),
   };
   const struct CMUnitTest own[] = {

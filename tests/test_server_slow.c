@@ -28,7 +28,8 @@
 static int get_status(int port, const char *path, int ms) {
   char req[256], buf[8192];
   snprintf(req, sizeof req,
-           "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", path);
+           "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+           path);
   raw_exchange(port, req, buf, sizeof buf, ms);
   return raw_status(buf);
 }
@@ -54,10 +55,19 @@ static void t_slow_headers(void **state) {
   char hl[64];
   snprintf(hl, sizeof hl, "127.0.0.1:%d", hport);
   /* per-ip 0: one address may fill the pool (no share of free slots) */
-  const char *const args[] = {"--max-connections", "40", "--header-timeout",
-                              "2", "--timeout", "30", "--health-listen", hl,
-                              "--threads", "2", "--max-connections-per-ip",
-                              "0", NULL};
+  const char *const args[] = {"--max-connections",
+                              "40",
+                              "--header-timeout",
+                              "2",
+                              "--timeout",
+                              "30",
+                              "--health-listen",
+                              hl,
+                              "--threads",
+                              "2",
+                              "--max-connections-per-ip",
+                              "0",
+                              NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   int fd[POOL];
   long opened[POOL], closed_at[POOL];
@@ -106,8 +116,10 @@ static void t_slow_headers(void **state) {
                 POOL, worst);
   assert_int_equal(get_status(t.port, "/healthz", 2000), 200);
   char buf[65536];
-  raw_exchange(hport, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: "
-               "close\r\n\r\n", buf, sizeof buf, 2000);
+  raw_exchange(hport,
+               "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: "
+               "close\r\n\r\n",
+               buf, sizeof buf, 2000);
   assert_non_null(strstr(buf, "kcached_connections_cut_total"
                               "{reason=\"header_timeout\"} 40\n"));
   kc_testsrv_cleanup(&t);
@@ -136,8 +148,10 @@ static long drip_body(int fd, const char *body, size_t len, size_t piece,
 static int put_blob_head(int port, const char *digest, size_t len) {
   char head[512];
   int fd = kc_testsrv_connect(port);
-  snprintf(head, sizeof head, "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
-           "Content-Length: %zu\r\n\r\n", digest, len);
+  snprintf(head, sizeof head,
+           "PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
+           "Content-Length: %zu\r\n\r\n",
+           digest, len);
   raw_send(fd, head);
   return fd;
 }
@@ -148,8 +162,7 @@ static int put_blob_head(int port, const char *digest, size_t len) {
 static void t_slow_body(void **state) {
   (void)state;
   kc_testsrv t = {0};
-  const char *const args[] = {"--timeout", "2", "--min-body-rate", "1K",
-                              NULL};
+  const char *const args[] = {"--timeout", "2", "--min-body-rate", "1K", NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   static char body[40960];
   for (size_t i = 0; i < sizeof body; i++)
@@ -181,7 +194,8 @@ static void t_prompt_clients_unaffected(void **state) {
   char buf[8192];
   for (int i = 0; i < 3; i++) {
     usleep(1000 * 1000); /* 3 requests 1 s apart: 3 s on one connection */
-    assert_int_equal(raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"), 0);
+    assert_int_equal(
+        raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"), 0);
     assert_int_equal(raw_read(fd, buf, sizeof buf, 300), 0);
     assert_int_equal(raw_status(buf), 200);
   }
@@ -211,7 +225,8 @@ static void t_per_ip_cap(void **state) {
   assert_int_equal(raw_status(buf), 0);
   close(extra);
   for (int i = 0; i < 5; i++) {
-    assert_int_equal(raw_send(fd[i], "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"), 0);
+    assert_int_equal(
+        raw_send(fd[i], "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"), 0);
     raw_read(fd[i], buf, sizeof buf, 300);
     assert_int_equal(raw_status(buf), 200);
     close(fd[i]);
@@ -298,9 +313,13 @@ static void t_health_port_share(void **state) {
 static void t_main_port_share(void **state) {
   (void)state;
   kc_testsrv t = {0};
-  const char *const args[] = {"--max-connections", "40",
-                              "--max-connections-per-ip", "30",
-                              "--header-timeout", "30", NULL};
+  const char *const args[] = {"--max-connections",
+                              "40",
+                              "--max-connections-per-ip",
+                              "30",
+                              "--header-timeout",
+                              "30",
+                              NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   usleep(200 * 1000); /* the readiness probe's connection is gone */
   int a[30], b[30];
@@ -334,7 +353,8 @@ static void big_bundles(const kc_testsrv *t, int n, char (*keys)[65]) {
   char path[128];
   kc_sha256_hex(blob, 16, digests[0]);
   snprintf(path, sizeof path, "/v1/blobs/%s", digests[0]);
-  kc_testsrv_resp r = kc_testsrv_http(NULL, t->url, path,
+  kc_testsrv_resp r = kc_testsrv_http(
+      NULL, t->url, path,
       (kc_testsrv_req){.method = "PUT", .body = blob, .len = 16});
   assert_int_equal(r.status, 201);
   kc_testsrv_resp_free(&r);
@@ -348,7 +368,8 @@ static void big_bundles(const kc_testsrv *t, int n, char (*keys)[65]) {
                                      sizes, KC_MANIFEST_MAX_FILES, keys[b]);
     assert_non_null(json);
     snprintf(path, sizeof path, "/v1/bundles/%.64s", keys[b]);
-    r = kc_testsrv_http(NULL, t->url, path,
+    r = kc_testsrv_http(
+        NULL, t->url, path,
         (kc_testsrv_req){.method = "PUT", .body = json, .len = strlen(json)});
     assert_int_equal(r.status, 201);
     kc_testsrv_resp_free(&r);
@@ -378,7 +399,7 @@ static void t_unread_answers(void **state) {
   (void)state;
   kc_testsrv t = {0};
   const char *const args[] = {"--max-answer-memory", "16M", "--timeout", "60",
-                              "--max-json-bytes", "1M", NULL};
+                              "--max-json-bytes",    "1M",  NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   static char keys[BUNDLES][65];
   big_bundles(&t, BUNDLES, keys);
@@ -388,7 +409,8 @@ static void t_unread_answers(void **state) {
     off += (size_t)snprintf(body + off, sizeof body - off, "%s\"%s\"",
                             b ? "," : "", keys[b]);
   snprintf(body + off, sizeof body - off, "]}");
-  snprintf(req, sizeof req, "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
+  snprintf(req, sizeof req,
+           "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\n"
            "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
            strlen(body), body);
   long rss0 = rss_kb(t.pid);
@@ -407,7 +429,8 @@ static void t_unread_answers(void **state) {
   long rss1 = rss_kb(t.pid);
   print_message("%d unread 4.8 MB lookups: RSS %ld -> %ld KB\n", READERS, rss0,
                 rss1);
-  kc_testsrv_resp r = kc_testsrv_http(NULL, t.url, "/v1/lookup",
+  kc_testsrv_resp r = kc_testsrv_http(
+      NULL, t.url, "/v1/lookup",
       (kc_testsrv_req){.method = "POST", .body = body, .len = strlen(body)});
   assert_int_equal(r.status, 503);
   assert_non_null(strstr(r.body, "\"busy\""));
@@ -423,7 +446,8 @@ static void t_unread_answers(void **state) {
   long t0 = kc_testsrv_now_ms();
   long status = 0;
   while (status != 200 && kc_testsrv_now_ms() - t0 < 5000) {
-    r = kc_testsrv_http(NULL, t.url, "/v1/lookup",
+    r = kc_testsrv_http(
+        NULL, t.url, "/v1/lookup",
         (kc_testsrv_req){.method = "POST", .body = body, .len = strlen(body)});
     status = r.status;
     kc_testsrv_resp_free(&r);

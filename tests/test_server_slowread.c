@@ -5,8 +5,8 @@
  *   stalls holds no LMDB read: writes that replace and evict data
  *   meanwhile succeed (no 507), the oldest read in /metrics stays young,
  *   and the client, when it resumes, gets the whole body or one cut short
- *   (its blob evicted), never other bytes. Before the fix the stalled response pinned every page freed
- *   after it began, and the writes failed with 507.
+ *   (its blob evicted), never other bytes. Before the fix the stalled response
+ * pinned every page freed after it began, and the writes failed with 507.
  * - 600 stalled GETs of a large blob (more than LMDB's old 512 reader
  *   slots) leave reads working: before, every read got 503 busy.
  * - The store's own view: reads open, the oldest one's age, refusals of a
@@ -56,8 +56,8 @@ static long put_blob_on(CURL *c, const kc_testsrv *t, const void *p, size_t n,
   char path[128];
   sha_hex(p, n, digest);
   snprintf(path, sizeof path, "/v1/blobs/%s", digest);
-  resp r = http_on(c, t->url, path,
-                   (req){.method = "PUT", .body = p, .len = n});
+  resp r =
+      http_on(c, t->url, path, (req){.method = "PUT", .body = p, .len = n});
   if (r.rc != CURLE_OK) {
     kc_testsrv_show_log(t, NULL);
     fail_msg("PUT blob: curl error %d (server died?)", r.rc);
@@ -103,8 +103,8 @@ static void add_files(kc_manifest *m, size_t n, const char *digest,
       len += 230;
     }
     snprintf(path + len, sizeof path - (size_t)len, ".cubin");
-    kc_err e = kc_manifest_add_file(m, path, digest, size, KC_KIND_CUBIN,
-                                    NULL, 0, err);
+    kc_err e = kc_manifest_add_file(m, path, digest, size, KC_KIND_CUBIN, NULL,
+                                    0, err);
     if (e)
       fail_msg("add_file %zu: %s", i, err);
   }
@@ -147,7 +147,8 @@ static void slow_open(slow *s, int port, const char *path, size_t first) {
   char req[256];
   int n = snprintf(req, sizeof req,
                    "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                   "Connection: close\r\n\r\n", path);
+                   "Connection: close\r\n\r\n",
+                   path);
   assert_int_equal(send(s->fd, req, (size_t)n, MSG_NOSIGNAL), n);
   if (first == 0)
     return;
@@ -283,7 +284,8 @@ static void t_slow_reader_no_pin(void **state) {
   int full = churn(&t, model);
   double oldest = kc_testsrv_metric(&t, "kcached_store_oldest_read_seconds");
   printf("churn of %d x %u MiB with three stalled readers: %d answers 507; "
-         "oldest read %.3f s\n", CHURN_N, CHURN_BLOB / MiB, full, oldest);
+         "oldest read %.3f s\n",
+         CHURN_N, CHURN_BLOB / MiB, full, oldest);
   if (full)
     kc_testsrv_show_log(&t, NULL);
   assert_int_equal(full, 0);
@@ -310,8 +312,8 @@ static void t_many_slow_readers(void **state) {
   (void)state;
   enum { N = 600 };
   kc_testsrv t = {0};
-  const char *const args[] = {"--timeout", "300", "--max-connections-per-ip", "0",
-                              NULL};
+  const char *const args[] = {"--timeout", "300", "--max-connections-per-ip",
+                              "0", NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   char *a = malloc(BIG), big[65], small[65], path[128];
   fill_random(a, BIG, 3);
@@ -332,8 +334,8 @@ static void t_many_slow_readers(void **state) {
   double refused = kc_testsrv_metric(&t, "kcached_store_readers_full_total");
   double open = kc_testsrv_metric(&t, "kcached_store_reads_open");
   printf("%d stalled GETs of a %u MiB blob: %d of 20 small GETs 200; reads "
-         "open %.0f, refused for a full reader table %.0f\n", N, BIG / MiB,
-         ok, open, refused);
+         "open %.0f, refused for a full reader table %.0f\n",
+         N, BIG / MiB, ok, open, refused);
   assert_int_equal(ok, 20);
   assert_true(refused == 0);
   assert_true(open >= 0 && open < 16);
@@ -395,8 +397,8 @@ static void t_readers_full_logged(void **state) {
   int room_lines = kc_testsrv_log_count(&t, "no read refused for 10 s", 1);
   printf("%zu slots held by another process: %d of 6 GETs 503, %.0f reads "
          "refused, logged full %d time(s); after release GET %ld, logged "
-         "room %d time(s)\n", held, busy, refused, full_lines, after,
-         room_lines);
+         "room %d time(s)\n",
+         held, busy, refused, full_lines, after, room_lines);
   assert_int_equal(busy, 6);
   assert_true(refused >= 6);
   assert_int_equal(full_lines, 1);
@@ -426,8 +428,8 @@ static void t_store_reads(void **state) {
   size_t n = 0;
   uint64_t size = 0;
   for (uint64_t off = 0; off < sizeof data; off += n) {
-    assert_int_equal(kc_store_blob_copy(s, d, off, piece, sizeof piece, &n,
-                                        &size), KC_OK);
+    assert_int_equal(
+        kc_store_blob_copy(s, d, off, piece, sizeof piece, &n, &size), KC_OK);
     assert_int_equal(size, sizeof data);
     assert_true(n > 0);
     assert_memory_equal(piece, data + off, n);
@@ -454,7 +456,8 @@ static void t_store_reads(void **state) {
   assert_int_equal(e, KC_BUSY);
   kc_store_read_stats_get(s, &rs);
   printf("store: %zu reads open, the oldest %llu ms old; %u slots; refused "
-         "%llu\n", held, (unsigned long long)rs.oldest_age_ms, rs.max_readers,
+         "%llu\n",
+         held, (unsigned long long)rs.oldest_age_ms, rs.max_readers,
          (unsigned long long)rs.readers_full);
   assert_int_equal(rs.open, held);
   assert_true(rs.oldest_age_ms >= 250);
@@ -473,7 +476,7 @@ static void t_store_reads(void **state) {
 
 /* ---- bounded lookup answers ---- */
 
-#define LOOKUP_N 12     /* manifests of about 1.1 MB: 13 MB in all */
+#define LOOKUP_N 12 /* manifests of about 1.1 MB: 13 MB in all */
 #define LOOKUP_FILES 3000
 #define LOOKUP_CAP (8u * MiB) /* max(8 MiB, 2 x the default 4 MiB) */
 
@@ -503,7 +506,7 @@ static void t_lookup_bounded(void **state) {
     pos += (size_t)snprintf(body + pos, cap - pos, ",\"%s\"", keys[i]);
   snprintf(body + pos, cap - pos, "]}");
   resp r = http_on(NULL, t.url, "/v1/lookup",
-              (req){.method = "POST", .body = body, .len = strlen(body)});
+                   (req){.method = "POST", .body = body, .len = strlen(body)});
   assert_int_equal(r.status, 200);
   json_t *j = json_loadb(r.body, r.len, 0, NULL);
   assert_non_null(j);
@@ -512,8 +515,8 @@ static void t_lookup_bounded(void **state) {
   json_t *missing = json_object_get(j, "missing");
   size_t nf = json_object_size(found), nt = json_array_size(trunc);
   printf("lookup of %d manifests of %zu bytes: answer %zu bytes, %zu found, "
-         "%zu truncated, %zu missing\n", LOOKUP_N, each, r.len, nf, nt,
-         json_array_size(missing));
+         "%zu truncated, %zu missing\n",
+         LOOKUP_N, each, r.len, nf, nt, json_array_size(missing));
   assert_true(r.len <= LOOKUP_CAP + 64 * 1024);
   assert_true(nt >= 1 && nf >= 1);
   assert_int_equal(nf + nt, LOOKUP_N);

@@ -43,9 +43,9 @@ static void *frame_of(const void *p, size_t n, size_t *zlen) {
 static resp get(const char *digest, int zstd, const char *method) {
   char path[128];
   snprintf(path, sizeof path, "/v1/blobs/%s", digest);
-  return http(&S, path, (req){.method = method,
-                              .header = zstd ? "Accept-Encoding: gzip, zstd"
-                                             : NULL});
+  return http(&S, path,
+              (req){.method = method,
+                    .header = zstd ? "Accept-Encoding: gzip, zstd" : NULL});
 }
 
 /* GET both ways and HEAD: the content comes back whichever way it is sent. */
@@ -141,9 +141,13 @@ static long put_frame(const char *digest, const void *z, size_t zlen,
                       int chunked, resp *out) {
   char path[128];
   snprintf(path, sizeof path, "/v1/blobs/%s", digest);
-  resp r = http(&S, path, (req){.method = "PUT", .body = z, .len = zlen,
-                                .has_body = 1, .chunked = chunked,
-                                .header = "Content-Encoding: zstd"});
+  resp r = http(&S, path,
+                (req){.method = "PUT",
+                      .body = z,
+                      .len = zlen,
+                      .has_body = 1,
+                      .chunked = chunked,
+                      .header = "Content-Encoding: zstd"});
   long st = r.status;
   if (out)
     *out = r;
@@ -410,10 +414,12 @@ static void t_dcache_evicted_while_sent(void **state) {
   expect_plain(&t, d[0], p[0], SZ); /* cached */
   int fd = raw_connect(t.port);
   char rq[256];
-  int k = snprintf(rq, sizeof rq, "GET /v1/blobs/%s HTTP/1.1\r\nHost: "
-                   "127.0.0.1\r\nConnection: close\r\n\r\n", d[0]);
+  int k = snprintf(rq, sizeof rq,
+                   "GET /v1/blobs/%s HTTP/1.1\r\nHost: "
+                   "127.0.0.1\r\nConnection: close\r\n\r\n",
+                   d[0]);
   raw_send(fd, rq, (size_t)k);
-  kc_testsrv_sleep_ms(200); /* answered from the entry, not read yet */
+  kc_testsrv_sleep_ms(200);     /* answered from the entry, not read yet */
   for (int i = 1; i < N; i++) { /* push it out */
     expect_plain(&t, d[i], p[i], SZ);
     assert_true(metric(&t, "kcached_decoded_cache_bytes") <= (8 << 20));
@@ -458,7 +464,8 @@ static void resp_cmd(int port, const char *cmd, size_t len, char *out,
 
 static int resp_port_of(const kc_testsrv *t) {
   char *log = kc_testsrv_slurp(t->log);
-  const char *at = log ? strstr(log, "RESP (Redis protocol) on 127.0.0.1:") : NULL;
+  const char *at =
+      log ? strstr(log, "RESP (Redis protocol) on 127.0.0.1:") : NULL;
   int port = at ? atoi(at + strlen("RESP (Redis protocol) on 127.0.0.1:")) : 0;
   free(log);
   return port;

@@ -324,8 +324,7 @@ static void test_blob_put_fd_pipe(void **state) {
   /* Wrong digest through a pipe. */
   char wrong[KC_HEX_LEN + 1];
   uint8_t *q = make_bytes(4096, 7, wrong);
-  EXPECT(put_from_pipe(s, wrong, p, 4096, 4096, &created),
-         KC_DIGEST_MISMATCH);
+  EXPECT(put_from_pipe(s, wrong, p, 4096, 4096, &created), KC_DIGEST_MISMATCH);
   EXPECT(kc_store_blob_has(s, wrong, NULL), KC_NOT_FOUND);
 
   /* The writer goes away early (EOF before len): an error, nothing stored. */
@@ -390,8 +389,7 @@ static void test_upload_stream(void **state) {
   /* Digest mismatch: nothing stored, no file left, u freed (ASan). */
   OK(kc_store_upload_begin(s, &u, errbuf));
   OK(kc_store_upload_write(u, q, 199999, errbuf));
-  EXPECT(kc_store_upload_commit(u, hex2, &created, errbuf),
-         KC_DIGEST_MISMATCH);
+  EXPECT(kc_store_upload_commit(u, hex2, &created, errbuf), KC_DIGEST_MISMATCH);
   EXPECT(kc_store_blob_has(s, hex2, NULL), KC_NOT_FOUND);
   assert_int_equal(count_files(f->dir), files0);
 
@@ -561,20 +559,18 @@ static void test_bad_digests(void **state) {
   write_all(pfd[1], p, 100);
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *b = bad[i];
-    EXPECT_IN(kc_store_blob_put(s, b, p, 100, &created, errbuf),
-              KC_BAD_DIGEST, KC_EINVAL);
+    EXPECT_IN(kc_store_blob_put(s, b, p, 100, &created, errbuf), KC_BAD_DIGEST,
+              KC_EINVAL);
     EXPECT_IN(kc_store_blob_put_fd(s, b, pfd[0], 0, &created, errbuf),
               KC_BAD_DIGEST, KC_EINVAL);
     EXPECT_IN(kc_store_blob_has(s, b, &size), KC_BAD_DIGEST, KC_EINVAL);
-    EXPECT_IN(kc_store_bundle_has(s, b), KC_BAD_DIGEST, KC_EINVAL,
-              KC_BAD_KEY);
+    EXPECT_IN(kc_store_bundle_has(s, b), KC_BAD_DIGEST, KC_EINVAL, KC_BAD_KEY);
     EXPECT_IN(kc_store_bundle_delete(s, b, errbuf), KC_BAD_DIGEST, KC_EINVAL,
               KC_BAD_KEY);
     OK(kc_store_read_begin(s, &r));
-    EXPECT_IN(kc_store_blob_get(r, b, &data, &len), KC_BAD_DIGEST,
-              KC_EINVAL);
-    EXPECT_IN(kc_store_bundle_get(r, b, &json, &len), KC_BAD_DIGEST,
-              KC_EINVAL, KC_BAD_KEY);
+    EXPECT_IN(kc_store_blob_get(r, b, &data, &len), KC_BAD_DIGEST, KC_EINVAL);
+    EXPECT_IN(kc_store_bundle_get(r, b, &json, &len), KC_BAD_DIGEST, KC_EINVAL,
+              KC_BAD_KEY);
     kc_store_read_end(r);
     kc_store_upload *u = NULL;
     OK(kc_store_upload_begin(s, &u, errbuf));
@@ -624,8 +620,7 @@ static void test_read_for_a_get(void **state) {
   assert_null(heap);
   assert_string_equal(errbuf, "no blob " Z64);
   const char *json = NULL;
-  EXPECT(kc_store_bundle_read(s, Z64, &rd, &json, &len, errbuf),
-         KC_NOT_FOUND);
+  EXPECT(kc_store_bundle_read(s, Z64, &rd, &json, &len, errbuf), KC_NOT_FOUND);
   assert_null(rd);
   assert_string_equal(errbuf, "no bundle " Z64);
   EXPECT(kc_store_kv_read_through(s, "k", 1, 0, errbuf), KC_NOT_FOUND);

@@ -212,7 +212,6 @@ static void test_bundle_invalid(void **state) {
   kc_store_close(s);
 }
 
-
 /* A manifest whose file size disagrees with the blob it names describes a
  * file that does not exist: refused (a client would fetch bytes that fail
  * its size check, and the model listing's bytes would be wrong). */
@@ -369,11 +368,11 @@ static void test_model_list(void **state) {
   char shared[KC_HEX_LEN + 1];
   put_seed(s, 500, 80, shared);
   for (int i = 0; i < 3; i++)
-    ma[i] = bundle_with_blob(s, MA0, (uint64_t)i + 1, sizes[i], 81 + i,
-                             shared, 500, NULL);
+    ma[i] = bundle_with_blob(s, MA0, (uint64_t)i + 1, sizes[i], 81 + i, shared,
+                             500, NULL);
   for (int i = 0; i < 2; i++)
-    mb[i] = bundle_with_blob(s, MA1, (uint64_t)i + 1, 100, 90 + i, NULL, 0,
-                             NULL);
+    mb[i] =
+        bundle_with_blob(s, MA1, (uint64_t)i + 1, 100, 90 + i, NULL, 0, NULL);
   mm = bundle_with_blob(s, M2, 1, 100, 95, NULL, 0, NULL);
   /* Read ma[0] twice and mb[1] once, then flush. */
   kc_store_read *r = NULL;
@@ -527,8 +526,7 @@ static size_t count_modify_events(int ifd) {
       return n;
     for (char *p = buf; p < buf + k;) {
       struct inotify_event *ev = (struct inotify_event *)p;
-      if ((ev->mask & IN_MODIFY) &&
-          !(ev->len && strstr(ev->name, "lock")))
+      if ((ev->mask & IN_MODIFY) && !(ev->len && strstr(ev->name, "lock")))
         n++;
       p += sizeof *ev + ev->len;
     }
@@ -574,16 +572,11 @@ static void test_reads_do_not_write(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      ST(test_bundle_roundtrip),
-      ST(test_bundle_write_once),
-      ST(test_bundle_missing_blobs),
-      ST(test_bundle_invalid),
-      ST(test_delete_refcount_gc),
-      ST(test_refcount_same_blob_twice),
-      ST(test_gc_unreferenced_upload),
-      ST(test_model_list),
-      ST(test_stats_hits_misses),
-      ST(test_reads_do_not_write),
+      ST(test_bundle_roundtrip),       ST(test_bundle_write_once),
+      ST(test_bundle_missing_blobs),   ST(test_bundle_invalid),
+      ST(test_delete_refcount_gc),     ST(test_refcount_same_blob_twice),
+      ST(test_gc_unreferenced_upload), ST(test_model_list),
+      ST(test_stats_hits_misses),      ST(test_reads_do_not_write),
       ST(test_bundle_size_mismatch),
   };
   return storetest_run("store_bundle", tests, sizeof tests / sizeof tests[0]);

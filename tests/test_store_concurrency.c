@@ -164,7 +164,6 @@ static void test_concurrent_readers(void **state) {
   free(c);
 }
 
-
 /* Writers on several threads: puts, uploads and deletes serialize; the
  * counts and bytes agree at the end. */
 #define CW_THREADS 3
@@ -208,8 +207,8 @@ static void *cw_main(void *p) {
       m->fields.bucket.n = 1;
       strcpy(m->fields.bucket.dims[0].name, "t");
       m->fields.bucket.dims[0].value = (uint64_t)(a->t * 1000 + i);
-      rc = kc_manifest_add_file(m, "x.cubin", hex, n, KC_KIND_CUBIN, NULL, 0,
-                                e);
+      rc =
+          kc_manifest_add_file(m, "x.cubin", hex, n, KC_KIND_CUBIN, NULL, 0, e);
       if (!rc)
         rc = kc_manifest_seal(m, e);
       if (!rc)

@@ -43,8 +43,8 @@ static void test_close_reopen(void **state) {
   assert_int_equal(st1.bundles, st0.bundles);
   assert_int_equal(st1.bytes_used, st0.bytes_used);
   assert_int_equal(blob_bytes(s), 3000 + 4000 + 5000 + 6000);
-  assert_true(blob_present(s, x) && blob_present(s, y) &&
-              blob_present(s, z) && blob_present(s, u));
+  assert_true(blob_present(s, x) && blob_present(s, y) && blob_present(s, z) &&
+              blob_present(s, u));
   expect_bundle_json(s, a->key, aj);
   expect_bundle_json(s, b->key, bj);
   listing *l1 = list_model(s, M1);
@@ -322,10 +322,12 @@ static void check_journal(const char *dir, const crash_journal *jr) {
     kc_err e = kc_store_bundle_has(s, jr->keys[i]);
     if (jr->state[i] == 'P' && e != KC_OK)
       fail_msg("bundle %s: put returned KC_OK before the kill, gone after "
-               "(%s)", jr->keys[i], kc_err_name(e));
+               "(%s)",
+               jr->keys[i], kc_err_name(e));
     if (jr->state[i] == 'D' && e != KC_NOT_FOUND)
       fail_msg("bundle %s: delete returned KC_OK before the kill, present "
-               "after (%s)", jr->keys[i], kc_err_name(e));
+               "after (%s)",
+               jr->keys[i], kc_err_name(e));
   }
   kc_store_close(s);
 }
@@ -367,8 +369,8 @@ static void test_crash_sigkill(void **state) {
     int st = 0;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL))
-      fail_msg("child ended by itself before the kill (status %d, exit %d)",
-               st, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+      fail_msg("child ended by itself before the kill (status %d, exit %d)", st,
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     read_journal(pfd[0], jr);
     close(pfd[0]);
     last = check_crashed_store(f->dir);

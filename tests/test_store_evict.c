@@ -269,7 +269,7 @@ static void expect_consistent(kc_store *s, const char *model) {
 static void test_map_full_and_recovery(void **state) {
   fx *f = *state;
   enum { MAXB = 400 };
-  char (*dg)[KC_HEX_LEN + 1] = calloc(MAXB, KC_HEX_LEN + 1);
+  char(*dg)[KC_HEX_LEN + 1] = calloc(MAXB, KC_HEX_LEN + 1);
   assert_non_null(dg);
   kc_store *s = open_store(f->dir, 0, 2 * 1024 * 1024, 60);
   /* A bundle over two blobs first. */
@@ -346,7 +346,7 @@ static void test_map_full_and_recovery(void **state) {
 static void test_map_full_answer_consistent(void **state) {
   fx *f = *state;
   enum { MAXB = 400 };
-  char (*dg)[KC_HEX_LEN + 1] = calloc(MAXB, KC_HEX_LEN + 1);
+  char(*dg)[KC_HEX_LEN + 1] = calloc(MAXB, KC_HEX_LEN + 1);
   assert_non_null(dg);
   kc_store *s = open_store(f->dir, 0, 2 * 1024 * 1024, 60);
   int full = 0, created = -1;
@@ -393,8 +393,11 @@ static void test_map_full_answer_consistent(void **state) {
  * test_scaleout) ---- */
 
 static kc_store *open_unreachable_tier(const char *dir, uint64_t max_bytes) {
-  kc_store_s3 s3 = {.endpoint = "http://127.0.0.1:1", .bucket = "kcache-test",
-                    .path_style = 1, .access_key = "AK", .secret_key = "SK"};
+  kc_store_s3 s3 = {.endpoint = "http://127.0.0.1:1",
+                    .bucket = "kcache-test",
+                    .path_style = 1,
+                    .access_key = "AK",
+                    .secret_key = "SK"};
   kc_store_opts o = {.dir = dir, .max_bytes = max_bytes, .s3 = &s3};
   kc_store *s = NULL;
   OK(kc_store_open(&o, &s, errbuf)); /* S3 is not contacted to open */

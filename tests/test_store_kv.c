@@ -47,8 +47,10 @@
 
 static kc_store *open_kv(const char *dir, uint64_t max_bytes,
                          uint64_t kv_max_bytes, uint64_t map_size) {
-  kc_store_opts o = {.dir = dir, .max_bytes = max_bytes,
-                     .kv_max_bytes = kv_max_bytes, .map_size = map_size};
+  kc_store_opts o = {.dir = dir,
+                     .max_bytes = max_bytes,
+                     .kv_max_bytes = kv_max_bytes,
+                     .map_size = map_size};
   return open_with(&o);
 }
 
@@ -69,15 +71,19 @@ static uint8_t *bytes(size_t n, uint64_t seed) {
 static kc_store_kv_op apply1(kc_store *s, kc_store_kv_opcode code,
                              const char *key, const void *val, size_t vlen,
                              int flags, int64_t exp, int64_t now) {
-  kc_store_kv_op op = {.op = code, .key = key, .klen = key ? strlen(key) : 0,
-                       .val = val, .vlen = vlen, .flags = flags,
+  kc_store_kv_op op = {.op = code,
+                       .key = key,
+                       .klen = key ? strlen(key) : 0,
+                       .val = val,
+                       .vlen = vlen,
+                       .flags = flags,
                        .expire_ms = exp};
   OK(kc_store_kv_apply(s, &op, 1, now, errbuf));
   return op;
 }
 
-static uint64_t set(kc_store *s, const char *key, const void *val,
-                    size_t vlen, int flags, int64_t exp, int64_t now) {
+static uint64_t set(kc_store *s, const char *key, const void *val, size_t vlen,
+                    int flags, int64_t exp, int64_t now) {
   kc_store_kv_op op = apply1(s, KC_KV_SET, key, val, vlen, flags, exp, now);
   assert_int_equal(op.err, KC_OK);
   free(op.old);
@@ -160,7 +166,10 @@ static void test_roundtrip_binary(void **state) {
     val[i] = (uint8_t)i;
   int64_t now = now_ms();
   kc_store_kv_op ops[2] = {
-      {.op = KC_KV_SET, .key = key, .klen = sizeof key, .val = val,
+      {.op = KC_KV_SET,
+       .key = key,
+       .klen = sizeof key,
+       .val = val,
        .vlen = sizeof val},
       {.op = KC_KV_SET, .key = "empty", .klen = 5, .val = NULL, .vlen = 0}};
   OK(kc_store_kv_apply(s, ops, 2, now, errbuf));
@@ -496,8 +505,10 @@ static void test_scan(void **state) {
       snprintf(keys[i], 32, "key:%d", i);
     else
       snprintf(keys[i], 32, "other:%d", i - 1000);
-    ops[i] = (kc_store_kv_op){.op = KC_KV_SET, .key = keys[i],
-                              .klen = strlen(keys[i]), .val = keys[i],
+    ops[i] = (kc_store_kv_op){.op = KC_KV_SET,
+                              .key = keys[i],
+                              .klen = strlen(keys[i]),
+                              .val = keys[i],
                               .vlen = strlen(keys[i])};
   }
   int64_t now = now_ms();
@@ -526,8 +537,7 @@ static void test_scan(void **state) {
   uint64_t cur = 0;
   memset(&z, 0, sizeof z);
   do
-    OK(kc_store_kv_scan(s, cur, "key:5", 5, 1000, now + 2, scan_cb, &z,
-                        &cur));
+    OK(kc_store_kv_scan(s, cur, "key:5", 5, 1000, now + 2, scan_cb, &z, &cur));
   while (cur);
   assert_int_equal(z.hits[5], 0);
   free(ops);
@@ -541,23 +551,51 @@ static void test_glob(void **state) {
     const char *pat, *str;
     int want;
   } t[] = {
-      {"*", "", 1},           {"*", "abc", 1},         {"", "", 1},
-      {"", "a", 0},           {"a", "", 0},            {"abc", "abc", 1},
-      {"abc", "abd", 0},      {"a*", "a", 1},          {"a*c", "abbbc", 1},
-      {"a*c", "abbbd", 0},    {"*c", "abc", 1},        {"a**b", "axxb", 1},
-      {"h?llo", "hello", 1},  {"h?llo", "hllo", 0},    {"h[ae]llo", "hallo", 1},
-      {"h[ae]llo", "hillo", 0}, {"h[^e]llo", "hallo", 1},
-      {"h[^e]llo", "hello", 0}, {"h[a-b]llo", "hbllo", 1},
-      {"h[a-b]llo", "hcllo", 0}, {"h[b-a]llo", "hallo", 1}, /* reversed */
-      {"\\*", "*", 1},        {"\\*", "a", 0},         {"a\\?", "a?", 1},
-      {"a\\?", "ab", 0},      {"[\\]]", "]", 1},       {"[\\-]", "-", 1},
+      {"*", "", 1},
+      {"*", "abc", 1},
+      {"", "", 1},
+      {"", "a", 0},
+      {"a", "", 0},
+      {"abc", "abc", 1},
+      {"abc", "abd", 0},
+      {"a*", "a", 1},
+      {"a*c", "abbbc", 1},
+      {"a*c", "abbbd", 0},
+      {"*c", "abc", 1},
+      {"a**b", "axxb", 1},
+      {"h?llo", "hello", 1},
+      {"h?llo", "hllo", 0},
+      {"h[ae]llo", "hallo", 1},
+      {"h[ae]llo", "hillo", 0},
+      {"h[^e]llo", "hallo", 1},
+      {"h[^e]llo", "hello", 0},
+      {"h[a-b]llo", "hbllo", 1},
+      {"h[a-b]llo", "hcllo", 0},
+      {"h[b-a]llo", "hallo", 1}, /* reversed */
+      {"\\*", "*", 1},
+      {"\\*", "a", 0},
+      {"a\\?", "a?", 1},
+      {"a\\?", "ab", 0},
+      {"[\\]]", "]", 1},
+      {"[\\-]", "-", 1},
       /* as Redis: "a-]" is the range a..] (the class left unclosed) */
-      {"[a-]", "-", 0},       {"[a-]", "_", 1},       {"[]", "a", 0},          {"[abc", "c", 1},
-      {"[abc", "d", 0},       {"ab\\", "ab\\", 1},     {"x[", "x", 0},
-      {"*.py", "cache/x.py", 1}, {"*.py", "x.pyc", 0},
-      {"a*b*c*d", "aXbYcZd", 1}, {"a*b*c*d", "aXbYcZe", 0},
-      {"[^a-c]x", "dx", 1},   {"[^a-c]x", "bx", 0},    {"a[\\^]", "a^", 1},
-      {"[[]", "[", 1},        {"?", "", 0},            {"??", "ab", 1},
+      {"[a-]", "-", 0},
+      {"[a-]", "_", 1},
+      {"[]", "a", 0},
+      {"[abc", "c", 1},
+      {"[abc", "d", 0},
+      {"ab\\", "ab\\", 1},
+      {"x[", "x", 0},
+      {"*.py", "cache/x.py", 1},
+      {"*.py", "x.pyc", 0},
+      {"a*b*c*d", "aXbYcZd", 1},
+      {"a*b*c*d", "aXbYcZe", 0},
+      {"[^a-c]x", "dx", 1},
+      {"[^a-c]x", "bx", 0},
+      {"a[\\^]", "a^", 1},
+      {"[[]", "[", 1},
+      {"?", "", 0},
+      {"??", "ab", 1},
   };
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
     int got = kc_store_kv_match(t[i].pat, strlen(t[i].pat), t[i].str,
@@ -576,11 +614,9 @@ static void test_glob(void **state) {
   memset(str, 'a', sizeof str);
   str[sizeof str - 1] = 'b';
   pat[sizeof pat - 2] = 'b'; /* a*a*...a*b */
-  assert_int_equal(kc_store_kv_match(pat, sizeof pat - 1, str, sizeof str),
-                   1);
+  assert_int_equal(kc_store_kv_match(pat, sizeof pat - 1, str, sizeof str), 1);
   pat[sizeof pat - 2] = 'c';
-  assert_int_equal(kc_store_kv_match(pat, sizeof pat - 1, str, sizeof str),
-                   0);
+  assert_int_equal(kc_store_kv_match(pat, sizeof pat - 1, str, sizeof str), 0);
 }
 
 /* ---- FLUSH ---- */
@@ -683,8 +719,8 @@ static void test_evict_kv_cap_spares_bundles(void **state) {
   assert_false(present(s, "torch:0"));
   /* a value over the cap is refused alone */
   uint8_t *big = bytes(2 * MiB, 5);
-  kc_store_kv_op op = {.op = KC_KV_SET, .key = "big", .klen = 3, .val = big,
-                       .vlen = 2 * MiB};
+  kc_store_kv_op op = {
+      .op = KC_KV_SET, .key = "big", .klen = 3, .val = big, .vlen = 2 * MiB};
   OK(kc_store_kv_apply(s, &op, 1, now_ms(), errbuf));
   assert_int_equal(op.err, KC_TOO_LARGE);
   free(big);
@@ -751,9 +787,12 @@ static void test_batch_one_failing(void **state) {
   kc_store_kv_op ops[] = {
       {.op = KC_KV_SET, .key = "a", .klen = 1, .val = "1", .vlen = 1},
       {.op = KC_KV_SET, .key = "", .klen = 0, .val = "x", .vlen = 1},
-      {.op = KC_KV_SET, .key = "huge", .klen = 4, .val = huge,
-       .vlen = 6 * MiB},
-      {.op = KC_KV_SET, .key = "a", .klen = 1, .val = "2", .vlen = 1,
+      {.op = KC_KV_SET, .key = "huge", .klen = 4, .val = huge, .vlen = 6 * MiB},
+      {.op = KC_KV_SET,
+       .key = "a",
+       .klen = 1,
+       .val = "2",
+       .vlen = 1,
        .flags = KC_KV_GET},
       {.op = KC_KV_DEL, .key = "nope", .klen = 4},
       {.op = KC_KV_SET, .key = "b", .klen = 1, .val = "3", .vlen = 1},
@@ -778,8 +817,8 @@ static void test_batch_one_failing(void **state) {
   kc_store_close(s);
   /* with a limit: over it, KC_TOO_LARGE before any write */
   s = open_kv(f->dir, 1 * MiB, 0, 4 * MiB);
-  kc_store_kv_op op = {.op = KC_KV_SET, .key = "huge", .klen = 4, .val = huge,
-                       .vlen = 2 * MiB};
+  kc_store_kv_op op = {
+      .op = KC_KV_SET, .key = "huge", .klen = 4, .val = huge, .vlen = 2 * MiB};
   OK(kc_store_kv_apply(s, &op, 1, now, errbuf));
   assert_int_equal(op.err, KC_TOO_LARGE);
   kc_store_close(s);
@@ -801,8 +840,10 @@ static void *writer_main(void *ud) {
     for (int i = 0; i < 8; i++) {
       snprintf(keys[i], 32, "w%d:%d", w->id, round * 8 + i);
       snprintf(vals[i], 32, "v%d", round * 8 + i);
-      ops[i] = (kc_store_kv_op){.op = KC_KV_SET, .key = keys[i],
-                                .klen = strlen(keys[i]), .val = vals[i],
+      ops[i] = (kc_store_kv_op){.op = KC_KV_SET,
+                                .key = keys[i],
+                                .klen = strlen(keys[i]),
+                                .val = vals[i],
                                 .vlen = strlen(vals[i])};
     }
     w->e = kc_store_kv_apply(w->s, ops, 8, now_ms(), NULL);
@@ -857,9 +898,11 @@ static void crash_child(const char *dir, int round, int fd) {
       size_t len = 1 + id * 7919u % (64 * KiB);
       fill(buf + i * 64 * KiB, len, id);
       snprintf(keys[i], 32, "c:%u", id);
-      ops[i] = (kc_store_kv_op){.op = KC_KV_SET, .key = keys[i],
+      ops[i] = (kc_store_kv_op){.op = KC_KV_SET,
+                                .key = keys[i],
                                 .klen = strlen(keys[i]),
-                                .val = buf + i * 64 * KiB, .vlen = len};
+                                .val = buf + i * 64 * KiB,
+                                .vlen = len};
     }
     if (kc_store_kv_apply(s, ops, n, now_ms(), NULL) != KC_OK)
       _exit(20);
@@ -1014,8 +1057,11 @@ static kc_store *open_tier(const char *dir, uint64_t max_bytes,
  * not evicted; read-through answers at once. */
 static void test_tier_queue_when_s3_down(void **state) {
   fx *f = *state;
-  kc_store_s3 s3 = {.endpoint = "http://127.0.0.1:1", .bucket = "kcache-test",
-                    .path_style = 1, .access_key = "AK", .secret_key = "SK"};
+  kc_store_s3 s3 = {.endpoint = "http://127.0.0.1:1",
+                    .bucket = "kcache-test",
+                    .path_style = 1,
+                    .access_key = "AK",
+                    .secret_key = "SK"};
   kc_store *s = open_tier(f->dir, 1 * MiB, &s3);
   int64_t now = now_ms();
   set_seed(s, "a", 300 * KiB, 1);
@@ -1051,9 +1097,12 @@ static kc_testrgw g_rgw;
 static char g_bucket[64];
 
 static kc_store_s3 rgw_s3(void) {
-  kc_store_s3 s3 = {.endpoint = g_rgw.endpoint, .bucket = g_bucket,
-                    .region = g_rgw.region, .path_style = 1,
-                    .access_key = g_rgw.access, .secret_key = g_rgw.secret};
+  kc_store_s3 s3 = {.endpoint = g_rgw.endpoint,
+                    .bucket = g_bucket,
+                    .region = g_rgw.region,
+                    .path_style = 1,
+                    .access_key = g_rgw.access,
+                    .secret_key = g_rgw.secret};
   return s3;
 }
 
@@ -1195,7 +1244,11 @@ static void test_set_same_and_replace(void **state) {
   kc_store_kv_op ops[5] = {
       {.op = KC_KV_SET, .key = "a", .klen = 1, .val = p, .vlen = n},
       {.op = KC_KV_SET, .key = "b", .klen = 1, .val = p, .vlen = n},
-      {.op = KC_KV_SET, .key = "k", .klen = 1, .val = p, .vlen = n,
+      {.op = KC_KV_SET,
+       .key = "k",
+       .klen = 1,
+       .val = p,
+       .vlen = n,
        .expire_ms = exp},
       {.op = KC_KV_SET, .key = "a", .klen = 1, .val = q, .vlen = m},
       {.op = KC_KV_DEL, .key = "b", .klen = 1}};
@@ -1234,8 +1287,12 @@ static int settled(kc_store *s, kc_store_kv_op *op, int64_t now) {
 
 static kc_store_kv_op set_op(const char *key, const void *val, size_t vlen,
                              int flags, int64_t exp) {
-  kc_store_kv_op op = {.op = KC_KV_SET, .key = key, .klen = strlen(key),
-                       .val = val, .vlen = vlen, .flags = flags,
+  kc_store_kv_op op = {.op = KC_KV_SET,
+                       .key = key,
+                       .klen = strlen(key),
+                       .val = val,
+                       .vlen = vlen,
+                       .flags = flags,
                        .expire_ms = exp};
   return op;
 }
@@ -1380,8 +1437,8 @@ static void test_key_bytes_counted(void **state) {
       char *k = keys + (size_t)i * KLEN;
       memset(k, 'k', KLEN);
       snprintf(k, 16, "%08d", b * BATCH + i);
-      ops[i] = (kc_store_kv_op){.op = KC_KV_SET, .key = k, .klen = KLEN,
-                                .val = "v", .vlen = 1};
+      ops[i] = (kc_store_kv_op){
+          .op = KC_KV_SET, .key = k, .klen = KLEN, .val = "v", .vlen = 1};
     }
     OK(kc_store_kv_apply(s, ops, BATCH, now_ms(), errbuf));
     for (int i = 0; i < BATCH; i++)

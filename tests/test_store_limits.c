@@ -125,18 +125,17 @@ static void test_lowered_limit_recovers(void **state) {
   while (get_stats(s).map_used < map / 100 * 93)
     put_bundle_blob(s, ++n, 256 * 1024);
   kc_store_stats before = get_stats(s);
-  print_message("filled: %llu bundles, %llu bytes used, map %llu of %llu\n",
-                (unsigned long long)before.bundles,
-                (unsigned long long)before.bytes_used,
-                (unsigned long long)before.map_used,
-                (unsigned long long)before.map_size);
+  print_message(
+      "filled: %llu bundles, %llu bytes used, map %llu of %llu\n",
+      (unsigned long long)before.bundles, (unsigned long long)before.bytes_used,
+      (unsigned long long)before.map_used, (unsigned long long)before.map_size);
   kc_store_close(s);
 
   s = open_store(f->dir, limit, 4 * MiB, 0);
   kc_store_stats st = get_stats(s);
   print_message("reopened with a %llu-byte limit: %llu bytes used, %llu "
-                "bundles, %llu evicted\n", (unsigned long long)limit,
-                (unsigned long long)st.bytes_used,
+                "bundles, %llu evicted\n",
+                (unsigned long long)limit, (unsigned long long)st.bytes_used,
                 (unsigned long long)st.bundles,
                 (unsigned long long)st.evicted_bundles);
   assert_true(st.bytes_used <= limit); /* evicted at open */
@@ -147,7 +146,8 @@ static void test_lowered_limit_recovers(void **state) {
   st = get_stats(s);
   assert_true(st.bytes_used <= limit);
   assert_int_equal(st.evicted_bundles, before.bundles + 40 - st.bundles);
-  assert_int_equal(st.evicted_blobs + st.gc_blobs, before.blobs + 40 - st.blobs);
+  assert_int_equal(st.evicted_blobs + st.gc_blobs,
+                   before.blobs + 40 - st.blobs);
   OK(kc_store_verify(s, errbuf));
   kc_store_close(s);
 
@@ -208,8 +208,8 @@ static void test_disk_full(void **state) {
   kc_err e = kc_store_evict(s, 0, errbuf);
   kc_store_stats st = get_stats(s);
   print_message("evicting everything on a full disk: %s, %llu of %llu "
-                "bundles left\n", kc_err_name(e),
-                (unsigned long long)st.bundles,
+                "bundles left\n",
+                kc_err_name(e), (unsigned long long)st.bundles,
                 (unsigned long long)before.bundles);
   assert_int_equal(st.evicted_bundles, before.bundles - st.bundles);
   assert_int_equal(st.evicted_blobs, before.blobs - st.blobs);
@@ -313,9 +313,8 @@ static int check_cb(const kc_store_bundle_info *info, void *ud) {
   field_check *l = ud;
   l->n++;
   double t0 = now_s();
-  json_t *k = info->fields
-                  ? json_loadb(info->fields, info->fields_len, 0, NULL)
-                  : NULL;
+  json_t *k =
+      info->fields ? json_loadb(info->fields, info->fields_len, 0, NULL) : NULL;
   double t1 = now_s();
   json_t *m = json_loadb(info->manifest, info->manifest_len, 0, NULL);
   l->fields_s += t1 - t0;
@@ -348,7 +347,7 @@ static void empty_index(MDB_env *env, MDB_txn *txn) {
   assert_int_equal(mdb_dbi_open(txn, "models", 0, &models), 0);
   assert_int_equal(mdb_cursor_open(txn, models, &cur), 0);
   size_t n = 0;
-  unsigned char (*keys)[128] = calloc(1024, sizeof *keys);
+  unsigned char(*keys)[128] = calloc(1024, sizeof *keys);
   for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && n < 1024;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     assert_int_equal(k.mv_size, 128);
@@ -380,7 +379,8 @@ static void test_model_list_fields(void **state) {
   assert_false(l.bad);
   print_message("bench: a listing of 128 bundles (~300 KB manifests) parses "
                 "%.1f ms of key fields now, where it parsed %.1f ms of "
-                "manifests\n", l.fields_s * 1000, l.manifest_s * 1000);
+                "manifests\n",
+                l.fields_s * 1000, l.manifest_s * 1000);
   kc_store_close(s);
   with_env(f->dir, empty_index); /* an index as an older version wrote it */
   s = open_store(f->dir, 0, 0, 0);

@@ -108,8 +108,8 @@ static void drop_index(const char *dir) {
   mdb_env_set_maxdbs(env, 32);
   assert_int_equal(mdb_env_open(env, dir, 0, 0640), 0);
   assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
-  assert_int_equal(mdb_dbi_open(txn, "warmnames",
-                                MDB_DUPSORT | MDB_DUPFIXED, &names), 0);
+  assert_int_equal(
+      mdb_dbi_open(txn, "warmnames", MDB_DUPSORT | MDB_DUPFIXED, &names), 0);
   assert_int_equal(mdb_drop(txn, names, 1), 0);
   assert_int_equal(mdb_dbi_open(txn, "meta", 0, &meta), 0);
   MDB_val flag = {16, "warmnames_built"};
@@ -139,7 +139,7 @@ static void test_index_built_for_old_store(void **state) {
   assert_int_equal(put_named(s, M4, "llm", 0), KC_CONFLICT);
   assert_non_null(strstr(errbuf, M3)); /* of M1 and M3, the first */
   assert_int_equal(put_named(s, M1, "x", 0), KC_CONFLICT); /* a rename */
-  assert_int_equal(put_named(s, M2, "vision", 0), KC_OK); /* M3 let go */
+  assert_int_equal(put_named(s, M2, "vision", 0), KC_OK);  /* M3 let go */
   purge(s, M1);
   assert_int_equal(put_named(s, M2, "llm", KC_WARMUP_RENAME), KC_OK);
   purge(s, M3);

@@ -78,7 +78,8 @@ static void test_verify_detects_corruption(void **state) {
 }
 
 /* The scrub walks every blob once per pass, a budget at a time, and removes
- * a rotted blob with exactly the bundles naming it; the store verifies after. */
+ * a rotted blob with exactly the bundles naming it; the store verifies after.
+ */
 static void test_scrub_removes_rotted(void **state) {
   fx *f = *state;
   kc_store *s = open_store(f->dir, 0, 16 * 1024 * 1024, 0);
@@ -181,8 +182,8 @@ static void test_delete_damaged_manifest(void **state) {
   put_bundle(s, m, 1);
   char *json = manifest_json(m);
   kc_store_close(s);
-  assert_true(flip_pattern_in_dir(f->dir, (const uint8_t *)json,
-                                  strlen(json)) >= 1);
+  assert_true(
+      flip_pattern_in_dir(f->dir, (const uint8_t *)json, strlen(json)) >= 1);
   s = open_store(f->dir, 0, 16 * 1024 * 1024, 0);
   EXPECT(kc_store_verify(s, errbuf), KC_CORRUPT);
   OK(kc_store_bundle_delete(s, m->key, errbuf));

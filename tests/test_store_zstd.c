@@ -213,9 +213,8 @@ static kc_err upload_frame(kc_store *s, const char *hex, const void *z,
   kc_store_upload_zstd(u, max_out);
   errbuf[0] = '\0';
   for (size_t at = 0; at < zlen; at += piece) {
-    kc_err e = kc_store_upload_write(u, (const char *)z + at,
-                                     zlen - at < piece ? zlen - at : piece,
-                                     errbuf);
+    kc_err e = kc_store_upload_write(
+        u, (const char *)z + at, zlen - at < piece ? zlen - at : piece, errbuf);
     if (e) {
       kc_store_upload_abort(u);
       return e;
@@ -442,8 +441,8 @@ static void test_kv_values(void **state) {
   kc_store *s = open_z(f->dir, 3);
   char hex[KC_HEX_LEN + 1];
   uint8_t *p = text_bytes(9000, 13, hex);
-  kc_store_kv_op op = {.op = KC_KV_SET, .key = "k", .klen = 1, .val = p,
-                       .vlen = 9000};
+  kc_store_kv_op op = {
+      .op = KC_KV_SET, .key = "k", .klen = 1, .val = p, .vlen = 9000};
   OK(kc_store_kv_apply(s, &op, 1, 0, errbuf));
   assert_int_equal(op.err, KC_OK);
   assert_int_equal(enc_of(s, hex, NULL), KC_STORE_ZSTD);
@@ -458,8 +457,12 @@ static void test_kv_values(void **state) {
   assert_memory_equal(out, p, 9000);
   kc_store_read_end(r);
   /* SET ... GET hands back the old value decoded */
-  kc_store_kv_op op2 = {.op = KC_KV_SET, .key = "k", .klen = 1, .val = "x",
-                        .vlen = 1, .flags = KC_KV_GET};
+  kc_store_kv_op op2 = {.op = KC_KV_SET,
+                        .key = "k",
+                        .klen = 1,
+                        .val = "x",
+                        .vlen = 1,
+                        .flags = KC_KV_GET};
   OK(kc_store_kv_apply(s, &op2, 1, 0, errbuf));
   assert_int_equal(op2.old_len, 9000);
   assert_memory_equal(op2.old, p, 9000);
@@ -475,8 +478,11 @@ static void test_kv_values(void **state) {
     x ^= x << 17;
     letters[i] = (uint8_t)('0' + x % 75);
   }
-  kc_store_kv_op op3 = {.op = KC_KV_SET, .key = "b", .klen = 1,
-                        .val = letters, .vlen = sizeof letters};
+  kc_store_kv_op op3 = {.op = KC_KV_SET,
+                        .key = "b",
+                        .klen = 1,
+                        .val = letters,
+                        .vlen = sizeof letters};
   OK(kc_store_kv_apply(s, &op3, 1, 0, errbuf));
   size_t zl = 0;
   void *zf = frame_of(letters, sizeof letters, 3, &zl);
@@ -551,9 +557,8 @@ static void test_decoder_budget(void **state) {
   kc_store_blob_stream *b[MAXS];
   size_t open = 0;
   kc_err e = KC_OK;
-  while (open < MAXS &&
-         (e = kc_store_blob_stream_open(s, hex, 1, &b[open], NULL, NULL,
-                                        NULL)) == KC_OK)
+  while (open < MAXS && (e = kc_store_blob_stream_open(
+                             s, hex, 1, &b[open], NULL, NULL, NULL)) == KC_OK)
     open++;
   assert_int_equal(e, KC_BUSY);
   assert_true(open >= 16); /* 8 MiB windows: room for 30 */
@@ -683,7 +688,8 @@ static void test_old_wide_frame_streams(void **state) {
   OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
   long grew2 = hwm_kib() - before;
   print_message("256 MiB held with a 32 MiB window: peak RSS +%ld KiB "
-                "(verify), +%ld KiB (scrub)\n", grew, grew2);
+                "(verify), +%ld KiB (scrub)\n",
+                grew, grew2);
   assert_true(before > 0);
   assert_true(grew < 96 * 1024);
   assert_true(grew2 < 96 * 1024);

@@ -219,7 +219,7 @@ static void t_waste_and_bad_input(void **state) {
   kcc_cost w;
   uint64_t beyond;
   kcc_suggest_waste(s, 2, &b, 1, &w, &beyond);
-  assert_true(w == 10); /* 2 x (8 - 3) */
+  assert_true(w == 10);        /* 2 x (8 - 3) */
   assert_int_equal(beyond, 2); /* 100 is past the largest bucket */
   kc_bucket other = {.n = 1, .dims = {{"seq", 128}}};
   kcc_suggest_waste(s, 1, &other, 1, &w, &beyond);

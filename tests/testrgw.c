@@ -53,11 +53,14 @@ static int read_env(kc_testrgw *r, const char *path) {
   FILE *f = fopen(path, "r");
   if (!f)
     return -1;
-  struct { const char *name; char *dst; size_t cap; } want[] = {
-      {"KCACHE_S3_ENDPOINT", r->endpoint, sizeof r->endpoint},
-      {"KCACHE_S3_REGION", r->region, sizeof r->region},
-      {"AWS_ACCESS_KEY_ID", r->access, sizeof r->access},
-      {"AWS_SECRET_ACCESS_KEY", r->secret, sizeof r->secret}};
+  struct {
+    const char *name;
+    char *dst;
+    size_t cap;
+  } want[] = {{"KCACHE_S3_ENDPOINT", r->endpoint, sizeof r->endpoint},
+              {"KCACHE_S3_REGION", r->region, sizeof r->region},
+              {"AWS_ACCESS_KEY_ID", r->access, sizeof r->access},
+              {"AWS_SECRET_ACCESS_KEY", r->secret, sizeof r->secret}};
   while (fgets(line, sizeof line, f)) {
     line[strcspn(line, "\r\n")] = '\0';
     const char *l = strncmp(line, "export ", 7) == 0 ? line + 7 : line;
@@ -116,8 +119,10 @@ int kc_testrgw_up(kc_testrgw *r, const char *who) {
   if (up == 0)
     return 0;
   if (up == 77 && !in_ci()) {
-    fprintf(stderr, "%s: no Ceph RGW here (packages cannot be installed): "
-                    "RGW tests skipped\n", who);
+    fprintf(stderr,
+            "%s: no Ceph RGW here (packages cannot be installed): "
+            "RGW tests skipped\n",
+            who);
     return 77;
   }
   fprintf(stderr, "%s: the Ceph RGW did not start%s\n", who,
@@ -160,9 +165,12 @@ int kc_testrgw_bucket(const kc_testrgw *r, const char *stem, char *bucket,
   char err[KC_ERRBUF_SIZE] = "";
   kcs3 *c = NULL;
   snprintf(bucket, cap, "%s-%ld", stem, (long)getpid());
-  kcs3_opts o = {.endpoint = r->endpoint, .bucket = bucket,
-                 .region = r->region, .path_style = 1,
-                 .access_key = r->access, .secret_key = r->secret};
+  kcs3_opts o = {.endpoint = r->endpoint,
+                 .bucket = bucket,
+                 .region = r->region,
+                 .path_style = 1,
+                 .access_key = r->access,
+                 .secret_key = r->secret};
   if (kcs3_open(&o, &c, err) != KC_OK || kcs3_bucket_create(c, err) != KC_OK) {
     fprintf(stderr, "bucket %s: %s\n", bucket, err);
     kcs3_close(c);
@@ -180,9 +188,9 @@ int kc_testrgw_bucket(const kc_testrgw *r, const char *stem, char *bucket,
 int kc_testrgw_replica_args(const kc_testrgw *r, const char *bucket,
                             const char *prefix, const char *const *extra,
                             const char **args, size_t cap) {
-  const char *base[] = {"--s3-endpoint", r->endpoint, "--s3-bucket", bucket,
-                        "--s3-prefix",   prefix,      "--s3-region", r->region,
-                        "--s3-path-style"};
+  const char *base[] = {"--s3-endpoint", r->endpoint,   "--s3-bucket",
+                        bucket,          "--s3-prefix", prefix,
+                        "--s3-region",   r->region,     "--s3-path-style"};
   size_t nb = sizeof base / sizeof base[0], ne = 0;
   while (extra && extra[ne])
     ne++;
@@ -252,13 +260,13 @@ void kc_testrgw_pair_show_logs(const kc_testrgw_pair *p) {
   kc_testsrv_show_log(&p->b, "B");
 }
 
-int kc_testrgw_pair_run(kc_testrgw_pair *p, const char *who,
-                        const char *stem, const char *group,
-                        const struct CMUnitTest *tests, size_t n, int fails) {
+int kc_testrgw_pair_run(kc_testrgw_pair *p, const char *who, const char *stem,
+                        const char *group, const struct CMUnitTest *tests,
+                        size_t n, int fails) {
   int up = kc_testrgw_up(&p->rgw, who);
   if (up == 0) {
-    if (kc_testrgw_bucket(&p->rgw, stem, p->bucket, sizeof p->bucket,
-                          &p->s3) != 0)
+    if (kc_testrgw_bucket(&p->rgw, stem, p->bucket, sizeof p->bucket, &p->s3) !=
+        0)
       fails++;
     else
       fails += _cmocka_run_group_tests(group, tests, n, NULL, NULL);

@@ -27,8 +27,8 @@ typedef struct kc_testrgw {
   int owned;          /* 1: started here, kc_testrgw_down stops and removes */
   char endpoint[128]; /* "http://127.0.0.1:PORT" */
   char region[64];
-  char access[128];   /* AWS_ACCESS_KEY_ID */
-  char secret[128];   /* AWS_SECRET_ACCESS_KEY */
+  char access[128]; /* AWS_ACCESS_KEY_ID */
+  char secret[128]; /* AWS_SECRET_ACCESS_KEY */
 } kc_testrgw;
 
 /* Starts (or finds, see above) the RGW and fills r. `who` names the test in
@@ -88,9 +88,9 @@ void kc_testrgw_pair_show_logs(const kc_testrgw_pair *p);
  * kc_testrgw_finish's status counting `fails` (failed cases of an earlier
  * group) too. */
 struct CMUnitTest;
-int kc_testrgw_pair_run(kc_testrgw_pair *p, const char *who,
-                        const char *stem, const char *group,
-                        const struct CMUnitTest *tests, size_t n, int fails);
+int kc_testrgw_pair_run(kc_testrgw_pair *p, const char *who, const char *stem,
+                        const char *group, const struct CMUnitTest *tests,
+                        size_t n, int fails);
 /* In a cmocka test: fails it (with both logs) unless cond. */
 #define KC_TESTRGW_REQUIRE(p, cond, ...)                                       \
   do {                                                                         \

@@ -70,7 +70,8 @@ static void free_args(kc_testsrv *t) {
 static int copy_args(kc_testsrv *t, const char *const *extra) {
   free_args(t);
   for (size_t i = 0; extra && extra[i]; i++) {
-    if (t->n_args == KC_TESTSRV_MAX_ARGS || !(t->args[t->n_args] = strdup(extra[i])))
+    if (t->n_args == KC_TESTSRV_MAX_ARGS ||
+        !(t->args[t->n_args] = strdup(extra[i])))
       return -1;
     t->n_args++;
   }
@@ -348,8 +349,8 @@ int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n) {
   size_t len = 0;
   char *text = f ? read_all(f, &len) : NULL;
   int copies = text ? 0 : -1;
-  for (char *p = text; n && p && (p = memmem(p, len - (size_t)(p - text),
-                                              needle, n)); p += n) {
+  for (char *p = text;
+       n && p && (p = memmem(p, len - (size_t)(p - text), needle, n)); p += n) {
     if (fseek(f, (long)(p - text) + (long)(n / 2), SEEK_SET) != 0 ||
         fputc(p[n / 2] ^ 0x40, f) == EOF) {
       copies = -1;
@@ -568,7 +569,7 @@ long kc_testsrv_serves(const kc_testsrv *t, const char *key, const char *json,
                        const char (*digest)[65], const size_t *size,
                        const uint64_t *seed, size_t n) {
   kc_testsrv_resp r = kc_testsrv_get(t, "/v1/bundles/%s", key);
-  long bad = r.status != 200 ? (r.status ? r.status : -2)
+  long bad = r.status != 200             ? (r.status ? r.status : -2)
              : strcmp(r.body, json) != 0 ? -1
                                          : 0;
   kc_testsrv_resp_free(&r);

@@ -25,12 +25,12 @@
 #define KC_TESTSRV_MAX_ARGS 32
 
 typedef struct kc_testsrv {
-  pid_t pid;        /* 0 when not running */
+  pid_t pid; /* 0 when not running */
   int port;
-  char url[64];     /* "http://127.0.0.1:PORT" (https with --tls-cert) */
-  char dir[256];    /* the temporary directory */
-  char data[300];   /* dir/data */
-  char log[300];    /* dir/kcached.log */
+  char url[64];   /* "http://127.0.0.1:PORT" (https with --tls-cert) */
+  char dir[256];  /* the temporary directory */
+  char data[300]; /* dir/data */
+  char log[300];  /* dir/kcached.log */
   int n_args;
   char *args[KC_TESTSRV_MAX_ARGS]; /* extra args, copied, reused by restart */
 } kc_testsrv;
@@ -63,7 +63,6 @@ const char *kc_testsrv_bin(void);
  * at needle in DIR/data/data.mdb. The number of copies changed, -1 when the
  * file cannot be read or written. */
 int kc_testsrv_rot(const kc_testsrv *t, const void *needle, size_t n);
-
 
 /* ---- small helpers of every integration test ---- */
 
@@ -122,15 +121,15 @@ typedef struct kc_testsrv_req {
 
 typedef struct kc_testsrv_resp {
   CURLcode rc;
-  long status;       /* curl's CURLINFO_RESPONSE_CODE (0: no response) */
-  char *body;        /* NUL-terminated, "" when none; the caller frees it
-                      * with kc_testsrv_resp_free (NULL only when out of
-                      * memory) */
+  long status; /* curl's CURLINFO_RESPONSE_CODE (0: no response) */
+  char *body;  /* NUL-terminated, "" when none; the caller frees it
+                * with kc_testsrv_resp_free (NULL only when out of
+                * memory) */
   size_t len;
-  char hdrs[16384];  /* the last response's header lines (not a 100) */
+  char hdrs[16384]; /* the last response's header lines (not a 100) */
   size_t hlen;
-  long connects;     /* connections this request opened */
-  long ms;           /* how long it took */
+  long connects; /* connections this request opened */
+  long ms;       /* how long it took */
 } kc_testsrv_resp;
 
 /* One request for base + path on handle c (NULL: a fresh handle, cleaned up

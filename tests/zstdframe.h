@@ -11,10 +11,10 @@ static void *kc_test_wide_frame(const void *p, size_t n, int wlog,
                                 size_t *zlen) {
   ZSTD_CCtx *cc = ZSTD_createCCtx();
   assert_non_null(cc);
-  assert_false(ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_windowLog,
-                                                   wlog)));
-  assert_false(ZSTD_isError(
-      ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 0)));
+  assert_false(
+      ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_windowLog, wlog)));
+  assert_false(
+      ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 0)));
   size_t cap = ZSTD_compressBound(n);
   void *z = malloc(cap);
   assert_non_null(z);

@@ -50,8 +50,8 @@ void kcli_common_help(FILE *f);
  * 0 go on (operands from optind), -1 help shown, else the exit code. */
 int kcli_parse(const char *cmd, const char *usage, const char *help,
                const char *tail, const struct option *own,
-               int (*fn)(void *a, int opt, const char *arg), void *a,
-               int argc, char **argv);
+               int (*fn)(void *a, int opt, const char *arg), void *a, int argc,
+               char **argv);
 /* Makes the client; prints the error and returns NULL on failure. */
 kc_client *kcli_client(const kcli_common *g);
 /* KCLI_EXIT_OK when a server URL is set, else says so: KCLI_EXIT_USAGE. */

@@ -73,8 +73,7 @@ static int parse(const cmd_spec *s, int argc, char **argv, kcli_common *g,
 /* Messages name their file once: kc_read_file's names it already, a
  * parser's does not (it only sees the text), so parse errors are named
  * here. */
-static kc_err named(kc_err e, const char *path, const char *inner,
-                    char *err) {
+static kc_err named(kc_err e, const char *path, const char *inner, char *err) {
   return e ? kc_errf(err, e, "%s: %s", path, inner) : KC_OK;
 }
 
@@ -92,12 +91,15 @@ static kc_err read_fields(const char *path, kc_key_fields *f, char *err) {
 /* ---- push ---- */
 
 static const cmd_spec push_spec = {
-    "push", "usage: kcache push DIR [--fields FIELDS.json]\n",
+    "push",
+    "usage: kcache push DIR [--fields FIELDS.json]\n",
     "Upload a bundle directory: with --fields, every file under DIR becomes\n"
     "the bundle of those key fields; without, DIR/" BUNDLE_FILE " (written by\n"
     "`kcache pull`) names the files, and each is checked against it.\n"
     "Prints the key.\n",
-    1, 1, 1};
+    1,
+    1,
+    1};
 
 /* The manifest in DIR, its files re-hashed and cached. */
 static kc_err push_manifest(kc_client *c, const char *dir, kc_manifest **out,
@@ -165,10 +167,13 @@ int kcli_cmd_push(int argc, char **argv) {
 /* ---- pull ---- */
 
 static const cmd_spec pull_spec = {
-    "pull", "usage: kcache pull KEY DIR\n",
+    "pull",
+    "usage: kcache pull KEY DIR\n",
     "Download a bundle (local cache first) and write its files under DIR,\n"
     "with its manifest as DIR/" BUNDLE_FILE ".\n",
-    2, 2, 0};
+    2,
+    2,
+    0};
 
 int kcli_cmd_pull(int argc, char **argv) {
   PARSE_OR_RETURN(pull_spec, NULL);
@@ -201,7 +206,8 @@ int kcli_cmd_pull(int argc, char **argv) {
 /* ---- get, put ---- */
 
 static const cmd_spec get_spec = {
-    "get", "usage: kcache get DIGEST [-o FILE] [--max-size SIZE]\n",
+    "get",
+    "usage: kcache get DIGEST [-o FILE] [--max-size SIZE]\n",
     "Download a blob, streamed (never held in memory), hashed on the way.\n"
     "  -o, --output FILE  write to FILE: a temporary file beside it, renamed\n"
     "                     only when the bytes hash to DIGEST (default:\n"
@@ -210,7 +216,9 @@ static const cmd_spec get_spec = {
     "  --max-size SIZE    stop after SIZE bytes (K, M, G suffixes; default\n"
     "                     1G, kcached's largest blob by default): a longer\n"
     "                     answer is cut off there and the command fails\n",
-    1, 1, 1};
+    1,
+    1,
+    1};
 
 /* "123", "64K", "16M", "1G" (powers of 1024); 0 and overflow are errors. */
 static int parse_size(const char *s, uint64_t *out) {
@@ -284,8 +292,12 @@ int kcli_cmd_get(int argc, char **argv) {
 }
 
 static const cmd_spec put_spec = {
-    "put", "usage: kcache put FILE...\n",
-    "Upload files as blobs; prints \"<sha256>  <file>\" per file.\n", 1, -1, 1};
+    "put",
+    "usage: kcache put FILE...\n",
+    "Upload files as blobs; prints \"<sha256>  <file>\" per file.\n",
+    1,
+    -1,
+    1};
 
 int kcli_cmd_put(int argc, char **argv) {
   PARSE_OR_RETURN(put_spec, NULL);
@@ -311,10 +323,13 @@ int kcli_cmd_put(int argc, char **argv) {
 /* ---- key, hash ---- */
 
 static const cmd_spec key_spec = {
-    "key", "usage: kcache key FIELDS.json [--json]\n",
+    "key",
+    "usage: kcache key FIELDS.json [--json]\n",
     "Print the key of key fields {\"model\",\"bucket\",\"arch\",\"toolchain\","
     "\"build\"};\n--json prints the canonical JSON it is the hash of, too.\n",
-    1, 1, 0};
+    1,
+    1,
+    0};
 
 int kcli_cmd_key(int argc, char **argv) {
   const char *json_flag = NULL;
@@ -337,10 +352,13 @@ int kcli_cmd_key(int argc, char **argv) {
 }
 
 static const cmd_spec hash_spec = {
-    "hash", "usage: kcache hash FILE...\n",
+    "hash",
+    "usage: kcache hash FILE...\n",
     "Print the model hash of weight and config files: the SHA-256 of the\n"
     "lines \"<sha256>  <base name>\" of the files, in the order given.\n",
-    1, -1, 0};
+    1,
+    -1,
+    0};
 
 int kcli_cmd_hash(int argc, char **argv) {
   PARSE_OR_RETURN(hash_spec, NULL);
@@ -355,9 +373,12 @@ int kcli_cmd_hash(int argc, char **argv) {
 
 /* ---- stat (ls and purge: cli_models.c) ---- */
 
-static const cmd_spec stat_spec = {"stat", "usage: kcache stat\n",
+static const cmd_spec stat_spec = {"stat",
+                                   "usage: kcache stat\n",
                                    "Print the server's statistics (JSON).\n",
-                                   0, 0, 1};
+                                   0,
+                                   0,
+                                   1};
 
 int kcli_cmd_stat(int argc, char **argv) {
   PARSE_OR_RETURN(stat_spec, NULL);

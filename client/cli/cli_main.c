@@ -48,13 +48,12 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"warm", kcli_cmd_warm}, {"push", kcli_cmd_push},
-    {"pull", kcli_cmd_pull}, {"get", kcli_cmd_get},
-    {"put", kcli_cmd_put},   {"key", kcli_cmd_key},
-    {"ls", kcli_cmd_ls},     {"stat", kcli_cmd_stat},
-    {"hash", kcli_cmd_hash}, {"verify", kcli_cmd_verify},
-    {"suggest", kcli_cmd_suggest},
-    {"purge", kcli_cmd_purge}};
+    {"warm", kcli_cmd_warm},       {"push", kcli_cmd_push},
+    {"pull", kcli_cmd_pull},       {"get", kcli_cmd_get},
+    {"put", kcli_cmd_put},         {"key", kcli_cmd_key},
+    {"ls", kcli_cmd_ls},           {"stat", kcli_cmd_stat},
+    {"hash", kcli_cmd_hash},       {"verify", kcli_cmd_verify},
+    {"suggest", kcli_cmd_suggest}, {"purge", kcli_cmd_purge}};
 
 int main(int argc, char **argv) {
   if (argc < 2) {

@@ -41,8 +41,7 @@ static int models_parse(const char *cmd, const char *usage, const char *help,
                         models_args *a, int argc, char **argv) {
   static const struct option own[] = {{"json", no_argument, NULL, 'j'},
                                       {"matrix", no_argument, NULL, 'm'},
-                                      {"confirm", required_argument, NULL,
-                                       'C'},
+                                      {"confirm", required_argument, NULL, 'C'},
                                       {NULL, 0, NULL, 0}};
   struct option lo[KCLI_LONGOPTS_MAX];
   memset(a, 0, sizeof *a);
@@ -123,8 +122,8 @@ static void print_models(json_t *models) {
     ago(JI(m, "last_used"), last, sizeof last);
     const char *name = JS(m, "name");
     printf("%-24.64s %.12s  %7s %7lld %8s %8lld  %s\n", name ? name : "-",
-           JS(m, "model") ? JS(m, "model") : "?", cov, JI(m, "bundles"),
-           bytes, JI(m, "hits"), last);
+           JS(m, "model") ? JS(m, "model") : "?", cov, JI(m, "bundles"), bytes,
+           JI(m, "hits"), last);
   }
 }
 
@@ -145,8 +144,8 @@ static int ls_all(kc_client *c, int raw) {
       print_models(json_object_get(root, "models"));
     free(body);
     const char *next = JS(root, "next");
-    snprintf(cursor, sizeof cursor, "%s", next && kc_is_hex64(next) ? next
-                                                                    : "");
+    snprintf(cursor, sizeof cursor, "%s",
+             next && kc_is_hex64(next) ? next : "");
     json_decref(root);
   } while (*cursor);
   return KCLI_EXIT_OK;
@@ -157,11 +156,10 @@ static void print_bundles(const json_t *list) {
   size_t i;
   json_t *b;
   json_array_foreach(list, i, b) {
-    char *bucket = json_dumps(json_object_get(b, "bucket"), JSON_COMPACT |
-                                                               JSON_SORT_KEYS);
-    printf("%s  %-8s %-28s %10lld B  %lld hits\n", JS(b, "key"),
-           JS(b, "arch"), bucket ? bucket : "-", JI(b, "bytes"),
-           JI(b, "hits"));
+    char *bucket =
+        json_dumps(json_object_get(b, "bucket"), JSON_COMPACT | JSON_SORT_KEYS);
+    printf("%s  %-8s %-28s %10lld B  %lld hits\n", JS(b, "key"), JS(b, "arch"),
+           bucket ? bucket : "-", JI(b, "bytes"), JI(b, "hits"));
     free(bucket);
   }
 }
@@ -185,7 +183,7 @@ static void print_archs_from(json_t *cov) {
   size_t i;
   if (!from)
     return;
-  printf("archs: %s", !strcmp(from, "warm") ? "those its warms ran for"
+  printf("archs: %s", !strcmp(from, "warm")       ? "those its warms ran for"
                       : !strcmp(from, "manifest") ? "the manifest's"
                                                   : "those its bundles have");
   if (!strcmp(from, "warm") && json_array_size(m)) {
@@ -203,7 +201,8 @@ static void print_matrix(json_t *cov) {
   printf("%s  %s  %lld/%lld present%s\n", name ? name : "-", JS(cov, "model"),
          JI(cov, "present"), JI(cov, "expected"),
          json_is_true(json_object_get(cov, "warmup"))
-             ? "" : " (no warmup manifest: the cells its bundles have)");
+             ? ""
+             : " (no warmup manifest: the cells its bundles have)");
   print_archs_from(cov);
   printf("%-24s", "bucket \\ arch");
   json_array_foreach(archs, j, a) printf(" %-10s", json_string_value(a));
@@ -219,8 +218,8 @@ static void print_matrix(json_t *cov) {
       if (st && !strcmp(st, "present"))
         human((uint64_t)JI(c, "bytes"), cell, sizeof cell);
       else
-        snprintf(cell, sizeof cell, "%s", st && !strcmp(st, "building")
-                                              ? "building" : "-");
+        snprintf(cell, sizeof cell, "%s",
+                 st && !strcmp(st, "building") ? "building" : "-");
       printf(" %-10s", cell);
     }
     putchar('\n');
@@ -264,8 +263,8 @@ int kcli_cmd_ls(int argc, char **argv) {
 /* 1 when text is the hash or a prefix of it of at least 12 hex digits. */
 static int confirms(const char *text, const char *hash) {
   size_t n = strlen(text);
-  while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' ||
-               text[n - 1] == ' '))
+  while (n &&
+         (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
     n--;
   if (n < 12 || n > KC_HEX_LEN)
     return 0;
@@ -283,9 +282,8 @@ static long long bundle_count(kc_client *c, const char *model) {
     return -1;
   json_t *root = json_loads(body, 0, NULL);
   free(body);
-  long long n = root ? (long long)json_array_size(json_object_get(root,
-                                                                  "bundles"))
-                     : -1;
+  long long n =
+      root ? (long long)json_array_size(json_object_get(root, "bundles")) : -1;
   json_decref(root);
   return n;
 }
@@ -306,21 +304,27 @@ static int purge_confirm(kc_client *c, const models_args *a,
   if (a->confirm) {
     if (confirms(a->confirm, model))
       return KCLI_EXIT_OK;
-    return kcli_fail("purge", KCLI_EXIT_FAIL, "%s: --confirm %.80s is not "
-                     "its hash; nothing deleted", what, a->confirm);
+    return kcli_fail("purge", KCLI_EXIT_FAIL,
+                     "%s: --confirm %.80s is not "
+                     "its hash; nothing deleted",
+                     what, a->confirm);
   }
   if (isatty(0) && isatty(2)) {
     char line[128] = "";
-    fprintf(stderr, "%s.\nType its hash (at least the first 12 hex digits) "
-            "to purge it: ", what);
+    fprintf(stderr,
+            "%s.\nType its hash (at least the first 12 hex digits) "
+            "to purge it: ",
+            what);
     if (fgets(line, sizeof line, stdin) && confirms(line, model))
       return KCLI_EXIT_OK;
-    return kcli_fail("purge", KCLI_EXIT_FAIL, "not confirmed; nothing "
+    return kcli_fail("purge", KCLI_EXIT_FAIL,
+                     "not confirmed; nothing "
                      "deleted");
   }
-  return kcli_fail("purge", KCLI_EXIT_FAIL, "%s; to purge it: kcache purge "
-                   "%.100s --confirm %.12s (nothing deleted)", what, a->model,
-                   model);
+  return kcli_fail("purge", KCLI_EXIT_FAIL,
+                   "%s; to purge it: kcache purge "
+                   "%.100s --confirm %.12s (nothing deleted)",
+                   what, a->model, model);
 }
 
 int kcli_cmd_purge(int argc, char **argv) {

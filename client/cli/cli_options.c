@@ -82,11 +82,9 @@ static const kcli_opt opts[] = {
     {"allow-plaintext", NULL, "KCACHE_ALLOW_PLAINTEXT",
      "send the token over http:// beyond loopback", set_plaintext},
     {"timeout", "S", "KCACHE_TIMEOUT",
-     "request limit in s (default 300; 30 s below 1 KiB/s)",
-     set_timeout},
+     "request limit in s (default 300; 30 s below 1 KiB/s)", set_timeout},
     {"trust-cache-dir", NULL, "KCACHE_TRUST_DIR",
-     "trust a cache dir others may write",
-     set_trust},
+     "trust a cache dir others may write", set_trust},
 };
 #define N_OPTS (sizeof opts / sizeof opts[0])
 
@@ -119,8 +117,8 @@ void kcli_long_options(const struct option *own, struct option *lo) {
 
 int kcli_parse(const char *cmd, const char *usage, const char *help,
                const char *tail, const struct option *own,
-               int (*fn)(void *a, int opt, const char *arg), void *a,
-               int argc, char **argv) {
+               int (*fn)(void *a, int opt, const char *arg), void *a, int argc,
+               char **argv) {
   struct option lo[KCLI_LONGOPTS_MAX];
   int opt;
   kcli_long_options(own, lo);
@@ -154,8 +152,7 @@ void kcli_common_help(FILE *f) {
     snprintf(left, sizeof left, "--%s%s%s", opts[i].name,
              opts[i].arg ? " " : "", opts[i].arg ? opts[i].arg : "");
     if (opts[i].env) /* a flag's variable turns it on with 1 */
-      snprintf(env, sizeof env, "(%s%s)", opts[i].env,
-               opts[i].arg ? "" : "=1");
+      snprintf(env, sizeof env, "(%s%s)", opts[i].env, opts[i].arg ? "" : "=1");
     int col = fprintf(f, "  %-16s %s", left, opts[i].help);
     /* the variable on a line of its own when it would pass column 80 */
     if (*env && col + 1 + (int)strlen(env) > 80)

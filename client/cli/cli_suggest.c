@@ -52,9 +52,14 @@ static int suggest_opt(void *arg_, int opt, const char *arg) {
       return -1;
     a->k = (size_t)n;
     return 0;
-  case 'm': a->manifest = arg; return 0;
-  case 'o': a->out = arg; return 0;
-  default: return kcli_common_opt(&a->g, opt, arg) == 1 ? 0 : -1;
+  case 'm':
+    a->manifest = arg;
+    return 0;
+  case 'o':
+    a->out = arg;
+    return 0;
+  default:
+    return kcli_common_opt(&a->g, opt, arg) == 1 ? 0 : -1;
   }
 }
 
@@ -139,8 +144,8 @@ static size_t pick_shapes(json_t *hist, char *dims, size_t cap, kcc_shape **out,
   return m;
 }
 
-static void print_waste(const char *when, size_t nb, kcc_cost w,
-                        uint64_t runs, uint64_t beyond) {
+static void print_waste(const char *when, size_t nb, kcc_cost w, uint64_t runs,
+                        uint64_t beyond) {
   char t[40];
   kcc_cost_text(w, t);
   printf("%-7s %zu buckets, padding %s (%.2f per run)", when, nb, t,
@@ -194,8 +199,9 @@ static json_t *fetch_hist(kc_client *c, const char *model) {
   if (e)
     kcli_fail("suggest", KCLI_EXIT_FAIL, "%s", err);
   else if (!json_is_object(j))
-    kcli_fail("suggest", KCLI_EXIT_FAIL, "kcached sent a demand body that "
-                                         "is not a JSON object");
+    kcli_fail("suggest", KCLI_EXIT_FAIL,
+              "kcached sent a demand body that "
+              "is not a JSON object");
   return j;
 }
 
@@ -217,8 +223,8 @@ static int report(const sargs *a, const kc_warmup *w, const kcc_shape *s,
   uint64_t beyond, runs = runs_of(s, n);
   if (kcc_suggest(s, n, a->k, &out, &nout, &after, err))
     return kcli_fail("suggest", KCLI_EXIT_FAIL, "%s", err);
-  printf("%llu runs of %zu distinct shapes (%s)",
-         (unsigned long long)runs, n, dims);
+  printf("%llu runs of %zu distinct shapes (%s)", (unsigned long long)runs, n,
+         dims);
   if (ignored)
     printf("; %llu runs of other dimensions ignored",
            (unsigned long long)ignored);

@@ -103,18 +103,38 @@ static int parse_device(const char *s, const char **out) {
 static int warm_opt(void *arg_, int opt, const char *arg) {
   warm_args *a = arg_;
   switch (opt) {
-  case 'a': return split_archs(a, arg);
-  case 'n': a->o.no_build = 1; return 0;
-  case 'u': a->o.no_upload = 1; return 0;
-  case 'd': return parse_deadline(arg, &a->o.deadline_s);
-  case 'o': a->o.out_dir = arg; return 0;
-  case 'j': a->json = 1; return 0;
-  case 's': a->strict = 1; return 0;
-  case 'q': a->quiet = 1; return 0;
-  case 'L': return parse_lease_wait(arg, &a->o.lease_wait_s);
-  case 'D': return parse_device(arg, &a->o.device_arch);
-  case 'C': a->o.no_compat = 1; return 0;
-  case 'P': a->o.prefer_build = 1; return 0;
+  case 'a':
+    return split_archs(a, arg);
+  case 'n':
+    a->o.no_build = 1;
+    return 0;
+  case 'u':
+    a->o.no_upload = 1;
+    return 0;
+  case 'd':
+    return parse_deadline(arg, &a->o.deadline_s);
+  case 'o':
+    a->o.out_dir = arg;
+    return 0;
+  case 'j':
+    a->json = 1;
+    return 0;
+  case 's':
+    a->strict = 1;
+    return 0;
+  case 'q':
+    a->quiet = 1;
+    return 0;
+  case 'L':
+    return parse_lease_wait(arg, &a->o.lease_wait_s);
+  case 'D':
+    return parse_device(arg, &a->o.device_arch);
+  case 'C':
+    a->o.no_compat = 1;
+    return 0;
+  case 'P':
+    a->o.prefer_build = 1;
+    return 0;
   case 'J': {
     char *end;
     long n = strtol(arg, &end, 10);
@@ -123,7 +143,8 @@ static int warm_opt(void *arg_, int opt, const char *arg) {
     a->o.build_jobs = (int)n;
     return 0;
   }
-  default: return kcli_common_opt(&a->g, opt, arg) == 1 ? 0 : -1;
+  default:
+    return kcli_common_opt(&a->g, opt, arg) == 1 ? 0 : -1;
   }
 }
 
@@ -144,8 +165,8 @@ static int warm_parse(warm_args *a, int argc, char **argv) {
       {"no-compat", no_argument, NULL, 'C'},
       {"prefer-build", no_argument, NULL, 'P'},
       {NULL, 0, NULL, 0}};
-  int rc = kcli_parse("warm", warm_usage, warm_help, warm_tail, own,
-                      warm_opt, a, argc, argv);
+  int rc = kcli_parse("warm", warm_usage, warm_help, warm_tail, own, warm_opt,
+                      a, argc, argv);
   if (rc)
     return rc;
   if (argc - optind != 1)
@@ -158,8 +179,8 @@ static void on_progress(const kc_warm_progress *p, void *arg) {
   (void)arg;
   int width = 30, fill = (int)(p->done * (size_t)width / p->total);
   fprintf(stderr, "\r[%.*s%*s] %zu/%zu %-10s", fill,
-          "##############################", width - fill, "", p->done,
-          p->total, kc_warm_status_name(p->item->status));
+          "##############################", width - fill, "", p->done, p->total,
+          kc_warm_status_name(p->item->status));
   if (p->done == p->total)
     fputc('\n', stderr);
 }
@@ -191,13 +212,15 @@ static void upload_warmup(kc_client *c, const warm_args *a,
   if (!kc_client_has_server(c) || a->o.no_upload ||
       kc_read_file(a->manifest, &json, &len, err))
     return;
-  kc_err e = kc_client_warmup_put_archs(c, w->model_hash, json, len,
-                                        a->o.archs, a->o.n_archs, err);
+  kc_err e = kc_client_warmup_put_archs(c, w->model_hash, json, len, a->o.archs,
+                                        a->o.n_archs, err);
   free(json);
   if (e && e != KC_FORBIDDEN && e != KC_UNAUTHORIZED && e != KC_NOT_FOUND &&
       e != KC_METHOD && !a->quiet)
-    fprintf(stderr, "kcache warm: the warmup manifest was not stored on the "
-            "server: %s\n", err);
+    fprintf(stderr,
+            "kcache warm: the warmup manifest was not stored on the "
+            "server: %s\n",
+            err);
 }
 
 static double mono_s(void) { return (double)kc_clock_mono_us() / 1e6; }
@@ -288,8 +311,8 @@ static int verify_bundle(kc_client *c, const kc_manifest *m, int dev,
       e = kc_gpu_load_check(dev, data, len, (const char *const *)f->entries,
                             f->n_entries, err);
     free(data);
-    printf("%-4s %s %s/%s%s%s\n", e ? "FAIL" : "ok", m->fields.arch,
-           m->key, f->path, e ? ": " : "", e ? err : "");
+    printf("%-4s %s %s/%s%s%s\n", e ? "FAIL" : "ok", m->fields.arch, m->key,
+           f->path, e ? ": " : "", e ? err : "");
     bad |= e != KC_OK;
     *n_ok += e == KC_OK;
   }
@@ -349,7 +372,8 @@ static int verify_opt(void *arg, int opt, const char *val) {
   case 'a':
     a->arch = val;
     return kc_arch_valid(val) ? 0 : -1;
-  default: return kcli_common_opt(&a->g, opt, val) == 1 ? 0 : -1;
+  default:
+    return kcli_common_opt(&a->g, opt, val) == 1 ? 0 : -1;
   }
 }
 
@@ -360,8 +384,8 @@ static int verify_parse(verify_args *a, int argc, char **argv) {
                                       {NULL, 0, NULL, 0}};
   int rc = kcli_common_init(&a->g, "verify");
   if (!rc)
-    rc = kcli_parse("verify", verify_usage, verify_help, NULL, own,
-                    verify_opt, a, argc, argv);
+    rc = kcli_parse("verify", verify_usage, verify_help, NULL, own, verify_opt,
+                    a, argc, argv);
   if (!rc && argc - optind != 1)
     rc = kcli_usage("verify", verify_usage);
   return rc;

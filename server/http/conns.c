@@ -65,9 +65,9 @@ struct kcd_conn {
 struct kcd_conns {
   pthread_mutex_t lock;
   kcd_conn *head;
-  size_t n_counted;                  /* main-port connections */
-  kcd_addrs *addrs;                  /* main-port connections per address */
-  int scan_raw;                      /* plain HTTP: scan received bytes */
+  size_t n_counted; /* main-port connections */
+  kcd_addrs *addrs; /* main-port connections per address */
+  int scan_raw;     /* plain HTTP: scan received bytes */
 };
 
 /* ---- received bytes: the recv of libmicrohttpd ----

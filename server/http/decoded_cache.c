@@ -40,7 +40,7 @@ struct kcd_dcache {
   pthread_mutex_t mu;
   uint64_t budget, max_entry, bytes, entries;
   kcd_dentry **table;
-  size_t nbuckets; /* a power of two */
+  size_t nbuckets;         /* a power of two */
   kcd_dentry *head, *tail; /* most and least recently used */
   _Atomic uint64_t hits, misses, evictions;
 };
@@ -153,8 +153,8 @@ static int make_room(kcd_dcache *c, uint64_t need) {
   return c->bytes + need <= c->budget;
 }
 
-kcd_dcache_res kcd_dcache_get(kcd_dcache *c, const char *digest,
-                              uint64_t len, kcd_dentry **out) {
+kcd_dcache_res kcd_dcache_get(kcd_dcache *c, const char *digest, uint64_t len,
+                              kcd_dentry **out) {
   *out = NULL;
   if (!c)
     return KCD_DC_PASS;

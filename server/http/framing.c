@@ -52,10 +52,10 @@ enum layout { LAYOUT_OK, LAYOUT_FOLD, LAYOUT_NUL };
 
 /* What the headers of one request say about its framing and syntax. */
 typedef struct framing {
-  const char *cl;   /* the first Content-Length */
-  int cl_differ;    /* a later one with another value */
-  int n_te;         /* Transfer-Encoding headers */
-  const char *te;   /* the first one */
+  const char *cl;    /* the first Content-Length */
+  int cl_differ;     /* a later one with another value */
+  int n_te;          /* Transfer-Encoding headers */
+  const char *te;    /* the first one */
   char bad_name[64]; /* the first name that is not a token */
   char ctl_name[64]; /* the first header whose value holds a control char */
   int n_host;
@@ -71,8 +71,20 @@ static int is_tchar(unsigned char c) {
       (c >= '0' && c <= '9'))
     return 1;
   switch (c) { /* (no strchr: every header name of every request) */
-  case '!': case '#': case '$': case '%': case '&': case '\'': case '*':
-  case '+': case '-': case '.': case '^': case '_': case '`': case '|':
+  case '!':
+  case '#':
+  case '$':
+  case '%':
+  case '&':
+  case '\'':
+  case '*':
+  case '+':
+  case '-':
+  case '.':
+  case '^':
+  case '_':
+  case '`':
+  case '|':
   case '~':
     return 1;
   default:
@@ -123,8 +135,8 @@ static int nul_run(const char *from, const char *to, size_t min, size_t max) {
  * line's end, its colon's NUL, only blanks to its value. */
 static enum layout line_layout(const framing *f, const char *name, size_t nlen,
                                const char *value, size_t vlen) {
-  if (!in_block(f, name) || !in_block(f, value) ||
-      !in_block(f, value + vlen) || (uintptr_t)name < (uintptr_t)f->pos ||
+  if (!in_block(f, name) || !in_block(f, value) || !in_block(f, value + vlen) ||
+      (uintptr_t)name < (uintptr_t)f->pos ||
       (uintptr_t)value < (uintptr_t)(name + nlen + 1))
     return LAYOUT_FOLD; /* the name was moved: a continuation was appended */
   if (!nul_run(f->pos, name, 1, 2))
@@ -188,17 +200,18 @@ int kcd_framing_target_flaw(const char *t, size_t len) {
 /* The raw target: up to the space before the version (a NUL before it
  * ended the string MHD logged), and no flaw when it was logged. */
 static kc_err check_target(const kcd_raw_req *raw, char *err) {
-  static const char *const what[] = {
-      [KCD_TARGET_PCT00] = "%00 (a NUL byte)",
-      [KCD_TARGET_SPACE] = "a space",
-      [KCD_TARGET_CTL] = "a control character"};
+  static const char *const what[] = {[KCD_TARGET_PCT00] = "%00 (a NUL byte)",
+                                     [KCD_TARGET_SPACE] = "a space",
+                                     [KCD_TARGET_CTL] = "a control character"};
   if (!raw->target)
     return KC_OK;
   if (raw->target + raw->target_len + 1 != raw->version)
-    return kc_errf(err, KC_EINVAL, "the request target holds a NUL byte: "
+    return kc_errf(err, KC_EINVAL,
+                   "the request target holds a NUL byte: "
                    "refused");
   if (raw->target_flaw)
-    return kc_errf(err, KC_EINVAL, "the request target holds %s: refused "
+    return kc_errf(err, KC_EINVAL,
+                   "the request target holds %s: refused "
                    "(RFC 9112 3.2: percent-encode it)",
                    what[raw->target_flaw]);
   return KC_OK;
@@ -221,36 +234,45 @@ static int layout_begin(struct MHD_Connection *conn, const kcd_raw_req *raw,
 static kc_err check_headers(const framing *f, const kcd_raw_req *raw,
                             char *err) {
   if (f->layout == LAYOUT_FOLD)
-    return kc_errf(err, KC_EINVAL, "a header line continues on the next "
+    return kc_errf(err, KC_EINVAL,
+                   "a header line continues on the next "
                    "line (obs-fold): refused (RFC 9112 5.2)");
   if (f->layout == LAYOUT_NUL || !nul_run(f->pos, f->blk_end, 2, 4))
     return kc_errf(err, KC_EINVAL, "a header line holds a NUL byte: refused");
   if (f->bad_name[0])
-    return kc_errf(err, KC_EINVAL, "header name '%.60s' is not a token "
+    return kc_errf(err, KC_EINVAL,
+                   "header name '%.60s' is not a token "
                    "(whitespace before the colon?): refused (RFC 9112 5.1)",
                    f->bad_name);
   if (f->ctl_name[0])
-    return kc_errf(err, KC_EINVAL, "the value of header '%.60s' holds a "
+    return kc_errf(err, KC_EINVAL,
+                   "the value of header '%.60s' holds a "
                    "control character (a bare CR?): refused (RFC 9110 5.5)",
                    f->ctl_name);
   if (f->n_host > 1)
-    return kc_errf(err, KC_EINVAL, "Host given %d times: refused (RFC 9112 "
-                   "3.2)", f->n_host);
+    return kc_errf(err, KC_EINVAL,
+                   "Host given %d times: refused (RFC 9112 "
+                   "3.2)",
+                   f->n_host);
   if (!f->n_host && strcmp(raw->version, MHD_HTTP_VERSION_1_1) == 0)
-    return kc_errf(err, KC_EINVAL, "no Host header in a version 1.1 request: "
+    return kc_errf(err, KC_EINVAL,
+                   "no Host header in a version 1.1 request: "
                    "refused (RFC 9112 3.2)");
   return KC_OK;
 }
 
 static kc_err check_framing(const framing *f, char *err) {
   if (f->cl_differ)
-    return kc_errf(err, KC_EINVAL, "Content-Length given twice with "
+    return kc_errf(err, KC_EINVAL,
+                   "Content-Length given twice with "
                    "different values: refused (RFC 9112 6.3)");
   if (f->n_te && f->cl)
-    return kc_errf(err, KC_EINVAL, "both Content-Length and "
+    return kc_errf(err, KC_EINVAL,
+                   "both Content-Length and "
                    "Transfer-Encoding: refused (RFC 9112 6.1)");
   if (f->n_te > 1 || (f->n_te && strcasecmp(f->te, "chunked") != 0))
-    return kc_errf(err, KC_NOT_IMPLEMENTED, "Transfer-Encoding '%.60s' is "
+    return kc_errf(err, KC_NOT_IMPLEMENTED,
+                   "Transfer-Encoding '%.60s' is "
                    "not supported: only chunked",
                    f->n_te > 1 ? "(given twice)" : f->te);
   return KC_OK;
@@ -287,7 +309,8 @@ static int host_name(const char *v, char *out, size_t cap) {
     const char *colon = strchr(v, ':');
     n = colon ? (size_t)(colon - v) : strlen(v);
   }
-  while (n && (v[n - 1] == ' ' || v[n - 1] == '\t')) /* MHD keeps trailing OWS */
+  while (n &&
+         (v[n - 1] == ' ' || v[n - 1] == '\t')) /* MHD keeps trailing OWS */
     n--;
   if (n && v[n - 1] == '.')
     n--;
@@ -372,8 +395,7 @@ static void scan_byte(kcd_scan *s, unsigned char c) {
           ++s->mcl == sizeof SCAN_CL - 1 && !s->cl_seen)
         s->cl_seen = s->in_cl = 1;
       if (s->mte == s->col && s->mte < sizeof SCAN_TE - 1 &&
-          l == (unsigned char)SCAN_TE[s->mte] &&
-          ++s->mte == sizeof SCAN_TE - 1)
+          l == (unsigned char)SCAN_TE[s->mte] && ++s->mte == sizeof SCAN_TE - 1)
         s->te_seen = 1;
     }
   }
@@ -383,7 +405,7 @@ static void scan_byte(kcd_scan *s, unsigned char c) {
 /* A line ended: the next, or the block's end and its verdict. */
 static int scan_eol(kcd_scan *s) {
   if (s->col == 0 && s->line > 0) {
-    if (s->te_seen) { /* MHD ignores Content-Length beside TE */
+    if (s->te_seen) {       /* MHD ignores Content-Length beside TE */
       s->on = KCD_SCAN_OFF; /* a chunked body: not followed */
       return KCD_SCAN_OK;
     }
@@ -438,17 +460,19 @@ int kcd_framing_scan(kcd_scan *s, const char *p, size_t n) {
   return KCD_SCAN_OK;
 }
 
-#define SCAN_ANSWER(status, code, msg)                                       \
-  "HTTP/1.1 " status "\r\nConnection: close\r\nContent-Type: "               \
+#define SCAN_ANSWER(status, code, msg)                                         \
+  "HTTP/1.1 " status "\r\nConnection: close\r\nContent-Type: "                 \
   "application/json\r\nContent-Length: " #code "\r\n\r\n" msg
 
 const char *kcd_framing_scan_answer(int verdict, size_t *len) {
   static const char bad[] = SCAN_ANSWER(
-      "400 Bad Request", 98, "{\"error\":\"bad_request\",\"message\":"
+      "400 Bad Request", 98,
+      "{\"error\":\"bad_request\",\"message\":"
       "\"Content-Length is not a decimal number: refused (RFC 9112 6.3)\"}");
-  static const char big[] = SCAN_ANSWER(
-      "413 Content Too Large", 70, "{\"error\":\"too_large\",\"message\":"
-      "\"Content-Length is too large a number\"}");
+  static const char big[] =
+      SCAN_ANSWER("413 Content Too Large", 70,
+                  "{\"error\":\"too_large\",\"message\":"
+                  "\"Content-Length is too large a number\"}");
   const char *a = verdict == KCD_SCAN_BIG_LENGTH ? big : bad;
   *len = verdict == KCD_SCAN_BIG_LENGTH ? sizeof big - 1 : sizeof bad - 1;
   return a;

@@ -71,8 +71,9 @@ static void read_length(kcd_req *r) {
 
 /* Requests are recycled: each MHD thread keeps up to REQ_FREE_MAX finished
  * ones, so a GET costs no calloc/free of this ~1 KiB struct and zeroes only
- * its fields (from KCD_REQ_ZERO_FROM), not the strings. A request is begun and ended
- * on its connection's thread; the lists are freed when the thread ends. */
+ * its fields (from KCD_REQ_ZERO_FROM), not the strings. A request is begun and
+ * ended on its connection's thread; the lists are freed when the thread ends.
+ */
 #define REQ_FREE_MAX 64
 
 static _Thread_local struct {
@@ -176,8 +177,9 @@ static int authorize(kcd_req *r, kcd_role need) {
   kcd_authn a = kcd_http_auth(r->st, kcd_header(r, "Authorization"), &r->role,
                               r->token_name);
   if (a == KCD_AUTHN_ANON)
-    kcd_set_early(r, KC_UNAUTHORIZED, "this route needs a token "
-                                      "(Authorization: Bearer <token>)");
+    kcd_set_early(r, KC_UNAUTHORIZED,
+                  "this route needs a token "
+                  "(Authorization: Bearer <token>)");
   else if (a == KCD_AUTHN_BAD)
     kcd_set_early(r, KC_UNAUTHORIZED, "the token is not valid");
   else if (r->role < need)
@@ -210,9 +212,10 @@ static void check_coding(kcd_req *r) {
   if ((n == 8 && strncasecmp(ce, "identity", 8) == 0) ||
       (blob_put && n == 4 && strncasecmp(ce, "zstd", 4) == 0))
     return;
-  kcd_set_early(r, KC_UNSUPPORTED_MEDIA, "Content-Encoding '%.60s' is not "
-                "accepted here: %s", ce,
-                blob_put ? "identity or zstd" : "identity only");
+  kcd_set_early(r, KC_UNSUPPORTED_MEDIA,
+                "Content-Encoding '%.60s' is not "
+                "accepted here: %s",
+                ce, blob_put ? "identity or zstd" : "identity only");
 }
 
 static uint64_t body_limit(const kcd_req *r) {
@@ -224,10 +227,9 @@ static uint64_t body_limit(const kcd_req *r) {
 static void check_body(kcd_req *r) {
   uint64_t lim = body_limit(r);
   if (r->content_length != UINT64_MAX && r->content_length > lim)
-    kcd_set_early(r, KC_TOO_LARGE,
-                  "a body of %llu bytes is over the limit of %llu",
-                  (unsigned long long)r->content_length,
-                  (unsigned long long)lim);
+    kcd_set_early(
+        r, KC_TOO_LARGE, "a body of %llu bytes is over the limit of %llu",
+        (unsigned long long)r->content_length, (unsigned long long)lim);
 }
 
 /* On the --health-listen daemon (start_health). */
@@ -245,15 +247,15 @@ static void req_begin(kcd_req *r) {
   if (!rt)
     return kcd_set_early(r, KC_NOT_FOUND, "no route for %.200s", r->path);
   r->close_after = is_health_daemon(r);
-  if (r->close_after && rt->id != KCD_R_HEALTHZ &&
-      rt->id != KCD_R_READYZ && rt->id != KCD_R_METRICS)
-    return kcd_set_early(r, KC_NOT_FOUND, "only /healthz, /readyz and "
+  if (r->close_after && rt->id != KCD_R_HEALTHZ && rt->id != KCD_R_READYZ &&
+      rt->id != KCD_R_METRICS)
+    return kcd_set_early(r, KC_NOT_FOUND,
+                         "only /healthz, /readyz and "
                          "/metrics are served on --health-listen");
   r->rt = rt;
   r->op = kcd_route_op(rt, r->method);
   if (!r->op)
-    return kcd_set_early(r, KC_METHOD,
-                         "%.16s is not allowed here; allowed: %s",
+    return kcd_set_early(r, KC_METHOD, "%.16s is not allowed here; allowed: %s",
                          r->method_str, rt->allow);
   if (authorize(r, kcd_route_role(rt, r->op, r->st)))
     return;
@@ -309,7 +311,8 @@ static int refuse_framing(kcd_req *r, kcd_conn *c, const char *method,
   const kcd_config *cfg = &r->st->cfg;
   if (!e && !cfg->tokens && !is_health_daemon(r) &&
       !kcd_framing_host_allowed(cfg, host))
-    e = kc_errf(err, KC_FORBIDDEN, "Host '%.100s' is not a name of this "
+    e = kc_errf(err, KC_FORBIDDEN,
+                "Host '%.100s' is not a name of this "
                 "server (without --tokens only localhost, loopback addresses, "
                 "the --listen host and --allow-host names are answered)",
                 host ? host : "");
@@ -345,7 +348,8 @@ static int first_call(kcd_req *r, const char *method, const char *version) {
 static kc_err append_json(kcd_req *r, const char *p, size_t n, char *err) {
   uint64_t lim = r->st->cfg.max_json_bytes;
   if (r->body_len + n > lim)
-    return kc_errf(err, KC_TOO_LARGE, "the body is over the limit of %llu bytes",
+    return kc_errf(err, KC_TOO_LARGE,
+                   "the body is over the limit of %llu bytes",
                    (unsigned long long)lim);
   if (r->body_len + n + 1 > r->body_cap) {
     size_t cap = r->body_cap ? r->body_cap : 4096;
@@ -450,14 +454,14 @@ static enum MHD_Result on_accept_health(void *cls, const struct sockaddr *addr,
   return atomic_load(&st->http_quiesced) ? MHD_NO : MHD_YES;
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn,
-                         void **con_cls, enum MHD_RequestTerminationCode toe) {
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
   kcd_state *st = cls;
   kcd_req *r = *con_cls;
   kcd_conn *c = conn_of(conn);
   (void)toe;
   uint64_t now = kc_clock_mono_us(); /* one clock reading serves all below */
-  kcd_conn_request_done(c, now); /* the next headers' wait begins */
+  kcd_conn_request_done(c, now);     /* the next headers' wait begins */
   if (!r)
     return;
   *con_cls = NULL;
@@ -471,8 +475,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn,
   kcd_route_id id = r->rt ? r->rt->id : KCD_R_OTHER;
   kcd_metrics_observe(&st->metrics, id, r->method, status, r->bytes_in,
                       r->bytes_out, us);
-  kcd_access a = {r->method_str, r->path, kcd_conn_remote(c), r->token_name,
-                  status, r->bytes_in, r->bytes_out, us, now};
+  kcd_access a = {r->method_str, r->path, kcd_conn_remote(c),
+                  r->token_name, status,  r->bytes_in,
+                  r->bytes_out,  us,      now};
   kcd_log_access(st, &a);
   kcd_svc_end(st, KCD_FE_HTTP);
   req_release(r);
@@ -543,8 +548,7 @@ static kc_err resolve(const char *flag, const char *host, unsigned port_no,
   snprintf(port, sizeof port, "%u", port_no);
   int rc = getaddrinfo(host, port, &hints, out);
   if (rc)
-    return kc_errf(err, KC_EINVAL, "--%s %s: %s", flag, host,
-                   gai_strerror(rc));
+    return kc_errf(err, KC_EINVAL, "--%s %s: %s", flag, host, gai_strerror(rc));
   return KC_OK;
 }
 
@@ -588,10 +592,10 @@ static void fill_options(kcd_state *st, const struct sockaddr *addr,
     o[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE,
                                      (intptr_t)c->threads, NULL};
   if (st->tls_cert_pem) {
-    o[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0,
-                                     st->tls_cert_pem};
-    o[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0,
-                                     st->tls_key_pem};
+    o[n++] =
+        (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, st->tls_cert_pem};
+    o[n++] =
+        (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, st->tls_key_pem};
   }
   o[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
 }
@@ -631,13 +635,15 @@ static kc_err start_health(kcd_state *st, char *err) {
     return e;
   struct MHD_OptionItem opts[20];
   fill_health_options(st, ai->ai_addr, opts);
-  st->mhd_health = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0,
-                                    on_accept_health, st, on_request, st,
-                                    MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+  st->mhd_health =
+      MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, on_accept_health, st,
+                       on_request, st, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
   freeaddrinfo(ai);
   if (!st->mhd_health)
-    return kc_errf(err, KC_IO, "cannot serve probes on --health-listen %s:%u "
-                   "(see the mhd line above)", c->health_host, c->health_port);
+    return kc_errf(err, KC_IO,
+                   "cannot serve probes on --health-listen %s:%u "
+                   "(see the mhd line above)",
+                   c->health_host, c->health_port);
   const union MHD_DaemonInfo *di =
       MHD_get_daemon_info(st->mhd_health, MHD_DAEMON_INFO_BIND_PORT);
   kcd_log(st, "info", "probes (/healthz, /readyz, /metrics) also on %s:%u",
@@ -656,18 +662,20 @@ void kcd_http_sweep(kcd_state *st) {
   atomic_fetch_add(&st->metrics.cut_header_timeout, w.closed_headers);
   atomic_fetch_add(&st->metrics.cut_slow_body, w.closed_body);
   if (w.closed_headers)
-    kcd_log(st, "warn", "closed %zu connections whose request headers were "
-            "not complete within --header-timeout %u s", w.closed_headers,
-            c->header_timeout_s);
+    kcd_log(st, "warn",
+            "closed %zu connections whose request headers were "
+            "not complete within --header-timeout %u s",
+            w.closed_headers, c->header_timeout_s);
   if (w.refused_length)
-    kcd_log(st, "warn", "answered %zu requests with a malformed or too large "
+    kcd_log(st, "warn",
+            "answered %zu requests with a malformed or too large "
             "Content-Length (400 or 413) and closed their connections",
             w.refused_length);
   if (w.closed_body)
-    kcd_log(st, "warn", "closed %zu connections whose request body came "
+    kcd_log(st, "warn",
+            "closed %zu connections whose request body came "
             "slower than --min-body-rate %llu bytes/s over %u s",
-            w.closed_body, (unsigned long long)c->min_body_rate,
-            c->timeout_s);
+            w.closed_body, (unsigned long long)c->min_body_rate, c->timeout_s);
 }
 
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
@@ -680,9 +688,9 @@ kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
     return e;
   struct MHD_OptionItem opts[20];
   fill_options(st, ai->ai_addr, opts);
-  st->mhd = MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, on_accept,
-                             st, on_request, st, MHD_OPTION_ARRAY, opts,
-                             MHD_OPTION_END);
+  st->mhd =
+      MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, on_accept, st,
+                       on_request, st, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
   freeaddrinfo(ai);
   if (!st->mhd)
     return kc_errf(err, KC_IO, "cannot serve on %s:%u (see the mhd line above)",

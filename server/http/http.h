@@ -28,14 +28,23 @@ typedef struct kcd_route kcd_route;
 /* ---- the route table (routes.c; the route ids and methods are in
  * kcd.h) ---- */
 
-typedef enum kcd_body { KCD_BODY_NONE, KCD_BODY_JSON, KCD_BODY_STREAM } kcd_body;
-typedef enum kcd_param { KCD_P_NONE, KCD_P_DIGEST, KCD_P_KEY, KCD_P_MODEL } kcd_param;
+typedef enum kcd_body {
+  KCD_BODY_NONE,
+  KCD_BODY_JSON,
+  KCD_BODY_STREAM
+} kcd_body;
+typedef enum kcd_param {
+  KCD_P_NONE,
+  KCD_P_DIGEST,
+  KCD_P_KEY,
+  KCD_P_MODEL
+} kcd_param;
 
 /* One method of one route. */
 struct kcd_op {
   kcd_method method;
-  kcd_role role;    /* least role it needs */
-  int needs_store;  /* 503 not_ready without a store */
+  kcd_role role;   /* least role it needs */
+  int needs_store; /* 503 not_ready without a store */
   kcd_body body;
   /* Stream bodies: on the first call (may set r->early / return an error),
    * then for every piece. */
@@ -106,8 +115,7 @@ void kcd_conn_request_done(kcd_conn *c, uint64_t now_us); /* kc_clock_mono_us */
  * saw it: where it is in MHD's read buffer, its length then, and
  * kcd_framing_target_flaw of it (MHD decodes it in place afterwards). Set
  * and read on the connection's thread. */
-void kcd_conn_set_target(kcd_conn *c, const char *target, size_t len,
-                         int flaw);
+void kcd_conn_set_target(kcd_conn *c, const char *target, size_t len, int flaw);
 const char *kcd_conn_target(const kcd_conn *c, size_t *len, int *flaw);
 /* The peer's address as text, taken at kcd_conn_open; "-" for c NULL. */
 const char *kcd_conn_remote(const kcd_conn *c);
@@ -118,9 +126,9 @@ void kcd_conn_body_end(kcd_conn *c);
 void kcd_conn_body_bytes(kcd_conn *c, size_t n);
 
 typedef struct kcd_sweep {
-  uint64_t header_us;      /* headers must be in within it */
-  uint64_t body_window_us; /* a body is judged once per window */
-  uint64_t body_min_rate;  /* bytes/s over a window; 0: no minimum */
+  uint64_t header_us;                 /* headers must be in within it */
+  uint64_t body_window_us;            /* a body is judged once per window */
+  uint64_t body_min_rate;             /* bytes/s over a window; 0: no minimum */
   size_t closed_headers, closed_body; /* out: connections shut down */
   size_t refused_length; /* out: answered from the received bytes (a
                             malformed Content-Length) since the last sweep */
@@ -187,7 +195,7 @@ struct kcd_req {
   /* Requests are recycled per thread (http.c). These strings are set (or
    * NUL-ended) by req_new, not zeroed: a GET would pay for 1 KiB of memset. */
   char method_str[16];
-  char path[256];               /* for the log; truncated */
+  char path[256]; /* for the log; truncated */
   char param[96]; /* {sha256}/{key}/{model} of the path (any length < 96) */
   char token_name[KCD_NAME_MAX];
   char early_msg[KC_ERRBUF_SIZE];
@@ -203,11 +211,11 @@ struct kcd_req {
   uint64_t content_length; /* UINT64_MAX: unknown (chunked or none) */
   int has_body;
   uint64_t bytes_in, bytes_out;
-  int status;  /* of the queued response; 0 none yet */
-  int queued;  /* a response is queued: ignore further calls */
+  int status; /* of the queued response; 0 none yet */
+  int queued; /* a response is queued: ignore further calls */
   /* an answer decided before the body was read (error, or "present") */
   int early;
-  int discard; /* read and drop the rest of the body */
+  int discard;        /* read and drop the rest of the body */
   uint64_t drop_from; /* bytes_in when dropping began */
   kc_err early_err;
   /* JSON bodies */
@@ -217,7 +225,7 @@ struct kcd_req {
   kc_store_upload *upload; /* aborted at completion if still set */
   kc_store_read *read;     /* ended at completion (zero-copy responses) */
   int blob_present;
-  int close_after; /* answer with Connection: close (--health-listen) */
+  int close_after;    /* answer with Connection: close (--health-listen) */
   kcd_req *next_free; /* the thread's free list */
 };
 
@@ -263,8 +271,8 @@ int kcd_reply_pieces(kcd_req *r, int status, const char *ctype, uint64_t len,
  * release(cls) (called once MHD is done, or at once on failure): not
  * counted against --max-answer-memory, the owner bounds it (the decoded
  * cache). */
-int kcd_reply_held(kcd_req *r, const char *ctype, const void *data,
-                   size_t len, void (*release)(void *), void *cls,
+int kcd_reply_held(kcd_req *r, const char *ctype, const void *data, size_t len,
+                   void (*release)(void *), void *cls,
                    const char *const *headers);
 /* Serializes a jansson value (stolen). */
 int kcd_reply_json(kcd_req *r, int status, json_t *json,
@@ -323,8 +331,8 @@ typedef enum kcd_dcache_res {
 /* len: the content's size (a miss counts, and may make an entry to fill),
  * or KCD_DC_LOOK: a hit or nothing (no miss counted). */
 #define KCD_DC_LOOK UINT64_MAX
-kcd_dcache_res kcd_dcache_get(kcd_dcache *c, const char *digest,
-                              uint64_t len, kcd_dentry **out);
+kcd_dcache_res kcd_dcache_get(kcd_dcache *c, const char *digest, uint64_t len,
+                              kcd_dentry **out);
 void *kcd_dentry_data(kcd_dentry *e);
 size_t kcd_dentry_len(const kcd_dentry *e);
 /* A filled entry: ok (its content hashed to its digest) makes it visible,
@@ -362,12 +370,12 @@ int kcd_demand_post(kcd_req *r);
 int kcd_demand_get(kcd_req *r);
 /* ---- models, coverage, history, the page (routes_models.c, page.c) ---- */
 
-int kcd_models_index(kcd_req *r);  /* GET /v1/models?limit&cursor */
+int kcd_models_index(kcd_req *r); /* GET /v1/models?limit&cursor */
 int kcd_warmup_get(kcd_req *r);
 int kcd_warmup_put(kcd_req *r);
 int kcd_coverage_get(kcd_req *r);
-int kcd_model_purge(kcd_req *r);   /* DELETE /v1/models/{model} */
-int kcd_history_get(kcd_req *r);   /* GET /v1/stats/history */
-int kcd_page_get(kcd_req *r);      /* GET /, /app.js, /style.css */
+int kcd_model_purge(kcd_req *r); /* DELETE /v1/models/{model} */
+int kcd_history_get(kcd_req *r); /* GET /v1/stats/history */
+int kcd_page_get(kcd_req *r);    /* GET /, /app.js, /style.css */
 
 #endif

@@ -1,7 +1,7 @@
 /* page.c: GET / and its script and style sheet: one self-contained page,
  * embedded in the binary at build time (server/http/page/, embed.cmake),
- * that shows the cache through the JSON API. Its Content-Security-Policy lets it
- * load and connect only to this server, run no inline script and be framed
+ * that shows the cache through the JSON API. Its Content-Security-Policy lets
+ * it load and connect only to this server, run no inline script and be framed
  * by no one; what it shows from the store goes in as text, never as HTML. */
 #include <stddef.h>
 
@@ -12,19 +12,23 @@ extern const unsigned char kcd_page_index_html[], kcd_page_app_js[],
 extern const size_t kcd_page_index_html_len, kcd_page_app_js_len,
     kcd_page_style_css_len;
 
-#define KCD_PAGE_CSP                                                        \
-  "default-src 'self'; script-src 'self'; style-src 'self'; "              \
-  "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; "     \
+#define KCD_PAGE_CSP                                                           \
+  "default-src 'self'; script-src 'self'; style-src 'self'; "                  \
+  "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; "         \
   "base-uri 'none'; form-action 'none'"
 
 int kcd_page_get(kcd_req *r) {
-  static const char *const headers[] = {
-      "Content-Security-Policy", KCD_PAGE_CSP,
-      "X-Content-Type-Options", "nosniff",
-      "X-Frame-Options", "DENY",
-      "Referrer-Policy", "no-referrer",
-      "Cache-Control", "no-cache",
-      NULL};
+  static const char *const headers[] = {"Content-Security-Policy",
+                                        KCD_PAGE_CSP,
+                                        "X-Content-Type-Options",
+                                        "nosniff",
+                                        "X-Frame-Options",
+                                        "DENY",
+                                        "Referrer-Policy",
+                                        "no-referrer",
+                                        "Cache-Control",
+                                        "no-cache",
+                                        NULL};
   const void *data = kcd_page_index_html;
   size_t len = kcd_page_index_html_len;
   const char *ctype = "text/html; charset=utf-8";

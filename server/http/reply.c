@@ -2,10 +2,10 @@
  * (or kcd_reply_map, which reuses a small blob's response, or
  * kcd_reply_pieces), which queues one libmicrohttpd response on the
  * request's connection and records its status and size for the access log
- * and metrics (http.c reads them when the request completes). Above it: JSON bodies, error bodies with
- * the headers their status implies (WWW-Authenticate, Allow, Retry-After),
- * and early answers: errors decided before the body was read, answered once
- * http.c has read or dropped it.
+ * and metrics (http.c reads them when the request completes). Above it: JSON
+ * bodies, error bodies with the headers their status implies (WWW-Authenticate,
+ * Allow, Retry-After), and early answers: errors decided before the body was
+ * read, answered once http.c has read or dropped it.
  *
  * Handlers (routes_*.c) and http.c call in here; nothing here calls back into
  * http.c or a handler. */
@@ -79,11 +79,12 @@ static struct MHD_Response *counted_response(kcd_state *st, const void *data,
 static struct MHD_Response *make_response(const void *data, size_t len,
                                           enum kcd_mem mem) {
   if (mem == KCD_MEM_FREE)
-    return MHD_create_response_from_buffer_with_free_callback(
-        len, (void *)data, free);
-  return MHD_create_response_from_buffer(
-      len, (void *)data,
-      mem == KCD_MEM_PERSISTENT ? MHD_RESPMEM_PERSISTENT : MHD_RESPMEM_MUST_COPY);
+    return MHD_create_response_from_buffer_with_free_callback(len, (void *)data,
+                                                              free);
+  return MHD_create_response_from_buffer(len, (void *)data,
+                                         mem == KCD_MEM_PERSISTENT
+                                             ? MHD_RESPMEM_PERSISTENT
+                                             : MHD_RESPMEM_MUST_COPY);
 }
 
 /* Content-Type (when given) and headers: name, value pairs, NULL-ended. */
@@ -111,12 +112,13 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
   } else if (!budget_take(r->st, len)) {
     if (mem == KCD_MEM_FREE)
       free((void *)data);
-    return kcd_reply_error(r, KC_BUSY, "answers not yet read by their "
-                           "clients hold %llu bytes; this one (%zu bytes) "
-                           "would pass --max-answer-memory %llu: try again",
-                           (unsigned long long)atomic_load(&r->st->answer_bytes),
-                           len,
-                           (unsigned long long)r->st->cfg.max_answer_memory);
+    return kcd_reply_error(
+        r, KC_BUSY,
+        "answers not yet read by their "
+        "clients hold %llu bytes; this one (%zu bytes) "
+        "would pass --max-answer-memory %llu: try again",
+        (unsigned long long)atomic_load(&r->st->answer_bytes), len,
+        (unsigned long long)r->st->cfg.max_answer_memory);
   } else {
     resp = counted_response(r->st, data, len, mem);
     if (!resp)
@@ -202,11 +204,12 @@ int kcd_reply_map(kcd_req *r, const char *key, const char *ctype,
 
 /* ---- bodies another owner holds (the decoded cache) ---- */
 
-int kcd_reply_held(kcd_req *r, const char *ctype, const void *data,
-                   size_t len, void (*release)(void *), void *cls,
+int kcd_reply_held(kcd_req *r, const char *ctype, const void *data, size_t len,
+                   void (*release)(void *), void *cls,
                    const char *const *headers) {
-  struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback_cls(
-      len, (void *)data, release, cls);
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer_with_free_callback_cls(len, (void *)data,
+                                                             release, cls);
   if (!resp) {
     release(cls);
     return MHD_NO;
@@ -248,8 +251,8 @@ int kcd_reply_pieces(kcd_req *r, int status, const char *ctype, uint64_t len,
   struct MHD_Response *resp = NULL;
   if (p) {
     *p = (pieces){fn, cls, free_cls};
-    resp = MHD_create_response_from_callback(len, piece, piece_cb, p,
-                                             pieces_free);
+    resp =
+        MHD_create_response_from_callback(len, piece, piece_cb, p, pieces_free);
   }
   if (!resp) {
     if (free_cls)

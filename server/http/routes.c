@@ -1,9 +1,9 @@
-/* routes.c: the route table of docs/DESIGN.md's HTTP API: for each route its id,
- * name (metrics and messages), path, Allow list, and per method the role, body
- * kind and handler. Path matching, the role a request needs, route and
- * method names, and the strict JSON bodies the handlers parse. The table is the one list of routes:
- * http.c dispatches through it, reply.c takes a 405's Allow from it and
- * metrics.c its route names. */
+/* routes.c: the route table of docs/DESIGN.md's HTTP API: for each route its
+ * id, name (metrics and messages), path, Allow list, and per method the role,
+ * body kind and handler. Path matching, the role a request needs, route and
+ * method names, and the strict JSON bodies the handlers parse. The table is the
+ * one list of routes: http.c dispatches through it, reply.c takes a 405's Allow
+ * from it and metrics.c its route names. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,8 +113,8 @@ static const kcd_route routes[KCD_N_ROUTES] = {
                  KCD_P_MODEL, "GET, HEAD", OPS(model_demand_ops)),
     ROUTE(KCD_R_MODEL_INDEX, "model_index", "/v1/models", KCD_P_NONE,
           "GET, HEAD", OPS(model_index_ops)),
-    ROUTE_SUFFIX(KCD_R_WARMUP, "/warmup", "warmup", "/v1/models/",
-                 KCD_P_MODEL, "GET, HEAD, PUT", OPS(warmup_ops)),
+    ROUTE_SUFFIX(KCD_R_WARMUP, "/warmup", "warmup", "/v1/models/", KCD_P_MODEL,
+                 "GET, HEAD, PUT", OPS(warmup_ops)),
     ROUTE_SUFFIX(KCD_R_COVERAGE, "/coverage", "coverage", "/v1/models/",
                  KCD_P_MODEL, "GET, HEAD", OPS(coverage_ops)),
     ROUTE(KCD_R_HISTORY, "history", "/v1/stats/history", KCD_P_NONE,
@@ -208,9 +208,8 @@ const char *kcd_route_name(kcd_route_id id) {
 }
 
 static const char *const method_names[KCD_N_METHODS] = {
-    [KCD_M_GET] = "GET",       [KCD_M_HEAD] = "HEAD",
-    [KCD_M_PUT] = "PUT",       [KCD_M_POST] = "POST",
-    [KCD_M_DELETE] = "DELETE", [KCD_M_OTHER] = "OTHER"};
+    [KCD_M_GET] = "GET",   [KCD_M_HEAD] = "HEAD",     [KCD_M_PUT] = "PUT",
+    [KCD_M_POST] = "POST", [KCD_M_DELETE] = "DELETE", [KCD_M_OTHER] = "OTHER"};
 
 const char *kcd_method_name(kcd_method m) {
   return (unsigned)m < KCD_N_METHODS ? method_names[m] : "OTHER";

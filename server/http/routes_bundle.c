@@ -1,6 +1,6 @@
 /* routes_bundle.c: bundle manifests: GET (zero-copy up to 64 KiB), PUT
- * (validated, write-once), DELETE, POST /v1/lookup (many keys, one read transaction) and
- * GET /v1/models/{model}. */
+ * (validated, write-once), DELETE, POST /v1/lookup (many keys, one read
+ * transaction) and GET /v1/models/{model}. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,13 +11,13 @@ int kcd_bundle_get(kcd_req *r) {
   const char *json = NULL;
   size_t len = 0;
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kcd_svc_bundle_read(r->st, KCD_FE_HTTP, r->param, &r->read,
-                                 &json, &len, err);
+  kc_err e = kcd_svc_bundle_read(r->st, KCD_FE_HTTP, r->param, &r->read, &json,
+                                 &len, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   if (len > KCD_ZERO_COPY_MAX) { /* copied: the read ends now (kcd.h) */
-    int ret = kcd_reply(r, 200, "application/json", json, len, KCD_MEM_COPY,
-                        NULL);
+    int ret =
+        kcd_reply(r, 200, "application/json", json, len, KCD_MEM_COPY, NULL);
     kc_store_read_end(r->read);
     r->read = NULL;
     return ret;
@@ -59,18 +59,17 @@ int kcd_bundle_put(kcd_req *r) {
   int created = 0;
   char **missing = NULL;
   size_t n_missing = 0;
-  e = kcd_svc_bundle_put(r->st, KCD_FE_HTTP, m, &created, &missing,
-                         &n_missing, err);
+  e = kcd_svc_bundle_put(r->st, KCD_FE_HTTP, m, &created, &missing, &n_missing,
+                         err);
   kc_manifest_free(m);
   if (e == KC_MISSING_BLOBS)
     return reply_missing(r, err, missing, n_missing);
   kc_store_strv_free(missing, n_missing);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
-  return kcd_reply_json(r, created ? 201 : 200,
-                        json_pack("{ss sb}", "key", r->param, "created",
-                                  created),
-                        NULL);
+  return kcd_reply_json(
+      r, created ? 201 : 200,
+      json_pack("{ss sb}", "key", r->param, "created", created), NULL);
 }
 
 int kcd_bundle_delete(kcd_req *r) {
@@ -94,8 +93,8 @@ static kc_err lookup_keys(json_t *root, const char ***out, size_t *n,
                           char *err) {
   json_t *keys = json_object_get(root, "keys");
   if (!json_is_array(keys))
-    return kc_errf(err, KC_EINVAL, "keys: %s", keys ? "must be an array"
-                                                   : "missing");
+    return kc_errf(err, KC_EINVAL, "keys: %s",
+                   keys ? "must be an array" : "missing");
   size_t len = json_array_size(keys);
   if (len > KC_LOOKUP_MAX)
     return kc_errf(err, KC_EINVAL, "keys: %zu keys, at most %d in one lookup",
@@ -240,8 +239,7 @@ static int model_entry(const kc_store_bundle_info *info, void *ud) {
       json_object_get(m, "bucket"), "arch", json_object_get(m, "arch"),
       "toolchain", json_object_get(m, "toolchain"), "bytes",
       (json_int_t)info->bytes, "created", (json_int_t)info->created,
-      "last_used", (json_int_t)info->last_used, "hits",
-      (json_int_t)info->hits);
+      "last_used", (json_int_t)info->last_used, "hits", (json_int_t)info->hits);
   json_decref(m);
   if (!o || json_array_append_new(list, o))
     return 1; /* out of memory: stop */

@@ -36,13 +36,12 @@ static kc_err parse_dims(json_t *o, const char *what, char *text, char *err) {
     char shown[KC_NAME_MAX + 1];
     clean(name, shown);
     if (strlen(name) > KC_NAME_MAX)
-      return kc_errf(err, KC_EINVAL, "%s: name '%s...' is over 32 bytes",
-                     what, shown);
+      return kc_errf(err, KC_EINVAL, "%s: name '%s...' is over 32 bytes", what,
+                     shown);
     json_int_t x = json_integer_value(v);
-    if (!json_is_integer(v) || x < 0 ||
-        (uint64_t)x > KC_BUCKET_VALUE_MAX)
-      return kc_errf(err, KC_EINVAL, "%s.%s: not an integer in 0..2^53",
-                     what, shown);
+    if (!json_is_integer(v) || x < 0 || (uint64_t)x > KC_BUCKET_VALUE_MAX)
+      return kc_errf(err, KC_EINVAL, "%s.%s: not an integer in 0..2^53", what,
+                     shown);
     kc_dim *d = &b.dims[b.n++];
     memcpy(d->name, name, strlen(name) + 1);
     d->value = (uint64_t)x;
@@ -63,8 +62,8 @@ static kc_err parse_count(json_t *c, const char *what, uint64_t *out,
     return KC_OK;
   json_int_t x = json_integer_value(c);
   if (!json_is_integer(c) || x < 1 || (uint64_t)x > KC_STORE_DEMAND_COUNT_MAX)
-    return kc_errf(err, KC_EINVAL, "%s.count: not an integer in 1..%llu",
-                   what, KC_STORE_DEMAND_COUNT_MAX);
+    return kc_errf(err, KC_EINVAL, "%s.count: not an integer in 1..%llu", what,
+                   KC_STORE_DEMAND_COUNT_MAX);
   *out = (uint64_t)x;
   return KC_OK;
 }
@@ -96,8 +95,7 @@ static kc_err parse_miss(json_t *v, const char *what, dentry *d, char *err) {
   if (json_is_string(k)) {
     if (json_object_size(v) != 1 + (c != NULL))
       return kc_errf(err, KC_EINVAL,
-                     "%s: a counted key has only \"key\" and \"count\"",
-                     what);
+                     "%s: a counted key has only \"key\" and \"count\"", what);
     kc_err e = parse_count(c, what, &d->count, err);
     if (e)
       return e;
@@ -142,8 +140,8 @@ static kc_err parse_list(json_t *root, const char *field, dentry *out,
   return KC_OK;
 }
 
-static kc_err parse_report(kcd_req *r, char model[KC_HEX_LEN + 1],
-                           dentry **out, size_t *n, char *err) {
+static kc_err parse_report(kcd_req *r, char model[KC_HEX_LEN + 1], dentry **out,
+                           size_t *n, char *err) {
   static const char *const allowed[] = {"model", "shapes", "misses", NULL};
   json_t *root = NULL;
   *out = NULL;
@@ -231,9 +229,8 @@ int kcd_demand_get(kcd_req *r) {
   for (size_t i = 0; i < d.n; i++) {
     json_t *j = item_json(&d.items[i]);
     if (j)
-      json_array_append_new(d.items[i].kind == KC_DEMAND_SHAPE ? shapes
-                                                               : misses,
-                            j);
+      json_array_append_new(
+          d.items[i].kind == KC_DEMAND_SHAPE ? shapes : misses, j);
   }
   json_t *o = json_pack("{ss sI sI sI so so}", "model", r->param, "total",
                         (json_int_t)d.total, "dropped", (json_int_t)d.dropped,

@@ -31,8 +31,8 @@
 
 typedef struct item {
   char digest[KC_HEX_LEN + 1];
-  uint64_t len;       /* bytes after its line */
-  kc_store_enc enc;   /* as held */
+  uint64_t len;        /* bytes after its line */
+  kc_store_enc enc;    /* as held */
   int missing, decode; /* decode: held as zstd, sent decoded */
 } item;
 
@@ -40,15 +40,15 @@ typedef struct answer {
   kc_store *s;
   item *it;
   size_t n;
-  size_t cur;          /* the item being sent */
-  uint64_t off;        /* bytes of it sent, its line included */
-  size_t line_len;     /* the current item's line */
+  size_t cur;      /* the item being sent */
+  uint64_t off;    /* bytes of it sent, its line included */
+  size_t line_len; /* the current item's line */
   char line[LINE_MAX_];
   kc_store_blob_stream *dec; /* the current item's decoder, when decode */
 } answer;
 
 static const char *enc_name(const item *x) {
-  return x->missing ? "missing"
+  return x->missing                              ? "missing"
          : x->enc == KC_STORE_ZSTD && !x->decode ? "zstd"
                                                  : "raw";
 }
@@ -77,8 +77,8 @@ static void next_item(answer *a) {
 
 /* Bytes of a held blob from `at`, in the piece's read (begun when first
  * needed). -1: the blob is gone or not as looked up. */
-static long copy_held(answer *a, kc_store_read **rd, const item *x,
-                      uint64_t at, char *buf, size_t max) {
+static long copy_held(answer *a, kc_store_read **rd, const item *x, uint64_t at,
+                      char *buf, size_t max) {
   const void *data;
   size_t len;
   kc_store_enc enc;
@@ -159,8 +159,7 @@ static kc_err parse(kcd_req *r, answer *a, char *err) {
     const char *d = json_string_value(json_array_get(ds, i));
     if (!d || !kc_is_hex64(d))
       e = kc_errf(err, KC_BAD_DIGEST,
-                  "digests[%zu] is not 64 lowercase hex digits (a SHA-256)",
-                  i);
+                  "digests[%zu] is not 64 lowercase hex digits (a SHA-256)", i);
     else
       memcpy(a->it[i].digest, d, KC_HEX_LEN + 1);
   }
@@ -186,8 +185,8 @@ static kc_err look_one(void *arg, kc_store_read *rd, size_t i) {
   const void *data;
   size_t len;
   uint64_t size = 0;
-  kc_err e = kc_store_blob_get_stored(rd, x->digest, &data, &len, &x->enc,
-                                      &size);
+  kc_err e =
+      kc_store_blob_get_stored(rd, x->digest, &data, &len, &x->enc, &size);
   if (e == KC_NOT_FOUND) {
     x->missing = 1;
   } else if (e) {

@@ -57,8 +57,7 @@ static kc_err parse_lease(kcd_req *r, json_t **root, lease_req *out,
 static int reply_leased(kcd_req *r, const kcd_lease_info *info) {
   uint64_t secs = (info->remaining_ms + 999) / 1000;
   char retry[24];
-  snprintf(retry, sizeof retry, "%llu",
-           (unsigned long long)(secs ? secs : 1));
+  snprintf(retry, sizeof retry, "%llu", (unsigned long long)(secs ? secs : 1));
   const char *const h[] = {"Retry-After", retry, NULL};
   char msg[KC_ERRBUF_SIZE];
   snprintf(msg, sizeof msg, "'%s' holds the lease for %llu more seconds",
@@ -75,8 +74,7 @@ static int take(kcd_req *r, const lease_req *q) {
   kc_err e = kcd_svc_lease_take(r->st, KCD_FE_HTTP, r->param, q->holder,
                                 q->ttl_s, &info, &present);
   if (present)
-    return kcd_reply_json(r, 200, json_pack("{ss}", "status", "present"),
-                          NULL);
+    return kcd_reply_json(r, 200, json_pack("{ss}", "status", "present"), NULL);
   if (e == KC_LEASED)
     return reply_leased(r, &info);
   if (e == KC_BUSY)
@@ -113,7 +111,8 @@ int kcd_lease_post(kcd_req *r) {
   json_t *root = NULL;
   lease_req q;
   if (!json_or_token(r))
-    return kcd_reply_error(r, KC_UNSUPPORTED_MEDIA, "a lease request needs "
+    return kcd_reply_error(r, KC_UNSUPPORTED_MEDIA,
+                           "a lease request needs "
                            "Content-Type: application/json (or a token): "
                            "web pages cannot send it across origins");
   kc_err e = parse_lease(r, &root, &q, err);

@@ -87,8 +87,8 @@ static void cov_from_warmup(cov *c, const char *json, size_t len) {
  * those its bundles have. */
 static void cov_archs(kcd_req *r, const char *model, cov *c) {
   char list[KC_STORE_WARM_ARCHS_MAX];
-  if (c->expected && kc_store_warm_archs_get(kcd_store(r->st), model, list) ==
-                         KC_OK) {
+  if (c->expected &&
+      kc_store_warm_archs_get(kcd_store(r->st), model, list) == KC_OK) {
     int same = 1; /* as a set, the manifest's: say "manifest" */
     for (char *save = NULL, *t = strtok_r(list, ",", &save); t;
          t = strtok_r(NULL, ",", &save)) {
@@ -131,8 +131,8 @@ static kc_err cov_load(kcd_req *r, const char *model, const char *warmup,
     return KC_NOMEM;
   char *own = NULL;
   size_t olen = 0;
-  if (!warmup && kc_store_warmup_get(kcd_store(r->st), model, &own, &olen, NULL) ==
-                     KC_OK) {
+  if (!warmup && kc_store_warmup_get(kcd_store(r->st), model, &own, &olen,
+                                     NULL) == KC_OK) {
     warmup = own;
     wlen = olen;
   }
@@ -140,8 +140,8 @@ static kc_err cov_load(kcd_req *r, const char *model, const char *warmup,
     cov_from_warmup(c, warmup, wlen);
   free(own);
   cov_archs(r, model, c);
-  kc_err e = kc_store_model_list(kcd_store(r->st), model, collect_bundle,
-                                 c->bundles);
+  kc_err e =
+      kc_store_model_list(kcd_store(r->st), model, collect_bundle, c->bundles);
   if (e && e != KC_NOT_FOUND)
     return e;
   cov_from_bundles(c);
@@ -168,8 +168,8 @@ static json_t *cell_of(const cov *c, json_t *bucket, json_t *arch,
     last = lu > last ? lu : last;
   }
   return json_pack("{ss sI sI sI sI}", "state", n ? "present" : "missing",
-                   "bundles", (json_int_t)n, "bytes", (json_int_t)bytes,
-                   "hits", (json_int_t)hits, "last_used", (json_int_t)last);
+                   "bundles", (json_int_t)n, "bytes", (json_int_t)bytes, "hits",
+                   (json_int_t)hits, "last_used", (json_int_t)last);
 }
 
 /* A missing cell is building when the key it would have with the toolchain
@@ -190,8 +190,8 @@ static void mark_building(kcd_req *r, const cov *c, json_t *cell,
     int ok = txt && !kc_key_fields_parse(txt, strlen(txt), &kf, NULL) &&
              !kc_key_compute(&kf, key, NULL);
     free(txt);
-    if (ok && kcd_lease_held(r->st->leases, key, kc_clock_mono_us() / 1000,
-                             holder)) {
+    if (ok &&
+        kcd_lease_held(r->st->leases, key, kc_clock_mono_us() / 1000, holder)) {
       json_object_set_new(cell, "state", json_string("building"));
       json_object_set_new(cell, "holder", json_string(holder));
       json_object_set_new(cell, "key", json_string(key));
@@ -231,14 +231,14 @@ static json_t *cov_extra(const cov *c, json_t *used) {
     if (json_is_true(json_array_get(used, i)))
       continue;
     json_t *f = json_object_get(b, "fields");
-    json_array_append_new(
-        extra, json_pack("{sO sO* sO* sO sO sO}", "key",
-                         json_object_get(b, "key"), "bucket",
-                         json_object_get(f, "bucket"), "arch",
-                         json_object_get(f, "arch"), "bytes",
-                         json_object_get(b, "bytes"), "hits",
-                         json_object_get(b, "hits"), "last_used",
-                         json_object_get(b, "last_used")));
+    json_array_append_new(extra,
+                          json_pack("{sO sO* sO* sO sO sO}", "key",
+                                    json_object_get(b, "key"), "bucket",
+                                    json_object_get(f, "bucket"), "arch",
+                                    json_object_get(f, "arch"), "bytes",
+                                    json_object_get(b, "bytes"), "hits",
+                                    json_object_get(b, "hits"), "last_used",
+                                    json_object_get(b, "last_used")));
   }
   return extra;
 }
@@ -276,10 +276,10 @@ int kcd_coverage_get(kcd_req *r) {
 /* ---- GET /v1/models ---- */
 
 static int list_model(const kc_store_model_info *m, void *ud) {
-  json_t *o = json_pack(
-      "{ss sn sI sI sI sI}", "model", m->model, "name", "bundles",
-      (json_int_t)m->bundles, "bytes", (json_int_t)m->bytes, "hits",
-      (json_int_t)m->hits, "last_used", (json_int_t)m->last_used);
+  json_t *o =
+      json_pack("{ss sn sI sI sI sI}", "model", m->model, "name", "bundles",
+                (json_int_t)m->bundles, "bytes", (json_int_t)m->bytes, "hits",
+                (json_int_t)m->hits, "last_used", (json_int_t)m->last_used);
   if (!o)
     return 1;
   if (m->warmup) { /* kept only for the coverage pass below */
@@ -305,12 +305,12 @@ static void list_coverage(kcd_req *r, json_t *models) {
       json_decref(used);
       if (c.name)
         json_object_set_new(o, "name", json_string(c.name));
-      json_object_set_new(
-          o, "coverage",
-          json_pack("{sI sI sb}", "present", (json_int_t)present, "expected",
-                    (json_int_t)(json_array_size(c.buckets) *
-                                 json_array_size(c.archs)),
-                    "warmup", c.expected));
+      json_object_set_new(o, "coverage",
+                          json_pack("{sI sI sb}", "present",
+                                    (json_int_t)present, "expected",
+                                    (json_int_t)(json_array_size(c.buckets) *
+                                                 json_array_size(c.archs)),
+                                    "warmup", c.expected));
     }
     cov_free(&c);
     json_object_del(o, "warmup_json");
@@ -347,13 +347,13 @@ int kcd_models_index(kcd_req *r) {
   }
   list_coverage(r, models);
   int auth = kcd_auth_enabled(&r->st->auth);
-  return kcd_reply_json(
-      r, 200,
-      json_pack("{so so ss ss* sb}", "models", models, "next",
-                *next ? json_string(next) : json_null(), "role",
-                kcd_role_name(r->role), "token",
-                auth && *r->token_name ? r->token_name : NULL, "auth", auth),
-      NULL);
+  return kcd_reply_json(r, 200,
+                        json_pack("{so so ss ss* sb}", "models", models, "next",
+                                  *next ? json_string(next) : json_null(),
+                                  "role", kcd_role_name(r->role), "token",
+                                  auth && *r->token_name ? r->token_name : NULL,
+                                  "auth", auth),
+                        NULL);
 }
 
 /* ---- the warmup manifest ---- */
@@ -379,10 +379,9 @@ static int run_archs(kcd_req *r, const kc_warmup *w, char *out, size_t cap) {
   size_t n = 0, count = 0;
   out[0] = '\0';
   if (!q) {
-    for (size_t i = 0; i < w->n_archs && n + strlen(w->archs[i]) + 2 < cap;
-         i++)
-      n += (size_t)snprintf(out + n, cap - n, "%s%s", i ? "," : "",
-                            w->archs[i]);
+    for (size_t i = 0; i < w->n_archs && n + strlen(w->archs[i]) + 2 < cap; i++)
+      n +=
+          (size_t)snprintf(out + n, cap - n, "%s%s", i ? "," : "", w->archs[i]);
     return 0;
   }
   char one[64];
@@ -407,24 +406,27 @@ int kcd_warmup_put(kcd_req *r) {
   const char *body = r->body ? r->body : "";
   kc_err e = kc_warmup_parse(body, r->body_len, NULL, &w, err);
   if (e)
-    return kcd_reply_error_json(r, e == KC_NOMEM ? e : KC_BAD_WARMUP, err,
-                                NULL, NULL);
+    return kcd_reply_error_json(r, e == KC_NOMEM ? e : KC_BAD_WARMUP, err, NULL,
+                                NULL);
   if (run_archs(r, w, archs, sizeof archs)) {
     kc_warmup_free(w);
-    return kcd_reply_error(r, KC_EINVAL, "archs: a comma list of at most 64 "
+    return kcd_reply_error(r, KC_EINVAL,
+                           "archs: a comma list of at most 64 "
                            "archs (sm_80, sm_90a, compute_90, ...)");
   }
   int same = strcmp(w->model_hash, r->param) == 0;
   size_t cells = w->n_buckets * w->n_archs;
   if (!same) {
     kc_warmup_free(w);
-    return kcd_reply_error(r, KC_KEY_MISMATCH, "model.hash: the manifest's "
-                           "model is not the URL's %s", r->param);
+    return kcd_reply_error(r, KC_KEY_MISMATCH,
+                           "model.hash: the manifest's "
+                           "model is not the URL's %s",
+                           r->param);
   }
   char *old = NULL;
   size_t olen = 0;
-  int had = kc_store_warmup_get(kcd_store(r->st), r->param, &old, &olen, NULL) ==
-            KC_OK;
+  int had = kc_store_warmup_get(kcd_store(r->st), r->param, &old, &olen,
+                                NULL) == KC_OK;
   free(old);
   int flags = r->role >= KCD_ROLE_ADMIN ? KC_WARMUP_RENAME : 0;
   e = kc_store_warmup_put(kcd_store(r->st), r->param, w->model_name, body,
@@ -445,14 +447,13 @@ int kcd_model_purge(kcd_req *r) {
   size_t removed = 0;
   kc_err e = kc_store_model_purge(kcd_store(r->st), r->param, &removed, err);
   kcd_log(r->st, "info", "purge of model %s by %s: %zu bundles removed%s%s",
-          r->param, r->token_name, removed, e ? ", then: " : "",
-          e ? err : "");
+          r->param, r->token_name, removed, e ? ", then: " : "", e ? err : "");
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
-  return kcd_reply_json(r, 200,
-                        json_pack("{ss sI}", "model", r->param, "removed",
-                                  (json_int_t)removed),
-                        NULL);
+  return kcd_reply_json(
+      r, 200,
+      json_pack("{ss sI}", "model", r->param, "removed", (json_int_t)removed),
+      NULL);
 }
 
 /* ---- GET /v1/stats/history ---- */
@@ -479,22 +480,21 @@ static json_t *history_now(kcd_req *r) {
   kc_store *s = kcd_store(r->st);
   kc_store_stats ss = {0};
   int up = s && kc_store_stats_get(s, &ss) == KC_OK;
-  json_t *o = json_pack(
-      "{sb sI sI sb sI sI sI}", "store_up", up, "leases",
-      (json_int_t)kcd_lease_count(r->st->leases), "in_flight",
-      (json_int_t)atomic_load(&r->st->metrics.in_flight[KCD_FE_HTTP]),
-      "resp",
-      atomic_load(&r->st->resp) != NULL, "kv_keys", (json_int_t)ss.kv_keys,
-      "kv_bytes", (json_int_t)ss.kv_bytes, "kv_max_bytes",
-      (json_int_t)ss.kv_max_bytes);
+  json_t *o =
+      json_pack("{sb sI sI sb sI sI sI}", "store_up", up, "leases",
+                (json_int_t)kcd_lease_count(r->st->leases), "in_flight",
+                (json_int_t)atomic_load(&r->st->metrics.in_flight[KCD_FE_HTTP]),
+                "resp", atomic_load(&r->st->resp) != NULL, "kv_keys",
+                (json_int_t)ss.kv_keys, "kv_bytes", (json_int_t)ss.kv_bytes,
+                "kv_max_bytes", (json_int_t)ss.kv_max_bytes);
   kc_store_tier_stats t;
   if (o && r->st->s3 && s && kc_store_tier_stats_get(s, &t) == KC_OK)
-    json_object_set_new(
-        o, "s3",
-        json_pack("{sb sI sI sI sI}", "up", t.up, "queue_depth",
-                  (json_int_t)t.queue_depth, "errors", (json_int_t)t.errors,
-                  "parked", (json_int_t)t.parked, "uploaded",
-                  (json_int_t)t.uploaded));
+    json_object_set_new(o, "s3",
+                        json_pack("{sb sI sI sI sI}", "up", t.up, "queue_depth",
+                                  (json_int_t)t.queue_depth, "errors",
+                                  (json_int_t)t.errors, "parked",
+                                  (json_int_t)t.parked, "uploaded",
+                                  (json_int_t)t.uploaded));
   return o;
 }
 

@@ -21,11 +21,13 @@ int kcd_readyz(kcd_req *r) {
     return kcd_reply_error_json(r, KC_NOT_READY, NULL, NULL, NULL);
   int64_t since = kc_store_disk_full_since(s);
   if (since)
-    return kcd_reply_json(
-        r, 503, json_pack("{ss ss sI}", "error", kc_err_code(KC_DISK_FULL),
-                          "message", "the disk holding the store is full: "
-                          "writes fail, reads work", "since",
-                          (json_int_t)since), NULL);
+    return kcd_reply_json(r, 503,
+                          json_pack("{ss ss sI}", "error",
+                                    kc_err_code(KC_DISK_FULL), "message",
+                                    "the disk holding the store is full: "
+                                    "writes fail, reads work",
+                                    "since", (json_int_t)since),
+                          NULL);
   return reply_status(r, 200, "ready");
 }
 
@@ -41,15 +43,13 @@ int kcd_metrics_get(kcd_req *r) {
 /* The RESP side of the store: its keys and the bytes their values take
  * (inside bytes_used, which counts blobs of bundles and RESP values alike). */
 static json_t *stats_kv(const kc_store_stats *s, kcd_state *st) {
-  return json_pack("{sI sI sI sI sI sI sI sI}", "kv_keys",
-                   (json_int_t)s->kv_keys, "kv_expires",
-                   (json_int_t)s->kv_expires, "kv_bytes",
-                   (json_int_t)s->kv_bytes, "kv_max_bytes",
-                   (json_int_t)s->kv_max_bytes, "kv_hits",
-                   (json_int_t)s->kv_hits, "kv_misses",
-                   (json_int_t)s->kv_misses, "evicted_kv",
-                   (json_int_t)s->evicted_kv, "resp_clients",
-                   (json_int_t)kcd_resp_clients(atomic_load(&st->resp)));
+  return json_pack(
+      "{sI sI sI sI sI sI sI sI}", "kv_keys", (json_int_t)s->kv_keys,
+      "kv_expires", (json_int_t)s->kv_expires, "kv_bytes",
+      (json_int_t)s->kv_bytes, "kv_max_bytes", (json_int_t)s->kv_max_bytes,
+      "kv_hits", (json_int_t)s->kv_hits, "kv_misses", (json_int_t)s->kv_misses,
+      "evicted_kv", (json_int_t)s->evicted_kv, "resp_clients",
+      (json_int_t)kcd_resp_clients(atomic_load(&st->resp)));
 }
 
 /* One key family of the RESP reads (resp_family.c) as a JSON object. The
@@ -59,8 +59,7 @@ static void family_json(const char *name, size_t len, uint64_t hits,
                         uint64_t misses, void *ud) {
   json_t *o = json_pack("{so sI sI}", "family",
                         name ? json_stringn(name, len) : json_string("other"),
-                        "hits", (json_int_t)hits, "misses",
-                        (json_int_t)misses);
+                        "hits", (json_int_t)hits, "misses", (json_int_t)misses);
   json_array_append_new(ud, o); /* NULL o (out of memory): not appended */
 }
 
@@ -87,8 +86,8 @@ int kcd_stats_get(kcd_req *r) {
       "blobs", (json_int_t)s.blobs, "bundles", (json_int_t)s.bundles, "hits",
       (json_int_t)s.hits, "misses", (json_int_t)s.misses, "evicted_bundles",
       (json_int_t)s.evicted_bundles, "evicted_blobs",
-      (json_int_t)s.evicted_blobs, "gc_blobs", (json_int_t)s.gc_blobs,
-      "leases", (json_int_t)kcd_lease_count(r->st->leases), "uptime_s",
+      (json_int_t)s.evicted_blobs, "gc_blobs", (json_int_t)s.gc_blobs, "leases",
+      (json_int_t)kcd_lease_count(r->st->leases), "uptime_s",
       (json_int_t)(kcd_unix_now() - r->st->started));
   json_t *kv = stats_kv(&s, r->st);
   if (o && kv)

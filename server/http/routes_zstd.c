@@ -106,16 +106,18 @@ static int reply_entry(kcd_req *r, kcd_dentry *e, const char *const *h) {
 
 /* Fills e (the content of the frame r->param names, e's length) in one
  * pass and checks it hashes to the digest. */
-static kc_err fill_entry(kcd_req *r, kcd_dentry *e, const void *z,
-                         size_t zlen, char *err) {
-  kc_err x = kc_store_zstd_decode(z, zlen, kcd_dentry_data(e),
-                                  kcd_dentry_len(e), err);
+static kc_err fill_entry(kcd_req *r, kcd_dentry *e, const void *z, size_t zlen,
+                         char *err) {
+  kc_err x =
+      kc_store_zstd_decode(z, zlen, kcd_dentry_data(e), kcd_dentry_len(e), err);
   char got[KC_HEX_LEN + 1];
   if (!x)
     x = kc_sha256_hex(kcd_dentry_data(e), kcd_dentry_len(e), got);
   if (!x && memcmp(got, r->param, KC_HEX_LEN) != 0)
-    x = kc_errf(err, KC_CORRUPT, "the held frame decodes to other content "
-                "than the blob's (sha256 %s)", got);
+    x = kc_errf(err, KC_CORRUPT,
+                "the held frame decodes to other content "
+                "than the blob's (sha256 %s)",
+                got);
   return x;
 }
 
@@ -187,8 +189,8 @@ static int reply_decoded(kcd_req *r, const char *const *h, int *replied) {
   *replied = d.entry || d.buf || d.err;
   if (d.err) {
     free(d.buf);
-    return kcd_reply_error_json(r, d.err, *d.msg ? d.msg
-                                : "cannot read the blob", NULL, NULL);
+    return kcd_reply_error_json(
+        r, d.err, *d.msg ? d.msg : "cannot read the blob", NULL, NULL);
   }
   if (d.entry)
     return reply_entry(r, d.entry, h);
@@ -203,10 +205,15 @@ int kcd_blob_get_encoded(kcd_req *r) {
   snprintf(etag, sizeof etag, "\"%.64s\"", r->param);
   /* HEAD describes the content; a GET without zstd gets it decoded */
   int frame = r->method != KCD_M_HEAD && kcd_accepts_zstd(r);
-  const char *const h[] = {"ETag", etag, "Cache-Control",
-                           "public, max-age=31536000, immutable", "Vary",
+  const char *const h[] = {"ETag",
+                           etag,
+                           "Cache-Control",
+                           "public, max-age=31536000, immutable",
+                           "Vary",
                            "Accept-Encoding",
-                           frame ? "Content-Encoding" : NULL, "zstd", NULL};
+                           frame ? "Content-Encoding" : NULL,
+                           "zstd",
+                           NULL};
   if (matches_etag(r, etag))
     return kcd_reply(r, 304, NULL, "", 0, KCD_MEM_PERSISTENT, h);
   if (!frame && r->method != KCD_M_HEAD) {
@@ -218,11 +225,12 @@ int kcd_blob_get_encoded(kcd_req *r) {
   }
   kc_store_blob_stream *b = NULL;
   uint64_t len = 0;
-  kc_err e = kc_store_blob_stream_open(kcd_store(r->st), r->param,
-                                       !frame, &b, &len, NULL, NULL);
+  kc_err e = kc_store_blob_stream_open(kcd_store(r->st), r->param, !frame, &b,
+                                       &len, NULL, NULL);
   if (e)
-    return kcd_reply_error_json(r, e, e == KC_NOT_FOUND ? "no such blob"
-                                : "cannot read the blob", NULL, NULL);
+    return kcd_reply_error_json(
+        r, e, e == KC_NOT_FOUND ? "no such blob" : "cannot read the blob", NULL,
+        NULL);
   atomic_fetch_add(&r->st->metrics.zstd_gets, 1);
   if (frame)
     atomic_fetch_add(&r->st->metrics.zstd_sent_frames, 1);

@@ -50,8 +50,7 @@ kcd_resp_families *kcd_resp_families_of(kcd_resp *r) {
 
 /* Keeps b's memory for a later taker (b is emptied either way). */
 static void pool_put(kcd_resp *r, kcd_resp_buf *b) {
-  if (!b->oom && b->cap <= KCD_RESP_POOL_BYTES &&
-      r->npool < KCD_RESP_POOL_N &&
+  if (!b->oom && b->cap <= KCD_RESP_POOL_BYTES && r->npool < KCD_RESP_POOL_N &&
       r->pool_bytes + b->cap <= KCD_RESP_POOL_BYTES) {
     r->pool[r->npool++] = (kcd_resp_buf){.p = b->p, .cap = b->cap};
     r->pool_bytes += b->cap;
@@ -165,7 +164,9 @@ static void conn_close(kcd_resp_conn *c) {
     bury(c);
 }
 
-static size_t pending(const kcd_resp_conn *c) { return c->out.len - c->out_off; }
+static size_t pending(const kcd_resp_conn *c) {
+  return c->out.len - c->out_off;
+}
 
 /* A job is with the committer or the fetchers: an operation in flight
  * (service.c), which graceful shutdown waits for, until on_done wrote its
@@ -331,17 +332,21 @@ static int token_valid(kcd_resp_conn *c) {
     return 1;
   if (kcd_auth_holds(a, c->tok_digest, c->user, c->role))
     return c->auth_gen = gen, 1;
-  kcd_log(c->srv->st, "info", "RESP: closing the connection of token '%s' "
-          "from %s: the token was removed or its role changed", c->user,
-          c->remote);
+  kcd_log(c->srv->st, "info",
+          "RESP: closing the connection of token '%s' "
+          "from %s: the token was removed or its role changed",
+          c->user, c->remote);
   kcd_resp_refuse(c, KCD_WHY_REVOKED);
   return 0;
 }
 
 static void run_parsed(kcd_resp_conn *c) {
   kcd_resp_parser *p = &c->parser;
-  kcd_resp_ctx x = {.c = c, .st = c->srv->st, .job = c->job,
-                    .now_ms = kc_clock_wall_ms(), .argc = p->argc};
+  kcd_resp_ctx x = {.c = c,
+                    .st = c->srv->st,
+                    .job = c->job,
+                    .now_ms = kc_clock_wall_ms(),
+                    .argc = p->argc};
   for (size_t i = 0; i < p->argc; i++) {
     c->av[i] = c->in.p + p->argv[i].off;
     c->al[i] = p->argv[i].len;
@@ -383,7 +388,7 @@ static int sniff(kcd_resp_conn *c) {
   if (s == KCD_SNIFF_BAD) {
     kcd_resp_refuse(c, KCD_WHY_NOT_RESP);
     kcd_resp_error(&c->out, "ERR Protocol error: expected a RESP array "
-                   "('*') or an inline command");
+                            "('*') or an inline command");
     c->closing = 1;
   }
   return 0;
@@ -391,7 +396,8 @@ static int sniff(kcd_resp_conn *c) {
 
 /* The job is full enough: send it before parsing more. */
 static int job_full(const kcd_resp_job *j) {
-  return j && (j->nops >= KCD_RESP_JOB_OPS || j->val_bytes >= KCD_RESP_JOB_BYTES);
+  return j &&
+         (j->nops >= KCD_RESP_JOB_OPS || j->val_bytes >= KCD_RESP_JOB_BYTES);
 }
 
 /* One parsed command: 1 to go on, 0 to stop. */
@@ -472,7 +478,8 @@ static void compact(kcd_resp_conn *c) {
   c->in.len -= n;
   kcd_resp_parser_shift(&c->parser, n);
   if (c->in.len == 0 && c->in.cap > KEEP_MAX && !c->parser.inmb) {
-    c->srv->pool_used_ms = kcd_resp_mono_ms(); /* a fresh buffer waits its time */
+    c->srv->pool_used_ms =
+        kcd_resp_mono_ms(); /* a fresh buffer waits its time */
     pool_put(c->srv, &c->in);
   }
   shrink_args(c);
@@ -860,8 +867,10 @@ static void *io_main(void *arg) {
 
 static kc_err bind_listen(kcd_resp *r, const char *host, unsigned port,
                           char *err) {
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                           .ai_flags = AI_PASSIVE}, *res = NULL;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE},
+                  *res = NULL;
   char ps[16];
   snprintf(ps, sizeof ps, "%u", port);
   int rc = getaddrinfo(host, ps, &hints, &res);

@@ -51,9 +51,9 @@
 #include "kcd.h"
 #include "resp_status.h"
 
-#define KCD_RESP_MAX_ARGS 65536       /* arguments of one command */
-#define KCD_RESP_ARGS_KEEP 1024       /* argument tables above: freed after */
-#define KCD_RESP_TRIM_MS 2000         /* idle this long: buffers freed */
+#define KCD_RESP_MAX_ARGS 65536         /* arguments of one command */
+#define KCD_RESP_ARGS_KEEP 1024         /* argument tables above: freed after */
+#define KCD_RESP_TRIM_MS 2000           /* idle this long: buffers freed */
 #define KCD_RESP_INLINE_MAX (64 * 1024) /* an inline command, a count line */
 #define KCD_RESP_OUT_HIGH (1024 * 1024) /* stop running commands above */
 /* GET values of at least KCD_RESP_REF_MIN bytes go out by writev from the
@@ -61,17 +61,17 @@
 #define KCD_RESP_REFS 16
 #define KCD_RESP_REF_MIN 2048
 #define KCD_RESP_KEYS_MAX 100000        /* KEYS returns at most this many */
-#define KCD_RESP_JOB_OPS 10000         /* a pipeline's writes per job */
-#define KCD_RESP_JOB_BYTES (64u << 20) /* and their value bytes */
-#define KCD_RESP_N_CMDS 64             /* room in the metrics per command */
-#define KCD_RESP_FETCHERS 4            /* read-through threads (S3 tier) */
-#define KCD_RESP_TLS_HS_MS 10000       /* a TLS handshake's time limit */
-#define KCD_RESP_FAMILIES 32           /* key families counted by name */
-#define KCD_RESP_FAMILY_MAX 48         /* longest family name counted */
-#define KCD_RESP_BATCH_BUCKETS 14      /* the commit batch size histogram */
-#define KCD_RESP_POOL_N 8              /* big input buffers kept (resp.c) */
+#define KCD_RESP_JOB_OPS 10000          /* a pipeline's writes per job */
+#define KCD_RESP_JOB_BYTES (64u << 20)  /* and their value bytes */
+#define KCD_RESP_N_CMDS 64              /* room in the metrics per command */
+#define KCD_RESP_FETCHERS 4             /* read-through threads (S3 tier) */
+#define KCD_RESP_TLS_HS_MS 10000        /* a TLS handshake's time limit */
+#define KCD_RESP_FAMILIES 32            /* key families counted by name */
+#define KCD_RESP_FAMILY_MAX 48          /* longest family name counted */
+#define KCD_RESP_BATCH_BUCKETS 14       /* the commit batch size histogram */
+#define KCD_RESP_POOL_N 8               /* big input buffers kept (resp.c) */
 #define KCD_RESP_POOL_BYTES (32u << 20) /* their capacity in all */
-#define KCD_RESP_POOL_IDLE_MS 2000     /* freed after this without a taker */
+#define KCD_RESP_POOL_IDLE_MS 2000      /* freed after this without a taker */
 
 /* Milliseconds of the monotonic clock (kc_clock_mono_us's), for the pools' idle
  * times. */
@@ -132,17 +132,17 @@ void kcd_resp_buf_add(kcd_resp_buf *b, const void *p, size_t n);
 /* Frees the memory; limit and budget stay. */
 void kcd_resp_buf_free(kcd_resp_buf *b);
 
-void kcd_resp_simple(kcd_resp_buf *b, const char *s);     /* +s */
-void kcd_resp_error(kcd_resp_buf *b, const char *s);      /* -s (CR/LF -> ' ') */
+void kcd_resp_simple(kcd_resp_buf *b, const char *s); /* +s */
+void kcd_resp_error(kcd_resp_buf *b, const char *s);  /* -s (CR/LF -> ' ') */
 void kcd_resp_errorf(kcd_resp_buf *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-void kcd_resp_int(kcd_resp_buf *b, long long v);          /* :v */
+void kcd_resp_int(kcd_resp_buf *b, long long v); /* :v */
 void kcd_resp_bulk(kcd_resp_buf *b, const void *p, size_t n);
 void kcd_resp_bulk_str(kcd_resp_buf *b, const char *s);
-void kcd_resp_null(kcd_resp_buf *b);                      /* $-1 */
-void kcd_resp_array(kcd_resp_buf *b, long long n);        /* *n */
+void kcd_resp_null(kcd_resp_buf *b);               /* $-1 */
+void kcd_resp_array(kcd_resp_buf *b, long long n); /* *n */
 /* The replies that differ in RESP3 (resp3: the connection said HELLO 3). */
-void kcd_resp_nil(kcd_resp_buf *b, int resp3);            /* $-1 or _ */
+void kcd_resp_nil(kcd_resp_buf *b, int resp3);              /* $-1 or _ */
 void kcd_resp_map(kcd_resp_buf *b, long long n, int resp3); /* *2n or %n */
 /* A text reply: bulk in RESP2, a verbatim string (=, "txt:") in RESP3. */
 void kcd_resp_verbatim(kcd_resp_buf *b, const void *p, size_t n, int resp3);
@@ -213,14 +213,14 @@ int kcd_resp_is_http(const char *const *argv, const size_t *lens, size_t argc,
 
 /* Why a connection was refused or closed by a rule (metrics). */
 typedef enum kcd_resp_why {
-  KCD_WHY_MAX_CONNS,  /* --resp-max-connections */
-  KCD_WHY_PER_IP,     /* --resp-max-connections-per-ip */
-  KCD_WHY_HTTP,       /* an HTTP request (cross-protocol) */
-  KCD_WHY_NOT_RESP,   /* first bytes neither RESP nor inline */
-  KCD_WHY_REVOKED,    /* its token was removed or changed */
-  KCD_WHY_IDLE,       /* --resp-timeout */
-  KCD_WHY_STALLED,    /* --resp-output-stall */
-  KCD_WHY_OUTPUT,     /* a reply over the output budget */
+  KCD_WHY_MAX_CONNS, /* --resp-max-connections */
+  KCD_WHY_PER_IP,    /* --resp-max-connections-per-ip */
+  KCD_WHY_HTTP,      /* an HTTP request (cross-protocol) */
+  KCD_WHY_NOT_RESP,  /* first bytes neither RESP nor inline */
+  KCD_WHY_REVOKED,   /* its token was removed or changed */
+  KCD_WHY_IDLE,      /* --resp-timeout */
+  KCD_WHY_STALLED,   /* --resp-output-stall */
+  KCD_WHY_OUTPUT,    /* a reply over the output budget */
   KCD_WHY_N
 } kcd_resp_why;
 extern const char *const kcd_resp_why_names[KCD_WHY_N];
@@ -254,8 +254,8 @@ typedef struct kcd_resp_job {
   kcd_resp_buf pre; /* replies decided before the commit */
   char **owned;     /* MULTI's copies of arguments, freed with the job */
   size_t nowned;
-  int fetch;        /* a read-through: ops name keys to fetch from S3 */
-  kc_err err;       /* the whole apply failed */
+  int fetch;  /* a read-through: ops name keys to fetch from S3 */
+  kc_err err; /* the whole apply failed */
   char errmsg[KC_ERRBUF_SIZE];
   struct kcd_resp_job *next;
 } kcd_resp_job;
@@ -288,14 +288,14 @@ struct kcd_resp_conn {
   kcd_resp *srv;
   int fd;
   uint64_t id;
-  int resp3;         /* HELLO 3 said: RESP3 replies */
-  unsigned cur_cmd;  /* 1 + the index of the command being dispatched */
+  int resp3;        /* HELLO 3 said: RESP3 replies */
+  unsigned cur_cmd; /* 1 + the index of the command being dispatched */
   /* TLS (resp_tls.c): NULL without --tls-cert */
-  void *ssl;         /* SSL * */
+  void *ssl;           /* SSL * */
   int64_t accepted_ms; /* the handshake must end within KCD_RESP_TLS_HS_MS */
   int tls_rd_want_wr, tls_wr_want_rd; /* a read waits to write, and back */
   kcd_resp_buf in, out;
-  size_t out_off; /* bytes of out already sent */
+  size_t out_off;                   /* bytes of out already sent */
   kcd_resp_ref refs[KCD_RESP_REFS]; /* only from process() to conn_flush */
   size_t nrefs;
   kcd_resp_parser parser;
@@ -306,7 +306,7 @@ struct kcd_resp_conn {
   /* the peer (--resp-max-connections-per-ip, logs) */
   unsigned char addr[16]; /* IPv6, or IPv4 mapped */
   char remote[48];
-  int counted;            /* holds a slot of its address */
+  int counted; /* holds a slot of its address */
   /* who */
   int authed;
   kcd_role role;
@@ -323,18 +323,18 @@ struct kcd_resp_conn {
   kcd_resp_queued *queue;
   size_t nqueue, capqueue;
   /* writes */
-  kcd_resp_job *job; /* being filled (not in flight) */
-  int inflight;      /* a job is with the committer */
-  int held;          /* parser's argv is a command to run after it */
+  kcd_resp_job *job;   /* being filled (not in flight) */
+  int inflight;        /* a job is with the committer */
+  int held;            /* parser's argv is a command to run after it */
   kcd_resp_job *fetch; /* keys the command being run wants read through */
-  int fetched;       /* the held command ran its read-through: no more */
-  int closing;       /* close once out is sent */
-  int eof;           /* the peer sent EOF: answer what came, then close */
-  int backlog;       /* process() stopped at KCD_RESP_OUT_HIGH: complete
-                        commands may wait in the input buffer */
-  int dead;          /* the socket is gone: free when the job returns */
-  kc_store_read *rd; /* the round's read (kcd_resp.rd), lent to a batch */
-  const char **av;   /* the parsed command as pointers, for the ctx */
+  int fetched;         /* the held command ran its read-through: no more */
+  int closing;         /* close once out is sent */
+  int eof;             /* the peer sent EOF: answer what came, then close */
+  int backlog;         /* process() stopped at KCD_RESP_OUT_HIGH: complete
+                          commands may wait in the input buffer */
+  int dead;            /* the socket is gone: free when the job returns */
+  kc_store_read *rd;   /* the round's read (kcd_resp.rd), lent to a batch */
+  const char **av;     /* the parsed command as pointers, for the ctx */
   size_t *al, avcap;
   struct kcd_resp_conn *prev, *next;
 };
@@ -348,7 +348,7 @@ struct kcd_resp {
   pthread_t io, committer;
   int io_started, committer_started;
   _Atomic int stop;
-  _Atomic int quiesce; /* graceful shutdown: stop accepting (resp.c) */
+  _Atomic int quiesce;    /* graceful shutdown: stop accepting (resp.c) */
   int64_t drain_until_ms; /* set before quiesce: kcd_resp_stop's last sends
                              end by then (resp.c, drain_replies) */
   uint64_t next_id;
@@ -357,11 +357,11 @@ struct kcd_resp {
   _Atomic uint64_t commit_errors, bytes_in, bytes_out, tls_failed;
   /* connections refused or closed by a rule, by reason (kcd_resp_why) */
   _Atomic uint64_t refused[KCD_WHY_N];
-  kcd_resp_budget outbud;     /* every connection's reply buffer */
-  kcd_addrs *addrs;           /* per address (resp_admit.c); NULL until
-                                 the first connection counted */
-  int trim;                   /* big tables were freed: trim the heap */
-  int64_t attack_logged_ms;   /* the cross-protocol log line, at most 1/s */
+  kcd_resp_budget outbud;   /* every connection's reply buffer */
+  kcd_addrs *addrs;         /* per address (resp_admit.c); NULL until
+                               the first connection counted */
+  int trim;                 /* big tables were freed: trim the heap */
+  int64_t attack_logged_ms; /* the cross-protocol log line, at most 1/s */
   uint64_t attack_unlogged;
   /* ops per commit: counts per bucket (kcd_resp_batch_le), sum in ops */
   _Atomic uint64_t batch_bucket[KCD_RESP_BATCH_BUCKETS + 1], batch_sum;
@@ -371,7 +371,7 @@ struct kcd_resp {
   _Atomic uint64_t cmd_ok[KCD_RESP_N_CMDS + 1], cmd_err[KCD_RESP_N_CMDS + 1];
   kcd_resp_conn *conns; /* listener thread only */
   kcd_resp_conn *grave; /* closed, freed after this round of events */
-  kc_store_read *rd; /* this round's read, lent to each batch (c->rd) */
+  kc_store_read *rd;    /* this round's read, lent to each batch (c->rd) */
   /* input buffers of big values, kept for the next one (resp.c; listener
    * thread only): at most KCD_RESP_POOL_N, KCD_RESP_POOL_BYTES in all,
    * freed after KCD_RESP_POOL_IDLE_MS without a taker */
@@ -402,10 +402,10 @@ struct kcd_resp {
 typedef struct kcd_resp_ctx {
   kcd_resp_conn *c;
   kcd_state *st;
-  kcd_resp_buf *out;  /* where replies go (conn->out, or job->pre) */
-  kcd_resp_job *job;  /* where write ops go; made on demand if NULL */
-  int exec;           /* inside EXEC: reads use the state before it */
-  int64_t now_ms;     /* wall clock, unix ms */
+  kcd_resp_buf *out; /* where replies go (conn->out, or job->pre) */
+  kcd_resp_job *job; /* where write ops go; made on demand if NULL */
+  int exec;          /* inside EXEC: reads use the state before it */
+  int64_t now_ms;    /* wall clock, unix ms */
   size_t argc;
   const char *const *argv; /* not NUL-terminated: use lens */
   const size_t *lens;

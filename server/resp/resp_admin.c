@@ -62,7 +62,7 @@ static int authenticate(kcd_resp_ctx *x, const char *name, size_t nlen,
   if (kcd_svc_auth(x->st, KCD_FE_RESP, wp, tok, tlen, &role, got) !=
       KCD_AUTHN_OK) {
     kcd_resp_error(x->out, "WRONGPASS invalid username-password pair or user "
-                   "is disabled.");
+                           "is disabled.");
     return -1;
   }
   kcd_resp_conn *c = x->c;
@@ -127,7 +127,7 @@ void kcd_resp_c_hello(kcd_resp_ctx *x) {
   long long ver = x->c->resp3 ? 3 : 2;
   if (x->argc >= 2 && kcd_resp_ll(ARG(1), &ver))
     return kcd_resp_error(x->out, "ERR Protocol version is not an integer or "
-                          "out of range");
+                                  "out of range");
   if (ver != 2 && ver != 3)
     return kcd_resp_error(x->out, "NOPROTO unsupported protocol version");
   size_t auth = 0, setname = 0;
@@ -138,7 +138,8 @@ void kcd_resp_c_hello(kcd_resp_ctx *x) {
       i += 2;
     } else if (kcd_resp_is(ARG(i), "setname") && more) {
       if (!name_ok(ARG(i + 1)))
-        return kcd_resp_error(x->out, "ERR Client names cannot contain "
+        return kcd_resp_error(x->out,
+                              "ERR Client names cannot contain "
                               "spaces, newlines or special characters.");
       setname = ++i;
     } else {
@@ -151,7 +152,8 @@ void kcd_resp_c_hello(kcd_resp_ctx *x) {
     return;
   kcd_resp_conn *c = x->c;
   if (!c->authed && c->role == KCD_ROLE_NONE && kcd_auth_enabled(&x->st->auth))
-    return kcd_resp_error(x->out, "NOAUTH HELLO must be called with the client "
+    return kcd_resp_error(x->out,
+                          "NOAUTH HELLO must be called with the client "
                           "already authenticated, otherwise the HELLO <proto> "
                           "AUTH <user> <pass> option can be used to "
                           "authenticate the client and select the RESP "
@@ -167,7 +169,8 @@ void kcd_resp_c_hello(kcd_resp_ctx *x) {
 static int sub_arity(kcd_resp_ctx *x, const char *sub, size_t lo, size_t hi) {
   if (x->argc >= lo && x->argc <= hi)
     return 0;
-  kcd_resp_errorf(x->out, "ERR wrong number of arguments for '%s' command", sub);
+  kcd_resp_errorf(x->out, "ERR wrong number of arguments for '%s' command",
+                  sub);
   return -1;
 }
 
@@ -182,8 +185,9 @@ static void client_info(kcd_resp_ctx *x) {
                    (unsigned long long)x->c->id, x->c->name ? x->c->name : "",
                    x->c->authed ? x->c->user : "default", x->c->resp3 ? 3 : 2);
   kcd_resp_verbatim(x->out, line,
-                    n < 0 ? 0 : (size_t)n < sizeof line ? (size_t)n
-                                                        : sizeof line - 1,
+                    n < 0                     ? 0
+                    : (size_t)n < sizeof line ? (size_t)n
+                                              : sizeof line - 1,
                     x->c->resp3);
 }
 
@@ -194,7 +198,7 @@ void kcd_resp_c_client(kcd_resp_ctx *x) {
       return;
     if (!name_ok(ARG(2)))
       return kcd_resp_error(x->out, "ERR Client names cannot contain spaces, "
-                            "newlines or special characters.");
+                                    "newlines or special characters.");
     set_name(c, ARG(2));
     kcd_resp_simple(x->out, "OK");
   } else if (kcd_resp_is(ARG(1), "getname")) {
@@ -244,10 +248,12 @@ static void config_get(kcd_resp_ctx *x) {
            (unsigned long long)x->st->cfg.resp_max_bytes);
   snprintf(maxbulk, sizeof maxbulk, "%llu",
            (unsigned long long)x->st->cfg.resp_max_value);
-  const char *params[][2] = {
-      {"save", ""},          {"appendonly", "no"}, {"databases", "1"},
-      {"maxmemory", maxmem}, {"proto-max-bulk-len", maxbulk},
-      {"maxclients", "10000"}};
+  const char *params[][2] = {{"save", ""},
+                             {"appendonly", "no"},
+                             {"databases", "1"},
+                             {"maxmemory", maxmem},
+                             {"proto-max-bulk-len", maxbulk},
+                             {"maxclients", "10000"}};
   size_t np = sizeof params / sizeof params[0], hits = 0;
   int hit[sizeof params / sizeof params[0]] = {0};
   for (size_t p = 0; p < np; p++)
@@ -272,7 +278,7 @@ void kcd_resp_c_config(kcd_resp_ctx *x) {
     kcd_resp_simple(x->out, "OK");
   } else if (kcd_resp_is(ARG(1), "set")) {
     kcd_resp_error(x->out, "ERR CONFIG SET is not supported: kcached is "
-                   "configured by its flags");
+                           "configured by its flags");
   } else {
     unknown_sub(x, "CONFIG");
   }

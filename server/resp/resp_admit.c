@@ -22,8 +22,8 @@
 #include "resp.h"
 
 const char *const kcd_resp_why_names[KCD_WHY_N] = {
-    "max_connections", "per_ip", "http", "not_resp",
-    "token_revoked", "idle", "output_stalled", "output_limit"};
+    "max_connections", "per_ip", "http",           "not_resp",
+    "token_revoked",   "idle",   "output_stalled", "output_limit"};
 
 /* ---- admission ---- */
 
@@ -88,8 +88,8 @@ static int is_letter(char ch) {
 
 kcd_resp_sniff_res kcd_resp_sniff(const char *buf, size_t len) {
   size_t i = 0;
-  while (i < len && (buf[i] == '\r' || buf[i] == '\n' || buf[i] == ' ' ||
-                     buf[i] == '\t'))
+  while (i < len &&
+         (buf[i] == '\r' || buf[i] == '\n' || buf[i] == ' ' || buf[i] == '\t'))
     i++;
   if (i == len)
     return KCD_SNIFF_MORE;

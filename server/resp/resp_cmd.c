@@ -121,8 +121,8 @@ void kcd_resp_err_unknown(kcd_resp_ctx *x) {
   for (size_t i = 1; i < x->argc && used < 128; i++) {
     int room = 128 - (int)used;
     int take = x->lens[i] < (size_t)room ? (int)x->lens[i] : room;
-    int n = snprintf(args + used, sizeof args - used, "'%.*s' ", take,
-                     x->argv[i]);
+    int n =
+        snprintf(args + used, sizeof args - used, "'%.*s' ", take, x->argv[i]);
     if (n < 0)
       break;
     used += (size_t)n < sizeof args - used ? (size_t)n : sizeof args - used - 1;
@@ -130,8 +130,10 @@ void kcd_resp_err_unknown(kcd_resp_ctx *x) {
     used = strlen(args);
   }
   int nl = x->lens[0] < 128 ? (int)x->lens[0] : 128;
-  kcd_resp_errorf(x->out, "ERR unknown command '%.*s', with args beginning "
-                  "with: %s", nl, x->argv[0], args);
+  kcd_resp_errorf(x->out,
+                  "ERR unknown command '%.*s', with args beginning "
+                  "with: %s",
+                  nl, x->argv[0], args);
 }
 
 /* ---- access for handlers ---- */
@@ -189,8 +191,10 @@ static int check(kcd_resp_ctx *x, const kcd_resp_cmd *cmd) {
   } else if (needs_auth(c) && !(cmd->flags & KCD_CF_NOAUTH)) {
     kcd_resp_error(x->out, "NOAUTH Authentication required.");
   } else if (cmd->role > c->role) {
-    kcd_resp_errorf(x->out, "NOPERM this user has no permissions to run the "
-                    "'%s' command", cmd->name);
+    kcd_resp_errorf(x->out,
+                    "NOPERM this user has no permissions to run the "
+                    "'%s' command",
+                    cmd->name);
   } else {
     return 0;
   }
@@ -243,7 +247,8 @@ static void over_budget(kcd_resp_ctx *x, kcd_resp_buf *b, size_t b0,
                         const kcd_resp_cmd *cmd) {
   b->len = b0;
   b->over = 0;
-  kcd_resp_errorf(b, "ERR the reply of '%s' would pass the output limit "
+  kcd_resp_errorf(b,
+                  "ERR the reply of '%s' would pass the output limit "
                   "(--resp-output-limit, --resp-output-total): read the "
                   "replies sent, or ask for fewer keys at once",
                   cmd ? cmd->name : "?");
@@ -357,7 +362,7 @@ void kcd_resp_c_exec(kcd_resp_ctx *x) {
   if (c->multi_dirty) {
     discard(c);
     return kcd_resp_error(x->out, "EXECABORT Transaction discarded because "
-                          "of previous errors.");
+                                  "of previous errors.");
   }
   kcd_resp_job *j = kcd_resp_job_of(x);
   if (!j)

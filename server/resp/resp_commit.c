@@ -14,7 +14,8 @@
 
 #define BATCH_OPS 20000 /* ops of one apply (jobs are never split) */
 #ifndef GATHER_US
-#define GATHER_US 200 /* longest wait for the last batch's writers to return */
+/* longest wait for the last batch's writers to return */
+#define GATHER_US 200
 #endif
 
 /* ---- the committer ---- */

@@ -13,8 +13,8 @@
 /* The family of a key: its length before ':', or -1 for "other" (no ':',
  * empty, too long, or bytes a Prometheus label should not carry). */
 static long family_len(const char *k, size_t klen) {
-  const char *colon = memchr(k, ':', klen < KCD_RESP_FAMILY_MAX
-                                         ? klen : KCD_RESP_FAMILY_MAX);
+  const char *colon =
+      memchr(k, ':', klen < KCD_RESP_FAMILY_MAX ? klen : KCD_RESP_FAMILY_MAX);
   if (!colon || colon == k)
     return -1;
   for (const char *p = k; p < colon; p++)

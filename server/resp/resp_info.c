@@ -21,7 +21,8 @@ static void linef(kcd_resp_buf *b, const char *fmt, ...) {
   int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
   va_end(ap);
   if (n > 0)
-    kcd_resp_buf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    kcd_resp_buf_add(b, tmp,
+                     (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
   kcd_resp_buf_add(b, "\r\n", 2);
 }
 
@@ -85,7 +86,8 @@ static void sec_stats(const kc_store_stats *s, kcd_resp_ctx *x,
         (unsigned long long)atomic_load(&r->bytes_in));
   linef(b, "total_net_output_bytes:%llu",
         (unsigned long long)atomic_load(&r->bytes_out));
-  linef(b, "kcached_commits:%llu", (unsigned long long)atomic_load(&r->commits));
+  linef(b, "kcached_commits:%llu",
+        (unsigned long long)atomic_load(&r->commits));
   linef(b, "kcached_committed_ops:%llu",
         (unsigned long long)atomic_load(&r->committed_ops));
 }
@@ -156,20 +158,21 @@ uint64_t kcd_resp_commands(kcd_resp *r) {
   return r ? atomic_load(&r->commands_total) : 0;
 }
 
-static void counter(FILE *f, const char *name, const char *help,
-                    uint64_t v) {
+static void counter(FILE *f, const char *name, const char *help, uint64_t v) {
   fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
           name, (unsigned long long)v);
 }
 
 static void render_commands(FILE *f, kcd_resp *r) {
-  fprintf(f, "# HELP kcached_resp_commands_total RESP commands by command and "
+  fprintf(f,
+          "# HELP kcached_resp_commands_total RESP commands by command and "
           "result (error: an error reply, a failed commit included).\n# TYPE "
           "kcached_resp_commands_total counter\n");
   for (size_t i = 0; i <= kcd_resp_cmd_count(); i++) {
     const kcd_resp_cmd *c = kcd_resp_cmd_at(i);
     const char *name = c ? c->name : "unknown";
-    fprintf(f, "kcached_resp_commands_total{cmd=\"%s\",result=\"ok\"} %llu\n"
+    fprintf(f,
+            "kcached_resp_commands_total{cmd=\"%s\",result=\"ok\"} %llu\n"
             "kcached_resp_commands_total{cmd=\"%s\",result=\"error\"} %llu\n",
             name, (unsigned long long)atomic_load(&r->cmd_ok[i]), name,
             (unsigned long long)atomic_load(&r->cmd_err[i]));
@@ -182,15 +185,16 @@ static void family_line(const char *name, size_t len, uint64_t hits,
   FILE *f = ud;
   int n = name ? (int)len : 5;
   const char *s = name ? name : "other";
-  fprintf(f, "kcached_resp_key_reads_total{family=\"%.*s\",result=\"hit\"} "
+  fprintf(f,
+          "kcached_resp_key_reads_total{family=\"%.*s\",result=\"hit\"} "
           "%llu\nkcached_resp_key_reads_total{family=\"%.*s\",result=\"miss\"}"
-          " %llu\n", n, s, (unsigned long long)hits, n, s,
-          (unsigned long long)misses);
+          " %llu\n",
+          n, s, (unsigned long long)hits, n, s, (unsigned long long)misses);
 }
 
 static void render_batches(FILE *f, kcd_resp *r) {
   fprintf(f, "# HELP kcached_resp_commit_batch_ops Write ops per group commit."
-          "\n# TYPE kcached_resp_commit_batch_ops histogram\n");
+             "\n# TYPE kcached_resp_commit_batch_ops histogram\n");
   uint64_t cum = 0;
   for (int i = 0; i <= KCD_RESP_BATCH_BUCKETS; i++) {
     cum += atomic_load(&r->batch_bucket[i]);
@@ -201,7 +205,8 @@ static void render_batches(FILE *f, kcd_resp *r) {
       fprintf(f, "kcached_resp_commit_batch_ops_bucket{le=\"+Inf\"} %llu\n",
               (unsigned long long)cum);
   }
-  fprintf(f, "kcached_resp_commit_batch_ops_sum %llu\n"
+  fprintf(f,
+          "kcached_resp_commit_batch_ops_sum %llu\n"
           "kcached_resp_commit_batch_ops_count %llu\n",
           (unsigned long long)atomic_load(&r->batch_sum),
           (unsigned long long)cum);
@@ -214,12 +219,14 @@ void kcd_resp_metrics_render(kcd_state *st, void *fp) {
     return;
   render_commands(f, r);
   fprintf(f, "# HELP kcached_resp_key_reads_total RESP value reads (GET, MGET)"
-          " by key family (the prefix before the first ':') and result.\n"
-          "# TYPE kcached_resp_key_reads_total counter\n");
+             " by key family (the prefix before the first ':') and result.\n"
+             "# TYPE kcached_resp_key_reads_total counter\n");
   kcd_resp_family_each(&r->families, family_line, f);
-  fprintf(f, "# HELP kcached_resp_connections RESP connections open.\n"
+  fprintf(f,
+          "# HELP kcached_resp_connections RESP connections open.\n"
           "# TYPE kcached_resp_connections gauge\nkcached_resp_connections "
-          "%zu\n", kcd_resp_clients(r));
+          "%zu\n",
+          kcd_resp_clients(r));
   counter(f, "kcached_resp_connections_total", "RESP connections accepted.",
           atomic_load(&r->conns_total));
   counter(f, "kcached_resp_tls_handshake_failures_total",
@@ -231,8 +238,10 @@ void kcd_resp_metrics_render(kcd_state *st, void *fp) {
   counter(f, "kcached_resp_sent_bytes_total",
           "RESP bytes written to clients (before TLS).",
           atomic_load(&r->bytes_out));
-  counter(f, "kcached_resp_commits_total", "Group commits of RESP writes "
-          "(one LMDB transaction each).", atomic_load(&r->commits));
+  counter(f, "kcached_resp_commits_total",
+          "Group commits of RESP writes "
+          "(one LMDB transaction each).",
+          atomic_load(&r->commits));
   counter(f, "kcached_resp_commit_errors_total",
           "Group commits that failed (every write of them replied an error).",
           atomic_load(&r->commit_errors));
@@ -241,8 +250,8 @@ void kcd_resp_metrics_render(kcd_state *st, void *fp) {
           atomic_load(&r->committed_ops));
   render_batches(f, r);
   fprintf(f, "# HELP kcached_resp_refused_total RESP connections refused or "
-          "closed by a rule, by reason.\n# TYPE kcached_resp_refused_total "
-          "counter\n");
+             "closed by a rule, by reason.\n# TYPE kcached_resp_refused_total "
+             "counter\n");
   for (int i = 0; i < KCD_WHY_N; i++)
     fprintf(f, "kcached_resp_refused_total{reason=\"%s\"} %llu\n",
             kcd_resp_why_names[i],

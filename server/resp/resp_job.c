@@ -65,9 +65,9 @@ int kcd_resp_job_item(kcd_resp_job *j, kcd_resp_rk kind, size_t first) {
   }
   size_t end = kind == KCD_RK_PRE ? j->pre.len : j->nops;
   kcd_resp_conn *c = j->conn;
-  j->items[j->nitems++] = (kcd_resp_item){
-      kind, first, end - first, c ? c->resp3 : 0,
-      c && kind != KCD_RK_PRE ? c->cur_cmd : 0};
+  j->items[j->nitems++] =
+      (kcd_resp_item){kind, first, end - first, c ? c->resp3 : 0,
+                      c && kind != KCD_RK_PRE ? c->cur_cmd : 0};
   return 0;
 }
 
@@ -148,8 +148,7 @@ static void count_reply(const kcd_resp_job *j, const kcd_resp_item *it,
     return;
   kcd_resp *r = j->conn->srv;
   int err = out->len > before && out->p[before] == '-';
-  atomic_fetch_add(err ? &r->cmd_err[it->cmd - 1] : &r->cmd_ok[it->cmd - 1],
-                   1);
+  atomic_fetch_add(err ? &r->cmd_err[it->cmd - 1] : &r->cmd_ok[it->cmd - 1], 1);
 }
 
 /* The SETs of a committed item, under kcached_ops_total's op="set" (the
@@ -157,8 +156,8 @@ static void count_reply(const kcd_resp_job *j, const kcd_resp_item *it,
 static void count_sets(const kcd_resp_job *j, const kcd_resp_item *it) {
   if (it->kind == KCD_RK_PRE || !j->conn)
     return;
-  kcd_svc_kv_sets_done(j->conn->srv->st, KCD_FE_RESP, j->ops + it->first,
-                       it->n, j->err);
+  kcd_svc_kv_sets_done(j->conn->srv->st, KCD_FE_RESP, j->ops + it->first, it->n,
+                       j->err);
 }
 
 void kcd_resp_job_reply(kcd_resp_job *j, kcd_resp_buf *out) {

@@ -7,8 +7,8 @@
 
 #define SCAN_COUNT_MAX 100000 /* one SCAN visits at most 10x this */
 #define KEYS_STEP 1000
-#define PATTERN_STARS 16    /* '*' runs a KEYS/SCAN pattern may hold */
-#define PATTERN_MAX 1024    /* and its bytes */
+#define PATTERN_STARS 16 /* '*' runs a KEYS/SCAN pattern may hold */
+#define PATTERN_MAX 1024 /* and its bytes */
 
 /* A pattern's cost per key grows with its '*' runs (each may retry the
  * rest of the pattern at every later byte): KEYS with a crafted one froze
@@ -24,8 +24,10 @@ static int pattern_ok(kcd_resp_ctx *x, const char *p, size_t n) {
   }
   if (n <= PATTERN_MAX && stars <= PATTERN_STARS)
     return 0;
-  kcd_resp_errorf(x->out, "ERR pattern too complex: at most %d '*' runs "
-                  "and %d bytes", PATTERN_STARS, PATTERN_MAX);
+  kcd_resp_errorf(x->out,
+                  "ERR pattern too complex: at most %d '*' runs "
+                  "and %d bytes",
+                  PATTERN_STARS, PATTERN_MAX);
   return -1;
 }
 
@@ -33,7 +35,10 @@ static int pattern_ok(kcd_resp_ctx *x, const char *p, size_t n) {
 
 /* NX XX GT LT after the time; -1 with Redis's error written. */
 static int expire_flags(kcd_resp_ctx *x, int *flags) {
-  static const struct { const char *w; int f; } words[] = {
+  static const struct {
+    const char *w;
+    int f;
+  } words[] = {
       {"nx", KC_KV_NX}, {"xx", KC_KV_XX}, {"gt", KC_KV_GT}, {"lt", KC_KV_LT}};
   *flags = 0;
   for (size_t i = 3; i < x->argc; i++) {
@@ -49,7 +54,7 @@ static int expire_flags(kcd_resp_ctx *x, int *flags) {
   }
   if ((*flags & KC_KV_NX) && (*flags & (KC_KV_XX | KC_KV_GT | KC_KV_LT))) {
     kcd_resp_error(x->out, "ERR NX and XX, GT or LT options at the same time "
-                   "are not compatible");
+                           "are not compatible");
     return -1;
   }
   if ((*flags & KC_KV_GT) && (*flags & KC_KV_LT)) {
@@ -105,7 +110,8 @@ static int parse_cursor(const char *s, size_t n, uint64_t *out) {
   if (n == 0 || n > 20)
     return -1;
   for (size_t i = 0; i < n; i++) {
-    if (s[i] < '0' || s[i] > '9' || v > (UINT64_MAX - (uint64_t)(s[i] - '0')) / 10)
+    if (s[i] < '0' || s[i] > '9' ||
+        v > (UINT64_MAX - (uint64_t)(s[i] - '0')) / 10)
       return -1;
     v = v * 10 + (uint64_t)(s[i] - '0');
   }
@@ -158,10 +164,10 @@ void kcd_resp_c_scan(kcd_resp_ctx *x) {
     a.count = SCAN_COUNT_MAX;
   found f = {.max = (size_t)a.count};
   uint64_t next = 0;
-  kc_err e = a.other_type ? KC_OK
-                          : kc_store_kv_scan(s, a.cursor, a.pat, a.plen,
-                                             (size_t)a.count, x->now_ms,
-                                             collect, &f, &next);
+  kc_err e = a.other_type
+                 ? KC_OK
+                 : kc_store_kv_scan(s, a.cursor, a.pat, a.plen, (size_t)a.count,
+                                    x->now_ms, collect, &f, &next);
   if (e || f.keys.oom) {
     kcd_resp_store_err(x->out, e ? e : KC_NOMEM, NULL);
   } else {
@@ -207,4 +213,3 @@ void kcd_resp_c_keys(kcd_resp_ctx *x) {
   }
   kcd_resp_buf_free(&f.keys);
 }
-

@@ -11,7 +11,6 @@
 
 #include "resp.h"
 
-
 static int key_ok(size_t len) { return len >= 1 && len <= KC_KV_KEY_MAX; }
 
 /* A write's key: an error reply when the store cannot hold it. */
@@ -24,7 +23,8 @@ static int write_key_ok(kcd_resp_ctx *x, size_t i) {
 
 void kcd_resp_store_err(kcd_resp_buf *b, kc_err e, const char *msg) {
   if (e == KC_STORE_FULL)
-    kcd_resp_error(b, "OOM command not allowed when used memory > 'maxmemory'.");
+    kcd_resp_error(b,
+                   "OOM command not allowed when used memory > 'maxmemory'.");
   else if (e == KC_NOT_READY)
     kcd_resp_error(b, "LOADING the store is not open yet");
   else
@@ -100,8 +100,8 @@ static int ref_value(kcd_resp_ctx *x, const kc_store_kv_val *v) {
   if (kcd_resp_buf_reserve(b, n + v->len + 2))
     return 0; /* reply_value meets the same limit and says so */
   kcd_resp_buf_add(b, head, n);
-  c->refs[c->nrefs++] = (kcd_resp_ref){.off = b->len, .len = v->len,
-                                       .p = v->data};
+  c->refs[c->nrefs++] =
+      (kcd_resp_ref){.off = b->len, .len = v->len, .p = v->data};
   b->len += v->len;
   kcd_resp_buf_add(b, "\r\n", 2);
   return 1;
@@ -148,9 +148,8 @@ static int mget_fetch(kcd_resp_ctx *x) {
   for (size_t i = 1; i < x->argc && x->st->s3; i++) {
     uint64_t size;
     int64_t exp;
-    if (!key_ok(x->lens[i]) ||
-        kc_store_kv_meta(x->c->rd, ARG(i), x->now_ms, &size, &exp) !=
-            KC_NOT_FOUND)
+    if (!key_ok(x->lens[i]) || kc_store_kv_meta(x->c->rd, ARG(i), x->now_ms,
+                                                &size, &exp) != KC_NOT_FOUND)
       continue;
     if (!kcd_resp_fetch_key(x, ARG(i)))
       break; /* inside EXEC, or fetched already */
@@ -254,7 +253,8 @@ int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
     v += base;
   if (bad || (positive && v <= 0))
     return kcd_resp_errorf(x->out, "ERR invalid expire time in '%s' command",
-                           cmd), -1;
+                           cmd),
+           -1;
   *out = v;
   return 0;
 }
@@ -293,9 +293,12 @@ static int set_settled(kcd_resp_ctx *x, kc_store_kv_op *o, kcd_resp_rk rk) {
 /* Adds a SET op and its reply item (or replies at once: set_settled). */
 static void add_set(kcd_resp_ctx *x, int flags, int64_t exp, kcd_resp_rk rk,
                     size_t ki) {
-  kc_store_kv_op op = {.op = KC_KV_SET, .key = x->argv[ki],
-                       .klen = x->lens[ki], .val = x->argv[ki + 1],
-                       .vlen = x->lens[ki + 1], .flags = flags,
+  kc_store_kv_op op = {.op = KC_KV_SET,
+                       .key = x->argv[ki],
+                       .klen = x->lens[ki],
+                       .val = x->argv[ki + 1],
+                       .vlen = x->lens[ki + 1],
+                       .flags = flags,
                        .expire_ms = exp};
   if (set_settled(x, &op, rk))
     return;
@@ -320,8 +323,10 @@ static int set_opt(kcd_resp_ctx *x, size_t *i, int *f, size_t *ti) {
   const char *a = x->argv[*i];
   size_t n = x->lens[*i];
   int more = *i + 1 < x->argc;
-  static const struct { const char *w; int bit; } times[] = {
-      {"ex", O_EX}, {"px", O_PX}, {"exat", O_EXAT}, {"pxat", O_PXAT}};
+  static const struct {
+    const char *w;
+    int bit;
+  } times[] = {{"ex", O_EX}, {"px", O_PX}, {"exat", O_EXAT}, {"pxat", O_PXAT}};
   if (kcd_resp_is(a, n, "nx") && !(*f & KC_KV_XX))
     return *f |= KC_KV_NX, 0;
   if (kcd_resp_is(a, n, "xx") && !(*f & KC_KV_NX))
@@ -357,14 +362,15 @@ void kcd_resp_c_set(kcd_resp_ctx *x) {
   }
   if (!write_key_ok(x, 1))
     return;
-  add_set(x, f & ~O_TIME, exp,
-          (f & KC_KV_GET) ? KCD_RK_SET_GET : KCD_RK_SET, 1);
+  add_set(x, f & ~O_TIME, exp, (f & KC_KV_GET) ? KCD_RK_SET_GET : KCD_RK_SET,
+          1);
 }
 
 /* SETEX/PSETEX key time value: the value moves to argv[3]. */
 static void setex(kcd_resp_ctx *x, int secs, const char *cmd) {
   int64_t exp;
-  if (kcd_resp_expire_at(x, 2, secs, x->now_ms, 1, cmd, &exp) || !write_key_ok(x, 1))
+  if (kcd_resp_expire_at(x, 2, secs, x->now_ms, 1, cmd, &exp) ||
+      !write_key_ok(x, 1))
     return;
   kcd_resp_job *j = kcd_resp_job_of(x);
   if (!j)
@@ -425,7 +431,9 @@ void kcd_resp_c_mset(kcd_resp_ctx *x) {
   add_ops(x, KC_KV_SET, 1, 2, KCD_RK_OK);
 }
 
-void kcd_resp_c_del(kcd_resp_ctx *x) { add_ops(x, KC_KV_DEL, 1, 1, KCD_RK_SUM); }
+void kcd_resp_c_del(kcd_resp_ctx *x) {
+  add_ops(x, KC_KV_DEL, 1, 1, KCD_RK_SUM);
+}
 
 void kcd_resp_c_persist(kcd_resp_ctx *x) {
   add_ops(x, KC_KV_PERSIST, 1, 1, KCD_RK_SUM);

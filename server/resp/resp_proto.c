@@ -15,7 +15,7 @@
 
 #include "resp.h"
 
-#define UNAUTH_MAX_ARGS 10      /* Redis's limits before AUTH */
+#define UNAUTH_MAX_ARGS 10 /* Redis's limits before AUTH */
 #define UNAUTH_MAX_BULK 16384
 
 /* ---- buffers ---- */
@@ -82,7 +82,8 @@ static void add_str(kcd_resp_buf *b, const char *s) {
 static void add_line(kcd_resp_buf *b, char type, long long v) {
   char tmp[32];
   size_t n = sizeof tmp;
-  unsigned long long u = v < 0 ? 0 - (unsigned long long)v : (unsigned long long)v;
+  unsigned long long u =
+      v < 0 ? 0 - (unsigned long long)v : (unsigned long long)v;
   tmp[--n] = '\n';
   tmp[--n] = '\r';
   do
@@ -189,7 +190,8 @@ int kcd_resp_ll(const char *s, size_t n, long long *out) {
       return -1;
     v = v * 10 + d;
   }
-  if (neg ? v > (unsigned long long)INT64_MAX + 1 : v > (unsigned long long)INT64_MAX)
+  if (neg ? v > (unsigned long long)INT64_MAX + 1
+          : v > (unsigned long long)INT64_MAX)
     return -1;
   *out = neg ? (long long)(0 - v) : (long long)v;
   return 0;
@@ -287,8 +289,7 @@ static kcd_resp_res mb_bulk_len(kcd_resp_parser *p, const char *buf,
   return KCD_RESP_CMD;
 }
 
-static kcd_resp_res multibulk(kcd_resp_parser *p, const char *buf,
-                              size_t len) {
+static kcd_resp_res multibulk(kcd_resp_parser *p, const char *buf, size_t len) {
   while (p->nleft > 0) {
     if (p->pos >= len)
       return KCD_RESP_MORE;
@@ -325,12 +326,18 @@ static char dq_escape(const char *s, size_t end, size_t *r) {
   }
   *r = i + 2;
   switch (s[i + 1]) {
-  case 'n': return '\n';
-  case 'r': return '\r';
-  case 't': return '\t';
-  case 'b': return '\b';
-  case 'a': return '\a';
-  default: return s[i + 1];
+  case 'n':
+    return '\n';
+  case 'r':
+    return '\r';
+  case 't':
+    return '\t';
+  case 'b':
+    return '\b';
+  case 'a':
+    return '\a';
+  default:
+    return s[i + 1];
   }
 }
 
@@ -382,8 +389,9 @@ static kcd_resp_res inline_cmd(kcd_resp_parser *p, char *buf, size_t len) {
   p->inl = 1;
   const char *nl = memchr(buf + p->pos, '\n', len - p->pos);
   if (!nl)
-    return len - p->pos > KCD_RESP_INLINE_MAX ? fail(p, "too big inline request")
-                                              : KCD_RESP_MORE;
+    return len - p->pos > KCD_RESP_INLINE_MAX
+               ? fail(p, "too big inline request")
+               : KCD_RESP_MORE;
   size_t end = (size_t)(nl - buf), next = end + 1;
   if (end > p->pos && buf[end - 1] == '\r')
     end--;

@@ -56,11 +56,11 @@ typedef struct kcs3 kcs3;
 #define KCS3_KEY_MAX 1024
 
 typedef struct kcs3_opts {
-  const char *endpoint;   /* "http://127.0.0.1:7480", "https://s3.amazonaws.com";
-                             no path for virtual-host style */
-  const char *bucket;     /* 3..63 bytes */
-  const char *region;     /* SigV4 scope; NULL: "us-east-1" */
-  int path_style;         /* 1: ENDPOINT/BUCKET/KEY; 0: BUCKET.HOST/KEY */
+  const char *endpoint; /* "http://127.0.0.1:7480", "https://s3.amazonaws.com";
+                           no path for virtual-host style */
+  const char *bucket;   /* 3..63 bytes */
+  const char *region;   /* SigV4 scope; NULL: "us-east-1" */
+  int path_style;       /* 1: ENDPOINT/BUCKET/KEY; 0: BUCKET.HOST/KEY */
   /* Credentials, filled by the caller (kcached reads AWS_ACCESS_KEY_ID and
    * AWS_SECRET_ACCESS_KEY); copied by kcs3_open, wiped by kcs3_close. */
   const char *access_key;
@@ -99,21 +99,21 @@ void kcs3_forget_answer(kcs3 *c);
  * any bytes are encoded for the URL here. ---- */
 
 typedef struct kcs3_put_opts {
-  int if_none_match;       /* 1: If-None-Match: * (create only): KC_CONFLICT
-                              when the key exists. Write-once and leases
-                              across replicas rest on this. */
-  const char *if_match;    /* non-NULL: If-Match: this ETag, quoted or not
-                              (replace only that version): KC_CONFLICT when
-                              it changed */
-  const char *sha256_hex;  /* non-NULL: the body's SHA-256 (64 hex) when the
-                              caller knows it (a blob's digest): not hashed
-                              again, and S3 checks the bytes against it */
-  int unsigned_payload;    /* 1: send x-amz-content-sha256: UNSIGNED-PAYLOAD
-                              (no hashing of a big body whose digest is not
-                              known; TLS still protects it on the way) */
+  int if_none_match;        /* 1: If-None-Match: * (create only): KC_CONFLICT
+                               when the key exists. Write-once and leases
+                               across replicas rest on this. */
+  const char *if_match;     /* non-NULL: If-Match: this ETag, quoted or not
+                               (replace only that version): KC_CONFLICT when
+                               it changed */
+  const char *sha256_hex;   /* non-NULL: the body's SHA-256 (64 hex) when the
+                               caller knows it (a blob's digest): not hashed
+                               again, and S3 checks the bytes against it */
+  int unsigned_payload;     /* 1: send x-amz-content-sha256: UNSIGNED-PAYLOAD
+                               (no hashing of a big body whose digest is not
+                               known; TLS still protects it on the way) */
   const char *content_type; /* NULL: application/octet-stream */
-  const char *encoding;    /* non-NULL: x-amz-meta-kcache-encoding: this
-                              (a blob held compressed: "zstd") */
+  const char *encoding;     /* non-NULL: x-amz-meta-kcache-encoding: this
+                               (a blob held compressed: "zstd") */
 } kcs3_put_opts;
 
 /* PUT len bytes from data (len may be 0). popts may be NULL (unconditional).

@@ -85,8 +85,8 @@ kc_err kcs_kv_delete_obj(kcs_tier *t, const char *hex, char *err) {
 
 /* Parses an object into rec; KC_NOT_FOUND when it is not this key's (or
  * cannot be read by this version). */
-static kc_err parse(const char *data, size_t len, const void *key,
-                    size_t klen, kcs_kv_rec *rec) {
+static kc_err parse(const char *data, size_t len, const void *key, size_t klen,
+                    kcs_kv_rec *rec) {
   const char *nl;
   size_t m = sizeof KV_MAGIC - 1;
   if (len < m || memcmp(data, KV_MAGIC, m) != 0 ||
@@ -121,9 +121,10 @@ static kc_err get_rec(kcs_tier *t, const char *hex, const void *key,
   void *data = NULL;
   size_t len = 0;
   uint64_t t0 = kc_clock_mono_us();
-  kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, KV_HEAD_MAX + klen +
-                                                    sizeof KV_MAGIC,
-                                           &data, &len, NULL, err));
+  kc_err e =
+      kcs_tier_done(t, t0,
+                    kcs3_get(h, obj, KV_HEAD_MAX + klen + sizeof KV_MAGIC,
+                             &data, &len, NULL, err));
   kcs_tier_put_handle(t, h);
   if (e == KC_TOO_LARGE)
     e = KC_NOT_FOUND;
@@ -167,7 +168,8 @@ kc_err kc_store_kv_fetch(kc_store *s, const void *key, size_t klen,
                    KC_KV_KEY_MAX);
   if (kcs_mono_ms() < atomic_load(&t->down_until_ms)) {
     atomic_fetch_add(&t->rt_error, 1);
-    return kc_errf(err, KC_UNAVAILABLE, "S3 cannot be reached (retrying in "
+    return kc_errf(err, KC_UNAVAILABLE,
+                   "S3 cannot be reached (retrying in "
                    "the background)");
   }
   fill_ctx c = {.hex = hex, .key = key};

@@ -23,14 +23,14 @@
 #define KCS3_TEXT_MAX 4096
 
 struct kcs3 {
-  CURL *h;           /* one handle: its connection cache is the reuse */
-  char *base;        /* "http://host:port/bucket" or "https://bucket.host" */
+  CURL *h;    /* one handle: its connection cache is the reuse */
+  char *base; /* "http://host:port/bucket" or "https://bucket.host" */
   char *bucket;
   char *region;
   char *access_key;
-  char *secret_key;  /* wiped by kcs3_close */
-  char *token;       /* may be NULL; wiped too */
-  char sigv4[96];    /* "aws:amz:REGION:s3" */
+  char *secret_key; /* wiped by kcs3_close */
+  char *token;      /* may be NULL; wiped too */
+  char sigv4[96];   /* "aws:amz:REGION:s3" */
   long connect_ms, timeout_ms;
   unsigned list_max_keys;
   const _Atomic int *abort_flag;
@@ -40,9 +40,7 @@ struct kcs3 {
 
 /* ---- small helpers ---- */
 
-static char *dupstr(const char *s) {
-  return s ? strdup(s) : NULL;
-}
+static char *dupstr(const char *s) { return s ? strdup(s) : NULL; }
 
 static void wipe_free(char *s) {
   if (s) {
@@ -87,9 +85,9 @@ static int header_safe(const char *v) {
 typedef struct kcs3_buf {
   char *p;
   size_t len, cap, max;
-  int over;       /* the body passed max: aborted on purpose */
-  int checked;    /* status and length looked at (first write) */
-  int failed;     /* the answer is an error status: buffer its body */
+  int over;    /* the body passed max: aborted on purpose */
+  int checked; /* status and length looked at (first write) */
+  int failed;  /* the answer is an error status: buffer its body */
   CURL *h;
   kcs3_sink sink; /* non-NULL: a success body goes here, not into p */
   void *sink_ud;
@@ -244,12 +242,12 @@ struct kcs3_xml {
   XML_Parser p;
   int depth;
   char root[64];
-  char parent[64];    /* local name of the element at depth - 1 */
-  char stack[8][64];  /* local names by depth (deeper ones not kept) */
+  char parent[64];   /* local name of the element at depth - 1 */
+  char stack[8][64]; /* local names by depth (deeper ones not kept) */
   char text[KCS3_TEXT_MAX + 1];
   size_t tlen;
-  const char *bad;    /* why parsing stopped, if it was our choice */
-  int stopped;        /* the callback asked to stop: not an error */
+  const char *bad; /* why parsing stopped, if it was our choice */
+  int stopped;     /* the callback asked to stop: not an error */
   xml_end_fn on_end;
   void *ud;
 };
@@ -388,17 +386,17 @@ static void parse_error_body(const kcs3_buf *b, s3_error *e) {
 /* ---- one request ---- */
 
 typedef struct kcs3_req {
-  const char *op;          /* for messages: "PUT", "LIST", ... */
-  const char *method;      /* "GET", "PUT", "HEAD", "DELETE" */
-  const char *key;         /* NULL: the bucket itself */
-  const char *query;       /* canonical (sorted, encoded), or NULL */
-  const void *body;        /* PUT only */
+  const char *op;     /* for messages: "PUT", "LIST", ... */
+  const char *method; /* "GET", "PUT", "HEAD", "DELETE" */
+  const char *key;    /* NULL: the bucket itself */
+  const char *query;  /* canonical (sorted, encoded), or NULL */
+  const void *body;   /* PUT only */
   size_t body_len;
   const char *payload_sha; /* 64 hex of the body; NULL: hashed here */
   const char *if_none_match, *if_match, *content_type;
-  const char *encoding;    /* x-amz-meta-kcache-encoding, or NULL */
-  size_t max_body;         /* cap of a success body */
-  kcs3_sink sink;          /* non-NULL: stream a success body there */
+  const char *encoding; /* x-amz-meta-kcache-encoding, or NULL */
+  size_t max_body;      /* cap of a success body */
+  kcs3_sink sink;       /* non-NULL: stream a success body there */
   void *sink_ud;
 } kcs3_req;
 
@@ -406,8 +404,8 @@ typedef struct kcs3_resp {
   long status;
   kcs3_buf body;
   char etag[KCS3_ETAG_MAX];
-  curl_off_t length;       /* Content-Length, -1 unknown */
-  s3_error s3;             /* parsed when status >= 300 */
+  curl_off_t length; /* Content-Length, -1 unknown */
+  s3_error s3;       /* parsed when status >= 300 */
 } kcs3_resp;
 
 static void resp_free(kcs3_resp *r) {
@@ -570,8 +568,8 @@ static kc_err status_to_kc(long status, const s3_error *e) {
 
 /* The sentence for a failed exchange: operation, key, status, S3's code and
  * message, request id. Never the credentials. */
-static kc_err http_error(const kcs3 *c, const kcs3_req *q,
-                         const kcs3_resp *r, kc_err e, char *err) {
+static kc_err http_error(const kcs3 *c, const kcs3_req *q, const kcs3_resp *r,
+                         kc_err e, char *err) {
   const s3_error *s = &r->s3;
   const char *hint = "";
   if (strcmp(s->code, "SignatureDoesNotMatch") == 0 ||
@@ -594,8 +592,8 @@ static kc_err transport_error(const kcs3 *c, const kcs3_req *q,
                    q->op, c->bucket, q->key ? q->key : "", q->max_body);
   if (r->body.sink_err != KC_OK)
     return kc_errf(err, r->body.sink_err,
-                   "S3 %s %s/%s: the consumer stopped the transfer (%s)",
-                   q->op, c->bucket, q->key ? q->key : "",
+                   "S3 %s %s/%s: the consumer stopped the transfer (%s)", q->op,
+                   c->bucket, q->key ? q->key : "",
                    kc_err_name(r->body.sink_err));
   kc_err e = curl_to_kc(rc);
   return kc_errf(err, e, "S3 %s %s%s%s: %s", q->op, c->bucket,
@@ -605,11 +603,16 @@ static kc_err transport_error(const kcs3 *c, const kcs3_req *q,
 
 /* An answer about the bucket or the credentials, not about one object. */
 static int refuses_bucket(const kcs3_resp *r) {
-  static const char *const codes[] = {
-      "NoSuchBucket", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
-      "InvalidAccessKeyId", "SignatureDoesNotMatch",
-      "AuthorizationHeaderMalformed", "PermanentRedirect",
-      "TemporaryRedirect", "AccountProblem"};
+  static const char *const codes[] = {"NoSuchBucket",
+                                      "ExpiredToken",
+                                      "InvalidToken",
+                                      "TokenRefreshRequired",
+                                      "InvalidAccessKeyId",
+                                      "SignatureDoesNotMatch",
+                                      "AuthorizationHeaderMalformed",
+                                      "PermanentRedirect",
+                                      "TemporaryRedirect",
+                                      "AccountProblem"};
   if (r->status == 401 || r->status == 403 || r->status == 301 ||
       r->status == 307)
     return 1;
@@ -799,9 +802,7 @@ int kcs3_retryable(kc_err e) {
   return e == KC_UNAVAILABLE || e == KC_TIMEOUT || e == KC_IO || e == KC_BUSY;
 }
 
-int kcs3_refuses_bucket(const kcs3 *c) {
-  return c && c->refused_bucket;
-}
+int kcs3_refuses_bucket(const kcs3 *c) { return c && c->refused_bucket; }
 
 void kcs3_forget_answer(kcs3 *c) {
   if (c)
@@ -837,16 +838,20 @@ kc_err kcs3_put(kcs3 *c, const char *key, const void *data, size_t len,
     return kc_errf(err, KC_EINVAL, "S3 PUT %s: bad encoding", key);
   if (po->sha256_hex && !kc_is_hex64(po->sha256_hex))
     return kc_errf(err, KC_EINVAL, "S3 PUT %s: sha256_hex is not 64 hex", key);
-  const char *payload = po->unsigned_payload ? "UNSIGNED-PAYLOAD"
-                                             : po->sha256_hex;
+  const char *payload =
+      po->unsigned_payload ? "UNSIGNED-PAYLOAD" : po->sha256_hex;
   char match[KCS3_ETAG_MAX];
   copy_etag(match, po->if_match); /* either form from the caller */
-  kcs3_req q = {.op = "PUT", .method = "PUT", .key = key,
-                .body = data ? data : "", .body_len = len,
+  kcs3_req q = {.op = "PUT",
+                .method = "PUT",
+                .key = key,
+                .body = data ? data : "",
+                .body_len = len,
                 .payload_sha = payload,
                 .if_none_match = po->if_none_match ? "*" : NULL,
                 .if_match = po->if_match ? match : NULL,
-                .content_type = po->content_type, .encoding = po->encoding};
+                .content_type = po->content_type,
+                .encoding = po->encoding};
   e = perform(c, &q, &r, err);
   if (e == KC_OK)
     copy_etag(etag, r.etag);
@@ -864,8 +869,8 @@ kc_err kcs3_get(kcs3 *c, const char *key, size_t max_bytes, void **data,
     return e;
   if (max_bytes == 0)
     return kc_errf(err, KC_EINVAL, "S3 GET %s: max_bytes is 0", key);
-  kcs3_req q = {.op = "GET", .method = "GET", .key = key,
-                .max_body = max_bytes};
+  kcs3_req q = {
+      .op = "GET", .method = "GET", .key = key, .max_body = max_bytes};
   e = perform(c, &q, &r, err);
   if (e == KC_OK && !r.body.p && buf_reserve(&r.body, 1) != 0)
     e = kc_errf(err, KC_NOMEM, "S3 GET %s: out of memory", key);
@@ -891,9 +896,12 @@ kc_err kcs3_get_stream(kcs3 *c, const char *key, uint64_t max_bytes,
     return e;
   if (max_bytes == 0 || !sink)
     return kc_errf(err, KC_EINVAL, "S3 GET %s: no sink or max_bytes 0", key);
-  kcs3_req q = {.op = "GET", .method = "GET", .key = key,
+  kcs3_req q = {.op = "GET",
+                .method = "GET",
+                .key = key,
                 .max_body = max_bytes > SIZE_MAX ? SIZE_MAX : (size_t)max_bytes,
-                .sink = sink, .sink_ud = ud};
+                .sink = sink,
+                .sink_ud = ud};
   e = perform(c, &q, &r, err);
   if (e == KC_OK) {
     if (size)
@@ -906,8 +914,8 @@ kc_err kcs3_get_stream(kcs3 *c, const char *key, uint64_t max_bytes,
 
 int kcs3_answer_header(kcs3 *c, const char *name, char *out, size_t cap) {
   struct curl_header *hd = NULL;
-  if (cap == 0 || curl_easy_header(c->h, name, 0, CURLH_HEADER, -1, &hd) !=
-                      CURLHE_OK)
+  if (cap == 0 ||
+      curl_easy_header(c->h, name, 0, CURLH_HEADER, -1, &hd) != CURLHE_OK)
     return 0;
   snprintf(out, cap, "%s", hd->value);
   return 1;
@@ -955,8 +963,8 @@ typedef struct list_state {
   uint64_t size;
   int have_key, have_size;
   int truncated;
-  char *next_token;   /* malloc'd */
-  const char *bad;    /* a malformed entry */
+  char *next_token; /* malloc'd */
+  const char *bad;  /* a malformed entry */
 } list_state;
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -1051,8 +1059,8 @@ static kc_err list_parse(const kcs3 *c, const kcs3_buf *body, list_state *s,
   s->truncated = 0;
   free(s->next_token);
   s->next_token = NULL;
-  if (xml_parse(body->p ? body->p : "", body->len, on_list_end, s, &x,
-                &why) != 0)
+  if (xml_parse(body->p ? body->p : "", body->len, on_list_end, s, &x, &why) !=
+      0)
     return kc_errf(err, KC_PROTOCOL, "S3 LIST %s: bad XML answer: %s",
                    c->bucket, why);
   *stopped = x.stopped;
@@ -1073,7 +1081,9 @@ static kc_err list_page(kcs3 *c, const char *prefix, char **token,
     free(query.p);
     return kc_errf(err, KC_NOMEM, "S3 LIST: out of memory");
   }
-  kcs3_req q = {.op = "LIST", .method = "GET", .query = query.p,
+  kcs3_req q = {.op = "LIST",
+                .method = "GET",
+                .query = query.p,
                 .max_body = KCS3_LISTBODY_MAX};
   kc_err e = perform(c, &q, &r, err);
   free(query.p);
@@ -1127,8 +1137,11 @@ kc_err kcs3_bucket_create(kcs3 *c, char *err) {
              "2006-03-01/\"><LocationConstraint>%s</LocationConstraint>"
              "</CreateBucketConfiguration>",
              c->region);
-  kcs3_req q = {.op = "CREATE", .method = "PUT", .body = body,
-                .body_len = strlen(body), .content_type = "application/xml"};
+  kcs3_req q = {.op = "CREATE",
+                .method = "PUT",
+                .body = body,
+                .body_len = strlen(body),
+                .content_type = "application/xml"};
   kc_err e = perform(c, &q, &r, err);
   if (e == KC_PROTOCOL && r.status == 409 &&
       strcmp(r.s3.code, "BucketAlreadyOwnedByYou") == 0)

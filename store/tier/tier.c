@@ -53,7 +53,8 @@ kc_err kcs_tier_done(kcs_tier *t, uint64_t t0_us, kc_err e) {
   if (e && e != KC_NOT_FOUND && e != KC_CONFLICT)
     atomic_fetch_add(&t->errors, 1);
   atomic_store(&t->up, !unreachable);
-  atomic_store(&t->down_until_ms, unreachable ? kcs_mono_ms() + DOWN_FOR_MS : 0);
+  atomic_store(&t->down_until_ms,
+               unreachable ? kcs_mono_ms() + DOWN_FOR_MS : 0);
   return e;
 }
 
@@ -146,8 +147,7 @@ int kcs_queue_pending(kc_store *s, MDB_txn *txn, const char *key) {
   return mdb_get(txn, s->s3pend, &k, &v) == 0;
 }
 
-kc_err kcs_queue_unpend(kc_store *s, MDB_txn *txn, const char *key,
-                        char *err) {
+kc_err kcs_queue_unpend(kc_store *s, MDB_txn *txn, const char *key, char *err) {
   MDB_val k = kcs_hex_val(key);
   return kcs_del(txn, s->s3pend, &k, err);
 }
@@ -346,8 +346,8 @@ static kc_err manifest_exists(kcs_tier *t, const char *obj, const MDB_val *jv,
   void *data = NULL;
   size_t len = 0;
   uint64_t t0 = kc_clock_mono_us();
-  kc_err e = kcs_tier_done(t, t0, kcs3_get(t->wh, obj, KCS_MANIFEST_MAX,
-                                           &data, &len, NULL, err));
+  kc_err e = kcs_tier_done(
+      t, t0, kcs3_get(t->wh, obj, KCS_MANIFEST_MAX, &data, &len, NULL, err));
   if (!e && (len != jv->mv_size || memcmp(data, jv->mv_data, len) != 0)) {
     *theirs = data;
     *theirs_len = len;
@@ -415,8 +415,10 @@ static kc_err upload_one(kcs_tier *t, const entry *en, char *err) {
   else if (en->kind == KCS_Q_KV)
     e = kcs_kv_upload(t, r, en->key, err);
   else
-    kcs_tier_logf(t, "error", "S3 queue entry %llu has unknown kind %d; "
-                  "dropped", (unsigned long long)en->seq, en->kind);
+    kcs_tier_logf(t, "error",
+                  "S3 queue entry %llu has unknown kind %d; "
+                  "dropped",
+                  (unsigned long long)en->seq, en->kind);
   kc_store_read_end(r); /* after the PUT: the bytes came from the map */
   if (!e && theirs)
     e = kcs_tier_adopt(t, en->key, theirs, theirs_len, err);
@@ -460,9 +462,11 @@ static kc_err probe_conditional(kcs_tier *t, char *err) {
     return e;
   atomic_store(&t->conditional, e == KC_CONFLICT);
   if (e != KC_CONFLICT)
-    kcs_tier_logf(t, "warn", "S3 at %s ignores If-None-Match: leases hold "
+    kcs_tier_logf(t, "warn",
+                  "S3 at %s ignores If-None-Match: leases hold "
                   "per replica only, and concurrent manifests for one key "
-                  "are last-writer-wins", t->o.endpoint);
+                  "are last-writer-wins",
+                  t->o.endpoint);
   kcs3_delete(t->wh, obj, NULL);
   return KC_OK;
 }
@@ -487,7 +491,8 @@ static int count_failure(kcs_tier *t, const entry *en, kc_err e,
   if (*fails < PARK_AFTER || kcs_write(t->s, park_op, (void *)en, NULL))
     return 0;
   atomic_fetch_add(&t->parked, 1);
-  kcs_tier_logf(t, "error", "S3 refused queue entry %c %s %d times (%s); set "
+  kcs_tier_logf(t, "error",
+                "S3 refused queue entry %c %s %d times (%s); set "
                 "aside until the next start, the rest of the queue goes on",
                 en->kind, en->key, *fails, why);
   *fails = 0;

@@ -24,11 +24,11 @@
 #define KCS_MANIFEST_MAX (4u << 20) /* the largest manifest read from S3 */
 
 typedef struct kcs_flight kcs_flight; /* tier_read.c: one fetch in progress */
-typedef struct kcs_fill kcs_fill;     /* tier_read.c: a fetched blob to commit */
+typedef struct kcs_fill kcs_fill; /* tier_read.c: a fetched blob to commit */
 
 struct kcs_tier {
   kc_store *s;
-  kcs3_opts o;   /* strings owned (secret wiped at close) */
+  kcs3_opts o; /* strings owned (secret wiped at close) */
   char *prefix;
   unsigned parallel;
   uint64_t max_object;
@@ -41,7 +41,7 @@ struct kcs_tier {
   pthread_mutex_t mu;
   pthread_cond_t cv; /* kicked by puts, and by close */
   int kicked;
-  kcs3 *wh;          /* the worker's own handle */
+  kcs3 *wh; /* the worker's own handle */
   /* handles for read-through and leases */
   pthread_mutex_t pool_mu;
   pthread_cond_t pool_cv;
@@ -93,7 +93,8 @@ kc_err kcs_tier_fetch_bundle(kc_store *s, const char *key, int quiet,
  * a different manifest, in the bucket: another replica won the key. The
  * bucket's copy replaces the local one (its blobs fetched first; one write
  * transaction), logged and counted. KC_OK also when the bucket's copy cannot
- * be parsed by this version (kept: logged). Runs on the worker thread (t->wh). */
+ * be parsed by this version (kept: logged). Runs on the worker thread (t->wh).
+ */
 kc_err kcs_tier_adopt(kcs_tier *t, const char *key, const void *data,
                       size_t len, char *err);
 

@@ -56,17 +56,18 @@ static kc_err lease_get(kcs_tier *t, kcs3 *h, const char *obj, lease_obj *l,
   void *data = NULL;
   size_t len = 0;
   uint64_t t0 = kc_clock_mono_us();
-  kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, MAX_LEASE_OBJ, &data, &len,
-                                           l->etag, err));
+  kc_err e = kcs_tier_done(
+      t, t0, kcs3_get(h, obj, MAX_LEASE_OBJ, &data, &len, l->etag, err));
   if (!e)
     lease_parse(data, len, l);
   free(data);
   return e;
 }
 
-static kc_err lease_put(kcs_tier *t, kcs3 *h, const char *obj,
-                        const char *body, const char *if_match, char *err) {
-  kcs3_put_opts po = {.if_none_match = !if_match, .if_match = if_match,
+static kc_err lease_put(kcs_tier *t, kcs3 *h, const char *obj, const char *body,
+                        const char *if_match, char *err) {
+  kcs3_put_opts po = {.if_none_match = !if_match,
+                      .if_match = if_match,
                       .content_type = "application/json"};
   uint64_t t0 = kc_clock_mono_us();
   return kcs_tier_done(t, t0,
@@ -118,12 +119,13 @@ kc_err kc_store_lease_acquire(kc_store *s, const char *key, const char *holder,
     snprintf(held_by, KC_STORE_HOLDER_MAX + 1, "%s", cur.holder);
     int64_t left = cur.expires_ms - kc_clock_wall_ms();
     *remaining_ms = left > 0 ? (uint64_t)left : 0;
-    return kc_errf(err, KC_LEASED, "%s holds the lease of %s", cur.holder,
-                   key);
+    return kc_errf(err, KC_LEASED, "%s holds the lease of %s", cur.holder, key);
   }
   if (e)
-    kcs_tier_logf(t, "warn", "lease %s in S3: %s (%s); granted by this "
-                  "replica alone", key, err ? err : "", kc_strerror(e));
+    kcs_tier_logf(t, "warn",
+                  "lease %s in S3: %s (%s); granted by this "
+                  "replica alone",
+                  key, err ? err : "", kc_strerror(e));
   return KC_OK;
 }
 
@@ -137,8 +139,7 @@ static int still_queued(kc_store *s, const char *key) {
   return q;
 }
 
-kc_err kc_store_lease_release(kc_store *s, const char *key,
-                              const char *token) {
+kc_err kc_store_lease_release(kc_store *s, const char *key, const char *token) {
   kcs_tier *t = s->tier;
   if (!shared(t))
     return KC_NOT_FOUND;

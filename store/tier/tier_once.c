@@ -13,9 +13,8 @@
 
 #include "tier.h"
 
-kc_err kc_store_bundle_put_once(kc_store *s, const kc_manifest *m,
-                                int *created, char ***missing,
-                                size_t *n_missing, char *err) {
+kc_err kc_store_bundle_put_once(kc_store *s, const kc_manifest *m, int *created,
+                                char ***missing, size_t *n_missing, char *err) {
   kcs_tier *t = s->tier;
   if (!t || kc_manifest_check_key(m, NULL) != KC_OK ||
       kc_store_bundle_has(s, m->key) != KC_NOT_FOUND)
@@ -25,12 +24,15 @@ kc_err kc_store_bundle_put_once(kc_store *s, const kc_manifest *m,
   char ferr[KC_ERRBUF_SIZE] = "";
   kc_err fe = kcs_tier_fetch_bundle(s, m->key, 1, ferr);
   if (fe && fe != KC_NOT_FOUND && fe != KC_UNAVAILABLE && fe != KC_TIMEOUT)
-    kcs_tier_logf(t, "warn", "bundle PUT %s: asking S3 first failed (%s); "
-                  "accepted here, the upload queue settles it", m->key, ferr);
+    kcs_tier_logf(t, "warn",
+                  "bundle PUT %s: asking S3 first failed (%s); "
+                  "accepted here, the upload queue settles it",
+                  m->key, ferr);
   kc_err e = kc_store_bundle_put(s, m, created, missing, n_missing, err);
   if (e == KC_CONFLICT && fe == KC_OK) {
     atomic_fetch_add(&t->once_refused, 1);
-    kc_errf(err, e, "the bucket holds a different bundle for key %s (another "
+    kc_errf(err, e,
+            "the bucket holds a different bundle for key %s (another "
             "replica stored it first); this replica serves that one now",
             m->key);
   }
@@ -41,8 +43,8 @@ kc_err kc_store_bundle_put_once(kc_store *s, const kc_manifest *m,
  * queue's next try of this entry can put ours. */
 static kc_err adopt_corrupt(kcs_tier *t, const char *obj, const char *key,
                             const kc_manifest *m, char *err) {
-  kc_errf(err, KC_KEY_MISMATCH, "it holds the manifest of %s, not %s",
-          m->key, key);
+  kc_errf(err, KC_KEY_MISMATCH, "it holds the manifest of %s, not %s", m->key,
+          key);
   return kcs_tier_corrupt(t, t->wh, obj, err);
 }
 
@@ -55,8 +57,10 @@ kc_err kcs_tier_adopt(kcs_tier *t, const char *key, const void *data,
   if (e == KC_NOMEM)
     return kc_errf(err, e, "out of memory");
   if (e) { /* a newer replica's, or damage: this one could not serve it */
-    kcs_tier_logf(t, "warn", "S3 holds a different manifest at %s that this "
-                  "version cannot read (%s); the local copy stays", obj, why);
+    kcs_tier_logf(t, "warn",
+                  "S3 holds a different manifest at %s that this "
+                  "version cannot read (%s); the local copy stays",
+                  obj, why);
     return KC_OK;
   }
   if (strcmp(m->key, key) != 0)
@@ -72,8 +76,10 @@ kc_err kcs_tier_adopt(kcs_tier *t, const char *key, const void *data,
   if (e)
     return e;
   atomic_fetch_add(&t->once_replaced, 1);
-  kcs_tier_logf(t, "warn", "S3 holds a different manifest at %s (another "
+  kcs_tier_logf(t, "warn",
+                "S3 holds a different manifest at %s (another "
                 "replica stored it first): the bucket's copy wins for every "
-                "replica; the local bundle %s was replaced by it", obj, key);
+                "replica; the local bundle %s was replaced by it",
+                obj, key);
   return KC_OK;
 }

@@ -123,10 +123,12 @@ kc_err kcs_tier_corrupt(kcs_tier *t, kcs3 *h, const char *obj, char *err) {
   atomic_fetch_add(&t->rt_corrupt, 1);
   uint64_t t0 = kc_clock_mono_us();
   kc_err de = kcs_tier_done(t, t0, kcs3_delete(h, obj, NULL));
-  kcs_tier_logf(t, "error", "S3 object %s is corrupt (%s); not served, %s",
-                obj, why, de ? "and deleting it failed" : "deleted");
-  return kc_errf(err, KC_CORRUPT, "S3's copy %s failed verification (%s); "
-                 "not served", obj, why);
+  kcs_tier_logf(t, "error", "S3 object %s is corrupt (%s); not served, %s", obj,
+                why, de ? "and deleting it failed" : "deleted");
+  return kc_errf(err, KC_CORRUPT,
+                 "S3's copy %s failed verification (%s); "
+                 "not served",
+                 obj, why);
 }
 
 /* A blob object on its way into an upload: one marked
@@ -141,8 +143,9 @@ typedef struct obj_sink {
 
 static void look_for_mark(obj_sink *o) {
   char v[32];
-  if (!o->looked && kcs3_answer_header(o->h, "x-amz-meta-kcache-encoding", v,
-                                       sizeof v) && strcmp(v, "zstd") == 0)
+  if (!o->looked &&
+      kcs3_answer_header(o->h, "x-amz-meta-kcache-encoding", v, sizeof v) &&
+      strcmp(v, "zstd") == 0)
     kc_store_upload_zstd(o->u, o->max_out);
   o->looked = 1;
 }
@@ -248,9 +251,9 @@ static kc_err serve_then_fill(kcs_tier *t, kc_store_upload *u,
   kcs_fill *x = malloc(sizeof *x);
   void *copy = malloc(len ? len : 1);
   /* a frame received is served decoded (its content was verified) */
-  if (!x || !copy || (kcs_upload_frame(u, &zlen) &&
-                      kc_store_zstd_decode(mem, (size_t)zlen, copy, len,
-                                           NULL))) {
+  if (!x || !copy ||
+      (kcs_upload_frame(u, &zlen) &&
+       kc_store_zstd_decode(mem, (size_t)zlen, copy, len, NULL))) {
     free(x);
     free(copy);
     return KC_NOMEM;
@@ -303,8 +306,9 @@ static kc_err get_blob(kcs_tier *t, const char *digest, fetch_ctx *c,
   kcs_tier_obj(t, obj, "blobs", digest);
   uint64_t t0 = kc_clock_mono_us();
   obj_sink o = {u, h, t->max_object, 0};
-  e = kcs_tier_done(t, t0, kcs3_get_stream(h, obj, t->max_object, to_upload,
-                                           &o, NULL, NULL, err));
+  e = kcs_tier_done(
+      t, t0,
+      kcs3_get_stream(h, obj, t->max_object, to_upload, &o, NULL, NULL, err));
   if (!e)
     look_for_mark(&o); /* an empty body took no piece */
   if (e)
@@ -319,8 +323,7 @@ static kc_err check_manifest(const char *key, const char *data, size_t len,
                              kc_manifest **m, char *err) {
   kc_err e = kc_manifest_parse(data, len, m, err);
   if (!e && strcmp((*m)->key, key) != 0)
-    e = kc_errf(err, KC_KEY_MISMATCH, "it holds the manifest of %s",
-                (*m)->key);
+    e = kc_errf(err, KC_KEY_MISMATCH, "it holds the manifest of %s", (*m)->key);
   return e;
 }
 
@@ -334,8 +337,8 @@ static kc_err get_manifest(kcs_tier *t, const char *key, kc_manifest **m,
   void *data = NULL;
   size_t len = 0;
   uint64_t t0 = kc_clock_mono_us();
-  kc_err e = kcs_tier_done(t, t0, kcs3_get(h, obj, KCS_MANIFEST_MAX, &data, &len,
-                                           NULL, err));
+  kc_err e = kcs_tier_done(
+      t, t0, kcs3_get(h, obj, KCS_MANIFEST_MAX, &data, &len, NULL, err));
   if (!e && (e = check_manifest(key, data, len, m, err)) == KC_KEY_MISMATCH) {
     e = kcs_tier_corrupt(t, h, obj, err);
   } else if (e && e != KC_NOMEM && data) {
@@ -376,7 +379,8 @@ static kc_err down(kcs_tier *t, int quiet, char *err) {
     return KC_OK;
   if (!quiet)
     atomic_fetch_add(&t->rt_error, 1);
-  return kc_errf(err, KC_UNAVAILABLE, "S3 cannot be reached (retrying in the "
+  return kc_errf(err, KC_UNAVAILABLE,
+                 "S3 cannot be reached (retrying in the "
                  "background)");
 }
 
@@ -472,8 +476,7 @@ static int on_listed(const kcs3_entry *e, void *ud) {
   return (l->keys[l->n] = strdup(key)) ? (l->n++, 0) : 1;
 }
 
-static kc_err list_model(kcs_tier *t, const char *model, listed *l,
-                         char *err) {
+static kc_err list_model(kcs_tier *t, const char *model, listed *l, char *err) {
   kcs3 *h = kcs_tier_handle(t);
   if (!h)
     return kc_errf(err, KC_NOMEM, "cannot make an S3 handle");

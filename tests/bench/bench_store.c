@@ -211,7 +211,7 @@ static void bench_blobs(const char *base, size_t blob, size_t count, int runs) {
   /* Blob i: a common random body with i stamped in its first 8 bytes, so a
    * run of 16 MiB blobs needs one buffer, not count of them. */
   uint8_t *body = malloc(blob);
-  char (*hex)[KC_HEX_LEN + 1] = malloc(count * sizeof *hex);
+  char(*hex)[KC_HEX_LEN + 1] = malloc(count * sizeof *hex);
   if (!body || !hex) {
     fprintf(stderr, "bench_store: out of memory\n");
     exit(1);
@@ -402,8 +402,8 @@ static void bench_reopen(const char *base, size_t n, int runs,
     double o = median(t_open, runs);
     printf("reopen %zu bundles (%s cache): open %.3f ms, open+stats+get %.3f "
            "ms (median of %d)%s\n",
-           n, cold ? "cold" : "warm", o * 1e3, median(t_all, runs) * 1e3,
-           runs, o < 1.0 ? "" : "  ** over the 1 s target **");
+           n, cold ? "cold" : "warm", o * 1e3, median(t_all, runs) * 1e3, runs,
+           o < 1.0 ? "" : "  ** over the 1 s target **");
     fflush(stdout);
   }
   kc_manifest_free(m);
@@ -451,7 +451,8 @@ int main(int argc, char **argv) {
   int made = 0;
   if (!dir) {
     const char *t = getenv("TMPDIR");
-    snprintf(tmpl, sizeof tmpl, "%s/kc_bench_store.XXXXXX", t && *t ? t : "/tmp");
+    snprintf(tmpl, sizeof tmpl, "%s/kc_bench_store.XXXXXX",
+             t && *t ? t : "/tmp");
     if (!mkdtemp(tmpl)) {
       perror("mkdtemp");
       return 1;

@@ -43,11 +43,12 @@ int main(int argc, char **argv) {
   struct sockaddr_in sa = {.sin_family = AF_INET,
                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   struct MHD_Daemon *d = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO, 0,
-      NULL, NULL, answer, NULL, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_END);
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO, 0, NULL,
+      NULL, answer, NULL, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_END);
   if (!d)
     return fprintf(stderr, "mhd_static: cannot start\n"), 1;
-  const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+  const union MHD_DaemonInfo *di =
+      MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   FILE *p = fopen(argv[2], "w");
   if (!p)
     return perror(argv[2]), 1;

@@ -262,29 +262,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_err_ok(err, 0, "kcd_auth_load");
     FZ_CHECK(e == KC_BAD_TOKEN_FILE || e == KC_NOMEM, "code %d", (int)e);
     FZ_CHECK(e == KC_NOMEM || !good, "a good file was refused: %s", err);
-    FZ_CHECK(strstr(err, path_file), "message does not name the file: %s",
-             err);
+    FZ_CHECK(strstr(err, path_file), "message does not name the file: %s", err);
     /* The old table stays. */
     FZ_CHECK(kcd_auth_enabled(a) && kcd_auth_count(a) == 1,
              "a failed load changed the table");
     check_header(st, header, &base, 1);
   } else {
-    FZ_CHECK(good, "a file the reference refuses was loaded (%zu lines, %zu "
-             "well-formed, empty or a token twice?)", lines, n_ok);
+    FZ_CHECK(good,
+             "a file the reference refuses was loaded (%zu lines, %zu "
+             "well-formed, empty or a token twice?)",
+             lines, n_ok);
     FZ_CHECK(kcd_auth_enabled(a), "loaded but not enabled");
     size_t n = kcd_auth_count(a);
     /* Each entry loaded is one well-formed line of the file, in order. */
     FZ_CHECK(n == lines && n == n_ok,
              "loaded %zu entries from a file of %zu non-comment lines (%zu "
-             "well-formed)", n, lines, n_ok);
+             "well-formed)",
+             n, lines, n_ok);
     for (size_t i = 0; i < n; i++) {
       const kcd_token *t = &a->tokens[i];
       FZ_CHECK(t->role == v[i].role && strcmp(t->name, v[i].name) == 0 &&
                    memcmp(t->digest, v[i].digest, 32) == 0,
                "entry %zu ('%s', role %d) is not line %zu of the file", i,
                t->name, (int)t->role, i);
-      FZ_CHECK(t->role >= KCD_ROLE_READ && t->role <= KCD_ROLE_ADMIN,
-               "role %d", (int)t->role);
+      FZ_CHECK(t->role >= KCD_ROLE_READ && t->role <= KCD_ROLE_ADMIN, "role %d",
+               (int)t->role);
       for (const char *c = t->name; *c; c++)
         FZ_CHECK(isalnum((unsigned char)*c) || strchr("_.@-", *c),
                  "name '%s' has byte 0x%02x", t->name, (unsigned char)*c);

@@ -29,8 +29,8 @@ static void canon_and_key(const kc_key_fields *f, char **canon,
   char err[KC_ERRBUF_SIZE], h[KC_HEX_LEN + 1];
   FZ_CHECK(kc_key_validate(f, err) == KC_OK, "accepted fields invalid: %s",
            err);
-  FZ_CHECK(kc_key_canonical(f, canon, err) == KC_OK && *canon,
-           "canonical: %s", err);
+  FZ_CHECK(kc_key_canonical(f, canon, err) == KC_OK && *canon, "canonical: %s",
+           err);
   FZ_CHECK(kc_key_compute(f, key, err) == KC_OK, "compute: %s", err);
   FZ_CHECK(kc_is_hex64(key), "key is not hex64: %s", key);
   FZ_CHECK(kc_sha256_hex(*canon, strlen(*canon), h) == KC_OK, "sha256");

@@ -51,8 +51,8 @@ static void round_trip(const kc_manifest *m) {
   FZ_CHECK(e == KC_OK && m2, "canonical JSON does not parse (%s): %s\n%s",
            kc_strerror(e), err, j1);
   FZ_CHECK(kc_manifest_to_json(m2, &j2, err) == KC_OK, "to_json(m2): %s", err);
-  FZ_CHECK(strcmp(j1, j2) == 0, "canonical form is not a fixpoint:\n%s\n%s",
-           j1, j2);
+  FZ_CHECK(strcmp(j1, j2) == 0, "canonical form is not a fixpoint:\n%s\n%s", j1,
+           j2);
   FZ_CHECK(strcmp(m->key, m2->key) == 0, "key changed over a round trip");
   FZ_CHECK(m->n_files == m2->n_files, "file count changed over a round trip");
   FZ_CHECK(kc_manifest_equal(m, m2), "round trip not kc_manifest_equal");
@@ -87,8 +87,8 @@ static char *with_computed_key(const uint8_t *data, size_t size) {
   static const char *const names[] = {"model", "bucket", "arch", "toolchain",
                                       "build"};
   json_error_t je;
-  json_t *root = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES,
-                            &je);
+  json_t *root =
+      json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &je);
   if (!json_is_object(root)) {
     json_decref(root);
     return NULL;
@@ -142,8 +142,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   fz_err_reset(err);
   e = kc_manifest_parse(fixed, strlen(fixed), &m, err);
-  FZ_CHECK(e == KC_OK, "refused only for its key, but with the computed key: "
-           "%s: %s\n%s", kc_strerror(e), err, fixed);
+  FZ_CHECK(e == KC_OK,
+           "refused only for its key, but with the computed key: "
+           "%s: %s\n%s",
+           kc_strerror(e), err, fixed);
   round_trip(m);
   kc_manifest_free(m);
   free(fixed);

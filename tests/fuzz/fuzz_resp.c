@@ -86,8 +86,10 @@ static kcd_resp_buf feed(const uint8_t *in, size_t n, size_t step, int flags,
         kcd_resp_bulk(frames, buf.p + p.argv[i].off, p.argv[i].len);
       FZ_CHECK(p.pos <= buf.len, "parsed past the end");
       for (size_t i = 0; i < p.argc; i++) {
-        FZ_CHECK(p.argv[i].off + p.argv[i].len <= p.pos, "argument %zu "
-                 "outside what was parsed", i);
+        FZ_CHECK(p.argv[i].off + p.argv[i].len <= p.pos,
+                 "argument %zu "
+                 "outside what was parsed",
+                 i);
         uint32_t l = (uint32_t)p.argv[i].len;
         kcd_resp_buf_add(&out, &l, 4);
         kcd_resp_buf_add(&out, buf.p + p.argv[i].off, p.argv[i].len);

@@ -126,8 +126,7 @@ static void check_route(const char *path, size_t cap) {
            kcd_route_name(want->id));
   FZ_CHECK(rt->id == want->id, "'%s' routed to %s, not %s", path,
            kcd_route_name(rt->id), kcd_route_name(want->id));
-  FZ_CHECK((rt->param != KCD_P_NONE) == want->param, "param kind of %s",
-           path);
+  FZ_CHECK((rt->param != KCD_P_NONE) == want->param, "param kind of %s", path);
   /* metrics.c names a route by its id: the same name as the table's. */
   FZ_CHECK(strcmp(kcd_route_name(rt->id), rt->name) == 0, "name of %s",
            rt->name);
@@ -160,8 +159,8 @@ static void check_route(const char *path, size_t cap) {
     const char *name = kcd_method_name((kcd_method)m);
     FZ_CHECK(kcd_method_of(name) == (kcd_method)m, "method %s", name);
     int listed = m != KCD_M_OTHER && in_list(want->methods, name, " ");
-    FZ_CHECK(!!op == listed, "%s %s: op %p, docs/DESIGN.md %s", name, want->path,
-             (const void *)op, listed ? "lists it" : "does not");
+    FZ_CHECK(!!op == listed, "%s %s: op %p, docs/DESIGN.md %s", name,
+             want->path, (const void *)op, listed ? "lists it" : "does not");
     FZ_CHECK(in_list(rt->allow, name, ", ") == listed, "Allow '%s' and %s",
              rt->allow, name);
     if (!op)

@@ -67,7 +67,8 @@ static void check_accepted(const kc_warmup *w, const char *base) {
     f.bucket = w->buckets[b];
     size_t na = w->n_archs ? w->n_archs : 1;
     for (size_t a = 0; a < na; a++) {
-      snprintf(f.arch, sizeof f.arch, "%s", w->n_archs ? w->archs[a] : "sm_90a");
+      snprintf(f.arch, sizeof f.arch, "%s",
+               w->n_archs ? w->archs[a] : "sm_90a");
       char key[KC_HEX_LEN + 1];
       FZ_CHECK(kc_key_compute(&f, key, err) == KC_OK,
                "buckets[%zu] x archs[%zu] makes no valid key: %s", b, a, err);
