@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test.sh: installs what is needed, refuses run files committed by mistake,
+# test.sh: installs what is needed, refuses run files committed by mistake
+# and C files not in the committed style (scripts/format.sh),
 # builds kcache three times with warnings as errors (RelWithDebInfo, ASan+UBSan,
 # and the Release build that the container and the CI example use), runs every
 # test of the first two with ctest, then the unit and integration tests of the
@@ -19,6 +20,8 @@ if git rev-parse --git-dir >/dev/null 2>&1; then
 fi
 
 ./scripts/install-deps.sh
+# The C style (.clang-format), so that no commit re-wraps another's lines.
+./scripts/format.sh --check
 # NVRTC for the build tests: the CUDA toolkit's, else PyPI's wheel (a new
 # machine may have the toolkit without it); CI=true fails those tests without.
 eval "$(./scripts/nvrtc.sh)"
