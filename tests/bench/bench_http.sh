@@ -284,4 +284,4 @@ pm=$(tr ' ' '\n' <<<"$put_mbs" | grep . | median || true)
 for key in "${!samples[@]}"; do
   echo "raw $key: req/s ${samples[$key]}| req/CPU-s ${cpus[$key]}"
 done | sort
-echo "targets: 4 KiB kcached >= 0.9x mhd_static per CPU-second; 16 MiB >= 1.5x nginx"
+echo "targets: kcached >= 0.9x mhd_static per CPU-second, at 4 KiB and at 16 MiB"
