@@ -61,7 +61,7 @@ set_tests_properties(client_warm PROPERTIES TIMEOUT 300)
 # through the wrap (the library must never set it).
 add_executable(test_client_materialize
   ${CMAKE_CURRENT_LIST_DIR}/test_client_materialize.c)
-target_link_libraries(test_client_materialize PRIVATE kc_client kc_testsrv
+target_link_libraries(test_client_materialize PRIVATE kc_clienttest kc_client kc_testsrv
   PkgConfig::CMOCKA Threads::Threads)
 target_link_options(test_client_materialize PRIVATE -Wl,--wrap=umask)
 add_dependencies(test_client_materialize kcached)

@@ -5,22 +5,7 @@
  * their bundle did not come); a client whose token
  * was refused a write does not ask kcached which hit-local bundles it
  * lacks (it could not upload them). The real kcached (tests/testsrv.h). */
-#include <errno.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cmocka.h>
-
-#include "kcache.h"
-#include "testsrv.h"
-
-#define MODEL "7b2d6f1f4e2d5c1b9e6e3c8d7f5b4e3d2c1b0a9f8e7d6c5b4a3928171605f4e3"
+#include "clienttest.h"
 
 /* libkcache's calls to umask(2) come here (-Wl,--wrap=umask): counted, so
  * a test can say the library never set it. The tests call __real_umask. */
@@ -31,48 +16,8 @@ mode_t __wrap_umask(mode_t mask) {
   return __real_umask(mask);
 }
 
-/* ---- fixture ---- */
-
-typedef struct fx {
-  char dir[256];
-  kc_testsrv srv;
-  int have_srv;
-} fx;
-
-static int fx_setup(void **state) {
-  fx *f = calloc(1, sizeof *f);
-  const char *tmp = getenv("TMPDIR");
-  snprintf(f->dir, sizeof f->dir, "%s/kcache-cmat-XXXXXX",
-           tmp && *tmp ? tmp : "/tmp");
-  assert_non_null(mkdtemp(f->dir));
-  *state = f;
-  return 0;
-}
-
-static int fx_teardown(void **state) {
-  fx *f = *state;
-  char cmd[700];
-  if (f->have_srv)
-    kc_testsrv_cleanup(&f->srv);
-  snprintf(cmd, sizeof cmd, "chmod -R u+w '%s' 2>/dev/null; rm -rf '%s'",
-           f->dir, f->dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "cannot remove %s\n", f->dir);
-  free(f);
-  return 0;
-}
-
-static void write_text(const char *path, const char *fmt, ...) {
-  FILE *fp = fopen(path, "w");
-  assert_non_null(fp);
-  va_list ap;
-  va_start(ap, fmt);
-  vfprintf(fp, fmt, ap);
-  va_end(ap);
-  fclose(fp);
-}
-
-static kc_client *client_for(const char *cache, const char *url,
+/* clienttest's client_for, with a token. */
+static kc_client *client_tok(const char *cache, const char *url,
                              const char *token) {
   char err[KC_ERRBUF_SIZE];
   kc_client *c = NULL;
@@ -88,7 +33,7 @@ static kc_client *client_for(const char *cache, const char *url,
 
 /* A command-builder warmup (no toolkit needed) of MODEL: 2 buckets, sm_80,
  * each bundle one file k.cubin; loaded into *w. */
-static void cmd_warmup(fx *f, kc_warmup **w) {
+static void mat_warmup(fx *f, kc_warmup **w) {
   char path[400], err[KC_ERRBUF_SIZE];
   snprintf(path, sizeof path, "%s/warmup.json", f->dir);
   write_text(path,
@@ -111,7 +56,7 @@ static void test_umask_read_not_set(void **state) {
   snprintf(cache, sizeof cache, "%s/cache", f->dir);
   snprintf(out, sizeof out, "%s/out", f->dir);
   int before = __atomic_load_n(&umask_calls, __ATOMIC_SEQ_CST);
-  kc_client *c = client_for(cache, NULL, NULL);
+  kc_client *c = client_tok(cache, NULL, NULL);
   int calls = __atomic_load_n(&umask_calls, __ATOMIC_SEQ_CST) - before;
   uint64_t sizes[2] = {3000, 5000};
   for (int i = 0; i < 2; i++) {
@@ -154,7 +99,7 @@ static void test_out_keeps_foreign_dirs(void **state) {
   fx *f = *state;
   char cache[400], out[400], p[700], err[KC_ERRBUF_SIZE];
   kc_warmup *w = NULL;
-  cmd_warmup(f, &w);
+  mat_warmup(f, &w);
   snprintf(cache, sizeof cache, "%s/cache", f->dir);
   snprintf(out, sizeof out, "%s/out", f->dir);
   for (int b = 1; b <= 2; b++) {
@@ -163,7 +108,7 @@ static void test_out_keeps_foreign_dirs(void **state) {
     snprintf(cmd, sizeof cmd, "mkdir -p '%s'", p);
     assert_int_equal(system(cmd), 0);
   }
-  kc_client *c = client_for(cache, NULL, NULL);
+  kc_client *c = client_tok(cache, NULL, NULL);
   kc_warm_opts o = {.no_build = 1, .out_dir = out, .no_compat = 1};
   kc_warm_report r;
   kc_err e = kc_warm(c, w, &o, &r, err);
@@ -225,7 +170,7 @@ static void test_out_dir_of_failed_removed(void **state) {
   snprintf(seed, sizeof seed, "%s/seed", f->dir);
   snprintf(cache, sizeof cache, "%s/cache", f->dir);
   snprintf(out, sizeof out, "%s/out", f->dir);
-  kc_client *c = client_for(seed, f->srv.url, NULL);
+  kc_client *c = client_tok(seed, f->srv.url, NULL);
   kc_warm_opts o = {.no_compat = 1};
   kc_warm_report r;
   if (kc_warm(c, w, &o, &r, err) != KC_OK)
@@ -248,7 +193,7 @@ static void test_out_dir_of_failed_removed(void **state) {
   kc_testsrv_stop(&f->srv);
   assert_true(kc_testsrv_rot(&f->srv, needle, sizeof needle) >= 1);
   assert_int_equal(kc_testsrv_restart(&f->srv), 0);
-  c = client_for(cache, f->srv.url, NULL);
+  c = client_tok(cache, f->srv.url, NULL);
   kc_warm_opts o2 = {.no_compat = 1, .no_build = 1, .out_dir = out};
   assert_int_not_equal(kc_warm(c, w, &o2, &r, err), KC_OK);
   print_message("corrupt blob: %zu hit-remote, %zu failed (%s)\n",
@@ -268,29 +213,6 @@ static void test_out_dir_of_failed_removed(void **state) {
 }
 
 /* ---- the offer of hit-local bundles back to kcached ---- */
-
-static void make_token(const char *role, const char *name, const char *file,
-                       char *token, size_t size) {
-  char cmd[600], line[512];
-  snprintf(cmd, sizeof cmd, "%s token %s %s 2>/dev/null", kc_testsrv_bin(),
-           role, name);
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  FILE *out = fopen(file, "a");
-  assert_non_null(out);
-  while (fgets(line, sizeof line, p)) {
-    line[strcspn(line, "\n")] = '\0';
-    if (line[0] == '#' || !line[0])
-      continue;
-    if (!strchr(line, ' '))
-      snprintf(token, size, "%.200s", line);
-    else
-      fprintf(out, "%s\n", line);
-  }
-  fclose(out);
-  assert_int_equal(pclose(p), 0);
-  assert_true(token[0] != '\0');
-}
 
 #define MODELS_GETS                                                            \
   "kcached_requests_total{route=\"models\",method=\"GET\",status=\"200\"}"
@@ -329,9 +251,9 @@ static void test_read_token_no_offer(void **state) {
   const char *args[] = {"--tokens", tokens, NULL};
   assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
   f->have_srv = 1;
-  cmd_warmup(f, &w);
+  mat_warmup(f, &w);
   snprintf(cache, sizeof cache, "%s/cache", f->dir);
-  kc_client *c = client_for(cache, f->srv.url, rtok);
+  kc_client *c = client_tok(cache, f->srv.url, rtok);
   warm_with(c, w, 0, 2); /* built here: the lease is refused (403) */
   double g0 = models_gets(f);
   warm_with(c, w, 2, 0); /* the same client: its role is known */
@@ -341,7 +263,7 @@ static void test_read_token_no_offer(void **state) {
                 (g1 < 0 ? 0 : g1) - g0);
   assert_true((g1 < 0 ? 0 : g1) == g0);
   /* a new client of the same token does not know yet: it asks once */
-  c = client_for(cache, f->srv.url, rtok);
+  c = client_tok(cache, f->srv.url, rtok);
   warm_with(c, w, 2, 0);
   double g2 = kc_testsrv_metric_settle(&f->srv, MODELS_GETS, g0 + 1, 2000);
   kc_client_free(c);
@@ -349,14 +271,13 @@ static void test_read_token_no_offer(void **state) {
   assert_true(g2 == g0 + 1);
 }
 
-#define T(fn) cmocka_unit_test_setup_teardown(fn, fx_setup, fx_teardown)
-
 int main(void) {
   const struct CMUnitTest tests[] = {
-      T(test_umask_read_not_set),
-      T(test_out_keeps_foreign_dirs),
-      T(test_out_dir_of_failed_removed),
-      T(test_read_token_no_offer),
+      CT(test_umask_read_not_set),
+      CT(test_out_keeps_foreign_dirs),
+      CT(test_out_dir_of_failed_removed),
+      CT(test_read_token_no_offer),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return clienttest_run("client_materialize", tests,
+                        sizeof tests / sizeof tests[0]);
 }
