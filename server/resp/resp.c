@@ -633,7 +633,10 @@ static void on_accept(kcd_resp *r) {
     if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
                    errno == ENOMEM)) {
       /* out of descriptors: the listening socket stays readable; pause a
-       * little rather than spin on it */
+       * little rather than spin on it, with the round's read (begun by an
+       * earlier event of this round) ended first, so the pause pins no
+       * pages; the round's later events begin a new one */
+      round_end(r);
       struct timespec ms10 = {0, 10 * 1000 * 1000};
       nanosleep(&ms10, NULL);
       return;
