@@ -57,9 +57,10 @@ struct kcd_conn {
   _Atomic uint64_t body_bytes;       /* body bytes in this window */
   char remote[INET6_ADDRSTRLEN];     /* the peer's address, for the log */
   unsigned char addr[16];            /* and as a key (IPv4 mapped) */
-  int counted;                       /* in the main port's address counts */
-  kcd_scan scan;                     /* the received bytes' framing */
-  int scanned;                       /* its bytes are scanned (plain HTTP) */
+  int counted;                       /* in the main port's counts */
+  int addr_counted; /* and in its address's (kcd_addrs_add had memory) */
+  kcd_scan scan;    /* the received bytes' framing */
+  int scanned;      /* its bytes are scanned (plain HTTP) */
 };
 
 struct kcd_conns {
@@ -202,7 +203,9 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
     fd_set_conn(fd, c);
   pthread_mutex_lock(&l->lock);
   if (counted) {
-    (void)kcd_addrs_add(l->addrs, c->addr); /* no memory: not counted */
+    /* no memory: the address is not counted, and so not uncounted at
+     * close (that would lower another connection's count) */
+    c->addr_counted = kcd_addrs_add(l->addrs, c->addr) == 0;
     l->n_counted++;
   }
   c->next = l->head;
@@ -219,8 +222,9 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
   if (c->scanned)
     fd_set_conn(c->fd, NULL);
   pthread_mutex_lock(&l->lock);
-  if (c->counted) {
+  if (c->addr_counted)
     kcd_addrs_sub(l->addrs, c->addr);
+  if (c->counted) {
     l->n_counted--;
   }
   if (c->prev)
