@@ -223,7 +223,10 @@ static ssize_t write_refs(kcd_resp_conn *c) {
   for (size_t i = 0; i < c->nrefs; i++) {
     const kcd_resp_ref *f = &c->refs[i];
     if (f->off + f->len <= at)
-      continue; /* sent already (a write that EINTR cut short) */
+      continue; /* sent already: not met today (out_off is 0 while refs
+                 * exist: process moves sent bytes out before it adds any,
+                 * and refs_settle drops them after the first write), kept
+                 * so the offsets stay right whatever out_off is */
     if (f->off > at)
       iov[k++] = (struct iovec){c->out.p + at, f->off - at};
     size_t skip = at > f->off ? at - f->off : 0;
@@ -235,13 +238,17 @@ static ssize_t write_refs(kcd_resp_conn *c) {
   return writev(c->fd, iov, k);
 }
 
-/* After the write: the values not all sent are copied into their room in
- * out, so nothing unsent points into the map when the round's read ends. */
+/* After the write: the unsent part of each value is copied into its room
+ * in out, so nothing unsent points into the map when the round's read
+ * ends (the sent part is never written again: the next write starts at
+ * out_off). */
 static void refs_settle(kcd_resp_conn *c) {
   for (size_t i = 0; i < c->nrefs; i++) {
     const kcd_resp_ref *f = &c->refs[i];
-    if (f->off + f->len > c->out_off)
-      memcpy(c->out.p + f->off, f->p, f->len);
+    if (f->off + f->len <= c->out_off)
+      continue;
+    size_t skip = c->out_off > f->off ? c->out_off - f->off : 0;
+    memcpy(c->out.p + f->off + skip, (const char *)f->p + skip, f->len - skip);
   }
   c->nrefs = 0;
 }
