@@ -492,6 +492,55 @@ class OpenServer(ServerCase):
             t.join()
         self.assertEqual(errors, [])
 
+    def test_pipeline_snapshots_only_move_forward(self):
+        """DBSIZE, SCAN and KEYS read the store on their own, newer than
+        the round's read that an earlier command of the pipeline began:
+        the commands after them must not see the older state again. A
+        writer adds keys k0, k1, ... one commit each, in order (what is
+        stored is always a prefix of them); a pipeline of EXISTS (begins
+        the round's read), a SCAN matching nothing over padding keys (a
+        window for commits), DBSIZE and an MGET of every k must find at
+        least the keys DBSIZE counted."""
+        n_pad, n_keys = 20000, 400
+        p = self.r.pipeline(transaction=False)
+        for i in range(n_pad):
+            p.set("pad%d" % i, "p")
+        p.execute()
+        stop, errors = threading.Event(), []
+
+        def writer():
+            w = self.srv.client()
+            try:
+                for i in range(n_keys):
+                    w.set("k%d" % i, "v")
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+            finally:
+                stop.set()
+                w.close()
+        t = threading.Thread(target=writer)
+        t.start()
+        ks = ["k%d" % i for i in range(n_keys)]
+        behind, rounds = [], 0
+        try:
+            while not stop.is_set():
+                p = self.r.pipeline(transaction=False)
+                p.exists("nokey")
+                p.scan(0, match="nomatch*", count=n_pad)
+                p.dbsize()
+                p.mget(ks)
+                _, _, size, vals = p.execute()
+                held = sum(v is not None for v in vals)
+                rounds += 1
+                if held < size - n_pad:
+                    behind.append((size - n_pad, held))
+        finally:
+            stop.set()
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertGreater(rounds, 0)
+        self.assertEqual(behind, [])
+
     def test_bad_input_closes_only_that_connection(self):
         other = self.srv.client()
         other.set("alive", "1")

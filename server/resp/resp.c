@@ -520,10 +520,24 @@ static void process(kcd_resp_conn *c) {
  * held read pins the pages freed after it) and before committed jobs
  * are answered, so a connection's next command sees its writes; a batch
  * that runs later in a round sees the state as of the round's first
- * read, which no reply of a later commit has announced yet. */
+ * read, which no reply of a later commit has announced yet. Also ended
+ * before a command that opens its own, newer read (SCAN, KEYS, DBSIZE,
+ * INFO: kcd_resp_read_forward) and before on_accept pauses: within a
+ * pipeline the state the commands see then only moves forward, never
+ * back (DBSIZE counting a key that a later EXISTS of the old read would
+ * miss). */
 static void round_end(kcd_resp *r) {
   kc_store_read_end(r->rd);
   r->rd = NULL;
+}
+
+/* Ending the round's read mid-batch: this connection's replies that point
+ * into it are copied into out first. No other connection holds any: each
+ * one's batch is followed by its write (conn_flush), which settles them. */
+void kcd_resp_read_forward(kcd_resp_conn *c) {
+  refs_settle(c);
+  c->rd = NULL;
+  round_end(c->srv);
 }
 
 /* ---- I/O events ---- */

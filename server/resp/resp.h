@@ -414,6 +414,10 @@ typedef struct kcd_resp_ctx {
 /* The read transaction of this batch (begun on first use); NULL with an
  * error reply written when the store is not open or LMDB refuses. */
 kc_store_read *kcd_resp_read(kcd_resp_ctx *x);
+/* Called by a command that opens its own read of the store (SCAN, KEYS,
+ * DBSIZE, INFO's counts) before it does: ends the round's read, so the
+ * commands after it begin a newer one (resp.c, round_end). */
+void kcd_resp_read_forward(kcd_resp_conn *c);
 /* The job write ops go into (made on demand); NULL with "-OOM" written. */
 kcd_resp_job *kcd_resp_job_of(kcd_resp_ctx *x);
 /* The store, or NULL with "-LOADING" written. */

@@ -126,8 +126,10 @@ void kcd_resp_c_info(kcd_resp_ctx *x) {
   wanted(x, want);
   kc_store_stats st = {0};
   kc_store *s = kcd_store(x->st);
-  if ((want[S_MEMORY] || want[S_STATS] || want[S_KEYSPACE]) && s)
+  if ((want[S_MEMORY] || want[S_STATS] || want[S_KEYSPACE]) && s) {
+    kcd_resp_read_forward(x->c); /* the stats are read on their own */
     kc_store_stats_get(s, &st);
+  }
   kcd_resp_buf b = {0};
   for (int i = 0; i < S_N; i++) {
     if (!want[i])

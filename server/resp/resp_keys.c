@@ -162,6 +162,7 @@ void kcd_resp_c_scan(kcd_resp_ctx *x) {
     return;
   if (a.count > SCAN_COUNT_MAX)
     a.count = SCAN_COUNT_MAX;
+  kcd_resp_read_forward(x->c); /* kc_store_kv_scan reads on its own */
   found f = {.max = (size_t)a.count};
   uint64_t next = 0;
   kc_err e = a.other_type
@@ -191,6 +192,7 @@ void kcd_resp_c_keys(kcd_resp_ctx *x) {
   int all = kcd_resp_is(ARG(1), "*");
   if (pattern_ok(x, ARG(1)))
     return;
+  kcd_resp_read_forward(x->c); /* kc_store_kv_scan reads on its own */
   found f = {.max = KCD_RESP_KEYS_MAX};
   uint64_t cursor = 0;
   kc_err e = KC_OK;

@@ -226,6 +226,8 @@ void kcd_resp_c_strlen(kcd_resp_ctx *x) {
 void kcd_resp_c_dbsize(kcd_resp_ctx *x) {
   kc_store *s = kcd_resp_store(x);
   uint64_t n = 0;
+  if (s)
+    kcd_resp_read_forward(x->c); /* kc_store_kv_count reads on its own */
   kc_err e = s ? kc_store_kv_count(s, &n) : KC_OK;
   if (s && e)
     kcd_resp_store_err(x->out, e, NULL);
