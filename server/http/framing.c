@@ -363,8 +363,12 @@ int kcd_framing_host_allowed(const kcd_config *c, const char *host) {
  * never read as headers (it used to re-arm when a request completed, while
  * MHD may already hold the next one: a false 400). A chunked body is not
  * followed: the scan stops for the rest of the connection (MHD's doubled
- * answer then still closes it). A request MHD answers before its body
- * (an early answer) closes the connection, so the count stays true. */
+ * answer then still closes it). The body is always skipped whole: MHD
+ * 0.9.75 takes an answer only on the headers-only call or after the whole
+ * request (MHD_queue_response refuses one in between), and an answer on
+ * the headers-only call (an early answer) sets discard_request, so MHD
+ * closes the connection after it instead of reading the next request from
+ * where the body would have been; its own error answers close too. */
 
 static const char SCAN_CL[] = "content-length:";
 static const char SCAN_TE[] = "transfer-encoding:";

@@ -10,10 +10,13 @@
  *
  * MHD calls the handler first with the headers only, then once per piece of
  * body, then once more with no data. Answering on the first call makes MHD
- * close the connection, so answers wait for a later call (a refused small
- * body is read and dropped first), except where closing is the point: a
- * refused body too large to drop, or a client that asked "Expect:
- * 100-continue" and so has not sent its body yet. */
+ * close the connection after the answer (0.9.75's MHD_queue_response sets
+ * discard_request then), and the calls with body pieces cannot answer (it
+ * refuses an answer until the whole request is in), so answers wait for
+ * the last call (a refused small body is read and dropped first), except
+ * where closing is the point: a refused body too large to drop, or a
+ * client that asked "Expect: 100-continue" and so has not sent its body
+ * yet. */
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <pthread.h>
