@@ -164,6 +164,8 @@ static kc_err name_add(kc_store *s, MDB_txn *txn, const char *name,
   int rc = mdb_put(txn, s->warmnames, &k, &v, MDB_NODUPDATA);
   if (rc == MDB_KEYEXIST)
     rc = 0;
+  if (rc == MDB_MAP_FULL)
+    return KCS_MAP_FULL; /* kcs_write evicts and tries again */
   return rc ? kcs_mdb_err(rc, "indexing a model's name", err) : KC_OK;
 }
 
@@ -176,6 +178,8 @@ static kc_err name_del(kc_store *s, MDB_txn *txn, const char *name,
   int rc = mdb_del(txn, s->warmnames, &k, &v);
   if (rc == MDB_NOTFOUND)
     rc = 0;
+  if (rc == MDB_MAP_FULL)
+    return KCS_MAP_FULL; /* kcs_write evicts and tries again */
   return rc ? kcs_mdb_err(rc, "unindexing a model's name", err) : KC_OK;
 }
 
