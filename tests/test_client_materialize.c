@@ -271,12 +271,45 @@ static void test_read_token_no_offer(void **state) {
   assert_true(g2 == g0 + 1);
 }
 
+/* ---- kc_client_blob_get_fd ---- */
+
+/* A descriptor below 0 is a bad argument (KC_EINVAL), said before any
+ * request: the sink would read it as "into a buffer" that this call has
+ * not. Asked of a blob kcached holds, so that its bytes would come. */
+static void test_blob_get_fd_negative(void **state) {
+  fx *f = *state;
+  char cache[400], err[KC_ERRBUF_SIZE];
+  kc_warmup *w = NULL;
+  assert_int_equal(kc_testsrv_start(&f->srv, NULL), 0);
+  f->have_srv = 1;
+  mat_warmup(f, &w);
+  snprintf(cache, sizeof cache, "%s/cache", f->dir);
+  kc_client *c = client_tok(cache, f->srv.url, NULL);
+  kc_warm_opts o = {.no_compat = 1};
+  kc_warm_report r;
+  if (kc_warm(c, w, &o, &r, err) != KC_OK)
+    fail_msg("warm: %s", err);
+  assert_true(r.items[0].uploaded);
+  kc_manifest *m = NULL;
+  assert_int_equal(kc_cache_bundle_get(c, r.items[0].key, &m, err), KC_OK);
+  kc_warm_report_free(&r);
+  uint64_t len = 7;
+  err[0] = '\0';
+  assert_int_equal(
+      kc_client_blob_get_fd(c, m->files[0].sha256, -1, 0, &len, err),
+      KC_EINVAL);
+  assert_int_equal(len, 0);
+  assert_non_null(strstr(err, "descriptor"));
+  kc_manifest_free(m);
+  kc_client_free(c);
+  kc_warmup_free(w);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      CT(test_umask_read_not_set),
-      CT(test_out_keeps_foreign_dirs),
-      CT(test_out_dir_of_failed_removed),
-      CT(test_read_token_no_offer),
+      CT(test_umask_read_not_set),        CT(test_out_keeps_foreign_dirs),
+      CT(test_out_dir_of_failed_removed), CT(test_read_token_no_offer),
+      CT(test_blob_get_fd_negative),
   };
   return clienttest_run("client_materialize", tests,
                         sizeof tests / sizeof tests[0]);
