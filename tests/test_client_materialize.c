@@ -305,11 +305,40 @@ static void test_blob_get_fd_negative(void **state) {
   kc_warmup_free(w);
 }
 
+/* ---- the directory a materialize made ---- */
+
+/* client/client_internal.h's (not an installed header) */
+kc_err kcc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
+                       int verified, int *made, char *err);
+
+/* A directory whose parents were missing is made with them, and *made
+ * says so: a warm whose bundle then fails removes what it made. The
+ * bundle fails here for its blob missing from the client's cache. */
+static void test_made_with_parents(void **state) {
+  fx *f = *state;
+  char seed[400], cache[400], dir[400], err[KC_ERRBUF_SIZE];
+  snprintf(seed, sizeof seed, "%s/seed", f->dir);
+  snprintf(cache, sizeof cache, "%s/cache", f->dir);
+  snprintf(dir, sizeof dir, "%s/out/sm_80/batch=1", f->dir);
+  kc_client *c = client_for(seed, NULL);
+  const char *paths[] = {"k.cubin"}, *texts[] = {"only in seed"};
+  kc_manifest *m = manifest_of(c, paths, texts, 1);
+  kc_client_free(c);
+  c = client_for(cache, NULL);
+  int made = 0;
+  assert_int_not_equal(kcc_materialize(c, m, dir, 1, &made, err), KC_OK);
+  struct stat st;
+  assert_int_equal(stat(dir, &st), 0);
+  assert_int_equal(made, 1);
+  kc_manifest_free(m);
+  kc_client_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       CT(test_umask_read_not_set),        CT(test_out_keeps_foreign_dirs),
       CT(test_out_dir_of_failed_removed), CT(test_read_token_no_offer),
-      CT(test_blob_get_fd_negative),
+      CT(test_blob_get_fd_negative),      CT(test_made_with_parents),
   };
   return clienttest_run("client_materialize", tests,
                         sizeof tests / sizeof tests[0]);
