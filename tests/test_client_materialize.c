@@ -334,11 +334,76 @@ static void test_made_with_parents(void **state) {
   kc_client_free(c);
 }
 
+/* A 401 (a token the server does not know yet: a token file being
+ * reloaded) stops writes for that warm only: after the reload the same
+ * client's next warm, all hit-local, offers its bundles back (one GET
+ * /v1/models/{model}). A 403 is remembered (test_read_token_no_offer). */
+static void test_unauthorized_not_remembered(void **state) {
+  fx *f = *state;
+  char tokens[400], later[400], rtok[256] = "", wtok[256] = "", cache[400];
+  char err[KC_ERRBUF_SIZE];
+  kc_warmup *w = NULL;
+  snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
+  snprintf(later, sizeof later, "%s/tokens.later", f->dir);
+  make_token("read", "svc", tokens, rtok, sizeof rtok);
+  make_token("write", "ci", later, wtok, sizeof wtok);
+  assert_int_equal(kc_testsrv_init(&f->srv), 0);
+  const char *args[] = {"--tokens", tokens, NULL};
+  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
+  f->have_srv = 1;
+  mat_warmup(f, &w);
+  snprintf(cache, sizeof cache, "%s/cache", f->dir);
+  kc_client *c = client_tok(cache, f->srv.url, wtok);
+  kc_warm_opts o = {.no_compat = 1};
+  kc_warm_report r;
+  kc_err e = kc_warm(c, w, &o, &r, err); /* wtok unknown: 401s */
+  print_message("warm with an unknown token: %s, %zu built\n", kc_err_name(e),
+                r.counts[KC_WARM_BUILT]);
+  assert_int_equal(r.counts[KC_WARM_BUILT], 2);
+  kc_warm_report_free(&r);
+  /* the token file gets the write token; SIGHUP reloads it */
+  char *add = read_all(later, NULL);
+  assert_non_null(add);
+  FILE *fp = fopen(tokens, "a");
+  assert_non_null(fp);
+  fputs(add, fp);
+  fclose(fp);
+  free(add);
+  assert_int_equal(kill(f->srv.pid, SIGHUP), 0);
+  kc_client *probe = client_tok(NULL, f->srv.url, wtok);
+  kc_lease_state st;
+  char lt[KC_LEASE_TOKEN_MAX];
+  const char *k =
+      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  double t0 = now_s();
+  while ((e = kc_client_lease_take(probe, k, 30, &st, lt, NULL, err)) ==
+             KC_UNAUTHORIZED &&
+         now_s() - t0 < 10)
+    usleep(20000);
+  assert_int_equal(e, KC_OK);
+  if (st == KC_LEASE_GRANTED)
+    kc_client_lease_release(probe, k, lt, err);
+  kc_client_free(probe);
+  double g0 = models_gets(f);
+  e = kc_warm(c, w, &o, &r, err);
+  if (e)
+    fail_msg("warm after the reload: %s", err);
+  assert_int_equal(r.counts[KC_WARM_HIT_LOCAL], 2);
+  kc_warm_report_free(&r);
+  double g1 = kc_testsrv_metric_settle(&f->srv, MODELS_GETS, g0 + 1, 2000);
+  print_message("GET /v1/models/{m} after the reload: %.0f\n",
+                (g1 < 0 ? 0 : g1) - g0);
+  assert_true(g1 == g0 + 1);
+  kc_client_free(c);
+  kc_warmup_free(w);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      CT(test_umask_read_not_set),        CT(test_out_keeps_foreign_dirs),
-      CT(test_out_dir_of_failed_removed), CT(test_read_token_no_offer),
-      CT(test_blob_get_fd_negative),      CT(test_made_with_parents),
+      CT(test_umask_read_not_set),          CT(test_out_keeps_foreign_dirs),
+      CT(test_out_dir_of_failed_removed),   CT(test_read_token_no_offer),
+      CT(test_blob_get_fd_negative),        CT(test_made_with_parents),
+      CT(test_unauthorized_not_remembered),
   };
   return clienttest_run("client_materialize", tests,
                         sizeof tests / sizeof tests[0]);
