@@ -163,12 +163,77 @@ static void test_bad_names(void **state) {
   kc_store_close(s);
 }
 
+/* Plants the pair (name, model) in the name index, as an older binary's
+ * purge or rename could leave it: no manifest of model says name. */
+static void plant_pair(const char *dir, const char *name, const char *model) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi names;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, dir, 0, 0640), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+  assert_int_equal(
+      mdb_dbi_open(txn, "warmnames", MDB_DUPSORT | MDB_DUPFIXED, &names), 0);
+  MDB_val k = {strlen(name), (void *)name}, v = {64, (void *)model};
+  assert_int_equal(mdb_put(txn, names, &k, &v, 0), 0);
+  assert_int_equal(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+}
+
+/* How many models the name index lists under name. */
+static size_t pairs_of(const char *dir, const char *name) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi names;
+  MDB_cursor *cur;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, dir, 0, 0640), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+  assert_int_equal(mdb_dbi_open(txn, "warmnames", 0, &names), 0);
+  assert_int_equal(mdb_cursor_open(txn, names, &cur), 0);
+  MDB_val k = {strlen(name), (void *)name}, v;
+  size_t n = 0;
+  if (mdb_cursor_get(cur, &k, &v, MDB_SET_KEY) == 0 &&
+      mdb_cursor_count(cur, &n) != 0)
+    n = 0;
+  mdb_cursor_close(cur);
+  mdb_txn_abort(txn);
+  mdb_env_close(env);
+  return n;
+}
+
+/* The index repairs itself: a pair whose model has no manifest, or one of
+ * another name, holds nothing; the put that finds it drops it, and the
+ * name goes to the model that puts it. */
+static void test_stale_pair_ignored(void **state) {
+  fx *f = *state;
+  kc_store *s = open_m(f->dir);
+  assert_int_equal(put_named(s, M1, "vision", 0), KC_OK);
+  kc_store_close(s);
+  plant_pair(f->dir, "llm", M3); /* M3: no manifest */
+  plant_pair(f->dir, "llm", M1); /* M1's manifest says "vision" */
+  assert_int_equal(pairs_of(f->dir, "llm"), 2);
+  s = open_m(f->dir);
+  assert_int_equal(put_named(s, M2, "llm", 0), KC_OK);
+  kc_store_close(s);
+  assert_int_equal(pairs_of(f->dir, "llm"), 1); /* M2's: the stale dropped */
+  s = open_m(f->dir);
+  /* M2 holds it now, and nothing else does */
+  assert_int_equal(put_named(s, M4, "llm", 0), KC_CONFLICT);
+  assert_non_null(strstr(errbuf, M2));
+  purge(s, M2);
+  assert_int_equal(put_named(s, M4, "llm", 0), KC_OK);
+  assert_int_equal(put_named(s, M1, "vision", 0), KC_OK);
+  kc_store_close(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      ST(test_first_holder_keeps_name),
-      ST(test_shared_name_and_purge),
-      ST(test_index_built_for_old_store),
-      ST(test_bad_names),
+      ST(test_first_holder_keeps_name),   ST(test_shared_name_and_purge),
+      ST(test_index_built_for_old_store), ST(test_bad_names),
+      ST(test_stale_pair_ignored),
   };
   return storetest_run("store_models", tests, sizeof tests / sizeof tests[0]);
 }
