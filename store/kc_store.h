@@ -93,6 +93,10 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err);
 /* Flushes pending last-use records, closes. No read handle may be open.
  * NULL: nothing. */
 void kc_store_close(kc_store *s);
+/* Why the store runs without its index of warmup names (its map was full
+ * when the open built it: the name check reads every manifest instead, and
+ * the next open tries again); "" when the index is there. */
+const char *kc_store_names_unindexed(const kc_store *s);
 
 /* ---- Zero-copy reads ---- */
 

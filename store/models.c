@@ -197,6 +197,32 @@ static int holds_name(kc_store *s, MDB_txn *txn, const char *model,
   return holds;
 }
 
+/* name_holder without the index (the open could not build it): every
+ * manifest read, in the order of their models. */
+static int name_holder_walk(kc_store *s, MDB_txn *txn, const char *name,
+                            const char *model, char other[KC_HEX_LEN + 1]) {
+  MDB_cursor *cur;
+  int rc = mdb_cursor_open(txn, s->warmups, &cur);
+  if (rc)
+    return -rc;
+  MDB_val k, v;
+  int found = 0;
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && !found;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (k.mv_size != KC_HEX_LEN || !memcmp(k.mv_data, model, KC_HEX_LEN))
+      continue;
+    char *n = stored_name(&v);
+    if (n && strcmp(n, name) == 0) {
+      memcpy(other, k.mv_data, KC_HEX_LEN);
+      other[KC_HEX_LEN] = '\0';
+      found = 1;
+    }
+    free(n);
+  }
+  mdb_cursor_close(cur);
+  return found || rc == 0 || rc == MDB_NOTFOUND ? found : -rc;
+}
+
 #define STALE_MAX 16 /* stale pairs dropped by one look-up; more: the next */
 
 /* The first model other than `model` holding name into other; 0 if none,
@@ -208,6 +234,8 @@ static int name_holder(kc_store *s, MDB_txn *txn, const char *name,
   MDB_val k, v;
   if (!name_key(name, &k))
     return 0;
+  if (s->names_why[0])
+    return name_holder_walk(s, txn, name, model, other);
   MDB_cursor *cur;
   int rc = mdb_cursor_open(txn, s->warmnames, &cur);
   if (rc)

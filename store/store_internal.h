@@ -133,6 +133,9 @@ struct kc_store {
   MDB_dbi warmups;   /* model hex -> its warmup manifest (models.c) */
   MDB_dbi warmarchs; /* model hex -> archs its warms ran for, "a,b" */
   MDB_dbi warmnames; /* model.name -> model hex, DUPSORT (models.c) */
+  /* non-empty: why the name index could not be built at open (a full map);
+   * the name check walks the manifests instead, and the next open builds */
+  char names_why[160];
   uint64_t kv_max_bytes;
   kcs_uses kvuses; /* last uses of RESP keys, by hex(sha256(key)), in ms */
   _Atomic uint64_t kv_hits, kv_misses, evicted_kv;
