@@ -462,6 +462,7 @@ kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out) {
   out->scrub_bytes = atomic_load(&s->scrub_bytes);
   out->scrub_passes = atomic_load(&s->scrub_passes);
   out->scrub_corrupt = atomic_load(&s->scrub_corrupt);
+  out->scrub_skipped = atomic_load(&s->scrub_skipped);
   out->disk_full_since = atomic_load(&s->disk_full_since);
   out->kv_max_bytes = s->kv_max_bytes;
   out->kv_hits = atomic_load(&s->kv_hits);

@@ -149,6 +149,7 @@ struct kc_store {
   kcs_shard shards[KCS_SHARDS]; /* read handles: pools and open reads */
   _Atomic uint64_t hits, misses, evicted_bundles, evicted_blobs, gc_blobs;
   _Atomic uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* scrub.c */
+  _Atomic uint64_t scrub_skipped; /* scrub.c: blobs passed over unhashed */
   /* limits.c: the directory's lock (held while open), and when commits
    * began failing for lack of disk (0: they do not). */
   int lock_fd, dir_lock_fd;

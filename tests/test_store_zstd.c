@@ -703,7 +703,8 @@ static void test_old_wide_frame_streams(void **state) {
 /* Its decoder is charged to the decoder budget as a GET's stream is: a
  * 2^27 window (128 MiB) beside a stream holding another does not fit, and
  * verify says the blob is not verified (KC_BUSY) rather than decoding it
- * whole; the scrub keeps it and goes on. With the stream closed both pass,
+ * whole; the scrub keeps it, counts it and goes on. Both go on past it to
+ * a second such blob. With the stream closed both pass,
  * and the budget is whole again. */
 static void test_old_wide_frame_over_budget(void **state) {
   fx *f = *state;
@@ -714,18 +715,29 @@ static void test_old_wide_frame_over_budget(void **state) {
   void *z = kc_test_wide_frame(zeros, n, 27, &zlen);
   store_as_old(f->dir, hex, n, z, zlen);
   free(z);
+  /* a second such blob (zeros, one byte fewer): verify and the scrub go on
+   * past the first */
+  char hex2[KC_HEX_LEN + 1];
+  OK(kc_sha256_hex(zeros, n - 1, hex2));
+  z = kc_test_wide_frame(zeros, n - 1, 27, &zlen);
+  store_as_old(f->dir, hex2, n - 1, z, zlen);
+  free(z);
   kc_store *s = open_z(f->dir, 3);
   kc_store_blob_stream *b;
   OK(kc_store_blob_stream_open(s, hex, 1, &b, NULL, NULL, NULL));
   uint64_t held = kc_store_zstd_decode_memory();
   assert_true(held > (128u << 20));
   EXPECT(kc_store_verify(s, errbuf), KC_BUSY);
-  assert_non_null(strstr(errbuf, "not verified"));
+  assert_non_null(strstr(errbuf, "2 blob(s) not verified"));
   kc_store_scrub sc;
   memset(&sc, 0, sizeof sc);
   OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
   assert_string_equal(sc.bad, "");
   assert_true(blob_present(s, hex));
+  assert_true(blob_present(s, hex2));
+  kc_store_stats st;
+  OK(kc_store_stats_get(s, &st));
+  assert_int_equal(st.scrub_skipped, 2);
   assert_int_equal(kc_store_zstd_decode_memory(), held);
   kc_store_blob_stream_free(b);
   OK(kc_store_verify(s, errbuf));
