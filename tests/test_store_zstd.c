@@ -22,6 +22,14 @@
 #include "storetest.h"
 #include "zstdframe.h"
 
+/* ZSTD_createDCtx, linked with --wrap: fails while dctx_fail is set. */
+ZSTD_DCtx *__real_ZSTD_createDCtx(void);
+ZSTD_DCtx *__wrap_ZSTD_createDCtx(void);
+static int dctx_fail;
+ZSTD_DCtx *__wrap_ZSTD_createDCtx(void) {
+  return dctx_fail ? NULL : __real_ZSTD_createDCtx();
+}
+
 static kc_store *open_z(const char *dir, int level) {
   kc_store_opts o;
   memset(&o, 0, sizeof o);
@@ -749,6 +757,28 @@ static void test_old_wide_frame_over_budget(void **state) {
   free(zeros);
 }
 
+/* A decoder for an old wide frame that cannot be made (out of memory)
+ * gives back what was charged for it: the budget is whole again. */
+static void test_wide_decoder_fails_releases(void **state) {
+  fx *f = *state;
+  size_t n = 4u << 20, zlen;
+  uint8_t *zeros = calloc(1, n);
+  char hex[KC_HEX_LEN + 1];
+  OK(kc_sha256_hex(zeros, n, hex));
+  void *z = kc_test_wide_frame(zeros, n, 25, &zlen);
+  store_as_old(f->dir, hex, n, z, zlen);
+  free(z);
+  kc_store *s = open_z(f->dir, 3);
+  assert_int_equal(kc_store_zstd_decode_memory(), 0);
+  dctx_fail = 1;
+  EXPECT(kc_store_verify(s, errbuf), KC_NOMEM);
+  dctx_fail = 0;
+  assert_int_equal(kc_store_zstd_decode_memory(), 0);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  free(zeros);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       ST(test_compressible_kept_compressed),
@@ -763,6 +793,7 @@ int main(void) {
       ST(test_decoder_budget),
       ST(test_old_wide_frame_streams),
       ST(test_old_wide_frame_over_budget),
+      ST(test_wide_decoder_fails_releases),
   };
   return storetest_run("store_zstd", tests, sizeof tests / sizeof tests[0]);
 }
