@@ -11,6 +11,19 @@
 
 #include "storetest.h"
 
+/* mdb_del, linked with --wrap: the next del_full calls say MDB_MAP_FULL
+ * (a map too full for the pages a delete copies). */
+int __real_mdb_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data);
+int __wrap_mdb_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data);
+static int del_full;
+int __wrap_mdb_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data) {
+  if (del_full > 0) {
+    del_full--;
+    return MDB_MAP_FULL;
+  }
+  return __real_mdb_del(txn, dbi, key, data);
+}
+
 #define M3 "3333333333333333333333333333333333333333333333333333333333333333"
 #define M4 "4444444444444444444444444444444444444444444444444444444444444444"
 
@@ -229,11 +242,31 @@ static void test_stale_pair_ignored(void **state) {
   kc_store_close(s);
 }
 
+/* A purge whose name delete finds the map full is a full map as any other
+ * write's: the store evicts and tries again, and the purge succeeds. */
+static void test_purge_name_map_full(void **state) {
+  fx *f = *state;
+  kc_store *s = open_m(f->dir);
+  assert_int_equal(put_named(s, M1, "llm", 0), KC_OK);
+  del_full = 1; /* the purge's first delete: its name's */
+  size_t removed = 1;
+  kc_err e = kc_store_model_purge(s, M1, &removed, errbuf);
+  del_full = 0;
+  if (e)
+    fail_msg("purge: %s (%s)", kc_err_name(e), errbuf);
+  assert_int_equal(removed, 0);
+  char *json = NULL;
+  size_t len;
+  EXPECT(kc_store_warmup_get(s, M1, &json, &len, errbuf), KC_NOT_FOUND);
+  assert_int_equal(put_named(s, M2, "llm", 0), KC_OK); /* the name is free */
+  kc_store_close(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       ST(test_first_holder_keeps_name),   ST(test_shared_name_and_purge),
       ST(test_index_built_for_old_store), ST(test_bad_names),
-      ST(test_stale_pair_ignored),
+      ST(test_stale_pair_ignored),        ST(test_purge_name_map_full),
   };
   return storetest_run("store_models", tests, sizeof tests / sizeof tests[0]);
 }
