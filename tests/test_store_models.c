@@ -24,6 +24,21 @@ int __wrap_mdb_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data) {
   return __real_mdb_del(txn, dbi, key, data);
 }
 
+/* mdb_put, the same way (put_full). */
+int __real_mdb_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data,
+                   unsigned flags);
+int __wrap_mdb_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data,
+                   unsigned flags);
+static int put_full;
+int __wrap_mdb_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data,
+                   unsigned flags) {
+  if (put_full > 0) {
+    put_full--;
+    return MDB_MAP_FULL;
+  }
+  return __real_mdb_put(txn, dbi, key, data, flags);
+}
+
 #define M3 "3333333333333333333333333333333333333333333333333333333333333333"
 #define M4 "4444444444444444444444444444444444444444444444444444444444444444"
 
@@ -262,11 +277,46 @@ static void test_purge_name_map_full(void **state) {
   kc_store_close(s);
 }
 
+/* A store from before the index whose map is too full to build it at open
+ * (its first put says so) opens anyway without it, says why, and the name
+ * rule holds by reading the manifests; the next open builds the index. */
+static void test_open_full_map_without_index(void **state) {
+  fx *f = *state;
+  kc_store *s = open_m(f->dir);
+  assert_int_equal(put_named(s, M1, "llm", 0), KC_OK);
+  assert_int_equal(put_named(s, M2, "vision", 0), KC_OK);
+  kc_store_close(s);
+  drop_index(f->dir);
+  kc_store_opts o;
+  memset(&o, 0, sizeof o);
+  o.dir = f->dir;
+  o.map_size = 64u << 20;
+  put_full = 1; /* the build's first name */
+  errbuf[0] = '\0';
+  kc_err e = kc_store_open(&o, &s, errbuf);
+  put_full = 0;
+  if (e)
+    fail_msg("open: %s (%s)", kc_err_name(e), errbuf);
+  print_message("%s\n", kc_store_names_unindexed(s));
+  assert_non_null(strstr(kc_store_names_unindexed(s), "too full"));
+  assert_int_equal(put_named(s, M4, "llm", 0), KC_CONFLICT);
+  assert_non_null(strstr(errbuf, M1));
+  assert_int_equal(put_named(s, M1, "x", 0), KC_CONFLICT); /* a rename */
+  assert_int_equal(put_named(s, M3, "free", 0), KC_OK);
+  kc_store_close(s);
+  s = open_m(f->dir); /* built now */
+  assert_string_equal(kc_store_names_unindexed(s), "");
+  assert_int_equal(put_named(s, M4, "vision", 0), KC_CONFLICT);
+  assert_non_null(strstr(errbuf, M2));
+  kc_store_close(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      ST(test_first_holder_keeps_name),   ST(test_shared_name_and_purge),
-      ST(test_index_built_for_old_store), ST(test_bad_names),
-      ST(test_stale_pair_ignored),        ST(test_purge_name_map_full),
+      ST(test_first_holder_keeps_name),     ST(test_shared_name_and_purge),
+      ST(test_index_built_for_old_store),   ST(test_bad_names),
+      ST(test_stale_pair_ignored),          ST(test_purge_name_map_full),
+      ST(test_open_full_map_without_index),
   };
   return storetest_run("store_models", tests, sizeof tests / sizeof tests[0]);
 }
