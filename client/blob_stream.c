@@ -16,9 +16,10 @@ size_t kcc_sink_take(kcc_sink *s, const char *data, size_t n) {
     s->too_big = 1;
   if (kc_sha256_update(s->sha, data, k) != KC_OK)
     return 0;
-  if (s->fd < 0)
-    memcpy(s->buf + s->got, data, k);
-  else if (kcc_write_all(s->fd, data, k) != KC_OK) {
+  if (s->fd < 0) {
+    if (k) /* memcpy of 0 bytes from or to NULL is still undefined */
+      memcpy(s->buf + s->got, data, k);
+  } else if (kcc_write_all(s->fd, data, k) != KC_OK) {
     s->write_bad = 1;
     return 0;
   }
@@ -85,6 +86,9 @@ kc_err kc_client_blob_get_fd(kc_client *c, const char *digest, int fd,
     *len = 0;
   if (!kc_is_hex64(digest))
     return kc_errf(err, KC_BAD_DIGEST, "digest: must be 64 lowercase hex");
+  /* the sink reads fd < 0 as "into its buffer", which this call has not */
+  if (fd < 0)
+    return kc_errf(err, KC_EINVAL, "fd: %d is not a descriptor", fd);
   if (!c->url)
     return kc_errf(err, KC_UNAVAILABLE, "no server configured");
   if (!(s.s.sha = kc_sha256_new()))

@@ -34,7 +34,7 @@ struct kc_client {
   _Atomic(struct kcc_demand *) demand; /* demand.c; NULL until first used */
   int no_batch;                /* the server lacks POST /v1/blobs/fetch (it
                                   answered 404/405): GETs only from then on */
-  int cant_write;              /* the token was refused a write (401/403 on a
+  int cant_write;              /* the token was refused a write (403 on a
                                  lease or an upload): kc_warm offers nothing
                                  back (warm.c) */
   unsigned char blob_dir[256]; /* what is known of blobs/<2 hex>/: KCC_DIR_* */

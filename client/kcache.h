@@ -105,7 +105,8 @@ kc_err kc_client_blob_get(kc_client *c, const char *digest, void **data,
  * answer is cut off there (KC_TOO_LARGE). The bytes are written before
  * they can be checked: KC_DIGEST_MISMATCH at the end means fd holds bytes
  * that are not the blob (write to a temporary file and rename it only on
- * KC_OK to publish nothing unverified). *len (may be NULL): bytes written. */
+ * KC_OK to publish nothing unverified). *len (may be NULL): bytes written.
+ * fd below 0: KC_EINVAL. */
 #define KC_BLOB_GET_MAX ((uint64_t)1 << 30) /* kcached's --max-blob-bytes */
 kc_err kc_client_blob_get_fd(kc_client *c, const char *digest, int fd,
                              uint64_t max, uint64_t *len, char *err);

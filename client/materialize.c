@@ -221,6 +221,10 @@ kc_err kcc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
     if (mkdir(dir, 0755) == 0) {
       if (made)
         *made = 1;
+    } else if (errno == ENOENT) { /* parents missing: this run makes it */
+      e = kcc_mkdirs(dir, err);
+      if (!e && made)
+        *made = 1;
     } else if (errno != EEXIST) {
       e = kcc_mkdirs(dir, err);
     }

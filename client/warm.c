@@ -753,13 +753,16 @@ static void offer_blobs(wctx *x, const kc_manifest *m) {
 }
 
 /* The token cannot write (a lease or an upload got 401/403): nothing is
- * uploaded for the rest of the warm, and the client remembers it for its
- * life (a later warm does not offer hit-local bundles back). */
-static void cannot_write(wctx *x, const char *why) {
+ * uploaded for the rest of the warm. A 403 (the token's role refused) the
+ * client remembers for its life (a later warm does not offer hit-local
+ * bundles back); a 401 may be a token being reloaded, so the next warm
+ * tries again. */
+static void cannot_write(wctx *x, kc_err e, const char *why) {
   if (!x->cant_write)
     snprintf(x->cant_why, sizeof x->cant_why, "%.400s", why);
   x->cant_write = 1;
-  x->c->cant_write = 1;
+  if (e == KC_FORBIDDEN)
+    x->c->cant_write = 1;
 }
 
 static void upload(wctx *x, size_t i, const kc_manifest *m) {
@@ -778,7 +781,7 @@ static void upload(wctx *x, size_t i, const kc_manifest *m) {
     server_down(x, e2);
   else if (e == KC_FORBIDDEN || e == KC_UNAUTHORIZED) {
     /* the token cannot write: said once per item, asked once per warm */
-    cannot_write(x, e2);
+    cannot_write(x, e, e2);
     snprintf(it->message, sizeof it->message,
              "not uploaded: the token cannot write (%.420s)", x->cant_why);
   } else if (e == KC_CONFLICT) /* write-once: another build got there first */
@@ -971,7 +974,7 @@ static int claim(wctx *x, size_t i, int was_waiting, job *j) {
   }
   if (e) { /* e.g. a read-only token: build for ourselves */
     if (e == KC_FORBIDDEN || e == KC_UNAUTHORIZED)
-      cannot_write(x, e2);
+      cannot_write(x, e, e2);
     snprintf(x->rep->items[i].message, KC_ERRBUF_SIZE, "lease: %.450s", e2);
     warn(x, e2);
     x->remote_bad[i] = BAD_OTHER;
@@ -1179,8 +1182,8 @@ static void phase_offer_local(wctx *x) {
   size_t n_local = 0, n_keys = 0;
   for (size_t i = 0; i < x->rep->n_items; i++)
     n_local += x->rep->items[i].status == KC_WARM_HIT_LOCAL && x->ms[i];
-  /* a token known to be read-only (a 401/403 on a lease or an upload,
-   * in this warm or an earlier one of this client) could not upload what
+  /* a token known to be read-only (a 401/403 on a lease or an upload in
+   * this warm, a 403 in an earlier one of this client) could not upload what
    * the server lacks: the question is not asked */
   if (!n_local || !x->server_ok || x->o->no_upload || x->cant_write ||
       deadline_passed(x))

@@ -82,6 +82,8 @@ static int open_store(kcd_state *st, int will_retry) {
   }
   atomic_store(&st->store, s);
   kcd_log(st, "info", "store open in %s", st->cfg.data_dir);
+  if (*kc_store_names_unindexed(s))
+    kcd_log(st, "warn", "%s", kc_store_names_unindexed(s));
   return 0;
 }
 

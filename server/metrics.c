@@ -167,6 +167,11 @@ static void render_store(FILE *f, kcd_state *st) {
           "Blobs the scrub found not hashing to their name; removed with the "
           "bundles naming them.",
           ss.scrub_corrupt);
+  counter(f, "kcached_scrub_skipped_total",
+          "Blobs the scrub passed over unhashed: a frame from before the "
+          "window bound whose decoder did not fit the decoder memory then "
+          "(tried again the next pass).",
+          ss.scrub_skipped);
 }
 
 static void render_s3(FILE *f, kcd_state *st) {

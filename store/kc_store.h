@@ -93,6 +93,10 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err);
 /* Flushes pending last-use records, closes. No read handle may be open.
  * NULL: nothing. */
 void kc_store_close(kc_store *s);
+/* Why the store runs without its index of warmup names (its map was full
+ * when the open built it: the name check reads every manifest instead, and
+ * the next open tries again); "" when the index is there. */
+const char *kc_store_names_unindexed(const kc_store *s);
 
 /* ---- Zero-copy reads ---- */
 
@@ -279,6 +283,9 @@ typedef struct kc_store_stats {
   uint64_t hits, misses; /* bundle gets since open */
   uint64_t evicted_bundles, evicted_blobs, gc_blobs; /* since open */
   uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* since open */
+  /* blobs the scrub passed over unhashed: a frame from before the window
+   * bound whose decoder the budget could not hold then (since open) */
+  uint64_t scrub_skipped;
   /* Unix time since when writes fail for lack of disk (a commit or an
    * upload's spool file got ENOSPC or EDQUOT: KC_DISK_FULL); 0 when they do
    * not. Cleared by the next commit that succeeds. Reads still work. */
@@ -311,7 +318,9 @@ kc_err kc_store_evict(kc_store *s, uint64_t target_bytes, char *err);
  * (now: unix seconds, so tests can move the clock). */
 kc_err kc_store_gc(kc_store *s, int64_t now, char *err);
 /* Re-hashes every blob and re-validates every bundle (its blobs present).
- * Returns KC_CORRUPT with the first problem in err. */
+ * Returns KC_CORRUPT with the first problem in err. A blob whose frame's
+ * decoder does not fit the decoder budget now is not verified, and the
+ * walk goes on: with no problem found, KC_BUSY says how many were not. */
 kc_err kc_store_verify(kc_store *s, char *err);
 
 /* The scrub (scrub.c). GETs serve blobs from the map without hashing them,

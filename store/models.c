@@ -164,6 +164,8 @@ static kc_err name_add(kc_store *s, MDB_txn *txn, const char *name,
   int rc = mdb_put(txn, s->warmnames, &k, &v, MDB_NODUPDATA);
   if (rc == MDB_KEYEXIST)
     rc = 0;
+  if (rc == MDB_MAP_FULL)
+    return KCS_MAP_FULL; /* kcs_write evicts and tries again */
   return rc ? kcs_mdb_err(rc, "indexing a model's name", err) : KC_OK;
 }
 
@@ -176,30 +178,94 @@ static kc_err name_del(kc_store *s, MDB_txn *txn, const char *name,
   int rc = mdb_del(txn, s->warmnames, &k, &v);
   if (rc == MDB_NOTFOUND)
     rc = 0;
+  if (rc == MDB_MAP_FULL)
+    return KCS_MAP_FULL; /* kcs_write evicts and tries again */
   return rc ? kcs_mdb_err(rc, "unindexing a model's name", err) : KC_OK;
 }
 
+/* Whether model's stored manifest has the name: an index pair without
+ * one is stale (the manifest purged or renamed by a binary from before the
+ * index, then this one again), and holds nothing. */
+static int holds_name(kc_store *s, MDB_txn *txn, const char *model,
+                      const char *name) {
+  MDB_val k = {KC_HEX_LEN, (void *)model}, v;
+  if (mdb_get(txn, s->warmups, &k, &v) != 0)
+    return 0;
+  char *n = stored_name(&v);
+  int holds = n && strcmp(n, name) == 0;
+  free(n);
+  return holds;
+}
+
+/* name_holder without the index (the open could not build it): every
+ * manifest read, in the order of their models. */
+static int name_holder_walk(kc_store *s, MDB_txn *txn, const char *name,
+                            const char *model, char other[KC_HEX_LEN + 1]) {
+  MDB_cursor *cur;
+  int rc = mdb_cursor_open(txn, s->warmups, &cur);
+  if (rc)
+    return -rc;
+  MDB_val k, v;
+  int found = 0;
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && !found;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (k.mv_size != KC_HEX_LEN || !memcmp(k.mv_data, model, KC_HEX_LEN))
+      continue;
+    char *n = stored_name(&v);
+    if (n && strcmp(n, name) == 0) {
+      memcpy(other, k.mv_data, KC_HEX_LEN);
+      other[KC_HEX_LEN] = '\0';
+      found = 1;
+    }
+    free(n);
+  }
+  mdb_cursor_close(cur);
+  return found || rc == 0 || rc == MDB_NOTFOUND ? found : -rc;
+}
+
+#define STALE_MAX 16 /* stale pairs dropped by one look-up; more: the next */
+
 /* The first model other than `model` holding name into other; 0 if none,
- * 1 if one, -rc on an LMDB error. */
+ * 1 if one, -rc on an LMDB error. Runs in the write transaction of a put:
+ * a pair whose model's manifest lacks the name is dropped on the way (the
+ * index repairs itself where it disagrees with the manifests). */
 static int name_holder(kc_store *s, MDB_txn *txn, const char *name,
                        const char *model, char other[KC_HEX_LEN + 1]) {
   MDB_val k, v;
   if (!name_key(name, &k))
     return 0;
+  if (s->names_why[0])
+    return name_holder_walk(s, txn, name, model, other);
   MDB_cursor *cur;
   int rc = mdb_cursor_open(txn, s->warmnames, &cur);
   if (rc)
     return -rc;
+  char stale[STALE_MAX][KC_HEX_LEN + 1];
+  size_t n_stale = 0;
   int found = 0;
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_KEY); rc == 0 && !found;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP))
-    if (v.mv_size == KC_HEX_LEN && memcmp(v.mv_data, model, KC_HEX_LEN)) {
-      memcpy(other, v.mv_data, KC_HEX_LEN);
-      other[KC_HEX_LEN] = '\0';
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP)) {
+    if (v.mv_size != KC_HEX_LEN || !memcmp(v.mv_data, model, KC_HEX_LEN))
+      continue;
+    memcpy(other, v.mv_data, KC_HEX_LEN);
+    other[KC_HEX_LEN] = '\0';
+    if (holds_name(s, txn, other, name))
       found = 1;
-    }
+    else if (n_stale < STALE_MAX)
+      memcpy(stale[n_stale++], other, KC_HEX_LEN + 1);
+  }
   mdb_cursor_close(cur);
-  return found || rc == 0 || rc == MDB_NOTFOUND ? found : -rc;
+  if (!found && rc != 0 && rc != MDB_NOTFOUND)
+    return -rc;
+  /* dropped after the walk: a cursor does not survive deleting under it */
+  for (size_t i = 0; i < n_stale; i++) {
+    MDB_val sk, sv = {KC_HEX_LEN, stale[i]};
+    name_key(name, &sk);
+    int drc = mdb_del(txn, s->warmnames, &sk, &sv);
+    if (drc && drc != MDB_NOTFOUND)
+      return -drc;
+  }
+  return found;
 }
 
 static MDB_val built_flag(void) {
@@ -249,6 +315,8 @@ static kc_err warmup_name_check(kc_store *s, MDB_txn *txn, const wu_put *p,
                                 const char *old, char *err) {
   char other[KC_HEX_LEN + 1];
   int rc = name_holder(s, txn, p->name, p->model, other);
+  if (rc == -MDB_MAP_FULL)
+    return KCS_MAP_FULL; /* dropping a stale pair: kcs_write evicts */
   if (rc < 0)
     return kcs_mdb_err(-rc, "checking a model's name", err);
   int renames = old && strcmp(old, p->name) != 0;

@@ -84,6 +84,8 @@ static kc_err hash_one(kc_store *s, MDB_txn *txn, const MDB_val *k,
   int skipped = e == KC_BUSY;
   if (e && !skipped)
     return kc_errf(err, e, "hashing blob %s", name);
+  if (skipped)
+    atomic_fetch_add(&s->scrub_skipped, 1);
   sc->cost += v->mv_size > MIN_COST ? v->mv_size : MIN_COST;
   atomic_fetch_add(&s->scrub_bytes, v->mv_size);
   if (!skipped && strcmp(got, name) != 0)

@@ -2,6 +2,7 @@
  * the write-transaction helper with map-full recovery, and stats. */
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -163,7 +164,7 @@ static uint64_t derive_map_size(const kc_store_opts *o) {
   return o->max_bytes + o->max_bytes / 2 + GiB / 4;
 }
 
-static kc_err open_dbis(kc_store *s, char *err) {
+static kc_err open_dbis_txn(kc_store *s, int build, char *err) {
   struct {
     const char *name;
     MDB_dbi *dbi;
@@ -217,7 +218,8 @@ static kc_err open_dbis(kc_store *s, char *err) {
     mdb_txn_abort(txn);
     return kcs_mdb_err(rc, "writing the layout version", err);
   }
-  kc_err e = kcs_warmnames_build(s, txn, err); /* a store from before it */
+  /* a store from before it */
+  kc_err e = build ? kcs_warmnames_build(s, txn, err) : KC_OK;
   if (e) {
     mdb_txn_abort(txn);
     return e;
@@ -225,6 +227,29 @@ static kc_err open_dbis(kc_store *s, char *err) {
   rc = mdb_txn_commit(txn);
   return rc ? kcs_mdb_err(rc, "opening the databases", err) : KC_OK;
 }
+
+/* The databases, and the name index built when the store has none. A map
+ * too full for the build does not keep the store closed: it opens without
+ * the index (names_why says why; the name check reads the manifests) and
+ * the next open builds it. */
+static kc_err open_dbis(kc_store *s, char *err) {
+  kc_err e = open_dbis_txn(s, 1, err);
+  if (e != KCS_MAP_FULL && e != KC_STORE_FULL)
+    return e;
+  snprintf(s->names_why, sizeof s->names_why,
+           "the map (%llu bytes) was too full to build the index of warmup "
+           "names: each name check reads every manifest until an open "
+           "builds it",
+           (unsigned long long)s->map_size);
+  e = open_dbis_txn(s, 0, err);
+  /* never the internal code: it has no message */
+  return e == KCS_MAP_FULL ? kc_errf(err, KC_STORE_FULL,
+                                     "opening the databases: the store's "
+                                     "map is full")
+                           : e;
+}
+
+const char *kc_store_names_unindexed(const kc_store *s) { return s->names_why; }
 
 static kc_err make_dir(const char *dir, char *err) {
   if (mkdir(dir, 0750) == 0 || errno == EEXIST)
@@ -437,6 +462,7 @@ kc_err kc_store_stats_get(kc_store *s, kc_store_stats *out) {
   out->scrub_bytes = atomic_load(&s->scrub_bytes);
   out->scrub_passes = atomic_load(&s->scrub_passes);
   out->scrub_corrupt = atomic_load(&s->scrub_corrupt);
+  out->scrub_skipped = atomic_load(&s->scrub_skipped);
   out->disk_full_since = atomic_load(&s->disk_full_since);
   out->kv_max_bytes = s->kv_max_bytes;
   out->kv_hits = atomic_load(&s->kv_hits);

@@ -133,6 +133,9 @@ struct kc_store {
   MDB_dbi warmups;   /* model hex -> its warmup manifest (models.c) */
   MDB_dbi warmarchs; /* model hex -> archs its warms ran for, "a,b" */
   MDB_dbi warmnames; /* model.name -> model hex, DUPSORT (models.c) */
+  /* non-empty: why the name index could not be built at open (a full map);
+   * the name check walks the manifests instead, and the next open builds */
+  char names_why[160];
   uint64_t kv_max_bytes;
   kcs_uses kvuses; /* last uses of RESP keys, by hex(sha256(key)), in ms */
   _Atomic uint64_t kv_hits, kv_misses, evicted_kv;
@@ -146,6 +149,7 @@ struct kc_store {
   kcs_shard shards[KCS_SHARDS]; /* read handles: pools and open reads */
   _Atomic uint64_t hits, misses, evicted_bundles, evicted_blobs, gc_blobs;
   _Atomic uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* scrub.c */
+  _Atomic uint64_t scrub_skipped; /* scrub.c: blobs passed over unhashed */
   /* limits.c: the directory's lock (held while open), and when commits
    * began failing for lack of disk (0: they do not). */
   int lock_fd, dir_lock_fd;

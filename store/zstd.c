@@ -382,8 +382,13 @@ static kc_err walk_decoder(const void *z, size_t zlen, ZSTD_DCtx **dc,
                      (unsigned long long)(KCS_ZSTD_DECODE_BUDGET >> 20));
     *charged = need;
   }
-  *dc = kcs_zstd_dctx(wlog);
-  return *dc ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  if (!(*dc = kcs_zstd_dctx(wlog))) {
+    /* decode_each returns without releasing: give the charge back here */
+    kcs_zstd_release(*charged);
+    *charged = 0;
+    return kc_errf(err, KC_NOMEM, "out of memory");
+  }
+  return KC_OK;
 }
 
 static kc_err decode_each(const void *mem, int fd, uint64_t zlen, uint64_t raw,

@@ -271,12 +271,139 @@ static void test_read_token_no_offer(void **state) {
   assert_true(g2 == g0 + 1);
 }
 
+/* ---- kc_client_blob_get_fd ---- */
+
+/* A descriptor below 0 is a bad argument (KC_EINVAL), said before any
+ * request: the sink would read it as "into a buffer" that this call has
+ * not. Asked of a blob kcached holds, so that its bytes would come. */
+static void test_blob_get_fd_negative(void **state) {
+  fx *f = *state;
+  char cache[400], err[KC_ERRBUF_SIZE];
+  kc_warmup *w = NULL;
+  assert_int_equal(kc_testsrv_start(&f->srv, NULL), 0);
+  f->have_srv = 1;
+  mat_warmup(f, &w);
+  snprintf(cache, sizeof cache, "%s/cache", f->dir);
+  kc_client *c = client_tok(cache, f->srv.url, NULL);
+  kc_warm_opts o = {.no_compat = 1};
+  kc_warm_report r;
+  if (kc_warm(c, w, &o, &r, err) != KC_OK)
+    fail_msg("warm: %s", err);
+  assert_true(r.items[0].uploaded);
+  kc_manifest *m = NULL;
+  assert_int_equal(kc_cache_bundle_get(c, r.items[0].key, &m, err), KC_OK);
+  kc_warm_report_free(&r);
+  uint64_t len = 7;
+  err[0] = '\0';
+  assert_int_equal(
+      kc_client_blob_get_fd(c, m->files[0].sha256, -1, 0, &len, err),
+      KC_EINVAL);
+  assert_int_equal(len, 0);
+  assert_non_null(strstr(err, "descriptor"));
+  kc_manifest_free(m);
+  kc_client_free(c);
+  kc_warmup_free(w);
+}
+
+/* ---- the directory a materialize made ---- */
+
+/* client/client_internal.h's (not an installed header) */
+kc_err kcc_materialize(kc_client *c, const kc_manifest *m, const char *dir,
+                       int verified, int *made, char *err);
+
+/* A directory whose parents were missing is made with them, and *made
+ * says so: a warm whose bundle then fails removes what it made. The
+ * bundle fails here for its blob missing from the client's cache. */
+static void test_made_with_parents(void **state) {
+  fx *f = *state;
+  char seed[400], cache[400], dir[400], err[KC_ERRBUF_SIZE];
+  snprintf(seed, sizeof seed, "%s/seed", f->dir);
+  snprintf(cache, sizeof cache, "%s/cache", f->dir);
+  snprintf(dir, sizeof dir, "%s/out/sm_80/batch=1", f->dir);
+  kc_client *c = client_for(seed, NULL);
+  const char *paths[] = {"k.cubin"}, *texts[] = {"only in seed"};
+  kc_manifest *m = manifest_of(c, paths, texts, 1);
+  kc_client_free(c);
+  c = client_for(cache, NULL);
+  int made = 0;
+  assert_int_not_equal(kcc_materialize(c, m, dir, 1, &made, err), KC_OK);
+  struct stat st;
+  assert_int_equal(stat(dir, &st), 0);
+  assert_int_equal(made, 1);
+  kc_manifest_free(m);
+  kc_client_free(c);
+}
+
+/* A 401 (a token the server does not know yet: a token file being
+ * reloaded) stops writes for that warm only: after the reload the same
+ * client's next warm, all hit-local, offers its bundles back (one GET
+ * /v1/models/{model}). A 403 is remembered (test_read_token_no_offer). */
+static void test_unauthorized_not_remembered(void **state) {
+  fx *f = *state;
+  char tokens[400], later[400], rtok[256] = "", wtok[256] = "", cache[400];
+  char err[KC_ERRBUF_SIZE];
+  kc_warmup *w = NULL;
+  snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
+  snprintf(later, sizeof later, "%s/tokens.later", f->dir);
+  make_token("read", "svc", tokens, rtok, sizeof rtok);
+  make_token("write", "ci", later, wtok, sizeof wtok);
+  assert_int_equal(kc_testsrv_init(&f->srv), 0);
+  const char *args[] = {"--tokens", tokens, NULL};
+  assert_int_equal(kc_testsrv_start(&f->srv, args), 0);
+  f->have_srv = 1;
+  mat_warmup(f, &w);
+  snprintf(cache, sizeof cache, "%s/cache", f->dir);
+  kc_client *c = client_tok(cache, f->srv.url, wtok);
+  kc_warm_opts o = {.no_compat = 1};
+  kc_warm_report r;
+  kc_err e = kc_warm(c, w, &o, &r, err); /* wtok unknown: 401s */
+  print_message("warm with an unknown token: %s, %zu built\n", kc_err_name(e),
+                r.counts[KC_WARM_BUILT]);
+  assert_int_equal(r.counts[KC_WARM_BUILT], 2);
+  kc_warm_report_free(&r);
+  /* the token file gets the write token; SIGHUP reloads it */
+  char *add = read_all(later, NULL);
+  assert_non_null(add);
+  FILE *fp = fopen(tokens, "a");
+  assert_non_null(fp);
+  fputs(add, fp);
+  fclose(fp);
+  free(add);
+  assert_int_equal(kill(f->srv.pid, SIGHUP), 0);
+  kc_client *probe = client_tok(NULL, f->srv.url, wtok);
+  kc_lease_state st;
+  char lt[KC_LEASE_TOKEN_MAX];
+  const char *k =
+      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  double t0 = now_s();
+  while ((e = kc_client_lease_take(probe, k, 30, &st, lt, NULL, err)) ==
+             KC_UNAUTHORIZED &&
+         now_s() - t0 < 10)
+    usleep(20000);
+  assert_int_equal(e, KC_OK);
+  if (st == KC_LEASE_GRANTED)
+    kc_client_lease_release(probe, k, lt, err);
+  kc_client_free(probe);
+  double g0 = models_gets(f);
+  e = kc_warm(c, w, &o, &r, err);
+  if (e)
+    fail_msg("warm after the reload: %s", err);
+  assert_int_equal(r.counts[KC_WARM_HIT_LOCAL], 2);
+  kc_warm_report_free(&r);
+  double g1 = kc_testsrv_metric_settle(&f->srv, MODELS_GETS, g0 + 1, 2000);
+  print_message("GET /v1/models/{m} after the reload: %.0f\n",
+                (g1 < 0 ? 0 : g1) - g0);
+  assert_true(g1 == g0 + 1);
+  kc_client_free(c);
+  kc_warmup_free(w);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      CT(test_umask_read_not_set),
-      CT(test_out_keeps_foreign_dirs),
-      CT(test_out_dir_of_failed_removed),
-      CT(test_read_token_no_offer),
+      CT(test_umask_read_not_set),          CT(test_out_keeps_foreign_dirs),
+      CT(test_out_dir_of_failed_removed),   CT(test_read_token_no_offer),
+      CT(test_blob_get_fd_negative),        CT(test_made_with_parents),
+      CT(test_unauthorized_not_remembered),
   };
   return clienttest_run("client_materialize", tests,
                         sizeof tests / sizeof tests[0]);

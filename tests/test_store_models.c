@@ -11,6 +11,34 @@
 
 #include "storetest.h"
 
+/* mdb_del, linked with --wrap: the next del_full calls say MDB_MAP_FULL
+ * (a map too full for the pages a delete copies). */
+int __real_mdb_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data);
+int __wrap_mdb_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data);
+static int del_full;
+int __wrap_mdb_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data) {
+  if (del_full > 0) {
+    del_full--;
+    return MDB_MAP_FULL;
+  }
+  return __real_mdb_del(txn, dbi, key, data);
+}
+
+/* mdb_put, the same way (put_full). */
+int __real_mdb_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data,
+                   unsigned flags);
+int __wrap_mdb_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data,
+                   unsigned flags);
+static int put_full;
+int __wrap_mdb_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *key, MDB_val *data,
+                   unsigned flags) {
+  if (put_full > 0) {
+    put_full--;
+    return MDB_MAP_FULL;
+  }
+  return __real_mdb_put(txn, dbi, key, data, flags);
+}
+
 #define M3 "3333333333333333333333333333333333333333333333333333333333333333"
 #define M4 "4444444444444444444444444444444444444444444444444444444444444444"
 
@@ -163,12 +191,132 @@ static void test_bad_names(void **state) {
   kc_store_close(s);
 }
 
+/* Plants the pair (name, model) in the name index, as an older binary's
+ * purge or rename could leave it: no manifest of model says name. */
+static void plant_pair(const char *dir, const char *name, const char *model) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi names;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, dir, 0, 0640), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+  assert_int_equal(
+      mdb_dbi_open(txn, "warmnames", MDB_DUPSORT | MDB_DUPFIXED, &names), 0);
+  MDB_val k = {strlen(name), (void *)name}, v = {64, (void *)model};
+  assert_int_equal(mdb_put(txn, names, &k, &v, 0), 0);
+  assert_int_equal(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+}
+
+/* How many models the name index lists under name. */
+static size_t pairs_of(const char *dir, const char *name) {
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi names;
+  MDB_cursor *cur;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, dir, 0, 0640), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+  assert_int_equal(mdb_dbi_open(txn, "warmnames", 0, &names), 0);
+  assert_int_equal(mdb_cursor_open(txn, names, &cur), 0);
+  MDB_val k = {strlen(name), (void *)name}, v;
+  size_t n = 0;
+  if (mdb_cursor_get(cur, &k, &v, MDB_SET_KEY) == 0 &&
+      mdb_cursor_count(cur, &n) != 0)
+    n = 0;
+  mdb_cursor_close(cur);
+  mdb_txn_abort(txn);
+  mdb_env_close(env);
+  return n;
+}
+
+/* The index repairs itself: a pair whose model has no manifest, or one of
+ * another name, holds nothing; the put that finds it drops it, and the
+ * name goes to the model that puts it. */
+static void test_stale_pair_ignored(void **state) {
+  fx *f = *state;
+  kc_store *s = open_m(f->dir);
+  assert_int_equal(put_named(s, M1, "vision", 0), KC_OK);
+  kc_store_close(s);
+  plant_pair(f->dir, "llm", M3); /* M3: no manifest */
+  plant_pair(f->dir, "llm", M1); /* M1's manifest says "vision" */
+  assert_int_equal(pairs_of(f->dir, "llm"), 2);
+  s = open_m(f->dir);
+  assert_int_equal(put_named(s, M2, "llm", 0), KC_OK);
+  kc_store_close(s);
+  assert_int_equal(pairs_of(f->dir, "llm"), 1); /* M2's: the stale dropped */
+  s = open_m(f->dir);
+  /* M2 holds it now, and nothing else does */
+  assert_int_equal(put_named(s, M4, "llm", 0), KC_CONFLICT);
+  assert_non_null(strstr(errbuf, M2));
+  purge(s, M2);
+  assert_int_equal(put_named(s, M4, "llm", 0), KC_OK);
+  assert_int_equal(put_named(s, M1, "vision", 0), KC_OK);
+  kc_store_close(s);
+}
+
+/* A purge whose name delete finds the map full is a full map as any other
+ * write's: the store evicts and tries again, and the purge succeeds. */
+static void test_purge_name_map_full(void **state) {
+  fx *f = *state;
+  kc_store *s = open_m(f->dir);
+  assert_int_equal(put_named(s, M1, "llm", 0), KC_OK);
+  del_full = 1; /* the purge's first delete: its name's */
+  size_t removed = 1;
+  kc_err e = kc_store_model_purge(s, M1, &removed, errbuf);
+  del_full = 0;
+  if (e)
+    fail_msg("purge: %s (%s)", kc_err_name(e), errbuf);
+  assert_int_equal(removed, 0);
+  char *json = NULL;
+  size_t len;
+  EXPECT(kc_store_warmup_get(s, M1, &json, &len, errbuf), KC_NOT_FOUND);
+  assert_int_equal(put_named(s, M2, "llm", 0), KC_OK); /* the name is free */
+  kc_store_close(s);
+}
+
+/* A store from before the index whose map is too full to build it at open
+ * (its first put says so) opens anyway without it, says why, and the name
+ * rule holds by reading the manifests; the next open builds the index. */
+static void test_open_full_map_without_index(void **state) {
+  fx *f = *state;
+  kc_store *s = open_m(f->dir);
+  assert_int_equal(put_named(s, M1, "llm", 0), KC_OK);
+  assert_int_equal(put_named(s, M2, "vision", 0), KC_OK);
+  kc_store_close(s);
+  drop_index(f->dir);
+  kc_store_opts o;
+  memset(&o, 0, sizeof o);
+  o.dir = f->dir;
+  o.map_size = 64u << 20;
+  put_full = 1; /* the build's first name */
+  errbuf[0] = '\0';
+  kc_err e = kc_store_open(&o, &s, errbuf);
+  put_full = 0;
+  if (e)
+    fail_msg("open: %s (%s)", kc_err_name(e), errbuf);
+  print_message("%s\n", kc_store_names_unindexed(s));
+  assert_non_null(strstr(kc_store_names_unindexed(s), "too full"));
+  assert_int_equal(put_named(s, M4, "llm", 0), KC_CONFLICT);
+  assert_non_null(strstr(errbuf, M1));
+  assert_int_equal(put_named(s, M1, "x", 0), KC_CONFLICT); /* a rename */
+  assert_int_equal(put_named(s, M3, "free", 0), KC_OK);
+  kc_store_close(s);
+  s = open_m(f->dir); /* built now */
+  assert_string_equal(kc_store_names_unindexed(s), "");
+  assert_int_equal(put_named(s, M4, "vision", 0), KC_CONFLICT);
+  assert_non_null(strstr(errbuf, M2));
+  kc_store_close(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      ST(test_first_holder_keeps_name),
-      ST(test_shared_name_and_purge),
-      ST(test_index_built_for_old_store),
-      ST(test_bad_names),
+      ST(test_first_holder_keeps_name),     ST(test_shared_name_and_purge),
+      ST(test_index_built_for_old_store),   ST(test_bad_names),
+      ST(test_stale_pair_ignored),          ST(test_purge_name_map_full),
+      ST(test_open_full_map_without_index),
   };
   return storetest_run("store_models", tests, sizeof tests / sizeof tests[0]);
 }

@@ -22,6 +22,14 @@
 #include "storetest.h"
 #include "zstdframe.h"
 
+/* ZSTD_createDCtx, linked with --wrap: fails while dctx_fail is set. */
+ZSTD_DCtx *__real_ZSTD_createDCtx(void);
+ZSTD_DCtx *__wrap_ZSTD_createDCtx(void);
+static int dctx_fail;
+ZSTD_DCtx *__wrap_ZSTD_createDCtx(void) {
+  return dctx_fail ? NULL : __real_ZSTD_createDCtx();
+}
+
 static kc_store *open_z(const char *dir, int level) {
   kc_store_opts o;
   memset(&o, 0, sizeof o);
@@ -703,7 +711,8 @@ static void test_old_wide_frame_streams(void **state) {
 /* Its decoder is charged to the decoder budget as a GET's stream is: a
  * 2^27 window (128 MiB) beside a stream holding another does not fit, and
  * verify says the blob is not verified (KC_BUSY) rather than decoding it
- * whole; the scrub keeps it and goes on. With the stream closed both pass,
+ * whole; the scrub keeps it, counts it and goes on. Both go on past it to
+ * a second such blob. With the stream closed both pass,
  * and the budget is whole again. */
 static void test_old_wide_frame_over_budget(void **state) {
   fx *f = *state;
@@ -714,18 +723,29 @@ static void test_old_wide_frame_over_budget(void **state) {
   void *z = kc_test_wide_frame(zeros, n, 27, &zlen);
   store_as_old(f->dir, hex, n, z, zlen);
   free(z);
+  /* a second such blob (zeros, one byte fewer): verify and the scrub go on
+   * past the first */
+  char hex2[KC_HEX_LEN + 1];
+  OK(kc_sha256_hex(zeros, n - 1, hex2));
+  z = kc_test_wide_frame(zeros, n - 1, 27, &zlen);
+  store_as_old(f->dir, hex2, n - 1, z, zlen);
+  free(z);
   kc_store *s = open_z(f->dir, 3);
   kc_store_blob_stream *b;
   OK(kc_store_blob_stream_open(s, hex, 1, &b, NULL, NULL, NULL));
   uint64_t held = kc_store_zstd_decode_memory();
   assert_true(held > (128u << 20));
   EXPECT(kc_store_verify(s, errbuf), KC_BUSY);
-  assert_non_null(strstr(errbuf, "not verified"));
+  assert_non_null(strstr(errbuf, "2 blob(s) not verified"));
   kc_store_scrub sc;
   memset(&sc, 0, sizeof sc);
   OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
   assert_string_equal(sc.bad, "");
   assert_true(blob_present(s, hex));
+  assert_true(blob_present(s, hex2));
+  kc_store_stats st;
+  OK(kc_store_stats_get(s, &st));
+  assert_int_equal(st.scrub_skipped, 2);
   assert_int_equal(kc_store_zstd_decode_memory(), held);
   kc_store_blob_stream_free(b);
   OK(kc_store_verify(s, errbuf));
@@ -733,6 +753,28 @@ static void test_old_wide_frame_over_budget(void **state) {
   assert_string_equal(sc.bad, "");
   expect_content(s, hex, zeros, n, 128 * 1024);
   assert_int_equal(kc_store_zstd_decode_memory(), 0);
+  kc_store_close(s);
+  free(zeros);
+}
+
+/* A decoder for an old wide frame that cannot be made (out of memory)
+ * gives back what was charged for it: the budget is whole again. */
+static void test_wide_decoder_fails_releases(void **state) {
+  fx *f = *state;
+  size_t n = 4u << 20, zlen;
+  uint8_t *zeros = calloc(1, n);
+  char hex[KC_HEX_LEN + 1];
+  OK(kc_sha256_hex(zeros, n, hex));
+  void *z = kc_test_wide_frame(zeros, n, 25, &zlen);
+  store_as_old(f->dir, hex, n, z, zlen);
+  free(z);
+  kc_store *s = open_z(f->dir, 3);
+  assert_int_equal(kc_store_zstd_decode_memory(), 0);
+  dctx_fail = 1;
+  EXPECT(kc_store_verify(s, errbuf), KC_NOMEM);
+  dctx_fail = 0;
+  assert_int_equal(kc_store_zstd_decode_memory(), 0);
+  OK(kc_store_verify(s, errbuf));
   kc_store_close(s);
   free(zeros);
 }
@@ -751,6 +793,7 @@ int main(void) {
       ST(test_decoder_budget),
       ST(test_old_wide_frame_streams),
       ST(test_old_wide_frame_over_budget),
+      ST(test_wide_decoder_fails_releases),
   };
   return storetest_run("store_zstd", tests, sizeof tests / sizeof tests[0]);
 }
