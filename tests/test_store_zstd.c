@@ -639,6 +639,23 @@ static void store_as_old(const char *dir, const char *hex, uint64_t n,
   mdb_env_close(env);
 }
 
+/* n zeros held as blob hex (set here) in one frame with a 2^wlog window,
+ * as a store written before the bound would hold them (store_as_old). */
+static void plant_old_zeros(const char *dir, size_t n, int wlog,
+                            char hex[KC_HEX_LEN + 1]) {
+  uint8_t *zeros = calloc(1, n); /* untouched: the shared zero page */
+  assert_non_null(zeros);
+  OK(kc_sha256_hex(zeros, n, hex));
+  size_t zlen;
+  void *z = kc_test_wide_frame(zeros, n, wlog, &zlen);
+  free(zeros);
+  ZSTD_frameHeader fh;
+  assert_int_equal(ZSTD_getFrameHeader(&fh, z, zlen), 0);
+  assert_int_equal(fh.windowSize, (unsigned long long)1 << wlog);
+  store_as_old(dir, hex, n, z, zlen);
+  free(z);
+}
+
 /* Peak resident memory (VmHWM) in KiB since the last reset_hwm. */
 static long hwm_kib(void) {
   FILE *f = fopen("/proc/self/status", "r");
@@ -667,18 +684,8 @@ static int reset_hwm(void) {
  * and some, well under the 256 MiB a whole decode would touch. */
 static void test_old_wide_frame_streams(void **state) {
   fx *f = *state;
-  size_t n = 256u << 20, zlen;
-  uint8_t *zeros = calloc(1, n); /* untouched: the shared zero page */
-  assert_non_null(zeros);
   char hex[KC_HEX_LEN + 1];
-  OK(kc_sha256_hex(zeros, n, hex));
-  void *z = kc_test_wide_frame(zeros, n, 25, &zlen);
-  free(zeros);
-  ZSTD_frameHeader fh;
-  assert_int_equal(ZSTD_getFrameHeader(&fh, z, zlen), 0);
-  assert_int_equal(fh.windowSize, 32u << 20);
-  store_as_old(f->dir, hex, n, z, zlen);
-  free(z);
+  plant_old_zeros(f->dir, 256u << 20, 25, hex); /* a 32 MiB window */
   kc_store *s = open_z(f->dir, 3);
   if (!reset_hwm()) {
     kc_store_close(s);
@@ -716,20 +723,12 @@ static void test_old_wide_frame_streams(void **state) {
  * and the budget is whole again. */
 static void test_old_wide_frame_over_budget(void **state) {
   fx *f = *state;
-  size_t n = 4u << 20, zlen;
-  uint8_t *zeros = calloc(1, n);
-  char hex[KC_HEX_LEN + 1];
-  OK(kc_sha256_hex(zeros, n, hex));
-  void *z = kc_test_wide_frame(zeros, n, 27, &zlen);
-  store_as_old(f->dir, hex, n, z, zlen);
-  free(z);
+  size_t n = 4u << 20;
+  char hex[KC_HEX_LEN + 1], hex2[KC_HEX_LEN + 1];
+  plant_old_zeros(f->dir, n, 27, hex);
   /* a second such blob (zeros, one byte fewer): verify and the scrub go on
    * past the first */
-  char hex2[KC_HEX_LEN + 1];
-  OK(kc_sha256_hex(zeros, n - 1, hex2));
-  z = kc_test_wide_frame(zeros, n - 1, 27, &zlen);
-  store_as_old(f->dir, hex2, n - 1, z, zlen);
-  free(z);
+  plant_old_zeros(f->dir, n - 1, 27, hex2);
   kc_store *s = open_z(f->dir, 3);
   kc_store_blob_stream *b;
   OK(kc_store_blob_stream_open(s, hex, 1, &b, NULL, NULL, NULL));
@@ -751,23 +750,20 @@ static void test_old_wide_frame_over_budget(void **state) {
   OK(kc_store_verify(s, errbuf));
   OK(kc_store_scrub_step(s, &sc, UINT64_MAX, errbuf));
   assert_string_equal(sc.bad, "");
+  uint8_t *zeros = calloc(1, n);
+  assert_non_null(zeros);
   expect_content(s, hex, zeros, n, 128 * 1024);
+  free(zeros);
   assert_int_equal(kc_store_zstd_decode_memory(), 0);
   kc_store_close(s);
-  free(zeros);
 }
 
 /* A decoder for an old wide frame that cannot be made (out of memory)
  * gives back what was charged for it: the budget is whole again. */
 static void test_wide_decoder_fails_releases(void **state) {
   fx *f = *state;
-  size_t n = 4u << 20, zlen;
-  uint8_t *zeros = calloc(1, n);
   char hex[KC_HEX_LEN + 1];
-  OK(kc_sha256_hex(zeros, n, hex));
-  void *z = kc_test_wide_frame(zeros, n, 25, &zlen);
-  store_as_old(f->dir, hex, n, z, zlen);
-  free(z);
+  plant_old_zeros(f->dir, 4u << 20, 25, hex);
   kc_store *s = open_z(f->dir, 3);
   assert_int_equal(kc_store_zstd_decode_memory(), 0);
   dctx_fail = 1;
@@ -776,7 +772,6 @@ static void test_wide_decoder_fails_releases(void **state) {
   assert_int_equal(kc_store_zstd_decode_memory(), 0);
   OK(kc_store_verify(s, errbuf));
   kc_store_close(s);
-  free(zeros);
 }
 
 int main(void) {
