@@ -430,6 +430,26 @@ static int scan_eol(kcd_scan *s) {
   return KCD_SCAN_OK;
 }
 
+/* Whether nothing in the rest of the current line can change the verdict:
+ * the request line once begun, or a header line whose name matched neither
+ * SCAN_CL nor SCAN_TE and that is not the first Content-Length's value.
+ * Then only where the line ends matters. */
+static int line_settled(const kcd_scan *s) {
+  if (s->cr || s->in_cl || s->col == 0)
+    return 0;
+  return s->line == 0 || (s->mcl != s->col && s->mte != s->col);
+}
+
+/* Bytes of a settled line up to its next CR or LF (or the buffer's end):
+ * counted, not looked at one by one (most of a request's bytes). */
+static size_t line_skip(kcd_scan *s, const char *p, size_t n) {
+  const char *cr = memchr(p, '\r', n);
+  const char *lf = memchr(p, '\n', cr ? (size_t)(cr - p) : n);
+  size_t k = lf ? (size_t)(lf - p) : cr ? (size_t)(cr - p) : n;
+  s->col += (unsigned)k;
+  return k;
+}
+
 int kcd_framing_scan(kcd_scan *s, const char *p, size_t n) {
   for (size_t i = 0; i < n && s->on; i++) {
     if (s->on == KCD_SCAN_BODY) { /* skipped; then the next block */
@@ -440,6 +460,8 @@ int kcd_framing_scan(kcd_scan *s, const char *p, size_t n) {
         s->on = KCD_SCAN_HEADERS;
       continue;
     }
+    if (line_settled(s) && (i += line_skip(s, p + i, n - i)) == n)
+      break;
     unsigned char c = (unsigned char)p[i];
     if (s->cr) {
       s->cr = 0;
