@@ -222,6 +222,9 @@ typedef struct kcd_metrics {
   _Atomic uint64_t zstd_gets, zstd_sent_frames, zstd_puts;
   /* connections shut down by the maintenance tick (conns.c) */
   _Atomic uint64_t cut_header_timeout, cut_slow_body;
+  /* large blobs sent from the store's pages (loans.c), and those whose
+   * client was slow enough that they were copied and their read ended */
+  _Atomic uint64_t loans, loans_detached;
   /* operations begun and not answered, per front end (service.c): HTTP
    * requests, RESP commands waiting for a commit or a fetch */
   _Atomic int64_t in_flight[KCD_N_FE];
@@ -339,6 +342,7 @@ struct kcd_state {
    * (reply.c), against --max-answer-memory */
   _Atomic uint64_t answer_bytes;
   struct kcd_dcache *dcache; /* decoded blobs (decoded_cache.c); NULL: off */
+  struct kcd_loans *loans;   /* large blobs lent from the map (loans.c) */
 };
 
 /* The store, or NULL while it is not open: the one way to reach it. */

@@ -356,6 +356,15 @@ static void render_cuts(FILE *f, kcd_metrics *m) {
           (unsigned long long)GET(m->cut_header_timeout));
   fprintf(f, "kcached_connections_cut_total{reason=\"slow_body\"} %llu\n",
           (unsigned long long)GET(m->cut_slow_body));
+  fputs("# HELP kcached_http_blob_loans_total Large blob GETs sent from the "
+        "store's pages without a copy; detached: the client was slow, so "
+        "the bytes were copied and the read ended.\n# TYPE "
+        "kcached_http_blob_loans_total counter\n",
+        f);
+  fprintf(f, "kcached_http_blob_loans_total{result=\"sent\"} %llu\n",
+          (unsigned long long)GET(m->loans));
+  fprintf(f, "kcached_http_blob_loans_total{result=\"detached\"} %llu\n",
+          (unsigned long long)GET(m->loans_detached));
 }
 
 char *kcd_metrics_render(kcd_state *st, size_t *len) {

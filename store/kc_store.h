@@ -156,6 +156,27 @@ kc_err kc_store_zstd_decode(const void *z, size_t zlen, void *dst, size_t raw,
 kc_err kc_store_blob_copy(kc_store *s, const char *digest, uint64_t off,
                           void *buf, size_t cap, size_t *n, uint64_t *size);
 
+/* A large raw blob's bytes lent to a response without a copy (lend.c): a
+ * second mapping of the store's file over the blob's pages. kc_store_lend
+ * takes the read r that kc_store_blob_get found data in (len bytes) and
+ * holds it, so the pages stay the blob's; KC_EINVAL when the bytes are not
+ * where a large value sits (copy them instead; r is still the caller's).
+ * kc_store_lent_detach swaps a private copy in at the same address and ends
+ * the read (for a client that is slow to take the bytes: a held read pins
+ * every page freed after it began); the address and the bytes stay the
+ * same, and a thread reading them meanwhile sees no change. Not thread-safe
+ * against kc_store_lent_free: the caller orders the two. */
+typedef struct kc_store_lent kc_store_lent;
+kc_err kc_store_lend(kc_store_read *r, const void *data, size_t len,
+                     kc_store_lent **out);
+const void *kc_store_lent_bytes(const kc_store_lent *l);
+size_t kc_store_lent_size(const kc_store_lent *l);
+/* Whether the loan still holds its read (not detached). */
+int kc_store_lent_held(const kc_store_lent *l);
+kc_err kc_store_lent_detach(kc_store_lent *l);
+/* Unmaps, and ends the read if still held. NULL: nothing. */
+void kc_store_lent_free(kc_store_lent *l);
+
 /* The reads open now (kc_store_read_begin to kc_store_read_end, the store's
  * own included) and the reads LMDB's reader table refused (KC_BUSY): a read
  * held open pins every page freed after it began, so an old one means a map

@@ -684,6 +684,8 @@ void kcd_http_sweep(kcd_state *st) {
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
   if (!st->conns && !(st->conns = kcd_conns_new()))
     return kc_errf(err, KC_NOMEM, "out of memory");
+  if (!st->loans && !(st->loans = kcd_loans_new(st)))
+    kcd_log(st, "warn", "no thread for blob loans: large GETs are copied");
   kcd_conns_scan_raw(st->conns, !st->tls_cert_pem);
   struct addrinfo *ai = NULL;
   kc_err e = resolve("listen", st->cfg.host, st->cfg.port, &ai, err);
@@ -722,6 +724,8 @@ void kcd_http_stop(kcd_state *st) {
   st->mhd_health = NULL;
   kcd_conns_free(st->conns); /* every connection is closed now */
   st->conns = NULL;
+  kcd_loans_free(st->loans); /* and every response freed */
+  st->loans = NULL;
 }
 
 int kcd_tls_supported(void) {

@@ -239,6 +239,15 @@ const char *kcd_query(kcd_req *r, const char *name);
  * Bearer token (kcd_http_bearer in http.c). */
 kcd_authn kcd_http_auth(kcd_state *st, const char *header, kcd_role *role,
                         char name[KCD_NAME_MAX]);
+/* ---- large blobs lent from the map (loans.c) ---- */
+
+typedef struct kcd_loans kcd_loans;
+/* The loans and their reaper thread, for the HTTP daemon's life; NULL on
+ * failure (then every large GET is copied in pieces). */
+kcd_loans *kcd_loans_new(kcd_state *st);
+/* After the daemon stopped (no response is left). NULL: nothing. */
+void kcd_loans_free(kcd_loans *ls);
+
 /* ---- replies (reply.c) ---- */
 
 /* Response helpers: each queues the response and returns the MHD result.
@@ -274,6 +283,17 @@ int kcd_reply_pieces(kcd_req *r, int status, const char *ctype, uint64_t len,
 int kcd_reply_held(kcd_req *r, const char *ctype, const void *data, size_t len,
                    void (*release)(void *), void *cls,
                    const char *const *headers);
+/* A 200 over len bytes at data, found by r->read in a large raw blob, sent
+ * from the store's pages without a copy (loans.c); the read becomes the
+ * loan's. -1 when no loan can be made now (too many held, or the bytes are
+ * not lendable): nothing was queued and r->read is still the caller's. */
+int kcd_reply_lent(kcd_req *r, const void *data, size_t len, const char *ctype,
+                   const char *const *headers);
+/* The answer budget (--max-answer-memory, st->answer_bytes): take len bytes
+ * of it (0: over it, nothing taken; the first answer always goes), give
+ * them back. */
+int kcd_answer_budget_take(kcd_state *st, size_t len);
+void kcd_answer_budget_give(kcd_state *st, size_t len);
 /* Serializes a jansson value (stolen). */
 int kcd_reply_json(kcd_req *r, int status, json_t *json,
                    const char *const *headers);

@@ -37,15 +37,18 @@ typedef struct counted_body {
   size_t len;
 } counted_body;
 
+void kcd_answer_budget_give(kcd_state *st, size_t len) {
+  atomic_fetch_sub(&st->answer_bytes, len);
+}
+
 static void counted_free(void *cls) {
   counted_body *b = cls;
-  atomic_fetch_sub(&b->st->answer_bytes, b->len);
+  kcd_answer_budget_give(b->st, b->len);
   free(b->data);
   free(b);
 }
 
-/* Takes len bytes of the budget; 0 when over it (nothing taken). */
-static int budget_take(kcd_state *st, size_t len) {
+int kcd_answer_budget_take(kcd_state *st, size_t len) {
   uint64_t cap = st->cfg.max_answer_memory;
   uint64_t old = atomic_fetch_add(&st->answer_bytes, len);
   if (!cap || old == 0 || old + len <= cap)
@@ -109,7 +112,7 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
   struct MHD_Response *resp;
   if (mem == KCD_MEM_PERSISTENT || len <= ANSWER_SMALL) {
     resp = make_response(data, len, mem);
-  } else if (!budget_take(r->st, len)) {
+  } else if (!kcd_answer_budget_take(r->st, len)) {
     if (mem == KCD_MEM_FREE)
       free((void *)data);
     return kcd_reply_error(

@@ -163,6 +163,10 @@ int kcd_blob_get(kcd_req *r) {
   if (heap) /* fetched from S3 just now */
     return kcd_reply(r, 200, "application/octet-stream", heap, len,
                      KCD_MEM_FREE, h);
+  int rc;
+  if (len > KCD_ZERO_COPY_MAX &&
+      (rc = kcd_reply_lent(r, data, len, "application/octet-stream", h)) >= 0)
+    return rc;
   if (len > KCD_ZERO_COPY_MAX) {
     kc_store_read_end(r->read);
     r->read = NULL;

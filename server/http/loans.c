@@ -1,0 +1,178 @@
+/* loans.c: large blobs sent from the store's pages without a copy
+ * (kc_store_lend), and the thread that takes a loan back from a client that
+ * is slow to read it.
+ *
+ * A GET of a large raw blob used to be copied out of LMDB's map piece by
+ * piece (routes_blob.c, kc_store_blob_copy), so that no read was held at a
+ * client's pace: a held read pins every page freed after it began, and a
+ * full store then answers writes 507 far below --max-bytes. That copy was a
+ * quarter of a 16 MiB GET's CPU. A loan sends the bytes where they are, and
+ * its read is held only while the client keeps up: the reaper detaches a
+ * loan older than LOAN_HOLD_MS (a private copy takes the pages' place, at
+ * the same address, and the read ends), so a stalled client pins pages for
+ * at most LOAN_HOLD_MS + LOAN_TICK_MS. A fast client (16 MiB on loopback:
+ * about 5 ms) costs no copy. At most LOANS_HELD loans hold a read at once;
+ * past that, and for a copy the answer budget (--max-answer-memory) refuses,
+ * the GET is served in pieces as before. A copy counts against that budget
+ * until the response is freed. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "http.h"
+
+#define LOANS_HELD 8      /* loans holding a read at once */
+#define LOAN_HOLD_MS 200  /* then a loan's pages are copied and its read ends */
+#define LOAN_TICK_MS 50   /* how often the reaper looks */
+
+typedef struct loan {
+  kcd_loans *owner;
+  kc_store_lent *lent;
+  uint64_t t0_ms;
+  size_t copied; /* bytes of the answer budget its copy holds */
+  struct loan *prev, *next;
+} loan;
+
+struct kcd_loans {
+  kcd_state *st;
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
+  loan *head;
+  unsigned held; /* loans whose read is still held */
+  int stop;
+  pthread_t reaper;
+};
+
+static uint64_t now_ms(void) { return kc_clock_mono_us() / 1000; }
+
+/* Detaches the loans held longer than LOAN_HOLD_MS; lock held. */
+static void reap(kcd_loans *ls, uint64_t now) {
+  for (loan *l = ls->head; l; l = l->next) {
+    if (!kc_store_lent_held(l->lent) || now - l->t0_ms < LOAN_HOLD_MS)
+      continue;
+    size_t len = kc_store_lent_size(l->lent);
+    if (!kcd_answer_budget_take(ls->st, len))
+      continue; /* over --max-answer-memory: held until a later tick */
+    if (kc_store_lent_detach(l->lent)) {
+      kcd_answer_budget_give(ls->st, len);
+      continue;
+    }
+    l->copied = len;
+    ls->held--;
+    atomic_fetch_add(&ls->st->metrics.loans_detached, 1);
+  }
+}
+
+static void *reaper_main(void *arg) {
+  kcd_loans *ls = arg;
+  pthread_mutex_lock(&ls->lock);
+  while (!ls->stop) {
+    if (!ls->held) { /* nothing to watch: sleep until a loan is made */
+      pthread_cond_wait(&ls->wake, &ls->lock);
+      continue;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += LOAN_TICK_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&ls->wake, &ls->lock, &ts);
+    reap(ls, now_ms());
+  }
+  pthread_mutex_unlock(&ls->lock);
+  return NULL;
+}
+
+kcd_loans *kcd_loans_new(kcd_state *st) {
+  kcd_loans *ls = calloc(1, sizeof *ls);
+  pthread_condattr_t ca;
+  if (!ls)
+    return NULL;
+  ls->st = st;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  int ok = !pthread_mutex_init(&ls->lock, NULL) &&
+           !pthread_cond_init(&ls->wake, &ca) &&
+           !pthread_create(&ls->reaper, NULL, reaper_main, ls);
+  pthread_condattr_destroy(&ca);
+  if (!ok) {
+    free(ls);
+    return NULL;
+  }
+  return ls;
+}
+
+/* After the HTTP daemon stopped: every response, so every loan, is freed. */
+void kcd_loans_free(kcd_loans *ls) {
+  if (!ls)
+    return;
+  pthread_mutex_lock(&ls->lock);
+  ls->stop = 1;
+  pthread_cond_signal(&ls->wake);
+  pthread_mutex_unlock(&ls->lock);
+  pthread_join(ls->reaper, NULL);
+  pthread_cond_destroy(&ls->wake);
+  pthread_mutex_destroy(&ls->lock);
+  free(ls);
+}
+
+/* MHD freed the response (sent, or its connection closed). */
+static void loan_free(void *cls) {
+  loan *l = cls;
+  kcd_loans *ls = l->owner;
+  pthread_mutex_lock(&ls->lock);
+  if (l->prev)
+    l->prev->next = l->next;
+  else
+    ls->head = l->next;
+  if (l->next)
+    l->next->prev = l->prev;
+  if (kc_store_lent_held(l->lent))
+    ls->held--;
+  pthread_mutex_unlock(&ls->lock);
+  if (l->copied)
+    kcd_answer_budget_give(ls->st, l->copied);
+  kc_store_lent_free(l->lent);
+  free(l);
+}
+
+/* A loan of the read's len bytes at data, linked in; NULL when none may be
+ * made now (the read is then still the caller's). */
+static loan *loan_make(kcd_loans *ls, kc_store_read *read, const void *data,
+                       size_t len) {
+  loan *l = calloc(1, sizeof *l);
+  if (!l)
+    return NULL;
+  pthread_mutex_lock(&ls->lock);
+  if (ls->held >= LOANS_HELD || kc_store_lend(read, data, len, &l->lent)) {
+    pthread_mutex_unlock(&ls->lock);
+    free(l);
+    return NULL;
+  }
+  l->owner = ls;
+  l->t0_ms = now_ms();
+  l->next = ls->head;
+  if (ls->head)
+    ls->head->prev = l;
+  ls->head = l;
+  if (!ls->held++)
+    pthread_cond_signal(&ls->wake);
+  pthread_mutex_unlock(&ls->lock);
+  return l;
+}
+
+int kcd_reply_lent(kcd_req *r, const void *data, size_t len, const char *ctype,
+                   const char *const *headers) {
+  kcd_loans *ls = r->st->loans;
+  loan *l = ls && r->read ? loan_make(ls, r->read, data, len) : NULL;
+  if (!l)
+    return -1;
+  r->read = NULL; /* the loan's now */
+  atomic_fetch_add(&r->st->metrics.loans, 1);
+  return kcd_reply_held(r, ctype, kc_store_lent_bytes(l->lent), len,
+                        loan_free, l, headers);
+}
