@@ -75,6 +75,10 @@ typedef struct kc_store_opts {
    * (--compress-level). Blobs are named by the SHA-256 of their
    * content whatever the encoding; max_bytes counts stored bytes. */
   int compress_level;
+  /* A GET records a RESP key's use only when the last one recorded (or its
+   * SET) is at least this old, so eviction orders keys to within it; 0:
+   * 10 s (KCS_KV_USE_GRAIN_MS), < 0: every GET (exact order; tests). */
+  int64_t kv_use_grain_ms;
 } kc_store_opts;
 
 /* Process-wide set-up of the libraries the durable tier uses (libcurl's

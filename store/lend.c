@@ -25,7 +25,7 @@
 
 #include "store_internal.h"
 
-#define LMDB_PAGEHDRSZ 16   /* sizeof(MDB_page) up to its mp_ptrs */
+#define LMDB_PAGEHDRSZ 16    /* sizeof(MDB_page) up to its mp_ptrs */
 #define LMDB_P_OVERFLOW 0x04 /* mp_flags of an overflow page */
 
 struct kc_store_lent {

@@ -307,6 +307,8 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
   s->lock_fd = s->dir_lock_fd = -1;
   s->max_bytes = opts->max_bytes;
   s->kv_max_bytes = opts->kv_max_bytes;
+  s->kv_use_grain_ms =
+      opts->kv_use_grain_ms ? opts->kv_use_grain_ms : KCS_KV_USE_GRAIN_MS;
   s->compress_level = opts->compress_level;
   s->grace_s = opts->grace_s ? opts->grace_s : 3600;
   s->high_pct = opts->high_water_pct > 0 ? opts->high_water_pct : 95;

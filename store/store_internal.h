@@ -110,6 +110,11 @@ typedef struct kcs_uses {
   size_t cap, n; /* open addressing; cap a power of two, n <= cap / 2 */
 } kcs_uses;
 
+/* How fresh a RESP key's recorded last use must be for a GET to record no
+ * new one (kv.c; the default of kc_store_opts.kv_use_grain_ms): eviction's
+ * order of keys is this coarse. */
+#define KCS_KV_USE_GRAIN_MS 10000
+
 /* A RESP key's record in kv; the key's bytes follow it. */
 typedef struct kcs_kv_rec {
   char digest[KC_HEX_LEN]; /* the value's blob */
@@ -137,6 +142,7 @@ struct kc_store {
    * the name check walks the manifests instead, and the next open builds */
   char names_why[160];
   uint64_t kv_max_bytes;
+  int64_t kv_use_grain_ms; /* opts->kv_use_grain_ms, the default filled in */
   kcs_uses kvuses; /* last uses of RESP keys, by hex(sha256(key)), in ms */
   _Atomic uint64_t kv_hits, kv_misses, evicted_kv;
   kcs_tier *tier; /* NULL: no durable tier */

@@ -663,11 +663,19 @@ static void set_seed(kc_store *s, const char *key, size_t n, uint64_t seed) {
   free(p);
 }
 
+static kc_store *open_kv_grain(const char *dir, uint64_t max_bytes,
+                               int64_t grain_ms) {
+  kc_store_opts o = {
+      .dir = dir, .max_bytes = max_bytes, .kv_use_grain_ms = grain_ms};
+  return open_with(&o);
+}
+
 /* Under max_bytes: the least recently used keys go, a key read lately
- * stays (its use batched in memory, seen by eviction). */
+ * stays (its use batched in memory, seen by eviction). Every GET counts
+ * here (grain < 0): the default grain is tested below. */
 static void test_evict_max_bytes(void **state) {
   fx *f = *state;
-  kc_store *s = open_kv(f->dir, 1 * MiB, 0, 0);
+  kc_store *s = open_kv_grain(f->dir, 1 * MiB, -1);
   char k[32];
   for (int i = 0; i < 8; i++) {
     snprintf(k, sizeof k, "k%d", i);
@@ -692,6 +700,45 @@ static void test_evict_max_bytes(void **state) {
   assert_int_equal(st.kv_keys * 64 * KiB, st.kv_bytes);
   OK(kc_store_verify(s, errbuf));
   kc_store_close(s);
+}
+
+/* Sets a, then b and 20 more, reads a five times, then fills a 4 MiB store
+ * until its first eviction (about 6 of 64 keys): whether a survived it. */
+static int read_key_survives(const char *dir, int64_t grain_ms) {
+  kc_store *s = open_kv_grain(dir, 4 * MiB, grain_ms);
+  char k[32];
+  set_seed(s, "a", 64 * KiB, 1);
+  for (int i = 0; i < 21; i++) {
+    usleep(1000);
+    snprintf(k, sizeof k, "%c%d", i ? 'x' : 'b', i);
+    set_seed(s, i ? k : "b", 64 * KiB, 2 + (uint64_t)i);
+  }
+  usleep(1000);
+  for (int i = 0; i < 5; i++)
+    assert_true(present(s, "a"));
+  for (int i = 0; i < 128 && get_stats(s).evicted_kv == 0; i++) {
+    usleep(1000);
+    snprintf(k, sizeof k, "k%d", i);
+    set_seed(s, k, 64 * KiB, 100 + (uint64_t)i);
+  }
+  assert_true(get_stats(s).evicted_kv > 0);
+  assert_false(present(s, "b")); /* the oldest, unread: gone either way */
+  int kept = present(s, "a");
+  kc_store_close(s);
+  return kept;
+}
+
+/* The default grain: a GET of a key set or used less than 10 s ago records
+ * no use (a hot key costs the table and the flush once per grain, not once
+ * per GET), so such a read does not save it from eviction; with every GET
+ * counted (grain < 0) it does. */
+static void test_evict_use_grain(void **state) {
+  fx *f = *state;
+  char exact[512];
+  snprintf(exact, sizeof exact, "%s/exact", f->dir);
+  assert_int_equal(mkdir(exact, 0700), 0);
+  assert_true(read_key_survives(exact, -1));
+  assert_false(read_key_survives(f->dir, 0));
 }
 
 /* kv_max_bytes: a flood of RESP keys cannot evict the bundles; the RESP
@@ -1527,6 +1574,7 @@ int main(int argc, char **argv) {
       ST(test_glob),
       ST(test_flush),
       ST(test_evict_max_bytes),
+      ST(test_evict_use_grain),
       ST(test_evict_kv_cap_spares_bundles),
       ST(test_evict_bundles_over_share),
       ST(test_evict_oldest_across_sides),

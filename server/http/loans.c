@@ -23,9 +23,10 @@
 
 #include "http.h"
 
-#define LOANS_HELD 8      /* loans holding a read at once */
-#define LOAN_HOLD_MS 200  /* then a loan's pages are copied and its read ends */
-#define LOAN_TICK_MS 50   /* how often the reaper looks */
+#define LOANS_HELD 8     /* loans holding a read at once */
+#define LOAN_HOLD_MS 200 /* then a loan's pages are copied and its read ends   \
+                          */
+#define LOAN_TICK_MS 50  /* how often the reaper looks */
 
 typedef struct loan {
   kcd_loans *owner;
@@ -173,6 +174,6 @@ int kcd_reply_lent(kcd_req *r, const void *data, size_t len, const char *ctype,
     return -1;
   r->read = NULL; /* the loan's now */
   atomic_fetch_add(&r->st->metrics.loans, 1);
-  return kcd_reply_held(r, ctype, kc_store_lent_bytes(l->lent), len,
-                        loan_free, l, headers);
+  return kcd_reply_held(r, ctype, kc_store_lent_bytes(l->lent), len, loan_free,
+                        l, headers);
 }
