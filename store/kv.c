@@ -160,10 +160,10 @@ kc_err kc_store_kv_get(kc_store_read *r, const void *key, size_t klen,
    * key costs the table of uses and the write that flushes it once per step,
    * not on every GET (with 10,000 keys read in turn, 11% of a GET's CPU:
    * a cache miss in the table, and 10,000 record and index rewrites a
-   * second). Eviction then orders keys to within that step. */
-  int64_t now = kc_clock_wall_ms();
-  if (now - rec.last_used_ms >= s->kv_use_grain_ms)
-    kcs_uses_record(&s->kvuses, hex, now);
+   * second). Eviction then orders keys to within that step. now_ms is
+   * the caller's wall clock (expiry is in unix ms too): no second read. */
+  if (now_ms - rec.last_used_ms >= s->kv_use_grain_ms)
+    kcs_uses_record(&s->kvuses, hex, now_ms);
   out->expire_ms = rec.expire_ms;
   out->size = rec.size;
   return KC_OK;

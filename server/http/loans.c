@@ -23,10 +23,11 @@
 
 #include "http.h"
 
-#define LOANS_HELD 8     /* loans holding a read at once */
-#define LOAN_HOLD_MS 200 /* then a loan's pages are copied and its read ends   \
-                          */
-#define LOAN_TICK_MS 50  /* how often the reaper looks */
+#define LOANS_HELD 8 /* loans holding a read at once */
+#define LOAN_HOLD_MS                                                           \
+  200                   /* then a loan's pages are copied and its read ends    \
+                         */
+#define LOAN_TICK_MS 50 /* how often the reaper looks */
 
 typedef struct loan {
   kcd_loans *owner;
