@@ -23,11 +23,12 @@
 
 #include "http.h"
 
-#define LOANS_HELD 8 /* loans holding a read at once */
-#define LOAN_HOLD_MS                                                           \
-  200                   /* then a loan's pages are copied and its read ends    \
-                         */
-#define LOAN_TICK_MS 50 /* how often the reaper looks */
+/* Loans holding a read at once. */
+#define LOANS_HELD 8
+/* Then a loan's pages are copied and its read ends. */
+#define LOAN_HOLD_MS 500
+/* How often the reaper looks. */
+#define LOAN_TICK_MS 100
 
 typedef struct loan {
   kcd_loans *owner;
