@@ -41,6 +41,18 @@ int64_t kc_clock_wall_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+struct timespec kc_clock_deadline(clockid_t clk, uint64_t us) {
+  struct timespec ts;
+  clock_gettime(clk, &ts);
+  ts.tv_sec += (time_t)(us / 1000000u);
+  ts.tv_nsec += (long)(us % 1000000u) * 1000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
 uint64_t kc_clock_mono_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "kc_error.h"
 
@@ -244,6 +245,9 @@ int kc_hex_decode(const char *hex, size_t n, unsigned char *out);
 int64_t kc_clock_wall_ms(void);
 /* The monotonic clock (CLOCK_MONOTONIC), microseconds: for intervals. */
 uint64_t kc_clock_mono_us(void);
+/* The time `us` microseconds from now on clock clk: a deadline for
+ * pthread_cond_timedwait on a condition variable of that clock. */
+struct timespec kc_clock_deadline(clockid_t clk, uint64_t us);
 
 /* ---- Misc ---- */
 

@@ -76,13 +76,8 @@ static void *reaper_main(void *arg) {
       pthread_cond_wait(&ls->wake, &ls->lock);
       continue;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += LOAN_TICK_MS * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts =
+        kc_clock_deadline(CLOCK_MONOTONIC, LOAN_TICK_MS * 1000u);
     pthread_cond_timedwait(&ls->wake, &ls->lock, &ts);
     reap(ls, now_ms());
   }

@@ -39,13 +39,9 @@ static void wait_for(kcd_resp *r, size_t want, const struct timespec *until) {
 static void gather(kcd_resp *r, size_t last_jobs) {
   if (GATHER_US <= 0 || last_jobs < 2 || r->qlen >= last_jobs)
     return;
-  struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until); /* ccond's clock */
-  until.tv_nsec += GATHER_US * 1000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
+  /* ccond's clock */
+  struct timespec until =
+      kc_clock_deadline(CLOCK_MONOTONIC, (uint64_t)GATHER_US);
   wait_for(r, last_jobs, &until);
 }
 

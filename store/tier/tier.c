@@ -430,14 +430,7 @@ static kc_err upload_one(kcs_tier *t, const entry *en, char *err) {
 
 /* Waits up to ms, or until stopping, or (kickable) a put queued something. */
 static void wait_ms(kcs_tier *t, uint64_t ms, int kickable) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  ts.tv_sec += (time_t)(ms / 1000);
-  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
+  struct timespec ts = kc_clock_deadline(CLOCK_MONOTONIC, ms * 1000);
   pthread_mutex_lock(&t->mu);
   while (!(kickable && t->kicked) && !atomic_load(&t->stop) &&
          pthread_cond_timedwait(&t->cv, &t->mu, &ts) == 0)

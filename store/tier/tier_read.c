@@ -193,13 +193,8 @@ static void commit_fills(kcs_tier *t, kcs_fill **x, size_t n) {
 /* Waits a moment after the first fill so that those arriving meanwhile
  * share its transaction: one sync for many small blobs. */
 static void gather(kcs_tier *t) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_nsec += FILL_GATHER_MS * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
+  struct timespec ts =
+      kc_clock_deadline(CLOCK_REALTIME, (uint64_t)FILL_GATHER_MS * 1000);
   while (!atomic_load(&t->fill_stop) &&
          pthread_cond_timedwait(&t->fill_cv, &t->fill_mu, &ts) == 0)
     ;
