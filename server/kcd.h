@@ -222,9 +222,10 @@ typedef struct kcd_metrics {
   _Atomic uint64_t zstd_gets, zstd_sent_frames, zstd_puts;
   /* connections shut down by the maintenance tick (conns.c) */
   _Atomic uint64_t cut_header_timeout, cut_slow_body;
-  /* large blobs sent from the store's pages (loans.c), and those whose
-   * client was slow enough that they were copied and their read ended */
-  _Atomic uint64_t loans, loans_detached;
+  /* large blobs sent from the store's pages (loans.c); those whose client
+   * was slow enough that they were copied and their read ended; those cut
+   * instead (the answer budget refused the copy) */
+  _Atomic uint64_t loans, loans_detached, loans_cut;
   /* operations begun and not answered, per front end (service.c): HTTP
    * requests, RESP commands waiting for a commit or a fetch */
   _Atomic int64_t in_flight[KCD_N_FE];

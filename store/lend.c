@@ -31,6 +31,8 @@
 struct kc_store_lent {
   kc_store_read *read; /* NULL once detached */
   char *map;           /* the mapping (page-aligned), maplen bytes */
+  int fd;              /* data.mdb, and the mapping's offset in it */
+  off_t at;
   size_t maplen, skip; /* the blob's first byte is at map + skip */
   size_t len;
 };
@@ -70,7 +72,9 @@ kc_err kc_store_lend(kc_store_read *r, const void *data, size_t len,
   l->skip = (size_t)(off - at);
   l->maplen = (l->skip + len + (size_t)os_page - 1) & ~((size_t)os_page - 1);
   l->len = len;
-  void *m = mmap(NULL, l->maplen, PROT_READ, MAP_SHARED, fd, (off_t)at);
+  l->fd = fd;
+  l->at = (off_t)at;
+  void *m = mmap(NULL, l->maplen, PROT_READ, MAP_SHARED, fd, l->at);
   if (m == MAP_FAILED) {
     free(l);
     return KC_IO;
@@ -104,11 +108,24 @@ kc_err kc_store_lent_detach(kc_store_lent *l) {
   if (copy == MAP_FAILED)
     return KC_NOMEM;
   memcpy(copy, l->map, l->maplen);
-  if (mprotect(copy, l->maplen, PROT_READ) ||
-      mremap(copy, l->maplen, l->maplen, MREMAP_MAYMOVE | MREMAP_FIXED,
-             l->map) == MAP_FAILED) {
+  if (mprotect(copy, l->maplen, PROT_READ)) {
     munmap(copy, l->maplen);
     return KC_NOMEM;
+  }
+  if (mremap(copy, l->maplen, l->maplen, MREMAP_MAYMOVE | MREMAP_FIXED,
+             l->map) == MAP_FAILED) {
+    /* Linux may have unmapped the target before the move failed: the read
+     * is still held, so mapping the file there again restores the same
+     * bytes (a reader meanwhile met a hole: EFAULT, never other bytes).
+     * Failing that, the range is kept reserved and unreadable, so that no
+     * later mapping lands where a send still points. */
+    munmap(copy, l->maplen);
+    if (mmap(l->map, l->maplen, PROT_READ, MAP_SHARED | MAP_FIXED, l->fd,
+             l->at) != MAP_FAILED)
+      return KC_NOMEM;
+    mmap(l->map, l->maplen, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    return KC_IO;
   }
   kc_store_read_end(l->read);
   l->read = NULL;

@@ -10,7 +10,9 @@
  *   with 507. A large blob is lent from the store's pages (loans.c): a
  *   stalled loan is detached (copied, its read ended) and counted, and the
  *   evicted blob's reader still gets it whole, though the churn rewrote its
- *   pages: a detach that ended the read without the copy fails here.
+ *   pages: a detach that ended the read without the copy fails here. A
+ *   stalled loan whose copy the answer budget refuses is cut (a short
+ *   body), not held.
  * - 600 stalled GETs of a large blob (more than LMDB's old 512 reader
  *   slots) leave reads working: before, every read got 503 busy.
  * - The store's own view: reads open, the oldest one's age, refusals of a
@@ -244,7 +246,7 @@ static void check_body(const slow *s, const char *want, size_t n,
   if (must_be_whole)
     assert_int_equal(s->got, n);
   printf("slow reader of %s: %zu of %zu bytes, %s\n", what, s->got, n,
-         s->got == n ? "whole" : "cut short (evicted)");
+         s->got == n ? "whole" : "cut short");
 }
 
 static void t_slow_reader_no_pin(void **state) {
@@ -312,6 +314,53 @@ static void t_slow_reader_no_pin(void **state) {
   free(b);
   assert_int_equal(kc_testsrv_stop(&t), 0);
   kc_testsrv_cleanup(&t);
+}
+
+/* Two stalled loans and an answer budget of 1 MiB: the first copy goes
+ * (an answer always may, when none is held), the second is refused, so that
+ * loan is cut instead of held: its connection closes with a body shorter
+ * than its length (the right bytes as far as they go), and no read stays
+ * open. Before, a refused copy left the loan holding its read for as long
+ * as its client took. */
+static void t_loan_cut_over_budget(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  const char *const args[] = {"--max-answer-memory", "1M", "--timeout", "300",
+                              NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  char *a = malloc(BIG), *b = malloc(BIG);
+  char da[65], db[65], path[128];
+  fill_random(a, BIG, 11);
+  fill_random(b, BIG, 12);
+  assert_int_equal(put_blob_on(NULL, &t, a, BIG, da), 201);
+  assert_int_equal(put_blob_on(NULL, &t, b, BIG, db), 201);
+  slow s1, s2;
+  snprintf(path, sizeof path, "/v1/blobs/%s", da);
+  slow_open(&s1, t.port, path, 1);
+  slow_read(&s1, 32 * 1024);
+  snprintf(path, sizeof path, "/v1/blobs/%s", db);
+  slow_open(&s2, t.port, path, 1);
+  slow_read(&s2, 32 * 1024);
+  double cut = kc_testsrv_metric_settle(
+      &t, "kcached_http_blob_loans_total{result=\"cut\"}", 1, 10000);
+  double detached = kc_testsrv_metric(
+      &t, "kcached_http_blob_loans_total{result=\"detached\"}");
+  double oldest = kc_testsrv_metric(&t, "kcached_store_oldest_read_seconds");
+  printf("stalled loans over the budget: %.0f detached, %.0f cut; oldest "
+         "read %.3f s\n",
+         detached, cut, oldest);
+  assert_true(cut == 1 && detached == 1);
+  assert_true(oldest >= 0 && oldest < 1.0);
+  slow_read(&s1, BIG);
+  slow_read(&s2, BIG);
+  check_body(&s1, a, BIG, 0, "a stalled loan (1 of 2)");
+  check_body(&s2, b, BIG, 0, "a stalled loan (2 of 2)");
+  assert_true((s1.got == BIG) != (s2.got == BIG)); /* one whole, one cut */
+  slow_close(&s1);
+  slow_close(&s2);
+  free(a);
+  free(b);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
 }
 
 /* More stalled downloads than LMDB's old 512 reader slots: reads still
@@ -670,6 +719,7 @@ int main(void) {
       cmocka_unit_test(t_many_slow_readers),
       cmocka_unit_test(t_readers_full_logged),
       cmocka_unit_test(t_slow_reader_no_pin),
+      cmocka_unit_test(t_loan_cut_over_budget),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();

@@ -7,17 +7,28 @@
  * client's pace: a held read pins every page freed after it began, and a
  * full store then answers writes 507 far below --max-bytes. That copy was a
  * quarter of a 16 MiB GET's CPU. A loan sends the bytes where they are, and
- * its read is held only while the client keeps up: the reaper detaches a
- * loan older than LOAN_HOLD_MS (a private copy takes the pages' place, at
- * the same address, and the read ends), so a stalled client pins pages for
- * at most LOAN_HOLD_MS + LOAN_TICK_MS. A fast client (16 MiB on loopback:
- * about 5 ms) costs no copy. At most LOANS_HELD loans hold a read at once;
- * past that, and for a copy the answer budget (--max-answer-memory) refuses,
- * the GET is served in pieces as before. A copy counts against that budget
- * until the response is freed. */
+ * its read is held only while the client keeps up: the reaper takes back a
+ * loan older than LOAN_HOLD_MS, so a stalled client pins pages for at most
+ * LOAN_HOLD_MS + LOAN_TICK_MS (plus the copy). Taking it back:
+ *
+ * - detach: a private copy takes the pages' place, at the same address, and
+ *   the read ends; the copy counts against the answer budget
+ *   (--max-answer-memory) until the response is freed;
+ * - cut, when the budget refuses the copy (or the copy fails): the
+ *   connection is shut down, the client sees a body shorter than its
+ *   Content-Length (as when a blob served in pieces is evicted midway),
+ *   never other bytes, and libmicrohttpd frees the response, which ends
+ *   the read.
+ *
+ * A fast client (16 MiB on loopback: about 5 ms) costs no copy. Only blobs
+ * up to LOAN_MAX_BYTES are lent (a copy of one is bounded), at most
+ * LOANS_HELD hold a read at once, and none under TLS (gnutls copies the
+ * bytes anyway, and a failed swap must not leave it a hole to read): the
+ * rest are served in pieces. The reaper copies outside the registry's lock:
+ * a loan it works on is marked busy, and its free waits for it. */
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
+#include <sys/socket.h>
 
 #include <microhttpd.h>
 
@@ -25,6 +36,8 @@
 
 /* Loans holding a read at once. */
 #define LOANS_HELD 8
+/* The largest blob lent: a detach copies at most this much. */
+#define LOAN_MAX_BYTES (64u << 20)
 /* Then a loan's pages are copied and its read ends. */
 #define LOAN_HOLD_MS 500
 /* How often the reaper looks. */
@@ -33,6 +46,9 @@
 typedef struct loan {
   kcd_loans *owner;
   kc_store_lent *lent;
+  int fd;   /* the connection's socket, to cut it */
+  int busy; /* the reaper is detaching it (outside the lock) */
+  int cut;  /* shut down: no more tries */
   uint64_t t0_ms;
   size_t copied; /* bytes of the answer budget its copy holds */
   struct loan *prev, *next;
@@ -41,7 +57,8 @@ typedef struct loan {
 struct kcd_loans {
   kcd_state *st;
   pthread_mutex_t lock;
-  pthread_cond_t wake;
+  pthread_cond_t wake; /* the reaper: a loan was made, or stop */
+  pthread_cond_t idle; /* a free: a busy loan is no longer */
   loan *head;
   unsigned held; /* loans whose read is still held */
   int stop;
@@ -50,22 +67,47 @@ struct kcd_loans {
 
 static uint64_t now_ms(void) { return kc_clock_mono_us() / 1000; }
 
-/* Detaches the loans held longer than LOAN_HOLD_MS; lock held. */
-static void reap(kcd_loans *ls, uint64_t now) {
-  for (loan *l = ls->head; l; l = l->next) {
-    if (!kc_store_lent_held(l->lent) || now - l->t0_ms < LOAN_HOLD_MS)
-      continue;
-    size_t len = kc_store_lent_size(l->lent);
-    if (!kcd_answer_budget_take(ls->st, len))
-      continue; /* over --max-answer-memory: held until a later tick */
-    if (kc_store_lent_detach(l->lent)) {
-      kcd_answer_budget_give(ls->st, len);
-      continue;
+/* One loan taken back (busy, lock not held): detached, else cut. */
+static void take_back(kcd_loans *ls, loan *l) {
+  size_t len = kc_store_lent_size(l->lent);
+  if (kcd_answer_budget_take(ls->st, len)) {
+    if (!kc_store_lent_detach(l->lent)) {
+      l->copied = len;
+      atomic_fetch_add(&ls->st->metrics.loans_detached, 1);
+      return;
     }
-    l->copied = len;
-    ls->held--;
-    atomic_fetch_add(&ls->st->metrics.loans_detached, 1);
+    kcd_answer_budget_give(ls->st, len);
   }
+  /* The response is alive (its free waits for busy), so the socket is
+   * still this connection's: libmicrohttpd closes it after the response. */
+  shutdown(l->fd, SHUT_RDWR);
+  l->cut = 1;
+  atomic_fetch_add(&ls->st->metrics.loans_cut, 1);
+}
+
+/* Takes back the loans held longer than LOAN_HOLD_MS. */
+static void reap(kcd_loans *ls) {
+  loan *due[LOANS_HELD];
+  size_t n = 0;
+  uint64_t now = now_ms();
+  for (loan *l = ls->head; l && n < LOANS_HELD; l = l->next)
+    if (kc_store_lent_held(l->lent) && !l->cut &&
+        now - l->t0_ms >= LOAN_HOLD_MS) {
+      l->busy = 1;
+      due[n++] = l;
+    }
+  if (!n)
+    return;
+  pthread_mutex_unlock(&ls->lock);
+  for (size_t i = 0; i < n; i++)
+    take_back(ls, due[i]);
+  pthread_mutex_lock(&ls->lock);
+  for (size_t i = 0; i < n; i++) {
+    if (!kc_store_lent_held(due[i]->lent))
+      ls->held--;
+    due[i]->busy = 0;
+  }
+  pthread_cond_broadcast(&ls->idle);
 }
 
 static void *reaper_main(void *arg) {
@@ -79,7 +121,7 @@ static void *reaper_main(void *arg) {
     struct timespec ts =
         kc_clock_deadline(CLOCK_MONOTONIC, LOAN_TICK_MS * 1000u);
     pthread_cond_timedwait(&ls->wake, &ls->lock, &ts);
-    reap(ls, now_ms());
+    reap(ls);
   }
   pthread_mutex_unlock(&ls->lock);
   return NULL;
@@ -95,6 +137,7 @@ kcd_loans *kcd_loans_new(kcd_state *st) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   int ok = !pthread_mutex_init(&ls->lock, NULL) &&
            !pthread_cond_init(&ls->wake, &ca) &&
+           !pthread_cond_init(&ls->idle, NULL) &&
            !pthread_create(&ls->reaper, NULL, reaper_main, ls);
   pthread_condattr_destroy(&ca);
   if (!ok) {
@@ -113,6 +156,7 @@ void kcd_loans_free(kcd_loans *ls) {
   pthread_cond_signal(&ls->wake);
   pthread_mutex_unlock(&ls->lock);
   pthread_join(ls->reaper, NULL);
+  pthread_cond_destroy(&ls->idle);
   pthread_cond_destroy(&ls->wake);
   pthread_mutex_destroy(&ls->lock);
   free(ls);
@@ -123,6 +167,8 @@ static void loan_free(void *cls) {
   loan *l = cls;
   kcd_loans *ls = l->owner;
   pthread_mutex_lock(&ls->lock);
+  while (l->busy)
+    pthread_cond_wait(&ls->idle, &ls->lock);
   if (l->prev)
     l->prev->next = l->next;
   else
@@ -141,7 +187,7 @@ static void loan_free(void *cls) {
 /* A loan of the read's len bytes at data, linked in; NULL when none may be
  * made now (the read is then still the caller's). */
 static loan *loan_make(kcd_loans *ls, kc_store_read *read, const void *data,
-                       size_t len) {
+                       size_t len, int fd) {
   loan *l = calloc(1, sizeof *l);
   if (!l)
     return NULL;
@@ -152,6 +198,7 @@ static loan *loan_make(kcd_loans *ls, kc_store_read *read, const void *data,
     return NULL;
   }
   l->owner = ls;
+  l->fd = fd;
   l->t0_ms = now_ms();
   l->next = ls->head;
   if (ls->head)
@@ -163,10 +210,21 @@ static loan *loan_make(kcd_loans *ls, kc_store_read *read, const void *data,
   return l;
 }
 
+/* The connection's socket; -1 when MHD does not say. */
+static int conn_fd(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  return ci ? (int)ci->connect_fd : -1;
+}
+
 int kcd_reply_lent(kcd_req *r, const void *data, size_t len, const char *ctype,
                    const char *const *headers) {
   kcd_loans *ls = r->st->loans;
-  loan *l = ls && r->read ? loan_make(ls, r->read, data, len) : NULL;
+  int fd = conn_fd(r->conn);
+  loan *l =
+      ls && r->read && !r->st->tls_cert_pem && len <= LOAN_MAX_BYTES && fd >= 0
+          ? loan_make(ls, r->read, data, len, fd)
+          : NULL;
   if (!l)
     return -1;
   r->read = NULL; /* the loan's now */
