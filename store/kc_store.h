@@ -168,8 +168,10 @@ kc_err kc_store_blob_copy(kc_store *s, const char *digest, uint64_t off,
  * kc_store_lent_detach swaps a private copy in at the same address and ends
  * the read (for a client that is slow to take the bytes: a held read pins
  * every page freed after it began); the address and the bytes stay the
- * same, and a thread reading them meanwhile sees no change. Not thread-safe
- * against kc_store_lent_free: the caller orders the two. */
+ * same, and a thread reading them meanwhile sees no change. On failure the
+ * read is still held: KC_NOMEM, the bytes are still there; KC_IO, the range
+ * may be unreadable (a swap failed half-way): stop sending from it. Not
+ * thread-safe against kc_store_lent_free: the caller orders the two. */
 typedef struct kc_store_lent kc_store_lent;
 kc_err kc_store_lend(kc_store_read *r, const void *data, size_t len,
                      kc_store_lent **out);
