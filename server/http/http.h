@@ -312,9 +312,10 @@ void kcd_set_early(kcd_req *r, kc_err e, const char *fmt, ...)
 int kcd_reply_early(kcd_req *r);
 
 /* A read held for a whole response pins every LMDB page freed after it
- * began: bodies from the map up to this size go out zero-copy,
- * larger ones are copied out so that the read ends before the client's pace
- * matters (routes_blob.c, routes_bundle.c). */
+ * began: bodies from the map up to this size go out zero-copy, larger
+ * blobs are lent with a read taken back from a slow client (loans.c), and
+ * other larger bodies are copied out so that the read ends before the
+ * client's pace matters (routes_blob.c, routes_bundle.c). */
 #define KCD_ZERO_COPY_MAX (64 * 1024)
 
 /* Handlers (routes_*.c): the functions of the route table; each finish

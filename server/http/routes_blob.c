@@ -1,8 +1,10 @@
 /* routes_blob.c: PUT /v1/blobs/{sha256} streamed into the store (hashed while
  * it arrives, never held whole in memory) and GET/HEAD: a small blob served
  * zero-copy from LMDB's map inside a read transaction that ends when the
- * response is sent, a large one copied out piece by piece, each piece in a
- * read of its own, so no read lasts as long as a slow client takes. */
+ * response is sent, a large one lent from the store's pages (loans.c: its
+ * read taken back from a slow client), else copied out piece by piece, each
+ * piece in a read of its own, so no read lasts as long as a slow client
+ * takes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +19,8 @@
  * KCD_ZERO_COPY_MAX go out zero-copy: they fit at once in the socket's
  * buffers (TCP_NOTSENT_LOWAT is 64 KiB, and a client's receive window at
  * least as much), so the send and the read end without waiting for the
- * client. Larger ones are copied out PIECE bytes at a time, one short read
- * per piece. */
+ * client. Larger ones are lent (loans.c) or, when no loan can be made,
+ * copied out PIECE bytes at a time, one short read per piece. */
 #define PIECE (128 * 1024)
 
 /* The param was checked to be 64 hex digits before any handler runs. (No
