@@ -361,6 +361,7 @@ static void t_loan_cut_over_budget(void **state) {
   free(a);
   free(b);
   assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
 }
 
 /* More stalled downloads than LMDB's old 512 reader slots: reads still
