@@ -190,6 +190,14 @@ static void slow_read(slow *s, size_t upto) {
   }
 }
 
+/* A GET of /v1/<what>/<key> that reads 32 KiB of the body, then stalls. */
+static void slow_stall(slow *s, int port, const char *what, const char *key) {
+  char path[128];
+  snprintf(path, sizeof path, "/v1/%s/%s", what, key);
+  slow_open(s, port, path, 1);
+  slow_read(s, 32 * 1024);
+}
+
 static void slow_close(slow *s) {
   if (s->fd >= 0)
     close(s->fd);
@@ -276,16 +284,9 @@ static void t_slow_reader_no_pin(void **state) {
   char *mjson = manifest_seal(m, mkey);
   assert_int_equal(put_bundle(NULL, &t, mkey, mjson, NULL), 201);
   slow s1, s2, s3;
-  char path[128];
-  snprintf(path, sizeof path, "/v1/blobs/%s", gone);
-  slow_open(&s1, t.port, path, 1);
-  slow_read(&s1, 32 * 1024);
-  snprintf(path, sizeof path, "/v1/blobs/%s", kept);
-  slow_open(&s2, t.port, path, 1);
-  slow_read(&s2, 32 * 1024);
-  snprintf(path, sizeof path, "/v1/bundles/%s", mkey);
-  slow_open(&s3, t.port, path, 1);
-  slow_read(&s3, 32 * 1024);
+  slow_stall(&s1, t.port, "blobs", gone);
+  slow_stall(&s2, t.port, "blobs", kept);
+  slow_stall(&s3, t.port, "bundles", mkey);
   /* All three stall here, mid-body, while the store is rewritten 20 times. */
   int full = churn(&t, model);
   double oldest = kc_testsrv_metric(&t, "kcached_store_oldest_read_seconds");
@@ -329,18 +330,14 @@ static void t_loan_cut_over_budget(void **state) {
                               NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   char *a = malloc(BIG), *b = malloc(BIG);
-  char da[65], db[65], path[128];
+  char da[65], db[65];
   fill_random(a, BIG, 11);
   fill_random(b, BIG, 12);
   assert_int_equal(put_blob_on(NULL, &t, a, BIG, da), 201);
   assert_int_equal(put_blob_on(NULL, &t, b, BIG, db), 201);
   slow s1, s2;
-  snprintf(path, sizeof path, "/v1/blobs/%s", da);
-  slow_open(&s1, t.port, path, 1);
-  slow_read(&s1, 32 * 1024);
-  snprintf(path, sizeof path, "/v1/blobs/%s", db);
-  slow_open(&s2, t.port, path, 1);
-  slow_read(&s2, 32 * 1024);
+  slow_stall(&s1, t.port, "blobs", da);
+  slow_stall(&s2, t.port, "blobs", db);
   double cut = kc_testsrv_metric_settle(
       &t, "kcached_http_blob_loans_total{result=\"cut\"}", 1, 10000);
   double detached = kc_testsrv_metric(
