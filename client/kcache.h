@@ -308,6 +308,11 @@ typedef struct kc_warm_report {
   double seconds;
   int server_down;              /* a server was set but could not be reached */
   char warning[KC_ERRBUF_SIZE]; /* "" or a sentence for the operator */
+  /* The first 401 or 403 kcached answered (a wrong, revoked or read-only
+   * token where a write was needed), and its message; KC_OK when none.
+   * kc_warm goes on without the server; `kcache warm --strict` fails. */
+  kc_err refused;
+  char refused_why[KC_ERRBUF_SIZE];
 } kc_warm_report;
 
 /* Frees what the report owns (not r itself). */

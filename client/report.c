@@ -98,6 +98,10 @@ kc_err kc_warm_report_json(const kc_warm_report *r, char **out, char *err) {
                 r->seconds, "server_down", r->server_down);
   if (root && r->warning[0])
     json_object_set_new(root, "warning", json_string(r->warning));
+  if (root && r->refused) /* {"code": "unauthorized", "message": ...} */
+    json_object_set_new(root, "refused",
+                        json_pack("{ss ss}", "code", kc_err_name(r->refused),
+                                  "message", r->refused_why));
   *out = root ? json_dumps(root, JSON_INDENT(2)) : NULL;
   json_decref(root);
   return *out ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");

@@ -303,6 +303,15 @@ static void server_down(wctx *x, const char *why) {
            why);
 }
 
+/* The first 401 or 403 of this warm, whatever asked: --strict fails on
+ * it (a CI prepopulation must not go green with kcached left empty). */
+static void refused(wctx *x, kc_err e, const char *why) {
+  if ((e != KC_UNAUTHORIZED && e != KC_FORBIDDEN) || x->rep->refused)
+    return;
+  x->rep->refused = e;
+  snprintf(x->rep->refused_why, sizeof x->rep->refused_why, "%.400s", why);
+}
+
 /* The first server problem that is not an outage (a token without the
  * role, a bad answer) is worth a line for the operator. */
 static void warn(wctx *x, const char *why) {
@@ -502,6 +511,7 @@ static void fetch_found(wctx *x, kc_manifest **found, size_t *idx, size_t n) {
 static void lookup_failed(wctx *x, kc_err e, const char *why) {
   x->remote_err = e;
   snprintf(x->remote_why, sizeof x->remote_why, "%s", why);
+  refused(x, e, why);
   if (is_down(e))
     server_down(x, why);
   else if (e == KC_DEADLINE && !x->rep->warning[0])
@@ -758,6 +768,7 @@ static void offer_blobs(wctx *x, const kc_manifest *m) {
  * bundles back); a 401 may be a token being reloaded, so the next warm
  * tries again. */
 static void cannot_write(wctx *x, kc_err e, const char *why) {
+  refused(x, e, why);
   if (!x->cant_write)
     snprintf(x->cant_why, sizeof x->cant_why, "%.400s", why);
   x->cant_write = 1;
@@ -1153,8 +1164,10 @@ static int server_keys(wctx *x, json_t **root, const char ***keys, size_t *n) {
    * cache must not wait long on a server that stalls. */
   long cap = lookup_cap_ms(x);
   x->c->request_cap_ms = cap && cap < 2000 ? cap : 2000;
-  kc_err e = kc_client_model_list(x->c, hex, &text, NULL);
+  char e2[KC_ERRBUF_SIZE];
+  kc_err e = kc_client_model_list(x->c, hex, &text, e2);
   x->c->request_cap_ms = 0;
+  refused(x, e, e2);
   *root = e ? NULL : json_loads(text, 0, NULL);
   free(text);
   json_t *bs = json_object_get(*root, "bundles");

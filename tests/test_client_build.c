@@ -237,7 +237,14 @@ static void test_cli_roundtrip(void **state) {
   assert_int_equal(
       run_cli(out, sizeof out, "ls %s --url %s", MODEL, f->srv.url), 0);
   assert_non_null(strstr(out, key));
+  /* stat: a human form (the bundles just pushed, no --max-bytes said
+   * plainly), and the server's JSON with --json */
   assert_int_equal(run_cli(out, sizeof out, "stat --url %s", f->srv.url), 0);
+  assert_non_null(strstr(out, "no --max-bytes limit"));
+  assert_non_null(strstr(out, "bundles   2 in")); /* the warm built 2 */
+  assert_int_equal(run_cli(out, sizeof out, "stat --json --url %s", f->srv.url),
+                   0);
+  assert_non_null(strstr(out, "\"max_bytes\":0"));
 }
 
 static void test_server_down(void **state) {

@@ -4,6 +4,11 @@
  * and the CLI runner: clienttest.h. */
 #include "clienttest.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+
 #include "kc_gpu.h"
 
 /* ---- unit: CLI ---- */
@@ -196,12 +201,124 @@ static void test_cli_verify(void **state) {
   assert_int_equal(rc, 0);
 }
 
+/* --strict is what a CI prepopulation runs: a token kcached refuses (401
+ * wrong or revoked, 403 read-only) fails it with one line, whether the
+ * local cache was empty (everything built, nothing uploaded) or full
+ * (nothing to build: only the question of what kcached holds is asked).
+ * Without --strict it stays a warning and exit 0. */
+static void test_strict_refused_token(void **state) {
+  fx *f = *state;
+  char out[16384], tokens[400], wtok[256], rtok[256], w[400], env[1200];
+  snprintf(tokens, sizeof tokens, "%s/tokens", f->dir);
+  make_token("write", "ci", tokens, wtok, sizeof wtok);
+  make_token("read", "svc", tokens, rtok, sizeof rtok);
+  start_server_with(f, (const char *const[]){"--tokens", tokens, NULL});
+  cmd_warmup(f, "ws", "printf built > {out}/k.bin", w, sizeof w);
+  const char *bad[] = {"kc_0000wrong", rtok};
+  for (int k = 0; k < 2; k++) {
+    snprintf(env, sizeof env, "KCACHE_URL=%s KCACHE_TOKEN=%s KCACHE_DIR=%s/c%d",
+             f->srv.url, bad[k], f->dir, k);
+    /* empty local cache: built, not uploaded */
+    assert_int_equal(run_cli_env(out, sizeof out, env, "warm %s --strict", w),
+                     1);
+    assert_int_equal(occurrences(out, "kcached refused the token"), 1);
+    /* full local cache: nothing built, still refused */
+    assert_int_equal(run_cli_env(out, sizeof out, env, "warm %s --strict", w),
+                     1);
+    assert_non_null(strstr(out, "hit-local"));
+    assert_non_null(strstr(out, k ? "403" : "401"));
+    assert_int_equal(run_cli_env(out, sizeof out, env, "warm %s", w), 0);
+  }
+  /* the write token: the same --strict warm passes, and uploads */
+  snprintf(env, sizeof env, "KCACHE_URL=%s KCACHE_TOKEN=%s KCACHE_DIR=%s/c0",
+           f->srv.url, wtok, f->dir);
+  assert_int_equal(run_cli_env(out, sizeof out, env, "warm %s --strict", w), 0);
+  assert_non_null(strstr(out, "uploaded: kcached did not hold it"));
+}
+
+/* No NVRTC to compute the keys with (an image without the toolkit, a
+ * manifest that pins no "nvrtc"): a warning and exit 0, so the service
+ * starts; --strict fails. */
+static void test_no_nvrtc_is_a_warning(void **state) {
+  fx *f = *state;
+  char out[8192], w[400], env[600];
+  snprintf(w, sizeof w, "%s/k.cu", f->dir);
+  FILE *fp = fopen(w, "w");
+  assert_non_null(fp);
+  fputs("extern \"C\" __global__ void k() {}\n", fp);
+  fclose(fp);
+  snprintf(w, sizeof w, "%s/nopin.json", f->dir);
+  assert_non_null(fp = fopen(w, "w"));
+  fprintf(fp,
+          "{\"schema\":\"kcache.warmup/v1\",\"model\":{\"name\":\"np\","
+          "\"hash\":\"%s\"},\"archs\":[\"sm_80\"],\"kernels\":[{"
+          "\"name\":\"k\",\"source\":\"k.cu\",\"entries\":[\"k\"]}],"
+          "\"buckets\":[{\"batch\":1}]}",
+          MODEL);
+  fclose(fp);
+  snprintf(env, sizeof env, "KCACHE_NVRTC=%s/none.so KCACHE_DIR=%s/c", f->dir,
+           f->dir);
+  assert_int_equal(run_cli_env(out, sizeof out, env, "warm %s", w), 0);
+  assert_non_null(strstr(out, "warning: NVRTC not found"));
+  assert_int_equal(run_cli_env(out, sizeof out, env, "warm %s --strict", w), 1);
+}
+
+/* --token's value is blanked in argv once parsed (as curl does): ps and
+ * /proc/PID/cmdline do not show it for the rest of the run. The command
+ * is held by a listener that never accepts. */
+static void test_token_flag_blanked(void **state) {
+  fx *f = *state;
+  (void)f;
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  assert_int_equal(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(ls, 4), 0);
+  assert_int_equal(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(a.sin_port));
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(KCACHE_BIN, "kcache", "stat", "--url", url, "--token",
+          "kc_secret_in_argv", "--timeout", "20", (char *)NULL);
+    _exit(127);
+  }
+  char path[64], buf[4096];
+  snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+  int hidden = 0, seen_stat = 0;
+  for (int i = 0; i < 300 && !hidden; i++) { /* 3 s at most */
+    int fd = open(path, O_RDONLY);
+    ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+    if (fd >= 0)
+      close(fd);
+    if (n > 0) {
+      for (ssize_t k = 0; k < n; k++)
+        buf[k] = buf[k] ? buf[k] : ' ';
+      buf[n] = 0;
+      seen_stat |= strstr(buf, " stat ") != NULL;
+      hidden = seen_stat && !strstr(buf, "kc_secret_in_argv");
+    }
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  close(ls);
+  assert_true(hidden);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      CT(test_cli_usage),         CT(test_cli_key_hash),
-      CT(test_manifest_errors),   CT(test_cli_names_file_once),
-      CT(test_cli_env_and_flags), CT(test_plaintext_token),
+      CT(test_cli_usage),
+      CT(test_cli_key_hash),
+      CT(test_manifest_errors),
+      CT(test_cli_names_file_once),
+      CT(test_cli_env_and_flags),
+      CT(test_plaintext_token),
       CT(test_cli_verify),
+      CT(test_strict_refused_token),
+      CT(test_no_nvrtc_is_a_warning),
+      CT(test_token_flag_blanked),
   };
   return clienttest_run("client_cli", tests, sizeof tests / sizeof tests[0]);
 }

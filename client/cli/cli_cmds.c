@@ -373,22 +373,77 @@ int kcli_cmd_hash(int argc, char **argv) {
 
 /* ---- stat (ls and purge: cli_models.c) ---- */
 
-static const cmd_spec stat_spec = {"stat",
-                                   "usage: kcache stat\n",
-                                   "Print the server's statistics (JSON).\n",
-                                   0,
-                                   0,
-                                   1};
+static const cmd_spec stat_spec = {
+    "stat",
+    "usage: kcache stat [--json]\n",
+    "Print the server's statistics: store use against --max-bytes, bundles\n"
+    "and blobs, hits and misses, evictions, the Redis port's keys.\n"
+    "--json prints GET /v1/stats as the server sent it.\n",
+    0,
+    0,
+    1};
+
+/* n bytes as "12.3 MiB" (binary units, as --max-bytes takes them) */
+static const char *human_bytes(json_int_t n, char buf[32]) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = (double)n;
+  int u = 0;
+  while (v >= 1024 && u < 5)
+    v /= 1024, u++;
+  snprintf(buf, 32, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+  return buf;
+}
+
+static json_int_t stat_int(json_t *root, const char *name) {
+  return json_integer_value(json_object_get(root, name));
+}
+
+static void stat_print(json_t *r) {
+  char a[32], b[32];
+  json_int_t used = stat_int(r, "bytes_used"), max = stat_int(r, "max_bytes");
+  json_int_t hits = stat_int(r, "hits"), misses = stat_int(r, "misses");
+  if (max > 0)
+    printf("store     %s of %s (--max-bytes), %.0f%%\n", human_bytes(used, a),
+           human_bytes(max, b), 100.0 * (double)used / (double)max);
+  else
+    printf("store     %s; no --max-bytes limit: set one (the disk fills)\n",
+           human_bytes(used, a));
+  printf("map       %s of %s\n", human_bytes(stat_int(r, "map_used"), a),
+         human_bytes(stat_int(r, "map_size"), b));
+  printf("bundles   %lld in %lld blobs\n", (long long)stat_int(r, "bundles"),
+         (long long)stat_int(r, "blobs"));
+  printf("lookups   %lld hits, %lld misses", (long long)hits,
+         (long long)misses);
+  if (hits + misses)
+    printf(" (%.0f%% hit)", 100.0 * (double)hits / (double)(hits + misses));
+  printf("\nevicted   %lld bundles, %lld blobs; leases held %lld\n",
+         (long long)stat_int(r, "evicted_bundles"),
+         (long long)stat_int(r, "evicted_blobs"),
+         (long long)stat_int(r, "leases"));
+  printf("redis     %lld keys, %s; %lld hits, %lld misses\n",
+         (long long)stat_int(r, "kv_keys"),
+         human_bytes(stat_int(r, "kv_bytes"), a),
+         (long long)stat_int(r, "kv_hits"),
+         (long long)stat_int(r, "kv_misses"));
+  printf("uptime    %lld s\n", (long long)stat_int(r, "uptime_s"));
+}
 
 int kcli_cmd_stat(int argc, char **argv) {
-  PARSE_OR_RETURN(stat_spec, NULL);
+  const char *json = NULL;
+  PARSE_OR_RETURN(stat_spec, &json);
   char err[KC_ERRBUF_SIZE], *body = NULL;
   kc_client *c = kcli_client(&g);
   if (!c)
     return KCLI_EXIT_FAIL;
   kc_err e = kc_client_stats(c, &body, err);
-  if (!e)
+  json_t *root = e || json ? NULL : json_loads(body, 0, NULL);
+  if (!e && json)
     puts(body);
+  else if (root)
+    stat_print(root);
+  else if (!e)
+    e = kc_errf(err, KC_BAD_JSON, "GET /v1/stats: not JSON");
+  json_decref(root);
   free(body);
   kc_client_free(c);
   return e ? kcli_fail("stat", KCLI_EXIT_FAIL, "%s", err) : KCLI_EXIT_OK;

@@ -74,7 +74,10 @@ static int set_trust(kcli_common *g, const char *v) {
 
 static const kcli_opt opts[] = {
     {"url", "URL", "KCACHE_URL", "kcached address", set_url},
-    {"token", "TOKEN", "KCACHE_TOKEN", "bearer token", set_token},
+    {"token", "TOKEN", "KCACHE_TOKEN",
+     "bearer token; prefer the variable: the flag is blanked, but ps may "
+     "see it first",
+     set_token},
     {"cacert", "FILE", "KCACHE_CACERT", "CA bundle for https", set_cacert},
     {"cache-dir", "DIR", "KCACHE_DIR", "local cache, default ~/.cache/kcache",
      set_cache_dir},
@@ -140,10 +143,27 @@ int kcli_parse(const char *cmd, const char *usage, const char *help,
   return 0;
 }
 
+/* --token's value is copied and blanked in argv, as curl does: ps and
+ * /proc/PID/cmdline show the rest of the command line, not the secret,
+ * for the whole run. (The variable is never in argv: the better way.) */
+static const char *hide_token(char *arg) {
+  static char copy[1024];
+  size_t n = strlen(arg);
+  if (n >= sizeof copy)
+    return NULL;
+  memcpy(copy, arg, n + 1);
+  memset(arg, ' ', n);
+  return copy;
+}
+
 int kcli_common_opt(kcli_common *g, int id, const char *arg) {
   if (id < KCLI_OPT_BASE || id >= KCLI_OPT_BASE + (int)N_OPTS)
     return 0;
-  return opts[id - KCLI_OPT_BASE].set(g, arg) ? -1 : 1;
+  const kcli_opt *o = &opts[id - KCLI_OPT_BASE];
+  /* arg is getopt's optarg: inside argv, which is writable */
+  if (o->set == set_token && arg && !(arg = hide_token((char *)arg)))
+    return -1;
+  return o->set(g, arg) ? -1 : 1;
 }
 
 void kcli_common_help(FILE *f) {

@@ -26,7 +26,8 @@ static const char warm_help[] =
     "  --deadline S     give up after S seconds (the service starts anyway)\n"
     "  --out DIR        write each bundle to DIR/<arch>/<dim>=<v>,.../\n"
     "  --json           JSON report on stdout\n"
-    "  --strict         exit 1 unless every bundle is ready\n"
+    "  --strict         exit 1 unless every bundle is ready and kcached\n"
+    "                   took the token (a 401 or 403 fails; CI uses this)\n"
     "  --quiet          no per-key lines, no progress bar\n"
     "  --jobs N         keys built at once (default: CPUs, at most 8)\n"
     "  --lease-wait S   with --deadline: wait S seconds on another builder's\n"
@@ -42,8 +43,10 @@ static const char warm_help[] =
 
 static const char warm_tail[] =
     "\n"
-    "exit status: 0 done (with --strict: every bundle ready); 1 warmup\n"
-    "incomplete with --strict, or the manifest is invalid; 2 usage.\n";
+    "exit status: 0 done (with --strict: every bundle ready, the token\n"
+    "taken); 1 warmup incomplete or a token refused with --strict, or the\n"
+    "manifest is invalid; 2 usage. Without --strict, kcached down or no\n"
+    "NVRTC to compute keys with is a warning and exit 0.\n";
 
 typedef struct warm_args {
   kcli_common g;
@@ -204,9 +207,11 @@ static int warm_output(const warm_args *a, const kc_warm_report *r) {
 /* Tells the server what this model wants warm (its page's coverage), when
  * the token can write: a read token's 403 (and an older kcached's 404) are
  * expected and skipped without a word. Sent after the warm (so that a
- * stalled server costs the warm nothing more), within its deadline. */
-static void upload_warmup(kc_client *c, const warm_args *a,
-                          const kc_warmup *w) {
+ * stalled server costs the warm nothing more), within its deadline. What
+ * went wrong goes to note, printed after the warm's own report: the
+ * manifest is a side matter, never the first line an operator reads. */
+static void upload_warmup(kc_client *c, const warm_args *a, const kc_warmup *w,
+                          char note[KC_ERRBUF_SIZE]) {
   char err[KC_ERRBUF_SIZE], *json = NULL;
   size_t len = 0;
   if (!kc_client_has_server(c) || a->o.no_upload ||
@@ -215,12 +220,12 @@ static void upload_warmup(kc_client *c, const warm_args *a,
   kc_err e = kc_client_warmup_put_archs(c, w->model_hash, json, len, a->o.archs,
                                         a->o.n_archs, err);
   free(json);
-  if (e && e != KC_FORBIDDEN && e != KC_UNAUTHORIZED && e != KC_NOT_FOUND &&
-      e != KC_METHOD && !a->quiet)
-    fprintf(stderr,
-            "kcache warm: the warmup manifest was not stored on the "
-            "server: %s\n",
-            err);
+  if (e == KC_UNAVAILABLE || e == KC_TIMEOUT || e == KC_NOT_READY)
+    snprintf(note, KC_ERRBUF_SIZE, "kcached unreachable (%.400s)", err);
+  else if (e && e != KC_FORBIDDEN && e != KC_UNAUTHORIZED &&
+           e != KC_NOT_FOUND && e != KC_METHOD)
+    snprintf(note, KC_ERRBUF_SIZE,
+             "the warmup manifest was not stored on the server: %.400s", err);
 }
 
 static double mono_s(void) { return (double)kc_clock_mono_us() / 1e6; }
@@ -230,6 +235,48 @@ static double mono_s(void) { return (double)kc_clock_mono_us() / 1e6; }
 static double deadline_left(const warm_args *a, double t0) {
   double left = a->o.deadline_s - (mono_s() - t0);
   return left > 0.001 ? left : 0.001;
+}
+
+/* The exit status of a warm that ran. Without --strict every outcome is 0
+ * (a service starts even when kcached is down or NVRTC is missing: the
+ * reason is a warning); with it, a bundle not ready or a token kcached
+ * refused (401, 403) is 1, with one line saying why. */
+static int warm_status(const warm_args *a, const kc_warm_report *rep, kc_err e,
+                       const char *err) {
+  if (e && rep->n_items == 0) { /* nothing computed: the manifest or setup */
+    if (e != KC_NO_NVRTC || a->strict)
+      return kcli_fail("warm", KCLI_EXIT_FAIL, "%s", err);
+    fprintf(stderr, "kcache warm: warning: %s (not --strict: exit 0)\n", err);
+    return KCLI_EXIT_OK;
+  }
+  if (a->strict && rep->refused)
+    return kcli_fail("warm", KCLI_EXIT_FAIL,
+                     "kcached refused the token (%s): nothing was uploaded "
+                     "with it; check KCACHE_TOKEN and its role",
+                     rep->refused_why);
+  if (e && !a->strict)
+    fprintf(stderr, "kcache warm: %s (not --strict: exit 0)\n", err);
+  return e && a->strict ? KCLI_EXIT_FAIL : KCLI_EXIT_OK;
+}
+
+static int warm_run(warm_args *a, kc_client *c, const kc_warmup *w,
+                    kc_warm_report *rep) {
+  char err[KC_ERRBUF_SIZE] = "", note[KC_ERRBUF_SIZE] = "";
+  double t0 = mono_s();
+  kc_err e = kc_warm(c, w, &a->o, rep, err);
+  /* The warm's other requests, after it, within what is left of its
+   * deadline: none of them may hold the service's start past it. */
+  if (a->o.deadline_s > 0)
+    kc_client_set_deadline(c, deadline_left(a, t0));
+  if (!rep->server_down) /* a server that stalled is not asked again */
+    upload_warmup(c, a, w, note);
+  if (a->o.deadline_s > 0) /* the misses it noted: now, or dropped */
+    kc_demand_flush(c, (long)(deadline_left(a, t0) * 1000) + 1, NULL);
+  if (rep->n_items && warm_output(a, rep))
+    return KCLI_EXIT_FAIL;
+  if (note[0] && !a->quiet)
+    fprintf(stderr, "kcache warm: warning: %s\n", note);
+  return warm_status(a, rep, e, err);
 }
 
 int kcli_cmd_warm(int argc, char **argv) {
@@ -257,26 +304,8 @@ int kcli_cmd_warm(int argc, char **argv) {
     rc = kcli_fail("warm", KCLI_EXIT_FAIL, "%s", err);
   else if (!(c = kcli_client(&a.g)))
     rc = KCLI_EXIT_FAIL;
-  else {
-    double t0 = mono_s();
-    e = kc_warm(c, w, &a.o, &rep, err);
-    /* The warm's other requests, after it, within what is left of its
-     * deadline: none of them may hold the service's start past it. */
-    if (a.o.deadline_s > 0)
-      kc_client_set_deadline(c, deadline_left(&a, t0));
-    if (!rep.server_down) /* a server that stalled is not asked again */
-      upload_warmup(c, &a, w);
-    if (a.o.deadline_s > 0) /* the misses it noted: now, or dropped */
-      kc_demand_flush(c, (long)(deadline_left(&a, t0) * 1000) + 1, NULL);
-    if (e && rep.n_items == 0) /* nothing computed: the manifest or setup */
-      rc = kcli_fail("warm", KCLI_EXIT_FAIL, "%s", err);
-    else
-      rc = warm_output(&a, &rep) ? KCLI_EXIT_FAIL
-           : e && a.strict       ? KCLI_EXIT_FAIL
-                                 : KCLI_EXIT_OK;
-    if (e && rep.n_items && !a.strict)
-      fprintf(stderr, "kcache warm: %s (not --strict: exit 0)\n", err);
-  }
+  else
+    rc = warm_run(&a, c, w, &rep);
   kc_warm_report_free(&rep);
   kc_client_free(c);
   kc_warmup_free(w);

@@ -87,7 +87,8 @@ class WarmReport(Structure):
                 ("items", c_void_p), ("counts", c_size_t * WARM_N_STATUS),
                 ("bytes", c_uint64), ("bytes_fetched", c_uint64),
                 ("seconds", c_double), ("server_down", c_int),
-                ("warning", c_char * ERRBUF_SIZE)]
+                ("warning", c_char * ERRBUF_SIZE), ("refused", c_int),
+                ("refused_why", c_char * ERRBUF_SIZE)]
 
 
 def _candidates() -> list:
