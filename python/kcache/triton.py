@@ -70,6 +70,10 @@ class _Remote:
                 self.made = True
                 url = os.environ.get("KCACHE_URL")
                 if not url:
+                    # the one line that says why nothing is shared: a
+                    # manager set without its server is a setup mistake
+                    log.warning("kcache.triton: KCACHE_URL is not set: Triton's "
+                                "cache stays local (no kcached)")
                     return None
                 try:
                     self.client = Client(

@@ -125,6 +125,23 @@ def test_kcached_down_is_local(tr, dead_url, tmp_path, monkeypatch):
     assert m.get_group("add_kernel.json") is not None
 
 
+def test_no_server_says_so_once(tr, tmp_path, monkeypatch, caplog):
+    """The manager set without KCACHE_URL: Triton's cache works locally,
+    and one warning line says that nothing is shared (a silent no-op was
+    a new user's first hour lost)."""
+    import logging
+    cache, kt = tr
+    use(monkeypatch, tmp_path, "n", "")
+    monkeypatch.delenv("KCACHE_URL")
+    with caplog.at_level(logging.WARNING, logger="kcache.triton"):
+        for n in range(2):
+            m = compile_like_triton(cache, hashlib.sha256(
+                b"kernel-nourl-%d" % n).hexdigest())
+            assert m.get_group("add_kernel.json") is not None
+    lines = [r for r in caplog.records if "KCACHE_URL" in r.getMessage()]
+    assert len(lines) == 1, caplog.text
+
+
 def test_bad_group_bundle_is_a_miss(tr, server, tmp_path, monkeypatch):
     """A bundle under the group's key whose group file is not JSON, or
     names files the bundle lacks: a miss (Triton compiles), no exception."""
