@@ -222,6 +222,44 @@ static kc_err check_plaintext(const kc_client *c, const kc_client_opts *o,
                  c->url);
 }
 
+/* ---- for bindings ---- */
+
+int kc_abi_version(void) { return KC_ABI_VERSION; }
+
+size_t kc_abi_sizeof(const char *type) {
+  static const struct {
+    const char *name;
+    size_t size;
+  } types[] = {{"kc_dim", sizeof(kc_dim)},
+               {"kc_tool", sizeof(kc_tool)},
+               {"kc_bucket", sizeof(kc_bucket)},
+               {"kc_key_fields", sizeof(kc_key_fields)},
+               {"kc_client_opts", sizeof(kc_client_opts)},
+               {"kc_warm_opts", sizeof(kc_warm_opts)},
+               {"kc_warm_report", sizeof(kc_warm_report)}};
+  for (size_t i = 0; type && i < sizeof types / sizeof types[0]; i++)
+    if (!strcmp(type, types[i].name))
+      return types[i].size;
+  return 0;
+}
+
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+static CURLcode global_rc = CURLE_FAILED_INIT;
+
+static void global_init_once(void) {
+  global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+kc_err kc_global_init(char *err) {
+  pthread_once(&global_once, global_init_once);
+  return global_rc == CURLE_OK
+             ? KC_OK
+             : kc_errf(err, KC_UNAVAILABLE, "curl_global_init: %s",
+                       curl_easy_strerror(global_rc));
+}
+
+void kc_free(void *p) { free(p); }
+
 kc_err kc_client_new(const kc_client_opts *o, kc_client **out, char *err) {
   *out = NULL;
   kc_client *c = calloc(1, sizeof *c);

@@ -5,7 +5,8 @@
  *
  * Process-wide setup is the caller's job (no global state in the library):
  * call curl_global_init(CURL_GLOBAL_DEFAULT) once in main() before the first
- * kc_client_new, and curl_global_cleanup() at exit.
+ * kc_client_new, and curl_global_cleanup() at exit; a host that has no
+ * libcurl of its own (a binding) calls kc_global_init() instead.
  *
  * Threads: a kc_client is used by one thread at a time (like a CURL easy
  * handle); distinct handles may be used concurrently. Functions without a
@@ -44,6 +45,25 @@ extern "C" {
 #endif
 
 #define KC_CLIENT_VERSION "0.1.0"
+
+/* ---- For bindings (python/kcache/_lib.py): ABI, process set-up, free ---- */
+
+/* The layout of the structs a binding mirrors field by field (kc_dim,
+ * kc_tool, kc_bucket, kc_key_fields, kc_client_opts, kc_warm_opts,
+ * kc_warm_report): bumped whenever one changes. A binding checks
+ * kc_abi_version() against the value it was written for, and
+ * kc_abi_sizeof("kc_warm_report") against its own size, at load. */
+#define KC_ABI_VERSION 2
+int kc_abi_version(void);
+/* sizeof the named struct of this header or kc_schema.h; 0: unknown name. */
+size_t kc_abi_sizeof(const char *type);
+/* curl_global_init(CURL_GLOBAL_DEFAULT), once per process whoever calls it
+ * (thread-safe); for a host with no libcurl of its own. KC_OK, or
+ * KC_UNAVAILABLE when libcurl's set-up failed. */
+kc_err kc_global_init(char *err);
+/* Frees what libkcache returned for the caller to free (strings, bodies,
+ * bytes): a binding may not share the library's malloc. NULL: nothing. */
+void kc_free(void *p);
 #define KC_LEASE_TOKEN_MAX 128
 #define KC_LEASE_HOLDER_MAX 128 /* kcached: 1-128 printable ASCII */
 

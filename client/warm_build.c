@@ -435,4 +435,3 @@ void kcw_phase_wait(wctx *x) {
       poll = poll * 1.5 < 2.0 ? poll * 1.5 : 2.0;
   }
 }
-

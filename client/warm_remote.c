@@ -426,4 +426,3 @@ void kcw_phase_offer_local(wctx *x) {
   free(keys);
   json_decref(root);
 }
-

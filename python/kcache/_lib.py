@@ -4,8 +4,10 @@ ctypes, not an extension module: the package compiles nothing against
 Python, so one build of libkcache.so serves every Python version (3.11 here,
 3.12 on the GPU machine) and a tree can be carried to a machine without a
 compiler. Every struct below mirrors client/kcache.h or schema/kc_schema.h
-field by field; tests/python/test_client.py checks the sizes ctypes computes
-against what the library reports through behaviour (keys, reports).
+field by field; at import the library's KC_ABI_VERSION and its sizes of
+those structs (kc_abi_version, kc_abi_sizeof) must match, or the import
+fails with what differs. Memory the library returns is freed with its own
+kc_free; libcurl's process set-up is its kc_global_init.
 
 Where the library is looked for, first found wins:
   1. $KCACHE_LIB (a path to libkcache.so);
@@ -19,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import threading
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int,
                     c_long, c_size_t, c_uint64, c_void_p)
 from typing import Optional
@@ -178,11 +179,33 @@ _decl("kc_model_hash", c_int, POINTER(c_char_p), c_size_t, c_char_p, _ERRBUF)
 _decl("kc_sha256_hex", c_int, c_char_p, c_size_t, c_char_p)
 _decl("kc_arch_valid", c_int, c_char_p)
 
-# malloc'd results are freed with the C library's free, the one libkcache
-# allocated them with.
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-_libc.free.argtypes = [c_void_p]
-_libc.free.restype = None
+_decl("kc_abi_version", c_int)
+_decl("kc_abi_sizeof", c_size_t, c_char_p)
+_decl("kc_global_init", c_int, _ERRBUF)
+_decl("kc_free", None, c_void_p)
+
+# The structs above mirror the C ones field by field: a library of another
+# layout would be read and written wrongly, so it is refused at import.
+ABI_VERSION = 2
+_MIRRORS = {"kc_dim": Dim, "kc_tool": Tool, "kc_bucket": Bucket,
+            "kc_key_fields": KeyFields, "kc_client_opts": ClientOpts,
+            "kc_warm_opts": WarmOpts, "kc_warm_report": WarmReport}
+
+
+def _check_abi() -> None:
+    have = lib.kc_abi_version()
+    bad = ["%s: %d bytes here, %d in the library" % (
+        n, ctypes.sizeof(t), lib.kc_abi_sizeof(n.encode()))
+        for n, t in _MIRRORS.items()
+        if ctypes.sizeof(t) != lib.kc_abi_sizeof(n.encode())]
+    if have != ABI_VERSION or bad:
+        raise ImportError("kcache: %s has ABI %d, this package wants %d%s; "
+                          "reinstall the package (pip install ./python)" % (
+                              LIB_PATH, have, ABI_VERSION,
+                              " (" + "; ".join(bad) + ")" if bad else ""))
+
+
+_check_abi()
 
 
 def take_string(p: c_void_p) -> str:
@@ -192,7 +215,7 @@ def take_string(p: c_void_p) -> str:
     try:
         return ctypes.string_at(p.value).decode("utf-8", "replace")
     finally:
-        _libc.free(p.value)
+        lib.kc_free(p.value)
 
 
 def take_bytes(p: c_void_p, n: int) -> bytes:
@@ -202,33 +225,13 @@ def take_bytes(p: c_void_p, n: int) -> bytes:
     try:
         return ctypes.string_at(p.value, n)
     finally:
-        _libc.free(p.value)
-
-
-# libcurl wants curl_global_init once per process before any handle: done
-# here, at import (libkcache leaves process-wide init to its host). libkcache
-# already loaded libcurl, so this finds that same copy.
-_curl_lock = threading.Lock()
-_curl_done = False
+        lib.kc_free(p.value)
 
 
 def curl_init() -> None:
-    global _curl_done
-    with _curl_lock:
-        if _curl_done:
-            return
-        for name in ("libcurl.so.4", ctypes.util.find_library("curl")):
-            if not name:
-                continue
-            try:
-                curl = ctypes.CDLL(name)
-            except OSError:
-                continue
-            curl.curl_global_init.argtypes = [c_long]
-            curl.curl_global_init.restype = c_int
-            curl.curl_global_init(3)  # CURL_GLOBAL_DEFAULT
-            break
-        _curl_done = True
+    """libcurl's process-wide set-up, which libkcache leaves to its host:
+    kc_global_init does it once, whoever asks first."""
+    lib.kc_global_init(None)
 
 
 def errbuf() -> ctypes.Array:

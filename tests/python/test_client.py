@@ -140,3 +140,40 @@ def test_warm_report(server, tmp_path):
     rep2 = c2.warm(manifest, deadline=60, no_build=True)
     assert rep2["counts"]["hit-remote"] == 2 and rep2["error"] is None
     assert [i["status"] for i in rep2["items"]] == ["hit-remote"] * 2
+
+
+def test_abi_checked_at_import(monkeypatch):
+    """The structs the package mirrors have the library's sizes, and a
+    library of another ABI is refused at import with what differs (a
+    wrong layout would be read and written silently)."""
+    import ctypes
+    from kcache import _lib
+    for name, t in _lib._MIRRORS.items():
+        assert _lib.lib.kc_abi_sizeof(name.encode()) == ctypes.sizeof(t), name
+    assert _lib.lib.kc_abi_sizeof(b"no_such_struct") == 0
+    monkeypatch.setattr(_lib, "ABI_VERSION", _lib.ABI_VERSION + 1)
+    with pytest.raises(ImportError, match="ABI"):
+        _lib._check_abi()
+    monkeypatch.setattr(_lib, "ABI_VERSION", _lib.ABI_VERSION - 1)
+
+    class Short(ctypes.Structure):
+        _fields_ = [("x", ctypes.c_int)]
+    monkeypatch.setitem(_lib._MIRRORS, "kc_warm_report", Short)
+    with pytest.raises(ImportError, match="kc_warm_report"):
+        _lib._check_abi()
+
+
+def test_library_exports_only_the_public_api():
+    """libkcache.so exports the kc_ API, not its internals (kcc_, kcw_,
+    kci_, kcg_) nor the static libraries linked into it."""
+    import shutil
+    import subprocess
+    from kcache import _lib
+    nm = shutil.which("nm")
+    if not nm:
+        pytest.skip("no nm")
+    out = subprocess.run([nm, "-D", "--defined-only", _lib.LIB_PATH],
+                         capture_output=True, text=True, check=True).stdout
+    names = [l.split()[-1] for l in out.splitlines() if l.strip()]
+    assert "kc_warm" in names and "kc_free" in names
+    assert [n for n in names if not n.startswith("kc_")] == []
