@@ -156,6 +156,11 @@ static void t_bad_content_length(void **state) {
   refused("PUT /v1/blobs/" DIGEST " HTTP/1.1\r\nHost: localhost\r\n"
           "Content-Length: 99999999999999999999999\r\n\r\n",
           413, "too_large");
+  /* 2^64-1 is libmicrohttpd's "no length": it waited for the connection's
+   * end (--timeout) instead of answering */
+  refused("PUT /v1/blobs/" DIGEST " HTTP/1.1\r\nHost: localhost\r\n"
+          "Content-Length: 18446744073709551615\r\n\r\n",
+          413, "too_large");
   int fd = kc_testsrv_connect(S.port);
   assert_true(fd >= 0);
   char buf[8192];
@@ -487,6 +492,43 @@ static void t_pipelined_body_like_headers(void **state) {
   close(fd);
 }
 
+/* After a chunked request the scanner follows the chunks, so a malformed
+ * Content-Length on the same connection still gets one answer: it used to
+ * stop scanning after a chunked body, and libmicrohttpd's doubled status
+ * line came back (201, 400, 400). Chunk extensions, a trailer and chunks
+ * split across sends are followed too. */
+static void t_bad_length_after_chunked(void **state) {
+  (void)state;
+  static const char *const bodies[] = {
+      "b\r\n{\"keys\":[]}\r\n0\r\n\r\n",
+      "5;ext=1\r\n{\"key\r\n6\r\ns\":[]}\r\n0\r\nX-Trailer: 1\r\n\r\n",
+      "B\n{\"keys\":[]}\n0\n\n",
+  };
+  for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+    int fd = kc_testsrv_connect(S.port);
+    assert_true(fd >= 0);
+    char buf[8192];
+    const char *b = bodies[i];
+    size_t half = strlen(b) / 2;
+    assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: "
+                                  "localhost\r\nTransfer-Encoding: "
+                                  "chunked\r\n\r\n"),
+                     0);
+    assert_int_equal(send(fd, b, half, MSG_NOSIGNAL), (ssize_t)half);
+    usleep(20000); /* the rest in a later recv */
+    assert_int_equal(raw_send(fd, b + half), 0);
+    assert_int_equal(raw_read(fd, buf, sizeof buf, 500), 0); /* still open */
+    if (raw_status(buf) != 200)
+      print_message("body %zu answered:\n%s\n", i, buf);
+    assert_int_equal(raw_status(buf), 200);
+    refused_on(fd,
+               "POST /v1/lookup HTTP/1.1\r\nHost: localhost"
+               "\r\nContent-Length: 1,1\r\n\r\n{}",
+               400, "bad_request");
+    close(fd);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_cl_and_te),
@@ -497,6 +539,7 @@ int main(void) {
       cmocka_unit_test(t_bad_content_length),
       cmocka_unit_test(t_good_framing_kept_alive),
       cmocka_unit_test(t_pipelined_body_like_headers),
+      cmocka_unit_test(t_bad_length_after_chunked),
       cmocka_unit_test(t_obs_fold),
       cmocka_unit_test(t_host_count),
       cmocka_unit_test(t_header_bytes),

@@ -171,7 +171,8 @@ int kcd_framing_host_allowed(const kcd_config *c, const char *host);
  * could see it: a first Content-Length that is not a decimal number, or
  * too large, without Transfer-Encoding. Per connection, on its thread. */
 typedef struct kcd_scan {
-  int on;            /* KCD_SCAN_OFF, _HEADERS (a block), _BODY (cl left) */
+  int on;            /* KCD_SCAN_OFF, _HEADERS (a block), _BODY (cl left),
+                        or a chunked body's parts (framing.c) */
   int line;          /* lines it ended so far (0: the request line) */
   unsigned col;      /* bytes of the current line */
   unsigned mcl, mte; /* bytes of the names below matched at a line start */
@@ -181,7 +182,15 @@ typedef struct kcd_scan {
   uint64_t cl;
 } kcd_scan;
 enum { KCD_SCAN_OK, KCD_SCAN_BAD_LENGTH, KCD_SCAN_BIG_LENGTH };
-enum { KCD_SCAN_OFF, KCD_SCAN_HEADERS, KCD_SCAN_BODY };
+enum {
+  KCD_SCAN_OFF,
+  KCD_SCAN_HEADERS,
+  KCD_SCAN_BODY,
+  KCD_SCAN_CHUNK_SIZE, /* a chunk-size line (cl: the size so far) */
+  KCD_SCAN_CHUNK_DATA, /* cl bytes of a chunk's data left */
+  KCD_SCAN_CHUNK_END,  /* the CRLF after a chunk's data */
+  KCD_SCAN_TRAILER     /* the trailer lines after the last chunk */
+};
 /* Feeds received bytes; KCD_SCAN_OK, or what the block's end showed. */
 int kcd_framing_scan(kcd_scan *s, const char *p, size_t n);
 /* The answer kcached gives instead (a static HTTP response), for what
