@@ -354,6 +354,11 @@ static kc_err put_checked(kc_store *s, blob_src *src, int *created, char *err) {
   e = kcs_write(s, put_op, src, err);
   if (!e && src->repair)
     kc_store_blob_touch(s, src->digest); /* an orphan's window starts anew */
+  /* A client's first upload is offered too: its manifest comes last, and a
+   * RESP key of the same bytes deleted or evicted meanwhile must not free
+   * it (kv_unref, kcs_blob_unref ask kcs_blob_touched). */
+  if (!e && src->created && !src->from_tier)
+    kcs_uses_record(&s->touched, src->digest, kcs_now());
   if (!e && src->created && !src->from_tier)
     kcs_tier_kick(s);
   if (!e && created)
