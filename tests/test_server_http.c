@@ -529,6 +529,28 @@ static void t_bad_length_after_chunked(void **state) {
   }
 }
 
+/* A --listen or --health-listen address another socket holds: the error
+ * names it and why ("127.0.0.1:P: address already in use"), where
+ * libmicrohttpd's line said "Failed to bind to port 0". */
+static void t_listen_taken(void **state) {
+  (void)state;
+  char addr[64], want[128];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", S.port); /* S holds it */
+  static const char *const flags[] = {"--listen", "--health-listen"};
+  for (size_t i = 0; i < 2; i++) {
+    kc_testsrv t = {0};
+    const char *const args[] = {flags[i], addr, NULL};
+    assert_int_not_equal(kc_testsrv_start(&t, args), 0);
+    snprintf(want, sizeof want, "%s: address already in use (%s)", addr,
+             flags[i]);
+    if (kc_testsrv_log_count(&t, want, 0) != 1)
+      kc_testsrv_show_log(&t, flags[i]);
+    assert_int_equal(kc_testsrv_log_count(&t, want, 0), 1);
+    assert_int_equal(kc_testsrv_log_count(&t, "port 0", 0), 0);
+    kc_testsrv_cleanup(&t);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_cl_and_te),
@@ -540,6 +562,7 @@ int main(void) {
       cmocka_unit_test(t_good_framing_kept_alive),
       cmocka_unit_test(t_pipelined_body_like_headers),
       cmocka_unit_test(t_bad_length_after_chunked),
+      cmocka_unit_test(t_listen_taken),
       cmocka_unit_test(t_obs_fold),
       cmocka_unit_test(t_host_count),
       cmocka_unit_test(t_header_bytes),
