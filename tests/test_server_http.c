@@ -551,6 +551,65 @@ static void t_listen_taken(void **state) {
   }
 }
 
+/* The probe port's slots (32, 4 an address) against half-open requests
+ * from 10 addresses, 5 sockets each, reconnected as soon as they are cut:
+ * they held every slot, and 1 probe in 10 was answered. A probe from a new
+ * address is answered each time now. */
+#define FLOOD_ADDRS 10
+#define FLOOD_EACH 5
+
+static void flood_refill(int port, int *fds) {
+  static const char half[] = "GET /healthz HTTP/1.1\r\n";
+  for (int i = 0; i < FLOOD_ADDRS * FLOOD_EACH; i++) {
+    if (fds[i] >= 0 && !raw_is_closed(fds[i]))
+      continue;
+    if (fds[i] >= 0)
+      close(fds[i]);
+    char src[32];
+    snprintf(src, sizeof src, "127.0.0.%d", 2 + i / FLOOD_EACH);
+    fds[i] = raw_connect_from(port, src);
+    if (fds[i] >= 0)
+      (void)!send(fds[i], half, sizeof half - 1, MSG_NOSIGNAL);
+  }
+}
+
+static void t_probe_port_half_open(void **state) {
+  (void)state;
+  int hport = raw_free_port();
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", hport);
+  kc_testsrv t = {0};
+  const char *const args[] = {"--health-listen", addr, NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  int fds[FLOOD_ADDRS * FLOOD_EACH];
+  for (int i = 0; i < FLOOD_ADDRS * FLOOD_EACH; i++)
+    fds[i] = -1;
+  int answered = 0;
+  for (int probe = 0; probe < 10; probe++) {
+    for (int round = 0; round < 3; round++) {
+      flood_refill(hport, fds);
+      kc_testsrv_sleep_ms(20);
+    }
+    char buf[4096] = "";
+    int fd = raw_connect_from(hport, "127.0.0.12");
+    if (fd >= 0 && raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: "
+                                "localhost\r\n\r\n") == 0)
+      raw_read(fd, buf, sizeof buf, 2000);
+    answered += raw_status(buf) == 200;
+    if (fd >= 0)
+      close(fd);
+  }
+  for (int i = 0; i < FLOOD_ADDRS * FLOOD_EACH; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  if (answered != 10)
+    kc_testsrv_show_log(&t, "probe port");
+  assert_int_equal(answered, 10);
+  assert_true(
+      kc_testsrv_wait_log(&t, "probe-port connections waiting", 1, 3000));
+  kc_testsrv_cleanup(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_cl_and_te),
@@ -563,6 +622,7 @@ int main(void) {
       cmocka_unit_test(t_pipelined_body_like_headers),
       cmocka_unit_test(t_bad_length_after_chunked),
       cmocka_unit_test(t_listen_taken),
+      cmocka_unit_test(t_probe_port_half_open),
       cmocka_unit_test(t_obs_fold),
       cmocka_unit_test(t_host_count),
       cmocka_unit_test(t_header_bytes),

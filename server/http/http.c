@@ -639,7 +639,9 @@ static void fill_options(kcd_state *st, const struct sockaddr *addr,
  * so that probes are answered while the main one is full; req_begin lets
  * only the probe routes through on it. One address holds at most
  * HEALTH_PER_IP of its connections, and each is closed after its answer
- * (reply.c: Connection: close), so kept-alive clients cannot hold them. */
+ * (reply.c: Connection: close), so kept-alive clients cannot hold them;
+ * half-open requests from many addresses cannot either (conns.c cuts the
+ * oldest waiting one when few slots are left). */
 #define HEALTH_CONNS 32
 #define HEALTH_PER_IP 4
 
@@ -670,6 +672,7 @@ static kc_err start_health(kcd_state *st, char *err) {
     return e;
   struct MHD_OptionItem opts[20];
   fill_health_options(st, ai->ai_addr, opts);
+  kcd_conns_probe_limit(st->conns, HEALTH_CONNS);
   st->mhd_health =
       MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, on_accept_health, st,
                        on_request, st, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
@@ -705,6 +708,11 @@ void kcd_http_sweep(kcd_state *st) {
             "answered %zu requests with a malformed or too large "
             "Content-Length (400 or 413) and closed their connections",
             w.refused_length);
+  if (w.cut_probe)
+    kcd_log(st, "warn",
+            "closed %zu probe-port connections waiting for their request's "
+            "headers to keep its slots for probes",
+            w.cut_probe);
   if (w.closed_body)
     kcd_log(st, "warn",
             "closed %zu connections whose request body came "

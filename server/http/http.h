@@ -102,6 +102,10 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted);
 struct sockaddr;
 int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
                     unsigned max_conns);
+/* The probe port's slots (its MHD connection limit): a connection to it
+ * that leaves fewer than a few free cuts the probe connection that has
+ * waited longest for its headers (conns.c). Set before serving. */
+void kcd_conns_probe_limit(kcd_conns *l, size_t slots);
 /* Whether connections of l are plain HTTP, whose received bytes are
  * scanned (kcd_framing_scan); TLS ones are not. Set before serving. */
 void kcd_conns_scan_raw(kcd_conns *l, int on);
@@ -132,6 +136,8 @@ typedef struct kcd_sweep {
   size_t closed_headers, closed_body; /* out: connections shut down */
   size_t refused_length; /* out: answered from the received bytes (a
                             malformed Content-Length) since the last sweep */
+  size_t cut_probe; /* out: probe-port connections cut to make room (conns.c)
+                       since the last sweep */
 } kcd_sweep;
 /* Shuts down every connection waiting for headers for header_us or more,
  * and every one whose body brought less than body_min_rate bytes/s over a
