@@ -354,6 +354,12 @@ static kc_err put_checked(kc_store *s, blob_src *src, int *created, char *err) {
   e = kcs_write(s, put_op, src, err);
   if (!e && src->repair)
     kc_store_blob_touch(s, src->digest); /* an orphan's window starts anew */
+  /* A client's first upload is offered too: its manifest comes last, and a
+   * RESP key of the same bytes deleted or evicted meanwhile must not free
+   * it (kv_unref, kcs_blob_unref ask kcs_blob_touched). Until a manifest
+   * references it (bundle.c): then eviction frees it at once again. */
+  if (!e && src->created && !src->from_tier)
+    kcs_uses_record(&s->fresh, src->digest, kcs_now());
   if (!e && src->created && !src->from_tier)
     kcs_tier_kick(s);
   if (!e && created)
@@ -691,7 +697,8 @@ void kc_store_upload_abort(kc_store_upload *u) {
 /* ---- references ---- */
 
 int kcs_blob_touched(kc_store *s, const char *digest, int64_t now) {
-  return kcs_uses_last(&s->touched, digest) > now - KCS_UPLOAD_WINDOW_S;
+  return kcs_uses_last(&s->touched, digest) > now - KCS_UPLOAD_WINDOW_S ||
+         kcs_uses_last(&s->fresh, digest) > now - KCS_UPLOAD_WINDOW_S;
 }
 
 /* An orphan offered again starts its upload window and grace anew. */

@@ -142,8 +142,10 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   kc_err e = find_missing(s, txn, c, err);
   if (!e)
     e = check_sizes(s, txn, c->m, err);
-  for (size_t i = 0; !e && i < c->n_digests; i++)
+  for (size_t i = 0; !e && i < c->n_digests; i++) {
     e = kcs_blob_ref(s, txn, c->digests[i], err);
+    kcs_uses_forget(&s->fresh, c->digests[i]); /* its manifest came */
+  }
   if (!e)
     e = put_records(s, txn, c, err);
   if (!e && c->queue)

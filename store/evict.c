@@ -67,6 +67,7 @@ kc_err kcs_uses_flush(kc_store *s, kcs_uses *u, kcs_use_fn *one) {
 
 kc_err kc_store_flush(kc_store *s) {
   kcs_uses_prune(&s->touched, kcs_now() - KCS_UPLOAD_WINDOW_S);
+  kcs_uses_prune(&s->fresh, kcs_now() - KCS_UPLOAD_WINDOW_S);
   kc_err e = kcs_uses_flush(s, &s->uses, flush_one);
   kc_err ek = kcs_kv_flush(s); /* RESP keys' (kv_evict.c) */
   return e ? e : ek;
@@ -165,11 +166,18 @@ kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target, size_t limit,
     int r = drop_orphan(s, txn, kcs_now() - KCS_UPLOAD_WINDOW_S, &e, err);
     if (r < 0)
       return e;
+    if (r > 0) {
+      s->txn_evicted_blobs++;
+      continue;
+    }
+    /* last, warmup manifests of models without bundles (models.c) */
+    r = kcs_warmup_evict_one(s, txn, &e, err);
+    if (r < 0)
+      return e;
     if (r == 0) {
       *done = 1; /* nothing left to evict */
       return KC_OK;
     }
-    s->txn_evicted_blobs++;
   }
   return KC_OK;
 }

@@ -16,10 +16,10 @@
  * recently used bundles, then old unreferenced blobs) down to the low-water
  * mark of what is held and tries once more; KC_STORE_FULL when that is not
  * enough. With max_bytes set, a put that would cross the high-water mark evicts
- * first. What is held counts blobs, manifests and RESP keys (KC_KV_KEY_BYTES
- * each). Eviction runs in transactions of a few removals each; the eviction
- * counters count what was committed.
- * A disk that is full (ENOSPC, EDQUOT) is KC_DISK_FULL, not KC_IO.
+ * first. What is held counts blobs, manifests, warmup manifests and RESP keys
+ * (KC_KV_KEY_BYTES each). Eviction runs in transactions of a few removals each;
+ * the eviction counters count what was committed. A disk that is full (ENOSPC,
+ * EDQUOT) is KC_DISK_FULL, not KC_IO.
  *
  * On disk: dir/data.mdb and dir/lock.mdb (copy a live store with
  * `mdb_copy -c DIR OUT`). The layout of the named databases is in
@@ -59,7 +59,8 @@ typedef struct kc_store_s3 {
 
 typedef struct kc_store_opts {
   const char *dir;    /* created if missing */
-  uint64_t max_bytes; /* limit on blob and manifest bytes; 0: none */
+  uint64_t max_bytes; /* limit on blob and manifest bytes (warmup
+                         manifests: at most 1/8 of it); 0: none */
   uint64_t map_size;  /* LMDB map size; 0: derived from max_bytes, or 64 GiB */
   uint64_t grace_s;   /* unreferenced blobs older than this are collected;
                          0: default 3600 */
@@ -299,7 +300,8 @@ kc_err kc_store_model_list(kc_store *s, const char *model,
 /* ---- Bookkeeping, eviction, GC ---- */
 
 typedef struct kc_store_stats {
-  uint64_t bytes_used; /* bytes of blobs, manifests and RESP keys held
+  uint64_t bytes_used; /* bytes of blobs, manifests, warmup manifests and
+                          RESP keys held
                           (KC_KV_KEY_BYTES each; a compressed blob
                           counts its stored bytes) */
   uint64_t max_bytes;  /* 0: no limit */
@@ -338,8 +340,9 @@ kc_err kc_store_flush(kc_store *s);
 /* Evicts least recently used bundles (and RESP keys, by the rules in "RESP
  * keys" below), then blobs unreferenced for over 10
  * minutes (younger ones are likely uploads whose manifest is on its way),
- * oldest first, until bytes used is at most target_bytes or nothing is left
- * to evict. Called by puts above the high-water mark. */
+ * oldest first, then warmup manifests of models without bundles, until
+ * bytes used is at most target_bytes or nothing is left to evict. Called by
+ * puts above the high-water mark. */
 kc_err kc_store_evict(kc_store *s, uint64_t target_bytes, char *err);
 /* Collects blobs no bundle references that are older than the grace period
  * (now: unix seconds, so tests can move the clock). */
@@ -771,7 +774,10 @@ kc_err kc_store_models_list(kc_store *s, const char *after, size_t limit,
  * belongs to the first model that stored it: without KC_WARMUP_RENAME in
  * flags, KC_CONFLICT when the model's stored manifest has another name or
  * another model's manifest has this one (the name index, warmnames). An
- * empty name, or one over 511 bytes, is KC_BAD_WARMUP. */
+ * empty name, or one over 511 bytes, is KC_BAD_WARMUP. Manifests count in
+ * bytes_used and together take at most 1/8 of max_bytes (of the map without
+ * it): a put past that drops manifests of other models without bundles,
+ * and is KC_STORE_FULL when those are not enough. */
 #define KC_WARMUP_RENAME 1 /* may rename, or share a name (admin) */
 /* archs: "a,b", the archs this warm runs for (its --arch, else the
  * manifest's; NULL: neither). They are added to the archs recorded for the

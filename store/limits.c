@@ -242,12 +242,16 @@ static kc_err count_once_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
 }
 
 kc_err kcs_open_limits(kc_store *s, char *err) {
-  /* Manifests first, then RESP keys (their counts came later). */
+  /* Manifests first, then RESP keys, then warmup manifests (their counts
+   * came later, in that order). */
   count_once manifests = {"manifests_counted", kcs_manifest_bytes};
   count_once kv_keys = {"kv_keys_counted", kcs_kv_key_bytes};
+  count_once warmups = {"warmups_counted", kcs_warmup_bytes};
   kc_err e = kcs_write(s, count_once_op, &manifests, err);
   if (!e)
     e = kcs_write(s, count_once_op, &kv_keys, err);
+  if (!e)
+    e = kcs_write(s, count_once_op, &warmups, err);
   if (e == KC_STORE_FULL || e == KC_DISK_FULL)
     e = KC_OK; /* counted at the next open; the store still serves reads */
   if (e || !s->max_bytes)

@@ -143,6 +143,145 @@ static char *stored_name(const MDB_val *v) {
   return out;
 }
 
+/* ---- their bytes ----
+ * A manifest counts in bytes_used (toward max_bytes) like a bundle's, and
+ * all of them together may take at most 1/KCS_WARMUP_SHARE of the limit
+ * (meta "warmup_bytes": their sum). A put past that share first drops the
+ * manifests of models without bundles (hex order; never the model put),
+ * and is refused KC_STORE_FULL when those are not enough. Eviction takes
+ * such manifests too, after everything else (kcs_warmup_evict_one). */
+
+static MDB_val wbytes_name(void) {
+  MDB_val k = {12, (void *)"warmup_bytes"};
+  return k;
+}
+
+static uint64_t wbytes_get(kc_store *s, MDB_txn *txn) {
+  MDB_val k = wbytes_name(), v;
+  uint64_t n = 0;
+  if (mdb_get(txn, s->meta, &k, &v) == 0 && v.mv_size == sizeof n)
+    memcpy(&n, v.mv_data, sizeof n);
+  return n;
+}
+
+/* Adds delta to warmup_bytes and to bytes_used. */
+static kc_err wbytes_add(kc_store *s, MDB_txn *txn, int64_t delta, char *err) {
+  uint64_t n = wbytes_get(s, txn);
+  n = delta < 0 && (uint64_t)-delta > n ? 0 : n + (uint64_t)delta;
+  MDB_val k = wbytes_name(), v = {sizeof n, &n};
+  kc_err e = kcs_put(txn, s->meta, &k, &v, 0, err);
+  return e ? e : kcs_bytes_add(txn, s, delta, err);
+}
+
+kc_err kcs_warmup_sum(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err) {
+  MDB_cursor *cur;
+  *sum = 0;
+  int rc = mdb_cursor_open(txn, s->warmups, &cur);
+  if (rc)
+    return kcs_mdb_err(rc, "counting the warmup manifests", err);
+  MDB_val k, v; /* sizes only: the manifests' pages are not read */
+  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+    *sum += v.mv_size;
+  mdb_cursor_close(cur);
+  return rc == MDB_NOTFOUND
+             ? KC_OK
+             : kcs_mdb_err(rc, "counting the warmup manifests", err);
+}
+
+kc_err kcs_warmup_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err) {
+  kc_err e = kcs_warmup_sum(s, txn, sum, err);
+  MDB_val k = wbytes_name(), v = {sizeof *sum, sum};
+  return e ? e : kcs_put(txn, s->meta, &k, &v, 0, err);
+}
+
+static uint64_t warmup_cap(const kc_store *s) {
+  return (s->max_bytes ? s->max_bytes : s->map_size) / KCS_WARMUP_SHARE;
+}
+
+/* Whether the models index holds a bundle of model. */
+static int has_bundles(kc_store *s, MDB_txn *txn, const char *model) {
+  MDB_cursor *cur;
+  if (mdb_cursor_open(txn, s->models, &cur))
+    return 1; /* cannot tell: kept */
+  MDB_val k = {KC_HEX_LEN, (void *)model}, v;
+  int rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+  int has = rc == 0 && k.mv_size == 2 * KC_HEX_LEN &&
+            memcmp(k.mv_data, model, KC_HEX_LEN) == 0;
+  mdb_cursor_close(cur);
+  return has;
+}
+
+/* The first model (hex order) with a manifest and no bundle, other than
+ * keep (NULL: any), into out; 0 when there is none. */
+static int bundleless(kc_store *s, MDB_txn *txn, const char *keep,
+                      char out[KC_HEX_LEN + 1]) {
+  MDB_cursor *cur;
+  if (mdb_cursor_open(txn, s->warmups, &cur))
+    return 0;
+  MDB_val k, v;
+  int found = 0;
+  for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && !found;
+       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (k.mv_size != KC_HEX_LEN ||
+        (keep && memcmp(k.mv_data, keep, KC_HEX_LEN) == 0))
+      continue;
+    memcpy(out, k.mv_data, KC_HEX_LEN);
+    out[KC_HEX_LEN] = '\0';
+    found = !has_bundles(s, txn, out);
+  }
+  mdb_cursor_close(cur);
+  return found;
+}
+
+static kc_err name_del(kc_store *s, MDB_txn *txn, const char *name,
+                       const char *model, char *err);
+
+/* Drops model's manifest, its name's entry and its warms' archs. */
+static kc_err warmup_drop(kc_store *s, MDB_txn *txn, const char *model,
+                          char *err) {
+  MDB_val mk = kcs_hex_val(model), mv;
+  if (mdb_get(txn, s->warmups, &mk, &mv) != 0)
+    return kcs_del(txn, s->warmarchs, &mk, err);
+  int64_t size = (int64_t)mv.mv_size;
+  /* its name's entry goes, not another holder's of the same name */
+  char *name = stored_name(&mv);
+  kc_err e = name ? name_del(s, txn, name, model, err) : KC_OK;
+  free(name);
+  if (!e)
+    e = kcs_del(txn, s->warmups, &mk, err);
+  if (!e)
+    e = kcs_del(txn, s->warmarchs, &mk, err);
+  return e ? e : wbytes_add(s, txn, -size, err);
+}
+
+int kcs_warmup_evict_one(kc_store *s, MDB_txn *txn, kc_err *e, char *err) {
+  char model[KC_HEX_LEN + 1];
+  if (!bundleless(s, txn, NULL, model))
+    return 0;
+  *e = warmup_drop(s, txn, model, err);
+  return *e ? -1 : 1;
+}
+
+/* Room for delta more manifest bytes within the share (see above). */
+static kc_err warmup_room(kc_store *s, MDB_txn *txn, const char *model,
+                          int64_t delta, char *err) {
+  uint64_t cap = warmup_cap(s);
+  char victim[KC_HEX_LEN + 1];
+  while (delta > 0 && wbytes_get(s, txn) + (uint64_t)delta > cap) {
+    if (!bundleless(s, txn, model, victim))
+      return kc_errf(err, KC_STORE_FULL,
+                     "warmup manifests would take more than their "
+                     "share of the store (%llu bytes, 1/%d of its limit), "
+                     "and every other one is of a model with bundles",
+                     (unsigned long long)cap, KCS_WARMUP_SHARE);
+    kc_err e = warmup_drop(s, txn, victim, err);
+    if (e)
+      return e;
+  }
+  return KC_OK;
+}
+
 /* ---- the name index ----
  * warmnames: model.name -> the models whose stored manifest has that name
  * (DUPSORT, 64-hex values), kept in the transaction that puts or purges the
@@ -386,13 +525,18 @@ static kc_err warmup_put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   char *oldname = had ? stored_name(&old) : NULL;
   int same =
       had && old.mv_size == p->len && memcmp(old.mv_data, p->json, p->len) == 0;
+  int64_t delta = (int64_t)p->len - (had ? (int64_t)old.mv_size : 0);
   kc_err e = KC_OK;
   if (!(p->flags & KC_WARMUP_RENAME))
     e = warmup_name_check(s, txn, p, oldname, err);
   if (!e)
+    e = warmup_room(s, txn, p->model, delta, err);
+  if (!e)
     e = warm_archs_op(s, txn, p, same, err);
   if (!e)
     e = kcs_put(txn, s->warmups, &k, &v, 0, err);
+  if (!e)
+    e = wbytes_add(s, txn, delta, err);
   if (!e && oldname && strcmp(oldname, p->name) != 0)
     e = name_del(s, txn, oldname, p->model, err);
   if (!e)
@@ -417,7 +561,8 @@ kc_err kc_store_warmup_put(kc_store *s, const char *model, const char *name,
     return kc_errf(err, KC_EINVAL, "archs: over %d bytes",
                    KC_STORE_WARM_ARCHS_MAX - 1);
   wu_put p = {model, name, json, len, flags, archs && *archs ? archs : NULL};
-  return kcs_write(s, warmup_put_op, &p, err);
+  kc_err e = kcs_maybe_evict(s, len, err); /* it counts in bytes_used */
+  return e ? e : kcs_write(s, warmup_put_op, &p, err);
 }
 
 kc_err kc_store_warm_archs_get(kc_store *s, const char *model,
@@ -502,19 +647,8 @@ static kc_err purge_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
     if (!e)
       e = kcs_queue_add(s, txn, KCS_Q_DELETE, keys[i], p->model, err);
   }
-  if (!e && n == 0) {
-    MDB_val mk = kcs_hex_val(p->model), mv;
-    /* its name's entry goes, not another holder's of the same name */
-    char *name =
-        mdb_get(txn, s->warmups, &mk, &mv) == 0 ? stored_name(&mv) : NULL;
-    if (name)
-      e = name_del(s, txn, name, p->model, err);
-    free(name);
-    if (!e)
-      e = kcs_del(txn, s->warmups, &mk, err);
-    if (!e)
-      e = kcs_del(txn, s->warmarchs, &mk, err);
-  }
+  if (!e && n == 0)
+    e = warmup_drop(s, txn, p->model, err);
   if (!e)
     p->dropped = n;
   return e;

@@ -318,7 +318,7 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
   for (size_t i = 0; i < KCS_SHARDS; i++)
     pthread_mutex_init(&s->shards[i].lock, NULL);
   kc_err e = kcs_uses_init(&s->uses) || kcs_uses_init(&s->touched) ||
-                     kcs_uses_init(&s->kvuses)
+                     kcs_uses_init(&s->fresh) || kcs_uses_init(&s->kvuses)
                  ? kc_errf(err, KC_NOMEM, "out of memory")
                  : make_dir(s->dir, err);
   if (!e)
@@ -354,6 +354,7 @@ void kc_store_close(kc_store *s) {
   kcs_unlock_dir(s); /* after LMDB is closed */
   kcs_uses_destroy(&s->uses);
   kcs_uses_destroy(&s->touched);
+  kcs_uses_destroy(&s->fresh);
   kcs_uses_destroy(&s->kvuses);
   for (size_t i = 0; i < KCS_SHARDS; i++)
     pthread_mutex_destroy(&s->shards[i].lock);

@@ -28,7 +28,9 @@
  *             count, u8 kind, u16 length, then that many bytes of text
  *             (packed, host-endian), count descending
  *   warmups   model (64 hex) -> the model's warmup manifest JSON, as uploaded
- *             (PUT /v1/models/{model}/warmup; models.c)
+ *             (PUT /v1/models/{model}/warmup; models.c); counted in
+ *             bytes_used, their sum in meta "warmup_bytes" (meta
+ *             "warmups_counted": a store from before that was counted)
  *   warmnames model.name -> model (64 hex), DUPSORT: the models whose stored
  *             manifest has that name (one, unless an admin shared it); kept
  *             with warmups, built at open for a store from before it (meta
@@ -152,6 +154,8 @@ struct kc_store {
   int compress_level; /* zstd level for new blobs; 0: kept raw */
   kcs_uses uses;
   kcs_uses touched; /* blobs offered again by clients, by digest (memory) */
+  kcs_uses fresh;   /* blobs first uploaded by clients, until a manifest
+                       references them (memory; kcs_blob_touched) */
   kcs_shard shards[KCS_SHARDS]; /* read handles: pools and open reads */
   _Atomic uint64_t hits, misses, evicted_bundles, evicted_blobs, gc_blobs;
   _Atomic uint64_t scrub_bytes, scrub_passes, scrub_corrupt; /* scrub.c */
@@ -329,6 +333,8 @@ size_t kcs_uses_take(kcs_uses *u, kcs_use **out);
 int64_t kcs_uses_last(kcs_uses *u, const char *key);
 /* Forgets entries recorded before `before`. */
 void kcs_uses_prune(kcs_uses *u, int64_t before);
+/* Forgets key's last use (a later record starts it anew). */
+void kcs_uses_forget(kcs_uses *u, const char *key);
 /* Queue kinds; a RESP key's: 'v' upload its record (marks it pending, as
  * a bundle), 'w' delete its record (kv_tier.c). */
 enum {
@@ -406,7 +412,8 @@ kc_err kcs_evict_batched(kc_store *s, uint64_t target, char *err);
 kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target, size_t limit,
                       int *done, char *err);
 
-/* blob.c: 1 if a client offered this blob within the upload window. */
+/* blob.c: 1 if a client offered this blob within the upload window (again,
+ * or first, for a manifest still to come). */
 int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);
 
 /* models.c: the longest model.name the name index takes (an LMDB key;
@@ -415,6 +422,17 @@ int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);
 /* models.c: builds warmnames from the stored manifests, unless meta says
  * it was built (a store written before the index), in txn. */
 kc_err kcs_warmnames_build(kc_store *s, MDB_txn *txn, char *err);
+/* models.c: warmup manifests together take at most 1/KCS_WARMUP_SHARE of
+ * max_bytes (of the map without one). */
+#define KCS_WARMUP_SHARE 8
+/* models.c: the sum of the stored warmup manifests' sizes into *sum. */
+kc_err kcs_warmup_sum(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err);
+/* models.c: the same, written to meta "warmup_bytes" too (limits.c counts
+ * them once in bytes_used). */
+kc_err kcs_warmup_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err);
+/* models.c: drops the first warmup manifest (hex order) of a model without
+ * bundles: 1 dropped, 0 none, -1 an error in *e. Eviction's last step. */
+int kcs_warmup_evict_one(kc_store *s, MDB_txn *txn, kc_err *e, char *err);
 
 /* ---- RESP keys (kv.c, kv_scan.c, kv_evict.c) ---- */
 /* meta "kv_bytes" inside a transaction. */

@@ -90,6 +90,14 @@ int64_t kcs_uses_last(kcs_uses *u, const char *key) {
   return t;
 }
 
+void kcs_uses_forget(kcs_uses *u, const char *key) {
+  pthread_mutex_lock(&u->lock);
+  kcs_use *s = u->slots ? probe(u->slots, u->cap, key) : NULL;
+  if (s && s->used)
+    s->last_used = 0; /* the slot stays (probing): pruned by the next flush */
+  pthread_mutex_unlock(&u->lock);
+}
+
 void kcs_uses_prune(kcs_uses *u, int64_t before) {
   kcs_use *all;
   size_t n = kcs_uses_take(u, &all);

@@ -46,10 +46,14 @@ static kc_err verify_blobs(kc_store *s, MDB_txn *txn, uint64_t *skipped,
   if (!e)
     e = kcs_kv_key_bytes(s, txn, &keys, err);
   total += keys;
+  uint64_t warmups = 0;
+  if (!e)
+    e = kcs_warmup_sum(s, txn, &warmups, err);
+  total += warmups;
   if (!e && (e = kcs_bytes_get(txn, s, &used)) == KC_OK && used != total)
     e = kc_errf(err, KC_CORRUPT,
-                "bytes used says %llu, blobs, manifests and "
-                "RESP keys hold %llu",
+                "bytes used says %llu, blobs, manifests, warmup "
+                "manifests and RESP keys hold %llu",
                 (unsigned long long)used, (unsigned long long)total);
   return e;
 }

@@ -82,7 +82,8 @@ static void t_verdicts(void **state) {
 
 /* The scanner follows the connection: a body (its Content-Length's bytes)
  * is skipped, however much it looks like headers, and the block after it
- * is scanned; after a chunked body it stops. */
+ * is scanned; a chunked body is followed chunk by chunk, and the scan stops
+ * where its framing cannot be followed. */
 static void t_follows_bodies(void **state) {
   (void)state;
   static const char req[] = "PUT / HTTP/1.1\r\nContent-Length: 25\r\n\r\n"
@@ -104,9 +105,26 @@ static void t_follows_bodies(void **state) {
   snprintf(two, sizeof two, "%s%s", req, bad);
   for (size_t step = 1; step <= strlen(two); step += 7)
     assert_int_equal(feed(two, strlen(two), 0, step, &on), KCD_SCAN_BAD_LENGTH);
-  snprintf(two, sizeof two, "%s%s", chunked, bad);
-  assert_int_equal(feed(two, strlen(two), 0, 1, &on), KCD_SCAN_OK);
-  assert_int_equal(on, KCD_SCAN_OFF);
+  static const char *const chunks[] = {
+      "0\r\n\r\n", "3\r\nabc\r\n10;x=\"y\"\r\n0123456789abcdef\r\n0\r\n\r\n",
+      "A\nContent-L\n\n0\nT: 1\r\nU: 2\n\r\n"};
+  for (size_t c = 0; c < sizeof chunks / sizeof *chunks; c++) {
+    snprintf(two, sizeof two, "%s%s%s", chunked, chunks[c], bad);
+    for (size_t step = 1; step <= strlen(two); step++)
+      assert_int_equal(feed(two, strlen(two), 0, step, &on),
+                       KCD_SCAN_BAD_LENGTH);
+  }
+  /* no chunk-size, a bare CR, data longer than its size, an overflow */
+  static const char *const broken[] = {"\r\n", "x\r\n", "3\rabc",
+                                       "2\r\nabc\r\n", "10000000000000000\r\n"};
+  for (size_t c = 0; c < sizeof broken / sizeof *broken; c++) {
+    snprintf(two, sizeof two, "%s%s%s", chunked, broken[c], bad);
+    assert_int_equal(feed(two, strlen(two), 0, 1, &on), KCD_SCAN_OK);
+    assert_int_equal(on, KCD_SCAN_OFF);
+  }
+  /* 2^64-1: MHD's "no length" marker, too large */
+  expect("POST / HTTP/1.1\r\nContent-Length: 18446744073709551615\r\n\r\n",
+         KCD_SCAN_BIG_LENGTH);
   size_t len;
   const char *a = kcd_framing_scan_answer(KCD_SCAN_BAD_LENGTH, &len);
   assert_int_equal(strlen(a), len);

@@ -12,6 +12,7 @@ and a read token sees the models but no purge button, an admin token does;
 its purge asks for the model's hash and deletes nothing on a wrong answer.
 With --resp-listen the page shows the RESP reads per key family (a family
 named <img/src=x/onerror=alert(1)> stays text too); without it, no such table.
+Its two charts share one time axis, and both say "no data yet" when empty.
 A screenshot goes to ARTIFACTS_DIR/page.png.
 
 The token is given the way a person gives it: typed into the page's own form
@@ -416,6 +417,54 @@ def check_purge_confirm(cdp, srv, token):
           "the confirmed purge left bundles")
 
 
+CHARTS_JS = """(() => {
+  renderCharts(%s);
+  const out = {};
+  for (const id of ['chart-hits', 'chart-rate']) {
+    const s = document.getElementById(id);
+    const dots = [...s.querySelectorAll('circle')];
+    out[id] = {ticks: [...s.querySelectorAll('text.tick')]
+                 .map((t) => t.textContent),
+               empty: !!s.querySelector('text.empty'),
+               line: !!s.querySelector('polyline'),
+               lastX: dots.length ? dots[dots.length - 1].getAttribute('cx')
+                                  : null};
+  }
+  return out;
+})()"""
+
+
+def check_charts(tmp, srv):
+    """Both charts on one time axis (the hit ratio's used to start at its
+    first slot with lookups), and "no data yet" in both when there is none
+    (the rate drew a flat 0.0/s line)."""
+    now, step = 100000, 10
+    pts = [{"t": now - 1200 + step * i, "requests": 5,
+            "hits": 3 if i >= 90 else 0, "misses": 1 if i >= 90 else 0}
+           for i in range(120)]
+    idle = [dict(p, requests=0, hits=0, misses=0) for p in pts]
+    cases = (("lookups late", pts), ("idle", idle), ("empty", []))
+    cdp = Cdp(os.path.join(tmp, "cdp-charts"))
+    try:
+        cdp.open(srv.url + "/")
+        check(cdp.wait_for("typeof renderCharts === 'function' && "
+                           "!!document.getElementById('chart-rate')"),
+              "the page did not load")
+        got = {name: cdp.eval(CHARTS_JS % json.dumps(
+            {"step_s": step, "now": now, "points": p}))
+            for name, p in cases}
+    finally:
+        cdp.close()
+    h, r = got["lookups late"]["chart-hits"], got["lookups late"]["chart-rate"]
+    check(h["ticks"][0] == r["ticks"][0] == "-20 min",
+          "the charts' time axes differ: %s, %s" % (h["ticks"], r["ticks"]))
+    check(h["lastX"] == r["lastX"], "the last slot is drawn at two places")
+    for name in ("idle", "empty"):
+        for cid, c in got[name].items():
+            check(c["empty"] and not c["line"] and len(c["ticks"]) == 2,
+                  "%s history, %s: %s (want no data yet)" % (name, cid, c))
+
+
 def run_token_case(tmp, kcache_bin, demo_manifest):
     toks, tokfile = kcharness.make_tokens(
         tmp, ("read", "admin"), {"read": "page-read", "admin": "page-admin"})
@@ -528,6 +577,7 @@ def main():
         shot = os.path.join(artifacts, "page.png")
         screenshot(url, shot)
         print("screenshot: " + shot)
+        check_charts(tmp, srv)
         run_token_case(tmp, kcache_bin, wd)
     finally:
         if srv:

@@ -10,7 +10,9 @@ hostile client sends it, against a real kcached (kcharness.py):
 - replies no one reads, and MGET of a big key repeated, stay within
   --resp-output-limit and --resp-output-total; --resp-output-stall;
 - --resp-max-connections and --resp-max-connections-per-ip;
-- KEYS and SCAN MATCH patterns of too many '*' runs.
+- KEYS and SCAN MATCH patterns of too many '*' runs;
+- a blob just uploaded over HTTP for a manifest still to come, then SET
+  and DEL (or evicted) under a RESP key of the same bytes, is kept.
 
 usage: test_resp_attack.py KCACHED [unittest args]
 (exit 77: no redis-py; a failure instead when CI=true)"""
@@ -443,6 +445,57 @@ class Admission(Case):
             s.close()
         self.assertEqual(refused(self.srv, "per_ip"), 1)
         self.assertEqual(refused(self.srv, "max_connections"), 1)
+
+
+class UploadInFlight(Case):
+    """A blob's first HTTP upload counts as just offered: the manifest that
+    will reference it comes last, so a RESP key of the same bytes set and
+    deleted (or evicted) in between must not take the blob with it."""
+    FLAGS = ("--resp-max-bytes", "1M")
+
+    def blob_status(self, digest, method="HEAD", body=None):
+        import urllib.error
+        import urllib.request
+        req = urllib.request.Request(
+            "%s/v1/blobs/%s" % (self.srv.url, digest), data=body,
+            method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def uploaded(self, tag):
+        import hashlib
+        body = (tag * 65536)[:65536]
+        digest = hashlib.sha256(body).hexdigest()
+        self.assertEqual(self.blob_status(digest, "PUT", body), 201)
+        return body, digest
+
+    def test_del_keeps_an_upload(self):
+        r = self.srv.client()
+        body, digest = self.uploaded(b"in flight, then DEL ")
+        r.set("same-bytes", body)
+        self.assertEqual(r.delete("same-bytes"), 1)
+        self.assertEqual(self.blob_status(digest), 200)
+        # a value only RESP ever held is still freed by its DEL
+        own = b"resp only " * 6554
+        r.set("own", own)
+        r.delete("own")
+        import hashlib
+        self.assertEqual(self.blob_status(hashlib.sha256(own).hexdigest()),
+                         404)
+        r.close()
+
+    def test_eviction_keeps_an_upload(self):
+        r = self.srv.client()
+        body, digest = self.uploaded(b"in flight, then evicted ")
+        r.set("evictable", body)
+        for i in range(40):  # 2.5 MiB through a 1 MiB RESP budget
+            r.set("filler:%d" % i, os.urandom(65536))
+        self.assertEqual(r.exists("evictable"), 0)
+        self.assertEqual(self.blob_status(digest), 200)
+        r.close()
 
 
 if __name__ == "__main__":

@@ -156,6 +156,11 @@ static void t_bad_content_length(void **state) {
   refused("PUT /v1/blobs/" DIGEST " HTTP/1.1\r\nHost: localhost\r\n"
           "Content-Length: 99999999999999999999999\r\n\r\n",
           413, "too_large");
+  /* 2^64-1 is libmicrohttpd's "no length": it waited for the connection's
+   * end (--timeout) instead of answering */
+  refused("PUT /v1/blobs/" DIGEST " HTTP/1.1\r\nHost: localhost\r\n"
+          "Content-Length: 18446744073709551615\r\n\r\n",
+          413, "too_large");
   int fd = kc_testsrv_connect(S.port);
   assert_true(fd >= 0);
   char buf[8192];
@@ -487,6 +492,125 @@ static void t_pipelined_body_like_headers(void **state) {
   close(fd);
 }
 
+/* After a chunked request the scanner follows the chunks, so a malformed
+ * Content-Length on the same connection still gets one answer: it used to
+ * stop scanning after a chunked body, and libmicrohttpd's doubled status
+ * line came back (201, 400, 400). Chunk extensions, a trailer and chunks
+ * split across sends are followed too. */
+static void t_bad_length_after_chunked(void **state) {
+  (void)state;
+  static const char *const bodies[] = {
+      "b\r\n{\"keys\":[]}\r\n0\r\n\r\n",
+      "5;ext=1\r\n{\"key\r\n6\r\ns\":[]}\r\n0\r\nX-Trailer: 1\r\n\r\n",
+      "B\n{\"keys\":[]}\n0\n\n",
+  };
+  for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+    int fd = kc_testsrv_connect(S.port);
+    assert_true(fd >= 0);
+    char buf[8192];
+    const char *b = bodies[i];
+    size_t half = strlen(b) / 2;
+    assert_int_equal(raw_send(fd, "POST /v1/lookup HTTP/1.1\r\nHost: "
+                                  "localhost\r\nTransfer-Encoding: "
+                                  "chunked\r\n\r\n"),
+                     0);
+    assert_int_equal(send(fd, b, half, MSG_NOSIGNAL), (ssize_t)half);
+    usleep(20000); /* the rest in a later recv */
+    assert_int_equal(raw_send(fd, b + half), 0);
+    assert_int_equal(raw_read(fd, buf, sizeof buf, 500), 0); /* still open */
+    if (raw_status(buf) != 200)
+      print_message("body %zu answered:\n%s\n", i, buf);
+    assert_int_equal(raw_status(buf), 200);
+    refused_on(fd,
+               "POST /v1/lookup HTTP/1.1\r\nHost: localhost"
+               "\r\nContent-Length: 1,1\r\n\r\n{}",
+               400, "bad_request");
+    close(fd);
+  }
+}
+
+/* A --listen or --health-listen address another socket holds: the error
+ * names it and why ("127.0.0.1:P: address already in use"), where
+ * libmicrohttpd's line said "Failed to bind to port 0". */
+static void t_listen_taken(void **state) {
+  (void)state;
+  char addr[64], want[128];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", S.port); /* S holds it */
+  static const char *const flags[] = {"--listen", "--health-listen"};
+  for (size_t i = 0; i < 2; i++) {
+    kc_testsrv t = {0};
+    const char *const args[] = {flags[i], addr, NULL};
+    assert_int_not_equal(kc_testsrv_start(&t, args), 0);
+    snprintf(want, sizeof want, "%s: address already in use (%s)", addr,
+             flags[i]);
+    if (kc_testsrv_log_count(&t, want, 0) != 1)
+      kc_testsrv_show_log(&t, flags[i]);
+    assert_int_equal(kc_testsrv_log_count(&t, want, 0), 1);
+    assert_int_equal(kc_testsrv_log_count(&t, "port 0", 0), 0);
+    kc_testsrv_cleanup(&t);
+  }
+}
+
+/* The probe port's slots (32, 4 an address) against half-open requests
+ * from 10 addresses, 5 sockets each, reconnected as soon as they are cut:
+ * they held every slot, and 1 probe in 10 was answered. A probe from a new
+ * address is answered each time now. */
+#define FLOOD_ADDRS 10
+#define FLOOD_EACH 5
+
+static void flood_refill(int port, int *fds) {
+  static const char half[] = "GET /healthz HTTP/1.1\r\n";
+  for (int i = 0; i < FLOOD_ADDRS * FLOOD_EACH; i++) {
+    if (fds[i] >= 0 && !raw_is_closed(fds[i]))
+      continue;
+    if (fds[i] >= 0)
+      close(fds[i]);
+    char src[32];
+    snprintf(src, sizeof src, "127.0.0.%d", 2 + i / FLOOD_EACH);
+    fds[i] = raw_connect_from(port, src);
+    if (fds[i] >= 0)
+      (void)!send(fds[i], half, sizeof half - 1, MSG_NOSIGNAL);
+  }
+}
+
+static void t_probe_port_half_open(void **state) {
+  (void)state;
+  int hport = raw_free_port();
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", hport);
+  kc_testsrv t = {0};
+  const char *const args[] = {"--health-listen", addr, NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  int fds[FLOOD_ADDRS * FLOOD_EACH];
+  for (int i = 0; i < FLOOD_ADDRS * FLOOD_EACH; i++)
+    fds[i] = -1;
+  int answered = 0;
+  for (int probe = 0; probe < 10; probe++) {
+    for (int round = 0; round < 3; round++) {
+      flood_refill(hport, fds);
+      kc_testsrv_sleep_ms(20);
+    }
+    char buf[4096] = "";
+    int fd = raw_connect_from(hport, "127.0.0.12");
+    if (fd >= 0 && raw_send(fd, "GET /healthz HTTP/1.1\r\nHost: "
+                                "localhost\r\n\r\n") == 0)
+      raw_read(fd, buf, sizeof buf, 2000);
+    answered += raw_status(buf) == 200;
+    if (fd >= 0)
+      close(fd);
+  }
+  for (int i = 0; i < FLOOD_ADDRS * FLOOD_EACH; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  print_message("probes from a new address answered: %d of 10\n", answered);
+  if (answered != 10)
+    kc_testsrv_show_log(&t, "probe port");
+  assert_int_equal(answered, 10);
+  assert_true(
+      kc_testsrv_wait_log(&t, "probe-port connections waiting", 1, 3000));
+  kc_testsrv_cleanup(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(t_cl_and_te),
@@ -497,6 +621,9 @@ int main(void) {
       cmocka_unit_test(t_bad_content_length),
       cmocka_unit_test(t_good_framing_kept_alive),
       cmocka_unit_test(t_pipelined_body_like_headers),
+      cmocka_unit_test(t_bad_length_after_chunked),
+      cmocka_unit_test(t_listen_taken),
+      cmocka_unit_test(t_probe_port_half_open),
       cmocka_unit_test(t_obs_fold),
       cmocka_unit_test(t_host_count),
       cmocka_unit_test(t_header_bytes),

@@ -815,6 +815,55 @@ static void t_store_purge_gc(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* Warmup manifests under --max-bytes: any write token could PUT 4 MB of
+ * them per model for any number of models, uncounted, until the map was
+ * full and every write got 507. Now they count in bytes_used and take at
+ * most 1/8 of the limit together: a flood of them keeps to that share, and
+ * other writes keep working. */
+static void t_warmup_flood(void **state) {
+  (void)state;
+  kc_testsrv t = {0};
+  const char *const args[] = {"--max-bytes", "8M", NULL};
+  assert_int_equal(kc_testsrv_start(&t, args), 0);
+  size_t pad = 150 * 1024;
+  char *arg = malloc(pad + 1);
+  assert_non_null(arg);
+  memset(arg, 'a', pad);
+  arg[pad] = '\0';
+  for (unsigned i = 0; i < 80; i++) { /* 12 MB of manifests */
+    char model[65], name[32];
+    snprintf(model, sizeof model, "%064x", 0xf100 + i);
+    snprintf(name, sizeof name, "flood-%u", i);
+    json_t *j = json_pack("{ss s{ss ss} s[ss] s{s[ss]} s[{si}]}", "schema",
+                          "kcache.warmup/v1", "model", "name", name, "hash",
+                          model, "archs", "sm_80", "sm_90a", "builder",
+                          "command", "true", arg, "buckets", "batch", 1);
+    char *w = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    assert_int_equal(put_warmup(&t, NULL, model, w), 201);
+    free(w);
+  }
+  free(arg);
+  json_t *st = get_json(&t, NULL, "/v1/stats", 200);
+  json_int_t used = json_integer_value(json_object_get(st, "bytes_used"));
+  print_message("80 manifests of 150 KB under --max-bytes 8M: %lld bytes "
+                "used\n",
+                (long long)used);
+  assert_true(used > 512 * 1024 && used <= 1024 * 1024);
+  json_decref(st);
+  size_t n = 1 << 20; /* a blob write still works */
+  unsigned char *b = kc_testsrv_bytes(7, n);
+  char d[65], path[128];
+  kc_sha256_hex(b, n, d);
+  snprintf(path, sizeof path, "/v1/blobs/%s", d);
+  resp r = http(&t, path, (req){.method = "PUT", .body = (char *)b, .len = n});
+  assert_int_equal(r.status, 201);
+  resp_free(&r);
+  free(b);
+  assert_int_equal(kc_testsrv_stop(&t), 0);
+  kc_testsrv_cleanup(&t);
+}
+
 int main(void) {
   const struct CMUnitTest api[] = {
       cmocka_unit_test(t_models_list), cmocka_unit_test(t_models_pages),
@@ -823,10 +872,9 @@ int main(void) {
       cmocka_unit_test(t_page),
   };
   const struct CMUnitTest own[] = {
-      cmocka_unit_test(t_history),
-      cmocka_unit_test(t_roles),
-      cmocka_unit_test(t_warmup_names),
-      cmocka_unit_test(t_store_purge_gc),
+      cmocka_unit_test(t_history),      cmocka_unit_test(t_roles),
+      cmocka_unit_test(t_warmup_names), cmocka_unit_test(t_store_purge_gc),
+      cmocka_unit_test(t_warmup_flood),
   };
   servertest_init();
   int fails = 0;

@@ -311,12 +311,146 @@ static void test_open_full_map_without_index(void **state) {
   kc_store_close(s);
 }
 
+/* ---- warmup manifests' bytes ---- */
+
+#define MiB (1024u * 1024u)
+
+/* model's manifest named name, padded to size bytes. */
+static kc_err put_sized(kc_store *s, const char *model, const char *name,
+                        size_t size) {
+  char *json = malloc(size + 1);
+  assert_non_null(json);
+  int n = snprintf(json, size + 1,
+                   "{\"version\":1,\"model\":{\"name\":\"%s\",\"hash\":\"%s\"},"
+                   "\"kernels\":[],\"pad\":\"",
+                   name, model);
+  assert_true(n > 0 && (size_t)n + 2 <= size);
+  memset(json + n, 'p', size - (size_t)n - 2);
+  memcpy(json + size - 2, "\"}", 2);
+  json[size] = '\0';
+  errbuf[0] = '\0';
+  kc_err e = kc_store_warmup_put(s, model, name, json, size, 0, NULL, errbuf);
+  free(json);
+  return e;
+}
+
+static void model_hex(unsigned i, char out[KC_HEX_LEN + 1]) {
+  snprintf(out, KC_HEX_LEN + 1, "%064x", i + 0x1000);
+}
+
+static int warmup_held(kc_store *s, const char *model) {
+  char *json = NULL;
+  size_t len = 0;
+  kc_err e = kc_store_warmup_get(s, model, &json, &len, errbuf);
+  free(json);
+  return e == KC_OK;
+}
+
+/* Manifests count in bytes_used; a replace counts the difference and a
+ * purge gives them back. They were not counted at all, so that any number
+ * of them filled the map (every write then failed) while bytes_used stayed
+ * far below --max-bytes. */
+static void test_warmup_bytes_counted(void **state) {
+  fx *f = *state;
+  kc_store *s = open_store(f->dir, 8 * MiB, 64 * MiB, 0);
+  uint64_t base = get_stats(s).bytes_used;
+  OK(put_sized(s, M1, "one", 10000));
+  assert_int_equal(get_stats(s).bytes_used, base + 10000);
+  OK(put_sized(s, M1, "one", 4000));
+  assert_int_equal(get_stats(s).bytes_used, base + 4000);
+  OK(put_sized(s, M2, "two", 3000));
+  assert_int_equal(get_stats(s).bytes_used, base + 7000);
+  purge(s, M1);
+  assert_int_equal(get_stats(s).bytes_used, base + 3000);
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+  s = open_store(f->dir, 8 * MiB, 64 * MiB, 0);
+  assert_int_equal(get_stats(s).bytes_used, base + 3000);
+  kc_store_close(s);
+}
+
+/* A store from before the count: its manifests are counted once, at open. */
+static void test_warmup_bytes_counted_once(void **state) {
+  fx *f = *state;
+  kc_store *s = open_store(f->dir, 0, 64 * MiB, 0);
+  OK(put_sized(s, M1, "one", 5000));
+  OK(put_sized(s, M2, "two", 7000));
+  uint64_t used = get_stats(s).bytes_used;
+  kc_store_close(s);
+  MDB_env *env; /* as the version before the count left it */
+  MDB_txn *txn;
+  MDB_dbi meta;
+  assert_int_equal(mdb_env_create(&env), 0);
+  mdb_env_set_maxdbs(env, 32);
+  assert_int_equal(mdb_env_open(env, f->dir, 0, 0640), 0);
+  assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+  assert_int_equal(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+  uint64_t old = used - 12000;
+  MDB_val bk = {10, "bytes_used"}, bv = {sizeof old, &old};
+  MDB_val flag = {15, "warmups_counted"}, wb = {12, "warmup_bytes"};
+  assert_int_equal(mdb_put(txn, meta, &bk, &bv, 0), 0);
+  assert_int_equal(mdb_del(txn, meta, &flag, NULL), 0);
+  assert_int_equal(mdb_del(txn, meta, &wb, NULL), 0);
+  assert_int_equal(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+  for (int i = 0; i < 2; i++) { /* counted at the first open only */
+    s = open_store(f->dir, 0, 64 * MiB, 0);
+    assert_int_equal(get_stats(s).bytes_used, used);
+    OK(kc_store_verify(s, errbuf));
+    kc_store_close(s);
+  }
+}
+
+/* Together they take at most 1/8 of max_bytes: a put past that drops the
+ * manifests of models without bundles (never one with), and is refused
+ * when those are not enough; eviction takes such manifests last. 278
+ * manifests of 1.25 MB under 64M used to fill the map. */
+static void test_warmup_share(void **state) {
+  fx *f = *state;
+  const uint64_t limit = 8 * MiB, share = limit / 8;
+  kc_store *s = open_store(f->dir, limit, 64 * MiB, 0);
+  kc_manifest *m = bundle_with_blob(s, M1, 1, 4096, 7, NULL, 0, NULL);
+  kc_manifest_free(m);
+  OK(put_sized(s, M1, "kept", 400 * 1024)); /* a model with a bundle */
+  char model[KC_HEX_LEN + 1], name[32];
+  for (unsigned i = 0; i < 60; i++) { /* 12 MiB of them */
+    model_hex(i, model);
+    snprintf(name, sizeof name, "flood%u", i);
+    OK(put_sized(s, model, name, 200 * 1024));
+  }
+  kc_store_stats st = get_stats(s);
+  print_message("60 manifests of 200 KiB: %llu bytes used, map %llu\n",
+                (unsigned long long)st.bytes_used,
+                (unsigned long long)st.map_used);
+  assert_true(st.bytes_used <= 4096 + share);
+  assert_true(warmup_held(s, M1));
+  model_hex(59, model);
+  assert_true(warmup_held(s, model)); /* the last put */
+  model_hex(0, model);
+  assert_false(warmup_held(s, model)); /* dropped for it */
+  /* past the share with only M1's left to drop: refused */
+  m = bundle_with_blob(s, M2, 1, 4096, 8, NULL, 0, NULL);
+  kc_manifest_free(m);
+  EXPECT(put_sized(s, M2, "big", 700 * 1024), KC_STORE_FULL);
+  assert_non_null(strstr(errbuf, "share"));
+  assert_true(warmup_held(s, M1));
+  OK(kc_store_verify(s, errbuf));
+  /* eviction: bundles first, then the manifests of models without them */
+  OK(kc_store_evict(s, 0, errbuf));
+  assert_false(warmup_held(s, M1));
+  model_hex(59, model);
+  assert_false(warmup_held(s, model));
+  OK(kc_store_verify(s, errbuf));
+  kc_store_close(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       ST(test_first_holder_keeps_name),     ST(test_shared_name_and_purge),
       ST(test_index_built_for_old_store),   ST(test_bad_names),
       ST(test_stale_pair_ignored),          ST(test_purge_name_map_full),
-      ST(test_open_full_map_without_index),
+      ST(test_open_full_map_without_index), ST(test_warmup_bytes_counted),
+      ST(test_warmup_bytes_counted_once),   ST(test_warmup_share),
   };
   return storetest_run("store_models", tests, sizeof tests / sizeof tests[0]);
 }

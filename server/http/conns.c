@@ -23,6 +23,13 @@
  * reconnect as fast as they are cut can each take a shrinking share but
  * never the last slots, and a new address always finds one.
  *
+ * The probe port (--health-listen) keeps room the other way: its few slots
+ * go to whoever connects, and a probe sends its request at once, so when a
+ * new connection leaves fewer than PROBE_SPARE of them free, the one that
+ * has waited longest for its request's headers is cut. Half-open requests
+ * from any number of addresses then only ever cut each other, and a probe
+ * from a new address is accepted and answered.
+ *
  * The list's lock makes the shutdown safe: MHD tells us a connection closed
  * (kcd_conn_close, from MHD_CONNECTION_NOTIFY_CLOSED) before it closes the
  * descriptor, so a descriptor found in the list under the lock is still this
@@ -39,6 +46,8 @@
 #include <unistd.h>
 
 #include "http.h"
+
+#define PROBE_SPARE 4 /* probe-port slots kept free (kcd_conns_probe_limit) */
 
 /* The fields below are written by the connection's thread and read by the
  * tick's sweep, each on its own: no order between them is needed, so the
@@ -67,6 +76,8 @@ struct kcd_conns {
   pthread_mutex_t lock;
   kcd_conn *head;
   size_t n_counted; /* main-port connections */
+  size_t n_probe;   /* probe-port ones */
+  size_t probe_max; /* the probe port's slots; 0: none cut */
   kcd_addrs *addrs; /* main-port connections per address */
   int scan_raw;     /* plain HTTP: scan received bytes */
 };
@@ -86,6 +97,7 @@ struct kcd_conns {
 static _Atomic(kcd_conn *) *fd_conn;
 static size_t fd_conn_n;
 static _Atomic size_t scan_refused; /* for the sweep's log line */
+static _Atomic size_t probe_cut;    /* probe_make_room's, likewise */
 
 static void fd_table_init(void) {
   struct rlimit rl;
@@ -187,6 +199,30 @@ int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
   return free_slots == 0 || 2 * held < free_slots;
 }
 
+void kcd_conns_probe_limit(kcd_conns *l, size_t slots) { l->probe_max = slots; }
+
+/* Under the lock: when the probe port has fewer than PROBE_SPARE slots
+ * free, shuts down the probe connection (not c) that has waited longest
+ * for its request's headers; MHD then closes it in its thread. */
+static void probe_make_room(kcd_conns *l, const kcd_conn *c) {
+  if (!l->probe_max || l->n_probe + PROBE_SPARE < l->probe_max)
+    return;
+  kcd_conn *oldest = NULL;
+  uint64_t since_oldest = 0;
+  for (kcd_conn *o = l->head; o; o = o->next) {
+    uint64_t since = LOAD(&o->waiting_since_us);
+    if (o == c || o->counted || since == 0)
+      continue;
+    if (!oldest || since < since_oldest)
+      oldest = o, since_oldest = since;
+  }
+  if (!oldest)
+    return;
+  STORE(&oldest->waiting_since_us, 0); /* once: MHD closes it soon */
+  shutdown(oldest->fd, SHUT_RDWR);
+  atomic_fetch_add_explicit(&probe_cut, 1, memory_order_relaxed);
+}
+
 const char *kcd_conn_remote(const kcd_conn *c) { return c ? c->remote : "-"; }
 
 kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
@@ -207,6 +243,9 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
      * close (that would lower another connection's count) */
     c->addr_counted = kcd_addrs_add(l->addrs, c->addr) == 0;
     l->n_counted++;
+  } else {
+    l->n_probe++;
+    probe_make_room(l, c);
   }
   c->next = l->head;
   if (l->head)
@@ -224,9 +263,10 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
   pthread_mutex_lock(&l->lock);
   if (c->addr_counted)
     kcd_addrs_sub(l->addrs, c->addr);
-  if (c->counted) {
+  if (c->counted)
     l->n_counted--;
-  }
+  else
+    l->n_probe--;
   if (c->prev)
     c->prev->next = c->next;
   else
@@ -309,6 +349,7 @@ static int body_slow(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
 void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w) {
   w->closed_headers = w->closed_body = 0;
   w->refused_length = atomic_exchange(&scan_refused, 0);
+  w->cut_probe = atomic_exchange(&probe_cut, 0);
   pthread_mutex_lock(&l->lock);
   for (kcd_conn *c = l->head; c; c = c->next) {
     int late = headers_late(c, now_us, w);

@@ -369,9 +369,13 @@ int kcd_framing_host_allowed(const kcd_config *c, const char *host) {
  * the body its Content-Length gives (skipped), then the next block, so a
  * pipelined request is seen, and a body whose bytes look like headers is
  * never read as headers (it used to re-arm when a request completed, while
- * MHD may already hold the next one: a false 400). A chunked body is not
- * followed: the scan stops for the rest of the connection (MHD's doubled
- * answer then still closes it). The body is always skipped whole: MHD
+ * MHD may already hold the next one: a false 400). A chunked body is
+ * followed too, chunk by chunk (RFC 9112 7.1), so the request after it is
+ * scanned as well; a chunk framing it cannot follow stops the scan for the
+ * rest of the connection (MHD refuses that body and closes the connection
+ * itself). Content-Length 2^64-1 is too large: MHD takes that value for
+ * "no length" and waits for the connection's end. The body is always
+ * skipped whole: MHD
  * 0.9.75 takes an answer only on the headers-only call or after the whole
  * request (MHD_queue_response refuses one in between), and an answer on
  * the headers-only call (an early answer) sets discard_request, so MHD
@@ -417,13 +421,15 @@ static void scan_byte(kcd_scan *s, unsigned char c) {
 /* A line ended: the next, or the block's end and its verdict. */
 static int scan_eol(kcd_scan *s) {
   if (s->col == 0 && s->line > 0) {
-    if (s->te_seen) {       /* MHD ignores Content-Length beside TE */
-      s->on = KCD_SCAN_OFF; /* a chunked body: not followed */
+    if (s->te_seen) { /* MHD ignores Content-Length beside TE */
+      memset(s, 0, sizeof *s);
+      s->on = KCD_SCAN_CHUNK_SIZE; /* a chunked body, followed */
       return KCD_SCAN_OK;
     }
     if (s->cl_seen && (s->cl_bad || !s->cl_digits))
       return s->on = KCD_SCAN_OFF, KCD_SCAN_BAD_LENGTH;
-    if (s->cl_seen && s->cl_big)
+    /* UINT64_MAX is MHD's MHD_SIZE_UNKNOWN: it would wait for the end */
+    if (s->cl_seen && (s->cl_big || s->cl == UINT64_MAX))
       return s->on = KCD_SCAN_OFF, KCD_SCAN_BIG_LENGTH;
     uint64_t body = s->cl_seen ? s->cl : 0;
     memset(s, 0, sizeof *s);
@@ -458,14 +464,88 @@ static size_t line_skip(kcd_scan *s, const char *p, size_t n) {
   return k;
 }
 
+/* ---- a chunked body (RFC 9112 7.1), as MHD 0.9.75 reads one ----
+ * chunk-size in hex, an extension after ';' ignored, CRLF (or LF); the
+ * data; CRLF; ... a last chunk of size 0, trailer lines and an empty line.
+ * Anything else: the scan stops (MHD refuses the body and closes). */
+
+static int hexval(unsigned char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  c = (unsigned char)tolower(c);
+  return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* A line of the chunked framing ended (its LF). */
+static void chunk_eol(kcd_scan *s) {
+  s->cr = 0;
+  if (s->on == KCD_SCAN_CHUNK_SIZE) {
+    if (!s->cl_digits)
+      s->on = KCD_SCAN_OFF;
+    else
+      s->on = s->cl ? KCD_SCAN_CHUNK_DATA : KCD_SCAN_TRAILER;
+    s->cl_digits = s->in_cl = 0;
+    s->col = 0;
+  } else if (s->on == KCD_SCAN_CHUNK_END) {
+    s->on = KCD_SCAN_CHUNK_SIZE;
+    s->cl = 0;
+  } else if (s->col == 0) { /* the empty line after the trailers */
+    memset(s, 0, sizeof *s);
+    s->on = KCD_SCAN_HEADERS;
+  } else {
+    s->col = 0;
+  }
+}
+
+/* One byte of the chunked framing outside chunk data. */
+static void chunk_byte(kcd_scan *s, unsigned char c) {
+  if (c == '\n') {
+    chunk_eol(s);
+    return;
+  }
+  if (s->cr || (c == '\r' && s->on == KCD_SCAN_CHUNK_SIZE && !s->cl_digits)) {
+    s->on = KCD_SCAN_OFF; /* a bare CR, or no size before the line's end */
+    return;
+  }
+  if (c == '\r') {
+    s->cr = 1;
+    return;
+  }
+  if (s->on == KCD_SCAN_CHUNK_END) {
+    s->on = KCD_SCAN_OFF; /* data longer than its size */
+  } else if (s->on == KCD_SCAN_TRAILER) {
+    s->col++;
+  } else if (!s->in_cl) { /* the size, then maybe an extension */
+    int h = hexval(c);
+    if (h >= 0 && s->cl <= (UINT64_MAX >> 4)) {
+      s->cl = s->cl << 4 | (uint64_t)h;
+      s->cl_digits = 1;
+    } else if (c == ';' && s->cl_digits) {
+      s->in_cl = 1;
+    } else {
+      s->on = KCD_SCAN_OFF;
+    }
+  }
+}
+
+/* Skips chunk data, or the body of a Content-Length: up to n bytes; what
+ * comes after them. */
+static size_t body_skip(kcd_scan *s, size_t n) {
+  uint64_t k = n < s->cl ? n : s->cl;
+  s->cl -= k;
+  if (s->cl == 0)
+    s->on = s->on == KCD_SCAN_BODY ? KCD_SCAN_HEADERS : KCD_SCAN_CHUNK_END;
+  return (size_t)k;
+}
+
 int kcd_framing_scan(kcd_scan *s, const char *p, size_t n) {
   for (size_t i = 0; i < n && s->on; i++) {
-    if (s->on == KCD_SCAN_BODY) { /* skipped; then the next block */
-      uint64_t k = n - i < s->cl ? n - i : s->cl;
-      s->cl -= k;
-      i += (size_t)k - 1;
-      if (s->cl == 0)
-        s->on = KCD_SCAN_HEADERS;
+    if (s->on == KCD_SCAN_BODY || s->on == KCD_SCAN_CHUNK_DATA) {
+      i += body_skip(s, n - i) - 1; /* then the next block, or chunk */
+      continue;
+    }
+    if (s->on >= KCD_SCAN_CHUNK_SIZE) {
+      chunk_byte(s, (unsigned char)p[i]);
       continue;
     }
     if (line_settled(s) && (i += line_skip(s, p + i, n - i)) == n)

@@ -18,6 +18,8 @@
  * client that asked "Expect: 100-continue" and so has not sent its body
  * yet. */
 #include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -539,7 +541,37 @@ static void mhd_logger(void *cls, const char *fmt, va_list ap) {
   size_t n = strlen(msg);
   while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
     msg[--n] = '\0';
+  /* names the port argument (0), not the address: listen_err says it */
+  if (strncmp(msg, "Failed to bind to port", 22) == 0)
+    return;
   kcd_log(cls, "mhd", "%s", msg);
+}
+
+/* Why a daemon could not listen on ai, as "127.0.0.1:8080: address already
+ * in use (--listen)": the bind tried again here, for its errno. */
+static kc_err listen_err(const char *flag, const char *host, unsigned port,
+                         const struct addrinfo *ai, char *err) {
+  int en = 0, one = 1;
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    en = errno;
+  } else {
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* as MHD */
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+      en = errno;
+    close(fd);
+  }
+  char addr[300], why[128];
+  snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
+           port);
+  if (!en)
+    return kc_errf(err, KC_IO,
+                   "cannot serve on %s (--%s; see the mhd line "
+                   "above)",
+                   addr, flag);
+  snprintf(why, sizeof why, "%s", strerror(en));
+  why[0] = (char)tolower((unsigned char)why[0]);
+  return kc_errf(err, KC_IO, "%s: %s (--%s)", addr, why, flag);
 }
 
 static kc_err resolve(const char *flag, const char *host, unsigned port_no,
@@ -607,7 +639,9 @@ static void fill_options(kcd_state *st, const struct sockaddr *addr,
  * so that probes are answered while the main one is full; req_begin lets
  * only the probe routes through on it. One address holds at most
  * HEALTH_PER_IP of its connections, and each is closed after its answer
- * (reply.c: Connection: close), so kept-alive clients cannot hold them. */
+ * (reply.c: Connection: close), so kept-alive clients cannot hold them;
+ * half-open requests from many addresses cannot either (conns.c cuts the
+ * oldest waiting one when few slots are left). */
 #define HEALTH_CONNS 32
 #define HEALTH_PER_IP 4
 
@@ -638,15 +672,15 @@ static kc_err start_health(kcd_state *st, char *err) {
     return e;
   struct MHD_OptionItem opts[20];
   fill_health_options(st, ai->ai_addr, opts);
+  kcd_conns_probe_limit(st->conns, HEALTH_CONNS);
   st->mhd_health =
       MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, on_accept_health, st,
                        on_request, st, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
-  freeaddrinfo(ai);
   if (!st->mhd_health)
-    return kc_errf(err, KC_IO,
-                   "cannot serve probes on --health-listen %s:%u "
-                   "(see the mhd line above)",
-                   c->health_host, c->health_port);
+    e = listen_err("health-listen", c->health_host, c->health_port, ai, err);
+  freeaddrinfo(ai);
+  if (e)
+    return e;
   const union MHD_DaemonInfo *di =
       MHD_get_daemon_info(st->mhd_health, MHD_DAEMON_INFO_BIND_PORT);
   kcd_log(st, "info", "probes (/healthz, /readyz, /metrics) also on %s:%u",
@@ -674,6 +708,11 @@ void kcd_http_sweep(kcd_state *st) {
             "answered %zu requests with a malformed or too large "
             "Content-Length (400 or 413) and closed their connections",
             w.refused_length);
+  if (w.cut_probe)
+    kcd_log(st, "warn",
+            "closed %zu probe-port connections waiting for their request's "
+            "headers to keep its slots for probes",
+            w.cut_probe);
   if (w.closed_body)
     kcd_log(st, "warn",
             "closed %zu connections whose request body came "
@@ -696,10 +735,11 @@ kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
   st->mhd =
       MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, on_accept, st,
                        on_request, st, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
-  freeaddrinfo(ai);
   if (!st->mhd)
-    return kc_errf(err, KC_IO, "cannot serve on %s:%u (see the mhd line above)",
-                   st->cfg.host, st->cfg.port);
+    e = listen_err("listen", st->cfg.host, st->cfg.port, ai, err);
+  freeaddrinfo(ai);
+  if (e)
+    return e;
   const union MHD_DaemonInfo *di =
       MHD_get_daemon_info(st->mhd, MHD_DAEMON_INFO_BIND_PORT);
   *port = di ? di->port : st->cfg.port;

@@ -102,6 +102,10 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted);
 struct sockaddr;
 int kcd_conns_admit(kcd_conns *l, const struct sockaddr *sa,
                     unsigned max_conns);
+/* The probe port's slots (its MHD connection limit): a connection to it
+ * that leaves fewer than a few free cuts the probe connection that has
+ * waited longest for its headers (conns.c). Set before serving. */
+void kcd_conns_probe_limit(kcd_conns *l, size_t slots);
 /* Whether connections of l are plain HTTP, whose received bytes are
  * scanned (kcd_framing_scan); TLS ones are not. Set before serving. */
 void kcd_conns_scan_raw(kcd_conns *l, int on);
@@ -132,6 +136,8 @@ typedef struct kcd_sweep {
   size_t closed_headers, closed_body; /* out: connections shut down */
   size_t refused_length; /* out: answered from the received bytes (a
                             malformed Content-Length) since the last sweep */
+  size_t cut_probe; /* out: probe-port connections cut to make room (conns.c)
+                       since the last sweep */
 } kcd_sweep;
 /* Shuts down every connection waiting for headers for header_us or more,
  * and every one whose body brought less than body_min_rate bytes/s over a
@@ -171,7 +177,8 @@ int kcd_framing_host_allowed(const kcd_config *c, const char *host);
  * could see it: a first Content-Length that is not a decimal number, or
  * too large, without Transfer-Encoding. Per connection, on its thread. */
 typedef struct kcd_scan {
-  int on;            /* KCD_SCAN_OFF, _HEADERS (a block), _BODY (cl left) */
+  int on;            /* KCD_SCAN_OFF, _HEADERS (a block), _BODY (cl left),
+                        or a chunked body's parts (framing.c) */
   int line;          /* lines it ended so far (0: the request line) */
   unsigned col;      /* bytes of the current line */
   unsigned mcl, mte; /* bytes of the names below matched at a line start */
@@ -181,7 +188,15 @@ typedef struct kcd_scan {
   uint64_t cl;
 } kcd_scan;
 enum { KCD_SCAN_OK, KCD_SCAN_BAD_LENGTH, KCD_SCAN_BIG_LENGTH };
-enum { KCD_SCAN_OFF, KCD_SCAN_HEADERS, KCD_SCAN_BODY };
+enum {
+  KCD_SCAN_OFF,
+  KCD_SCAN_HEADERS,
+  KCD_SCAN_BODY,
+  KCD_SCAN_CHUNK_SIZE, /* a chunk-size line (cl: the size so far) */
+  KCD_SCAN_CHUNK_DATA, /* cl bytes of a chunk's data left */
+  KCD_SCAN_CHUNK_END,  /* the CRLF after a chunk's data */
+  KCD_SCAN_TRAILER     /* the trailer lines after the last chunk */
+};
 /* Feeds received bytes; KCD_SCAN_OK, or what the block's end showed. */
 int kcd_framing_scan(kcd_scan *s, const char *p, size_t n);
 /* The answer kcached gives instead (a static HTTP response), for what

@@ -145,16 +145,23 @@ function svg(tag, attrs) {
   return e;
 }
 
-// points: [[t, y]...]. The x axis ends now and spans the last hour, or
+// The time axis both charts share: it ends now and spans the last hour, or
 // less while kcached has been up less than that (the history starts empty).
-function chart(box, points, now, fmtY, maxY) {
+function timeAxis(hist) {
+  const pts = hist.points || [];
+  const span = Math.min(3600, Math.max(60, pts.length ?
+                                       hist.now - pts[0].t : 3600));
+  return {now: hist.now, span};
+}
+
+// points: [[t, y]...] on the time axis ax; none: "no data yet", and no
+// value on the y axis.
+function chart(box, points, ax, fmtY, maxY) {
   const W = 560, H = 120, P = 28;
   const s = svg('svg', {viewBox: `0 0 ${W} ${H}`, class: 'chart',
                         role: 'img'});
   const top = maxY || Math.max(1e-9, ...points.map((p) => p[1]));
-  const span = Math.min(3600, Math.max(60, points.length ?
-                                       now - points[0][0] : 3600));
-  const x = (t) => P + (W - 2 * P) * (1 - (now - t) / span);
+  const x = (t) => P + (W - 2 * P) * (1 - (ax.now - t) / ax.span);
   const y = (v) => H - P / 2 - (H - P) * (v / top);
   s.append(svg('line', {x1: P, y1: y(0), x2: W - P, y2: y(0),
                         class: 'axis'}));
@@ -163,12 +170,12 @@ function chart(box, points, now, fmtY, maxY) {
     t.textContent = str;
     s.append(t);
   };
-  text(2, 12, 'tick', fmtY(top));
-  text(P, H - 2, 'tick', '-' + Math.round(span / 60) + ' min');
+  text(P, H - 2, 'tick', '-' + Math.round(ax.span / 60) + ' min');
   text(W - P, H - 2, 'tick end', 'now');
   if (!points.length) {
     text(W / 2, H / 2, 'empty', 'no data yet: the history starts with kcached');
   } else {
+    text(2, 12, 'tick', fmtY(top));
     const pts = points.map((p) => x(p[0]).toFixed(1) + ',' +
                                   y(p[1]).toFixed(1)).join(' ');
     s.append(svg('polyline', {points: pts, class: 'line'}));
@@ -184,14 +191,17 @@ function chart(box, points, now, fmtY, maxY) {
   box.replaceChildren(s);
 }
 
+// A slot without lookups has no hit ratio; a history without any request
+// has no rate to show: both are "no data yet", not a flat line at 0.
 function renderCharts(hist) {
   const pts = hist.points || [];
+  const ax = timeAxis(hist);
   const hits = pts.filter((p) => p.hits + p.misses > 0)
                   .map((p) => [p.t, p.hits / (p.hits + p.misses)]);
-  chart($('chart-hits'), hits, hist.now,
-        (v) => (100 * v).toFixed(0) + ' %', 1);
-  chart($('chart-rate'), pts.map((p) => [p.t, p.requests / hist.step_s]),
-        hist.now, (v) => v.toFixed(1) + '/s');
+  const rate = pts.some((p) => p.requests > 0) ?
+    pts.map((p) => [p.t, p.requests / hist.step_s]) : [];
+  chart($('chart-hits'), hits, ax, (v) => (100 * v).toFixed(0) + ' %', 1);
+  chart($('chart-rate'), rate, ax, (v) => v.toFixed(1) + '/s');
 }
 
 // ---- models table ----
