@@ -32,6 +32,28 @@ if(TARGET kcached)
   set_tests_properties(deploy_notify PROPERTIES TIMEOUT 120)
 endif()
 
+# Every example under deploy/ run as written against a kcached with TLS and
+# tokens: the k8s init container's and job's commands (the ConfigMap's
+# files, each image's tools), the Dockerfiles' package lists and pip
+# install, the torch-service entrypoint through the CA its yaml mounts
+# (with the Python tests' venv: skipped without it, a failure when CI=true).
+if(TARGET kcached AND TARGET kcache)
+  if(DEFINED KCACHE_VENV)
+    set(_deploy_venv ${KCACHE_VENV})
+  else()
+    set(_deploy_venv ${PROJECT_SOURCE_DIR}/build/venv)
+  endif()
+  set(_deploy_args --root ${PROJECT_SOURCE_DIR} --kcached $<TARGET_FILE:kcached>
+      --kcache $<TARGET_FILE:kcache>)
+  if(TARGET kcache_shared AND NOT KCACHE_SANITIZE)
+    list(APPEND _deploy_args --venv ${_deploy_venv} --lib $<TARGET_FILE:kcache_shared>)
+  endif()
+  add_test(NAME deploy_examples
+           COMMAND ${KCACHE_PYTHON3} ${KCACHE_DEPLOY_TESTS}/test_examples.py ${_deploy_args})
+  set_tests_properties(deploy_examples PROPERTIES TIMEOUT 400
+                       ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
+endif()
+
 # The container built from an empty Debian 12 without Docker (debootstrap and
 # chroot: see container_chroot.py), started as its USER, and health-checked.
 # Once per test run: the sanitizer build's copy would build the same thing.

@@ -334,6 +334,22 @@ class BuildDeps(unittest.TestCase):
                 self.assertTrue(libs & words, "the runtime stage lacks %s (for %s)"
                                 % (" or ".join(sorted(libs)), dev))
 
+    def test_torch_service_stages(self):
+        """`pip install ./python` configures the whole project: the image's
+        build stage needs every -dev package; its runtime stage the
+        libraries libkcache.so links (not libmicrohttpd's or LMDB's)."""
+        stages = Dockerfile.stages_of(
+            read("deploy", "examples", "torch-service", "Dockerfile"))
+        words = " ".join(a for w, a in stages[0]["ins"] if w == "RUN").split()
+        self.assertFalse(self.devs - set(words),
+                         "its build stage lacks %s" % sorted(self.devs - set(words)))
+        rt = set(" ".join(a for w, a in stages[1]["ins"] if w == "RUN").split())
+        for dev in ("libcurl4-openssl-dev", "libssl-dev", "libjansson-dev", "libzstd-dev"):
+            self.assertTrue(runtime_debs(dev) & rt, "its runtime stage lacks the "
+                            "library of %s" % dev)
+        for pkg in ("python3", "g++", "python3-dev"):  # Inductor's C++ on the CPU
+            self.assertIn(pkg, rt)
+
     def test_ci_example(self):
         wf = yaml.safe_load(read("deploy", "ci", "warmup.yml"))
         for name, job in wf["jobs"].items():
