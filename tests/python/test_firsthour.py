@@ -12,7 +12,10 @@ and run exactly as printed by bash:
   kcached (the first misses and uploads);
 - Triton's cache manager (the installed triton): a kernel's group put on
   one cache directory comes back on another, empty one;
-- README's torch snippet (the first screen) runs against the same kcached.
+- README's first screen, as written: its install line (from the
+  repository's root), its torch snippet in two fresh processes (kcached's
+  address for "kcached:8080"; run.sh's kcached takes no token), the second
+  hitting what the first uploaded, and its kt.compile line.
 
 No line run.sh prints escapes: one this test does not know fails it."""
 import json
@@ -190,3 +193,81 @@ def test_triton_group_across_cache_dirs(venv, block, tmp_path):
                         KCACHE_DIR=str(tmp_path / "kc-b"))
     assert got["stats"]["hits"] == 1, got
     assert got["files"] == {"k.cubin": True, "k.ptx": True, "k.json": True}, got
+
+
+# ---- README's first screen ----
+
+def readme_first_screen():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    first = text[text.index("## torch.compile: start warm"):text.index("## Set up")]
+    install = re.findall(r"^ +(pip install .*)$", first, re.M)
+    step2 = first[first.index("2. "):first.index("   For an exportable model")]
+    code = [ln[7:] for ln in step2.splitlines() if ln.startswith("       ")]
+    compile_line = re.search(r"`(compiled = kt\.compile\([^`]*\))`", first).group(1)
+    return install, code, compile_line
+
+
+SNIPPET_PRELUDE = """import json, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+warmup_inputs = [torch.randn(4, 32)]
+x1, x8 = torch.randn(1, 32), torch.randn(8, 32)
+"""
+
+
+def test_readme_install_line(venv):
+    install, _, _ = readme_first_screen()
+    assert install == ["pip install ./python redis"], install
+    r = subprocess.run(["bash", "-c", "set -e; " + install[0]], env=user_env(venv),
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def readme_python(venv, tmp_path, block, code, epilogue, tag):
+    """The snippet's export line (kcached's address, no token) and its
+    Python lines, in a fresh process with empty local caches."""
+    export = [ln for ln in code if ln.startswith("export ")]
+    assert len(export) == 1 and "KCACHE_URL=http://kcached:8080" in export[0], code
+    url = [ln.split("=", 1)[1] for ln in block[1] if ln.startswith("export KCACHE_URL=")][0]
+    shell = export[0].replace("http://kcached:8080", url).replace("KCACHE_TOKEN=...", "KCACHE_TOKEN=")
+    py = tmp_path / ("snippet-%s.py" % tag)
+    py.write_text(SNIPPET_PRELUDE + "\n".join(ln for ln in code if not ln.startswith("export "))
+                  + "\n" + epilogue)
+    r = subprocess.run(["bash", "-c", "set -e\n%s\nexec python %s" % (shell, py)],
+                       env=user_env(venv, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / ("ind-" + tag)),
+                                    KCACHE_DIR=str(tmp_path / ("kc-" + tag))),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def has(venv, name):
+    r = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
+                        "import kcache.torch as kt; print(hasattr(kt, %r))" % name],
+                       env=user_env(venv), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip() == "True"
+
+
+def test_readme_snippet_second_start_hits(venv, block, tmp_path):
+    if not has(venv, "warm"):
+        pytest.skip("kcache.torch.warm is not in this tree yet")
+    _, code, _ = readme_first_screen()
+    epi = "print(json.dumps({'stats': w.stats, 'counters': kt.counters()}, default=str))\n"
+    first = readme_python(venv, tmp_path, block, code, epi, "a")
+    second = readme_python(venv, tmp_path, block, code, epi, "b")
+    assert first["counters"].get("fxgraph_cache_miss", 0) >= 1, first
+    assert second["counters"].get("fxgraph_cache_hit", 0) >= 1, (first, second)
+    assert second["counters"].get("fxgraph_cache_miss", 0) == 0, (first, second)
+
+
+def test_readme_compile_line(venv, block, tmp_path):
+    if not has(venv, "compile"):
+        pytest.skip("kcache.torch.compile is not in this tree yet")
+    _, code, line = readme_first_screen()
+    code = [ln for ln in code if ln.startswith(("export ", "import "))] + [line]
+    epi = ("import kcache.torch as kt\n"
+           "print(json.dumps({'ok': all(bool(torch.allclose(compiled(x), model(x), atol=1e-4))"
+           " for x in (x1, x8))}))\n")
+    out = readme_python(venv, tmp_path, block, code, epi, "c")
+    assert out["ok"], out
