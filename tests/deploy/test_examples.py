@@ -81,6 +81,7 @@ class Server:
 
     def __init__(self, d):
         self.dir = d
+        os.makedirs(d, exist_ok=True)
         self.ca = make_pki(d)
         self.tokens, lines = {}, []
         for role in ("read", "write"):
@@ -178,7 +179,8 @@ class Pod:
     """A pod spec's container, run here: volumes made in a temp dir, paths
     and Service names rewritten, the image's tools given by image_env."""
 
-    def __init__(self, doc, container, recipe, tokens, tmp):
+    def __init__(self, doc, container, recipe, tokens, tmp, srv=None):
+        srv = srv or SRV
         spec = doc["spec"]["template"]["spec"]
         c = [x for x in spec.get("initContainers", []) + spec["containers"]
              if x["name"] == container][0]
@@ -200,11 +202,11 @@ class Pod:
                 shutil.copy(os.path.join(A.root, recipe[it["key"]]), dst)
             for it in v.get("secret", {}).get("items", []):
                 assert it["key"] == "ca.crt", it
-                shutil.copy(SRV.ca, os.path.join(d, it["path"]))
+                shutil.copy(srv.ca, os.path.join(d, it["path"]))
         self.env = {}
         for e in c.get("env", []):
             if "value" in e:
-                self.env[e["name"]] = self.path(SRV.where(str(e["value"])))
+                self.env[e["name"]] = self.path(srv.where(str(e["value"])))
             else:
                 ref = e["valueFrom"]["secretKeyRef"]
                 self.env[e["name"]] = tokens[ref["name"]]
@@ -276,6 +278,23 @@ class KubernetesPods(unittest.TestCase):
         r = subprocess.run([A.kcache, "warm", os.path.join(tmp, "warmup.json"), "--no-build"],
                            env=env, capture_output=True, text=True)
         self.assertIn("NVRTC not found", r.stderr)
+        # without --strict, a warning: the pod starts all the same
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_job_fails_on_a_refused_token(self):
+        """--strict (the job): a token kcached refuses (401) or one that may
+        not write (403) fails the Job rather than leaving the fleet cold."""
+        tmp = tempfile.mkdtemp(prefix="kc-strict-", dir=SRV.dir)
+        srv = Server(os.path.join(tmp, "kcached"))  # empty: the job must upload
+        self.addCleanup(srv.stop)
+        recipe = configmap_recipe(read("deploy", "k8s", "inference.yaml"), "demo-mlp-warmup")
+        job = [d for d in docs("deploy", "k8s", "prepopulate-job.yaml") if d["kind"] == "Job"][0]
+        lib = nvrtc_from_dockerfile(os.path.join(tmp, "nvrtc-image"))
+        for name, token in (("unknown", "0" * 64), ("read", srv.tokens["read"])):
+            pj = Pod(job, "warm", recipe, {"kcache-writer": token}, os.path.join(tmp, name), srv)
+            r = pj.run({"KCACHE_NVRTC": lib}, A.kcache)
+            self.assertNotEqual(r.returncode, 0, "%s token: %s" % (name, r.stderr[-2000:]))
+            print("%s token: exit %d: %s" % (name, r.returncode, r.stderr.strip().splitlines()[-1:]))
 
 
 class Dockerfiles(unittest.TestCase):
