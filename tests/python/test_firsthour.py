@@ -131,6 +131,11 @@ def venv(runsh, block):
                        cwd=runsh.tmp, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     print("install line: %.1f s" % (time.time() - t))
+    # the package it installed, with its own library: not this environment's
+    r = subprocess.run(["python", "-c", "import kcache; print(kcache.__file__, kcache.LIB_PATH)"],
+                       env=user_env(d), cwd=runsh.tmp, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert all(p.startswith(purelib) for p in r.stdout.split()), (r.stdout, purelib)
     return d
 
 
