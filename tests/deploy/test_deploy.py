@@ -534,6 +534,30 @@ class Kubernetes(unittest.TestCase):
                 for p in rule.get("ports", []):
                     self.assertTrue(p["port"] in ports or p["port"] in ports.values(), p)
 
+    def test_network_policy_admits_the_scrape(self):
+        """A pod annotated for Prometheus is scraped on that port: the
+        NetworkPolicy that selects it must admit the port (by number or by
+        its container port's name), or an enforcing CNI drops the scrape."""
+        pols = [d for _, _, d in self.by_kind.get("NetworkPolicy", [])]
+        self.assertTrue(pols)
+        for fname, _, doc in self.docs:
+            spec = pod_spec(doc)
+            ann = (doc["spec"].get("template", {}).get("metadata", {})
+                   .get("annotations") or {}) if spec else {}
+            if ann.get("prometheus.io/scrape") != "true":
+                continue
+            port = int(ann["prometheus.io/port"])
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            names = {p.get("name") for c in spec["containers"] for p in c.get("ports", [])
+                     if p["containerPort"] == port}
+            for pol in pols:
+                if not pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items():
+                    continue
+                admitted = {p["port"] for r in pol["spec"]["ingress"] for p in r.get("ports", [])}
+                self.assertTrue(admitted & (names | {port}), "%s: port %d (%s) not admitted "
+                                "by NetworkPolicy %s" % (fname, port, names,
+                                                         pol["metadata"]["name"]))
+
     def warm_args(self, container):
         cmd = container.get("command", []) + container.get("args", [])
         self.assertEqual(cmd[:2], ["kcache", "warm"], container["name"])

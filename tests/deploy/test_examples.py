@@ -346,6 +346,9 @@ class Dockerfiles(unittest.TestCase):
         self.assertIn("nvidia-cuda-nvrtc==%s" % pin, read("deploy", "container", "Dockerfile.nvrtc"))
         m = json.loads(read("deploy", "examples", "demo-mlp", "warmup.json"))
         self.assertTrue(pin.startswith(m["toolchain"]["cuda"] + "."))
+        # the CI example builds the same manifest: the same CUDA
+        images = re.findall(r"container: nvidia/cuda:(\d+\.\d+)\.", read("deploy", "ci", "warmup.yml"))
+        self.assertEqual(set(images), {m["toolchain"]["cuda"]})
 
 
 class TorchService(unittest.TestCase):
