@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """test_examples.py: the examples under deploy/ taken through what runs
-here, as written, against a kcached with TLS on both ports and tokens (what
-deploy/k8s/kcached.yaml runs):
+here, as written, against deploy/k8s/kcached.yaml's kcached (its
+StatefulSet's environment and Secrets: tokens, TLS on both ports; its
+startup probe, and the Prometheus scrape its annotations ask for):
 
 - the Kubernetes pods (deploy/k8s/inference.yaml's init container,
   prepopulate-job.yaml's job): each container's command and environment
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 import yaml
@@ -77,12 +79,16 @@ def make_pki(d):
 
 
 class Server:
-    """kcached as kcached.yaml runs it: tokens, TLS on HTTPS and RESP."""
+    """kcached as deploy/k8s/kcached.yaml runs it: the StatefulSet's
+    container with its environment and its Secrets' files (a token file,
+    the TLS pair), each 0.0.0.0 port on a free loopback port. Then its
+    startup probe, and the Prometheus scrape the pod is annotated for."""
 
     def __init__(self, d):
         self.dir = d
         os.makedirs(d, exist_ok=True)
         self.ca = make_pki(d)
+        self.tls = {k: os.path.join(d, k) for k in ("tls.crt", "tls.key")}
         self.tokens, lines = {}, []
         for role in ("read", "write"):
             out = subprocess.run([A.kcached, "token", role, role + "er"], check=True,
@@ -90,25 +96,48 @@ class Server:
             body = [x for x in out.splitlines() if not x.startswith("#")]
             self.tokens[role] = body[0].strip()
             lines.append(body[1].strip())
-        with open(os.path.join(d, "tokens"), "w") as f:
+        self.token_file = os.path.join(d, "tokens")
+        with open(self.token_file, "w") as f:
             f.write("\n".join(lines) + "\n")
-        self.port, self.resp_port = free_port(), free_port()
+        sts = [x for x in docs("deploy", "k8s", "kcached.yaml") if x["kind"] == "StatefulSet"][0]
+        self.ports = {}  # container port name -> port here
+        c = sts["spec"]["template"]["spec"]["containers"][0]
+        for p in c["ports"]:
+            self.ports[p["name"]] = (p["containerPort"], free_port())
+        self.port, self.resp_port = self.ports["https"][1], self.ports["redis"][1]
+        pod = Pod(sts, "kcached", {}, {}, os.path.join(d, "pod"), self)
+        env = {"PATH": os.environ.get("PATH", "")}
+        for k, v in pod.env.items():
+            for cport, here in self.ports.values():
+                v = v.replace("0.0.0.0:%d" % cport, "127.0.0.1:%d" % here)
+            env[k] = v
+        self.health = self.ports["health"][1]
         self.log = open(os.path.join(d, "kcached.log"), "ab")
-        self.proc = subprocess.Popen(
-            [A.kcached, "--listen", "127.0.0.1:%d" % self.port, "--data-dir",
-             os.path.join(d, "data"), "--tokens", os.path.join(d, "tokens"),
-             "--tls-cert", os.path.join(d, "tls.crt"), "--tls-key", os.path.join(d, "tls.key"),
-             "--resp-listen", "127.0.0.1:%d" % self.resp_port],
-            stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen([A.kcached], env=env, stdout=self.log, stderr=self.log)
+        probe = c["startupProbe"]["httpGet"]
         for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", self.resp_port), 0.2).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    break
-                time.sleep(0.05)
-        raise RuntimeError("kcached did not start:\n" + self.log_tail())
+            if self.get(probe["path"], probe["port"], probe.get("scheme", "HTTP")) == 200:
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError("kcached exited:\n" + self.log_tail())
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("kcached's startup probe failed:\n" + self.log_tail())
+        ann = sts["spec"]["template"]["metadata"]["annotations"]
+        port = [n for n, (cp, _) in self.ports.items() if cp == int(ann["prometheus.io/port"])][0]
+        self.scrape = self.get(ann["prometheus.io/path"], port, ann["prometheus.io/scheme"])
+
+    def get(self, path, port_name, scheme):
+        import ssl
+        ctx = ssl.create_default_context(cafile=self.ca)
+        url = "%s://127.0.0.1:%d%s" % (scheme.lower(), self.ports[port_name][1], path)
+        try:
+            with urllib.request.urlopen(url, timeout=5, context=ctx) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return None
 
     def log_tail(self):
         with open(os.path.join(self.dir, "kcached.log"), errors="replace") as f:
@@ -192,7 +221,7 @@ class Pod:
             if os.path.isdir(d):  # shared with another container of the pod
                 continue
             os.makedirs(d)
-            v = vols[m["name"]]
+            v = vols.get(m["name"], {})  # else a volumeClaimTemplate's: a directory
             if "emptyDir" in v:  # fsGroup: group-owned, group-writable, setgid
                 os.chmod(d, 0o2777)
             for it in v.get("configMap", {}).get("items", []):
@@ -200,9 +229,13 @@ class Pod:
                 dst = os.path.join(d, it["path"])
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 shutil.copy(os.path.join(A.root, recipe[it["key"]]), dst)
-            for it in v.get("secret", {}).get("items", []):
-                assert it["key"] == "ca.crt", it
-                shutil.copy(srv.ca, os.path.join(d, it["path"]))
+            if "secret" in v:  # no items: a TLS Secret's two keys
+                files = dict(srv.tls, **{"ca.crt": srv.ca, "tokens": srv.token_file})
+                items = v["secret"].get("items") or [{"key": k, "path": k} for k in srv.tls]
+                for it in items:
+                    dst = os.path.join(d, it["path"])
+                    shutil.copy(files[it["key"]], dst)
+                    os.chmod(dst, v["secret"].get("defaultMode", 0o644))
         self.env = {}
         for e in c.get("env", []):
             if "value" in e:
@@ -228,7 +261,12 @@ class Pod:
 
 
 class KubernetesPods(unittest.TestCase):
-    """inference.yaml's init container and prepopulate-job.yaml's job."""
+    """kcached.yaml's kcached (the server of every test here),
+    inference.yaml's init container and prepopulate-job.yaml's job."""
+
+    def test_kcached_probes_and_scrape(self):
+        self.assertEqual(SRV.get("/readyz", "health", "HTTPS"), 200)
+        self.assertEqual(SRV.scrape, 200, "the Prometheus scrape of the annotations")
 
     def test_init_container_and_job(self):
         tmp = tempfile.mkdtemp(prefix="kc-pods-", dir=SRV.dir)
