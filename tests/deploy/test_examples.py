@@ -13,6 +13,8 @@ startup probe, and the Prometheus scrape its annotations ask for):
   Dockerfile.nvrtc's own pip command installs in kcache-nvrtc. The init
   container starts (exit 0) against an empty kcached, the job builds every
   bundle, then the init container fetches them all;
+- deploy/ci/warmup.yml: its jobs' run steps (suggest, then warm and check
+  one arch) with the NVRTC of its CUDA;
 - the Dockerfiles: every apt-get install list resolves on this Debian 12
   (apt-get -s), every COPY source exists, torch-service's pins are the ones
   the tests run (scripts/pyenv.sh);
@@ -166,6 +168,11 @@ def tearDownModule():
 
 def read(*parts):
     with open(os.path.join(A.root, *parts), encoding="utf-8") as f:
+        return f.read()
+
+
+def text(p):
+    with open(p, encoding="utf-8") as f:
         return f.read()
 
 
@@ -333,6 +340,67 @@ class KubernetesPods(unittest.TestCase):
             r = pj.run({"KCACHE_NVRTC": lib}, A.kcache)
             self.assertNotEqual(r.returncode, 0, "%s token: %s" % (name, r.stderr[-2000:]))
             print("%s token: exit %d: %s" % (name, r.returncode, r.stderr.strip().splitlines()[-1:]))
+
+
+class CiWorkflow(unittest.TestCase):
+    """deploy/ci/warmup.yml's jobs, their run steps in order, in a
+    checkout's copy, with the NVRTC of the warm job's CUDA (13.0, as the
+    manifest pins) for one arch of the matrix: not the apt-get and cmake
+    steps (this build's kcache stands in), nor the uses: steps (the
+    artifact the first job uploads is the file the second reads)."""
+
+    def expr(self, text, arch):
+        subs = {"matrix.arch": arch, "vars.KCACHE_URL": "https://127.0.0.1:%d" % SRV.port,
+                "secrets.KCACHE_WRITE_TOKEN": SRV.tokens["write"],
+                "secrets.KCACHE_READ_TOKEN": SRV.tokens["read"],
+                "secrets.KCACHE_CACERT": text(SRV.ca),
+                "vars.KCACHE_BUCKETS || 4": "4"}
+
+        def one(m):
+            return subs[m.group(1).strip()]
+        return re.sub(r"\$\{\{([^}]*)\}\}", one, str(text))
+
+    def test_jobs_run(self):
+        tmp = tempfile.mkdtemp(prefix="kc-ci-", dir=SRV.dir)
+        wf = yaml.safe_load(read("deploy", "ci", "warmup.yml"))
+        co = os.path.join(tmp, "checkout")
+        shutil.copytree(os.path.join(A.root, "deploy", "examples"),
+                        os.path.join(co, "deploy", "examples"))
+        os.makedirs(os.path.join(co, "build", "client"))
+        os.symlink(A.kcache, os.path.join(co, "build", "client", "kcache"))
+        lib = nvrtc_from_dockerfile(os.path.join(tmp, "nvrtc"))
+        arch = wf["jobs"]["warm"]["strategy"]["matrix"]["arch"][0]
+        ran = []
+        for name in ("suggest", "warm"):
+            job = wf["jobs"][name]
+            runner = os.path.join(tmp, "runner-" + name)
+            os.makedirs(runner)
+            genv, gpath = os.path.join(runner, "env"), os.path.join(runner, "path")
+            open(genv, "w").close()
+            open(gpath, "w").close()
+            base = {"PATH": os.path.dirname(A.kcache) + os.pathsep + os.environ.get("PATH", ""),
+                    "HOME": runner, "RUNNER_TEMP": runner, "GITHUB_ENV": genv,
+                    "GITHUB_PATH": gpath, "KCACHE_NVRTC": lib}
+            for k, v in list(wf.get("env", {}).items()) + list(job.get("env", {}).items()):
+                base[k] = self.expr(v, arch)
+            for step in job["steps"]:
+                run = step.get("run")
+                if not run or "apt-get" in run or "cmake" in run:
+                    continue
+                env = dict(base)
+                env.update({k: self.expr(v, arch) for k, v in step.get("env", {}).items()})
+                with open(genv) as f:  # what earlier steps appended
+                    env.update(ln.rstrip("\n").split("=", 1) for ln in f if "=" in ln)
+                r = subprocess.run(["bash", "-e", "-c", self.expr(run, arch)], cwd=co, env=env,
+                                   capture_output=True, text=True, timeout=600)
+                self.assertEqual(r.returncode, 0, "%s / %s:\n%s%s" % (
+                    name, step.get("name"), r.stdout[-2000:], r.stderr[-2000:]))
+                self.assertNotIn("::warning::", r.stdout, step.get("name"))
+                ran.append(step.get("name"))
+        self.assertIn("KCACHE_CACERT", text(genv))
+        report = json.loads(text(os.path.join(co, "warm-%s.json" % arch)))
+        self.assertEqual({i["status"] for i in report["items"]}, {"built"})
+        self.assertEqual(len(ran), 5, ran)
 
 
 class Dockerfiles(unittest.TestCase):
