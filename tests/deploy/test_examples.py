@@ -349,7 +349,7 @@ class CiWorkflow(unittest.TestCase):
     steps (this build's kcache stands in), nor the uses: steps (the
     artifact the first job uploads is the file the second reads)."""
 
-    def expr(self, text, arch):
+    def expr(self, value, arch):
         subs = {"matrix.arch": arch, "vars.KCACHE_URL": "https://127.0.0.1:%d" % SRV.port,
                 "secrets.KCACHE_WRITE_TOKEN": SRV.tokens["write"],
                 "secrets.KCACHE_READ_TOKEN": SRV.tokens["read"],
@@ -358,7 +358,7 @@ class CiWorkflow(unittest.TestCase):
 
         def one(m):
             return subs[m.group(1).strip()]
-        return re.sub(r"\$\{\{([^}]*)\}\}", one, str(text))
+        return re.sub(r"\$\{\{([^}]*)\}\}", one, str(value))
 
     def test_jobs_run(self):
         tmp = tempfile.mkdtemp(prefix="kc-ci-", dir=SRV.dir)
