@@ -1,5 +1,6 @@
 # tests/deploy.cmake: the deployment files (systemd unit, container, k8s, CI
-# workflow, OPERATIONS.md) and kcached's sd_notify readiness.
+# workflow, OPERATIONS.md), the examples under deploy/ and README's lines
+# run as written, and kcached's sd_notify readiness.
 # Debian's python3 first: python3-yaml is installed for it.
 find_program(KCACHE_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
 find_program(KCACHE_PYTHON3 python3)
@@ -51,6 +52,17 @@ if(TARGET kcached AND TARGET kcache)
   add_test(NAME deploy_examples
            COMMAND ${KCACHE_PYTHON3} ${KCACHE_DEPLOY_TESTS}/test_examples.py ${_deploy_args})
   set_tests_properties(deploy_examples PROPERTIES TIMEOUT 400
+                       ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
+endif()
+
+# Every line README.md gives a user to paste is run by a test: its CLI,
+# suggest and page lines here, as written, in a scratch directory whose
+# build/ is this build; the others name their test (test_readme.py).
+if(TARGET kcached AND TARGET kcache AND NOT KCACHE_SANITIZE)
+  add_test(NAME readme_lines
+           COMMAND ${KCACHE_PYTHON3} ${KCACHE_DEPLOY_TESTS}/test_readme.py
+                   --root ${PROJECT_SOURCE_DIR} --build ${CMAKE_BINARY_DIR})
+  set_tests_properties(readme_lines PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                        ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
 endif()
 
