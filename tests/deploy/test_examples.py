@@ -350,10 +350,11 @@ class CiWorkflow(unittest.TestCase):
     artifact the first job uploads is the file the second reads)."""
 
     def expr(self, value, arch):
-        subs = {"matrix.arch": arch, "vars.KCACHE_URL": "https://127.0.0.1:%d" % SRV.port,
-                "secrets.KCACHE_WRITE_TOKEN": SRV.tokens["write"],
-                "secrets.KCACHE_READ_TOKEN": SRV.tokens["read"],
-                "secrets.KCACHE_CACERT": text(SRV.ca),
+        srv = self.srv
+        subs = {"matrix.arch": arch, "vars.KCACHE_URL": "https://127.0.0.1:%d" % srv.port,
+                "secrets.KCACHE_WRITE_TOKEN": srv.tokens["write"],
+                "secrets.KCACHE_READ_TOKEN": srv.tokens["read"],
+                "secrets.KCACHE_CACERT": text(srv.ca),
                 "vars.KCACHE_BUCKETS || 4": "4"}
 
         def one(m):
@@ -362,6 +363,8 @@ class CiWorkflow(unittest.TestCase):
 
     def test_jobs_run(self):
         tmp = tempfile.mkdtemp(prefix="kc-ci-", dir=SRV.dir)
+        self.srv = Server(os.path.join(tmp, "kcached"))  # its own: the pods' starts empty
+        self.addCleanup(self.srv.stop)
         wf = yaml.safe_load(read("deploy", "ci", "warmup.yml"))
         co = os.path.join(tmp, "checkout")
         shutil.copytree(os.path.join(A.root, "deploy", "examples"),
