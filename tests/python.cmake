@@ -8,6 +8,9 @@
 # python_install  the package `pip install ./python` put into the venv
 #                 imports, with its own libkcache.so, no LD_LIBRARY_PATH
 # python_client   kcache.Client and kcache.triton (real triton, no GPU)
+# python_firsthour  scripts/run.sh's printed lines, run as printed: the
+#                 install, torch.compile twice (the second process hits),
+#                 Triton's cache manager across two cache directories
 # python_torch    real PyTorch compiling through kcache: each warm path,
 #                 wrong token, version mismatch, kcached down, concurrency
 # A sanitizer build's libkcache.so cannot be loaded into python: not there.
@@ -28,6 +31,10 @@ if(KCACHE_SHARED AND NOT KCACHE_SANITIZE)
   # about 13 min alone on 2 busy cores (17 fresh torch processes); not
   # RUN_SERIAL, so that it overlaps the C tests rather than adding to them
   set_tests_properties(python_torch PROPERTIES TIMEOUT 2400
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}")
+  add_test(NAME python_firsthour COMMAND ${_py_run}
+           ${CMAKE_CURRENT_LIST_DIR}/python/test_firsthour.py)
+  set_tests_properties(python_firsthour PROPERTIES TIMEOUT 400
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}")
   add_test(NAME python_install COMMAND ${_py_run}
            ${CMAKE_CURRENT_LIST_DIR}/python/test_install.py)

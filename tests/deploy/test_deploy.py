@@ -334,6 +334,22 @@ class BuildDeps(unittest.TestCase):
                 self.assertTrue(libs & words, "the runtime stage lacks %s (for %s)"
                                 % (" or ".join(sorted(libs)), dev))
 
+    def test_torch_service_stages(self):
+        """`pip install ./python` configures the whole project: the image's
+        build stage needs every -dev package; its runtime stage the
+        libraries libkcache.so links (not libmicrohttpd's or LMDB's)."""
+        stages = Dockerfile.stages_of(
+            read("deploy", "examples", "torch-service", "Dockerfile"))
+        words = " ".join(a for w, a in stages[0]["ins"] if w == "RUN").split()
+        self.assertFalse(self.devs - set(words),
+                         "its build stage lacks %s" % sorted(self.devs - set(words)))
+        rt = set(" ".join(a for w, a in stages[1]["ins"] if w == "RUN").split())
+        for dev in ("libcurl4-openssl-dev", "libssl-dev", "libjansson-dev", "libzstd-dev"):
+            self.assertTrue(runtime_debs(dev) & rt, "its runtime stage lacks the "
+                            "library of %s" % dev)
+        for pkg in ("python3", "g++", "python3-dev"):  # Inductor's C++ on the CPU
+            self.assertIn(pkg, rt)
+
     def test_ci_example(self):
         wf = yaml.safe_load(read("deploy", "ci", "warmup.yml"))
         for name, job in wf["jobs"].items():
@@ -517,6 +533,30 @@ class Kubernetes(unittest.TestCase):
             for rule in pol["spec"]["ingress"]:
                 for p in rule.get("ports", []):
                     self.assertTrue(p["port"] in ports or p["port"] in ports.values(), p)
+
+    def test_network_policy_admits_the_scrape(self):
+        """A pod annotated for Prometheus is scraped on that port: the
+        NetworkPolicy that selects it must admit the port (by number or by
+        its container port's name), or an enforcing CNI drops the scrape."""
+        pols = [d for _, _, d in self.by_kind.get("NetworkPolicy", [])]
+        self.assertTrue(pols)
+        for fname, _, doc in self.docs:
+            spec = pod_spec(doc)
+            ann = (doc["spec"].get("template", {}).get("metadata", {})
+                   .get("annotations") or {}) if spec else {}
+            if ann.get("prometheus.io/scrape") != "true":
+                continue
+            port = int(ann["prometheus.io/port"])
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            names = {p.get("name") for c in spec["containers"] for p in c.get("ports", [])
+                     if p["containerPort"] == port}
+            for pol in pols:
+                if not pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items():
+                    continue
+                admitted = {p["port"] for r in pol["spec"]["ingress"] for p in r.get("ports", [])}
+                self.assertTrue(admitted & (names | {port}), "%s: port %d (%s) not admitted "
+                                "by NetworkPolicy %s" % (fname, port, names,
+                                                         pol["metadata"]["name"]))
 
     def warm_args(self, container):
         cmd = container.get("command", []) + container.get("args", [])
