@@ -16,10 +16,10 @@
  * - Stalled readers with --max-answer-memory 0 ("no cap"): what detaching
  *   their loans takes is bounded (the server's anonymous memory). Before,
  *   each stalled loan became a private copy of its blob.
- * - Unread GETs of small blobs (raw, and a zstd frame) at a 1500-byte MTU
- *   hold no read: none open a second later, and a store churned through
- *   its --max-bytes refuses no write. Before, the read stayed open until
- *   the client read.
+ * - Unread GETs of small blobs (raw, and a zstd frame) and of a manifest
+ *   at a 1500-byte MTU hold no read: none open a second later, and a store
+ * churned through its --max-bytes refuses no write. Before, the read stayed
+ * open until the client read.
  * - All of it at once, while a writer churns a small store: every body
  *   whole or refused up front, no write refused while the counted bytes
  *   are under the limit, the server's memory bounded. */
@@ -215,8 +215,8 @@ static void count(client *c) {
 typedef struct crowd {
   client *c;
   size_t n;
-  long t0, until; /* each repeats its request until then (once at least) */
-  int rounds;     /* and at most this many times */
+  long t0, until;   /* each repeats its request until then (once at least) */
+  int rounds;       /* and at most this many times */
   _Atomic int done; /* members finished */
 } crowd;
 
@@ -290,8 +290,8 @@ static void crowd_sum(const crowd *g, int *whole, int *refused, int *cut) {
     *cut += c->cut;
     printf("  %-22s %5.0f MB/s stall %4ld ms mtu1500 %d: %d whole, %d "
            "refused, %d cut\n",
-           c->what, c->p.mbs, c->p.stall_ms, c->p.mtu1500, c->whole,
-           c->refused, c->cut);
+           c->what, c->p.mbs, c->p.stall_ms, c->p.mtu1500, c->whole, c->refused,
+           c->cut);
   }
 }
 
@@ -380,8 +380,9 @@ static int resp_port_of(const kc_testsrv *t) {
 static int resp_set(int port, const char *key, const char *v, size_t n) {
   int fd = kc_testsrv_connect(port);
   char head[128], line[64] = "";
-  int hl = snprintf(head, sizeof head, "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
-                    strlen(key), key, n);
+  int hl =
+      snprintf(head, sizeof head, "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
+               strlen(key), key, n);
   int ok = fd >= 0 && send(fd, head, (size_t)hl, MSG_NOSIGNAL) == hl &&
            send(fd, v, n, MSG_NOSIGNAL) == (ssize_t)n &&
            send(fd, "\r\n", 2, MSG_NOSIGNAL) == 2 &&
@@ -441,10 +442,10 @@ static void *churn_main(void *arg) {
     long st = churn_put(c, w, path, b, w->blob);
     free(b);
     uint64_t size = w->blob;
-    char *json = st == 201 || st == 200
-                     ? kc_testsrv_manifest(model, w->seed, "sm_90a", &d,
-                                           &size, 1, key)
-                     : NULL;
+    char *json =
+        st == 201 || st == 200
+            ? kc_testsrv_manifest(model, w->seed, "sm_90a", &d, &size, 1, key)
+            : NULL;
     if (json) {
       snprintf(path, sizeof path, "/v1/bundles/%s", key);
       st = churn_put(c, w, path, json, strlen(json));
@@ -478,8 +479,12 @@ static void churn_stop(churner *w) {
 
 static client paced(const char *want, size_t n, const char *digest,
                     const char *what, pace p, long start_ms, int port) {
-  client c = {.port = port, .want = want, .want_len = n, .p = p,
-              .start_ms = start_ms, .what = what};
+  client c = {.port = port,
+              .want = want,
+              .want_len = n,
+              .p = p,
+              .start_ms = start_ms,
+              .what = what};
   get_blob(&c, digest, 0);
   return c;
 }
@@ -534,8 +539,9 @@ static void t_large_paced_whole(void **state) {
 static void t_detach_bounded(void **state) {
   (void)state;
   kc_testsrv t = {0};
-  const char *const args[] = {"--max-answer-memory", "0", "--timeout", "60",
-                              "--max-connections-per-ip", "0", NULL};
+  const char *const args[] = {
+      "--max-answer-memory",      "0", "--timeout", "60",
+      "--max-connections-per-ip", "0", NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   size_t n = 24 * MiB;
   char *b = malloc(n), d[65];
@@ -579,38 +585,67 @@ static void t_small_mtu1500_no_pin(void **state) {
   kc_testsrv t = {0};
   const char *const args[] = {"--max-bytes", "16M", "--timeout", "60", NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
-  size_t n = 60 * KiB;
-  char *raw = malloc(n), *txt = letters(n, 41), dr[65], dz[65];
+  size_t n = 60 * KiB, nt = 140 * KiB; /* nt: its frame near 60 KiB */
+  char *raw = malloc(n), *txt = letters(nt, 41), dr[65], dz[65];
   fill_random(raw, n, 40);
   assert_int_equal(put_blob(&t, NULL, raw, n, dr), 201);
-  assert_int_equal(put_blob(&t, NULL, txt, n, dz), 201);
+  assert_int_equal(put_blob(&t, NULL, txt, nt, dz), 201);
   /* the compressed one's frame, as held (its length: what to expect) */
   char path[128], enc[32];
   snprintf(path, sizeof path, "/v1/blobs/%s", dz);
   resp fr = http(&t, path, (req){.header = "Accept-Encoding: zstd"});
   assert_int_equal(fr.status, 200);
   assert_true(header(&fr, "Content-Encoding", enc, sizeof enc));
-  printf("a 60 KiB blob of letters, held compressed: a %zu-byte frame\n",
+  printf("a 140 KiB blob of letters, held compressed: a %zu-byte frame\n",
          fr.len);
-  enum { N = 3 };
+  assert_true(fr.len <= 64 * KiB); /* sent whole from one read */
+  /* and a manifest of about 63 KB: 435 files of the raw blob */
+  enum { NF = 435 };
+  char(*ds)[65] = calloc(NF, 65), key[65];
+  uint64_t *sz = calloc(NF, sizeof *sz);
+  assert_true(ds && sz);
+  for (int i = 0; i < NF; i++)
+    memcpy(ds[i], dr, 65), sz[i] = n;
+  char *mj = make_manifest(MODEL_A, 7, "sm_90a", ds, sz, NF, key);
+  snprintf(path, sizeof path, "/v1/bundles/%s", key);
+  resp pr =
+      http(&t, path, (req){.method = "PUT", .body = mj, .len = strlen(mj)});
+  assert_int_equal(pr.status, 201);
+  resp_free(&pr);
+  printf("a manifest of %zu bytes\n", strlen(mj));
+  assert_true(strlen(mj) <= 64 * KiB); /* sent whole from one read */
+  enum { N = 4 };
   client c[N] = {
       {.port = t.port, .want = raw, .want_len = n, .what = "60 KiB raw"},
       {.port = t.port, .want = raw, .want_len = n, .what = "60 KiB raw"},
-      {.port = t.port, .want = fr.body, .want_len = fr.len,
-       .what = "60 KiB, its frame"}};
+      {.port = t.port,
+       .want = fr.body,
+       .want_len = fr.len,
+       .what = "a frame of about 60 KiB"},
+      {.port = t.port,
+       .want = mj,
+       .want_len = strlen(mj),
+       .what = "a manifest"}};
   int fd[N];
-  for (int i = 0; i < N; i++) {
+  for (int i = N - 1; i >= 0; i--) { /* the manifest first */
     c[i].p = (pace){0, 0, 0, 1};
-    get_blob(&c[i], i < 2 ? dr : dz, i == 2);
+    if (i == 3)
+      c[i].req = fmt_alloc(&c[i].req_len,
+                           "GET /v1/bundles/%s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                           "Connection: close\r\n\r\n",
+                           key);
+    else
+      get_blob(&c[i], i < 2 ? dr : dz, i == 2);
     fd[i] = pace_connect(&c[i]); /* sent, not read */
     assert_true(fd[i] >= 0);
   }
   kc_testsrv_sleep_ms(1200);
   double open = kc_testsrv_metric(&t, "kcached_store_reads_open");
   double oldest = kc_testsrv_metric(&t, "kcached_store_oldest_read_seconds");
-  printf("%d unread GETs of 60 KiB at a 1500-byte MTU, 1.2 s on: reads open "
-         "%.0f, the oldest %.3f s\n",
-         N, open, oldest);
+  printf(
+      "%d unread GETs of about 60 KiB at a 1500-byte MTU, 1.2 s on: reads open "
+      "%.0f, the oldest %.3f s\n",
+      N, open, oldest);
   assert_true(open == 0 && oldest >= 0 && oldest < 1.0);
   churner w = {0};
   churn_start(&w, &t, 1 * MiB);
@@ -636,6 +671,9 @@ static void t_small_mtu1500_no_pin(void **state) {
     free(c[i].req);
   }
   kc_testsrv_resp_free(&fr);
+  free(mj);
+  free(ds);
+  free(sz);
   free(raw);
   free(txt);
   assert_int_equal(kc_testsrv_stop(&t), 0);
@@ -657,8 +695,13 @@ typedef struct target {
 
 static client of_target(const target *x, pace p, long start_ms, int port,
                         int resp_port) {
-  client c = {.port = port, .want = x->want, .want_len = x->len, .p = p,
-              .start_ms = start_ms, .what = x->what, .alt = x->alt,
+  client c = {.port = port,
+              .want = x->want,
+              .want_len = x->len,
+              .p = p,
+              .start_ms = start_ms,
+              .what = x->what,
+              .alt = x->alt,
               .alt_len = x->alt_len};
   if (x->digest)
     get_blob(&c, x->digest, x->zstd);
@@ -674,9 +717,9 @@ static client of_target(const target *x, pace p, long start_ms, int port,
 static void t_every_path_churned(void **state) {
   (void)state;
   kc_testsrv t = {0};
-  const char *const args[] = {"--max-bytes", "32M", "--max-answer-memory",
-                              "8M", "--timeout", "60", "--resp-listen",
-                              "127.0.0.1:0", NULL};
+  const char *const args[] = {
+      "--max-bytes", "32M",           "--max-answer-memory", "8M", "--timeout",
+      "60",          "--resp-listen", "127.0.0.1:0",         NULL};
   assert_int_equal(kc_testsrv_start(&t, args), 0);
   int rport = resp_port_of(&t);
   assert_true(rport > 0);
@@ -694,8 +737,8 @@ static void t_every_path_churned(void **state) {
   char *json = make_manifest(MODEL_A, 1, "sm_90a", &d[1], &size, 1, key);
   char path[128];
   snprintf(path, sizeof path, "/v1/bundles/%s", key);
-  resp r = http(&t, path, (req){.method = "PUT", .body = json,
-                                .len = strlen(json)});
+  resp r =
+      http(&t, path, (req){.method = "PUT", .body = json, .len = strlen(json)});
   assert_int_equal(r.status, 201);
   resp_free(&r);
   free(json);
@@ -728,8 +771,10 @@ static void t_every_path_churned(void **state) {
       {"compressed, its frame", fr.body, fr.len, d[2], NULL, 1, NULL, 0},
       {"fetch of 3 blobs", fbody, nf, NULL, fj, 0, falt, na},
       {"RESP GET 2 MiB", v, nv, NULL, NULL, 0, NULL, 0}};
-  const pace ps[] = {{1, 0, 0, 1},           {15, 0, 0, 1},
-                     {40, 0, 0, 0},          {15, 0, 0, 0},
+  const pace ps[] = {{1, 0, 0, 1},
+                     {15, 0, 0, 1},
+                     {40, 0, 0, 0},
+                     {15, 0, 0, 0},
                      {40, 64 * KiB, 1500, 1}};
   enum { NX = sizeof x / sizeof *x, NP = sizeof ps / sizeof *ps };
   crowd g = {.c = calloc(NX * NP, sizeof(client)), .n = NX * NP, .rounds = 4};
