@@ -549,6 +549,7 @@ static void t_detach_bounded(void **state) {
   assert_int_equal(put_blob(&t, NULL, b, n, d), 201);
   uint64_t before = rss_anon(t.pid);
   if (!before) {
+    free(b);
     kc_testsrv_stop(&t);
     kc_testsrv_cleanup(&t);
     skip(); /* no /proc to read the server's memory from */
