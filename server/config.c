@@ -451,9 +451,13 @@ static const opt opts[] = {
      set_allow_host},
     {"max-answer-memory", "SIZE", "KCACHED_MAX_ANSWER_MEMORY",
      "bytes of HTTP answers (lookups, manifests, read-through blobs) held in "
-     "memory until their clients read them; an answer over it gets 503 "
-     "busy with Retry-After, unless it would be the only one (default 1G; "
-     "0: no cap)",
+     "memory until their clients read them, and of large blobs sent from "
+     "the store's pages (the copy a stalled client's GET may need, set "
+     "aside when the GET starts); an answer over it gets 503 busy with "
+     "Retry-After before its first byte, unless it would be the only one, "
+     "and a blob over it is sent in pieces instead; an answer that started "
+     "is never cut. Blobs sent from the store's pages hold at most 256 MiB "
+     "whatever this says (default 1G; 0: no cap on the rest)",
      set_max_answer_memory},
     {"decoded-cache", "SIZE", "KCACHED_DECODED_CACHE",
      "memory for blobs held compressed kept decoded, for clients that do "

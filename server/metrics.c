@@ -358,8 +358,8 @@ static void render_cuts(FILE *f, kcd_metrics *m) {
           (unsigned long long)GET(m->cut_slow_body));
   fputs("# HELP kcached_http_blob_loans_total Large blob GETs sent from the "
         "store's pages without a copy; detached: the client was slow, so "
-        "the bytes were copied and the read ended; cut: the answer budget "
-        "refused the copy, and the connection was closed.\n# TYPE "
+        "the bytes were copied and the read ended; cut: the kernel failed "
+        "that swap half-way, and the connection was closed.\n# TYPE "
         "kcached_http_blob_loans_total counter\n",
         f);
   fprintf(f, "kcached_http_blob_loans_total{result=\"sent\"} %llu\n",

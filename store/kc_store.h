@@ -183,6 +183,12 @@ int kc_store_lent_held(const kc_store_lent *l);
 kc_err kc_store_lent_detach(kc_store_lent *l);
 /* Unmaps, and ends the read if still held. NULL: nothing. */
 void kc_store_lent_free(kc_store_lent *l);
+/* A blob being sent in pieces (kc_store_blob_copy, a blob stream): for the
+ * next 10 minutes eviction spares it as it spares a fresh upload (an
+ * evicted bundle's blob becomes an orphan instead of going at once), so
+ * that its client gets it whole. Memory only, no write: call it again to
+ * renew. */
+void kc_store_blob_spare(kc_store *s, const char *digest);
 
 /* The reads open now (kc_store_read_begin to kc_store_read_end, the store's
  * own included) and the reads LMDB's reader table refused (KC_BUSY): a read

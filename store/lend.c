@@ -139,3 +139,9 @@ void kc_store_lent_free(kc_store_lent *l) {
   kc_store_read_end(l->read);
   free(l);
 }
+
+/* The record kc_store_blob_touch keeps, without its writes: a blob served
+ * in pieces is not an offer of a manifest to come. */
+void kc_store_blob_spare(kc_store *s, const char *digest) {
+  kcs_uses_record(&s->touched, digest, kcs_now());
+}

@@ -10,6 +10,7 @@
 #   server_slow, server_http, server_auth_reload   hostile HTTP clients
 #                    (kc_rawhttp, rawhttp.h); framing_scan its scanner
 #   server_slowread  slow readers, bounded lookups, manifest file caps
+#   server_slowclient clients at real networks' pace on every GET path
 #   server_demand    POST /v1/demand, GET /v1/models/{model}/demand
 #   server_models    the routes by model; page: the page in headless
 #                    chromium (test_page.py)
@@ -104,6 +105,16 @@ target_link_libraries(test_server_slowread PRIVATE kc_servertest kc_client
 add_test(NAME server_slowread COMMAND test_server_slowread)
 # Writes 340 MiB through a small store; slower under the sanitizers.
 set_tests_properties(server_slowread PROPERTIES TIMEOUT 600)
+# server_slowclient: clients at 1, 15 and 40 MB/s, stalling, at a 1500-byte
+# MTU (TCP_MAXSEG), many at once on every GET path (HTTP and RESP) while a
+# writer churns a small store: bodies whole or refused up front, memory
+# bounded (test_server_slowclient.c).
+add_executable(test_server_slowclient
+               ${CMAKE_CURRENT_LIST_DIR}/test_server_slowclient.c)
+target_link_libraries(test_server_slowclient PRIVATE kc_servertest
+                      Threads::Threads)
+add_test(NAME server_slowclient COMMAND test_server_slowclient)
+set_tests_properties(server_slowclient PROPERTIES TIMEOUT 300)
 
 # ---- demand ----
 # server_demand: POST /v1/demand and GET /v1/models/{model}/demand against

@@ -238,7 +238,7 @@ struct kcd_req {
   size_t body_len, body_cap;
   /* handler state */
   kc_store_upload *upload; /* aborted at completion if still set */
-  kc_store_read *read;     /* ended at completion (zero-copy responses) */
+  kc_store_read *read;     /* ended at completion, if still held */
   int blob_present;
   int close_after;    /* answer with Connection: close (--health-listen) */
   kcd_req *next_free; /* the thread's free list */
@@ -270,19 +270,20 @@ void kcd_loans_free(kcd_loans *ls);
 enum kcd_mem { KCD_MEM_COPY, KCD_MEM_PERSISTENT, KCD_MEM_FREE };
 int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
               size_t len, enum kcd_mem mem, const char *const *headers);
-/* A 200 whose body is len bytes at data inside the map of the request's
- * read (r->read, ended when the response is sent), with headers that
- * depend only on `key` (64 hex digits: the blob's digest) and ctype. Each
- * thread keeps the last responses built (REUSE_SLOTS), and one built for
- * the same key, address and length is queued again instead of a new one
- * (a GET then costs no response allocation nor header copies). Valid:
- * the read has just found key's bytes at data, so the old response's body
- * is exactly these bytes, read under this request's read. */
+/* A 200 whose body is a copy of the len bytes (at most KCD_ZERO_COPY_MAX)
+ * at data inside the map of the request's read (r->read, ended here, so
+ * no read waits for the client), with headers that depend only on `key`
+ * (64 hex digits: the blob's digest) and ctype. Each thread keeps the last
+ * responses built (REUSE_SLOTS), and one built for the same key and the
+ * same bytes is queued again instead of a new one (a GET then costs no
+ * response allocation, copy nor header copies). */
 int kcd_reply_map(kcd_req *r, const char *key, const char *ctype,
                   const void *data, size_t len, const char *const *headers);
 /* A body produced piece by piece: fill buf with up to max bytes of it from
  * offset pos; return how many (> 0), or -1 to abort the response (the
- * connection closes: the client sees a body shorter than its length). */
+ * connection closes: the client sees a body shorter than its length; the
+ * routes spare a blob they serve in pieces from eviction, so that only a
+ * store that fails does that). */
 typedef long (*kcd_piece_fn)(void *cls, uint64_t pos, char *buf, size_t max);
 /* Answers a body of len bytes served by fn in pieces of at most `piece`
  * bytes, each asked for when the client has taken the one before; cls is
@@ -327,10 +328,11 @@ void kcd_set_early(kcd_req *r, kc_err e, const char *fmt, ...)
 int kcd_reply_early(kcd_req *r);
 
 /* A read held for a whole response pins every LMDB page freed after it
- * began: bodies from the map up to this size go out zero-copy, larger
- * blobs are lent with a read taken back from a slow client (loans.c), and
- * other larger bodies are copied out so that the read ends before the
- * client's pace matters (routes_blob.c, routes_bundle.c). */
+ * began: bodies from the map up to this size are copied before the read
+ * ends (kcd_reply_map), larger blobs are lent with a read taken back from
+ * a slow client (loans.c) or served in pieces, and other larger bodies are
+ * copied out so that the read ends before the client's pace matters
+ * (routes_blob.c, routes_bundle.c). */
 #define KCD_ZERO_COPY_MAX (64 * 1024)
 
 /* Handlers (routes_*.c): the functions of the route table; each finish

@@ -9,23 +9,28 @@
  * quarter of a 16 MiB GET's CPU. A loan sends the bytes where they are, and
  * its read is held only while the client keeps up: the reaper takes back a
  * loan older than LOAN_HOLD_MS, so a stalled client pins pages for at most
- * LOAN_HOLD_MS + LOAN_TICK_MS (plus the copy). Taking it back:
+ * LOAN_HOLD_MS + LOAN_TICK_MS (plus the copy). Taking it back is a detach:
+ * a private copy takes the pages' place, at the same address, and the read
+ * ends.
  *
- * - detach: a private copy takes the pages' place, at the same address, and
- *   the read ends; the copy counts against the answer budget
- *   (--max-answer-memory) until the response is freed;
- * - cut, when the budget refuses the copy (or the copy fails): the
- *   connection is shut down, the client sees a body shorter than its
- *   Content-Length (as when a blob served in pieces is evicted midway),
- *   never other bytes, and libmicrohttpd frees the response, which ends
- *   the read.
+ * A GET that started ends with the whole body, so the memory of that copy
+ * is set aside when the loan is made, not when it is taken back: a loan
+ * takes its length from the answer budget (--max-answer-memory) and from
+ * LOANS_RESERVE_MAX (a bound whatever the flag says, "no cap" included)
+ * until its response is freed. When either refuses, no loan is made and the
+ * blob is served in pieces from the start (routes_blob.c), which holds no
+ * read and no copy of the blob. A fast client (16 MiB on loopback: about
+ * 5 ms) gives the reservation back at once and costs no copy. A detach that
+ * fails for memory leaves the loan holding its read (the bytes intact) and
+ * is tried again at the next tick; only a swap that left a hole at the
+ * address (lend.c: KC_IO, the kernel failed mremap and a mapping back) cuts
+ * the connection: its client sees a short body, never other bytes.
  *
- * A fast client (16 MiB on loopback: about 5 ms) costs no copy. Only blobs
- * up to LOAN_MAX_BYTES are lent (a copy of one is bounded), at most
- * LOANS_HELD hold a read at once, and none under TLS (gnutls copies the
- * bytes anyway, and a failed swap must not leave it a hole to read): the
- * rest are served in pieces. The reaper copies outside the registry's lock:
- * a loan it works on is marked busy, and its free waits for it. */
+ * Only blobs up to LOAN_MAX_BYTES are lent, at most LOANS_HELD hold a read
+ * at once, and none under TLS (gnutls copies the bytes anyway, and a failed
+ * swap must not leave it a hole to read): the rest are served in pieces.
+ * The reaper copies outside the registry's lock: a loan it works on is
+ * marked busy, and its free waits for it. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -38,6 +43,9 @@
 #define LOANS_HELD 8
 /* The largest blob lent: a detach copies at most this much. */
 #define LOAN_MAX_BYTES (64u << 20)
+/* Bytes lent at once, each loan counted whole (what detaching them all
+ * would copy): a bound of its own, since --max-answer-memory may be 0. */
+#define LOANS_RESERVE_MAX (256u << 20)
 /* Then a loan's pages are copied and its read ends. */
 #define LOAN_HOLD_MS 500
 /* How often the reaper looks. */
@@ -50,7 +58,7 @@ typedef struct loan {
   int busy; /* the reaper is detaching it (outside the lock) */
   int cut;  /* shut down: no more tries */
   uint64_t t0_ms;
-  size_t copied; /* bytes of the answer budget its copy holds */
+  size_t reserved; /* its length, set aside for its copy until freed */
   struct loan *prev, *next;
 } loan;
 
@@ -60,24 +68,25 @@ struct kcd_loans {
   pthread_cond_t wake; /* the reaper: a loan was made, or stop */
   pthread_cond_t idle; /* a free: a busy loan is no longer */
   loan *head;
-  unsigned held; /* loans whose read is still held */
+  unsigned held;     /* loans whose read is still held */
+  uint64_t reserved; /* bytes of the loans alive (LOANS_RESERVE_MAX) */
   int stop;
   pthread_t reaper;
 };
 
 static uint64_t now_ms(void) { return kc_clock_mono_us() / 1000; }
 
-/* One loan taken back (busy, lock not held): detached, else cut. */
+/* One loan taken back (busy, lock not held): detached into the memory its
+ * loan set aside. A detach refused memory keeps the read (tried again at
+ * the next tick); one that left a hole where the bytes were cuts. */
 static void take_back(kcd_loans *ls, loan *l) {
-  size_t len = kc_store_lent_size(l->lent);
-  if (kcd_answer_budget_take(ls->st, len)) {
-    if (!kc_store_lent_detach(l->lent)) {
-      l->copied = len;
-      atomic_fetch_add(&ls->st->metrics.loans_detached, 1);
-      return;
-    }
-    kcd_answer_budget_give(ls->st, len);
+  kc_err e = kc_store_lent_detach(l->lent);
+  if (!e) {
+    atomic_fetch_add(&ls->st->metrics.loans_detached, 1);
+    return;
   }
+  if (e == KC_NOMEM)
+    return;
   /* The response is alive (its free waits for busy), so the socket is
    * still this connection's: libmicrohttpd closes it after the response. */
   shutdown(l->fd, SHUT_RDWR);
@@ -177,29 +186,39 @@ static void loan_free(void *cls) {
     l->next->prev = l->prev;
   if (kc_store_lent_held(l->lent))
     ls->held--;
+  ls->reserved -= l->reserved;
   pthread_mutex_unlock(&ls->lock);
-  if (l->copied)
-    kcd_answer_budget_give(ls->st, l->copied);
+  kcd_answer_budget_give(ls->st, l->reserved);
   kc_store_lent_free(l->lent);
   free(l);
 }
 
-/* A loan of the read's len bytes at data, linked in; NULL when none may be
- * made now (the read is then still the caller's). */
+/* A loan of the read's len bytes at data, linked in, its copy's memory set
+ * aside; NULL when none may be made now (the read is then still the
+ * caller's). */
 static loan *loan_make(kcd_loans *ls, kc_store_read *read, const void *data,
                        size_t len, int fd) {
   loan *l = calloc(1, sizeof *l);
   if (!l)
     return NULL;
   pthread_mutex_lock(&ls->lock);
-  if (ls->held >= LOANS_HELD || kc_store_lend(read, data, len, &l->lent)) {
+  int room = ls->held < LOANS_HELD && ls->reserved + len <= LOANS_RESERVE_MAX;
+  if (!room || !kcd_answer_budget_take(ls->st, len)) {
     pthread_mutex_unlock(&ls->lock);
+    free(l);
+    return NULL;
+  }
+  if (kc_store_lend(read, data, len, &l->lent)) {
+    pthread_mutex_unlock(&ls->lock);
+    kcd_answer_budget_give(ls->st, len);
     free(l);
     return NULL;
   }
   l->owner = ls;
   l->fd = fd;
   l->t0_ms = now_ms();
+  l->reserved = len;
+  ls->reserved += len;
   l->next = ls->head;
   if (ls->head)
     ls->head->prev = l;

@@ -141,7 +141,15 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
   return ret;
 }
 
-/* ---- responses of the map, reused ---- */
+/* ---- small blobs, copied, and their responses reused ----
+ *
+ * A small blob's bytes are copied out of the map before the read ends:
+ * MHD sends a response when the socket takes it, and one the socket does
+ * not take at once (a 1500-byte MTU's segments, a small receive window)
+ * would keep a read over the map open at its client's pace, pinning every
+ * page freed after it began. The copy costs less than building the
+ * response, so each thread keeps the last ones built (REUSE_SLOTS): a
+ * slot is taken again when its bytes are the ones the read just found. */
 
 /* Per thread, direct-mapped by the key's first hex digits. A slot holds one
  * reference to its response; MHD takes its own for each queue. */
@@ -149,7 +157,7 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
 
 typedef struct reuse_slot {
   struct MHD_Response *resp;
-  const void *data;
+  const void *copy; /* the response's body, freed with it */
   size_t len;
   const char *ctype;
   char key[KC_HEX_LEN];
@@ -171,18 +179,33 @@ static void reuse_free(void *slots) {
 
 static void reuse_key_make(void) { pthread_key_create(&reuse_key, reuse_free); }
 
+/* The slot's response when it holds these bytes (compared whole: a blob
+ * repaired in place keeps its key and length). */
+static int slot_holds(const reuse_slot *sl, const char *key, const char *ctype,
+                      const void *data, size_t len) {
+  return sl->resp && sl->len == len && sl->ctype == ctype &&
+         memcmp(sl->key, key, KC_HEX_LEN) == 0 &&
+         memcmp(sl->copy, data, len) == 0;
+}
+
 static struct MHD_Response *map_response(const char *key, const char *ctype,
                                          const void *data, size_t len,
                                          const char *const *headers) {
   unsigned char b0 = 0; /* the key is checked hex: its first byte */
   (void)kc_hex_decode(key, 1, &b0);
   reuse_slot *sl = &reuse[b0 % REUSE_SLOTS];
-  if (sl->resp && sl->data == data && sl->len == len && sl->ctype == ctype &&
-      memcmp(sl->key, key, KC_HEX_LEN) == 0)
+  if (slot_holds(sl, key, ctype, data, len))
     return sl->resp;
-  struct MHD_Response *resp = make_response(data, len, KCD_MEM_PERSISTENT);
-  if (!resp)
+  void *copy = malloc(len ? len : 1);
+  if (!copy)
     return NULL;
+  memcpy(copy, data, len);
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer_with_free_callback(len, copy, free);
+  if (!resp) {
+    free(copy);
+    return NULL;
+  }
   add_headers(resp, ctype, headers);
   if (!sl->resp) {
     pthread_once(&reuse_once, reuse_key_make);
@@ -190,7 +213,7 @@ static struct MHD_Response *map_response(const char *key, const char *ctype,
   } else {
     MHD_destroy_response(sl->resp); /* dropped here; MHD may still hold it */
   }
-  *sl = (reuse_slot){resp, data, len, ctype, ""};
+  *sl = (reuse_slot){resp, copy, len, ctype, ""};
   memcpy(sl->key, key, KC_HEX_LEN);
   return resp;
 }
@@ -198,6 +221,8 @@ static struct MHD_Response *map_response(const char *key, const char *ctype,
 int kcd_reply_map(kcd_req *r, const char *key, const char *ctype,
                   const void *data, size_t len, const char *const *headers) {
   struct MHD_Response *resp = map_response(key, ctype, data, len, headers);
+  kc_store_read_end(r->read); /* the bytes are copied (or not sent) */
+  r->read = NULL;
   if (!resp)
     return MHD_NO;
   enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);

@@ -1,10 +1,10 @@
 /* routes_blob.c: PUT /v1/blobs/{sha256} streamed into the store (hashed while
- * it arrives, never held whole in memory) and GET/HEAD: a small blob served
- * zero-copy from LMDB's map inside a read transaction that ends when the
- * response is sent, a large one lent from the store's pages (loans.c: its
- * read taken back from a slow client), else copied out piece by piece, each
- * piece in a read of its own, so no read lasts as long as a slow client
- * takes. */
+ * it arrives, never held whole in memory) and GET/HEAD: a small blob copied
+ * out of LMDB's map before its read ends (reply.c reuses the response), a
+ * large one lent from the store's pages (loans.c: its read taken back from
+ * a slow client), else copied out piece by piece, each piece in a read of
+ * its own, so no read lasts as long as a slow client takes. A GET that
+ * started ends with the whole body. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,10 +16,10 @@
 /* A read held for a whole response pins every LMDB page freed after it
  * began: one client reading 40 MB at 10 kB/s kept a full store from reusing
  * its free pages, and writes failed with 507. Blobs up to
- * KCD_ZERO_COPY_MAX go out zero-copy: they fit at once in the socket's
- * buffers (TCP_NOTSENT_LOWAT is 64 KiB, and a client's receive window at
- * least as much), so the send and the read end without waiting for the
- * client. Larger ones are lent (loans.c) or, when no loan can be made,
+ * KCD_ZERO_COPY_MAX are copied before the read ends: sent zero-copy, they
+ * did not always fit the socket's buffers at once (a 1500-byte MTU and a
+ * small receive window), and their read then lasted as long as the client
+ * took. Larger ones are lent (loans.c) or, when no loan can be made,
  * copied out PIECE bytes at a time, one short read per piece. */
 #define PIECE (128 * 1024)
 
@@ -118,11 +118,14 @@ typedef struct blob_pieces {
   uint64_t size;
 } blob_pieces;
 
-/* One piece, in a read of its own. A blob whose bytes are gone (evicted
- * since the response began) aborts it: the client gets a short body, which
- * it can tell from the length and the hash, never other bytes. */
+/* One piece, in a read of its own. The blob is spared from eviction while
+ * it is served (renewed with each piece), so that a slow client gets it
+ * whole; a blob whose bytes are gone all the same (deleted, or a failing
+ * store) aborts the response: the client gets a short body, which it can
+ * tell from the length and the hash, never other bytes. */
 static long blob_piece(void *cls, uint64_t pos, char *buf, size_t max) {
   blob_pieces *b = cls;
+  kc_store_blob_spare(b->s, b->digest);
   size_t n = 0;
   uint64_t size = 0;
   kc_err e = kc_store_blob_copy(b->s, b->digest, pos, buf, max, &n, &size);
@@ -174,7 +177,6 @@ int kcd_blob_get(kcd_req *r) {
     r->read = NULL;
     return reply_pieces(r, len, h);
   }
-  /* The bytes stay in LMDB's map; r->read ends in the completion callback,
-   * after MHD sent them. */
+  /* Copied (or a response of the same bytes reused); r->read ends there. */
   return kcd_reply_map(r, r->param, "application/octet-stream", data, len, h);
 }

@@ -1,4 +1,4 @@
-/* routes_bundle.c: bundle manifests: GET (zero-copy up to 64 KiB), PUT
+/* routes_bundle.c: bundle manifests: GET (copied before the read ends), PUT
  * (validated, write-once), DELETE, POST /v1/lookup (many keys, one read
  * transaction) and GET /v1/models/{model}. */
 #include <stdio.h>
@@ -15,15 +15,13 @@ int kcd_bundle_get(kcd_req *r) {
                                  &len, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
-  if (len > KCD_ZERO_COPY_MAX) { /* copied: the read ends now (kcd.h) */
-    int ret =
-        kcd_reply(r, 200, "application/json", json, len, KCD_MEM_COPY, NULL);
-    kc_store_read_end(r->read);
-    r->read = NULL;
-    return ret;
-  }
-  return kcd_reply(r, 200, "application/json", json, len, KCD_MEM_PERSISTENT,
-                   NULL);
+  /* Copied, so the read ends now: one held until a slow client took the
+   * bytes (a 1500-byte MTU, a small window) pinned the store (http.h). */
+  int ret =
+      kcd_reply(r, 200, "application/json", json, len, KCD_MEM_COPY, NULL);
+  kc_store_read_end(r->read);
+  r->read = NULL;
+  return ret;
 }
 
 /* Every manifest problem is a bad manifest, except the ones with their own

@@ -15,10 +15,14 @@
  * every digest up (how it is held, how long). The body is then served in
  * pieces of PIECE bytes, each piece in a read of its own (several small
  * blobs share one), so no read lasts as long as a slow client takes, as for
- * GETs (routes_blob.c). A blob gone or changed between the look-up and its
- * piece (evicted) aborts the answer: the client sees a body shorter than its
- * length and fetches what it lacks with GETs, never other bytes. The bytes
- * asked for, as sent, are bounded (KCD_FETCH_MAX_BYTES; 413 above). */
+ * GETs (routes_blob.c). The blobs found are spared from eviction until
+ * they are sent (the look-up spares them all; each piece renews the one it
+ * sends), so that churn does not take one away from a slow client. A blob
+ * gone or changed all the same between the look-up and its piece (deleted,
+ * a failing store) aborts the answer: the client sees a body shorter than
+ * its length and fetches what it lacks with GETs, never other bytes. The
+ * bytes asked for, as sent, are bounded (KCD_FETCH_MAX_BYTES; 413
+ * above). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +129,8 @@ static long answer_piece(void *cls, uint64_t pos, char *buf, size_t max) {
       next_item(a);
       continue;
     }
+    if (at == 0) /* renewed: the look-up's may be old by now */
+      kc_store_blob_spare(a->s, x->digest);
     long n = x->decode ? copy_decoded(a, &rd, x, buf + used, max - used)
                        : copy_held(a, &rd, x, at, buf + used, max - used);
     if (n < 0 || (uint64_t)n > x->len - at) {
@@ -192,6 +198,7 @@ static kc_err look_one(void *arg, kc_store_read *rd, size_t i) {
   } else if (e) {
     return kc_errf(l->err, e, "cannot read blob %s", x->digest);
   } else {
+    kc_store_blob_spare(l->a->s, x->digest); /* until its piece is sent */
     x->decode = x->enc == KC_STORE_ZSTD && !l->zstd_ok;
     x->len = x->decode ? size : len;
     if (x->enc == KC_STORE_ZSTD) /* counted as routes_zstd.c's GETs */

@@ -2,8 +2,9 @@
  *
  * GET of a blob the store holds compressed: a client that sends
  * Accept-Encoding: zstd gets the held frame as it is (Content-Encoding:
- * zstd; zero-copy from the map up to KCD_ZERO_COPY_MAX, larger ones copied
- * out piece by piece, one short read per piece, as routes_blob.c does);
+ * zstd; copied before the read ends up to KCD_ZERO_COPY_MAX, larger ones
+ * copied out piece by piece, one short read per piece, as routes_blob.c
+ * does, the blob spared from eviction meanwhile);
  * any other client gets the content: up to KCD_ZERO_COPY_MAX decoded whole
  * in one pass, larger ones decompressed piece by piece with a short read per
  * piece (never a whole-blob copy). HEAD gives the content's
@@ -75,14 +76,43 @@ static int matches_etag(kcd_req *r, const char *tag) {
   return strcmp(inm, "*") == 0 || strstr(inm, tag) != NULL;
 }
 
+/* A blob served in pieces: its stream, and the digest to spare it by (its
+ * client gets it whole though churn would evict it meanwhile). */
+typedef struct streamed {
+  kc_store *s;
+  kc_store_blob_stream *b;
+  char digest[KC_HEX_LEN + 1];
+} streamed;
+
 static long stream_piece(void *cls, uint64_t pos, char *buf, size_t max) {
   (void)pos; /* asked for in order: the stream keeps its own place */
-  return kc_store_blob_stream_read(cls, buf, max);
+  streamed *x = cls;
+  kc_store_blob_spare(x->s, x->digest);
+  return kc_store_blob_stream_read(x->b, buf, max);
 }
 
-static void stream_free(void *cls) { kc_store_blob_stream_free(cls); }
+static void stream_free(void *cls) {
+  streamed *x = cls;
+  kc_store_blob_stream_free(x->b);
+  free(x);
+}
 
-/* The held frame, zero-copy: r->read ends once it is sent (completion). */
+static int reply_stream(kcd_req *r, kc_store_blob_stream *b, uint64_t len,
+                        const char *const *h) {
+  streamed *x = malloc(sizeof *x);
+  if (!x) {
+    kc_store_blob_stream_free(b);
+    return kcd_reply_error(r, KC_NOMEM, "out of memory");
+  }
+  x->s = kcd_store(r->st);
+  x->b = b;
+  snprintf(x->digest, sizeof x->digest, "%.64s", r->param);
+  kc_store_blob_spare(x->s, x->digest);
+  return kcd_reply_pieces(r, 200, "application/octet-stream", len, PIECE,
+                          stream_piece, x, stream_free, h);
+}
+
+/* The held frame (small), copied: its read ends before it is sent. */
 static int reply_frame(kcd_req *r, const char *const *h) {
   const void *data;
   size_t len;
@@ -90,13 +120,12 @@ static int reply_frame(kcd_req *r, const char *const *h) {
   kc_err e = kc_store_read_begin(kcd_store(r->st), &r->read);
   if (!e)
     e = kc_store_blob_get_stored(r->read, r->param, &data, &len, &enc, NULL);
-  if (e) {
-    kc_store_read_end(r->read);
-    r->read = NULL;
-    return kcd_reply_error_json(r, e, "cannot read the blob", NULL, NULL);
-  }
-  return kcd_reply(r, 200, "application/octet-stream", data, len,
-                   KCD_MEM_PERSISTENT, h);
+  int ret = e ? kcd_reply_error_json(r, e, "cannot read the blob", NULL, NULL)
+              : kcd_reply(r, 200, "application/octet-stream", data, len,
+                          KCD_MEM_COPY, h);
+  kc_store_read_end(r->read);
+  r->read = NULL;
+  return ret;
 }
 
 static int reply_entry(kcd_req *r, kcd_dentry *e, const char *const *h) {
@@ -238,6 +267,5 @@ int kcd_blob_get_encoded(kcd_req *r) {
     kc_store_blob_stream_free(b);
     return reply_frame(r, h);
   }
-  return kcd_reply_pieces(r, 200, "application/octet-stream", len, PIECE,
-                          stream_piece, b, stream_free, h);
+  return reply_stream(r, b, len, h);
 }
