@@ -10,6 +10,8 @@
 # python_client   kcache.Client and kcache.triton (real triton, no GPU)
 # python_torch    real PyTorch compiling through kcache: each warm path,
 #                 wrong token, version mismatch, kcached down, concurrency
+# python_torch_aot  kcache.torch.compile's AOTInductor packages per bucket:
+#                 published, served to fresh processes, fallbacks, refusals
 # A sanitizer build's libkcache.so cannot be loaded into python: not there.
 if(KCACHE_SHARED AND NOT KCACHE_SANITIZE)
   set(KCACHE_VENV "${PROJECT_SOURCE_DIR}/build/venv" CACHE PATH
@@ -28,6 +30,11 @@ if(KCACHE_SHARED AND NOT KCACHE_SANITIZE)
   # about 13 min alone on 2 busy cores (17 fresh torch processes); not
   # RUN_SERIAL, so that it overlaps the C tests rather than adding to them
   set_tests_properties(python_torch PROPERTIES TIMEOUT 2400
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}")
+  add_test(NAME python_torch_aot COMMAND ${_py_run}
+           ${CMAKE_CURRENT_LIST_DIR}/python/test_torch_aot.py)
+  # about 4 min alone on 2 busy cores (10 fresh torch processes)
+  set_tests_properties(python_torch_aot PROPERTIES TIMEOUT 1200
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}")
   add_test(NAME python_install COMMAND ${_py_run}
            ${CMAKE_CURRENT_LIST_DIR}/python/test_install.py)

@@ -106,8 +106,9 @@ def main():
         from kcache.client import key
         from kcache.torch import aot, keys
         mh = keys.model_hash(model)
-        res["keys"] = [key(aot.bucket_fields(mh, b, "cpu", a.isa, a.name))
-                       for b in aot.make_buckets(buckets)]
+        res["fields"] = [aot.bucket_fields(mh, b, "cpu", a.isa, a.name)
+                         for b in aot.make_buckets(buckets)]
+        res["keys"] = [key(f) for f in res["fields"]]
         print("RESULT " + json.dumps(res), flush=True)
         return
     if a.mode == "publish":
