@@ -394,8 +394,13 @@ class _Runner:
             if t is None or list(t.shape) != shape or str(t.dtype) != dtype:
                 raise Refused("constant %s differs from the model's" % n)
         idx = dev.index if dev.type == "cuda" and dev.index is not None else -1
-        self.loader = torch._C._aoti.AOTIModelPackageLoader(
-            pt2, "model", False, 1, idx)
+        if os.environ.get("KCACHE_AOT_LOADER") == "python":
+            # torch's Python loader (imports torch._inductor): for comparison
+            from torch._inductor import aoti_load_package
+            self.loader = aoti_load_package(pt2, device_index=idx).loader
+        else:
+            self.loader = torch._C._aoti.AOTIModelPackageLoader(
+                pt2, "model", False, 1, idx)
         if sorted(self.loader.get_constant_fqns()) != sorted(want):
             raise Refused("the package's constants are not its meta's")
         self._consts = {n: consts[n].to(dev).contiguous() for n in want}
