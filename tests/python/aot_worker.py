@@ -3,12 +3,13 @@
 compiled artifacts (AOTInductor), printing one JSON line "RESULT {...}".
 
 Models: "pair" (the test model of torch_worker.py, its MLP and attention
-block called together: forward(x, y)) and "gpt2" (a transformers GPT-2 built
-from a tiny config, nothing downloaded; the service asks for its logits).
+block called together: forward(x, y)), "gpt2" and "llama" (transformers
+GPT-2 and Llama built from a tiny config, nothing downloaded; the service
+asks for their logits).
 Buckets are batch sizes; --check batch sizes are compared with eager.
 
 usage: aot_worker.py --mode publish|serve|eager|tcompile|keys
-         [--model pair|gpt2] [--buckets 4,16] [--check 3,4,9,16]
+         [--model pair|gpt2|llama] [--buckets 4,16] [--check 3,4,9,16]
          [--name NAME] [--no-build] [--fallback compile|eager]
          [--build-wait S] [--fake-torch-version V] [--isa LABEL]
 serve: kcache.torch.compile; eager: the model as it is (the floor);
@@ -49,12 +50,20 @@ def pair_model(torch):
     return PairCall(pair).eval(), example
 
 
-def gpt2_model(torch):
+def lm_model(torch, arch):
+    """A transformers causal LM from a tiny config (GPT-2 or Llama)."""
     import transformers
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4,
-                                  vocab_size=1000, n_positions=64)
     torch.manual_seed(0)
-    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(
+            hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+            max_position_embeddings=64)
+        lm = transformers.LlamaForCausalLM(cfg).eval()
+    else:
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4,
+                                      vocab_size=1000, n_positions=64)
+        lm = transformers.GPT2LMHeadModel(cfg).eval()
 
     class Logits(torch.nn.Module):
         """What the service calls: the logits of a batch of token ids."""
@@ -98,7 +107,10 @@ def main():
     import torch
     if a.fake_torch_version:
         torch.__version__ = a.fake_torch_version
-    model, example = (gpt2_model if a.model == "gpt2" else pair_model)(torch)
+    if a.model in ("gpt2", "llama"):
+        model, example = lm_model(torch, a.model)
+    else:
+        model, example = pair_model(torch)
     batches = [int(b) for b in a.buckets.split(",") if b]
     buckets = [example(b) for b in batches]
     res = {"mode": a.mode}

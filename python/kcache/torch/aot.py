@@ -381,8 +381,7 @@ class _Runner:
         dev = torch.device(device)
         if am.get("AOTI_DEVICE_KEY") != dev.type:
             raise Refused("built for device %s" % am.get("AOTI_DEVICE_KEY"))
-        if dev.type == "cpu" and not _runnable(am.get("AOTI_CPU_ISA", ""),
-                                               labels):
+        if not _runnable(am.get("AOTI_CPU_ISA", ""), labels):
             raise Refused("built for ISA %s" % am.get("AOTI_CPU_ISA"))
         consts = _constants(model)
         if os.path.exists(os.path.join(directory, EXTRA)):
@@ -476,9 +475,8 @@ class _Plan:
         self.devices = [_device_of(b, device) for b in buckets]
         self.cands: List[List[Tuple[str, Dict[str, Any]]]] = []
         for b, dev in zip(buckets, self.devices):
-            isas = self.labels if dev == "cpu" else ["none"]
             row = []
-            for isa in isas:
+            for isa in self.labels:  # a GPU package's wrapper is host code too
                 f = bucket_fields(model_h, b, dev, isa, name)
                 row.append((Client.key(f), f))
             self.cands.append(row)
@@ -734,8 +732,7 @@ def publish(model: Any, buckets: Sequence[Any], name: Optional[str] = None,
     with torch.no_grad():
         for b in bs:
             dev = _device_of(b, device)
-            fields = bucket_fields(mh, b, dev, isa if dev == "cpu" else
-                                   "none", name)
+            fields = bucket_fields(mh, b, dev, isa, name)
             k = Client.key(fields)
             r: Dict[str, Any] = {"range": [b.lo, b.hi], "key": k}
             out["buckets"].append(r)
