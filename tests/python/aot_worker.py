@@ -90,6 +90,13 @@ def close(torch, a, b):
     return a.shape == b.shape and torch.allclose(a, b, rtol=1e-3, atol=1e-3)
 
 
+def strided(t):
+    """t's values in non-contiguous strides."""
+    if t.dim() < 2:
+        return t
+    return t.transpose(0, -1).contiguous().transpose(0, -1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="serve")
@@ -147,6 +154,10 @@ def main():
         checks = [int(b) for b in a.check.split(",") if b]
         res["equal"] = all(close(torch, fn(*example(b)), model(*example(b)))
                            for b in checks)
+        # the same values in other strides (a transposed copy's view)
+        res["equal_strided"] = all(
+            close(torch, fn(*[strided(t) for t in example(b)]),
+                  model(*example(b))) for b in checks)
         res["checked"] = checks
     print("RESULT " + json.dumps(res), flush=True)
 

@@ -80,6 +80,7 @@ def test_served_to_a_fresh_process_at_the_floor(server, published):
             "--check", "1,3,4,5,9,16")
     assert states(r) == ["loaded", "loaded"], r
     assert r["equal"], r
+    assert r["equal_strided"], r  # non-contiguous inputs: the same outputs
     # the C++ loader only: neither Dynamo nor Inductor imported
     assert r["compile_stack"] == [], r
     assert {b["key"] for b in r["stats"]["buckets"].values()} == \

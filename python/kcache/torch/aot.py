@@ -408,8 +408,9 @@ class _Runner:
         self._unflatten = pytree.tree_unflatten
 
     def __call__(self, *args: Any) -> Any:
-        return self._unflatten(self.loader.boxed_run(list(args)),
-                               self.out_spec)
+        # the package was compiled for the example's (contiguous) strides
+        return self._unflatten(self.loader.boxed_run(
+            [a.contiguous() for a in args]), self.out_spec)
 
 
 # ----------------------------------------------------------- the model
@@ -418,7 +419,8 @@ class AotModel:
     """The callable kcache.torch.compile returns: each call goes to the
     first bucket whose shapes it fits and that has a loaded package, else
     to the fallback (torch.compile'd model, or the model itself).
-    `stats`: per bucket, "loaded", "built", "fallback: <why>"."""
+    `stats`: per bucket "loaded", "built" or "fallback" (with the key, the
+    ISA, a refusal's or a skipped build's reason), and the counts."""
 
     def __init__(self, model: Any, buckets: List[Bucket]):
         self.model = model
