@@ -47,9 +47,10 @@ import tempfile
 import threading
 import time
 import zipfile
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Tuple)
 
-from ..client import Client, Manifest
+from ..client import Client
 from ..errors import Error, Forbidden, Unauthorized
 from . import keys as _keys
 
@@ -176,12 +177,14 @@ class Bucket:
         return "Bucket(batch %d..%d)" % (self.lo, self.hi)
 
 
-def _signature(example: Tuple[Any, ...], batched: Tuple[int, ...]) -> List[Any]:
+def _signature(example: Tuple[Any, ...],
+               batched: Tuple[int, ...]) -> List[Any]:
     return [[("B",) + tuple(t.shape[1:]) if i in batched else tuple(t.shape),
              str(t.dtype), t.device.type] for i, t in enumerate(example)]
 
 
-def make_buckets(examples: Sequence[Any], dynamic: bool = True) -> List[Bucket]:
+def make_buckets(examples: Sequence[Any],
+                 dynamic: bool = True) -> List[Bucket]:
     """Buckets from example calls (a tuple of tensors, or one tensor, each).
     Examples with the same shapes but for the batch share one batch axis,
     cut at their batches: (prev + 1)..batch. dynamic=False: exact shapes."""
@@ -269,7 +272,8 @@ def _constants(model: Any) -> Dict[str, Any]:
     return out
 
 
-def build_package(model: Any, bucket: Bucket, directory: str) -> Dict[str, Any]:
+def build_package(model: Any, bucket: Bucket,
+                  directory: str) -> Dict[str, Any]:
     """torch.export of model on the bucket (batch Dim lo..hi), then
     aoti_compile_and_package without weights, into directory (model.pt2,
     constants.pt when the graph made constants of its own). Returns the meta
