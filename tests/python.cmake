@@ -13,6 +13,8 @@
 #                 Triton's cache manager across two cache directories
 # python_torch    real PyTorch compiling through kcache: each warm path,
 #                 wrong token, version mismatch, kcached down, concurrency
+# python_torch_aot  kcache.torch.compile's AOTInductor packages per bucket:
+#                 published, served to fresh processes, fallbacks, refusals
 # A sanitizer build's libkcache.so cannot be loaded into python: not there.
 if(KCACHE_SHARED AND NOT KCACHE_SANITIZE)
   set(KCACHE_VENV "${PROJECT_SOURCE_DIR}/build/venv" CACHE PATH
@@ -35,6 +37,11 @@ if(KCACHE_SHARED AND NOT KCACHE_SANITIZE)
   add_test(NAME python_firsthour COMMAND ${_py_run}
            ${CMAKE_CURRENT_LIST_DIR}/python/test_firsthour.py)
   set_tests_properties(python_firsthour PROPERTIES TIMEOUT 400
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}")
+  add_test(NAME python_torch_aot COMMAND ${_py_run}
+           ${CMAKE_CURRENT_LIST_DIR}/python/test_torch_aot.py)
+  # about 4 min alone on 2 busy cores (10 fresh torch processes)
+  set_tests_properties(python_torch_aot PROPERTIES TIMEOUT 1200
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${_py_env}")
   add_test(NAME python_install COMMAND ${_py_run}
            ${CMAKE_CURRENT_LIST_DIR}/python/test_install.py)

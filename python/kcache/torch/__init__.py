@@ -580,3 +580,4 @@ __all__ = ["use_remote_caches", "remote_cache_env", "mega_cache", "MegaCache",
            "cache_dir_bundle", "CacheDirBundle", "prepopulate", "key_fields",
            "model_hash", "device_arch", "accel", "cpu_isa", "counters",
            "inductor_cache_dir", "MAX_LAYERS"]
+from .aot import compile  # noqa: E402,F401
