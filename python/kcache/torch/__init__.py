@@ -441,8 +441,8 @@ def prepopulate(fn: Callable[..., Any],
     """CI prepopulation: the service's own form, warm(model, name), around
     one call per shape bucket (each element of inputs_per_bucket is the
     argument tuple of one call): the entries kcached lacks are uploaded and
-    the model named. With resp_url (or KCACHE_RESP_URL) Inductor's remote
-    caches are written too; mega=True also uploads a Mega-Cache layer.
+    the model named. With resp_url Inductor's remote caches are written too
+    (warm() turns them on by itself on a GPU, from KCACHE_RESP_URL); mega=True also uploads a Mega-Cache layer.
 
     fn: a torch.compile'd callable, or a function or module that is then
     compiled with compile_kwargs; compile_fn=False calls fn as it is (a
@@ -451,7 +451,7 @@ def prepopulate(fn: Callable[..., Any],
     (AOTAutograd's keys depend on it). Returns what happened."""
     torch = _torch()
     out: Dict[str, Any] = {"buckets": 0}
-    if resp_url or os.environ.get("KCACHE_RESP_URL"):
+    if resp_url:
         out["remote_caches"] = use_remote_caches(resp_url, token)
     c = _client(client, url, token, deadline)
     w = warm(model, name, client=c, device=device, deadline=deadline,
