@@ -123,7 +123,8 @@ def main():
     t_import = time.time() - T_START
     import kcache.torch as kt
     if a.fake_torch_version:
-        kt.torch_version = lambda: a.fake_torch_version
+        import kcache.torch.keys as ktk
+        ktk.torch_version = kt.torch_version = lambda: a.fake_torch_version
     paths = {"remote", "mega", "cachedir", "triton"} if a.path == "all" \
         else {a.path}
     if "remote" in paths:

@@ -60,12 +60,9 @@ def _gpu_paths(stats: Dict[str, Any]) -> None:
     """kcache.triton for Triton's kernels (cubins), and Inductor's remote
     caches where kcached's RESP front end is given."""
     if not os.environ.get("TRITON_CACHE_MANAGER"):
+        # Triton reads it on each compile (3.4+ knobs: from the environment
+        # unless set in code, which is then the user's choice)
         os.environ["TRITON_CACHE_MANAGER"] = "kcache.triton:CacheManager"
-        try:  # Triton >= 3.4 reads its knobs once
-            from triton import knobs
-            knobs.cache.manager_class = None  # re-read from the environment
-        except Exception:
-            pass
     stats["triton"] = os.environ["TRITON_CACHE_MANAGER"]
     if os.environ.get("KCACHE_RESP_URL"):
         from . import use_remote_caches
