@@ -150,17 +150,17 @@ def main():
             w = stack.enter_context(kt.warm(
                 model, a.name, device=a.device, upload=up,
                 deadline=a.deadline))
-        if a.model == "gpt2":
-            first, equal = run_gpt2(torch, a, model)
         if "cachedir" in paths:
             cd = stack.enter_context(kt.cache_dir_bundle(
                 model=model, device=a.device, upload=up, deadline=a.deadline))
         if "mega" in paths:
             mc = stack.enter_context(kt.mega_cache(
                 model=model, device=a.device, upload=up, deadline=a.deadline))
-        mlp = torch.compile(model.mlp)
-        attn = torch.compile(model.attn)
-        if a.model != "gpt2":
+        if a.model == "gpt2":
+            first, equal = run_gpt2(torch, a, model)
+        else:
+            mlp = torch.compile(model.mlp)
+            attn = torch.compile(model.attn)
             equal = True
             first = None
         with torch.no_grad():
