@@ -6,8 +6,8 @@ tests/bench/bench_torch.py and scripts/gpu_torch_check.py.
 Paths: eager (no compile: the floor), cold (no kcache; torch's local
 caches empty), warm (the one call, kcache.torch.warm), remote (Inductor's
 FX graph and AOTAutograd remote caches over RESP), mega (Mega-Cache),
-cachedir (cache_dir_bundle: warm's per-entry bundles, Inductor's
-precompiled header left on), triton (kcache.triton as TRITON_CACHE_MANAGER;
+cachedir (cache_dir_bundle: warm's per-entry bundles without its GPU
+choices; on the CPU the same as warm), triton (kcache.triton as TRITON_CACHE_MANAGER;
 GPU only), local (torch's own best case: the local TORCHINDUCTOR_CACHE_DIR
 already full, no kcache). Every process gets a fresh $TMPDIR (a fresh
 machine: Inductor's precompiled header lives there).

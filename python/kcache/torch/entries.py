@@ -205,13 +205,16 @@ class Entries:
                     os.link(src, dst)
                 except FileExistsError:
                     continue
-                except OSError:
+                except OSError:  # no hard links here: a copy, linked in
                     if os.path.exists(dst):
                         continue
-                    tmp = dst + ".kcache.tmp"
+                    # (a file system without hard links: a whole copy
+                    # renamed in, unless a file came meanwhile)
+                    tmp = os.path.join(stage, ".copy")
                     shutil.copyfile(src, tmp)
-                    os.rename(tmp, dst) if not os.path.exists(dst) \
-                        else os.unlink(tmp)
+                    if os.path.exists(dst):
+                        continue
+                    os.rename(tmp, dst)
                 n += 1
         finally:
             shutil.rmtree(stage, ignore_errors=True)
