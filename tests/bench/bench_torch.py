@@ -7,14 +7,15 @@ Models (tests/python/torch_worker.py --model): pair (this project's: an
 MLP and an attention block, dynamic batch) and gpt2 (transformers' GPT-2
 architecture from a small config: 2 layers, width 64, random weights, no
 download). Paths: eager (no compile: the floor), cold, local (torch's own
-full TORCHINDUCTOR_CACHE_DIR, a copy of a cold run's), warm (the one call,
+full TORCHINDUCTOR_CACHE_DIR, a copy of a cold run's; local0: the same
+with Inductor's precompiled header off, as warm() runs), warm (the one call,
 kcache.torch.warm), cachedir, mega, remote (tests/python/torch_paths.py).
 Prints a Markdown table per model: medians, x of cold and of local, the
 compile phases left, then the JSON.
 
 usage: build/venv/bin/python tests/bench/bench_torch.py [--runs 5]
        [--device cpu|cuda] [--models pair,gpt2]
-       [--paths eager,cold,local,warm,cachedir,mega,remote]
+       [--paths eager,cold,local,local0,warm,cachedir,mega,remote]
 (scripts/pyenv.sh makes build/venv; PYTHONPATH=python and the build's
 libkcache.so are used, as the tests do.) On a shared machine the times
 swing with the neighbours' load: compare medians of one run of the script.
@@ -37,7 +38,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--paths",
-                    default="eager,cold,local,warm,cachedir,mega,remote")
+                    default="eager,cold,local,local0,warm,cachedir,mega,"
+                    "remote")
     ap.add_argument("--models", default="pair,gpt2")
     a = ap.parse_args()
     out = {}

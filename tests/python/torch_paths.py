@@ -9,8 +9,10 @@ FX graph and AOTAutograd remote caches over RESP), mega (Mega-Cache),
 cachedir (cache_dir_bundle: warm's per-entry bundles without its GPU
 choices; on the CPU the same as warm), triton (kcache.triton as TRITON_CACHE_MANAGER;
 GPU only), local (torch's own best case: the local TORCHINDUCTOR_CACHE_DIR
-already full, no kcache). Every process gets a fresh $TMPDIR (a fresh
-machine: Inductor's precompiled header lives there).
+already full, no kcache), local0 (the same with Inductor's precompiled
+header off, as warm() runs: torch's floor for a fresh machine). Every
+process gets a fresh $TMPDIR (a fresh machine: Inductor's precompiled
+header lives there).
 """
 import shutil
 import statistics
@@ -54,7 +56,7 @@ def run(path, url, resp_url, device, token=None, args=(), python=None,
         env_extra=None, keep=False):
     """One fresh process; returns (result, env)."""
     env = fresh_env(url, resp_url, token, device, env_extra)
-    worker_path = "none" if path in ("cold", "local") else path
+    worker_path = "none" if path in ("cold", "local", "local0") else path
     r = kcserver.run_worker(worker_path, env, ["--device", device] +
                             list(args), python=python, check=False)
     if not keep:
@@ -104,29 +106,34 @@ def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
     swings fall on every path alike. Returns {path: summary}. done(rounds,
     {path: summary}), if given, is called after each round, so that a
     caller under a time limit keeps what was measured."""
-    paths = paths or ["eager", "cold", "local", "warm", "cachedir", "mega",
-                      "remote"]
+    paths = paths or ["eager", "cold", "local", "local0", "warm", "cachedir",
+                      "mega", "remote"]
     extra = {p: {} for p in paths}
     margs = ["--model", model]
     if "triton" in extra:
         extra["triton"]["TRITON_CACHE_MANAGER"] = "kcache.triton:CacheManager"
     fills = {}
-    for path in [p for p in paths if p not in ("cold", "local", "eager")]:
+    for path in [p for p in paths
+                 if p not in ("cold", "local", "local0", "eager")]:
         a, _ = run(path, url, resp_url, device, token, python=python,
                    env_extra=extra[path], args=margs)
         fills[path] = a and a["first_output_s"]
         log("%s fill: %s" % (path, fills[path]))
-    full = None
-    if "local" in paths:  # torch's best case: what a cold run left
-        a, full = run("cold", url, resp_url, device, token, python=python,
-                      keep=True, args=margs)
-        log("local fill: %s" % (a and a["first_output_s"]))
+    fulls = {}
+    extra["local0"] = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+    for loc in ("local", "local0"):  # torch's best case: what cold left
+        if loc in paths:
+            a, fulls[loc] = run("cold", url, resp_url, device, token,
+                                python=python, keep=True, args=margs,
+                                env_extra=extra[loc])
+            log("%s fill: %s" % (loc, a and a["first_output_s"]))
     results = {p: [] for p in paths}
     for i in range(runs):
         for path in paths:
             env_extra = dict(extra[path])
             copies = []
-            if path == "local":
+            if path in fulls:
+                full = fulls[path]
                 for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
                     if var in full:
                         d = tempfile.mkdtemp(prefix="kcb-full-")
@@ -134,7 +141,8 @@ def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
                         shutil.copytree(full[var], d, symlinks=True)
                         env_extra[var] = d
                         copies.append(d)
-            args = margs + ([] if path in ("cold", "local", "eager")
+            args = margs + ([] if path in ("cold", "local", "local0",
+                                           "eager")
                             else ["--no-upload"])
             r, _ = run(path, url, resp_url, device, token, python=python,
                        env_extra=env_extra, args=args)
@@ -144,7 +152,7 @@ def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
             log("%s run %d: %s" % (path, i + 1, r and r["first_output_s"]))
         if done:
             done(i + 1, _summaries(paths, results, fills))
-    if full:
+    for full in fulls.values():
         _drop(full)
     out = _summaries(paths, results, fills)
     return out
