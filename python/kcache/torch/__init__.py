@@ -33,12 +33,8 @@ normal compile; every outcome is counted in the object's `stats`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import inspect
-import json
 import logging
 import os
-import sysconfig
 import threading
 import time
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
@@ -49,7 +45,7 @@ from ..errors import Error, Forbidden, NotFound, Unauthorized
 from .keys import (BUILDER, CPU_ARCH, _torch, _triton_version, accel,  # noqa: F401
                    cpu_isa, device_arch, key_fields, model_hash, toolchain,
                    torch_version)
-from .warm import Warm, warm
+from ._warm import Warm, warm
 
 log = logging.getLogger("kcache.torch")
 
@@ -392,7 +388,7 @@ class CacheDirBundle:
                  options: Optional[Mapping[str, Any]] = None,
                  deadline: float = 10.0, upload: bool = True,
                  lease_ttl: int = 600, name: Optional[str] = None):
-        from .warm import Warm
+        from ._warm import Warm
         self._warm = Warm(model, name, client=client, url=url, token=token,
                           device=device, deadline=deadline, options=options,
                           upload=upload, gpu_paths=False)

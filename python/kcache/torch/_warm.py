@@ -1,4 +1,4 @@
-"""kcache.torch.warm: the one call for a torch.compile service.
+"""kcache.torch._warm: kcache.torch.warm(), the one call for a service.
 
     with kcache.torch.warm(model, name="my-service"):
         compiled = torch.compile(model)
