@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
 """bench_torch.py: torch.compile wall time, from process start to the first
-output, of the test model (tests/python/torch_worker.py: an MLP and an
-attention block, dynamic batch), cold and through each warm path, each run
-a fresh process with empty local caches, against a real kcached started
-here (build/server/kcached, --resp-listen). Prints a Markdown table of the
-medians, what each path saves against cold, and the compile phases left
-(torch._dynamo.utils.compilation_time_metrics), then the JSON.
+output, cold and through each warm path, each run a fresh process with
+empty local caches and a fresh $TMPDIR (a fresh machine), interleaved,
+against a real kcached started here (build/server/kcached, --resp-listen).
+Models (tests/python/torch_worker.py --model): pair (this project's: an
+MLP and an attention block, dynamic batch) and gpt2 (transformers' GPT-2
+architecture from a small config: 2 layers, width 64, random weights, no
+download). Paths: eager (no compile: the floor), cold, local (torch's own
+full TORCHINDUCTOR_CACHE_DIR, a copy of a cold run's; local0: the same
+with Inductor's precompiled header off, as warm() runs), warm (the one call,
+kcache.torch.warm), cachedir, mega, remote (tests/python/torch_paths.py).
+Prints a Markdown table per model: medians, x of cold and of local, the
+compile phases left, then the JSON.
 
 usage: build/venv/bin/python tests/bench/bench_torch.py [--runs 5]
-       [--device cpu|cuda] [--paths cold,remote,mega,cachedir,local]
+       [--device cpu|cuda] [--models pair,gpt2]
+       [--paths eager,cold,local,local0,warm,cachedir,mega,remote]
 (scripts/pyenv.sh makes build/venv; PYTHONPATH=python and the build's
 libkcache.so are used, as the tests do.) On a shared machine the times
 swing with the neighbours' load: compare medians of one run of the script.
@@ -30,27 +37,26 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--paths", default="cold,remote,mega,cachedir,local")
+    ap.add_argument("--paths",
+                    default="eager,cold,local,local0,warm,cachedir,mega,"
+                    "remote")
+    ap.add_argument("--models", default="pair,gpt2")
     a = ap.parse_args()
-    s = kcserver.start_kcached()
-    try:
-        res = torch_paths.measure(s.url, s.resp_url, a.device, a.runs,
-                                  a.paths.split(","),
-                                  log=lambda m: print(m, file=sys.stderr))
-    finally:
-        s.cleanup()
-    print("torch.compile, time to first output, %s, median of %d fresh "
-          "processes each (%s)\n" % (a.device, a.runs, torch_paths.now()))
-    print(torch_paths.table(res))
-    cold = res.get("cold", {}).get("median_s")
-    if cold:
-        print()
-        for p, r in res.items():
-            if p != "cold" and r["median_s"]:
-                print("- %s saves %.1f s of %.1f s (%.0f%%)" % (
-                    p, cold - r["median_s"], cold,
-                    100 * (cold - r["median_s"]) / cold))
-    print("\n" + json.dumps(res, indent=1))
+    out = {}
+    for model in a.models.split(","):
+        s = kcserver.start_kcached()  # each model its own, empty kcached
+        try:
+            out[model] = torch_paths.measure(
+                s.url, s.resp_url, a.device, a.runs, a.paths.split(","),
+                log=lambda m: print(m, file=sys.stderr), model=model)
+        finally:
+            s.cleanup()
+    for model, res in out.items():
+        print("\n%s: torch.compile, time to first output, %s, median of %d "
+              "fresh processes each (%s)\n" % (model, a.device, a.runs,
+                                               torch_paths.now()))
+        print(torch_paths.table(res))
+    print("\n" + json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,11 +3,16 @@ cold and through each warm path, each sample a fresh process with empty
 local caches, against a kcached that is already running. Shared by
 tests/bench/bench_torch.py and scripts/gpu_torch_check.py.
 
-Paths: cold (no kcache; torch's local caches empty), remote (Inductor's
+Paths: eager (no compile: the floor), cold (no kcache; torch's local
+caches empty), warm (the one call, kcache.torch.warm), remote (Inductor's
 FX graph and AOTAutograd remote caches over RESP), mega (Mega-Cache),
-cachedir (cache-dir bundles), triton (kcache.triton as
-TRITON_CACHE_MANAGER; GPU only), local (torch's own best case: the local
-TORCHINDUCTOR_CACHE_DIR already full, no kcache).
+cachedir (cache_dir_bundle: warm's per-entry bundles without its GPU
+choices; on the CPU the same as warm), triton (kcache.triton as TRITON_CACHE_MANAGER;
+GPU only), local (torch's own best case: the local TORCHINDUCTOR_CACHE_DIR
+already full, no kcache), local0 (the same with Inductor's precompiled
+header off, as warm() runs: torch's floor for a fresh machine). Every
+process gets a fresh $TMPDIR (a fresh machine: Inductor's precompiled
+header lives there).
 """
 import shutil
 import statistics
@@ -32,7 +37,8 @@ def fresh_env(url, resp_url, token=None, device="cpu", extra=None):
          "KCACHE_TOKEN": token or "",
          "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="kcb-ind-"),
          "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="kcb-tri-"),
-         "KCACHE_DIR": tempfile.mkdtemp(prefix="kcb-kc-")}
+         "KCACHE_DIR": tempfile.mkdtemp(prefix="kcb-kc-"),
+         "TMPDIR": tempfile.mkdtemp(prefix="kcb-tmp-")}
     if device == "cpu":
         e.pop("TRITON_CACHE_DIR")
     e.update(extra or {})
@@ -40,7 +46,8 @@ def fresh_env(url, resp_url, token=None, device="cpu", extra=None):
 
 
 def _drop(env):
-    for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "KCACHE_DIR"):
+    for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "KCACHE_DIR",
+              "TMPDIR"):
         if k in env:
             shutil.rmtree(env[k], ignore_errors=True)
 
@@ -49,7 +56,7 @@ def run(path, url, resp_url, device, token=None, args=(), python=None,
         env_extra=None, keep=False):
     """One fresh process; returns (result, env)."""
     env = fresh_env(url, resp_url, token, device, env_extra)
-    worker_path = "none" if path in ("cold", "local") else path
+    worker_path = "none" if path in ("cold", "local", "local0") else path
     r = kcserver.run_worker(worker_path, env, ["--device", device] +
                             list(args), python=python, check=False)
     if not keep:
@@ -92,34 +99,41 @@ def _summaries(paths, results, fills):
 
 
 def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
-            python=None, log=print, done=None):
+            python=None, log=print, done=None, model="pair"):
     """Fills kcached once per warm path (process A), keeps a cold run's
     local cache dir for "local", then runs `runs` rounds, each one fresh
     process per path in turn: interleaved, so that a shared machine's load
     swings fall on every path alike. Returns {path: summary}. done(rounds,
     {path: summary}), if given, is called after each round, so that a
     caller under a time limit keeps what was measured."""
-    paths = paths or ["cold", "remote", "mega", "cachedir", "local"]
+    paths = paths or ["eager", "cold", "local", "local0", "warm", "cachedir",
+                      "mega", "remote"]
     extra = {p: {} for p in paths}
+    margs = ["--model", model]
     if "triton" in extra:
         extra["triton"]["TRITON_CACHE_MANAGER"] = "kcache.triton:CacheManager"
     fills = {}
-    for path in [p for p in paths if p not in ("cold", "local")]:
+    for path in [p for p in paths
+                 if p not in ("cold", "local", "local0", "eager")]:
         a, _ = run(path, url, resp_url, device, token, python=python,
-                   env_extra=extra[path])
+                   env_extra=extra[path], args=margs)
         fills[path] = a and a["first_output_s"]
         log("%s fill: %s" % (path, fills[path]))
-    full = None
-    if "local" in paths:  # torch's best case: what a cold run left
-        a, full = run("cold", url, resp_url, device, token, python=python,
-                      keep=True)
-        log("local fill: %s" % (a and a["first_output_s"]))
+    fulls = {}
+    extra["local0"] = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
+    for loc in ("local", "local0"):  # torch's best case: what cold left
+        if loc in paths:
+            a, fulls[loc] = run("cold", url, resp_url, device, token,
+                                python=python, keep=True, args=margs,
+                                env_extra=extra[loc])
+            log("%s fill: %s" % (loc, a and a["first_output_s"]))
     results = {p: [] for p in paths}
     for i in range(runs):
         for path in paths:
             env_extra = dict(extra[path])
             copies = []
-            if path == "local":
+            if path in fulls:
+                full = fulls[path]
                 for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
                     if var in full:
                         d = tempfile.mkdtemp(prefix="kcb-full-")
@@ -127,7 +141,9 @@ def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
                         shutil.copytree(full[var], d, symlinks=True)
                         env_extra[var] = d
                         copies.append(d)
-            args = [] if path in ("cold", "local") else ["--no-upload"]
+            args = margs + ([] if path in ("cold", "local", "local0",
+                                           "eager")
+                            else ["--no-upload"])
             r, _ = run(path, url, resp_url, device, token, python=python,
                        env_extra=env_extra, args=args)
             for d in copies:
@@ -136,28 +152,32 @@ def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
             log("%s run %d: %s" % (path, i + 1, r and r["first_output_s"]))
         if done:
             done(i + 1, _summaries(paths, results, fills))
-    if full:
+    for full in fulls.values():
         _drop(full)
     out = _summaries(paths, results, fills)
     return out
 
 
-def table(res, cold_key="cold"):
-    """A Markdown table: median, x of cold, the compile phases left."""
+def table(res, cold_key="cold", local_key="local"):
+    """A Markdown table: median, x of cold and of torch's full local dir,
+    the compile phases left."""
     cold = (res.get(cold_key) or {}).get("median_s")
-    lines = ["| path | median s (first output) | vs cold | dynamo s | "
-             "AOT s | Inductor s | lowering s | C++ compile s | FX hit/miss | "
-             "AOT hit/miss |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    local = (res.get(local_key) or {}).get("median_s")
+    lines = ["| path | median s (first output) | runs s | vs cold | vs local |"
+             " dynamo s | AOT s | Inductor s | C++ compile s | FX hit/miss |"
+             " AOT hit/miss |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for path, s in res.items():
         m = s["median_s"]
         c = s["counters"]
         ph = s["phases"]
-        lines.append("| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | "
+        lines.append("| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.2f | "
                      "%g/%g | %g/%g |" % (
-                         path, m, ("%.2fx" % (m / cold)) if m and cold else "-",
+                         path, m, " ".join("%.1f" % t for t in s["runs_s"]),
+                         ("%.2fx" % (m / cold)) if m and cold else "-",
+                         ("%.2fx" % (m / local)) if m and local else "-",
                          ph["dynamo"], ph["aot"], ph["inductor"],
-                         ph["lowering"], ph["cpp_compile"], c.get("fxgraph_cache_hit", 0),
+                         ph["cpp_compile"], c.get("fxgraph_cache_hit", 0),
                          c.get("fxgraph_cache_miss", 0),
                          c.get("autograd_cache_hit", 0),
                          c.get("autograd_cache_miss", 0)))

@@ -7,8 +7,13 @@ dimension dynamic (torch._dynamo.mark_dynamic), run on two batch sizes and
 compared with eager. Used by tests/python (pytest), tests/bench/bench_torch
 and scripts/gpu_torch_check.py.
 
-usage: torch_worker.py --path none|remote|mega|cachedir|triton|all
+usage: torch_worker.py --path none|warm|remote|mega|cachedir|triton|all
                        [--device cpu|cuda] [--no-upload] [--fake-torch-version V]
+                       [--model pair|pair2|lazy|gpt2] [--name NAME]
+--path warm is the one call (kcache.torch.warm); --model picks the model
+(pair: the MLP and attention block; pair2: the same with another width, a
+second model; lazy: the MLP with nn.LazyLinear; gpt2: transformers' GPT-2
+architecture from a small config, random weights, no download).
 Environment: KCACHE_URL, KCACHE_TOKEN, KCACHE_RESP_URL (remote path),
 TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, KCACHE_T0 (the parent's
 time.time() before it started this process: first_output_s counts from
@@ -23,13 +28,13 @@ import time
 T_START = float(os.environ.get("KCACHE_T0") or time.time())
 
 
-def build_models(torch, device):
+def build_models(torch, device, hidden=256, lazy=False):
     nn = torch.nn
 
     class MLP(nn.Module):
-        def __init__(self, d=64, h=256):
+        def __init__(self, d=64, h=hidden):
             super().__init__()
-            self.fc1 = nn.Linear(d, h)
+            self.fc1 = nn.LazyLinear(h) if lazy else nn.Linear(d, h)
             self.fc2 = nn.Linear(h, h)
             self.fc3 = nn.Linear(h, d)
 
@@ -69,6 +74,30 @@ def build_models(torch, device):
     return Pair().to(device).eval()
 
 
+def build_gpt2(torch, device):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512,
+                     n_positions=64)
+    return GPT2LMHeadModel(cfg).to(device).eval()
+
+
+def run_gpt2(torch, a, model):
+    """The first output of a compiled GPT-2 on two batch sizes."""
+    compiled = torch.compile(model)
+    equal, first = True, None
+    with torch.no_grad():
+        for batch in (2, 3):
+            g = torch.Generator().manual_seed(batch)
+            ids = torch.randint(0, 512, (batch, 16), generator=g).to(a.device)
+            y = compiled(input_ids=ids).logits
+            if first is None:
+                first = time.time() - T_START
+            e = model(input_ids=ids).logits
+            equal = equal and torch.allclose(y, e, atol=1e-4, rtol=1e-4)
+    return first, equal
+
+
 def inputs(torch, device, batch):
     g = torch.Generator().manual_seed(batch)
     return (torch.randn(batch, 64, generator=g).to(device),
@@ -78,8 +107,11 @@ def inputs(torch, device, batch):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--path", default="none",
-                    choices=["none", "remote", "mega", "cachedir", "triton",
-                             "all", "prepopulate"])
+                    choices=["none", "warm", "remote", "mega", "cachedir",
+                             "triton", "all", "prepopulate", "eager"])
+    ap.add_argument("--model", default="pair",
+                    choices=["pair", "pair2", "lazy", "gpt2"])
+    ap.add_argument("--name")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-upload", action="store_true")
     ap.add_argument("--fake-torch-version")
@@ -91,7 +123,8 @@ def main():
     t_import = time.time() - T_START
     import kcache.torch as kt
     if a.fake_torch_version:
-        kt.torch_version = lambda: a.fake_torch_version
+        import kcache.torch.keys as ktk
+        ktk.torch_version = kt.torch_version = lambda: a.fake_torch_version
     paths = {"remote", "mega", "cachedir", "triton"} if a.path == "all" \
         else {a.path}
     if "remote" in paths:
@@ -99,25 +132,39 @@ def main():
     if "triton" in paths:
         os.environ.setdefault("TRITON_CACHE_MANAGER",
                               "kcache.triton:CacheManager")
-    model = build_models(torch, a.device)
+    if a.model == "gpt2":
+        model = build_gpt2(torch, a.device)
+    else:
+        model = build_models(torch, a.device,
+                             hidden=128 if a.model == "pair2" else 256,
+                             lazy=a.model == "lazy")
     up = not a.no_upload
+    if a.path == "eager":  # the floor: imports and eager forwards
+        return eager(torch, a, model)
     if a.path == "prepopulate":
         return prepopulate(torch, kt, model, a)
     stack = contextlib.ExitStack()
-    mc = cd = None
+    mc = cd = w = None
     with stack:
+        if "warm" in paths:
+            w = stack.enter_context(kt.warm(
+                model, a.name, device=a.device, upload=up,
+                deadline=a.deadline))
         if "cachedir" in paths:
             cd = stack.enter_context(kt.cache_dir_bundle(
                 model=model, device=a.device, upload=up, deadline=a.deadline))
         if "mega" in paths:
             mc = stack.enter_context(kt.mega_cache(
                 model=model, device=a.device, upload=up, deadline=a.deadline))
-        mlp = torch.compile(model.mlp)
-        attn = torch.compile(model.attn)
-        equal = True
-        first = None
+        if a.model == "gpt2":
+            first, equal = run_gpt2(torch, a, model)
+        else:
+            mlp = torch.compile(model.mlp)
+            attn = torch.compile(model.attn)
+            equal = True
+            first = None
         with torch.no_grad():
-            for batch in (4, 7):
+            for batch in (() if a.model == "gpt2" else (4, 7)):
                 x, s = inputs(torch, a.device, batch)
                 torch._dynamo.mark_dynamic(x, 0)
                 torch._dynamo.mark_dynamic(s, 0)
@@ -137,6 +184,8 @@ def main():
            "torch": str(torch.__version__),
            "phases": {k: round(sum(v), 4) for k, v in
                       torch._dynamo.utils.compilation_time_metrics.items()}}
+    if w is not None:
+        res["warm"] = w.stats
     if mc is not None:
         res["mega"] = mc.stats
     if cd is not None:
@@ -148,6 +197,19 @@ def main():
         except Exception as e:  # no triton here
             res["triton"] = {"error": str(e)}
     print("RESULT " + json.dumps(res, default=str), flush=True)
+    return 0
+
+
+def eager(torch, a, model):
+    with torch.no_grad():
+        if a.model == "gpt2":
+            model(input_ids=torch.zeros(2, 16, dtype=torch.long))
+        else:
+            x, s = inputs(torch, a.device, 4)
+            model.mlp(x), model.attn(s)
+    res = {"first_output_s": round(time.time() - T_START, 4), "equal": True,
+           "counters": {}, "phases": {}}
+    print("RESULT " + json.dumps(res), flush=True)
     return 0
 
 
@@ -164,8 +226,8 @@ def prepopulate(torch, kt, model, a):
         buckets.append((x, s))
     with torch.no_grad():
         res = kt.prepopulate(lambda x, s: (mlp(x), attn(s)), buckets,
-                             model=model, device=a.device, compile_fn=False,
-                             resp_url=os.environ["KCACHE_RESP_URL"])
+                             model=model, name=a.name, device=a.device,
+                             compile_fn=False)
     res["equal"] = True
     res["first_output_s"] = time.time() - T_START
     print("RESULT " + json.dumps(res, default=str), flush=True)

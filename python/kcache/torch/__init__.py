@@ -1,29 +1,30 @@
 """kcache.torch: warm a torch.compile service from kcached.
 
-Three ways, each usable alone (README, "torch.compile"):
+The one call (docs/TORCH.md):
+
+    with kcache.torch.warm(model, name="my-service"):
+        compiled = torch.compile(model)
+        for x in warmup_inputs: compiled(x)
+
+fills TORCHINDUCTOR_CACHE_DIR with the model's entries (FX graphs,
+AOTAutograd entries, compiled kernels with their .so: one write-once
+bundle per entry, kcache.torch.entries) before the first compile, turns on
+what pays on a GPU (kcache.triton, Inductor's remote caches), and uploads
+on exit the entries kcached lacks. The building blocks stay:
 
 - Inductor's remote caches (FX graph, AOTAutograd) over kcached's Redis
   front end: `use_remote_caches(resp_url, token)`, or the env lines of
   `remote_cache_env`. Torch keys and validates its own entries.
-- Mega-Cache: `with mega_cache(model=...)`: on enter, the artifacts bundle
-  (`torch.compiler.save_cache_artifacts` bytes) is fetched and loaded; on
-  exit, when this process compiled something new, saved and uploaded under
-  a lease (one uploader per fleet).
-- Cache-dir bundles: `with cache_dir_bundle(model=...)`: TORCHINDUCTOR_CACHE_DIR
-  (and TRITON_CACHE_DIR where set) filled from bundles before the first
-  compile; on exit, the files added since are pushed.
+- Mega-Cache: `with mega_cache(model=...)`: the artifacts of
+  `torch.compiler.save_cache_artifacts`, as layers (bucket {"layer": n},
+  at most MAX_LAYERS; readers load every layer in order): fetched and
+  loaded on enter; on exit, when this process compiled something new,
+  saved and uploaded as the next layer under a lease.
+- Cache-dir bundles: `with cache_dir_bundle(model=...)`: warm()'s
+  per-entry bundles without its per-device choices.
 
-`prepopulate(fn, inputs_per_bucket, model=...)` is the CI form: it compiles
-once per shape bucket and uploads all three kinds.
-
-Keys (docs/DESIGN.md, "Python package"): model = the model's hash; build =
-SHA-256 of {"builder":"kcache-torch/1","kind":...,"options":...}; arch =
-the GPU's SM ("sm_90") or, on the CPU, "sm_00" (no compute capability)
-with the CPU's ISA level in the toolchain; toolchain = torch, triton (when
-importable), accel ("cuda-12.8", "rocm-6.3" or "cpu"), cpu_isa, python
-(the ABI, sysconfig SOABI); bucket = {"layer": n}. A bundle is write-once,
-so what a later process adds is the next layer (n + 1): readers load every
-layer, in order. A mismatch in any field is another key: a miss.
+`prepopulate(fn, inputs_per_bucket, model=..., name=...)` is the CI form:
+warm() around one call per shape bucket.
 
 Nothing here raises into the service or blocks it past its deadline:
 kcached down, a refused token, a corrupt or foreign bundle all end in a
@@ -32,14 +33,8 @@ normal compile; every outcome is counted in the object's `stats`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import inspect
-import json
 import logging
 import os
-import shutil
-import sysconfig
-import tempfile
 import threading
 import time
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
@@ -48,16 +43,15 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
 from ..client import Client, Manifest
 from ..errors import Error, Forbidden, NotFound, Unauthorized
 from .keys import (BUILDER, CPU_ARCH, _torch, _triton_version, accel,  # noqa: F401
-                   cpu_isa, device_arch, key_fields, model_hash,
+                   cpu_isa, device_arch, key_fields, model_hash, toolchain,
                    torch_version)
+from ._warm import Warm, warm
 
 log = logging.getLogger("kcache.torch")
 
 MAX_LAYERS = 32  # looked up in one request; a model past this stops adding
 # Files an upload of a cache directory leaves out: locks and temporaries
 # (written while compiling, meaningless elsewhere).
-_SKIP_SUFFIXES = (".lock", ".tmp")
-_SKIP_PARTS = ("locks", "__pycache__")
 
 
 # ---------------------------------------------------- Inductor remote caches
@@ -154,6 +148,7 @@ class _Layers:
                        for n in range(MAX_LAYERS)]
         self.keys = [Client.key(f) for f in self.fields]
         self.present = 0  # layers 0..present-1 exist
+        self.unknown: Optional[str] = None  # why the layers are not known
 
     def find(self) -> List[Manifest]:
         """The manifests of the contiguous layers from 0 that kcached holds
@@ -172,6 +167,9 @@ class _Layers:
         """push(fields) of the next layer, under its lease: "granted"
         uploads; "present"/"held" mean another process did or does."""
         n = self.present
+        if self.unknown:
+            stats["upload"] = "skipped: layers unknown (%s)" % self.unknown
+            return
         if n >= MAX_LAYERS:
             stats["upload"] = "skipped: %d layers" % n
             return
@@ -285,12 +283,12 @@ class MegaCache:
         self.stats["fetch_s"] = round(time.monotonic() - t0, 4)
         if not done:
             self.stats["load"] = "skipped: deadline"
-            layers.present = MAX_LAYERS  # unknown: do not upload over it
+            layers.unknown = "deadline"  # do not upload over what is there
             return
         if isinstance(res, BaseException):
             self.stats["load"] = "skipped: %s" % res
             if not isinstance(res, NotFound):
-                layers.present = MAX_LAYERS
+                layers.unknown = getattr(res, "name", None) or "failed"
             return
         torch = _torch()
         loaded = 0
@@ -370,140 +368,37 @@ def inductor_cache_dir() -> str:
                 default_cache_dir
             d = default_cache_dir()
         except Exception:
+            import tempfile
             d = os.path.join(tempfile.gettempdir(), "torchinductor_kcache")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
     return os.path.abspath(d)
 
 
-def _snapshot(root: str) -> Dict[str, Tuple[int, int]]:
-    out: Dict[str, Tuple[int, int]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in _SKIP_PARTS]
-        for name in filenames:
-            if name.endswith(_SKIP_SUFFIXES) or ".tmp" in name:
-                continue
-            p = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(p)
-            except OSError:
-                continue
-            if not os.path.isfile(p) or os.path.islink(p):
-                continue
-            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
 class CacheDirBundle:
-    """The cache-dir bundles of one model: populate() fills the local cache
-    directories (Inductor's, and Triton's where TRITON_CACHE_DIR is set
-    apart from it) from kcached before the first compile; push_added()
-    uploads, as the next layer, the files added since. `stats` per kind."""
+    """TORCHINDUCTOR_CACHE_DIR as per-entry bundles (kcache.torch.entries):
+    populate() fills it from kcached before the first compile (the model's
+    entries of this toolchain, listed in one request, each verified);
+    push_added() uploads the entries kcached lacks, each under its lease.
+    warm() is this plus the per-device choices; `stats` as Entries'.
+    Triton's directory is kcache.triton's (TRITON_CACHE_MANAGER)."""
 
     def __init__(self, model: Any, client: Optional[Client] = None, *,
                  url: Optional[str] = None, token: Optional[str] = None,
                  device: Optional[str] = None,
                  options: Optional[Mapping[str, Any]] = None,
                  deadline: float = 10.0, upload: bool = True,
-                 lease_ttl: int = 600, max_files: int = 4000):
-        self.deadline = deadline
-        self.upload_enabled = upload
-        self.max_files = max_files
-        self.dirs: Dict[str, str] = {"inductor-dir": inductor_cache_dir()}
-        tdir = os.environ.get("TRITON_CACHE_DIR")
-        if tdir and not os.path.abspath(tdir).startswith(
-                self.dirs["inductor-dir"] + os.sep):
-            self.dirs["triton-dir"] = os.path.abspath(tdir)
-        self.stats: Dict[str, Dict[str, Any]] = {
-            k: {"load": "not run", "upload": "not run", "files": 0}
-            for k in self.dirs}
-        self._layers: Dict[str, _Layers] = {}
-        self._snap: Dict[str, Dict[str, Tuple[int, int]]] = {}
-        try:
-            c = _client(client, url, token, deadline)
-            if c is not None:
-                for k in self.dirs:
-                    self._layers[k] = _Layers(c, k, model, device, options,
-                                              lease_ttl)
-        except Exception as e:
-            for s in self.stats.values():
-                s["load"] = "skipped: %s" % e
+                 lease_ttl: int = 600, name: Optional[str] = None):
+        from ._warm import Warm
+        self._warm = Warm(model, name, client=client, url=url, token=token,
+                          device=device, deadline=deadline, options=options,
+                          upload=upload, gpu_paths=False)
+        self.stats = self._warm.stats
 
     def populate(self) -> None:
-        """Each directory from its layers, in order (files verified, written
-        atomically, never outside the directory). Within the deadline."""
-        t0 = time.monotonic()
-        for kind, root in self.dirs.items():
-            os.makedirs(root, exist_ok=True)
-            st = self.stats[kind]
-            layers = self._layers.get(kind)
-            if layers is None:
-                self._snap[kind] = _snapshot(root)
-                if st["load"] == "not run":
-                    st["load"] = "skipped: no server"
-                continue
-            left = self.deadline - (time.monotonic() - t0)
-
-            def fetch(layers: _Layers = layers, root: str = root) -> int:
-                n = 0
-                for m in layers.find():
-                    layers.client.materialize(m, root)
-                    n += len(m.files)
-                return n
-
-            done, res = _bounded(fetch, left)
-            if not done:
-                st["load"] = "skipped: deadline"
-                layers.present = MAX_LAYERS
-            elif isinstance(res, BaseException):
-                st["load"] = "skipped: %s" % res
-                layers.present = MAX_LAYERS
-            else:
-                st["files"] = res
-                st["layers"] = layers.present
-                st["load"] = "loaded" if res else "miss"
-            # what is there now (fetched or not) is not "added"
-            self._snap[kind] = _snapshot(root)
-        self.stats["fetch_s"] = round(time.monotonic() - t0, 4)  # type: ignore
+        self._warm.__enter__()
 
     def push_added(self) -> None:
-        """Uploads the files added (or changed) since populate(), per
-        directory, as its next layer, under a lease. Never raises."""
-        for kind, root in self.dirs.items():
-            st = self.stats[kind]
-            layers = self._layers.get(kind)
-            if layers is None or not self.upload_enabled:
-                st["upload"] = "skipped: disabled"
-                continue
-            try:
-                before = self._snap.get(kind, {})
-                now = _snapshot(root)
-                added = sorted(p for p, v in now.items() if before.get(p) != v)
-                if not added:
-                    st["upload"] = "skipped: nothing new"
-                    continue
-                if len(added) > self.max_files:
-                    st["upload"] = "skipped: %d files" % len(added)
-                    continue
-
-                def push(fields: Dict[str, Any], added: List[str] = added,
-                         root: str = root) -> Manifest:
-                    with tempfile.TemporaryDirectory(
-                            prefix="kcache-dir-") as tmp:
-                        for rel in added:
-                            dst = os.path.join(tmp, rel)
-                            os.makedirs(os.path.dirname(dst), exist_ok=True)
-                            try:
-                                os.link(os.path.join(root, rel), dst)
-                            except OSError:
-                                shutil.copyfile(os.path.join(root, rel), dst)
-                        return layers.client.push_dir(tmp, fields)
-
-                st["added_files"] = len(added)
-                _upload_bounded(lambda layers=layers, push=push, st=st:
-                                layers.upload(push, st), self.deadline, st)
-            except Exception as e:
-                st["upload"] = "failed: %s" % e
-                log.warning("kcache.torch: cache-dir upload: %s", e)
+        self._warm.__exit__(None, None, None)
 
 
 @contextlib.contextmanager
@@ -512,12 +407,13 @@ def cache_dir_bundle(model: Any, client: Optional[Client] = None, *,
                      device: Optional[str] = None,
                      options: Optional[Mapping[str, Any]] = None,
                      deadline: float = 10.0, upload: bool = True,
-                     lease_ttl: int = 600) -> Iterator[CacheDirBundle]:
-    """`with cache_dir_bundle(model=m): warm_up()`: the cache directories
-    filled before, what the body added pushed after."""
+                     lease_ttl: int = 600,
+                     name: Optional[str] = None) -> Iterator[CacheDirBundle]:
+    """`with cache_dir_bundle(model=m): warm_up()`: the cache directory
+    filled before, the entries kcached lacks pushed after."""
     cd = CacheDirBundle(model, client, url=url, token=token, device=device,
                         options=options, deadline=deadline, upload=upload,
-                        lease_ttl=lease_ttl)
+                        lease_ttl=lease_ttl, name=name)
     cd.populate()
     try:
         yield cd
@@ -529,49 +425,51 @@ def cache_dir_bundle(model: Any, client: Optional[Client] = None, *,
 
 def prepopulate(fn: Callable[..., Any],
                 inputs_per_bucket: Iterable[Union[Sequence[Any], Any]], *,
-                model: Any, client: Optional[Client] = None,
+                model: Any, name: Optional[str] = None,
+                client: Optional[Client] = None,
                 url: Optional[str] = None, token: Optional[str] = None,
                 resp_url: Optional[str] = None,
                 device: Optional[str] = None,
                 options: Optional[Mapping[str, Any]] = None,
                 compile_kwargs: Optional[Mapping[str, Any]] = None,
-                compile_fn: bool = True,
+                compile_fn: bool = True, mega: bool = False,
                 deadline: float = 60.0) -> Dict[str, Any]:
-    """CI prepopulation: compiles fn once per shape bucket (each element of
-    inputs_per_bucket is the argument tuple of one call) and uploads all
-    three kinds: the Inductor remote-cache entries (written by torch as it
-    compiles, when resp_url or KCACHE_RESP_URL is given), the Mega-Cache
-    artifacts and the cache directories' new files, each as the next layer
-    of its bundles (nothing when everything was already there).
+    """CI prepopulation: the service's own form, warm(model, name), around
+    one call per shape bucket (each element of inputs_per_bucket is the
+    argument tuple of one call): the entries kcached lacks are uploaded and
+    the model named. With resp_url Inductor's remote caches are written too
+    (warm() turns them on by itself on a GPU, from KCACHE_RESP_URL); mega=True also uploads a Mega-Cache layer.
 
     fn: a torch.compile'd callable, or a function or module that is then
     compiled with compile_kwargs; compile_fn=False calls fn as it is (a
     function that calls the service's compiled modules). The service must
-    compile the same way, with the same remote-cache setting (AOTAutograd's
-    keys depend on it). Returns what happened, per kind."""
+    compile the same way, with the same options and remote-cache setting
+    (AOTAutograd's keys depend on it). Returns what happened."""
     torch = _torch()
     out: Dict[str, Any] = {"buckets": 0}
-    if resp_url or os.environ.get("KCACHE_RESP_URL"):
+    if resp_url:
         out["remote_caches"] = use_remote_caches(resp_url, token)
     c = _client(client, url, token, deadline)
-    cd = CacheDirBundle(model, c, device=device, options=options,
-                        deadline=deadline)
-    cd.populate()
+    w = warm(model, name, client=c, device=device, deadline=deadline,
+             options=options)
     mc = MegaCache(model, c, device=device, options=options,
-                   deadline=deadline)
-    mc.load()
-    compiled = fn
-    if compile_fn and not hasattr(fn, "_torchdynamo_orig_callable") and \
-            not type(fn).__name__ == "OptimizedModule":
-        compiled = torch.compile(fn, **dict(compile_kwargs or {}))
-    for inputs in inputs_per_bucket:
-        args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-        compiled(*args)
-        out["buckets"] += 1
-    mc.save()
-    cd.push_added()
-    out["mega"] = mc.stats
-    out["cache_dir"] = cd.stats
+                   deadline=deadline) if mega else None
+    with w:
+        if mc is not None:
+            mc.load()
+        compiled = fn
+        if compile_fn and not hasattr(fn, "_torchdynamo_orig_callable") and \
+                not type(fn).__name__ == "OptimizedModule":
+            compiled = torch.compile(fn, **dict(compile_kwargs or {}))
+        for inputs in inputs_per_bucket:
+            args = tuple(inputs) if isinstance(inputs, (tuple, list)) \
+                else (inputs,)
+            compiled(*args)
+            out["buckets"] += 1
+        if mc is not None:
+            mc.save()
+            out["mega"] = mc.stats
+    out["warm"] = w.stats
     out["counters"] = counters()
     return out
 
@@ -579,5 +477,6 @@ def prepopulate(fn: Callable[..., Any],
 __all__ = ["use_remote_caches", "remote_cache_env", "mega_cache", "MegaCache",
            "cache_dir_bundle", "CacheDirBundle", "prepopulate", "key_fields",
            "model_hash", "device_arch", "accel", "cpu_isa", "counters",
-           "inductor_cache_dir", "MAX_LAYERS"]
+           "inductor_cache_dir", "MAX_LAYERS", "warm", "Warm", "toolchain",
+           "compile"]
 from .aot import compile  # noqa: E402,F401

@@ -3,11 +3,13 @@ model's hash, the device's arch, and the toolchain (torch, triton, accel,
 CPU ISA, Python ABI). A mismatch in any field is another key: a miss."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
 import os
 import sysconfig
+import weakref
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 BUILDER = "kcache-torch/1"
@@ -33,26 +35,54 @@ def torch_version() -> str:
     return str(_torch().__version__)
 
 
+_ISA: Optional[str] = None
+
+
+def _isa_candidates() -> list:
+    """Inductor's vector ISAs this CPU's flags allow, best first, as
+    valid_vec_isa_list() finds them but without its probe compiles (on x86
+    it also dry-compiles each: seconds, and then only in the process that
+    did it)."""
+    import platform
+    from torch._inductor import cpu_vec_isa as v
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags = v.x86_isa_checker()
+        return [isa for isa in v.supported_vec_isa_list
+                if all(f in flags for f in str(isa).split())]
+    return list(v.valid_vec_isa_list())  # no probe compiles elsewhere
+
+
 def cpu_isa() -> str:
-    """The CPU ISA level Inductor compiles C++ kernels for: Inductor's own
-    pick_vec_isa() once it has run (it compiles probes on first use, about
-    10 s, so it is not called here), else ATen's CPU capability, which is
-    what pick_vec_isa selects where the compiler builds it (ATEN_CPU_CAPABILITY
-    overrides both)."""
+    """The CPU vector ISA Inductor compiles C++ kernels for, worked out the
+    same way in every process: pick_vec_isa()'s rule (ATEN_CPU_CAPABILITY,
+    else the best; config.cpp.simdlen by bit width) over the ISAs the CPU's
+    flags allow, without the probe compiles, so the answer does not depend
+    on whether Inductor has probed yet. Memoized per process."""
+    global _ISA
+    if _ISA is not None:
+        return _ISA
     torch = _torch()
-    env = os.environ.get("ATEN_CPU_CAPABILITY")
-    if env:
-        return env.lower()
     try:
-        from torch._inductor import cpu_vec_isa
-        if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
-            return str(cpu_vec_isa.pick_vec_isa()) or "none"
-    except Exception:
-        pass
-    try:
-        return str(torch.backends.cpu.get_cpu_capability()).lower()
-    except Exception:
-        return "unknown"
+        from torch._inductor import config as iconfig
+        from torch._inductor import cpu_vec_isa as v
+        cands = _isa_candidates()
+        isa: Any = v.invalid_vec_isa
+        if cands:
+            if iconfig.cpp.simdlen is None:
+                isa = v.get_isa_from_cpu_capability(
+                    os.getenv("ATEN_CPU_CAPABILITY"), cands,
+                    v.invalid_vec_isa)
+            else:
+                isa = next((i for i in cands
+                            if i.bit_width() == iconfig.cpp.simdlen),
+                           v.invalid_vec_isa)
+        _ISA = str(isa) or "none"
+    except Exception:  # a torch without Inductor's CPU backend
+        try:
+            _ISA = str(torch.backends.cpu.get_cpu_capability()).lower()
+        except Exception:
+            _ISA = "unknown"
+    return _ISA
 
 
 def device_arch(device: Optional[str] = None) -> Tuple[str, Dict[str, str]]:
@@ -89,18 +119,52 @@ def accel(device: Optional[str] = None) -> str:
     return "cuda-%s" % torch.version.cuda
 
 
+_MODEL_HASHES: "weakref.WeakKeyDictionary[Any, str]" = \
+    weakref.WeakKeyDictionary()
+
+
+@functools.lru_cache(maxsize=None)
+def _class_source(cls: type) -> bytes:
+    try:
+        return inspect.getsource(cls).encode()
+    except (OSError, TypeError):
+        return cls.__qualname__.encode()
+
+
+def _shape(t: Any) -> str:
+    """A tensor's shape, or "lazy" for a lazy module's parameter before its
+    first forward (UninitializedParameter has none yet)."""
+    try:
+        from torch.nn.parameter import UninitializedTensorMixin
+        if isinstance(t, UninitializedTensorMixin):
+            return "lazy"
+    except Exception:
+        pass
+    return str(tuple(t.shape))
+
+
 def model_hash(model: Any) -> str:
     """The model's identity for a key. A 64-hex string is taken as is; any
     other string is a name (hashed); an nn.Module is hashed from its class,
-    the source of its classes' forward, its repr and every parameter's and
-    buffer's name, shape and dtype (not the weights: compiled code does not
-    depend on their values unless Inductor's freezing is on, then pass the
-    weights' hash, e.g. kcache.model_hash(files))."""
+    the source of its classes (read once per class per process), its repr
+    and every parameter's and buffer's name, shape and dtype (not the
+    weights: compiled code does not depend on their values unless
+    Inductor's freezing is on, then pass the weights' hash, e.g.
+    kcache.model_hash(files)). A lazy module's parameters before its first
+    forward hash as "lazy". Memoized per module object: the first answer
+    holds for the object's life (a module hashed before its first forward
+    keeps that hash after)."""
     if isinstance(model, str):
         if len(model) == 64 and all(c in "0123456789abcdef" for c in model):
             return model
         return hashlib.sha256(b"kcache-torch-model/1\0" +
                               model.encode()).hexdigest()
+    try:
+        got = _MODEL_HASHES.get(model)
+    except TypeError:  # not weak-referenceable
+        got = None
+    if got is not None:
+        return got
     h = hashlib.sha256(b"kcache-torch-module/1\0")
     h.update(type(model).__module__.encode() + b"." +
              type(model).__qualname__.encode() + b"\0")
@@ -111,16 +175,33 @@ def model_hash(model: Any) -> str:
         if cls in seen:
             continue
         seen.add(cls)
-        try:
-            h.update(inspect.getsource(cls).encode())
-        except (OSError, TypeError):
-            h.update(cls.__qualname__.encode())
+        h.update(_class_source(cls))
     h.update(repr(model).encode())
     for kind in ("named_parameters", "named_buffers"):
         for name, t in getattr(model, kind, lambda: [])():
-            h.update(("%s %s %s %s\n" % (kind, name, tuple(t.shape),
+            h.update(("%s %s %s %s\n" % (kind, name, _shape(t),
                                          t.dtype)).encode())
-    return h.hexdigest()
+    out = h.hexdigest()
+    try:
+        _MODEL_HASHES[model] = out
+    except TypeError:
+        pass
+    return out
+
+
+def toolchain(device: Optional[str] = None) -> Dict[str, str]:
+    """What changes compiled code besides the model: torch, triton (when
+    importable), accel ("cuda-12.8", "rocm-6.3", "cpu"), cpu_isa (stable,
+    cpu_isa()), python (the ABI, sysconfig SOABI), gfx on ROCm."""
+    _, extra = device_arch(device)
+    tools = {"torch": torch_version(), "accel": accel(device),
+             "cpu_isa": cpu_isa(),
+             "python": sysconfig.get_config_var("SOABI") or "unknown"}
+    tv = _triton_version()
+    if tv:
+        tools["triton"] = tv
+    tools.update(extra)
+    return tools
 
 
 def key_fields(kind: str, model: Any, layer: int = 0,
@@ -129,14 +210,8 @@ def key_fields(kind: str, model: Any, layer: int = 0,
     """The key fields of one bundle of `kind` ("mega", "inductor-dir",
     "triton-dir") for model on device, layer n. options: anything else that
     changes what is compiled (torch.compile's mode, dynamic, backend...)."""
-    arch, extra = device_arch(device)
-    tools = {"torch": torch_version(), "accel": accel(device),
-             "cpu_isa": cpu_isa(),
-             "python": sysconfig.get_config_var("SOABI") or "unknown"}
-    tv = _triton_version()
-    if tv:
-        tools["triton"] = tv
-    tools.update(extra)
+    arch, _ = device_arch(device)
+    tools = toolchain(device)
     build = json.dumps({"builder": BUILDER, "kind": kind,
                         "options": dict(options or {})}, sort_keys=True,
                        default=str)
