@@ -313,6 +313,23 @@ def test_remote_caches_only(server):
     hits_only(kcserver.run_worker("remote", env_for(server)))
 
 
+def test_tokens_redacted_in_what_is_returned(monkeypatch):
+    """use_remote_caches (and prepopulate's report, which carries its
+    lines) shows the kcached token as ***; the process environment it sets
+    keeps the real one, for torch."""
+    import kcache.torch as kt
+    for k in ("TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
+              "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE"):
+        monkeypatch.delenv(k, raising=False)
+    lines = kt.use_remote_caches("redis://127.0.0.1:6379", "kc_s3cret")
+    assert "kc_s3cret" not in repr(lines), lines
+    assert lines["TORCHINDUCTOR_REDIS_URL"] == "redis://:***@127.0.0.1:6379"
+    assert "kc_s3cret" in os.environ["TORCHINDUCTOR_REDIS_URL"]
+    assert kt.redact("rediss://u:p@h:1/0?ssl_ca_certs=/x") == \
+        "rediss://u:***@h:1/0?ssl_ca_certs=/x"
+    assert kt.redact("redis://h:1") == "redis://h:1"
+
+
 def test_mega_cache(server):
     a = kcserver.run_worker("mega", env_for(server))
     assert a["mega"]["load"] == "miss" and a["mega"]["upload"] == "uploaded"

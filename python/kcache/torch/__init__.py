@@ -76,13 +76,29 @@ def remote_cache_env(resp_url: str, token: Optional[str] = None,
     return env
 
 
+def redact(url: str) -> str:
+    """url with its password (a kcached token) replaced by "***": what
+    the package returns or logs never carries a token."""
+    if "://" not in url or "@" not in url.split("://", 1)[1].split("/", 1)[0]:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.split("@", 1)
+    user = creds.split(":", 1)[0] if ":" in creds else ""
+    return "%s://%s:***@%s" % (scheme, user, host)
+
+
+def _redacted(env: Mapping[str, str]) -> Dict[str, str]:
+    return {k: redact(v) if k.endswith("_URL") else v for k, v in env.items()}
+
+
 def use_remote_caches(resp_url: Optional[str] = None,
                       token: Optional[str] = None,
                       autotune: bool = False) -> Dict[str, str]:
     """Turns Inductor's remote caches on for this process, against kcached's
     RESP listener: sets the environment (for subprocesses and a torch not
     yet imported) and, when torch is imported, its config. resp_url None:
-    $KCACHE_RESP_URL; token None: $KCACHE_TOKEN. Returns the lines set.
+    $KCACHE_RESP_URL; token None: $KCACHE_TOKEN. Returns the lines set,
+    the token in the URL shown as "***".
 
     Torch handles its own failures: kcached down or a wrong token (redis-py
     >= 4.4: ConnectionError) turns the remote cache off for the process and
@@ -105,7 +121,7 @@ def use_remote_caches(resp_url: Optional[str] = None,
                 iconfig.autotune_remote_cache = True
         except Exception as e:  # a torch without these: env only
             log.warning("kcache.torch: remote caches: %s", e)
-    return env
+    return _redacted(env)
 
 
 # --------------------------------------------------------------- counters
@@ -474,7 +490,8 @@ def prepopulate(fn: Callable[..., Any],
     return out
 
 
-__all__ = ["use_remote_caches", "remote_cache_env", "mega_cache", "MegaCache",
+__all__ = ["use_remote_caches", "remote_cache_env", "redact", "mega_cache",
+           "MegaCache",
            "cache_dir_bundle", "CacheDirBundle", "prepopulate", "key_fields",
            "model_hash", "device_arch", "accel", "cpu_isa", "counters",
            "inductor_cache_dir", "MAX_LAYERS", "warm", "Warm", "toolchain",
