@@ -9,13 +9,16 @@ architecture from a small config: 2 layers, width 64, random weights, no
 download). Paths: eager (no compile: the floor), cold, local (torch's own
 full TORCHINDUCTOR_CACHE_DIR, a copy of a cold run's; local0: the same
 with Inductor's precompiled header off, as warm() runs), warm (the one call,
-kcache.torch.warm), cachedir, mega, remote (tests/python/torch_paths.py).
+kcache.torch.warm), cachedir, mega, remote (tests/python/torch_paths.py),
+and aot: the compiled artifacts per shape bucket (kcache.torch.compile),
+which runs tests/bench/bench_aot.py's table (eager, cold, local, aot,
+aot-py) for the same models and runs after this one's.
 Prints a Markdown table per model: medians, x of cold and of local, the
 compile phases left, then the JSON.
 
 usage: build/venv/bin/python tests/bench/bench_torch.py [--runs 5]
        [--device cpu|cuda] [--models pair,gpt2]
-       [--paths eager,cold,local,local0,warm,cachedir,mega,remote]
+       [--paths eager,cold,local,local0,warm,cachedir,mega,remote,aot]
 (scripts/pyenv.sh makes build/venv; PYTHONPATH=python and the build's
 libkcache.so are used, as the tests do.) On a shared machine the times
 swing with the neighbours' load: compare medians of one run of the script.
@@ -39,15 +42,18 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--paths",
                     default="eager,cold,local,local0,warm,cachedir,mega,"
-                    "remote")
+                    "remote,aot")
     ap.add_argument("--models", default="pair,gpt2")
     a = ap.parse_args()
+    paths = a.paths.split(",")
+    aot = "aot" in paths
+    paths = [p for p in paths if p != "aot"]
     out = {}
     for model in a.models.split(","):
         s = kcserver.start_kcached()  # each model its own, empty kcached
         try:
             out[model] = torch_paths.measure(
-                s.url, s.resp_url, a.device, a.runs, a.paths.split(","),
+                s.url, s.resp_url, a.device, a.runs, paths,
                 log=lambda m: print(m, file=sys.stderr), model=model)
         finally:
             s.cleanup()
@@ -57,6 +63,12 @@ def main():
                                                torch_paths.now()))
         print(torch_paths.table(res))
     print("\n" + json.dumps(out, indent=1))
+    if aot:  # the artifacts' own table (publish first, then serve)
+        sys.stdout.flush()
+        import subprocess
+        subprocess.run([sys.executable, os.path.join(HERE, "bench_aot.py"),
+                        "--runs", str(a.runs), "--models", a.models],
+                       check=True)
 
 
 if __name__ == "__main__":
