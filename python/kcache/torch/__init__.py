@@ -35,13 +35,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
-                    Optional, Sequence, Tuple, Union)
+                    Optional, Sequence, Union)
 
 from ..client import Client, Manifest
 from ..errors import Error, Forbidden, NotFound, Unauthorized
+from ._util import _bounded, _client  # noqa: F401
 from .keys import (BUILDER, CPU_ARCH, _torch, _triton_version, accel,  # noqa: F401
                    cpu_isa, device_arch, key_fields, model_hash, toolchain,
                    torch_version)
@@ -208,38 +208,6 @@ class _Layers:
                 self.client.lease_release(lease)
             except Error:
                 pass
-
-
-def _client(client: Optional[Client], url: Optional[str],
-            token: Optional[str], deadline: float) -> Optional[Client]:
-    if client is not None:
-        return client
-    url = url or os.environ.get("KCACHE_URL")
-    if not url:
-        return None
-    t = max(1.0, float(deadline))
-    return Client(url=url, token=token, timeout=t,
-                  connect_timeout=min(2.0, t))
-
-
-def _bounded(fn: Callable[[], Any], deadline: float) -> Tuple[bool, Any]:
-    """Runs fn on a worker thread for at most deadline seconds: (done,
-    result or exception). Past the deadline the worker is left to finish
-    (its result is dropped), and the caller goes on."""
-    box: Dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["r"] = fn()
-        except BaseException as e:  # handed to the caller, never raised there
-            box["e"] = e
-
-    t = threading.Thread(target=run, name="kcache-fetch", daemon=True)
-    t.start()
-    t.join(max(0.0, deadline))
-    if t.is_alive():
-        return False, None
-    return True, box.get("e", box.get("r"))
 
 
 def _upload_bounded(fn: Callable[[], None], deadline: float,

@@ -44,7 +44,6 @@ import os
 import platform
 import sysconfig
 import tempfile
-import threading
 import time
 import zipfile
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
@@ -53,6 +52,7 @@ from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
 from ..client import Client
 from ..errors import Error, Forbidden, Unauthorized
 from . import keys as _keys
+from ._util import _bounded, _client
 
 log = logging.getLogger("kcache.torch.aot")
 
@@ -440,35 +440,6 @@ class AotModel:
             if r is not None and b.matches(args):
                 return r(*args)
         return self.fallback(*args)
-
-
-def _client(client: Optional[Client], url: Optional[str],
-            token: Optional[str], deadline: float) -> Optional[Client]:
-    if client is not None:
-        return client
-    url = url or os.environ.get("KCACHE_URL")
-    if not url:
-        return None
-    t = max(1.0, float(deadline))
-    return Client(url=url, token=token, timeout=t,
-                  connect_timeout=min(2.0, t))
-
-
-def _bounded(fn: Callable[[], Any], deadline: float) -> Tuple[bool, Any]:
-    box: Dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["r"] = fn()
-        except BaseException as e:  # handed to the caller
-            box["e"] = e
-
-    t = threading.Thread(target=run, name="kcache-aot-fetch", daemon=True)
-    t.start()
-    t.join(max(0.0, deadline))
-    if t.is_alive():
-        return False, None
-    return True, box.get("e", box.get("r"))
 
 
 class _Plan:
