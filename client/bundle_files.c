@@ -291,3 +291,63 @@ kc_err kc_client_pull(kc_client *c, const char *key, kc_manifest **out,
     kc_manifest_free(m);
   return e;
 }
+
+/* The bundles' manifests of one lookup, and every blob they name in one
+ * batch: out[i] for each found[i] whose blobs all arrived, in the cache. */
+static kc_err pull_found(kc_client *c, kc_manifest **found, size_t n,
+                         kc_manifest **out, char *err) {
+  size_t nf = 0, k = 0;
+  for (size_t i = 0; i < n; i++)
+    nf += found[i] ? found[i]->n_files : 0;
+  const kc_file **d = calloc(nf ? nf : 1, sizeof *d);
+  char *ok = calloc(nf ? nf : 1, 1);
+  kc_err e = d && ok ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
+  for (size_t i = 0; !e && i < n; i++)
+    for (size_t j = 0; found[i] && j < found[i]->n_files; j++)
+      d[k++] = &found[i]->files[j];
+  if (!e && nf)
+    e = kcc_fetch_blobs(c, d, nf, ok, NULL, err);
+  k = 0;
+  for (size_t i = 0; ok && i < n; i++) {
+    int all = found[i] != NULL;
+    for (size_t j = 0; found[i] && j < found[i]->n_files; j++)
+      all &= ok[k++];
+    char e2[KC_ERRBUF_SIZE];
+    kc_err pe = all ? kc_cache_bundle_put(c, found[i], e2) : KC_OK;
+    if (all && !pe) {
+      out[i] = found[i];
+      found[i] = NULL;
+    } else if (pe && !e)
+      e = kc_errf(err, pe, "%s", e2);
+  }
+  free(d);
+  free(ok);
+  return e;
+}
+
+kc_err kc_client_pull_many(kc_client *c, const char *const *keys, size_t n,
+                           kc_manifest **out, char *err) {
+  if (err)
+    err[0] = '\0';
+  for (size_t i = 0; i < n; i++)
+    out[i] = NULL;
+  kc_err first = KC_OK;
+  for (size_t at = 0; at < n; at += KC_LOOKUP_MAX) {
+    size_t m = n - at < KC_LOOKUP_MAX ? n - at : KC_LOOKUP_MAX;
+    kc_manifest **found = calloc(m, sizeof *found);
+    if (!found)
+      return kc_errf(err, KC_NOMEM, "out of memory");
+    char e2[KC_ERRBUF_SIZE];
+    kc_err e = kc_client_lookup(c, keys + at, m, found, e2);
+    if (!e)
+      e = pull_found(c, found, m, out + at, e2);
+    for (size_t i = 0; i < m; i++)
+      kc_manifest_free(found[i]);
+    free(found);
+    if (e && !first)
+      first = kc_errf(err, e, "%s", e2);
+    if (e == KC_UNAVAILABLE || e == KC_TIMEOUT || e == KC_DEADLINE)
+      break; /* the server is gone: no second lookup */
+  }
+  return first;
+}

@@ -267,6 +267,17 @@ kc_err kc_client_push(kc_client *c, const kc_manifest *m, char *err);
  * (which is "" on a plain success) says so while the call returns KC_OK. */
 kc_err kc_client_pull(kc_client *c, const char *key, kc_manifest **out,
                       char *err);
+/* Many bundles into the local cache at once, as kc_warm fetches: one
+ * POST /v1/lookup (per KC_LOOKUP_MAX keys) for their manifests, then every
+ * blob they name in one parallel batch (small ones many per request), each
+ * SHA-256 checked. out, an array of n pointers the caller provides: out[i]
+ * is keys[i]'s manifest (kc_manifest_free) when it was served and all its
+ * blobs arrived, else NULL (the server lacks it, or a blob failed). Unlike
+ * kc_client_pull, the local cache is not consulted first: ask only for the
+ * keys the caller lacks. Returns KC_OK, or the first failure (a lookup or a
+ * blob), with what was pulled before it still in out. */
+kc_err kc_client_pull_many(kc_client *c, const char *const *keys, size_t n,
+                           kc_manifest **out, char *err);
 /* A manifest for every regular file under dir (recursively; `skip`, a
  * relative path, may be NULL, left out), blobs stored in the local cache,
  * fields copied from f, sealed. A symlink that resolves inside dir is

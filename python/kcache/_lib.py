@@ -146,6 +146,8 @@ _decl("kc_client_bundle_get", c_int, c_void_p, c_char_p, POINTER(c_void_p),
       _ERRBUF)
 _decl("kc_client_lookup", c_int, c_void_p, POINTER(c_char_p), c_size_t,
       POINTER(c_void_p), _ERRBUF)
+_decl("kc_client_pull_many", c_int, c_void_p, POINTER(c_char_p), c_size_t,
+      POINTER(c_void_p), _ERRBUF)
 _decl("kc_client_lease_take", c_int, c_void_p, c_char_p, c_int,
       POINTER(c_int), c_char_p, POINTER(c_int), _ERRBUF)
 _decl("kc_client_lease_release", c_int, c_void_p, c_char_p, c_char_p, _ERRBUF)

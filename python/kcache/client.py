@@ -296,6 +296,24 @@ class Client:
                 out[k] = Manifest(p) if p else None
         return out
 
+    def pull_many(self, keys: Iterable[str]) -> Dict[str, Optional[Manifest]]:
+        """Many bundles at once, as kc_warm fetches: one lookup for their
+        manifests, then every blob in one parallel batch, verified, into the
+        local cache. Each key's manifest, or None when kcached lacks it or a
+        blob failed. The local cache is not looked at first: pass the keys
+        you lack. A lookup or transfer failure raises (what arrived before
+        it stays in the local cache)."""
+        ks = list(keys)
+        arr = (c_char_p * max(1, len(ks)))(*[k.encode() for k in ks])
+        got = (c_void_p * max(1, len(ks)))()
+        err = _lib.errbuf()
+        with self._lock:
+            rc = _lib.lib.kc_client_pull_many(self._h(), arr, len(ks), got,
+                                              err)
+        out = {k: Manifest(p) if p else None for k, p in zip(ks, got)}
+        check(rc, err)
+        return out
+
     def materialize(self, manifest: Manifest, directory: PathLike) -> None:
         """Writes every file of manifest (its blobs in the local cache) under
         directory, verified, atomically, never outside it."""

@@ -51,6 +51,31 @@ def test_bytes_round_trip_and_lookup(server, tmp_path):
         c.push_bytes(b"other", FIELDS, name="artifacts.bin")
 
 
+def test_pull_many_one_batch(server, tmp_path, dead_url):
+    """pull_many: the bundles kcached holds, every blob verified and in the
+    local cache (readable with no server after), None for a key it lacks;
+    kcached down raises and leaves nothing."""
+    c = kcache.Client(url=server.url, cache_dir=str(tmp_path / "a"))
+    want = {}
+    for n in range(5):
+        data = os.urandom(3000 + n * 70000)
+        want[c.push_bytes(data, fields(bucket={"layer": 10 + n}),
+                          name="f%d.bin" % n).key] = data
+    missing = kcache.key(fields(bucket={"layer": 99}))
+    c2 = kcache.Client(url=server.url, cache_dir=str(tmp_path / "b"))
+    got = c2.pull_many(list(want) + [missing])
+    assert got[missing] is None
+    off = kcache.Client(url="", cache_dir=str(tmp_path / "b"))
+    for k, data in want.items():
+        assert got[k] is not None and got[k].key == k
+        assert off.cached(k) is not None
+        assert off.pull_bytes(k) == data
+    assert c2.pull_many([]) == {}
+    down = kcache.Client(url=dead_url, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(kcache.Unavailable):
+        down.pull_many(list(want))
+
+
 def test_dir_round_trip(server, tmp_path):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)

@@ -20,7 +20,8 @@ bundle must lie inside its entry (`entry_of`).
 
 `Entries.fetch()` lists the model's bundles in one request (GET
 /v1/models/{model}), keeps those of this toolchain, and pulls those whose
-entry the local directory lacks; `Entries.upload()` pushes, each under its
+entry the local directory lacks in one batch (Client.pull_many: one lookup,
+every blob in one parallel fetch); `Entries.upload()` pushes, each under its
 build lease, the local entries the listing did not have. Source files of
 Python wrappers (<k>.py) are never carried: Inductor writes them again
 from the FX graph entry, and they are code it imports.
@@ -221,30 +222,32 @@ class Entries:
         return n
 
     def fetch(self) -> None:
-        """List, then pull and place every listed entry the directory lacks
-        (verified first). Raises what the listing raised; a bundle that
-        fails is counted and skipped."""
+        """List, then pull every listed entry the directory lacks in one
+        batch (one lookup, every blob in one parallel fetch, verified), and
+        place each that passes `verify`. Raises what the listing raised; a
+        bundle that fails is counted and skipped."""
         os.makedirs(self.root, exist_ok=True)
         listed = self.list()
         local = {self.key_of(kind, e) for e, (kind, _) in
                  scan(self.root).items()}
-        for key in sorted(listed):
-            if self.cancel.is_set():
-                break
-            if key in local:
-                self.stats["present"] += 1
-                continue
-            try:
-                m = self.client.pull(key)
-            except Error:
+        want = sorted(k for k in listed if k not in local)
+        self.stats["present"] += len(listed) - len(want)
+        if not want or self.cancel.is_set():
+            return
+        try:
+            got = self.client.pull_many(want)
+        except Error:
+            got = {}
+        for key in want:
+            m = got.get(key)
+            if m is None:
                 self.stats["failed"] += 1
-                continue
-            if self.verify(m) is None:
+            elif self.verify(m) is None:
                 self.stats["refused"] += 1
-                continue
-            self._place(m)
-            self.stats["fetched"] += 1
-            self.stats["fetched_bytes"] += m.bytes
+            else:
+                self._place(m)
+                self.stats["fetched"] += 1
+                self.stats["fetched_bytes"] += m.bytes
 
     def upload(self) -> None:
         """Pushes each local entry the listing lacked, under its lease
