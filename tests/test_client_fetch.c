@@ -302,6 +302,52 @@ static void test_warm_zstd(void **state) {
   kc_client_free(c);
 }
 
+/* kc_client_pull_many: the bundles kcached holds come in one lookup and one
+ * blob batch, verified, into the local cache; a key it lacks is NULL; no
+ * server is KC_UNAVAILABLE with nothing pulled. */
+static void test_pull_many(void **state) {
+  fx *f = *state;
+  start_server(f);
+  char err[KC_ERRBUF_SIZE], cache2[400], keys[3][65];
+  kc_client *c = client_for(f->cache, f->srv.url);
+  const char *paths[] = {"a.bin", "sub/b.bin"};
+  const char *texts[2][2] = {{"first a", "first b, longer"},
+                             {"second a", "second b"}};
+  for (int k = 0; k < 2; k++) {
+    kc_manifest *m = manifest_of(c, paths, texts[k], 2);
+    m->fields.bucket.dims[0].value = 10 + (uint64_t)k;
+    assert_int_equal(kc_manifest_seal(m, err), KC_OK);
+    assert_int_equal(kc_client_push(c, m, err), KC_OK);
+    memcpy(keys[k], m->key, 65);
+    kc_manifest_free(m);
+  }
+  memset(keys[2], 'e', 64);
+  keys[2][64] = '\0';
+  kc_client_free(c);
+  snprintf(cache2, sizeof cache2, "%s/pm", f->dir);
+  c = client_for(cache2, f->srv.url);
+  const char *ks[] = {keys[0], keys[1], keys[2]};
+  kc_manifest *out[3];
+  assert_int_equal(kc_client_pull_many(c, ks, 3, out, err), KC_OK);
+  for (int k = 0; k < 2; k++) {
+    kc_manifest *cached = NULL;
+    assert_non_null(out[k]);
+    assert_string_equal(out[k]->key, keys[k]);
+    assert_int_equal(kc_cache_bundle_get(c, keys[k], &cached, err), KC_OK);
+    kc_manifest_free(cached);
+    kc_manifest_free(out[k]);
+  }
+  assert_null(out[2]);
+  kc_client_free(c);
+  c = client_for(cache2, "http://127.0.0.1:1");
+  out[0] = out[1] = out[2] = (kc_manifest *)1;
+  assert_int_equal(kc_client_pull_many(c, ks, 3, out, err), KC_UNAVAILABLE);
+  assert_null(out[0]);
+  assert_null(out[1]);
+  assert_null(out[2]);
+  kc_client_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       CT(test_fetch_batch_verified),
@@ -309,6 +355,7 @@ int main(void) {
       CT(test_fetch_batch_writer),
       CT(test_fetch_small_and_large),
       CT(test_warm_zstd),
+      CT(test_pull_many),
   };
   return clienttest_run("client_fetch", tests, sizeof tests / sizeof tests[0]);
 }
