@@ -23,7 +23,7 @@ import ctypes.util
 import os
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int,
                     c_long, c_size_t, c_uint64, c_void_p)
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 HEX_LEN = 64
 MAX_DIMS = 16
@@ -126,59 +126,78 @@ lib = _load()
 LIB_PATH: str = lib._name
 
 
-def _decl(name: str, restype, *argtypes) -> None:
+def _raises(result: int, func: Any, args: Tuple[Any, ...]) -> int:
+    """ctypes errcheck of a function that returns a kc_err and takes its
+    error buffer last: KC_OK passes, anything else raises the kcache.Error
+    of that code with the sentence the library wrote."""
+    if result != 0:
+        from .errors import make_error
+        buf = args[-1] if getattr(func, "kc_errbuf", False) else None
+        text = buf.value.decode("utf-8", "replace") if buf is not None else ""
+        raise make_error(result, text)
+    return result
+
+
+def _decl(name: str, restype, *argtypes, raises: bool = False,
+          errbuf: bool = True) -> None:
+    """Declares lib.<name>. raises: a kc_err result other than KC_OK raises
+    (errbuf: the last argument is the error buffer whose sentence goes in
+    the exception); without it the caller reads the code itself."""
     f = getattr(lib, name)
     f.restype = restype
     f.argtypes = list(argtypes)
+    if raises:
+        f.errcheck = _raises
+        f.kc_errbuf = errbuf
 
 
 _ERRBUF = c_char_p  # char err[KC_ERRBUF_SIZE], a ctypes buffer passed in
 _decl("kc_strerror", c_char_p, c_int)
 _decl("kc_err_code", c_char_p, c_int)
 _decl("kc_err_name", c_char_p, c_int)
-_decl("kc_client_new", c_int, POINTER(ClientOpts), POINTER(c_void_p), _ERRBUF)
+_decl("kc_client_new", c_int, POINTER(ClientOpts), POINTER(c_void_p), _ERRBUF, raises=True)
 _decl("kc_client_free", None, c_void_p)
 _decl("kc_client_cache_dir", c_char_p, c_void_p)
 _decl("kc_client_has_server", c_int, c_void_p)
-_decl("kc_client_pull", c_int, c_void_p, c_char_p, POINTER(c_void_p), _ERRBUF)
-_decl("kc_client_push", c_int, c_void_p, c_void_p, _ERRBUF)
+_decl("kc_client_pull", c_int, c_void_p, c_char_p, POINTER(c_void_p), _ERRBUF, raises=True)
+_decl("kc_client_push", c_int, c_void_p, c_void_p, _ERRBUF, raises=True)
 _decl("kc_client_bundle_get", c_int, c_void_p, c_char_p, POINTER(c_void_p),
       _ERRBUF)
 _decl("kc_client_lookup", c_int, c_void_p, POINTER(c_char_p), c_size_t,
-      POINTER(c_void_p), _ERRBUF)
+      POINTER(c_void_p), _ERRBUF, raises=True)
 _decl("kc_client_pull_many", c_int, c_void_p, POINTER(c_char_p), c_size_t,
       POINTER(c_void_p), _ERRBUF)
 _decl("kc_client_lease_take", c_int, c_void_p, c_char_p, c_int,
-      POINTER(c_int), c_char_p, POINTER(c_int), _ERRBUF)
-_decl("kc_client_lease_release", c_int, c_void_p, c_char_p, c_char_p, _ERRBUF)
-_decl("kc_client_stats", c_int, c_void_p, POINTER(c_void_p), _ERRBUF)
+      POINTER(c_int), c_char_p, POINTER(c_int), _ERRBUF, raises=True)
+_decl("kc_client_lease_release", c_int, c_void_p, c_char_p, c_char_p, _ERRBUF, raises=True)
+_decl("kc_client_stats", c_int, c_void_p, POINTER(c_void_p), _ERRBUF, raises=True)
 _decl("kc_cache_bundle_get", c_int, c_void_p, c_char_p, POINTER(c_void_p),
       _ERRBUF)
-_decl("kc_materialize", c_int, c_void_p, c_void_p, c_char_p, _ERRBUF)
+_decl("kc_materialize", c_int, c_void_p, c_void_p, c_char_p, _ERRBUF, raises=True)
 _decl("kc_bundle_file_bytes", c_int, c_void_p, c_void_p, c_char_p,
-      POINTER(c_void_p), POINTER(c_size_t), _ERRBUF)
+      POINTER(c_void_p), POINTER(c_size_t), _ERRBUF, raises=True)
 _decl("kc_bundle_from_dir", c_int, c_void_p, c_char_p, c_char_p,
-      POINTER(KeyFields), POINTER(c_void_p), _ERRBUF)
-_decl("kc_warmup_load", c_int, c_char_p, POINTER(c_void_p), _ERRBUF)
+      POINTER(KeyFields), POINTER(c_void_p), _ERRBUF, raises=True)
+_decl("kc_warmup_load", c_int, c_char_p, POINTER(c_void_p), _ERRBUF, raises=True)
 _decl("kc_warmup_parse", c_int, c_char_p, c_size_t, c_char_p,
-      POINTER(c_void_p), _ERRBUF)
+      POINTER(c_void_p), _ERRBUF, raises=True)
 _decl("kc_warmup_free", None, c_void_p)
 _decl("kc_warm", c_int, c_void_p, c_void_p, POINTER(WarmOpts),
       POINTER(WarmReport), _ERRBUF)
 _decl("kc_warm_report_json", c_int, POINTER(WarmReport), POINTER(c_void_p),
-      _ERRBUF)
+      _ERRBUF, raises=True)
 _decl("kc_warm_report_free", None, POINTER(WarmReport))
 _decl("kc_key_fields_parse", c_int, c_char_p, c_size_t, POINTER(KeyFields),
-      _ERRBUF)
-_decl("kc_key_compute", c_int, POINTER(KeyFields), c_char_p, _ERRBUF)
+      _ERRBUF, raises=True)
+_decl("kc_key_compute", c_int, POINTER(KeyFields), c_char_p, _ERRBUF, raises=True)
 _decl("kc_key_canonical", c_int, POINTER(KeyFields), POINTER(c_void_p),
-      _ERRBUF)
+      _ERRBUF, raises=True)
 _decl("kc_manifest_parse", c_int, c_char_p, c_size_t, POINTER(c_void_p),
-      _ERRBUF)
-_decl("kc_manifest_to_json", c_int, c_void_p, POINTER(c_void_p), _ERRBUF)
+      _ERRBUF, raises=True)
+_decl("kc_manifest_to_json", c_int, c_void_p, POINTER(c_void_p), _ERRBUF, raises=True)
 _decl("kc_manifest_free", None, c_void_p)
-_decl("kc_model_hash", c_int, POINTER(c_char_p), c_size_t, c_char_p, _ERRBUF)
-_decl("kc_sha256_hex", c_int, c_char_p, c_size_t, c_char_p)
+_decl("kc_model_hash", c_int, POINTER(c_char_p), c_size_t, c_char_p, _ERRBUF, raises=True)
+_decl("kc_sha256_hex", c_int, c_char_p, c_size_t, c_char_p, raises=True, errbuf=False)
 _decl("kc_arch_valid", c_int, c_char_p)
 
 _decl("kc_abi_version", c_int)

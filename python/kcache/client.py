@@ -31,7 +31,7 @@ def _fields(fields: KeyFieldsLike) -> _lib.KeyFields:
     text = json.dumps(dict(fields), sort_keys=True).encode()
     out = _lib.KeyFields()
     err = _lib.errbuf()
-    check(_lib.lib.kc_key_fields_parse(text, len(text), byref(out), err), err)
+    _lib.lib.kc_key_fields_parse(text, len(text), byref(out), err)
     return out
 
 
@@ -41,7 +41,7 @@ def key(fields: KeyFieldsLike) -> str:
     f = _fields(fields)
     out = ctypes.create_string_buffer(_lib.HEX_LEN + 1)
     err = _lib.errbuf()
-    check(_lib.lib.kc_key_compute(byref(f), out, err), err)
+    _lib.lib.kc_key_compute(byref(f), out, err)
     return out.value.decode()
 
 
@@ -50,14 +50,14 @@ def canonical_key_json(fields: KeyFieldsLike) -> str:
     f = _fields(fields)
     p = c_void_p()
     err = _lib.errbuf()
-    check(_lib.lib.kc_key_canonical(byref(f), byref(p), err), err)
+    _lib.lib.kc_key_canonical(byref(f), byref(p), err)
     return _lib.take_string(p)
 
 
 def sha256_hex(data: bytes) -> str:
     """SHA-256 of data as 64 lowercase hex digits (libkcache's)."""
     out = ctypes.create_string_buffer(_lib.HEX_LEN + 1)
-    check(_lib.lib.kc_sha256_hex(data, len(data), out), None)
+    _lib.lib.kc_sha256_hex(data, len(data), out)
     return out.value.decode()
 
 
@@ -66,7 +66,7 @@ def model_hash(paths: Sequence[PathLike]) -> str:
     arr = (c_char_p * len(paths))(*[os.fsencode(p) for p in paths])
     out = ctypes.create_string_buffer(_lib.HEX_LEN + 1)
     err = _lib.errbuf()
-    check(_lib.lib.kc_model_hash(arr, len(paths), out, err), err)
+    _lib.lib.kc_model_hash(arr, len(paths), out, err)
     return out.value.decode()
 
 
@@ -83,7 +83,7 @@ class Manifest:
         self._ptr = ptr
         p = c_void_p()
         err = _lib.errbuf()
-        check(_lib.lib.kc_manifest_to_json(ptr, byref(p), err), err)
+        _lib.lib.kc_manifest_to_json(ptr, byref(p), err)
         self.json: str = _lib.take_string(p)
         self.data: Dict[str, Any] = json.loads(self.json)
 
@@ -94,7 +94,7 @@ class Manifest:
         raw = text.encode() if isinstance(text, str) else text
         p = c_void_p()
         err = _lib.errbuf()
-        check(_lib.lib.kc_manifest_parse(raw, len(raw), byref(p), err), err)
+        _lib.lib.kc_manifest_parse(raw, len(raw), byref(p), err)
         return cls(p.value)
 
     @property
@@ -204,7 +204,7 @@ class Client:
         o.trust_cache_dir = int(bool(trust_cache_dir))
         p = c_void_p()
         err = _lib.errbuf()
-        check(_lib.lib.kc_client_new(byref(o), byref(p), err), err)
+        _lib.lib.kc_client_new(byref(o), byref(p), err)
         self._c = p.value
 
     # ---- lifetime ----
@@ -257,8 +257,8 @@ class Client:
         p = c_void_p()
         err = _lib.errbuf()
         with self._lock:
-            check(_lib.lib.kc_client_pull(self._h(), key.encode(), byref(p),
-                                          err), err)
+            _lib.lib.kc_client_pull(self._h(), key.encode(), byref(p),
+                                          err)
         return Manifest(p.value)
 
     def cached(self, key: str) -> Optional[Manifest]:
@@ -278,7 +278,7 @@ class Client:
         different one is Conflict (bundles are write-once)."""
         err = _lib.errbuf()
         with self._lock:
-            check(_lib.lib.kc_client_push(self._h(), manifest._ptr, err), err)
+            _lib.lib.kc_client_push(self._h(), manifest._ptr, err)
 
     def lookup(self, keys: Iterable[str]) -> Dict[str, Optional[Manifest]]:
         """One POST /v1/lookup: each key's manifest, or None when missing."""
@@ -290,8 +290,8 @@ class Client:
             found = (c_void_p * len(part))()
             err = _lib.errbuf()
             with self._lock:
-                check(_lib.lib.kc_client_lookup(self._h(), arr, len(part),
-                                                found, err), err)
+                _lib.lib.kc_client_lookup(self._h(), arr, len(part),
+                                                found, err)
             for k, p in zip(part, found):
                 out[k] = Manifest(p) if p else None
         return out
@@ -319,8 +319,8 @@ class Client:
         directory, verified, atomically, never outside it."""
         err = _lib.errbuf()
         with self._lock:
-            check(_lib.lib.kc_materialize(self._h(), manifest._ptr,
-                                          os.fsencode(directory), err), err)
+            _lib.lib.kc_materialize(self._h(), manifest._ptr,
+                                          os.fsencode(directory), err)
 
     def file_bytes(self, manifest: Manifest, path: str) -> bytes:
         """The verified bytes of one file of manifest, from the local cache."""
@@ -328,9 +328,9 @@ class Client:
         n = c_size_t()
         err = _lib.errbuf()
         with self._lock:
-            check(_lib.lib.kc_bundle_file_bytes(self._h(), manifest._ptr,
+            _lib.lib.kc_bundle_file_bytes(self._h(), manifest._ptr,
                                                 path.encode(), byref(p),
-                                                byref(n), err), err)
+                                                byref(n), err)
         return _lib.take_bytes(p, n.value)
 
     def bundle_from_dir(self, directory: PathLike, fields: KeyFieldsLike,
@@ -341,9 +341,9 @@ class Client:
         p = c_void_p()
         err = _lib.errbuf()
         with self._lock:
-            check(_lib.lib.kc_bundle_from_dir(
+            _lib.lib.kc_bundle_from_dir(
                 self._h(), os.fsencode(directory), _lib.b(skip), byref(f),
-                byref(p), err), err)
+                byref(p), err)
         return Manifest(p.value)
 
     # ---- directories and bytes as bundles ----
@@ -390,9 +390,9 @@ class Client:
         token = ctypes.create_string_buffer(_lib.LEASE_TOKEN_MAX)
         err = _lib.errbuf()
         with self._lock:
-            check(_lib.lib.kc_client_lease_take(self._h(), key.encode(), ttl_s,
+            _lib.lib.kc_client_lease_take(self._h(), key.encode(), ttl_s,
                                                 byref(state), token,
-                                                byref(retry), err), err)
+                                                byref(retry), err)
         return Lease(key, _LEASE_STATES[state.value], token.value.decode(),
                      retry.value)
 
@@ -405,9 +405,8 @@ class Client:
             k = lease_or_key
         err = _lib.errbuf()
         with self._lock:
-            check(_lib.lib.kc_client_lease_release(self._h(), k.encode(),
-                                                   _lib.b(token or ""), err),
-                  err)
+            _lib.lib.kc_client_lease_release(self._h(), k.encode(),
+                                                   _lib.b(token or ""), err)
 
     # ---- other ----
     def stats(self) -> Dict[str, Any]:
@@ -415,7 +414,7 @@ class Client:
         p = c_void_p()
         err = _lib.errbuf()
         with self._lock:
-            check(_lib.lib.kc_client_stats(self._h(), byref(p), err), err)
+            _lib.lib.kc_client_stats(self._h(), byref(p), err)
         return json.loads(_lib.take_string(p))
 
     def warm(self, manifest: Union[PathLike, Mapping[str, Any]],
@@ -434,11 +433,11 @@ class Client:
         w = c_void_p()
         if isinstance(manifest, Mapping):
             text = json.dumps(dict(manifest)).encode()
-            check(_lib.lib.kc_warmup_parse(text, len(text), None, byref(w),
-                                           err), err)
+            _lib.lib.kc_warmup_parse(text, len(text), None, byref(w),
+                                           err)
         else:
-            check(_lib.lib.kc_warmup_load(os.fsencode(manifest), byref(w),
-                                          err), err)
+            _lib.lib.kc_warmup_load(os.fsencode(manifest), byref(w),
+                                          err)
         try:
             o = _lib.WarmOpts()
             keep = []
@@ -459,8 +458,8 @@ class Client:
             try:
                 p = c_void_p()
                 jerr = _lib.errbuf()
-                check(_lib.lib.kc_warm_report_json(byref(rep), byref(p),
-                                                   jerr), jerr)
+                _lib.lib.kc_warm_report_json(byref(rep), byref(p),
+                                                   jerr)
                 report = json.loads(_lib.take_string(p))
             finally:
                 _lib.lib.kc_warm_report_free(byref(rep))

@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import _lib
 from ..client import Client, Manifest
-from ..errors import Error, Forbidden, Unauthorized, check
+from ..errors import Error, Forbidden, Unauthorized
 from .keys import device_arch, model_hash, toolchain
 
 BUILDER = "kcache-torch-entry/1"
@@ -50,9 +50,9 @@ _KEY = re.compile(r"^[a-z0-9_]{8,128}$")
 _SKIP_EXT = (".py", ".lock", ".tmp")
 
 _lib._decl("kc_client_model_list", ctypes.c_int, c_void_p, c_char_p,
-           POINTER(c_void_p), _lib._ERRBUF)
+           POINTER(c_void_p), _lib._ERRBUF, raises=True)
 _lib._decl("kc_client_warmup_put", ctypes.c_int, c_void_p, c_char_p,
-           c_char_p, c_size_t, _lib._ERRBUF)
+           c_char_p, c_size_t, _lib._ERRBUF, raises=True)
 
 
 def model_list(client: Client, model: str) -> Dict[str, Any]:
@@ -61,8 +61,8 @@ def model_list(client: Client, model: str) -> Dict[str, Any]:
     p = c_void_p()
     err = _lib.errbuf()
     with client._lock:
-        check(_lib.lib.kc_client_model_list(client._h(), model.encode(),
-                                            ctypes.byref(p), err), err)
+        _lib.lib.kc_client_model_list(client._h(), model.encode(),
+                                            ctypes.byref(p), err)
     return json.loads(_lib.take_string(p))
 
 
@@ -71,8 +71,8 @@ def warmup_put(client: Client, model: str, manifest: Mapping[str, Any]) -> None:
     text = json.dumps(dict(manifest), sort_keys=True).encode()
     err = _lib.errbuf()
     with client._lock:
-        check(_lib.lib.kc_client_warmup_put(client._h(), model.encode(), text,
-                                            len(text), err), err)
+        _lib.lib.kc_client_warmup_put(client._h(), model.encode(), text,
+                                            len(text), err)
 
 
 # ------------------------------------------------------------- the layout
