@@ -15,6 +15,7 @@ found through KCACHE_LIB, beside the package, or in build/client/ (the GPU
 machine has no network: its tree carries python/ and the library). Needs
 torch (2.11 and later) and redis-py; triton for the triton row.
 """
+
 import argparse
 import os
 import sys
@@ -26,26 +27,36 @@ if os.path.isdir(os.path.join(ROOT, "python", "kcache")):
     pp = os.environ.get("PYTHONPATH", "")
     if os.path.join(ROOT, "python") not in pp.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(
-            [p for p in (os.path.join(ROOT, "python"), pp) if p])
+            [p for p in (os.path.join(ROOT, "python"), pp) if p]
+        )
 
 import torch_paths  # noqa: E402
 
 
 def row(name, status, detail):
-    print("ROW\t%s\t%s\t%s" % (name, status, detail.replace("\t", " ")),
-          flush=True)
+    print(
+        "ROW\t%s\t%s\t%s" % (name, status, detail.replace("\t", " ")),
+        flush=True,
+    )
 
 
 def fmt_counters(s):
     c = s["counters"]
-    parts = ["fx %g/%g" % (c.get("fxgraph_cache_hit", 0),
-                           c.get("fxgraph_cache_miss", 0)),
-             "aot %g/%g" % (c.get("autograd_cache_hit", 0),
-                            c.get("autograd_cache_miss", 0))]
+    parts = [
+        "fx %g/%g"
+        % (c.get("fxgraph_cache_hit", 0), c.get("fxgraph_cache_miss", 0)),
+        "aot %g/%g"
+        % (c.get("autograd_cache_hit", 0), c.get("autograd_cache_miss", 0)),
+    ]
     if "triton" in s:
-        parts.append("kcache.triton hits %g misses %g errors %g" % (
-            s["triton"]["hits"], s["triton"]["misses"],
-            s["triton"]["errors"]))
+        parts.append(
+            "kcache.triton hits %g misses %g errors %g"
+            % (
+                s["triton"]["hits"],
+                s["triton"]["misses"],
+                s["triton"]["errors"],
+            )
+        )
     return "hit/miss " + ", ".join(parts)
 
 
@@ -60,6 +71,7 @@ def main():
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         import torch
+
         if a.device == "cuda" and not torch.cuda.is_available():
             row("torch_cold", "FAIL", "torch sees no CUDA device")
             return 1
@@ -82,29 +94,53 @@ def main():
             elif path == "triton":
                 good = s.get("triton", {}).get("hits", 0) > 0
             else:
-                good = c.get("fxgraph_cache_hit", 0) > 0 and \
-                    c.get("fxgraph_cache_miss", 0) == 0
+                good = (
+                    c.get("fxgraph_cache_hit", 0) > 0
+                    and c.get("fxgraph_cache_miss", 0) == 0
+                )
             ok = s["n"] == rounds and s["equal"] and good
             failed[path] = not ok or rounds < a.runs
             speed = ""
             if path != "cold" and cold.get("median_s") and s["median_s"]:
                 speed = ", %.2fx of cold (saves %.2fs)" % (
                     s["median_s"] / cold["median_s"],
-                    cold["median_s"] - s["median_s"])
+                    cold["median_s"] - s["median_s"],
+                )
             fill = "; fill %ss" % s["fill_s"] if s.get("fill_s") else ""
-            row("torch_cold" if path == "cold" else "torch_warm_" + path,
+            row(
+                "torch_cold" if path == "cold" else "torch_warm_" + path,
                 "PASS" if ok else "FAIL",
-                "%smedian %ss of %d runs %s%s%s; %s" % (
-                    a.device + " " if path == "cold" else "", s["median_s"],
-                    s["n"], s["runs_s"], speed, fill, fmt_counters(s)))
+                "%smedian %ss of %d runs %s%s%s; %s"
+                % (
+                    a.device + " " if path == "cold" else "",
+                    s["median_s"],
+                    s["n"],
+                    s["runs_s"],
+                    speed,
+                    fill,
+                    fmt_counters(s),
+                ),
+            )
 
     if "triton" not in paths:
-        row("torch_warm_triton", "SKIP", "kcache.triton is exercised by GPU "
-            "compiles only (Inductor on the CPU writes C++)")
+        row(
+            "torch_warm_triton",
+            "SKIP",
+            "kcache.triton is exercised by GPU "
+            "compiles only (Inductor on the CPU writes C++)",
+        )
     try:
-        torch_paths.measure(a.url, a.resp, a.device, a.runs, paths,
-                            token=a.token, python=sys.executable, log=log,
-                            done=report)
+        torch_paths.measure(
+            a.url,
+            a.resp,
+            a.device,
+            a.runs,
+            paths,
+            token=a.token,
+            python=sys.executable,
+            log=log,
+            done=report,
+        )
     except Exception as e:  # a row, not a traceback, for the table
         row("torch_check", "FAIL", "%s: %s" % (type(e).__name__, e))
         return 1

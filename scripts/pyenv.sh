@@ -11,7 +11,7 @@ venv=${1:-build/venv}
 # torch: ONLY this exact pin (any other version resolves to a CUDA wheel of
 # several GB); triton pinned as the GPU machine's.
 pins=(torch==2.13.0 triton==3.6.0 redis==8.1.0 pytest==9.2.0 numpy==2.4.6
-      transformers==5.23.0)
+      transformers==5.23.0 ruff==0.17.5)
 py=${PYTHON:-python3}
 if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv" >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test.sh: installs what is needed, refuses run files committed by mistake
-# and C files not in the committed style (scripts/format.sh),
+# and C and Python files not in the committed style (scripts/format.sh),
 # builds kcache three times with warnings as errors (RelWithDebInfo, ASan+UBSan,
 # and the Release build that the container and the CI example use), runs every
 # test of the first two with ctest, then the unit and integration tests of the
@@ -20,14 +20,15 @@ if git rev-parse --git-dir >/dev/null 2>&1; then
 fi
 
 ./scripts/install-deps.sh
-# The C style (.clang-format), so that no commit re-wraps another's lines.
-./scripts/format.sh --check
 # NVRTC for the build tests: the CUDA toolkit's, else PyPI's wheel (a new
 # machine may have the toolkit without it); CI=true fails those tests without.
 eval "$(./scripts/nvrtc.sh)"
-# the Python tests' environment (torch==2.13.0 CPU, triton, redis-py, pytest)
-# (a failure here is not fatal: the Python tests then fail when CI=true)
+# the Python tests' environment (torch==2.13.0 CPU, triton, redis-py, pytest,
+# ruff) (a failure here is not fatal: the Python tests then fail when CI=true)
 ./scripts/pyenv.sh >/dev/null || echo "test.sh: scripts/pyenv.sh failed" >&2
+# The style (.clang-format for C, ruff.toml for Python), so that no commit
+# re-wraps another's lines.
+./scripts/format.sh --check
 
 jobs=$(nproc)
 build() { # dir, extra cmake args...
