@@ -15,6 +15,7 @@ Usage: check_json_schema.py SCHEMA_DIR EXAMPLES_DIR
 Exit: 0 agree, 1 disagree, 77 python3-jsonschema missing (ctest: skipped;
 with CI=true a failure instead).
 """
+
 import importlib.metadata
 import json
 import os
@@ -60,7 +61,11 @@ def check_kind(kind, schema, examples_dir):
             err = first_error(validator, load(path))
             rel = os.path.relpath(path, examples_dir)
             if (err is None) == want_valid:
-                note = "" if err is None else ": %s: %s" % (where(err), err.message)
+                note = (
+                    ""
+                    if err is None
+                    else ": %s: %s" % (where(err), err.message)
+                )
                 print("ok   %s%s" % (rel, note[:160]))
                 continue
             failures += 1
@@ -85,14 +90,22 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     schema_dir, examples_dir = argv[1], argv[2]
-    schemas = {k: load(os.path.join(schema_dir, k + ".schema.json"))
-               for k in ("bundle", "warmup")}
+    schemas = {
+        k: load(os.path.join(schema_dir, k + ".schema.json"))
+        for k in ("bundle", "warmup")
+    }
     failures = check_shared_defs(schemas["bundle"], schemas["warmup"])
     for kind, schema in schemas.items():
         failures += check_kind(kind, schema, examples_dir)
-    print("%s (jsonschema %s)" % ("FAILED: %d disagreement(s)" % failures
-                                  if failures else "all examples agree",
-                                  importlib.metadata.version("jsonschema")))
+    print(
+        "%s (jsonschema %s)"
+        % (
+            "FAILED: %d disagreement(s)" % failures
+            if failures
+            else "all examples agree",
+            importlib.metadata.version("jsonschema"),
+        )
+    )
     return 1 if failures else 0
 
 

@@ -21,6 +21,7 @@ tests/python/ (pytest: conftest.py, test_torch.py) and the torch bench.
 The kcached binary: KCACHED here (the suites set it from their argument),
 else $KCACHED, else build/server/kcached or build-san/server/kcached.
 """
+
 import http.server
 import importlib
 import os
@@ -42,6 +43,7 @@ SANITIZER_MARKS = ("AddressSanitizer", "LeakSanitizer", "runtime error:")
 
 # ---- a missing dependency: skipped, or a failure when CI=true ----
 
+
 def in_ci():
     return os.environ.get("CI") == "true"
 
@@ -52,8 +54,11 @@ def missing(what, exit_code=77):
     everything: a skip there would hide a test that never ran)."""
     prog = os.path.basename(sys.argv[0])
     if in_ci():
-        print("%s: FAIL: %s (required when CI=true; scripts/install-deps.sh "
-              "installs it)" % (prog, what), file=sys.stderr)
+        print(
+            "%s: FAIL: %s (required when CI=true; scripts/install-deps.sh "
+            "installs it)" % (prog, what),
+            file=sys.stderr,
+        )
         sys.exit(1)
     print("%s: %s: skipped" % (prog, what))
     sys.exit(exit_code)
@@ -75,6 +80,7 @@ def skip_or_fail(case, what):
 
 
 # ---- kcached ----
+
 
 def kcached_path():
     if KCACHED:
@@ -106,8 +112,12 @@ def make_tokens(d, roles=("read", "write", "admin"), names=None):
     names = names or TOKEN_NAMES
     toks, lines = {}, []
     for role in roles:
-        out = subprocess.run([kcached_path(), "token", role, names[role]],
-                             capture_output=True, check=True, text=True)
+        out = subprocess.run(
+            [kcached_path(), "token", role, names[role]],
+            capture_output=True,
+            check=True,
+            text=True,
+        )
         body = [x for x in out.stdout.splitlines() if not x.startswith("#")]
         toks[role] = body[0].strip()
         lines.append(body[1].strip())
@@ -123,8 +133,16 @@ class Kcached:
     unless given). port is the RESP port (None with resp=False), url the
     HTTP one's base URL; tokens={role: token} with tokens=True."""
 
-    def __init__(self, *extra, data_dir=None, resp=True, tokens=False,
-                 anonymous_role=None, threads=None, prefix="kc-"):
+    def __init__(
+        self,
+        *extra,
+        data_dir=None,
+        resp=True,
+        tokens=False,
+        anonymous_role=None,
+        threads=None,
+        prefix="kc-",
+    ):
         self.dir = data_dir or tempfile.mkdtemp(prefix=prefix)
         os.makedirs(self.dir, exist_ok=True)
         self.extra = list(extra)
@@ -168,20 +186,29 @@ class Kcached:
             if os.path.exists(self.port_file):
                 os.unlink(self.port_file)
             self._http_port = None
-            cmd = [kcached_path(), "--listen", "127.0.0.1:0", "--port-file",
-                   self.port_file, "--data-dir",
-                   os.path.join(self.dir, "data")]
+            cmd = [
+                kcached_path(),
+                "--listen",
+                "127.0.0.1:0",
+                "--port-file",
+                self.port_file,
+                "--data-dir",
+                os.path.join(self.dir, "data"),
+            ]
             if self.resp:
                 self.port = free_port()
                 cmd += ["--resp-listen", "127.0.0.1:%d" % self.port]
             self.log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(cmd + self.extra, stdout=self.log,
-                                         stderr=self.log)
+            self.proc = subprocess.Popen(
+                cmd + self.extra, stdout=self.log, stderr=self.log
+            )
             if self._wait(timeout):
                 return self
             self._kill()
-        raise RuntimeError("kcached did not start (%s):\n%s" %
-                           (" ".join(cmd + self.extra), self.log_tail()))
+        raise RuntimeError(
+            "kcached did not start (%s):\n%s"
+            % (" ".join(cmd + self.extra), self.log_tail())
+        )
 
     def _up(self):
         try:
@@ -228,18 +255,23 @@ class Kcached:
                     self._kill()
                     raise AssertionError(
                         "kcached did not stop in %d s after signal %d:\n%s"
-                        % (timeout, sig, self.log_tail()))
+                        % (timeout, sig, self.log_tail())
+                    )
             rc = self.proc.returncode
         if self.log:
             self.log.close()
         text = self.log_text()
         for bad in SANITIZER_MARKS:
             if bad in text:  # a sanitizer build reports into the log
-                raise AssertionError("kcached: %s in %s:\n%s" % (
-                    bad, self.dir, text[-LOG_TAIL:]))
+                raise AssertionError(
+                    "kcached: %s in %s:\n%s"
+                    % (bad, self.dir, text[-LOG_TAIL:])
+                )
         if want_rc is not None and rc != want_rc:
-            raise AssertionError("kcached exited %s, not %d:\n%s" % (
-                rc, want_rc, self.log_tail()))
+            raise AssertionError(
+                "kcached exited %s, not %d:\n%s"
+                % (rc, want_rc, self.log_tail())
+            )
         return rc
 
     def cleanup(self):
@@ -258,17 +290,21 @@ class Kcached:
     access_log = log_text
 
     def log_tail(self):
-        return "--- %s (tail) ---\n%s" % (self.log_path,
-                                          self.log_text()[-LOG_TAIL:])
+        return "--- %s (tail) ---\n%s" % (
+            self.log_path,
+            self.log_text()[-LOG_TAIL:],
+        )
 
     def metrics(self):
         import urllib.request
+
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             return r.read().decode()
 
     def stats(self, token=None):
         import json
         import urllib.request
+
         req = urllib.request.Request(self.url + "/v1/stats")
         if token:
             req.add_header("Authorization", "Bearer " + token)
@@ -278,6 +314,7 @@ class Kcached:
     def client(self, **kw):
         """A redis-py client of the RESP port."""
         import redis
+
         return redis.Redis(host="127.0.0.1", port=self.port, **kw)
 
 
@@ -285,6 +322,7 @@ class ServerCase(unittest.TestCase):
     """One kcached started with FLAGS for the whole class (self.srv); its
     data directory is removed afterwards, and its log's tail printed when
     one of the class's tests failed."""
+
     FLAGS = ()
 
     @classmethod
@@ -307,6 +345,7 @@ class ServerCase(unittest.TestCase):
 
 
 # ---- helpers the suites share ----
+
 
 def metric(text, name, labels=""):
     """The value of one sample of a Prometheus text, None if absent."""
@@ -369,6 +408,7 @@ class FakeS3(http.server.BaseHTTPRequestHandler):
     """A stand-in bucket: answers every object read with 404 after a second
     (and records it), takes every write: enough to see a read-through asked
     without the listener waiting for it."""
+
     gets = []
 
     def log_message(self, *a):

@@ -23,6 +23,7 @@ URL); the test then checks that the token appears in no URL the page shows.
 
 Exit 0 pass, 1 fail, 77 skip (no chromium; a failure instead when CI=true).
 """
+
 import hashlib
 import html.parser
 import json
@@ -38,8 +39,14 @@ import urllib.request
 import kcharness
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
-         "--disable-dev-shm-usage", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--disable-gpu",
+    "--no-sandbox",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+]
 
 
 def fail(msg):
@@ -53,6 +60,7 @@ def check(cond, msg):
 
 
 # ---- a DOM from --dump-dom ----
+
 
 class Node:
     def __init__(self, tag, attrs, parent):
@@ -71,8 +79,10 @@ class Node:
         for n in self.walk():
             if tag and n.tag != tag:
                 continue
-            if all(n.attrs.get(k.rstrip("_").replace("_", "-")) == v
-                   for k, v in attrs.items()):
+            if all(
+                n.attrs.get(k.rstrip("_").replace("_", "-")) == v
+                for k, v in attrs.items()
+            ):
                 yield n
 
     def find(self, tag=None, **attrs):
@@ -82,8 +92,22 @@ class Node:
         return c in (self.attrs.get("class") or "").split()
 
 
-VOID = {"meta", "link", "input", "br", "img", "hr", "source", "area",
-        "base", "col", "embed", "param", "track", "wbr"}
+VOID = {
+    "meta",
+    "link",
+    "input",
+    "br",
+    "img",
+    "hr",
+    "source",
+    "area",
+    "base",
+    "col",
+    "embed",
+    "param",
+    "track",
+    "wbr",
+}
 
 
 class DomParser(html.parser.HTMLParser):
@@ -119,6 +143,7 @@ def parse(dom):
 
 
 # ---- kcached and the API ----
+
 
 class Server(kcharness.Kcached):
     """kcharness's kcached, and its JSON API."""
@@ -163,21 +188,32 @@ EVIL_FAMILY = "<img/src=x/onerror=alert(1)>"
 
 def resp_reads(port):
     """pt2: 2 hits, 1 miss; the hostile family: 1 miss."""
-    out = resp_send(port, ("SET", "pt2:a", "1"), ("GET", "pt2:a"),
-                    ("GET", "pt2:a"), ("GET", "pt2:b"),
-                    ("GET", EVIL_FAMILY + ":k"))
-    check(out == b"+OK\r\n$1\r\n1\r\n$1\r\n1\r\n$-1\r\n$-1\r\n",
-          "RESP replies %r" % out)
+    out = resp_send(
+        port,
+        ("SET", "pt2:a", "1"),
+        ("GET", "pt2:a"),
+        ("GET", "pt2:a"),
+        ("GET", "pt2:b"),
+        ("GET", EVIL_FAMILY + ":k"),
+    )
+    check(
+        out == b"+OK\r\n$1\r\n1\r\n$1\r\n1\r\n$-1\r\n$-1\r\n",
+        "RESP replies %r" % out,
+    )
 
 
 def check_families(root, srv):
     """The RESP key families table against /v1/stats."""
     sec = root.find("section", id="families-section")
-    check(sec is not None and "hidden" not in sec.attrs,
-          "no RESP key families table with --resp-listen")
+    check(
+        sec is not None and "hidden" not in sec.attrs,
+        "no RESP key families table with --resp-listen",
+    )
     fams = srv.api("/v1/stats")["resp_families"]
-    check(any(f["family"] == EVIL_FAMILY for f in fams),
-          "the hostile family is not in /v1/stats: %s" % fams)
+    check(
+        any(f["family"] == EVIL_FAMILY for f in fams),
+        "the hostile family is not in /v1/stats: %s" % fams,
+    )
     for f in fams:
         row = root.find("tr", data_family=f["family"])
         check(row is not None, "no row for family %r" % f["family"])
@@ -186,13 +222,17 @@ def check_families(root, srv):
         check(name == f["family"], "family %r, API %r" % (name, f["family"]))
         for k in ("hits", "misses"):
             td = next(n for n in row.find_all("td") if n.has_class(k))
-            check(int(td.attrs["data-value"]) == f[k] and
-                  td.all_text() == str(f[k]), "family %s %s: %s, API %s"
-                  % (f["family"], k, td.attrs["data-value"], f[k]))
+            check(
+                int(td.attrs["data-value"]) == f[k]
+                and td.all_text() == str(f[k]),
+                "family %s %s: %s, API %s"
+                % (f["family"], k, td.attrs["data-value"], f[k]),
+            )
     pt2 = root.find("tr", data_family="pt2")
     ratio = next(n for n in pt2.find_all("td") if n.has_class("ratio"))
-    check(ratio.all_text() == "66.7 %", "pt2's hit ratio %r"
-          % ratio.all_text())
+    check(
+        ratio.all_text() == "66.7 %", "pt2's hit ratio %r" % ratio.all_text()
+    )
 
 
 def model_hash(s):
@@ -202,13 +242,17 @@ def model_hash(s):
 def warmup(tmp, name, model, archs, buckets, failing=""):
     """A command-builder warmup (no GPU): a file of batch*3000 bytes per
     cell; `failing` is a shell test for cells whose build fails."""
-    script = ("%s head -c $(( {batch} * 3000 )) /dev/zero > {out}/gemm.cubin"
-              % (failing + " && exit 1;" if failing else ""))
-    doc = {"schema": "kcache.warmup/v1",
-           "model": {"name": name, "hash": model},
-           "archs": archs,
-           "builder": {"command": ["sh", "-c", script], "timeout_s": 30},
-           "buckets": [{"batch": b} for b in buckets]}
+    script = (
+        "%s head -c $(( {batch} * 3000 )) /dev/zero > {out}/gemm.cubin"
+        % (failing + " && exit 1;" if failing else "")
+    )
+    doc = {
+        "schema": "kcache.warmup/v1",
+        "model": {"name": name, "hash": model},
+        "archs": archs,
+        "builder": {"command": ["sh", "-c", script], "timeout_s": 30},
+        "buckets": [{"batch": b} for b in buckets],
+    }
     path = os.path.join(tmp, model[:8] + ".json")
     with open(path, "w") as f:
         json.dump(doc, f)
@@ -221,27 +265,50 @@ def kcache(kcache_bin, tmp, *args, token=None):
     env.pop("KCACHE_TOKEN", None)
     if token:
         env["KCACHE_TOKEN"] = token
-    return subprocess.run([kcache_bin, *args], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [kcache_bin, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 # ---- chromium ----
 
+
 def dump_dom(url):
-    r = subprocess.run([CHROMIUM, *FLAGS, "--virtual-time-budget=5000",
-                        "--dump-dom", url], capture_output=True, text=True,
-                       timeout=120)
-    check(r.returncode == 0 and "<html" in r.stdout,
-          "chromium --dump-dom failed: %s" % r.stderr[-2000:])
+    r = subprocess.run(
+        [CHROMIUM, *FLAGS, "--virtual-time-budget=5000", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    check(
+        r.returncode == 0 and "<html" in r.stdout,
+        "chromium --dump-dom failed: %s" % r.stderr[-2000:],
+    )
     return r.stdout
 
 
 def screenshot(url, path):
-    r = subprocess.run([CHROMIUM, *FLAGS, "--virtual-time-budget=5000",
-                        "--window-size=1280,900", "--screenshot=" + path,
-                        url], capture_output=True, text=True, timeout=120)
-    check(r.returncode == 0 and os.path.getsize(path) > 1000,
-          "chromium --screenshot failed: %s" % r.stderr[-2000:])
+    r = subprocess.run(
+        [
+            CHROMIUM,
+            *FLAGS,
+            "--virtual-time-budget=5000",
+            "--window-size=1280,900",
+            "--screenshot=" + path,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    check(
+        r.returncode == 0 and os.path.getsize(path) > 1000,
+        "chromium --screenshot failed: %s" % r.stderr[-2000:],
+    )
 
 
 class Cdp:
@@ -255,12 +322,20 @@ class Cdp:
         def fds():
             os.dup2(cmd_r, 3)
             os.dup2(out_w, 4)
+
         self.proc = subprocess.Popen(
-            [CHROMIUM, *FLAGS, "--remote-debugging-pipe",
-             "--user-data-dir=" + os.path.join(tmp, "chromium-profile"),
-             "about:blank"],
-            preexec_fn=fds, close_fds=False, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+            [
+                CHROMIUM,
+                *FLAGS,
+                "--remote-debugging-pipe",
+                "--user-data-dir=" + os.path.join(tmp, "chromium-profile"),
+                "about:blank",
+            ],
+            preexec_fn=fds,
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(cmd_r)
         os.close(out_w)
         self.buf, self.next_id, self.session = b"", 0, None
@@ -288,20 +363,24 @@ class Cdp:
                 return m.get("result", {})
 
     def open(self, url):
-        t = self.call("Target.createTarget", {"url": "about:blank"},
-                      session=False)
-        a = self.call("Target.attachToTarget",
-                      {"targetId": t["targetId"], "flatten": True},
-                      session=False)
+        t = self.call(
+            "Target.createTarget", {"url": "about:blank"}, session=False
+        )
+        a = self.call(
+            "Target.attachToTarget",
+            {"targetId": t["targetId"], "flatten": True},
+            session=False,
+        )
         self.session = a["sessionId"]
         self.call("Page.enable")
         self.call("Runtime.enable")
         self.call("Page.navigate", {"url": url})
 
     def eval(self, expr):
-        r = self.call("Runtime.evaluate",
-                      {"expression": expr, "returnByValue": True,
-                       "awaitPromise": True})
+        r = self.call(
+            "Runtime.evaluate",
+            {"expression": expr, "returnByValue": True, "awaitPromise": True},
+        )
         return r.get("result", {}).get("value")
 
     def wait_for(self, expr, secs=10):
@@ -321,7 +400,9 @@ class Cdp:
         os.close(self.cmd_w)
         os.close(self.out_r)
 
+
 # ---- the checks ----
+
 
 def check_open_page(root, srv, demo, evil):
     """The DOM against the API: names, figures, the matrix of demo."""
@@ -334,28 +415,36 @@ def check_open_page(root, srv, demo, evil):
         name = row.find("td", **{"class": "name"}).all_text()
         check(name == m["name"], "row name %r, API %r" % (name, m["name"]))
         cov = next(n for n in row.find_all("td") if n.has_class("coverage"))
-        want = "%d/%d" % (m["coverage"]["present"],
-                          m["coverage"]["expected"])
-        check(cov.all_text() == want, "coverage %r, API %r"
-              % (cov.all_text(), want))
+        want = "%d/%d" % (m["coverage"]["present"], m["coverage"]["expected"])
+        check(
+            cov.all_text() == want,
+            "coverage %r, API %r" % (cov.all_text(), want),
+        )
         b = next(n for n in row.find_all("td") if n.has_class("bytes"))
-        check(int(b.attrs["data-value"]) == m["bytes"], "bytes %s, API %s"
-              % (b.attrs["data-value"], m["bytes"]))
+        check(
+            int(b.attrs["data-value"]) == m["bytes"],
+            "bytes %s, API %s" % (b.attrs["data-value"], m["bytes"]),
+        )
         hits = next(n for n in row.find_all("td") if n.has_class("hits"))
         check(int(hits.attrs["data-value"]) == m["hits"], "hits differ")
-        check(row.find("button") is not None,
-              "no purge button without a token file (everyone is admin)")
+        check(
+            row.find("button") is not None,
+            "no purge button without a token file (everyone is admin)",
+        )
     check(models[demo]["name"] == "demo-mlp", "demo's name")
     # the hostile name is text: in a cell, and no <img> anywhere
-    check(models[evil]["name"] == "<img src=x onerror=alert(1)>",
-          "the hostile model's name")
+    check(
+        models[evil]["name"] == "<img src=x onerror=alert(1)>",
+        "the hostile model's name",
+    )
     check(root.find("img") is None, "an <img> element made it into the DOM")
     for card, key in (("bundles", "bundles"), ("blobs", "blobs")):
         c = root.find("div", id="card-" + card)
         v = next(n for n in c.find_all("div") if n.has_class("value"))
-        check(int(v.attrs["data-value"]) == stats[key],
-              "card %s: %s, API %s" % (card, v.attrs["data-value"],
-                                       stats[key]))
+        check(
+            int(v.attrs["data-value"]) == stats[key],
+            "card %s: %s, API %s" % (card, v.attrs["data-value"], stats[key]),
+        )
     return models
 
 
@@ -364,12 +453,18 @@ def check_matrix(root, srv, demo):
     name = root.find("span", id="matrix-name").all_text()
     check(name == "demo-mlp", "matrix of %r" % name)
     summary = root.find("p", id="matrix-summary")
-    check(summary.attrs.get("data-archs-from") == cov["archs_from"] ==
-          "manifest", "the matrix's archs come from %r"
-          % summary.attrs.get("data-archs-from"))
+    check(
+        summary.attrs.get("data-archs-from")
+        == cov["archs_from"]
+        == "manifest",
+        "the matrix's archs come from %r"
+        % summary.attrs.get("data-archs-from"),
+    )
     cells = [n for n in root.find("table", id="matrix").find_all("td")]
-    check(len(cells) == cov["expected"], "%d cells, API %d expected"
-          % (len(cells), cov["expected"]))
+    check(
+        len(cells) == cov["expected"],
+        "%d cells, API %d expected" % (len(cells), cov["expected"]),
+    )
     states = {}
     for i, b in enumerate(cov["buckets"]):
         bt = ",".join("%s=%s" % (k, b[k]) for k in sorted(b))
@@ -377,12 +472,17 @@ def check_matrix(root, srv, demo):
             c = cov["cells"][i][j]
             td = root.find("td", data_bucket=bt, data_arch=a)
             check(td is not None, "no cell %s %s" % (bt, a))
-            check(td.attrs["data-state"] == c["state"], "cell %s %s: %s, "
-                  "API %s" % (bt, a, td.attrs["data-state"], c["state"]))
+            check(
+                td.attrs["data-state"] == c["state"],
+                "cell %s %s: %s, "
+                "API %s" % (bt, a, td.attrs["data-state"], c["state"]),
+            )
             check(int(td.attrs["data-bytes"]) == c["bytes"], "cell bytes")
             check(td.has_class(c["state"]), "cell class")
-            check(td.attrs.get("title", "").startswith(bt + " on " + a),
-                  "hover details (title) of %s %s" % (bt, a))
+            check(
+                td.attrs.get("title", "").startswith(bt + " on " + a),
+                "hover details (title) of %s %s" % (bt, a),
+            )
             states[c["state"]] = states.get(c["state"], 0) + 1
     return states
 
@@ -391,30 +491,49 @@ def check_purge_confirm(cdp, srv, token):
     """The page's purge asks for the model's hash, not its name (a name
     comes from a warmup manifest): a wrong answer deletes nothing, the
     hash's first 12 digits purge it."""
-    model = cdp.eval("document.querySelector('#models tr[data-model]')"
-                     ".dataset.model")
+    model = cdp.eval(
+        "document.querySelector('#models tr[data-model]').dataset.model"
+    )
     before = srv.api("/v1/models/" + model, token=token)["bundles"]
     check(len(before) > 0, "the model to purge has bundles")
     # a person who answers with the name, or clicks OK to a yes/no question
-    cdp.eval("window.asked = []; window.prompt = (m) => "
-             "{ window.asked.push(m); return 'demo-mlp'; };"
-             "window.confirm = (m) => { window.asked.push(m); return true; };"
-             "document.querySelector('#models button.purge').click(); true")
-    check(cdp.wait_for("document.getElementById('error').textContent"
-                       ".includes('not confirmed')"),
-          "a purge answered with the name was not refused")
+    cdp.eval(
+        "window.asked = []; window.prompt = (m) => "
+        "{ window.asked.push(m); return 'demo-mlp'; };"
+        "window.confirm = (m) => { window.asked.push(m); return true; };"
+        "document.querySelector('#models button.purge').click(); true"
+    )
+    check(
+        cdp.wait_for(
+            "document.getElementById('error').textContent"
+            ".includes('not confirmed')"
+        ),
+        "a purge answered with the name was not refused",
+    )
     asked = cdp.eval("window.asked[0]")
-    check(model in asked, "the purge prompt does not show the hash: %r"
-          % asked)
-    check(len(srv.api("/v1/models/" + model, token=token)["bundles"]) ==
-          len(before), "a purge not confirmed deleted bundles")
-    cdp.eval("window.prompt = (m) => %s.slice(0, 12);"
-             "document.querySelector('#models button.purge').click(); true"
-             % json.dumps(model))
-    check(cdp.wait_for("document.getElementById('error').textContent"
-                       ".startsWith('purged')"), "the confirmed purge")
-    check(srv.api("/v1/models/" + model, token=token)["bundles"] == [],
-          "the confirmed purge left bundles")
+    check(
+        model in asked, "the purge prompt does not show the hash: %r" % asked
+    )
+    check(
+        len(srv.api("/v1/models/" + model, token=token)["bundles"])
+        == len(before),
+        "a purge not confirmed deleted bundles",
+    )
+    cdp.eval(
+        "window.prompt = (m) => %s.slice(0, 12);"
+        "document.querySelector('#models button.purge').click(); true"
+        % json.dumps(model)
+    )
+    check(
+        cdp.wait_for(
+            "document.getElementById('error').textContent.startsWith('purged')"
+        ),
+        "the confirmed purge",
+    )
+    check(
+        srv.api("/v1/models/" + model, token=token)["bundles"] == [],
+        "the confirmed purge left bundles",
+    )
 
 
 CHARTS_JS = """(() => {
@@ -439,68 +558,114 @@ def check_charts(tmp, srv):
     first slot with lookups), and "no data yet" in both when there is none
     (the rate drew a flat 0.0/s line)."""
     now, step = 100000, 10
-    pts = [{"t": now - 1200 + step * i, "requests": 5,
-            "hits": 3 if i >= 90 else 0, "misses": 1 if i >= 90 else 0}
-           for i in range(120)]
+    pts = [
+        {
+            "t": now - 1200 + step * i,
+            "requests": 5,
+            "hits": 3 if i >= 90 else 0,
+            "misses": 1 if i >= 90 else 0,
+        }
+        for i in range(120)
+    ]
     idle = [dict(p, requests=0, hits=0, misses=0) for p in pts]
     cases = (("lookups late", pts), ("idle", idle), ("empty", []))
     cdp = Cdp(os.path.join(tmp, "cdp-charts"))
     try:
         cdp.open(srv.url + "/")
-        check(cdp.wait_for("typeof renderCharts === 'function' && "
-                           "!!document.getElementById('chart-rate')"),
-              "the page did not load")
-        got = {name: cdp.eval(CHARTS_JS % json.dumps(
-            {"step_s": step, "now": now, "points": p}))
-            for name, p in cases}
+        check(
+            cdp.wait_for(
+                "typeof renderCharts === 'function' && "
+                "!!document.getElementById('chart-rate')"
+            ),
+            "the page did not load",
+        )
+        got = {
+            name: cdp.eval(
+                CHARTS_JS
+                % json.dumps({"step_s": step, "now": now, "points": p})
+            )
+            for name, p in cases
+        }
     finally:
         cdp.close()
     h, r = got["lookups late"]["chart-hits"], got["lookups late"]["chart-rate"]
-    check(h["ticks"][0] == r["ticks"][0] == "-20 min",
-          "the charts' time axes differ: %s, %s" % (h["ticks"], r["ticks"]))
+    check(
+        h["ticks"][0] == r["ticks"][0] == "-20 min",
+        "the charts' time axes differ: %s, %s" % (h["ticks"], r["ticks"]),
+    )
     check(h["lastX"] == r["lastX"], "the last slot is drawn at two places")
     for name in ("idle", "empty"):
         for cid, c in got[name].items():
-            check(c["empty"] and not c["line"] and len(c["ticks"]) == 2,
-                  "%s history, %s: %s (want no data yet)" % (name, cid, c))
+            check(
+                c["empty"] and not c["line"] and len(c["ticks"]) == 2,
+                "%s history, %s: %s (want no data yet)" % (name, cid, c),
+            )
 
 
 def run_token_case(tmp, kcache_bin, demo_manifest):
     toks, tokfile = kcharness.make_tokens(
-        tmp, ("read", "admin"), {"read": "page-read", "admin": "page-admin"})
-    srv = Server("--tokens", tokfile, data_dir=os.path.join(tmp, "authed"),
-                 resp=False).start()
+        tmp, ("read", "admin"), {"read": "page-read", "admin": "page-admin"}
+    )
+    srv = Server(
+        "--tokens", tokfile, data_dir=os.path.join(tmp, "authed"), resp=False
+    ).start()
     try:
         # admin can write: its warm stores the manifest too
         # for archs other than the manifest's: the matrix says so
-        r = kcache(kcache_bin, tmp, "warm", demo_manifest, "--url", srv.url,
-                   "--cache-dir", os.path.join(tmp, "cache-authed"),
-                   "--arch", "sm_86,sm_80", token=toks["admin"])
+        r = kcache(
+            kcache_bin,
+            tmp,
+            "warm",
+            demo_manifest,
+            "--url",
+            srv.url,
+            "--cache-dir",
+            os.path.join(tmp, "cache-authed"),
+            "--arch",
+            "sm_86,sm_80",
+            token=toks["admin"],
+        )
         check(r.returncode == 0, "authed warm: " + r.stdout + r.stderr)
         # no token: the page asks for one
         root = parse(dump_dom(srv.url + "/"))
         login = root.find("section", id="login")
-        check(login is not None and "hidden" not in login.attrs,
-              "the page does not ask for a token")
-        check("hidden" in root.find("main", id="main").attrs,
-              "data shown without a token")
+        check(
+            login is not None and "hidden" not in login.attrs,
+            "the page does not ask for a token",
+        )
+        check(
+            "hidden" in root.find("main", id="main").attrs,
+            "data shown without a token",
+        )
         check(root.find("input", id="token-input") is not None, "no input")
         for role, purge in (("read", False), ("admin", True)):
             cdp = Cdp(os.path.join(tmp, "cdp-" + role))
             try:
                 cdp.open(srv.url + "/")
-                check(cdp.wait_for("!document.getElementById('login')"
-                                   ".hidden"), "no token prompt (%s)" % role)
+                check(
+                    cdp.wait_for("!document.getElementById('login').hidden"),
+                    "no token prompt (%s)" % role,
+                )
                 # typed into the page's own form, as a person would
-                cdp.eval("document.getElementById('token-input').value = %s;"
-                         "document.getElementById('token-form')"
-                         ".requestSubmit(); true" % json.dumps(toks[role]))
-                check(cdp.wait_for(
-                    "document.querySelectorAll('#models tr[data-model]')"
-                    ".length > 0"), "no models with the %s token" % role)
-                check(cdp.wait_for("document.getElementById("
-                                   "'matrix-summary').dataset.archsFrom"),
-                      "no coverage matrix (%s)" % role)
+                cdp.eval(
+                    "document.getElementById('token-input').value = %s;"
+                    "document.getElementById('token-form')"
+                    ".requestSubmit(); true" % json.dumps(toks[role])
+                )
+                check(
+                    cdp.wait_for(
+                        "document.querySelectorAll('#models tr[data-model]')"
+                        ".length > 0"
+                    ),
+                    "no models with the %s token" % role,
+                )
+                check(
+                    cdp.wait_for(
+                        "document.getElementById("
+                        "'matrix-summary').dataset.archsFrom"
+                    ),
+                    "no coverage matrix (%s)" % role,
+                )
                 dom = cdp.eval("document.documentElement.outerHTML")
                 href = cdp.eval("location.href")
                 kept = cdp.eval("sessionStorage.getItem('kcache.token')")
@@ -510,20 +675,30 @@ def run_token_case(tmp, kcache_bin, demo_manifest):
                 cdp.close()
             root = parse(dom)
             summary = root.find("p", id="matrix-summary")
-            check(summary.attrs.get("data-archs-from") == "warm" and
-                  "those its warms ran for (--arch), the manifest lists "
-                  "sm_80, sm_89, sm_90a" in summary.all_text(),
-                  "the matrix does not say its archs are the warm's: %r"
-                  % summary.all_text())
+            check(
+                summary.attrs.get("data-archs-from") == "warm"
+                and "those its warms ran for (--arch), the manifest lists "
+                "sm_80, sm_89, sm_90a"
+                in summary.all_text(),
+                "the matrix does not say its archs are the warm's: %r"
+                % summary.all_text(),
+            )
             who = root.find("span", id="who").all_text()
             check("role " + role in who, "role line %r" % who)
             has = any(b.has_class("purge") for b in root.find_all("button"))
-            check("hidden" in root.find("section", id="families-section")
-                  .attrs, "a RESP key families table without --resp-listen")
-            check(has == purge, "%s token: purge button %s" %
-                  (role, "missing" if purge else "offered"))
-            check(toks[role] not in href and toks[role] not in dom,
-                  "the token shows in the URL or the DOM")
+            check(
+                "hidden" in root.find("section", id="families-section").attrs,
+                "a RESP key families table without --resp-listen",
+            )
+            check(
+                has == purge,
+                "%s token: purge button %s"
+                % (role, "missing" if purge else "offered"),
+            )
+            check(
+                toks[role] not in href and toks[role] not in dom,
+                "the token shows in the URL or the DOM",
+            )
             check(kept == toks[role], "the token is not in sessionStorage")
     finally:
         srv.stop()
@@ -546,34 +721,71 @@ def main():
         srv = Server(data_dir=os.path.join(tmp, "open")).start()
         resp_reads(srv.port)
         demo, evil = model_hash("demo"), model_hash("evil")
-        wd = warmup(tmp, "demo-mlp", demo, ["sm_80", "sm_89", "sm_90a"],
-                    [1, 8, 32],
-                    failing="([ {batch} = 32 ] && [ {arch} = sm_89 ]) || "
-                    "([ {batch} = 8 ] && [ {arch} = sm_80 ])")
-        we = warmup(tmp, "<img src=x onerror=alert(1)>", evil,
-                    ["sm_89", "sm_90a"], [1, 8])
+        wd = warmup(
+            tmp,
+            "demo-mlp",
+            demo,
+            ["sm_80", "sm_89", "sm_90a"],
+            [1, 8, 32],
+            failing="([ {batch} = 32 ] && [ {arch} = sm_89 ]) || "
+            "([ {batch} = 8 ] && [ {arch} = sm_80 ])",
+        )
+        we = warmup(
+            tmp,
+            "<img src=x onerror=alert(1)>",
+            evil,
+            ["sm_89", "sm_90a"],
+            [1, 8],
+        )
         for w in (wd, we):
             r = kcache(kcache_bin, tmp, "warm", w, "--url", srv.url)
             check(r.returncode == 0, "warm: " + r.stdout + r.stderr)
         # one missing cell gets a builder's lease: shown as building
-        r = kcache(kcache_bin, tmp, "warm", wd, "--url", srv.url, "--json",
-                   "--no-build", "--cache-dir", os.path.join(tmp, "c2"))
-        failed = [i["key"] for i in json.loads(r.stdout)["items"]
-                  if i["status"] == "failed"]
+        r = kcache(
+            kcache_bin,
+            tmp,
+            "warm",
+            wd,
+            "--url",
+            srv.url,
+            "--json",
+            "--no-build",
+            "--cache-dir",
+            os.path.join(tmp, "c2"),
+        )
+        failed = [
+            i["key"]
+            for i in json.loads(r.stdout)["items"]
+            if i["status"] == "failed"
+        ]
         check(len(failed) == 2, "two cells of demo fail to build")
-        srv.api("/v1/leases/" + failed[0], "POST",
-                json.dumps({"holder": "ci-runner-7"}).encode())
+        srv.api(
+            "/v1/leases/" + failed[0],
+            "POST",
+            json.dumps({"holder": "ci-runner-7"}).encode(),
+        )
         for _ in range(3):  # hits
-            kcache(kcache_bin, tmp, "warm", wd, "--url", srv.url,
-                   "--no-build", "--cache-dir", os.path.join(tmp, "c3"))
+            kcache(
+                kcache_bin,
+                tmp,
+                "warm",
+                wd,
+                "--url",
+                srv.url,
+                "--no-build",
+                "--cache-dir",
+                os.path.join(tmp, "c3"),
+            )
         time.sleep(1.5)  # last uses and hits are flushed once a second
         url = srv.url + "/#" + demo
         root = parse(dump_dom(url))
         check_open_page(root, srv, demo, evil)
         check_families(root, srv)
         states = check_matrix(root, srv, demo)
-        check(states == {"present": 7, "missing": 1, "building": 1},
-              "cell states %s" % states)
+        check(
+            states == {"present": 7, "missing": 1, "building": 1},
+            "cell states %s" % states,
+        )
         shot = os.path.join(artifacts, "page.png")
         screenshot(url, shot)
         print("screenshot: " + shot)

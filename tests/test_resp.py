@@ -8,6 +8,7 @@ usage: test_resp.py KCACHED [unittest args]
 redis-cli and redis-benchmark)
 
 Exact reply bytes below were checked against redis-server 7.0.15."""
+
 import os
 import shutil
 import signal
@@ -21,16 +22,30 @@ import http.server
 import urllib.request
 
 import kcharness
-from kcharness import (FakeS3, Kcached as Server, ServerCase, make_tokens,
-                       metric, raw, read_exactly, rss_anon_kib)
+from kcharness import (
+    FakeS3,
+    Kcached as Server,
+    ServerCase,
+    make_tokens,
+    metric,
+    raw,
+    read_exactly,
+    rss_anon_kib,
+)
 
 redis = kcharness.need("redis", "python3-redis")
 
 
 def settled(srv):
     """RESP SETs answered as already held (no commit), so far."""
-    return metric(srv.metrics(), "kcached_ops_total",
-                  'op="set",frontend="resp",result="present"') or 0
+    return (
+        metric(
+            srv.metrics(),
+            "kcached_ops_total",
+            'op="set",frontend="resp",result="present"',
+        )
+        or 0
+    )
 
 
 class OpenServer(ServerCase):
@@ -192,8 +207,11 @@ class OpenServer(ServerCase):
             p.get("p999")
             res = p.execute()
             self.assertEqual(res[:1000], [True] * 1000)
-            self.assertEqual(res[1000], b"v999" if not tx else None,
-                             "in MULTI, reads see the state before EXEC")
+            self.assertEqual(
+                res[1000],
+                b"v999" if not tx else None,
+                "in MULTI, reads see the state before EXEC",
+            )
             p = self.r.pipeline(transaction=tx)
             for i in range(1000):
                 p.get("p%d" % i)
@@ -202,98 +220,160 @@ class OpenServer(ServerCase):
             self.r.flushdb()
 
     def test_pipeline_reads_see_earlier_writes(self):
-        out = self.raw(b"SET a 1\r\nGET a\r\nSET a 2\r\nGET a\r\nDEL a\r\n"
-                       b"GET a\r\nINCR a\r\nPING\r\n")
-        self.assertEqual(out, b"+OK\r\n$1\r\n1\r\n+OK\r\n$1\r\n2\r\n:1\r\n"
-                         b"$-1\r\n-ERR unknown command 'INCR', with args "
-                         b"beginning with: 'a' \r\n+PONG\r\n")
+        out = self.raw(
+            b"SET a 1\r\nGET a\r\nSET a 2\r\nGET a\r\nDEL a\r\n"
+            b"GET a\r\nINCR a\r\nPING\r\n"
+        )
+        self.assertEqual(
+            out,
+            b"+OK\r\n$1\r\n1\r\n+OK\r\n$1\r\n2\r\n:1\r\n"
+            b"$-1\r\n-ERR unknown command 'INCR', with args "
+            b"beginning with: 'a' \r\n+PONG\r\n",
+        )
 
     def test_multi_exec_discard(self):
         cases = [
-            (b"MULTI\r\nMULTI\r\nSET a 1\r\nEXEC\r\n",
-             b"+OK\r\n-ERR MULTI calls can not be nested\r\n+QUEUED\r\n"
-             b"*1\r\n+OK\r\n"),
-            (b"MULTI\r\nFOO\r\nSET a 1\r\nEXEC\r\n",
-             b"+OK\r\n-ERR unknown command 'FOO', with args beginning with: "
-             b"\r\n+QUEUED\r\n-EXECABORT Transaction discarded because of "
-             b"previous errors.\r\n"),
-            (b"MULTI\r\nGET\r\nEXEC\r\n",
-             b"+OK\r\n-ERR wrong number of arguments for 'get' command\r\n"
-             b"-EXECABORT Transaction discarded because of previous "
-             b"errors.\r\n"),
-            (b"MULTI\r\nSET b 1 ex x\r\nGET a\r\nEXEC\r\n",
-             b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n-ERR value is not an "
-             b"integer or out of range\r\n$1\r\n1\r\n"),
-            (b"MULTI\r\nDISCARD\r\nDISCARD\r\n",
-             b"+OK\r\n+OK\r\n-ERR DISCARD without MULTI\r\n"),
+            (
+                b"MULTI\r\nMULTI\r\nSET a 1\r\nEXEC\r\n",
+                b"+OK\r\n-ERR MULTI calls can not be nested\r\n+QUEUED\r\n"
+                b"*1\r\n+OK\r\n",
+            ),
+            (
+                b"MULTI\r\nFOO\r\nSET a 1\r\nEXEC\r\n",
+                b"+OK\r\n-ERR unknown command 'FOO', with args beginning with: "
+                b"\r\n+QUEUED\r\n-EXECABORT Transaction discarded because of "
+                b"previous errors.\r\n",
+            ),
+            (
+                b"MULTI\r\nGET\r\nEXEC\r\n",
+                b"+OK\r\n-ERR wrong number of arguments for 'get' command\r\n"
+                b"-EXECABORT Transaction discarded because of previous "
+                b"errors.\r\n",
+            ),
+            (
+                b"MULTI\r\nSET b 1 ex x\r\nGET a\r\nEXEC\r\n",
+                b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n-ERR value is not an "
+                b"integer or out of range\r\n$1\r\n1\r\n",
+            ),
+            (
+                b"MULTI\r\nDISCARD\r\nDISCARD\r\n",
+                b"+OK\r\n+OK\r\n-ERR DISCARD without MULTI\r\n",
+            ),
             (b"MULTI\r\nEXEC\r\n", b"+OK\r\n*0\r\n"),
             (b"EXEC\r\n", b"-ERR EXEC without MULTI\r\n"),
-            (b"MULTI\r\nSELECT 0\r\nPING\r\nEXEC\r\n",
-             b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n+PONG\r\n"),
-            (b"MULTI\r\nEXEC foo\r\nEXEC\r\n",
-             b"+OK\r\n-EXECABORT Transaction discarded because of: wrong "
-             b"number of arguments for 'exec' command\r\n-ERR EXEC without "
-             b"MULTI\r\n"),
-            (b"MULTI\r\nSET t 1\r\nGET t\r\nDEL t t\r\nEXEC\r\nGET t\r\n",
-             b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n$-1\r\n"
-             b":1\r\n$-1\r\n"),
+            (
+                b"MULTI\r\nSELECT 0\r\nPING\r\nEXEC\r\n",
+                b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n+PONG\r\n",
+            ),
+            (
+                b"MULTI\r\nEXEC foo\r\nEXEC\r\n",
+                b"+OK\r\n-EXECABORT Transaction discarded because of: wrong "
+                b"number of arguments for 'exec' command\r\n-ERR EXEC without "
+                b"MULTI\r\n",
+            ),
+            (
+                b"MULTI\r\nSET t 1\r\nGET t\r\nDEL t t\r\nEXEC\r\nGET t\r\n",
+                b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n$-1\r\n"
+                b":1\r\n$-1\r\n",
+            ),
         ]
         self.r.set("a", "1")
         for cmd, want in cases:
             self.check(cmd, want)
         # DISCARD drops the queued writes
-        self.assertEqual(self.raw(b"MULTI\r\nSET d 1\r\nDISCARD\r\nGET d\r\n"),
-                         b"+OK\r\n+QUEUED\r\n+OK\r\n$-1\r\n")
+        self.assertEqual(
+            self.raw(b"MULTI\r\nSET d 1\r\nDISCARD\r\nGET d\r\n"),
+            b"+OK\r\n+QUEUED\r\n+OK\r\n$-1\r\n",
+        )
 
     def test_error_texts(self):
         cases = [
-            (b"foo a b", b"-ERR unknown command 'foo', with args beginning "
-             b"with: 'a' 'b' "),
+            (
+                b"foo a b",
+                b"-ERR unknown command 'foo', with args beginning "
+                b"with: 'a' 'b' ",
+            ),
             (b"get", b"-ERR wrong number of arguments for 'get' command"),
             (b"set k v ex 0", b"-ERR invalid expire time in 'set' command"),
-            (b"set k v ex abc", b"-ERR value is not an integer or out of range"),
+            (
+                b"set k v ex abc",
+                b"-ERR value is not an integer or out of range",
+            ),
             (b"set k v nx xx", b"-ERR syntax error"),
             (b"set k v ex", b"-ERR syntax error"),
             (b"set k v ex 10 px 10", b"-ERR syntax error"),
             (b"set k v keepttl ex 1", b"-ERR syntax error"),
             (b"set k v exat 0", b"-ERR invalid expire time in 'set' command"),
-            (b"set k v ex 9223372036854775807",
-             b"-ERR invalid expire time in 'set' command"),
-            (b"set k v px 9223372036854775807",
-             b"-ERR invalid expire time in 'set' command"),
+            (
+                b"set k v ex 9223372036854775807",
+                b"-ERR invalid expire time in 'set' command",
+            ),
+            (
+                b"set k v px 9223372036854775807",
+                b"-ERR invalid expire time in 'set' command",
+            ),
             (b"setex k 0 v", b"-ERR invalid expire time in 'setex' command"),
-            (b"psetex k -1 v", b"-ERR invalid expire time in 'psetex' command"),
+            (
+                b"psetex k -1 v",
+                b"-ERR invalid expire time in 'psetex' command",
+            ),
             (b"expire k abc", b"-ERR value is not an integer or out of range"),
-            (b"expire k 10 nx xx", b"-ERR NX and XX, GT or LT options at the "
-             b"same time are not compatible"),
-            (b"expire k 10 gt lt", b"-ERR GT and LT options at the same time "
-             b"are not compatible"),
+            (
+                b"expire k 10 nx xx",
+                b"-ERR NX and XX, GT or LT options at the "
+                b"same time are not compatible",
+            ),
+            (
+                b"expire k 10 gt lt",
+                b"-ERR GT and LT options at the same time are not compatible",
+            ),
             (b"expire k 10 foo", b"-ERR Unsupported option foo"),
-            (b"expire k 99999999999999999",
-             b"-ERR invalid expire time in 'expire' command"),
+            (
+                b"expire k 99999999999999999",
+                b"-ERR invalid expire time in 'expire' command",
+            ),
             (b"select 1", b"-ERR DB index is out of range"),
             (b"select x", b"-ERR value is not an integer or out of range"),
             (b"select 0", b"+OK"),
             (b"hello 4", b"-NOPROTO unsupported protocol version"),
             (b"hello 1", b"-NOPROTO unsupported protocol version"),
-            (b"hello x", b"-ERR Protocol version is not an integer or out of "
-             b"range"),
-            (b"client setname 'a b'", b"-ERR Client names cannot contain "
-             b"spaces, newlines or special characters."),
-            (b"client foo", b"-ERR unknown subcommand 'foo'. Try CLIENT HELP."),
-            (b"client setname", b"-ERR wrong number of arguments for "
-             b"'client|setname' command"),
-            (b"command foo", b"-ERR unknown subcommand 'foo'. Try COMMAND "
-             b"HELP."),
-            (b"config get", b"-ERR wrong number of arguments for 'config|get' "
-             b"command"),
+            (
+                b"hello x",
+                b"-ERR Protocol version is not an integer or out of range",
+            ),
+            (
+                b"client setname 'a b'",
+                b"-ERR Client names cannot contain "
+                b"spaces, newlines or special characters.",
+            ),
+            (
+                b"client foo",
+                b"-ERR unknown subcommand 'foo'. Try CLIENT HELP.",
+            ),
+            (
+                b"client setname",
+                b"-ERR wrong number of arguments for 'client|setname' command",
+            ),
+            (
+                b"command foo",
+                b"-ERR unknown subcommand 'foo'. Try COMMAND HELP.",
+            ),
+            (
+                b"config get",
+                b"-ERR wrong number of arguments for 'config|get' command",
+            ),
             (b"scan x", b"-ERR invalid cursor"),
             (b"scan 0 count 0", b"-ERR syntax error"),
             (b"scan 0 foo", b"-ERR syntax error"),
-            (b"ping a b", b"-ERR wrong number of arguments for 'ping' command"),
+            (
+                b"ping a b",
+                b"-ERR wrong number of arguments for 'ping' command",
+            ),
             (b"flushdb foo", b"-ERR syntax error"),
-            (b"mset a 1 b", b"-ERR wrong number of arguments for 'mset' "
-             b"command"),
+            (
+                b"mset a 1 b",
+                b"-ERR wrong number of arguments for 'mset' command",
+            ),
             (b"auth a b c", b"-ERR syntax error"),
             (b"discard", b"-ERR DISCARD without MULTI"),
         ]
@@ -307,14 +387,18 @@ class OpenServer(ServerCase):
         self.assertTrue(r.client_setname("inductor"))
         self.assertIn(r.client_getname(), ("inductor", b"inductor"))
         self.assertIsInstance(r.client_id(), int)
-        self.assertEqual(r.execute_command("CLIENT", "SETINFO", "lib-name",
-                                           "redis-py"), b"OK")
+        self.assertEqual(
+            r.execute_command("CLIENT", "SETINFO", "lib-name", "redis-py"),
+            b"OK",
+        )
         self.assertGreater(r.command_count(), 20)
         self.assertEqual(r.config_get("save"), {"save": ""})
         self.assertEqual(r.config_get("appendonly"), {"appendonly": "no"})
         self.assertEqual(r.config_get("nosuch"), {})
         hello = r.execute_command("HELLO", "2")
-        self.assertEqual(hello[:4], [b"server", b"redis", b"version", b"7.0.0"])
+        self.assertEqual(
+            hello[:4], [b"server", b"redis", b"version", b"7.0.0"]
+        )
         self.assertEqual(self.raw(b"QUIT\r\nPING\r\n"), b"+OK\r\n<EOF>")
 
     def test_info_and_dbsize(self):
@@ -328,8 +412,13 @@ class OpenServer(ServerCase):
         self.assertEqual(ks["keys"], 3)
         self.assertEqual(ks["expires"], 1)
         info = r.info()
-        for field in ("redis_version", "connected_clients", "used_memory",
-                      "keyspace_hits", "uptime_in_seconds"):
+        for field in (
+            "redis_version",
+            "connected_clients",
+            "used_memory",
+            "keyspace_hits",
+            "uptime_in_seconds",
+        ):
             self.assertIn(field, info)
         self.assertGreaterEqual(info["connected_clients"], 1)
         self.assertEqual(r.info("nosuch"), {})
@@ -351,8 +440,12 @@ class OpenServer(ServerCase):
         self.assertEqual(r.scan(0, _type="hash"), (0, []))
         self.assertEqual(sorted(r.keys("other:*")), [b"other:1", b"other:2"])
         self.assertEqual(len(r.keys("*")), 302)
-        self.assertEqual(r.keys("key:1?"), sorted(r.keys("key:1?")) and r.keys("key:1?"))
-        self.assertEqual(set(r.keys("key:1?")), {b"key:%d" % i for i in range(10, 20)})
+        self.assertEqual(
+            r.keys("key:1?"), sorted(r.keys("key:1?")) and r.keys("key:1?")
+        )
+        self.assertEqual(
+            set(r.keys("key:1?")), {b"key:%d" % i for i in range(10, 20)}
+        )
 
     def test_metrics(self):
         self.r.get("m")
@@ -365,6 +458,7 @@ class OpenServer(ServerCase):
                 if line.startswith("kcached_resp_commands_total{%s}" % labels):
                     return int(line.split()[-1])
             self.fail("no metric " + labels)
+
         self.assertGreaterEqual(value('cmd="get",result="ok"'), 1)
         self.assertGreaterEqual(value('cmd="set",result="ok"'), 1)
         self.assertGreaterEqual(value('cmd="get",result="error"'), 1)
@@ -388,8 +482,9 @@ class OpenServer(ServerCase):
                 for i in range(100):
                     assert c.set("w%d:%d" % (n, i), "x" * i)
                 c.close()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 errors.append(e)
+
         ts = [threading.Thread(target=writer, args=(n,)) for n in range(16)]
         for t in ts:
             t.start()
@@ -404,6 +499,7 @@ class OpenServer(ServerCase):
         at once: every reply as a dict model of each connection's keys says
         (reads after writes see them; reads in MULTI see the state before)."""
         import random
+
         errors = []
 
         def worker(n):
@@ -436,10 +532,11 @@ class OpenServer(ServerCase):
                             want.append(int(k in seen))
                     got = p.execute()  # DEL counts in order, also in MULTI
                     assert got == want, (n, got, want)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 errors.append(e)
             finally:
                 c.close()
+
         ts = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
         for t in ts:
             t.start()
@@ -463,7 +560,7 @@ class OpenServer(ServerCase):
                 while not stop.is_set():
                     s.sendall(b"GET hot\r\n" * n_get)
                     assert read_exactly(s, len(want)) == want
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 errors.append(e)
             finally:
                 s.close()
@@ -477,10 +574,11 @@ class OpenServer(ServerCase):
                     want = b"+OK\r\n$%d\r\n%s\r\n" % (len(v), v)
                     got = read_exactly(s, len(want))
                     assert got == want, (n, i, got, want)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 errors.append(e)
             finally:
                 s.close()
+
         rs = [threading.Thread(target=reader) for _ in range(4)]
         ws = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
         for t in rs + ws:
@@ -513,11 +611,12 @@ class OpenServer(ServerCase):
             try:
                 for i in range(n_keys):
                     w.set("k%d" % i, "v")
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 errors.append(e)
             finally:
                 stop.set()
                 w.close()
+
         t = threading.Thread(target=writer)
         t.start()
         ks = ["k%d" % i for i in range(n_keys)]
@@ -545,29 +644,52 @@ class OpenServer(ServerCase):
         other = self.srv.client()
         other.set("alive", "1")
         cases = [
-            (b"*1\r\n$999999999999\r\n",
-             b"-ERR Protocol error: invalid bulk length\r\n<EOF>"),
-            (b"*1\r\n$-5\r\n", b"-ERR Protocol error: invalid bulk length\r\n"
-             b"<EOF>"),
-            (b"*99999999999\r\n",
-             b"-ERR Protocol error: invalid multibulk length\r\n<EOF>"),
-            (b"*2000000\r\n",
-             b"-ERR Protocol error: invalid multibulk length\r\n<EOF>"),
-            (b"*x\r\n", b"-ERR Protocol error: invalid multibulk length\r\n"
-             b"<EOF>"),
-            (b"*1\r\n+abc\r\n",
-             b"-ERR Protocol error: expected '$', got '+'\r\n<EOF>"),
-            (b"PING\r\n\"abc\r\n", b"+PONG\r\n-ERR Protocol error: "
-             b"unbalanced quotes in request\r\n<EOF>"),
-            (b"PING\r\n*1\r\n$x\r\n", b"+PONG\r\n-ERR Protocol error: invalid "
-             b"bulk length\r\n<EOF>"),
-            (b"SET q 1\r\n*1\r\n$x\r\n", b"+OK\r\n-ERR Protocol error: invalid "
-             b"bulk length\r\n<EOF>"),
-            (b"A" * 70000, b"-ERR Protocol error: too big inline request\r\n"
-             b"<EOF>"),
+            (
+                b"*1\r\n$999999999999\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n<EOF>",
+            ),
+            (
+                b"*1\r\n$-5\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n<EOF>",
+            ),
+            (
+                b"*99999999999\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n<EOF>",
+            ),
+            (
+                b"*2000000\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n<EOF>",
+            ),
+            (
+                b"*x\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n<EOF>",
+            ),
+            (
+                b"*1\r\n+abc\r\n",
+                b"-ERR Protocol error: expected '$', got '+'\r\n<EOF>",
+            ),
+            (
+                b'PING\r\n"abc\r\n',
+                b"+PONG\r\n-ERR Protocol error: "
+                b"unbalanced quotes in request\r\n<EOF>",
+            ),
+            (
+                b"PING\r\n*1\r\n$x\r\n",
+                b"+PONG\r\n-ERR Protocol error: invalid bulk length\r\n<EOF>",
+            ),
+            (
+                b"SET q 1\r\n*1\r\n$x\r\n",
+                b"+OK\r\n-ERR Protocol error: invalid bulk length\r\n<EOF>",
+            ),
+            (
+                b"A" * 70000,
+                b"-ERR Protocol error: too big inline request\r\n<EOF>",
+            ),
             (b"*-1\r\n*0\r\n\r\n\r\nPING\r\n", b"+PONG\r\n"),
-            (b"*2\r\n$4\r\nECHO\r\n$3\r\nabcXY*1\r\n$4\r\nPING\r\n",
-             b"$3\r\nabc\r\n+PONG\r\n"),
+            (
+                b"*2\r\n$4\r\nECHO\r\n$3\r\nabcXY*1\r\n$4\r\nPING\r\n",
+                b"$3\r\nabc\r\n+PONG\r\n",
+            ),
         ]
         for data, want in cases:
             self.check(data, want)
@@ -590,31 +712,53 @@ class OpenServer(ServerCase):
         other.close()
 
     def test_inline_quoting(self):
-        self.assertEqual(self.raw(b"ECHO \"a\\x41\\n\\\"\"\r\n"),
-                         b"$4\r\naA\n\"\r\n")
+        self.assertEqual(
+            self.raw(b'ECHO "a\\x41\\n\\""\r\n'), b'$4\r\naA\n"\r\n'
+        )
         self.assertEqual(self.raw(b"ECHO 'b\\'c'\r\n"), b"$3\r\nb'c\r\n")
-        self.assertEqual(self.raw(b"ECHO \"a\"b\r\n"),
-                         b"-ERR Protocol error: unbalanced quotes in request"
-                         b"\r\n<EOF>")
+        self.assertEqual(
+            self.raw(b'ECHO "a"b\r\n'),
+            b"-ERR Protocol error: unbalanced quotes in request\r\n<EOF>",
+        )
         self.assertEqual(self.raw(b"PING\n"), b"+PONG\r\n")
 
     def test_redis_cli_and_benchmark(self):
         cli = shutil.which("redis-cli")
         if not cli:
             kcharness.skip_or_fail(self, "redis-cli not installed")
-        out = subprocess.run([cli, "-p", str(self.srv.port), "PING"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [cli, "-p", str(self.srv.port), "PING"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         self.assertEqual(out.stdout.strip(), "PONG")
-        out = subprocess.run([cli, "-p", str(self.srv.port), "SET", "c", "v"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [cli, "-p", str(self.srv.port), "SET", "c", "v"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         self.assertEqual(out.stdout.strip(), "OK")
         self.assertEqual(self.raw(b"PING\r\n"), b"+PONG\r\n")
         bench = shutil.which("redis-benchmark")
         if not bench:
             kcharness.skip_or_fail(self, "redis-benchmark not installed")
-        out = subprocess.run([bench, "-p", str(self.srv.port), "-t", "set,get",
-                              "-n", "2000", "-q"], capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(
+            [
+                bench,
+                "-p",
+                str(self.srv.port),
+                "-t",
+                "set,get",
+                "-n",
+                "2000",
+                "-q",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("SET:", out.stdout)
         self.assertIn("GET:", out.stdout)
@@ -647,58 +791,106 @@ class TokenServer(unittest.TestCase):
         self.assertGreater(r.ttl(key), 3500)
         r.close()
         # with the token's name as the user
-        url = "redis://writer:%s@127.0.0.1:%d" % (self.toks["write"],
-                                                 self.srv.port)
+        url = "redis://writer:%s@127.0.0.1:%d" % (
+            self.toks["write"],
+            self.srv.port,
+        )
         r = redis.Redis.from_url(url)
         self.assertEqual(r.get(key), data)
         r.close()
 
     def test_auth_matrix(self):
         p = self.srv.port
-        self.assertEqual(raw(p, b"GET a\r\nSET a 1\r\nPING\r\nFLUSHDB\r\n"),
-                         b"-NOAUTH Authentication required.\r\n" * 4)
-        self.assertEqual(raw(p, b"AUTH wrong\r\nGET a\r\n"),
-                         b"-WRONGPASS invalid username-password pair or user "
-                         b"is disabled.\r\n-NOAUTH Authentication required.\r\n")
-        self.assertEqual(raw(p, b"foo\r\n"), b"-ERR unknown command 'foo', "
-                         b"with args beginning with: \r\n")
-        self.assertEqual(raw(p, b"*20\r\n"), b"-ERR Protocol error: "
-                         b"unauthenticated multibulk length\r\n<EOF>")
-        self.assertEqual(raw(p, b"*2\r\n$4\r\nECHO\r\n$20000\r\n"),
-                         b"-ERR Protocol error: unauthenticated bulk length"
-                         b"\r\n<EOF>")
-        noperm = b"-NOPERM this user has no permissions to run the '%s' command\r\n"
+        self.assertEqual(
+            raw(p, b"GET a\r\nSET a 1\r\nPING\r\nFLUSHDB\r\n"),
+            b"-NOAUTH Authentication required.\r\n" * 4,
+        )
+        self.assertEqual(
+            raw(p, b"AUTH wrong\r\nGET a\r\n"),
+            b"-WRONGPASS invalid username-password pair or user "
+            b"is disabled.\r\n-NOAUTH Authentication required.\r\n",
+        )
+        self.assertEqual(
+            raw(p, b"foo\r\n"),
+            b"-ERR unknown command 'foo', with args beginning with: \r\n",
+        )
+        self.assertEqual(
+            raw(p, b"*20\r\n"),
+            b"-ERR Protocol error: unauthenticated multibulk length\r\n<EOF>",
+        )
+        self.assertEqual(
+            raw(p, b"*2\r\n$4\r\nECHO\r\n$20000\r\n"),
+            b"-ERR Protocol error: unauthenticated bulk length\r\n<EOF>",
+        )
+        noperm = (
+            b"-NOPERM this user has no permissions to run the '%s' command\r\n"
+        )
         want = {
-            "read": [b"+OK\r\n", b"$-1\r\n", noperm % b"set", noperm % b"del",
-                     noperm % b"flushdb"],
-            "write": [b"+OK\r\n", b"$-1\r\n", b"+OK\r\n", b":1\r\n",
-                      noperm % b"flushdb"],
-            "admin": [b"+OK\r\n", b"$-1\r\n", b"+OK\r\n", b":1\r\n",
-                      b"+OK\r\n"],
+            "read": [
+                b"+OK\r\n",
+                b"$-1\r\n",
+                noperm % b"set",
+                noperm % b"del",
+                noperm % b"flushdb",
+            ],
+            "write": [
+                b"+OK\r\n",
+                b"$-1\r\n",
+                b"+OK\r\n",
+                b":1\r\n",
+                noperm % b"flushdb",
+            ],
+            "admin": [
+                b"+OK\r\n",
+                b"$-1\r\n",
+                b"+OK\r\n",
+                b":1\r\n",
+                b"+OK\r\n",
+            ],
         }
         for role, replies in want.items():
             tok = self.toks[role].encode()
-            out = raw(p, b"AUTH " + tok + b"\r\nGET m\r\nSET m 1\r\nDEL m\r\n"
-                      b"FLUSHDB\r\n")
+            out = raw(
+                p,
+                b"AUTH " + tok + b"\r\nGET m\r\nSET m 1\r\nDEL m\r\n"
+                b"FLUSHDB\r\n",
+            )
             self.assertEqual(out, b"".join(replies), role)
         tok = self.toks["read"].encode()
-        self.assertEqual(raw(p, b"AUTH reader " + tok + b"\r\nPING\r\n"),
-                         b"+OK\r\n+PONG\r\n")
-        self.assertEqual(raw(p, b"AUTH writer " + tok + b"\r\n"),
-                         b"-WRONGPASS invalid username-password pair or user "
-                         b"is disabled.\r\n")
-        out = raw(p, b"HELLO 2 AUTH writer " + self.toks["write"].encode() +
-                  b"\r\nSET h 1\r\n")
+        self.assertEqual(
+            raw(p, b"AUTH reader " + tok + b"\r\nPING\r\n"),
+            b"+OK\r\n+PONG\r\n",
+        )
+        self.assertEqual(
+            raw(p, b"AUTH writer " + tok + b"\r\n"),
+            b"-WRONGPASS invalid username-password pair or user "
+            b"is disabled.\r\n",
+        )
+        out = raw(
+            p,
+            b"HELLO 2 AUTH writer "
+            + self.toks["write"].encode()
+            + b"\r\nSET h 1\r\n",
+        )
         self.assertTrue(out.startswith(b"*14\r\n$6\r\nserver\r\n"), out)
         self.assertTrue(out.endswith(b"+OK\r\n"), out)
-        self.assertTrue(raw(p, b"HELLO 2\r\n").startswith(b"-NOAUTH HELLO must"))
+        self.assertTrue(
+            raw(p, b"HELLO 2\r\n").startswith(b"-NOAUTH HELLO must")
+        )
         r = redis.Redis(host="127.0.0.1", port=p, password="nope")
-        with self.assertRaises((redis.exceptions.ResponseError,
-                                redis.exceptions.AuthenticationError)) as cm:
+        with self.assertRaises(
+            (
+                redis.exceptions.ResponseError,
+                redis.exceptions.AuthenticationError,
+            )
+        ) as cm:
             r.ping()
-        self.assertIn("WRONGPASS", str(cm.exception).upper() + "WRONGPASS"
-                      if "invalid username-password" in str(cm.exception)
-                      else str(cm.exception))
+        self.assertIn(
+            "WRONGPASS",
+            str(cm.exception).upper() + "WRONGPASS"
+            if "invalid username-password" in str(cm.exception)
+            else str(cm.exception),
+        )
 
 
 class AnonymousWrite(unittest.TestCase):
@@ -707,12 +899,15 @@ class AnonymousWrite(unittest.TestCase):
     def test_triton_sequence(self):
         d = tempfile.mkdtemp(prefix="kc-resp-")
         toks, path = make_tokens(d)
-        srv = Server("--tokens", path, "--resp-anonymous-role", "write",
-                     data_dir=d).start()
+        srv = Server(
+            "--tokens", path, "--resp-anonymous-role", "write", data_dir=d
+        ).start()
         try:
             r = redis.Redis(host="127.0.0.1", port=srv.port)
-            keys = ["triton:%s:%s" % ("ab" * 32, f)
-                    for f in ("k.cubin", "k.json", "k.ptx")]
+            keys = [
+                "triton:%s:%s" % ("ab" * 32, f)
+                for f in ("k.cubin", "k.json", "k.ptx")
+            ]
             self.assertEqual(r.mget(keys), [None, None, None])
             for k in keys:
                 self.assertTrue(r.set(k, k.encode() * 100))
@@ -733,12 +928,19 @@ class ReadThrough(unittest.TestCase):
         s3 = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeS3)
         threading.Thread(target=s3.serve_forever, daemon=True).start()
         d = tempfile.mkdtemp(prefix="kc-resp-")
-        env = dict(os.environ, AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b")
+        env = dict(
+            os.environ, AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b"
+        )
         old = os.environ.copy()
         os.environ.update(env)
-        srv = Server("--s3-endpoint", "http://127.0.0.1:%d" %
-                     s3.server_address[1], "--s3-bucket", "bkt",
-                     "--s3-path-style", data_dir=d).start()
+        srv = Server(
+            "--s3-endpoint",
+            "http://127.0.0.1:%d" % s3.server_address[1],
+            "--s3-bucket",
+            "bkt",
+            "--s3-path-style",
+            data_dir=d,
+        ).start()
         os.environ.clear()
         os.environ.update(old)
         try:
@@ -751,6 +953,7 @@ class ReadThrough(unittest.TestCase):
                 t = time.time()
                 got["mget"] = r.mget("here", "gone")
                 got["secs"] = time.time() - t
+
             t = threading.Thread(target=slow)
             t.start()
             time.sleep(0.2)
@@ -780,8 +983,10 @@ class Durability(unittest.TestCase):
     def test_sigkill_after_acknowledged_sets(self):
         d = tempfile.mkdtemp(prefix="kc-resp-")
         srv = Server(data_dir=d).start()
-        vals = {("dur:%d" % i).encode(): os.urandom(i * 37 % 5000)
-                for i in range(200)}
+        vals = {
+            ("dur:%d" % i).encode(): os.urandom(i * 37 % 5000)
+            for i in range(200)
+        }
         try:
             r = srv.client()
             p = r.pipeline(transaction=False)
@@ -807,19 +1012,25 @@ class Durability(unittest.TestCase):
         d = tempfile.mkdtemp(prefix="kc-resp-")
         srv = Server("--resp-max-value", "1K", data_dir=d).start()
         try:
-            self.assertEqual(raw(srv.port, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n"
-                                 b"$1024\r\n" + b"x" * 1024 + b"\r\nGET k\r\n"),
-                             b"+OK\r\n$1024\r\n" + b"x" * 1024 + b"\r\n")
-            self.assertEqual(raw(srv.port, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n"
-                                 b"$1025\r\n"),
-                             b"-ERR Protocol error: invalid bulk length\r\n"
-                             b"<EOF>")
+            self.assertEqual(
+                raw(
+                    srv.port,
+                    b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n"
+                    b"$1024\r\n" + b"x" * 1024 + b"\r\nGET k\r\n",
+                ),
+                b"+OK\r\n$1024\r\n" + b"x" * 1024 + b"\r\n",
+            )
+            self.assertEqual(
+                raw(srv.port, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1025\r\n"),
+                b"-ERR Protocol error: invalid bulk length\r\n<EOF>",
+            )
         finally:
             srv.stop()
             shutil.rmtree(d, ignore_errors=True)
 
 
 # ---- RESP3 (HELLO 3) ----
+
 
 def resp3_frames(p, *cmds):
     """Sends HELLO 3 and cmds on one connection; the raw reply bytes."""
@@ -838,12 +1049,20 @@ class Resp3(ServerCase):
 
     def test_hello_map(self):
         out = raw(self.srv.port, b"HELLO 3\r\n", b"%7")
-        self.assertTrue(out.startswith(
-            b"%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n"
-            b"7.0.0\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:"), out)
-        self.assertTrue(out.endswith(
-            b"$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster"
-            b"\r\n$7\r\nmodules\r\n*0\r\n"), out)
+        self.assertTrue(
+            out.startswith(
+                b"%7\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n"
+                b"7.0.0\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:"
+            ),
+            out,
+        )
+        self.assertTrue(
+            out.endswith(
+                b"$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster"
+                b"\r\n$7\r\nmodules\r\n*0\r\n"
+            ),
+            out,
+        )
         # HELLO without a version answers in the protocol in force
         out = raw(self.srv.port, b"HELLO 3\r\nHELLO\r\nHELLO 2\r\nHELLO\r\n")
         self.assertEqual(out.count(b"%7\r\n"), 2)
@@ -854,11 +1073,19 @@ class Resp3(ServerCase):
     def test_nil_and_maps(self):
         p = self.srv.port
         raw(p, b"SET a 1\r\nSET b 2\r\n", b"+OK\r\n+OK\r\n")
-        out = resp3_frames(p, b"GET missing", b"MGET a missing",
-                           b"SET a x NX", b"SET new x XX GET",
-                           b"CLIENT GETNAME", b"CONFIG GET maxclients",
-                           b"COMMAND DOCS", b"TTL a", b"EXISTS a b",
-                           b"SCAN 0 MATCH nomatch*")
+        out = resp3_frames(
+            p,
+            b"GET missing",
+            b"MGET a missing",
+            b"SET a x NX",
+            b"SET new x XX GET",
+            b"CLIENT GETNAME",
+            b"CONFIG GET maxclients",
+            b"COMMAND DOCS",
+            b"TTL a",
+            b"EXISTS a b",
+            b"SCAN 0 MATCH nomatch*",
+        )
         hello_end = out.index(b"*0\r\n") + 4  # HELLO's modules []
         self.assertEqual(
             out[hello_end:],
@@ -871,22 +1098,34 @@ class Resp3(ServerCase):
             b"%0\r\n"
             b":-1\r\n"
             b":2\r\n"
-            b"*2\r\n$1\r\n0\r\n*0\r\n")
+            b"*2\r\n$1\r\n0\r\n*0\r\n",
+        )
         # HELLO 2 on the same connection: RESP2 again
-        out = raw(p, b"HELLO 3\r\nHELLO 2\r\nGET missing\r\nCONFIG GET "
-                  b"maxclients\r\n")
-        self.assertTrue(out.endswith(b"$-1\r\n*2\r\n$10\r\nmaxclients\r\n"
-                                     b"$5\r\n10000\r\n"), out)
+        out = raw(
+            p,
+            b"HELLO 3\r\nHELLO 2\r\nGET missing\r\nCONFIG GET maxclients\r\n",
+        )
+        self.assertTrue(
+            out.endswith(b"$-1\r\n*2\r\n$10\r\nmaxclients\r\n$5\r\n10000\r\n"),
+            out,
+        )
 
     def test_info_verbatim_and_exec(self):
         p = self.srv.port
-        out = resp3_frames(p, b"INFO keyspace", b"MULTI", b"SET k v",
-                           b"GET nope", b"EXEC", b"CLIENT INFO")
-        body = out[out.index(b"*0\r\n") + 4:]
-        self.assertTrue(body.startswith(b"=16\r\ntxt:# Keyspace\r\n\r\n"),
-                        body)
-        self.assertIn(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n_\r\n",
-                      body)
+        out = resp3_frames(
+            p,
+            b"INFO keyspace",
+            b"MULTI",
+            b"SET k v",
+            b"GET nope",
+            b"EXEC",
+            b"CLIENT INFO",
+        )
+        body = out[out.index(b"*0\r\n") + 4 :]
+        self.assertTrue(
+            body.startswith(b"=16\r\ntxt:# Keyspace\r\n\r\n"), body
+        )
+        self.assertIn(b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n_\r\n", body)
         self.assertRegex(body, rb"=\d+\r\ntxt:id=\d+ .* resp=3\n\r\n$")
 
     def test_redis_py_protocol_3(self):
@@ -911,13 +1150,17 @@ class Resp3Auth(unittest.TestCase):
         srv = Server("--tokens", path, data_dir=d).start()
         try:
             tok = toks["write"].encode()
-            out = raw(srv.port, b"HELLO 3 AUTH default " + tok +
-                      b"\r\nGET nope\r\n")
+            out = raw(
+                srv.port, b"HELLO 3 AUTH default " + tok + b"\r\nGET nope\r\n"
+            )
             self.assertTrue(out.startswith(b"%7\r\n"), out)
             self.assertTrue(out.endswith(b"*0\r\n_\r\n"), out)
             # a wrong token: the error, and the protocol stays RESP2
-            out = raw(srv.port, b"HELLO 3 AUTH default nottoken\r\n"
-                      b"HELLO 3 AUTH writer " + tok + b"\r\nGET nope\r\n")
+            out = raw(
+                srv.port,
+                b"HELLO 3 AUTH default nottoken\r\n"
+                b"HELLO 3 AUTH writer " + tok + b"\r\nGET nope\r\n",
+            )
             self.assertTrue(out.startswith(b"-WRONGPASS"), out)
             self.assertTrue(out.endswith(b"*0\r\n_\r\n"), out)
         finally:
@@ -956,8 +1199,9 @@ class LargePipelines(ServerCase):
         for n in (3, 10, 50):
             with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
                 got, same = pipelined_gets(s, b"big:1m", n, self.value)
-                self.assertEqual(got, big_gets_reply(n, len(self.value)),
-                                 "%d GETs" % n)
+                self.assertEqual(
+                    got, big_gets_reply(n, len(self.value)), "%d GETs" % n
+                )
                 self.assertTrue(same, "%d GETs" % n)
 
     def test_large_gets_after_a_write(self):
@@ -988,8 +1232,9 @@ class LargePipelines(ServerCase):
         for i, v in enumerate(vals):
             r.set("mv:%d" % i, v)
         order = [i % len(vals) for i in range(60)]
-        want = b"".join(b"$%d\r\n%s\r\n" % (len(vals[i]), vals[i])
-                        for i in order)
+        want = b"".join(
+            b"$%d\r\n%s\r\n" % (len(vals[i]), vals[i]) for i in order
+        )
         with socket.create_connection(("127.0.0.1", self.srv.port)) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
             s.sendall(b"".join(b"GET mv:%d\r\n" % i for i in order))
@@ -1039,8 +1284,12 @@ class LargePipelines(ServerCase):
 
 
 def set_cmd(key, value):
-    return (b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" %
-            (len(key), key, len(value)) + value + b"\r\n")
+    return (
+        b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
+        % (len(key), key, len(value))
+        + value
+        + b"\r\n"
+    )
 
 
 class BigInputBuffers(ServerCase):
@@ -1065,10 +1314,9 @@ class BigInputBuffers(ServerCase):
         vm_before = rss_anon_kib(pid, "VmData:")
         socks = []
         try:
-            for i in range(30):
+            for _ in range(30):
                 s = socket.create_connection(("127.0.0.1", self.srv.port))
-                s.sendall(b"*3\r\n$3\r\nSET\r\n$4\r\nhuge\r\n"
-                          b"$500000000\r\n")
+                s.sendall(b"*3\r\n$3\r\nSET\r\n$4\r\nhuge\r\n$500000000\r\n")
                 socks.append(s)
             for _ in range(4):
                 for s in socks:
@@ -1108,8 +1356,8 @@ class BigInputBuffers(ServerCase):
                 ca, cb = set_cmd(ka, va), set_cmd(kb, vb)
                 step = 100000
                 for off in range(0, max(len(ca), len(cb)), step):
-                    a.sendall(ca[off:off + step])
-                    b.sendall(cb[off:off + step])
+                    a.sendall(ca[off : off + step])
+                    b.sendall(cb[off : off + step])
                     time.sleep(0.005)
                 self.assertEqual(read_exactly(a, 5), b"+OK\r\n")
                 self.assertEqual(read_exactly(b, 5), b"+OK\r\n")
@@ -1117,10 +1365,12 @@ class BigInputBuffers(ServerCase):
             # shrinking values pipelined on one connection, a short SET
             # of a value that is a prefix of nothing held
             big = [os.urandom(n) for n in (2 << 20, 1 << 20, 300000, 70000)]
-            a.sendall(b"".join(set_cmd(b"mix:s%d" % i, v)
-                               for i, v in enumerate(big)))
-            self.assertEqual(read_exactly(a, 5 * len(big)),
-                             b"+OK\r\n" * len(big))
+            a.sendall(
+                b"".join(set_cmd(b"mix:s%d" % i, v) for i, v in enumerate(big))
+            )
+            self.assertEqual(
+                read_exactly(a, 5 * len(big)), b"+OK\r\n" * len(big)
+            )
             for i, v in enumerate(big):
                 vals[b"mix:s%d" % i] = v
             b.sendall(set_cmd(b"mix:short", b"z" * 5))
@@ -1181,37 +1431,110 @@ class BigInputBuffers(ServerCase):
 
 # ---- TLS ----
 
+
 def openssl(*args, cwd):
-    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["openssl"] + list(args), cwd=cwd, check=True, capture_output=True
+    )
 
 
 def make_pki(d):
     """A root CA, an intermediate, and a server certificate for 127.0.0.1
     signed by the intermediate; the server's PEM holds leaf + intermediate
     (the chain), clients trust the root only. (ca.pem, cert.pem, key.pem)"""
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-          "-nodes"]
+    ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ]
     with open(os.path.join(d, "ca.ext"), "w") as f:
-        f.write("basicConstraints=critical,CA:TRUE\n"
-                "keyUsage=critical,keyCertSign,cRLSign\n")
+        f.write(
+            "basicConstraints=critical,CA:TRUE\n"
+            "keyUsage=critical,keyCertSign,cRLSign\n"
+        )
     with open(os.path.join(d, "leaf.ext"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                "extendedKeyUsage=serverAuth\n")
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem",
-            "-days", "2", "-subj", "/CN=kcache test root",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
-    openssl("req", *ec, "-keyout", "int.key", "-out", "int.csr", "-subj",
-            "/CN=kcache test intermediate", cwd=d)
-    openssl("x509", "-req", "-in", "int.csr", "-CA", "ca.pem", "-CAkey",
-            "ca.key", "-CAcreateserial", "-out", "int.pem", "-days", "2",
-            "-extfile", "ca.ext", cwd=d)
-    openssl("req", *ec, "-keyout", "key.pem", "-out", "leaf.csr", "-subj",
-            "/CN=127.0.0.1", cwd=d)
-    openssl("x509", "-req", "-in", "leaf.csr", "-CA", "int.pem", "-CAkey",
-            "int.key", "-CAcreateserial", "-out", "leaf.pem", "-days", "2",
-            "-extfile", "leaf.ext", cwd=d)
+        f.write(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+            "extendedKeyUsage=serverAuth\n"
+        )
+    openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=kcache test root",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=d,
+    )
+    openssl(
+        "req",
+        *ec,
+        "-keyout",
+        "int.key",
+        "-out",
+        "int.csr",
+        "-subj",
+        "/CN=kcache test intermediate",
+        cwd=d,
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "int.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "int.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ca.ext",
+        cwd=d,
+    )
+    openssl(
+        "req",
+        *ec,
+        "-keyout",
+        "key.pem",
+        "-out",
+        "leaf.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+        cwd=d,
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "int.pem",
+        "-CAkey",
+        "int.key",
+        "-CAcreateserial",
+        "-out",
+        "leaf.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "leaf.ext",
+        cwd=d,
+    )
     with open(os.path.join(d, "cert.pem"), "wb") as f:
         for part in ("leaf.pem", "int.pem"):
             with open(os.path.join(d, part), "rb") as g:
@@ -1223,6 +1546,7 @@ def make_pki(d):
 def tls_raw(port, ca, data, end):
     """raw() over TLS: sends data, reads until the reply ends with end."""
     import ssl
+
     ctx = ssl.create_default_context(cafile=ca)
     with socket.create_connection(("127.0.0.1", port), 10) as s:
         with ctx.wrap_socket(s, server_hostname="127.0.0.1") as t:
@@ -1246,9 +1570,17 @@ class Tls(unittest.TestCase):
         cls.d = tempfile.mkdtemp(prefix="kc-resp-")
         cls.toks, path = make_tokens(cls.d)
         cls.ca, cls.cert, cls.key = make_pki(cls.d)
-        cls.srv = Server("--tokens", path, "--tls-cert", cls.cert,
-                         "--tls-key", cls.key, "--metrics-role", "none",
-                         data_dir=cls.d).start()
+        cls.srv = Server(
+            "--tokens",
+            path,
+            "--tls-cert",
+            cls.cert,
+            "--tls-key",
+            cls.key,
+            "--metrics-role",
+            "none",
+            data_dir=cls.d,
+        ).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -1263,11 +1595,13 @@ class Tls(unittest.TestCase):
 
     def metrics(self):
         import ssl
+
         with open(os.path.join(self.d, "http-port")) as f:
             port = int(f.read())
         ctx = ssl.create_default_context(cafile=self.ca)
-        with urllib.request.urlopen("https://127.0.0.1:%d/metrics" % port,
-                                    timeout=10, context=ctx) as resp:
+        with urllib.request.urlopen(
+            "https://127.0.0.1:%d/metrics" % port, timeout=10, context=ctx
+        ) as resp:
             return resp.read().decode()
 
     def test_rediss_round_trip(self):
@@ -1300,8 +1634,9 @@ class Tls(unittest.TestCase):
                     if r.get("tls:w%d:%d" % (n, i)) != v:
                         errors.append("mismatch")
                 r.close()
-            except Exception as e:  # noqa: a thread must report, not die
+            except Exception as e:  # a thread must report, not die
                 errors.append(repr(e))
+
         ts = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
         for t in ts:
             t.start()
@@ -1311,9 +1646,12 @@ class Tls(unittest.TestCase):
 
     def test_plaintext_client_fails_cleanly(self):
         before = self.metrics()
-        plain = redis.Redis(host="127.0.0.1", port=self.srv.port,
-                            password=self.toks["write"],
-                            socket_timeout=5)
+        plain = redis.Redis(
+            host="127.0.0.1",
+            port=self.srv.port,
+            password=self.toks["write"],
+            socket_timeout=5,
+        )
         with self.assertRaises(redis.exceptions.ConnectionError):
             plain.ping()
         plain.close()
@@ -1330,14 +1668,17 @@ class Tls(unittest.TestCase):
 
         def failures(text):
             for line in text.splitlines():
-                if line.startswith("kcached_resp_tls_handshake_failures_total"):
+                if line.startswith(
+                    "kcached_resp_tls_handshake_failures_total"
+                ):
                     return int(line.split()[-1])
             self.fail("no kcached_resp_tls_handshake_failures_total")
-        self.assertGreaterEqual(failures(self.metrics()),
-                                failures(before) + 2)
+
+        self.assertGreaterEqual(failures(self.metrics()), failures(before) + 2)
 
     def test_pipelined_large_gets_over_tls(self):
         import ssl
+
         r = self.client()
         value = os.urandom(1 << 20)
         r.set("tls:1m", value)
@@ -1350,15 +1691,20 @@ class Tls(unittest.TestCase):
                     t.sendall(b"AUTH " + tok + b"\r\n")
                     self.assertEqual(read_exactly(t, 5), b"+OK\r\n")
                     got, same = pipelined_gets(t, b"tls:1m", n, value)
-                    self.assertEqual(got, big_gets_reply(n, len(value)),
-                                     "%d GETs" % n)
+                    self.assertEqual(
+                        got, big_gets_reply(n, len(value)), "%d GETs" % n
+                    )
                     self.assertTrue(same)
 
     def test_resp3_over_tls(self):
         tok = self.toks["read"].encode()
         want_end = b"*0\r\n_\r\n"
-        out = tls_raw(self.srv.port, self.ca, b"HELLO 3 AUTH default " + tok +
-                      b"\r\nGET tls:none\r\n", want_end)
+        out = tls_raw(
+            self.srv.port,
+            self.ca,
+            b"HELLO 3 AUTH default " + tok + b"\r\nGET tls:none\r\n",
+            want_end,
+        )
         self.assertTrue(out.startswith(b"%7\r\n"), out)
         self.assertTrue(out.endswith(want_end), out)
 
@@ -1382,10 +1728,21 @@ class TlsOffForResp(unittest.TestCase):
         cls.d = tempfile.mkdtemp(prefix="kc-resp-")
         cls.toks, path = make_tokens(cls.d)
         cls.ca, cls.cert, cls.key = make_pki(cls.d)
-        cls.srv = Server("--tokens", path, "--tls-cert", cls.cert,
-                         "--tls-key", cls.key, "--resp-tls", "off",
-                         "--resp-anonymous-role", "write",
-                         "--metrics-role", "none", data_dir=cls.d).start()
+        cls.srv = Server(
+            "--tokens",
+            path,
+            "--tls-cert",
+            cls.cert,
+            "--tls-key",
+            cls.key,
+            "--resp-tls",
+            "off",
+            "--resp-anonymous-role",
+            "write",
+            "--metrics-role",
+            "none",
+            data_dir=cls.d,
+        ).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -1394,26 +1751,31 @@ class TlsOffForResp(unittest.TestCase):
 
     def test_plain_resp_beside_https(self):
         import ssl
+
         r = redis.Redis(host="127.0.0.1", port=self.srv.port)
         self.assertTrue(r.set("triton:k", b"v"))
         self.assertEqual(r.get("triton:k"), b"v")
         r.close()
-        r = redis.Redis(host="127.0.0.1", port=self.srv.port,
-                        password=self.toks["read"])
+        r = redis.Redis(
+            host="127.0.0.1", port=self.srv.port, password=self.toks["read"]
+        )
         self.assertEqual(r.get("triton:k"), b"v")
         r.close()
         with open(os.path.join(self.d, "http-port")) as f:
             port = int(f.read())
         ctx = ssl.create_default_context(cafile=self.ca)
-        with urllib.request.urlopen("https://127.0.0.1:%d/metrics" % port,
-                                    timeout=10, context=ctx) as resp:
+        with urllib.request.urlopen(
+            "https://127.0.0.1:%d/metrics" % port, timeout=10, context=ctx
+        ) as resp:
             self.assertIn(b"kcached_resp_", resp.read())
         with self.assertRaises(Exception):  # HTTP is not plaintext
-            urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
-                                   timeout=5).read()
+            urllib.request.urlopen(
+                "http://127.0.0.1:%d/metrics" % port, timeout=5
+            ).read()
 
     def test_tls_client_fails(self):
         import ssl
+
         ctx = ssl.create_default_context(cafile=self.ca)
         with socket.create_connection(("127.0.0.1", self.srv.port), 5) as s:
             with self.assertRaises((ssl.SSLError, OSError)):
@@ -1425,9 +1787,19 @@ class TlsConfig(unittest.TestCase):
 
     def run_kcached(self, d, *extra):
         return subprocess.Popen(
-            [kcharness.kcached_path(), "--listen", "127.0.0.1:0", "--data-dir",
-             os.path.join(d, "data"), "--resp-listen", "0.0.0.0:0"] +
-            list(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            [
+                kcharness.kcached_path(),
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                os.path.join(d, "data"),
+                "--resp-listen",
+                "0.0.0.0:0",
+            ]
+            + list(extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
 
     def test_plaintext_refused_tls_accepted(self):
         d = tempfile.mkdtemp(prefix="kc-resp-")
@@ -1438,8 +1810,9 @@ class TlsConfig(unittest.TestCase):
             out = p.communicate(timeout=30)[0]
             self.assertEqual(p.returncode, 2, out)
             self.assertIn(b"--allow-plaintext", out)
-            p = self.run_kcached(d, "--tokens", path, "--tls-cert", cert,
-                                 "--tls-key", key)
+            p = self.run_kcached(
+                d, "--tokens", path, "--tls-cert", cert, "--tls-key", key
+            )
             time.sleep(1.5)
             self.assertIsNone(p.poll(), p.stdout.read() if p.poll() else "")
             p.send_signal(signal.SIGTERM)
@@ -1461,8 +1834,9 @@ class TlsConfig(unittest.TestCase):
             out = p.communicate(timeout=30)[0]
             self.assertEqual(p.returncode, 2, out)
             self.assertIn(b"--resp-tls on", out)
-            p = self.run_kcached(d, *tls, "--resp-tls", "off",
-                                 "--allow-plaintext")
+            p = self.run_kcached(
+                d, *tls, "--resp-tls", "off", "--allow-plaintext"
+            )
             time.sleep(1.5)
             self.assertIsNone(p.poll(), p.stdout.read() if p.poll() else "")
             p.send_signal(signal.SIGTERM)
@@ -1472,6 +1846,7 @@ class TlsConfig(unittest.TestCase):
 
 
 # ---- observability ----
+
 
 class Observability(unittest.TestCase):
     """/metrics (per key family reads, bytes, connections, batch sizes,
@@ -1488,9 +1863,10 @@ class Observability(unittest.TestCase):
 
     def stats(self):
         import json
-        with urllib.request.urlopen("http://127.0.0.1:%d/v1/stats" %
-                                    self.srv.http_port(),
-                                    timeout=10) as resp:
+
+        with urllib.request.urlopen(
+            "http://127.0.0.1:%d/v1/stats" % self.srv.http_port(), timeout=10
+        ) as resp:
             return json.loads(resp.read())
 
     def test_reads_per_key_family(self):
@@ -1498,8 +1874,9 @@ class Observability(unittest.TestCase):
         self.assertIsNone(r.get("pt2:a"))
         r.set("pt2:a", "1")
         self.assertEqual(r.get("pt2:a"), b"1")
-        self.assertEqual(r.mget(["triton:x", "pt2:a", "nocolon"]),
-                         [None, b"1", None])
+        self.assertEqual(
+            r.mget(["triton:x", "pt2:a", "nocolon"]), [None, b"1", None]
+        )
         r.exists("pt2:a")  # not a value read: not counted
         # 40 more families: the table learns 32 in all, the rest is other
         for i in range(40):
@@ -1514,8 +1891,11 @@ class Observability(unittest.TestCase):
         self.assertIsNone(metric(t, name, 'family="fam30",result="miss"'))
         # nocolon and fam30..fam39
         self.assertEqual(metric(t, name, 'family="other",result="miss"'), 11)
-        families = {l.split('family="')[1].split('"')[0]
-                    for l in t.splitlines() if l.startswith(name + "{")}
+        families = {
+            l.split('family="')[1].split('"')[0]
+            for l in t.splitlines()
+            if l.startswith(name + "{")
+        }
         self.assertEqual(len(families), 33)
 
     def test_bytes_connections_batches(self):
@@ -1526,23 +1906,31 @@ class Observability(unittest.TestCase):
         raw(self.srv.port, b"SET a 1\r\nSET b 2\r\nSET c 3\r\n", b"+OK" * 3)
         t = self.srv.metrics()
         self.assertGreaterEqual(
-            metric(t, "kcached_resp_received_bytes_total") -
-            metric(t0, "kcached_resp_received_bytes_total"), 10000)
+            metric(t, "kcached_resp_received_bytes_total")
+            - metric(t0, "kcached_resp_received_bytes_total"),
+            10000,
+        )
         self.assertGreaterEqual(
-            metric(t, "kcached_resp_sent_bytes_total") -
-            metric(t0, "kcached_resp_sent_bytes_total"), 10000)
+            metric(t, "kcached_resp_sent_bytes_total")
+            - metric(t0, "kcached_resp_sent_bytes_total"),
+            10000,
+        )
         self.assertGreaterEqual(metric(t, "kcached_resp_connections_total"), 2)
         self.assertGreaterEqual(metric(t, "kcached_resp_connections"), 1)
         n = metric(t, "kcached_resp_commit_batch_ops_count")
         self.assertGreaterEqual(n, 2)
-        self.assertEqual(metric(t, "kcached_resp_commit_batch_ops_bucket",
-                                'le="+Inf"'), n)
-        self.assertGreaterEqual(metric(t, "kcached_resp_commit_batch_ops_sum"),
-                                4)
+        self.assertEqual(
+            metric(t, "kcached_resp_commit_batch_ops_bucket", 'le="+Inf"'), n
+        )
+        self.assertGreaterEqual(
+            metric(t, "kcached_resp_commit_batch_ops_sum"), 4
+        )
         # the three pipelined SETs of one read went in one commit of 3 ops
         self.assertGreaterEqual(
-            metric(t, "kcached_resp_commit_batch_ops_bucket", 'le="5"') -
-            metric(t, "kcached_resp_commit_batch_ops_bucket", 'le="2"'), 1)
+            metric(t, "kcached_resp_commit_batch_ops_bucket", 'le="5"')
+            - metric(t, "kcached_resp_commit_batch_ops_bucket", 'le="2"'),
+            1,
+        )
         self.assertEqual(metric(t, "kcached_resp_commit_errors_total"), 0)
 
     def test_failed_write_counts_as_error(self):
@@ -1552,10 +1940,16 @@ class Observability(unittest.TestCase):
         self.assertTrue(self.r.set("small", b"1"))
         t = self.srv.metrics()
         name = "kcached_resp_commands_total"
-        self.assertEqual(metric(t, name, 'cmd="set",result="error"') -
-                         metric(t0, name, 'cmd="set",result="error"'), 1)
-        self.assertEqual(metric(t, name, 'cmd="set",result="ok"') -
-                         metric(t0, name, 'cmd="set",result="ok"'), 1)
+        self.assertEqual(
+            metric(t, name, 'cmd="set",result="error"')
+            - metric(t0, name, 'cmd="set",result="error"'),
+            1,
+        )
+        self.assertEqual(
+            metric(t, name, 'cmd="set",result="ok"')
+            - metric(t0, name, 'cmd="set",result="ok"'),
+            1,
+        )
 
     def test_info_true_figures(self):
         r = self.r
@@ -1606,23 +2000,31 @@ class Observability(unittest.TestCase):
         """/v1/stats's resp_families: the reads per key family, as
         /metrics counts them; a family name of odd bytes stays a string."""
         r = self.r
-        self.assertEqual(self.stats()["resp_families"],
-                         [{"family": "other", "hits": 0, "misses": 0}])
+        self.assertEqual(
+            self.stats()["resp_families"],
+            [{"family": "other", "hits": 0, "misses": 0}],
+        )
         r.set("pt2:a", "1")
         r.set("triton:m1", "2")
         self.assertEqual(r.get("pt2:a"), b"1")
         self.assertIsNone(r.get("pt2:b"))
-        self.assertEqual(r.mget(["pt2:a", "triton:m1", "triton:m2",
-                                 "nocolon"]), [b"1", b"2", None, None])
+        self.assertEqual(
+            r.mget(["pt2:a", "triton:m1", "triton:m2", "nocolon"]),
+            [b"1", b"2", None, None],
+        )
         hostile = '<img/src=x/onerror="x">'  # '"' in it: counts as other
         r.get(hostile + ":k")
         r.get("<b>&amp;:k")  # printable: its own family, sent as JSON text
         fams = self.stats()["resp_families"]
-        self.assertEqual(fams, [
-            {"family": "pt2", "hits": 2, "misses": 1},
-            {"family": "triton", "hits": 1, "misses": 1},
-            {"family": "<b>&amp;", "hits": 0, "misses": 1},
-            {"family": "other", "hits": 0, "misses": 2}])
+        self.assertEqual(
+            fams,
+            [
+                {"family": "pt2", "hits": 2, "misses": 1},
+                {"family": "triton", "hits": 1, "misses": 1},
+                {"family": "<b>&amp;", "hits": 0, "misses": 1},
+                {"family": "other", "hits": 0, "misses": 2},
+            ],
+        )
 
 
 if __name__ == "__main__":

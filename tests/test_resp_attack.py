@@ -16,6 +16,7 @@ hostile client sends it, against a real kcached (kcharness.py):
 
 usage: test_resp_attack.py KCACHED [unittest args]
 (exit 77: no redis-py; a failure instead when CI=true)"""
+
 import os
 import shutil
 import signal
@@ -60,8 +61,12 @@ def sanitized():
 
 
 def refused(srv, reason):
-    return tr.metric(srv.metrics(), "kcached_resp_refused_total",
-                     'reason="%s"' % reason) or 0
+    return (
+        tr.metric(
+            srv.metrics(), "kcached_resp_refused_total", 'reason="%s"' % reason
+        )
+        or 0
+    )
 
 
 Case = tr.ServerCase
@@ -80,10 +85,11 @@ class CrossProtocol(Case):
 
     def test_browser_post_runs_nothing(self):
         body = b"SET x pwned\r\nFLUSHALL\r\n"
-        req = (b"POST / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nOrigin: "
-               b"http://evil.example\r\nContent-Type: text/plain\r\n"
-               b"Content-Length: %d\r\n\r\n" % (self.srv.port, len(body))
-               + body)
+        req = (
+            b"POST / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nOrigin: "
+            b"http://evil.example\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: %d\r\n\r\n" % (self.srv.port, len(body)) + body
+        )
         s = connect(self.srv.port)
         s.sendall(req)
         self.assertEqual(read_to_eof(s), b"")  # closed, nothing answered
@@ -116,14 +122,18 @@ class CrossProtocol(Case):
         self.assertEqual(self.r.get("pt2:model"), b"compiled")
 
     def test_first_bytes_not_resp_are_refused(self):
-        err = (b"-ERR Protocol error: expected a RESP array ('*') or an "
-               b"inline command\r\n")
-        for data in (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfcSET x pwned\r\n",
-                     b'{"cmd": "x"}\r\nSET x pwned\r\n',
-                     b"\x00SET x pwned\r\n",
-                     b"<html>\r\nSET x pwned\r\n",
-                     b"SET x \x01\x02pwned\r\n",
-                     b"SET\rx pwned\r\n"):
+        err = (
+            b"-ERR Protocol error: expected a RESP array ('*') or an "
+            b"inline command\r\n"
+        )
+        for data in (
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfcSET x pwned\r\n",
+            b'{"cmd": "x"}\r\nSET x pwned\r\n',
+            b"\x00SET x pwned\r\n",
+            b"<html>\r\nSET x pwned\r\n",
+            b"SET x \x01\x02pwned\r\n",
+            b"SET\rx pwned\r\n",
+        ):
             s = connect(self.srv.port)
             s.sendall(data)
             self.assertEqual(read_to_eof(s), err, data)
@@ -137,8 +147,10 @@ class CrossProtocol(Case):
         self.assertEqual(self.r.execute_command("ECHO", "POST"), b"POST")
         self.assertEqual(self.r.get("/"), b"HTTP/1.1")
         # inline commands, as telnet sends them, blank lines first
-        self.assertEqual(tr.raw(self.srv.port, b"\r\n PING\r\nECHO HTTP\r\n"),
-                         b"+PONG\r\n$4\r\nHTTP\r\n")
+        self.assertEqual(
+            tr.raw(self.srv.port, b"\r\n PING\r\nECHO HTTP\r\n"),
+            b"+PONG\r\n$4\r\nHTTP\r\n",
+        )
         self.assertEqual(tr.raw(self.srv.port, b"ping\n"), b"+PONG\r\n")
 
 
@@ -159,8 +171,9 @@ class KeysPattern(Case):
             self.assertIn("pattern too complex", str(cm.exception))
             with self.assertRaises(redis.exceptions.ResponseError):
                 r.scan(0, match=bad)
-        self.assertEqual(r.scan(0, match=ok, count=1000)[1],
-                         [b"a" * 100 + b"b"])
+        self.assertEqual(
+            r.scan(0, match=ok, count=1000)[1], [b"a" * 100 + b"b"]
+        )
         r.close()
 
 
@@ -203,10 +216,20 @@ class TokenRevocation(unittest.TestCase):
         admin = self.authed("admin")
         reader = self.authed("read")
         # writer removed, admin demoted to read; reader unchanged
-        self.reload(lambda old: [l for l in old if " writer " not in l and
-                                 not l.startswith("admin ")] +
-                    [l.replace("admin ", "read ", 1) for l in old
-                     if l.startswith("admin ")])
+        self.reload(
+            lambda old: (
+                [
+                    l
+                    for l in old
+                    if " writer " not in l and not l.startswith("admin ")
+                ]
+                + [
+                    l.replace("admin ", "read ", 1)
+                    for l in old
+                    if l.startswith("admin ")
+                ]
+            )
+        )
         try:  # the sweep may have closed it already: no reply either way
             busy.sendall(b"SET revoked 1\r\nDEL pt2:a\r\n")
         except OSError:
@@ -225,8 +248,10 @@ class TokenRevocation(unittest.TestCase):
         # the demoted token authenticates again, with its new role
         s = self.authed("admin")
         s.sendall(b"SET a 1\r\nGET a\r\n")
-        want = (b"-NOPERM this user has no permissions to run the 'set' "
-                b"command\r\n$-1\r\n")
+        want = (
+            b"-NOPERM this user has no permissions to run the 'set' "
+            b"command\r\n$-1\r\n"
+        )
         self.assertEqual(tr.read_exactly(s, len(want)), want)
         s.close()
 
@@ -270,12 +295,15 @@ class ArgumentTables(Case):
     def test_cap(self):
         s = connect(self.srv.port)
         s.sendall(b"*65537\r\n")
-        self.assertEqual(read_to_eof(s), b"-ERR Protocol error: invalid "
-                         b"multibulk length\r\n")
+        self.assertEqual(
+            read_to_eof(s),
+            b"-ERR Protocol error: invalid multibulk length\r\n",
+        )
         s.close()
         n = 65535
-        cmd = (b"*%d\r\n$6\r\nEXISTS\r\n" % (n + 1) +
-               b"".join(b"$1\r\n%d\r\n" % (i % 10) for i in range(n)))
+        cmd = b"*%d\r\n$6\r\nEXISTS\r\n" % (n + 1) + b"".join(
+            b"$1\r\n%d\r\n" % (i % 10) for i in range(n)
+        )
         s = connect(self.srv.port)
         s.sendall(cmd)
         self.assertEqual(tr.read_exactly(s, 4), b":0\r\n")
@@ -287,8 +315,9 @@ class ArgumentTables(Case):
         their argument tables (about 2 MB each) are freed after the big
         command ran, not kept."""
         n, conns = 60000, 40
-        cmd = (b"*%d\r\n$6\r\nEXISTS\r\n" % (n + 1) +
-               b"".join(b"$7\r\nk:%05d\r\n" % i for i in range(n)))
+        cmd = b"*%d\r\n$6\r\nEXISTS\r\n" % (n + 1) + b"".join(
+            b"$7\r\nk:%05d\r\n" % i for i in range(n)
+        )
         pid = self.srv.proc.pid
         warm = connect(self.srv.port)  # the allocator's arenas warm up
         warm.sendall(cmd)
@@ -303,6 +332,7 @@ class ArgumentTables(Case):
                 s.sendall(b"PING\r\n")
             for s in socks:
                 self.assertEqual(tr.read_exactly(s, 7), b"+PONG\r\n")
+
         for s in socks:
             s.sendall(cmd)
             self.assertEqual(tr.read_exactly(s, 4), b":0\r\n")
@@ -342,8 +372,16 @@ BIG = 4 << 20
 
 
 class OutputBudget(Case):
-    FLAGS = ("--resp-max-value", "4M", "--resp-output-limit", "16M",
-             "--resp-output-total", "48M", "--resp-output-stall", "3")
+    FLAGS = (
+        "--resp-max-value",
+        "4M",
+        "--resp-output-limit",
+        "16M",
+        "--resp-output-total",
+        "48M",
+        "--resp-output-stall",
+        "3",
+    )
 
     @classmethod
     def setUpClass(cls):
@@ -409,8 +447,12 @@ class OutputBudget(Case):
 
 
 class Admission(Case):
-    FLAGS = ("--resp-max-connections", "30",
-             "--resp-max-connections-per-ip", "12")
+    FLAGS = (
+        "--resp-max-connections",
+        "30",
+        "--resp-max-connections-per-ip",
+        "12",
+    )
 
     def test_caps(self):
         port = self.srv.port
@@ -420,8 +462,10 @@ class Admission(Case):
             s.sendall(b"PING\r\n")
             self.assertEqual(tr.read_exactly(s, 7), b"+PONG\r\n")
         s = connect(port)
-        self.assertEqual(read_to_eof(s), b"-ERR max number of clients from "
-                         b"this address reached\r\n")
+        self.assertEqual(
+            read_to_eof(s),
+            b"-ERR max number of clients from this address reached\r\n",
+        )
         s.close()
         # other addresses still get in, up to the total
         held += [connect(port, "127.0.0.2") for _ in range(12)]
@@ -430,8 +474,9 @@ class Admission(Case):
             s.sendall(b"PING\r\n")
             self.assertEqual(tr.read_exactly(s, 7), b"+PONG\r\n")
         s = connect(port, "127.0.0.4")
-        self.assertEqual(read_to_eof(s),
-                         b"-ERR max number of clients reached\r\n")
+        self.assertEqual(
+            read_to_eof(s), b"-ERR max number of clients reached\r\n"
+        )
         s.close()
         # a closed connection gives its slots back
         held.pop(0).close()
@@ -451,14 +496,16 @@ class UploadInFlight(Case):
     """A blob's first HTTP upload counts as just offered: the manifest that
     will reference it comes last, so a RESP key of the same bytes set and
     deleted (or evicted) in between must not take the blob with it."""
+
     FLAGS = ("--resp-max-bytes", "1M")
 
     def blob_status(self, digest, method="HEAD", body=None):
         import urllib.error
         import urllib.request
+
         req = urllib.request.Request(
-            "%s/v1/blobs/%s" % (self.srv.url, digest), data=body,
-            method=method)
+            "%s/v1/blobs/%s" % (self.srv.url, digest), data=body, method=method
+        )
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 return r.status
@@ -467,6 +514,7 @@ class UploadInFlight(Case):
 
     def uploaded(self, tag):
         import hashlib
+
         body = (tag * 65536)[:65536]
         digest = hashlib.sha256(body).hexdigest()
         self.assertEqual(self.blob_status(digest, "PUT", body), 201)
@@ -483,8 +531,10 @@ class UploadInFlight(Case):
         r.set("own", own)
         r.delete("own")
         import hashlib
-        self.assertEqual(self.blob_status(hashlib.sha256(own).hexdigest()),
-                         404)
+
+        self.assertEqual(
+            self.blob_status(hashlib.sha256(own).hexdigest()), 404
+        )
         r.close()
 
     def test_eviction_keeps_an_upload(self):

@@ -9,6 +9,7 @@ ports over a temporary LMDB store (kcharness.py).
 usage: test_service.py KCACHED [unittest args]
 (exit 77: redis-py missing; a failure instead when CI=true)
 """
+
 import hashlib
 import http.server
 import json
@@ -33,8 +34,10 @@ redis = kcharness.need("redis", "python3-redis")
 def call(srv, method, path, body=None, token=None):
     """(status, body) of one request to srv's HTTP port."""
     req = urllib.request.Request(
-        "http://127.0.0.1:%d%s" % (srv.http_port(), path), data=body,
-        method=method)
+        "http://127.0.0.1:%d%s" % (srv.http_port(), path),
+        data=body,
+        method=method,
+    )
     if body is not None:
         req.add_header("Content-Type", "application/json")
     if token is not None:
@@ -46,14 +49,18 @@ def call(srv, method, path, body=None, token=None):
         return e.code, e.read()
 
 
-OPS = re.compile(r'^kcached_ops_total\{op="([a-z_]+)",frontend="([a-z]+)",'
-                 r'result="([a-z]+)"\} (\d+)$', re.M)
+OPS = re.compile(
+    r'^kcached_ops_total\{op="([a-z_]+)",frontend="([a-z]+)",'
+    r'result="([a-z]+)"\} (\d+)$',
+    re.M,
+)
 
 
 def ops(srv):
     """{(op, frontend, result): count} from /metrics."""
-    return {(o, fe, res): int(n) for o, fe, res, n in OPS.findall(
-        srv.metrics())}
+    return {
+        (o, fe, res): int(n) for o, fe, res, n in OPS.findall(srv.metrics())
+    }
 
 
 class OpsMetric(ServerCase):
@@ -63,8 +70,11 @@ class OpsMetric(ServerCase):
         after = ops(self.srv)
         for k, n in want.items():
             key = tuple(k.split("__"))
-            self.assertEqual(after.get(key, 0) - before.get(key, 0), n,
-                             "%s: %r" % (k, after))
+            self.assertEqual(
+                after.get(key, 0) - before.get(key, 0),
+                n,
+                "%s: %r" % (k, after),
+            )
 
     def test_get_hit_and_miss_on_both_front_ends(self):
         before = ops(self.srv)
@@ -76,22 +86,30 @@ class OpsMetric(ServerCase):
         data = b"a blob for the op metric"
         d = hashlib.sha256(data).hexdigest()
         self.assertEqual(call(self.srv, "PUT", "/v1/blobs/" + d, data)[0], 201)
-        self.assertEqual(call(self.srv, "GET", "/v1/blobs/" + d),
-                         (200, data))
+        self.assertEqual(call(self.srv, "GET", "/v1/blobs/" + d), (200, data))
         self.assertEqual(call(self.srv, "HEAD", "/v1/blobs/" + d)[0], 200)
-        self.assertEqual(call(self.srv, "GET", "/v1/blobs/" + "0" * 64)[0],
-                         404)
-        self.assertEqual(call(self.srv, "GET", "/v1/bundles/" + "1" * 64)[0],
-                         404)
+        self.assertEqual(
+            call(self.srv, "GET", "/v1/blobs/" + "0" * 64)[0], 404
+        )
+        self.assertEqual(
+            call(self.srv, "GET", "/v1/bundles/" + "1" * 64)[0], 404
+        )
         r = self.srv.client()
         r.set("svc:k", "v")
         self.assertEqual(r.get("svc:k"), b"v")
         self.assertIsNone(r.get("svc:nope"))
         self.assertEqual(r.mget("svc:k", "svc:gone"), [b"v", None])
         r.close()
-        self.delta(before, get__http__hit=2, get__http__miss=2,
-                   get__http__error=0, get__resp__hit=2, get__resp__miss=2,
-                   get__resp__error=0, put__http__new=1)
+        self.delta(
+            before,
+            get__http__hit=2,
+            get__http__miss=2,
+            get__http__error=0,
+            get__resp__hit=2,
+            get__resp__miss=2,
+            get__resp__error=0,
+            put__http__new=1,
+        )
         # the same offer again: held already, the body is skipped
         before = ops(self.srv)
         self.assertEqual(call(self.srv, "PUT", "/v1/blobs/" + d, data)[0], 200)
@@ -110,8 +128,13 @@ class OpsMetric(ServerCase):
         self.assertIsNone(r.set("svc:absent", b"x", xx=True))
         self.assertTrue(r.mset({"svc:m1": b"a", "svc:m2": b"b"}))
         r.close()
-        self.delta(before, set__resp__new=3, set__resp__present=1,
-                   set__resp__refused=2, set__resp__error=0)
+        self.delta(
+            before,
+            set__resp__new=3,
+            set__resp__present=1,
+            set__resp__refused=2,
+            set__resp__error=0,
+        )
 
     def test_leases_and_lookups(self):
         before = ops(self.srv)
@@ -119,22 +142,41 @@ class OpsMetric(ServerCase):
         st, body = call(self.srv, "POST", "/v1/leases/" + key, b"")
         self.assertEqual(st, 201)
         tok = json.loads(body)["lease"]
-        self.assertEqual(call(self.srv, "POST", "/v1/leases/" + key, b"")[0],
-                         409)
-        self.assertEqual(call(self.srv, "DELETE", "/v1/leases/%s?lease=%s" %
-                              (key, "f" * 32))[0], 403)
-        self.assertEqual(call(self.srv, "DELETE", "/v1/leases/%s?lease=%s" %
-                              (key, tok))[0], 204)
-        self.assertEqual(call(self.srv, "DELETE", "/v1/leases/%s?lease=%s" %
-                              (key, tok))[0], 404)
-        st, body = call(self.srv, "POST", "/v1/lookup",
-                        json.dumps({"keys": [key, "2" * 64]}).encode())
+        self.assertEqual(
+            call(self.srv, "POST", "/v1/leases/" + key, b"")[0], 409
+        )
+        self.assertEqual(
+            call(
+                self.srv, "DELETE", "/v1/leases/%s?lease=%s" % (key, "f" * 32)
+            )[0],
+            403,
+        )
+        self.assertEqual(
+            call(self.srv, "DELETE", "/v1/leases/%s?lease=%s" % (key, tok))[0],
+            204,
+        )
+        self.assertEqual(
+            call(self.srv, "DELETE", "/v1/leases/%s?lease=%s" % (key, tok))[0],
+            404,
+        )
+        st, body = call(
+            self.srv,
+            "POST",
+            "/v1/lookup",
+            json.dumps({"keys": [key, "2" * 64]}).encode(),
+        )
         self.assertEqual(st, 200)
         self.assertEqual(json.loads(body)["missing"], sorted([key, "2" * 64]))
-        self.delta(before, lease_take__http__granted=1,
-                   lease_take__http__held=1, lease_release__http__denied=1,
-                   lease_release__http__ok=1, lease_release__http__miss=1,
-                   lookup__http__miss=2, lookup__http__hit=0)
+        self.delta(
+            before,
+            lease_take__http__granted=1,
+            lease_take__http__held=1,
+            lease_release__http__denied=1,
+            lease_release__http__ok=1,
+            lease_release__http__miss=1,
+            lookup__http__miss=2,
+            lookup__http__hit=0,
+        )
 
     def gauges(self):
         """(http ops, resp ops, requests) in flight, as /metrics reads them
@@ -145,9 +187,12 @@ class OpsMetric(ServerCase):
             m = re.search(pat + r" (-?\d+)$", text, re.M)
             self.assertIsNotNone(m, pat)
             return int(m.group(1))
-        return (one(r'kcached_ops_in_flight\{frontend="http"\}'),
-                one(r'kcached_ops_in_flight\{frontend="resp"\}'),
-                one("kcached_requests_in_flight"))
+
+        return (
+            one(r'kcached_ops_in_flight\{frontend="http"\}'),
+            one(r'kcached_ops_in_flight\{frontend="resp"\}'),
+            one("kcached_requests_in_flight"),
+        )
 
     def settle(self, want, seconds=10):
         """The gauges once they read want. A request ends (the gauge goes
@@ -166,11 +211,14 @@ class OpsMetric(ServerCase):
         self.assertEqual(self.settle((1, 0, 1)), (1, 0, 1))
         # an upload whose body has not all come is one more, until it ends
         d = hashlib.sha256(b"held").hexdigest()
-        s = socket.create_connection(("127.0.0.1", self.srv.http_port()),
-                                     timeout=10)
+        s = socket.create_connection(
+            ("127.0.0.1", self.srv.http_port()), timeout=10
+        )
         try:
-            s.sendall(b"PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
-                      b"Content-Length: 4\r\n\r\nhe" % d.encode())
+            s.sendall(
+                b"PUT /v1/blobs/%s HTTP/1.1\r\nHost: localhost\r\n"
+                b"Content-Length: 4\r\n\r\nhe" % d.encode()
+            )
             self.assertEqual(self.settle((2, 0, 2)), (2, 0, 2))
             s.sendall(b"ld")
             self.assertTrue(s.recv(4096).startswith(b"HTTP/1.1 201"))
@@ -185,37 +233,51 @@ class AuthOnBothFrontEnds(unittest.TestCase):
     def test_auth_counted_under_one_op(self):
         d = tempfile.mkdtemp(prefix="kc-svc-")
         toks, path = make_tokens(d)
-        srv = Server("--tokens", path, "--metrics-role", "none",
-                     data_dir=d).start()
+        srv = Server(
+            "--tokens", path, "--metrics-role", "none", data_dir=d
+        ).start()
         try:
             before = ops(srv)
             blob = "/v1/blobs/" + "3" * 64
             self.assertEqual(call(srv, "GET", blob)[0], 401)  # none offered
-            self.assertEqual(call(srv, "GET", blob, token="Bearer nope")[0],
-                             401)
-            self.assertEqual(call(srv, "GET", blob, token="Basic xyz")[0],
-                             401)
+            self.assertEqual(
+                call(srv, "GET", blob, token="Bearer nope")[0], 401
+            )
+            self.assertEqual(call(srv, "GET", blob, token="Basic xyz")[0], 401)
             self.assertEqual(call(srv, "GET", blob, token="Bearer ")[0], 401)
-            self.assertEqual(call(srv, "GET", blob, token="Bearer " +
-                                  toks["read"])[0], 404)
+            self.assertEqual(
+                call(srv, "GET", blob, token="Bearer " + toks["read"])[0], 404
+            )
             r = srv.client()
-            with self.assertRaises((redis.exceptions.ResponseError,
-                                    redis.exceptions.AuthenticationError)):
+            with self.assertRaises(
+                (
+                    redis.exceptions.ResponseError,
+                    redis.exceptions.AuthenticationError,
+                )
+            ):
                 r.execute_command("AUTH", "nope")
-            with self.assertRaises((redis.exceptions.ResponseError,
-                                    redis.exceptions.AuthenticationError)):
+            with self.assertRaises(
+                (
+                    redis.exceptions.ResponseError,
+                    redis.exceptions.AuthenticationError,
+                )
+            ):
                 r.execute_command("AUTH", "")
-            with self.assertRaises((redis.exceptions.ResponseError,
-                                    redis.exceptions.AuthenticationError)):
+            with self.assertRaises(
+                (
+                    redis.exceptions.ResponseError,
+                    redis.exceptions.AuthenticationError,
+                )
+            ):
                 r.execute_command("AUTH", "writer", toks["read"])
-            self.assertTrue(r.execute_command("AUTH", "reader",
-                                              toks["read"]))
+            self.assertTrue(r.execute_command("AUTH", "reader", toks["read"]))
             self.assertIsNone(r.get("svc:none"))
             r.close()
             after = ops(srv)
 
             def n(*k):
                 return after.get(k, 0) - before.get(k, 0)
+
             self.assertEqual(n("auth", "http", "denied"), 3)
             self.assertEqual(n("auth", "http", "ok"), 1)
             self.assertEqual(n("auth", "resp", "denied"), 3)
@@ -239,10 +301,16 @@ class GracefulShutdown(unittest.TestCase):
         old = os.environ.copy()
         os.environ.update(AWS_ACCESS_KEY_ID="a", AWS_SECRET_ACCESS_KEY="b")
         try:  # the environment kcached starts with; ours again after
-            srv = Server("--s3-endpoint", "http://127.0.0.1:%d" %
-                         s3.server_address[1], "--s3-bucket", "bkt",
-                         "--s3-path-style", "--shutdown-timeout", "10",
-                         data_dir=d).start()
+            srv = Server(
+                "--s3-endpoint",
+                "http://127.0.0.1:%d" % s3.server_address[1],
+                "--s3-bucket",
+                "bkt",
+                "--s3-path-style",
+                "--shutdown-timeout",
+                "10",
+                data_dir=d,
+            ).start()
         finally:
             os.environ.clear()
             os.environ.update(old)
@@ -258,6 +326,7 @@ class GracefulShutdown(unittest.TestCase):
                 except Exception as e:  # noqa: BLE001 (the failure shown)
                     got["error"] = repr(e)
                 got["secs"] = time.time() - t
+
             t = threading.Thread(target=slow)
             t.start()
             time.sleep(0.3)  # the GET waits on the fetcher now

@@ -14,15 +14,50 @@ cache-dir bundles, prepopulation) and kcache.triton (a Triton cache manager,
 TRITON_CACHE_MANAGER=kcache.triton:CacheManager). Neither imports torch or
 triton before it is used.
 """
-from .client import (Client, Lease, Manifest, arch_valid, canonical_key_json,
-                     key, model_hash, sha256_hex)
-from .errors import (Conflict, Corrupt, Error, Forbidden, InvalidArgument,
-                     NotFound, Timeout, Unauthorized, Unavailable)
+
+from .client import (
+    Client,
+    Lease,
+    Manifest,
+    arch_valid,
+    canonical_key_json,
+    key,
+    model_hash,
+    sha256_hex,
+)
+from .errors import (
+    Conflict,
+    Corrupt,
+    Error,
+    Forbidden,
+    InvalidArgument,
+    NotFound,
+    Timeout,
+    Unauthorized,
+    Unavailable,
+)
 from ._lib import LIB_PATH
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "Lease", "Manifest", "Error", "NotFound", "Unavailable",
-           "Timeout", "Unauthorized", "Forbidden", "Conflict", "Corrupt",
-           "InvalidArgument", "key", "canonical_key_json", "sha256_hex",
-           "model_hash", "arch_valid", "LIB_PATH", "__version__"]
+__all__ = [
+    "Client",
+    "Lease",
+    "Manifest",
+    "Error",
+    "NotFound",
+    "Unavailable",
+    "Timeout",
+    "Unauthorized",
+    "Forbidden",
+    "Conflict",
+    "Corrupt",
+    "InvalidArgument",
+    "key",
+    "canonical_key_json",
+    "sha256_hex",
+    "model_hash",
+    "arch_valid",
+    "LIB_PATH",
+    "__version__",
+]

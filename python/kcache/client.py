@@ -5,6 +5,7 @@ is libkcache's: this module only converts arguments and results. A Client
 serializes its own calls (libkcache's handle is one thread at a time), and
 ctypes releases the GIL while the C code runs, so other Python threads go on.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -14,7 +15,16 @@ import tempfile
 import threading
 from ctypes import byref, c_char_p, c_int, c_size_t, c_void_p
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Union,
+)
 
 from . import _lib
 from .errors import Error, InvalidArgument, check, make_error
@@ -116,8 +126,10 @@ class Manifest:
             _lib.lib.kc_manifest_free(ptr)
 
     def __repr__(self) -> str:
-        return "<kcache.Manifest %s, %d files>" % (self.key[:12],
-                                                   len(self.data["files"]))
+        return "<kcache.Manifest %s, %d files>" % (
+            self.key[:12],
+            len(self.data["files"]),
+        )
 
 
 @dataclass
@@ -125,6 +137,7 @@ class Lease:
     """The answer to a lease request: state is "granted" (token is ours:
     build, upload, release), "present" (the bundle exists) or "held"
     (another holder builds it; retry_after_s says when to look again)."""
+
     key: str
     state: str
     token: str
@@ -160,14 +173,19 @@ class Client:
     frees the C handle; garbage collection does too.
     """
 
-    def __init__(self, url: Optional[str] = None, token: Optional[str] = None,
-                 cache_dir: Optional[PathLike] = None,
-                 timeout: Optional[float] = None,
-                 connect_timeout: Optional[float] = None,
-                 cacert: Optional[PathLike] = None, parallel: int = 0,
-                 holder: Optional[str] = None,
-                 allow_plaintext: Optional[bool] = None,
-                 trust_cache_dir: Optional[bool] = None):
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        cache_dir: Optional[PathLike] = None,
+        timeout: Optional[float] = None,
+        connect_timeout: Optional[float] = None,
+        cacert: Optional[PathLike] = None,
+        parallel: int = 0,
+        holder: Optional[str] = None,
+        allow_plaintext: Optional[bool] = None,
+        trust_cache_dir: Optional[bool] = None,
+    ):
         self._lock = threading.Lock()
         self._c: Optional[int] = None
         if url is None:
@@ -182,9 +200,13 @@ class Client:
             try:
                 timeout = float(os.environ["KCACHE_TIMEOUT"])
             except ValueError:
-                raise InvalidArgument(1, "KC_EINVAL", "bad_request",
-                                      "KCACHE_TIMEOUT: invalid value '%s'"
-                                      % os.environ["KCACHE_TIMEOUT"])
+                raise InvalidArgument(
+                    1,
+                    "KC_EINVAL",
+                    "bad_request",
+                    "KCACHE_TIMEOUT: invalid value '%s'"
+                    % os.environ["KCACHE_TIMEOUT"],
+                )
         if allow_plaintext is None:
             allow_plaintext = _env_flag("KCACHE_ALLOW_PLAINTEXT")
         if trust_cache_dir is None:
@@ -196,7 +218,9 @@ class Client:
         o.token = _lib.b(token)
         o.cacert = None if cacert is None else os.fsencode(cacert)
         o.cache_dir = None if cache_dir is None else os.fsencode(cache_dir)
-        o.connect_timeout_ms = int(connect_timeout * 1000) if connect_timeout else 0
+        o.connect_timeout_ms = (
+            int(connect_timeout * 1000) if connect_timeout else 0
+        )
         o.timeout_ms = max(1, int(timeout * 1000)) if timeout else 0
         o.parallel = parallel
         o.holder = _lib.b(holder)
@@ -257,8 +281,7 @@ class Client:
         p = c_void_p()
         err = _lib.errbuf()
         with self._lock:
-            _lib.lib.kc_client_pull(self._h(), key.encode(), byref(p),
-                                          err)
+            _lib.lib.kc_client_pull(self._h(), key.encode(), byref(p), err)
         return Manifest(p.value)
 
     def cached(self, key: str) -> Optional[Manifest]:
@@ -266,8 +289,9 @@ class Client:
         p = c_void_p()
         err = _lib.errbuf()
         with self._lock:
-            rc = _lib.lib.kc_cache_bundle_get(self._h(), key.encode(),
-                                              byref(p), err)
+            rc = _lib.lib.kc_cache_bundle_get(
+                self._h(), key.encode(), byref(p), err
+            )
         if rc != 0:
             return None
         return Manifest(p.value)
@@ -285,13 +309,14 @@ class Client:
         ks = list(keys)
         out: Dict[str, Optional[Manifest]] = {}
         for i in range(0, len(ks), 4096):
-            part = ks[i:i + 4096]
+            part = ks[i : i + 4096]
             arr = (c_char_p * len(part))(*[k.encode() for k in part])
             found = (c_void_p * len(part))()
             err = _lib.errbuf()
             with self._lock:
-                _lib.lib.kc_client_lookup(self._h(), arr, len(part),
-                                                found, err)
+                _lib.lib.kc_client_lookup(
+                    self._h(), arr, len(part), found, err
+                )
             for k, p in zip(part, found):
                 out[k] = Manifest(p) if p else None
         return out
@@ -308,8 +333,9 @@ class Client:
         got = (c_void_p * max(1, len(ks)))()
         err = _lib.errbuf()
         with self._lock:
-            rc = _lib.lib.kc_client_pull_many(self._h(), arr, len(ks), got,
-                                              err)
+            rc = _lib.lib.kc_client_pull_many(
+                self._h(), arr, len(ks), got, err
+            )
         out = {k: Manifest(p) if p else None for k, p in zip(ks, got)}
         check(rc, err)
         return out
@@ -319,8 +345,9 @@ class Client:
         directory, verified, atomically, never outside it."""
         err = _lib.errbuf()
         with self._lock:
-            _lib.lib.kc_materialize(self._h(), manifest._ptr,
-                                          os.fsencode(directory), err)
+            _lib.lib.kc_materialize(
+                self._h(), manifest._ptr, os.fsencode(directory), err
+            )
 
     def file_bytes(self, manifest: Manifest, path: str) -> bytes:
         """The verified bytes of one file of manifest, from the local cache."""
@@ -328,13 +355,22 @@ class Client:
         n = c_size_t()
         err = _lib.errbuf()
         with self._lock:
-            _lib.lib.kc_bundle_file_bytes(self._h(), manifest._ptr,
-                                                path.encode(), byref(p),
-                                                byref(n), err)
+            _lib.lib.kc_bundle_file_bytes(
+                self._h(),
+                manifest._ptr,
+                path.encode(),
+                byref(p),
+                byref(n),
+                err,
+            )
         return _lib.take_bytes(p, n.value)
 
-    def bundle_from_dir(self, directory: PathLike, fields: KeyFieldsLike,
-                        skip: Optional[str] = None) -> Manifest:
+    def bundle_from_dir(
+        self,
+        directory: PathLike,
+        fields: KeyFieldsLike,
+        skip: Optional[str] = None,
+    ) -> Manifest:
         """A sealed manifest of every regular file under directory (blobs
         stored in the local cache), with fields; skip (relative) left out."""
         f = _fields(fields)
@@ -342,13 +378,22 @@ class Client:
         err = _lib.errbuf()
         with self._lock:
             _lib.lib.kc_bundle_from_dir(
-                self._h(), os.fsencode(directory), _lib.b(skip), byref(f),
-                byref(p), err)
+                self._h(),
+                os.fsencode(directory),
+                _lib.b(skip),
+                byref(f),
+                byref(p),
+                err,
+            )
         return Manifest(p.value)
 
     # ---- directories and bytes as bundles ----
-    def push_dir(self, directory: PathLike, fields: KeyFieldsLike,
-                 skip: Optional[str] = None) -> Manifest:
+    def push_dir(
+        self,
+        directory: PathLike,
+        fields: KeyFieldsLike,
+        skip: Optional[str] = None,
+    ) -> Manifest:
         """bundle_from_dir, then push. Returns the manifest pushed."""
         m = self.bundle_from_dir(directory, fields, skip)
         self.push(m)
@@ -360,8 +405,9 @@ class Client:
         self.materialize(m, directory)
         return m
 
-    def push_bytes(self, data: bytes, fields: KeyFieldsLike,
-                   name: str = "data") -> Manifest:
+    def push_bytes(
+        self, data: bytes, fields: KeyFieldsLike, name: str = "data"
+    ) -> Manifest:
         """data as a one-file bundle (file `name`) under fields' key."""
         with tempfile.TemporaryDirectory(prefix="kcache-") as d:
             path = os.path.join(d, name)
@@ -376,9 +422,12 @@ class Client:
         m = self.pull(key)
         if name is None:
             if len(m.files) != 1:
-                raise InvalidArgument(1, "KC_EINVAL", "bad_request",
-                                      "bundle %s has %d files: name one"
-                                      % (key, len(m.files)))
+                raise InvalidArgument(
+                    1,
+                    "KC_EINVAL",
+                    "bad_request",
+                    "bundle %s has %d files: name one" % (key, len(m.files)),
+                )
             name = m.files[0]["path"]
         return self.file_bytes(m, name)
 
@@ -390,14 +439,22 @@ class Client:
         token = ctypes.create_string_buffer(_lib.LEASE_TOKEN_MAX)
         err = _lib.errbuf()
         with self._lock:
-            _lib.lib.kc_client_lease_take(self._h(), key.encode(), ttl_s,
-                                                byref(state), token,
-                                                byref(retry), err)
-        return Lease(key, _LEASE_STATES[state.value], token.value.decode(),
-                     retry.value)
+            _lib.lib.kc_client_lease_take(
+                self._h(),
+                key.encode(),
+                ttl_s,
+                byref(state),
+                token,
+                byref(retry),
+                err,
+            )
+        return Lease(
+            key, _LEASE_STATES[state.value], token.value.decode(), retry.value
+        )
 
-    def lease_release(self, lease_or_key: Union[Lease, str],
-                      token: Optional[str] = None) -> None:
+    def lease_release(
+        self, lease_or_key: Union[Lease, str], token: Optional[str] = None
+    ) -> None:
         """Gives a granted lease back."""
         if isinstance(lease_or_key, Lease):
             k, token = lease_or_key.key, lease_or_key.token
@@ -405,8 +462,9 @@ class Client:
             k = lease_or_key
         err = _lib.errbuf()
         with self._lock:
-            _lib.lib.kc_client_lease_release(self._h(), k.encode(),
-                                                   _lib.b(token or ""), err)
+            _lib.lib.kc_client_lease_release(
+                self._h(), k.encode(), _lib.b(token or ""), err
+            )
 
     # ---- other ----
     def stats(self) -> Dict[str, Any]:
@@ -417,12 +475,17 @@ class Client:
             _lib.lib.kc_client_stats(self._h(), byref(p), err)
         return json.loads(_lib.take_string(p))
 
-    def warm(self, manifest: Union[PathLike, Mapping[str, Any]],
-             out: Optional[PathLike] = None,
-             deadline: Optional[float] = None,
-             archs: Optional[Sequence[str]] = None, no_build: bool = False,
-             no_upload: bool = False, device_arch: Optional[str] = None,
-             check_ready: bool = False) -> Dict[str, Any]:
+    def warm(
+        self,
+        manifest: Union[PathLike, Mapping[str, Any]],
+        out: Optional[PathLike] = None,
+        deadline: Optional[float] = None,
+        archs: Optional[Sequence[str]] = None,
+        no_build: bool = False,
+        no_upload: bool = False,
+        device_arch: Optional[str] = None,
+        check_ready: bool = False,
+    ) -> Dict[str, Any]:
         """Fetch-or-build every key of a warmup manifest (kc_warm): a path,
         or the manifest as a mapping. Returns the per-key report (as
         `kcache warm --json` prints it) with "error" (null, or {"name",
@@ -433,11 +496,9 @@ class Client:
         w = c_void_p()
         if isinstance(manifest, Mapping):
             text = json.dumps(dict(manifest)).encode()
-            _lib.lib.kc_warmup_parse(text, len(text), None, byref(w),
-                                           err)
+            _lib.lib.kc_warmup_parse(text, len(text), None, byref(w), err)
         else:
-            _lib.lib.kc_warmup_load(os.fsencode(manifest), byref(w),
-                                          err)
+            _lib.lib.kc_warmup_load(os.fsencode(manifest), byref(w), err)
         try:
             o = _lib.WarmOpts()
             keep = []
@@ -453,13 +514,13 @@ class Client:
             o.device_arch = _lib.b(device_arch)
             rep = _lib.WarmReport()
             with self._lock:
-                rc = _lib.lib.kc_warm(self._h(), w.value, byref(o),
-                                      byref(rep), err)
+                rc = _lib.lib.kc_warm(
+                    self._h(), w.value, byref(o), byref(rep), err
+                )
             try:
                 p = c_void_p()
                 jerr = _lib.errbuf()
-                _lib.lib.kc_warm_report_json(byref(rep), byref(p),
-                                                   jerr)
+                _lib.lib.kc_warm_report_json(byref(rep), byref(p), jerr)
                 report = json.loads(_lib.take_string(p))
             finally:
                 _lib.lib.kc_warm_report_free(byref(rep))
@@ -475,5 +536,14 @@ class Client:
         return report
 
 
-__all__ = ["Client", "Manifest", "Lease", "Error", "key",
-           "canonical_key_json", "sha256_hex", "model_hash", "arch_valid"]
+__all__ = [
+    "Client",
+    "Manifest",
+    "Lease",
+    "Error",
+    "key",
+    "canonical_key_json",
+    "sha256_hex",
+    "model_hash",
+    "arch_valid",
+]

@@ -5,6 +5,7 @@ Every exception carries the C error's number (`code`), its symbol name
 sentence libkcache wrote (`message`). A few codes have their own subclass so
 that callers can catch what they act on (absent, unreachable, refused).
 """
+
 from __future__ import annotations
 
 from typing import Dict, Type
@@ -86,6 +87,7 @@ _BY_NAME: Dict[str, Type[Error]] = {
 def make_error(code: int, message: str = "") -> Error:
     """The exception for a kc_err code; message defaults to kc_strerror."""
     from . import _lib
+
     name = _lib.lib.kc_err_name(code).decode()
     wire = _lib.lib.kc_err_code(code).decode()
     if not message:

@@ -28,6 +28,7 @@ toolchain = {"triton": version, "python": the ABI}, bucket = {"group": 1}.
 Triton's own key already binds the compiler, the source, the target and
 the options; the extra fields keep bundles apart per Triton version and Python ABI.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,13 @@ class _Remote:
         self.made = False
         self.retry_at = 0.0
         self.read_only = False
-        self.stats = {"hits": 0, "misses": 0, "uploads": 0, "errors": 0,
-                      "skipped_uploads": 0}
+        self.stats = {
+            "hits": 0,
+            "misses": 0,
+            "uploads": 0,
+            "errors": 0,
+            "skipped_uploads": 0,
+        }
 
     def get(self) -> Optional[Client]:
         with self.lock:
@@ -72,14 +78,19 @@ class _Remote:
                 if not url:
                     # the one line that says why nothing is shared: a
                     # manager set without its server is a setup mistake
-                    log.warning("kcache.triton: KCACHE_URL is not set: Triton's "
-                                "cache stays local (no kcached)")
+                    log.warning(
+                        "kcache.triton: KCACHE_URL is not set: Triton's "
+                        "cache stays local (no kcached)"
+                    )
                     return None
                 try:
                     self.client = Client(
-                        url=url, timeout=float(os.environ.get(
-                            "KCACHE_TRITON_TIMEOUT", "30")),
-                        connect_timeout=2.0)
+                        url=url,
+                        timeout=float(
+                            os.environ.get("KCACHE_TRITON_TIMEOUT", "30")
+                        ),
+                        connect_timeout=2.0,
+                    )
                 except Error as e:
                     log.warning("kcache.triton: no client (%s); local only", e)
             return self.client
@@ -89,7 +100,8 @@ class _Remote:
             self.stats["errors"] += 1
             if isinstance(e, (Unavailable,)) or e.name in ("KC_TIMEOUT",):
                 self.retry_at = time.monotonic() + float(
-                    os.environ.get("KCACHE_TRITON_RETRY_S", "30"))
+                    os.environ.get("KCACHE_TRITON_RETRY_S", "30")
+                )
             if isinstance(e, (Forbidden, Unauthorized)):
                 self.read_only = True
         log.info("kcache.triton: %s", e)
@@ -133,15 +145,21 @@ def _arch() -> str:
 
 def _version() -> str:
     import triton
+
     return str(getattr(triton, "__version__", "unknown"))
 
 
 def _fields(triton_key: str, filename: str) -> Dict[str, Any]:
-    return {"model": _MODEL,
-            "build": sha256_hex(("%s\0%s" % (triton_key, filename)).encode()),
-            "arch": _arch(), "bucket": {"group": 1},
-            "toolchain": {"triton": _version(),
-                          "python": sysconfig.get_config_var("SOABI") or "?"}}
+    return {
+        "model": _MODEL,
+        "build": sha256_hex(("%s\0%s" % (triton_key, filename)).encode()),
+        "arch": _arch(),
+        "bucket": {"group": 1},
+        "toolchain": {
+            "triton": _version(),
+            "python": sysconfig.get_config_var("SOABI") or "?",
+        },
+    }
 
 
 class CacheManager(FileCacheManager):
@@ -187,8 +205,9 @@ class CacheManager(FileCacheManager):
         suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
         return filename.endswith(suffix) and not filename.startswith(_GRP)
 
-    def _complete(self, filename: str,
-                  group: Optional[Dict[str, str]]) -> bool:
+    def _complete(
+        self, filename: str, group: Optional[Dict[str, str]]
+    ) -> bool:
         return bool(group) and filename in group
 
     def _fetch(self, filename: str, single: bool = False) -> bool:
@@ -211,12 +230,16 @@ class CacheManager(FileCacheManager):
                     return False
                 data = json.loads(c.file_bytes(m, grp))
                 children = data.get("child_paths", {})
-                local = {n: self._make_path(n) for n in children
-                         if os.path.exists(self._make_path(n))}
+                local = {
+                    n: self._make_path(n)
+                    for n in children
+                    if os.path.exists(self._make_path(n))
+                }
                 if len(local) != len(children):
                     return False
-                super().put(json.dumps({"child_paths": local}), grp,
-                            binary=False)
+                super().put(
+                    json.dumps({"child_paths": local}), grp, binary=False
+                )
             _remote.stats["hits"] += 1
             return True
         except NotFound:
@@ -227,8 +250,9 @@ class CacheManager(FileCacheManager):
             log.info("kcache.triton: skipped %s: %s", k, e)
         return False
 
-    def _upload(self, filename: str, group: Dict[str, str],
-                single: bool = False) -> None:
+    def _upload(
+        self, filename: str, group: Dict[str, str], single: bool = False
+    ) -> None:
         """The group's files (by base name) and a group file naming them
         relatively, as one bundle. Skipped when refused before."""
         if _remote.read_only:
@@ -238,6 +262,7 @@ class CacheManager(FileCacheManager):
         if c is None:
             return
         import tempfile
+
         try:
             with tempfile.TemporaryDirectory(prefix="kcache-triton-") as d:
                 children = {}

@@ -22,6 +22,7 @@ usage: build/venv/bin/python tests/bench/bench_aot.py [--runs 3]
        [--models pair,gpt2] [--paths eager,cold,local,aot,aot-py]
 (PYTHONPATH=python, KCACHE_LIB and KCACHED as for the tests.)
 """
+
 import argparse
 import json
 import os
@@ -44,16 +45,33 @@ BUCKETS = "4,16"
 
 def spawn(url, model, mode, extra_env=None, args=()):
     """One fresh process; (first_output_s, result). Its dirs are removed."""
-    dirs = {k: tempfile.mkdtemp(prefix="kcb-aot-") for k in
-            ("TMPDIR", "KCACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+    dirs = {
+        k: tempfile.mkdtemp(prefix="kcb-aot-")
+        for k in ("TMPDIR", "KCACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    }
     env = dict(os.environ)
     env.update(dirs)
     env.update({"KCACHE_URL": url, "TORCHINDUCTOR_COMPILE_THREADS": "1"})
     env.update(extra_env or {})
     env["KCACHE_T0"] = repr(time.time())
-    p = subprocess.run([sys.executable, WORKER, "--mode", mode, "--model",
-                        model, "--buckets", BUCKETS, "--name", "bench"] +
-                       list(args), env=env, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            WORKER,
+            "--mode",
+            mode,
+            "--model",
+            model,
+            "--buckets",
+            BUCKETS,
+            "--name",
+            "bench",
+        ]
+        + list(args),
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     for d in dirs.values():
         shutil.rmtree(d, ignore_errors=True)
     for line in p.stdout.splitlines():
@@ -80,8 +98,9 @@ def one(url, model, path, full):
         shutil.rmtree(d)
         shutil.copytree(full[model], d)
         try:
-            return spawn(url, model, "tcompile",
-                         {"TORCHINDUCTOR_CACHE_DIR": d})
+            return spawn(
+                url, model, "tcompile", {"TORCHINDUCTOR_CACHE_DIR": d}
+            )
         finally:
             shutil.rmtree(d, ignore_errors=True)
     env = {"KCACHE_AOT_LOADER": "python"} if path == "aot-py" else {}
@@ -107,10 +126,15 @@ def main():
         for m in models:
             t0 = time.time()
             _, r = spawn(s.url, m, "publish")
-            print("published %s in %.1f s: %s" % (
-                m, time.time() - t0, [b["state"] for b in
-                                      r["publish"]["buckets"]]),
-                  file=sys.stderr)
+            print(
+                "published %s in %.1f s: %s"
+                % (
+                    m,
+                    time.time() - t0,
+                    [b["state"] for b in r["publish"]["buckets"]],
+                ),
+                file=sys.stderr,
+            )
             if "local" in paths:
                 full[m] = local_dir(s.url, m)
         for i in range(a.runs):
@@ -118,24 +142,37 @@ def main():
                 for p in paths:
                     t, _ = one(s.url, m, p, full)
                     times[m][p].append(t)
-                    print("run %d %s %s: %.2f s" % (i, m, p, t),
-                          file=sys.stderr)
+                    print(
+                        "run %d %s %s: %.2f s" % (i, m, p, t), file=sys.stderr
+                    )
     finally:
         s.cleanup()
         for d in full.values():
             shutil.rmtree(d, ignore_errors=True)
-    print("time from spawn to first output, CPU, median of %d fresh "
-          "processes each (%s)\n" % (a.runs, time.strftime("%Y-%m-%d")))
+    print(
+        "time from spawn to first output, CPU, median of %d fresh "
+        "processes each (%s)\n" % (a.runs, time.strftime("%Y-%m-%d"))
+    )
     print("| model | path | median s | min-max s | x eager | x cold |")
     print("|---|---|---|---|---|---|")
     for m in models:
         med = {p: statistics.median(v) for p, v in times[m].items()}
         for p in paths:
             v = times[m][p]
-            print("| %s | %s | %.2f | %.2f-%.2f | %s | %s |" % (
-                m, p, med[p], min(v), max(v),
-                "%.2f" % (med[p] / med["eager"]) if "eager" in med else "-",
-                "%.2f" % (med[p] / med["cold"]) if "cold" in med else "-"))
+            print(
+                "| %s | %s | %.2f | %.2f-%.2f | %s | %s |"
+                % (
+                    m,
+                    p,
+                    med[p],
+                    min(v),
+                    max(v),
+                    "%.2f" % (med[p] / med["eager"])
+                    if "eager" in med
+                    else "-",
+                    "%.2f" % (med[p] / med["cold"]) if "cold" in med else "-",
+                )
+            )
     print("\n" + json.dumps(times))
 
 

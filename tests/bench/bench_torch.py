@@ -23,6 +23,7 @@ usage: build/venv/bin/python tests/bench/bench_torch.py [--runs 5]
 libkcache.so are used, as the tests do.) On a shared machine the times
 swing with the neighbours' load: compare medians of one run of the script.
 """
+
 import argparse
 import json
 import os
@@ -40,9 +41,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--paths",
-                    default="eager,cold,local,local0,warm,cachedir,mega,"
-                    "remote,aot")
+    ap.add_argument(
+        "--paths",
+        default="eager,cold,local,local0,warm,cachedir,mega,remote,aot",
+    )
     ap.add_argument("--models", default="pair,gpt2")
     a = ap.parse_args()
     paths = a.paths.split(",")
@@ -53,22 +55,39 @@ def main():
         s = kcserver.start_kcached()  # each model its own, empty kcached
         try:
             out[model] = torch_paths.measure(
-                s.url, s.resp_url, a.device, a.runs, paths,
-                log=lambda m: print(m, file=sys.stderr), model=model)
+                s.url,
+                s.resp_url,
+                a.device,
+                a.runs,
+                paths,
+                log=lambda m: print(m, file=sys.stderr),
+                model=model,
+            )
         finally:
             s.cleanup()
     for model, res in out.items():
-        print("\n%s: torch.compile, time to first output, %s, median of %d "
-              "fresh processes each (%s)\n" % (model, a.device, a.runs,
-                                               torch_paths.now()))
+        print(
+            "\n%s: torch.compile, time to first output, %s, median of %d "
+            "fresh processes each (%s)\n"
+            % (model, a.device, a.runs, torch_paths.now())
+        )
         print(torch_paths.table(res))
     print("\n" + json.dumps(out, indent=1))
     if aot:  # the artifacts' own table (publish first, then serve)
         sys.stdout.flush()
         import subprocess
-        subprocess.run([sys.executable, os.path.join(HERE, "bench_aot.py"),
-                        "--runs", str(a.runs), "--models", a.models],
-                       check=True)
+
+        subprocess.run(
+            [
+                sys.executable,
+                os.path.join(HERE, "bench_aot.py"),
+                "--runs",
+                str(a.runs),
+                "--models",
+                a.models,
+            ],
+            check=True,
+        )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ Plain sockets, no redis-py: nothing to install. Values are deterministic
 (a seeded random buffer, sliced per key, the key's number in front), so a
 value read after a restart is checked against what was written.
 """
+
 import os
 import random
 import signal
@@ -37,7 +38,7 @@ _BASE = random.Random(13).randbytes(16 << 20)
 
 def value(i, size):
     off = (i * 4099) % (len(_BASE) - size)
-    return struct.pack(">Q", i) + _BASE[off:off + size - 8]
+    return struct.pack(">Q", i) + _BASE[off : off + size - 8]
 
 
 def cmd(*args):
@@ -63,7 +64,7 @@ class Reader:
             i = self.buf.find(b"\r\n")
             if i >= 0:
                 ln = bytes(self.buf[:i])
-                del self.buf[:i + 2]
+                del self.buf[: i + 2]
                 return ln
             self._fill()
 
@@ -71,7 +72,7 @@ class Reader:
         while len(self.buf) < n + 2:
             self._fill()
         v = bytes(self.buf[:n])
-        del self.buf[:n + 2]
+        del self.buf[: n + 2]
         return v
 
     def reply(self):
@@ -93,8 +94,12 @@ def fill(port, count, size, key="fill:%08d", val=None):
     t0 = time.monotonic()
     for start in range(0, count, batch):
         n = min(batch, count - start)
-        s.sendall(b"".join(cmd("SET", key % (start + k),
-                               val(start + k, size)) for k in range(n)))
+        s.sendall(
+            b"".join(
+                cmd("SET", key % (start + k), val(start + k, size))
+                for k in range(n)
+            )
+        )
         for _ in range(n):
             rep = r.reply()
             if rep != b"+OK":
@@ -152,8 +157,13 @@ def main():
     if a[:1] == ["fill"] and len(a) == 4:
         return fill(int(a[1]), int(a[2]), int(a[3]))
     if a[:1] == ["randkeys"] and len(a) == 4:
-        return fill(int(a[1]), int(a[2]), int(a[3]), "key:%012d",
-                    lambda i, size: os.urandom(size))
+        return fill(
+            int(a[1]),
+            int(a[2]),
+            int(a[3]),
+            "key:%012d",
+            lambda i, size: os.urandom(size),
+        )
     if a[:1] == ["firstget"] and len(a) > 6 and a[5] == "--":
         return firstget(a[1], int(a[2]), int(a[3]), int(a[4]), a[6:])
     sys.exit(__doc__)

@@ -14,6 +14,7 @@ Usage: container_chroot.py --root REPO [--work DIR]
 Exit 0 when both stages built and the health check passed, 77 (skip) when not
 root or debootstrap is missing (a failure under CI=true), 1 otherwise.
 """
+
 import argparse
 import json
 import os
@@ -37,7 +38,10 @@ def log(msg):
 
 def mirror():
     """The host's Debian mirror (this machine reaches Debian's, not others)."""
-    for f in ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list"):
+    for f in (
+        "/etc/apt/sources.list.d/debian.sources",
+        "/etc/apt/sources.list",
+    ):
         try:
             for line in open(f, encoding="utf-8"):
                 w = line.split()
@@ -55,7 +59,9 @@ class Stage:
 
     def __init__(self, root):
         self.root, self.env, self.cwd, self.user = root, {}, "/", "0:0"
-        self.env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        self.env["PATH"] = (
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        )
 
     def host(self, p):
         return os.path.join(self.root, p.lstrip("/"))
@@ -65,7 +71,12 @@ class Stage:
         argv = ["chroot"]
         if user:
             argv.append("--userspec=" + user)
-        argv += [self.root, "/bin/sh", "-c", "cd %s && %s" % (shlex.quote(self.cwd), cmd)]
+        argv += [
+            self.root,
+            "/bin/sh",
+            "-c",
+            "cd %s && %s" % (shlex.quote(self.cwd), cmd),
+        ]
         return subprocess.run(argv, env=env, check=check, **kw)
 
 
@@ -77,7 +88,9 @@ def copy_into(stage, srcs, dst, base):
         if os.path.isdir(s):
             shutil.copytree(s, d, dirs_exist_ok=True, symlinks=True)
         else:
-            os.makedirs(d if dst.endswith("/") else os.path.dirname(d), exist_ok=True)
+            os.makedirs(
+                d if dst.endswith("/") else os.path.dirname(d), exist_ok=True
+            )
             shutil.copy2(s, d)
 
 
@@ -85,11 +98,21 @@ def carry_out(stage, ins, repo, stages_by_name):
     for word, args in ins:
         if word == "RUN":
             log("RUN " + " ".join(args.split())[:100])
-            r = stage.run(args, check=False, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+            r = stage.run(
+                args,
+                check=False,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             if r.returncode:
-                log("RUN failed (exit %d); its output ends:\n%s" % (r.returncode, r.stdout[-4000:]))
-                raise subprocess.CalledProcessError(r.returncode, ["RUN", args])
+                log(
+                    "RUN failed (exit %d); its output ends:\n%s"
+                    % (r.returncode, r.stdout[-4000:])
+                )
+                raise subprocess.CalledProcessError(
+                    r.returncode, ["RUN", args]
+                )
         elif word == "ENV":
             parts = shlex.split(args)
             for p in parts:
@@ -122,23 +145,43 @@ def health_check(stage, hc_args):
     """Starts the ENTRYPOINT as USER on loopback, runs the HEALTHCHECK CMD."""
     port = free_port()
     stage.env["KCACHED_LISTEN"] = "127.0.0.1:%d" % port
-    entry = json.loads(stage.entrypoint)  # the exec form, as the Dockerfile test requires
-    proc = subprocess.Popen(["chroot", "--userspec=" + stage.user, stage.root] + entry,
-                            env=dict(stage.env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    entry = json.loads(
+        stage.entrypoint
+    )  # the exec form, as the Dockerfile test requires
+    proc = subprocess.Popen(
+        ["chroot", "--userspec=" + stage.user, stage.root] + entry,
+        env=dict(stage.env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     cmd = hc_args.split(" CMD ", 1)[1]
     r = None
     try:
         for _ in range(100):
             if proc.poll() is not None:
                 break
-            r = stage.run(cmd, user=stage.user, check=False, capture_output=True, text=True)
+            r = stage.run(
+                cmd,
+                user=stage.user,
+                check=False,
+                capture_output=True,
+                text=True,
+            )
             if r.returncode == 0:
-                log("HEALTHCHECK passed against kcached as uid %s" % stage.user)
+                log(
+                    "HEALTHCHECK passed against kcached as uid %s" % stage.user
+                )
                 return True
             time.sleep(0.2)
-        log("HEALTHCHECK failed: " + ((r.stderr or "").strip() if r else
-                                      "kcached exited before the first probe"))
+        log(
+            "HEALTHCHECK failed: "
+            + (
+                (r.stderr or "").strip()
+                if r
+                else "kcached exited before the first probe"
+            )
+        )
         return False
     finally:
         proc.terminate()
@@ -154,39 +197,64 @@ def health_check(stage, hc_args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
-    ap.add_argument("--work", help="a directory to keep (default: a temp dir, removed)")
+    ap.add_argument(
+        "--work", help="a directory to keep (default: a temp dir, removed)"
+    )
     a = ap.parse_args()
     ci = os.environ.get("CI") == "true"
-    if os.geteuid() != 0 or not shutil.which("debootstrap") or not shutil.which("chroot"):
+    if (
+        os.geteuid() != 0
+        or not shutil.which("debootstrap")
+        or not shutil.which("chroot")
+    ):
         log("needs root, debootstrap and chroot")
         return 1 if ci else 77
     repo = os.path.abspath(a.root)
     stages = test_deploy.Dockerfile.stages_of(
-        open(os.path.join(repo, "deploy", "container", "Dockerfile"), encoding="utf-8").read())
+        open(
+            os.path.join(repo, "deploy", "container", "Dockerfile"),
+            encoding="utf-8",
+        ).read()
+    )
     work = a.work or tempfile.mkdtemp(prefix="kcache-chroot-")
     mounts = []
     try:
         base = os.path.join(work, "base")
         if not os.path.isfile(os.path.join(base, "etc", "debian_version")):
             t = time.time()
-            subprocess.run(["debootstrap", "--variant=minbase", SUITE, base, mirror()],
-                           check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                ["debootstrap", "--variant=minbase", SUITE, base, mirror()],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             log("debootstrap %s: %.0f s" % (SUITE, time.time() - t))
-        shutil.copy2("/etc/resolv.conf", os.path.join(base, "etc", "resolv.conf"))
+        shutil.copy2(
+            "/etc/resolv.conf", os.path.join(base, "etc", "resolv.conf")
+        )
         by_name, order = {}, []
         for i, st in enumerate(stages):
             from_words = st["from"].split()
             if not from_words[0].startswith("debian:bookworm"):
-                log("FROM %s: only debian:bookworm images are interpreted" % st["from"])
+                log(
+                    "FROM %s: only debian:bookworm images are interpreted"
+                    % st["from"]
+                )
                 return 1
             root = os.path.join(work, "stage%d" % i)
             if os.path.isdir(root):
                 subprocess.run(["rm", "-rf", root], check=True)
             subprocess.run(["cp", "-a", base, root], check=True)
-            subprocess.run(["mount", "-t", "proc", "proc", os.path.join(root, "proc")], check=True)
+            subprocess.run(
+                ["mount", "-t", "proc", "proc", os.path.join(root, "proc")],
+                check=True,
+            )
             mounts.append(os.path.join(root, "proc"))
             stage = Stage(root)
-            name = from_words[-1] if len(from_words) == 3 and from_words[1].upper() == "AS" else str(i)
+            name = (
+                from_words[-1]
+                if len(from_words) == 3 and from_words[1].upper() == "AS"
+                else str(i)
+            )
             by_name[name] = stage
             order.append(stage)
             t = time.time()
@@ -201,13 +269,18 @@ def main():
             return 1
         return 0 if health_check(last, hcs[-1]) else 1
     except subprocess.CalledProcessError as e:
-        log("failed: %s (exit %s)" % (" ".join(map(str, e.cmd))[:300], e.returncode))
+        log(
+            "failed: %s (exit %s)"
+            % (" ".join(map(str, e.cmd))[:300], e.returncode)
+        )
         return 1
     finally:
         for m in mounts:
             subprocess.run(["umount", "-l", m], check=False)
         if not a.work:
-            subprocess.run(["rm", "-rf", "--one-file-system", work], check=False)
+            subprocess.run(
+                ["rm", "-rf", "--one-file-system", work], check=False
+            )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ SIGTERM brings STOPPING=1 and a clean exit.
 
 Usage: notify_ready.py KCACHED [--abstract]
 """
+
 import os
 import select
 import shutil
@@ -59,7 +60,10 @@ def main():
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         if abstract:
-            name = "@kcache-notify-%d-%s" % (os.getpid(), os.path.basename(tmp))
+            name = "@kcache-notify-%d-%s" % (
+                os.getpid(),
+                os.path.basename(tmp),
+            )
             sock.bind("\0" + name[1:])
         else:
             name = os.path.join(tmp, "notify")
@@ -76,18 +80,38 @@ def check(kcached, tmp, sock, name):
     for k in list(env):
         if k.startswith("KCACHED_"):
             del env[k]  # only the flags below
-    args = [kcached, "--listen", "127.0.0.1:0", "--data-dir", os.path.join(tmp, "data"),
-            "--port-file", port_file]
+    args = [
+        kcached,
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        os.path.join(tmp, "data"),
+        "--port-file",
+        port_file,
+    ]
     log = tempfile.TemporaryFile(dir=tmp)
-    proc = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        args,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
     t0 = time.monotonic()
     if wait_state(sock, proc, "READY=1", START_S) is None:
         if proc.poll() is not None:
-            return fail("kcached exited with %d before READY=1" % proc.returncode, None, log)
-        return fail("no READY=1 within %d s (NOTIFY_SOCKET=%s); is kcd_sd_notify(\"READY=1\") "
-                    "wired into kcached's main after it listens?" % (START_S, name), proc, log)
+            return fail(
+                "kcached exited with %d before READY=1" % proc.returncode,
+                None,
+                log,
+            )
+        return fail(
+            'no READY=1 within %d s (NOTIFY_SOCKET=%s); is kcd_sd_notify("READY=1") '
+            "wired into kcached's main after it listens?" % (START_S, name),
+            proc,
+            log,
+        )
     print("ok: READY=1 after %.2f s" % (time.monotonic() - t0))
 
     # READY=1 promises a listening server: no retries here
@@ -95,20 +119,32 @@ def check(kcached, tmp, sock, name):
         with open(port_file) as f:
             port = int(f.read().strip())
     except (OSError, ValueError) as e:
-        return fail("READY=1 came before the port file was written: %s" % e, proc, log)
+        return fail(
+            "READY=1 came before the port file was written: %s" % e, proc, log
+        )
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=5) as r:
+        with urllib.request.urlopen(
+            "http://127.0.0.1:%d/healthz" % port, timeout=5
+        ) as r:
             status = r.status
     except Exception as e:  # noqa: BLE001 (any failure is the finding)
-        return fail("READY=1 sent but GET /healthz on port %d failed: %s" % (port, e), proc, log)
+        return fail(
+            "READY=1 sent but GET /healthz on port %d failed: %s" % (port, e),
+            proc,
+            log,
+        )
     if status != 200:
         return fail("GET /healthz: %d" % status, proc, log)
     print("ok: listening on 127.0.0.1:%d, /healthz 200" % port)
 
     proc.send_signal(signal.SIGTERM)
     if wait_state(sock, proc, "STOPPING=1", STOP_S) is None:
-        return fail("no STOPPING=1 after SIGTERM; is kcd_sd_notify(\"STOPPING=1\") "
-                    "wired into the shutdown path?", proc, log)
+        return fail(
+            'no STOPPING=1 after SIGTERM; is kcd_sd_notify("STOPPING=1") '
+            "wired into the shutdown path?",
+            proc,
+            log,
+        )
     try:
         rc = proc.wait(timeout=STOP_S)
     except subprocess.TimeoutExpired:

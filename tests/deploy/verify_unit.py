@@ -5,6 +5,7 @@ deploy/systemd/kcached.service, with ExecStart pointed at a binary that exists.
 Usage: verify_unit.py UNIT EXEC [MAX_EXPOSURE]
 Exit 0 pass, 1 fail, 77 skip (no usable systemd-analyze).
 """
+
 import os
 import re
 import shutil
@@ -13,12 +14,19 @@ import sys
 import tempfile
 
 SKIP = 77
-GOOD_UNIT = "[Unit]\nDescription=probe\n[Service]\nType=oneshot\nExecStart=/bin/true\n"
+GOOD_UNIT = (
+    "[Unit]\nDescription=probe\n[Service]\nType=oneshot\nExecStart=/bin/true\n"
+)
 
 
 def run(args):
-    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       universal_newlines=True, timeout=120)
+    p = subprocess.run(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        universal_newlines=True,
+        timeout=120,
+    )
     return p.returncode, p.stdout.strip()
 
 
@@ -49,8 +57,10 @@ def main():
             f.write(GOOD_UNIT)
         rc, out = run([tool, "verify", "--man=no", probe])
         if rc != 0 or out:
-            print("SKIP: systemd-analyze verify cannot run here (a trivial unit "
-                  "fails too):\n" + out)
+            print(
+                "SKIP: systemd-analyze verify cannot run here (a trivial unit "
+                "fails too):\n" + out
+            )
             return SKIP
 
         path = os.path.join(tmp, "kcached.service")
@@ -59,21 +69,36 @@ def main():
         # verify exits 0 on unknown keys and bad values: any output is a finding
         rc, out = run([tool, "verify", "--man=no", path])
         if rc != 0 or out:
-            print("FAIL: systemd-analyze verify kcached.service (rc %d):\n%s" % (rc, out))
+            print(
+                "FAIL: systemd-analyze verify kcached.service (rc %d):\n%s"
+                % (rc, out)
+            )
             return 1
-        print("ok: systemd-analyze verify kcached.service (ExecStart=%s)" % exe)
+        print(
+            "ok: systemd-analyze verify kcached.service (ExecStart=%s)" % exe
+        )
 
         # the offline security score guards the hardening against erosion
         rc, out = run([tool, "security", "--offline=true", "--no-pager", path])
-        m = re.search(r"Overall exposure level for kcached.service: ([0-9.]+)", out)
+        m = re.search(
+            r"Overall exposure level for kcached.service: ([0-9.]+)", out
+        )
         if rc != 0 or not m:
-            print("note: offline `systemd-analyze security` unavailable here, not scored")
+            print(
+                "note: offline `systemd-analyze security` unavailable here, not scored"
+            )
             return 0
         level = float(m.group(1))
         if level > max_exposure:
-            print("FAIL: exposure level %.1f > %.1f:\n%s" % (level, max_exposure, out))
+            print(
+                "FAIL: exposure level %.1f > %.1f:\n%s"
+                % (level, max_exposure, out)
+            )
             return 1
-        print("ok: systemd-analyze security: exposure %.1f (limit %.1f)" % (level, max_exposure))
+        print(
+            "ok: systemd-analyze security: exposure %.1f (limit %.1f)"
+            % (level, max_exposure)
+        )
     return 0
 
 

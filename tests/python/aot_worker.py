@@ -17,6 +17,7 @@ tcompile: plain torch.compile (cold, or warm from TORCHINDUCTOR_CACHE_DIR);
 keys: the bucket keys for --isa (no torch compile). KCACHE_T0: the parent's
 time.time() before it started this process (first_output_s counts from it).
 """
+
 import argparse
 import json
 import os
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def pair_model(torch):
     from torch_worker import build_models
+
     pair = build_models(torch, "cpu")
 
     class PairCall(torch.nn.Module):
@@ -44,8 +46,10 @@ def pair_model(torch):
 
     def example(b):
         g = torch.Generator().manual_seed(b)
-        return (torch.randn(b, 64, generator=g),
-                torch.randn(b, 16, 64, generator=g))
+        return (
+            torch.randn(b, 64, generator=g),
+            torch.randn(b, 16, 64, generator=g),
+        )
 
     return PairCall(pair).eval(), example
 
@@ -53,16 +57,23 @@ def pair_model(torch):
 def lm_model(torch, arch):
     """A transformers causal LM from a tiny config (GPT-2 or Llama)."""
     import transformers
+
     torch.manual_seed(0)
     if arch == "llama":
         cfg = transformers.LlamaConfig(
-            hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
-            max_position_embeddings=64)
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1000,
+            max_position_embeddings=64,
+        )
         lm = transformers.LlamaForCausalLM(cfg).eval()
     else:
-        cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4,
-                                      vocab_size=1000, n_positions=64)
+        cfg = transformers.GPT2Config(
+            n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=64
+        )
         lm = transformers.GPT2LMHeadModel(cfg).eval()
 
     class Logits(torch.nn.Module):
@@ -73,8 +84,9 @@ def lm_model(torch, arch):
             self.lm = lm
 
         def forward(self, ids):
-            return self.lm(input_ids=ids, use_cache=False,
-                           return_dict=False)[0]
+            return self.lm(input_ids=ids, use_cache=False, return_dict=False)[
+                0
+            ]
 
     def example(b):
         g = torch.Generator().manual_seed(b)
@@ -85,8 +97,9 @@ def lm_model(torch, arch):
 
 def close(torch, a, b):
     if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(close(torch, x, y)
-                                        for x, y in zip(a, b))
+        return len(a) == len(b) and all(
+            close(torch, x, y) for x, y in zip(a, b)
+        )
     return a.shape == b.shape and torch.allclose(a, b, rtol=1e-3, atol=1e-3)
 
 
@@ -112,6 +125,7 @@ def main():
     ap.add_argument("--isa", default=None)
     a = ap.parse_args()
     import torch
+
     if a.fake_torch_version:
         torch.__version__ = a.fake_torch_version
     if a.model in ("gpt2", "llama"):
@@ -124,14 +138,18 @@ def main():
     if a.mode == "keys":
         from kcache.client import key
         from kcache.torch import aot, keys
+
         mh = keys.model_hash(model)
-        res["fields"] = [aot.bucket_fields(mh, b, "cpu", a.isa, a.name)
-                         for b in aot.make_buckets(buckets)]
+        res["fields"] = [
+            aot.bucket_fields(mh, b, "cpu", a.isa, a.name)
+            for b in aot.make_buckets(buckets)
+        ]
         res["keys"] = [key(f) for f in res["fields"]]
         print("RESULT " + json.dumps(res), flush=True)
         return
     if a.mode == "publish":
         from kcache.torch import aot
+
         res["publish"] = aot.publish(model, buckets, name=a.name)
         print("RESULT " + json.dumps(res), flush=True)
         return
@@ -142,22 +160,35 @@ def main():
             fn = torch.compile(model)
         else:
             import kcache.torch as kt
-            fn = kt.compile(model, name=a.name, buckets=buckets,
-                            build=not a.no_build, fallback=a.fallback,
-                            build_wait=a.build_wait, deadline=a.deadline)
+
+            fn = kt.compile(
+                model,
+                name=a.name,
+                buckets=buckets,
+                build=not a.no_build,
+                fallback=a.fallback,
+                build_wait=a.build_wait,
+                deadline=a.deadline,
+            )
             res["stats"] = fn.stats
         fn(*buckets[0])
         res["first_output_s"] = round(time.time() - T_START, 4)
-        res["compile_stack"] = sorted(m for m in ("torch._inductor",
-                                                  "torch._dynamo")
-                                      if m in sys.modules)
+        res["compile_stack"] = sorted(
+            m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules
+        )
         checks = [int(b) for b in a.check.split(",") if b]
-        res["equal"] = all(close(torch, fn(*example(b)), model(*example(b)))
-                           for b in checks)
+        res["equal"] = all(
+            close(torch, fn(*example(b)), model(*example(b))) for b in checks
+        )
         # the same values in other strides (a transposed copy's view)
         res["equal_strided"] = all(
-            close(torch, fn(*[strided(t) for t in example(b)]),
-                  model(*example(b))) for b in checks)
+            close(
+                torch,
+                fn(*[strided(t) for t in example(b)]),
+                model(*example(b)),
+            )
+            for b in checks
+        )
         res["checked"] = checks
     print("RESULT " + json.dumps(res), flush=True)
 

@@ -2,6 +2,7 @@
 kcserver.start_kcached; its log's tail is printed when one of the module's
 tests failed), and the rule for missing packages: a test that needs torch
 (or triton, redis-py) fails when CI=true and is skipped otherwise."""
+
 import importlib
 import os
 import sys

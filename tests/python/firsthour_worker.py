@@ -10,12 +10,15 @@ through bash after those lines). Prints one JSON line.
     firsthour_worker.py triton-get KEY   the same key's group, from an
                                          empty TRITON_CACHE_DIR
 """
+
 import json
 import sys
 
-FILES = {"k.cubin": b"\x7fELF" + bytes(range(256)) * 8,
-         "k.ptx": b"// ptx\n.version 8.4\n",
-         "k.json": b'{"name": "k"}'}
+FILES = {
+    "k.cubin": b"\x7fELF" + bytes(range(256)) * 8,
+    "k.ptx": b"// ptx\n.version 8.4\n",
+    "k.json": b'{"name": "k"}',
+}
 
 
 def run_torch():
@@ -23,13 +26,17 @@ def run_torch():
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 8))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
+    )
     compiled = torch.compile(model)
     with torch.no_grad():
         y = compiled(torch.randn(4, 32))
-    print(json.dumps({"shape": list(y.shape),
-                      "inductor": dict(counters["inductor"])}))
+    print(
+        json.dumps(
+            {"shape": list(y.shape), "inductor": dict(counters["inductor"])}
+        )
+    )
 
 
 def run_triton(op, key):
@@ -39,13 +46,19 @@ def run_triton(op, key):
     out = {"manager": type(m).__module__ + "." + type(m).__name__}
     if op == "triton-put":
         out["before"] = m.get_group("k.json") is not None
-        group = {name: m.put(data, name, binary=True) for name, data in FILES.items()}
+        group = {
+            name: m.put(data, name, binary=True)
+            for name, data in FILES.items()
+        }
         m.put_group("k.json", group)
     else:
         g = m.get_group("k.json") or {}
-        out["files"] = {name: open(p, "rb").read() == FILES.get(name)
-                        for name, p in g.items()}
+        out["files"] = {
+            name: open(p, "rb").read() == FILES.get(name)
+            for name, p in g.items()
+        }
     import kcache.triton
+
     out["stats"] = kcache.triton.stats()
     print(json.dumps(out))
 

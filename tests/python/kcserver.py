@@ -2,6 +2,7 @@
 tests/kcharness.py starts it (Kcached, with 4 threads: start_kcached), and
 torch_worker.py processes (run_worker).
 """
+
 import json
 import os
 import subprocess
@@ -19,27 +20,35 @@ from kcharness import free_port  # noqa: E402,F401  (for the tests)
 def start_kcached(tokens=False, anonymous_role=None):
     """A started kcached: HTTP (url) and RESP (resp_url) on loopback, a
     temporary store; tokens=True: read, write and admin tokens (.tokens)."""
-    return kcharness.Kcached(tokens=tokens, anonymous_role=anonymous_role,
-                             threads=4, prefix="kc-py-").start()
+    return kcharness.Kcached(
+        tokens=tokens,
+        anonymous_role=anonymous_role,
+        threads=4,
+        prefix="kc-py-",
+    ).start()
 
 
-def run_worker(path, env_extra, args=(), python=None, timeout=600,
-               check=True):
+def run_worker(path, env_extra, args=(), python=None, timeout=600, check=True):
     """Runs torch_worker.py in a fresh process; returns its RESULT dict."""
     env = dict(os.environ)
     env.update(env_extra)
     env["KCACHE_T0"] = repr(time.time())
     env.setdefault("PYTHONPATH", os.path.join(ROOT, "python"))
-    p = subprocess.run([python or sys.executable, WORKER, "--path", path] +
-                       list(args), env=env, capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [python or sys.executable, WORKER, "--path", path] + list(args),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[7:])
             r["stderr"] = p.stderr[-4000:]
             return r
     if check:
-        raise AssertionError("worker failed (rc %d):\n%s\n%s" %
-                             (p.returncode, p.stdout[-3000:],
-                              p.stderr[-6000:]))
+        raise AssertionError(
+            "worker failed (rc %d):\n%s\n%s"
+            % (p.returncode, p.stdout[-3000:], p.stderr[-6000:])
+        )
     return None

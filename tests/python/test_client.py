@@ -1,6 +1,7 @@
 """test_client: kcache.Client over libkcache against a real kcached: keys
 as the C library computes them, bundles of bytes and directories, lookup,
 leases, warm, and errors carrying the C error's name."""
+
 import json
 import os
 
@@ -8,8 +9,13 @@ import pytest
 
 import kcache
 
-FIELDS = {"model": "a" * 64, "build": "b" * 64, "arch": "sm_90",
-          "bucket": {"layer": 0}, "toolchain": {"torch": "2.13.0"}}
+FIELDS = {
+    "model": "a" * 64,
+    "build": "b" * 64,
+    "arch": "sm_90",
+    "bucket": {"layer": 0},
+    "toolchain": {"torch": "2.13.0"},
+}
 
 
 def fields(**kw):
@@ -21,9 +27,11 @@ def fields(**kw):
 def test_key_is_the_c_librarys():
     # the committed vector of docs/DESIGN.md's canonical form
     canon = kcache.canonical_key_json(FIELDS)
-    assert canon == ('{"arch":"sm_90","bucket":{"layer":0},"build":"%s",'
-                     '"model":"%s","toolchain":{"torch":"2.13.0"},"v":1}'
-                     % ("b" * 64, "a" * 64))
+    assert canon == (
+        '{"arch":"sm_90","bucket":{"layer":0},"build":"%s",'
+        '"model":"%s","toolchain":{"torch":"2.13.0"},"v":1}'
+        % ("b" * 64, "a" * 64)
+    )
     assert kcache.key(FIELDS) == kcache.sha256_hex(canon.encode())
     assert kcache.key(fields(arch="sm_80")) != kcache.key(FIELDS)
     with pytest.raises(kcache.InvalidArgument) as e:
@@ -59,8 +67,11 @@ def test_pull_many_one_batch(server, tmp_path, dead_url):
     want = {}
     for n in range(5):
         data = os.urandom(3000 + n * 70000)
-        want[c.push_bytes(data, fields(bucket={"layer": 10 + n}),
-                          name="f%d.bin" % n).key] = data
+        want[
+            c.push_bytes(
+                data, fields(bucket={"layer": 10 + n}), name="f%d.bin" % n
+            ).key
+        ] = data
     missing = kcache.key(fields(bucket={"layer": 99}))
     c2 = kcache.Client(url=server.url, cache_dir=str(tmp_path / "b"))
     got = c2.pull_many(list(want) + [missing])
@@ -98,8 +109,9 @@ def test_lease(server, tmp_path):
     k = kcache.key(fields(bucket={"layer": 3}))
     a = c.lease_take(k, 60)
     assert a.state == "granted" and a.token
-    b = kcache.Client(url=server.url, cache_dir=str(tmp_path),
-                      holder="py-b").lease_take(k, 60)
+    b = kcache.Client(
+        url=server.url, cache_dir=str(tmp_path), holder="py-b"
+    ).lease_take(k, 60)
     assert b.state == "held" and not b.granted
     c.lease_release(a)
     c.push_bytes(b"x", fields(bucket={"layer": 3}))
@@ -128,17 +140,26 @@ def test_env_vars_as_the_cli(server, tmp_path, monkeypatch):
 
 
 def test_read_token_cannot_upload(auth_server, tmp_path):
-    w = kcache.Client(url=auth_server.url, token=auth_server.tokens["write"],
-                      cache_dir=str(tmp_path / "w"))
+    w = kcache.Client(
+        url=auth_server.url,
+        token=auth_server.tokens["write"],
+        cache_dir=str(tmp_path / "w"),
+    )
     m = w.push_bytes(b"hello", FIELDS)
-    r = kcache.Client(url=auth_server.url, token=auth_server.tokens["read"],
-                      cache_dir=str(tmp_path / "r"))
+    r = kcache.Client(
+        url=auth_server.url,
+        token=auth_server.tokens["read"],
+        cache_dir=str(tmp_path / "r"),
+    )
     assert r.pull_bytes(m.key) == b"hello"
     with pytest.raises(kcache.Forbidden) as e:
         r.push_bytes(b"other", fields(bucket={"layer": 2}))
     assert e.value.name == "KC_FORBIDDEN"
-    bad = kcache.Client(url=auth_server.url, token="kc_" + "0" * 64,
-                        cache_dir=str(tmp_path / "x"))
+    bad = kcache.Client(
+        url=auth_server.url,
+        token="kc_" + "0" * 64,
+        cache_dir=str(tmp_path / "x"),
+    )
     with pytest.raises(kcache.Unauthorized):
         bad.pull(m.key)
 
@@ -152,15 +173,18 @@ def test_warm_report(server, tmp_path):
     manifest = {
         "schema": "kcache.warmup/v1",
         "model": {"name": "py-warm", "hash": "c" * 64},
-        "archs": ["sm_90"], "toolchain": {"torch": "2.13.0"},
+        "archs": ["sm_90"],
+        "toolchain": {"torch": "2.13.0"},
         "builder": {"command": [str(script), "{batch}", "{out}"]},
-        "buckets": [{"batch": 1}, {"batch": 2}]}
+        "buckets": [{"batch": 1}, {"batch": 2}],
+    }
     c = kcache.Client(url=server.url, cache_dir=str(tmp_path / "a"))
     rep = c.warm(manifest, out=str(tmp_path / "out"), deadline=60)
     assert rep["error"] is None, rep
     assert rep["counts"]["built"] == 2
-    assert (tmp_path / "out" / "sm_90" / "batch=2" / "k.bin").read_text() \
-        == "batch 2\n"
+    assert (
+        tmp_path / "out" / "sm_90" / "batch=2" / "k.bin"
+    ).read_text() == "batch 2\n"
     c2 = kcache.Client(url=server.url, cache_dir=str(tmp_path / "b"))
     rep2 = c2.warm(manifest, deadline=60, no_build=True)
     assert rep2["counts"]["hit-remote"] == 2 and rep2["error"] is None
@@ -173,6 +197,7 @@ def test_abi_checked_at_import(monkeypatch):
     wrong layout would be read and written silently)."""
     import ctypes
     from kcache import _lib
+
     for name, t in _lib._MIRRORS.items():
         assert _lib.lib.kc_abi_sizeof(name.encode()) == ctypes.sizeof(t), name
     assert _lib.lib.kc_abi_sizeof(b"no_such_struct") == 0
@@ -183,6 +208,7 @@ def test_abi_checked_at_import(monkeypatch):
 
     class Short(ctypes.Structure):
         _fields_ = [("x", ctypes.c_int)]
+
     monkeypatch.setitem(_lib._MIRRORS, "kc_warm_report", Short)
     with pytest.raises(ImportError, match="kc_warm_report"):
         _lib._check_abi()
@@ -194,11 +220,16 @@ def test_library_exports_only_the_public_api():
     import shutil
     import subprocess
     from kcache import _lib
+
     nm = shutil.which("nm")
     if not nm:
         pytest.skip("no nm")
-    out = subprocess.run([nm, "-D", "--defined-only", _lib.LIB_PATH],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [nm, "-D", "--defined-only", _lib.LIB_PATH],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     names = [l.split()[-1] for l in out.splitlines() if l.strip()]
     assert "kc_warm" in names and "kc_free" in names
     assert [n for n in names if not n.startswith("kc_")] == []

@@ -10,6 +10,7 @@ loads. Then the building blocks (remote caches, Mega-Cache) and the failure
 cases: wrong token, another torch version, kcached down or silent, a
 read-only token, concurrent processes (one upload per key). Each worker is
 a fresh process (tests/python/torch_worker.py)."""
+
 import concurrent.futures
 import json
 import os
@@ -49,12 +50,14 @@ def _tmp(prefix):
 def env_for(server, token=None, resp_url=None, **extra):
     """A fresh process's environment: empty local caches, a fresh $TMPDIR
     (where Inductor would put its precompiled header)."""
-    e = {"KCACHE_URL": server.url if server else extra.pop("url"),
-         "KCACHE_RESP_URL": resp_url or (server.resp_url if server else ""),
-         "TORCHINDUCTOR_CACHE_DIR": _tmp("kc-ind-"),
-         "KCACHE_DIR": _tmp("kc-dir-"),
-         "TMPDIR": _tmp("kc-tmp-"),
-         "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    e = {
+        "KCACHE_URL": server.url if server else extra.pop("url"),
+        "KCACHE_RESP_URL": resp_url or (server.resp_url if server else ""),
+        "TORCHINDUCTOR_CACHE_DIR": _tmp("kc-ind-"),
+        "KCACHE_DIR": _tmp("kc-dir-"),
+        "TMPDIR": _tmp("kc-tmp-"),
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
     e["KCACHE_TOKEN"] = token or ""
     e.update(extra)
     return e
@@ -67,9 +70,11 @@ def cxx():
     d = _tmp("kc-cxx-")
     path = os.path.join(d, "g++")
     with open(path, "w") as f:
-        f.write('#!/bin/sh\ncase " $* " in *" -c "*|*" -o "*|*" -E "*)\n'
-                '  echo "$*" >> "$KCACHE_TEST_CXX_LOG";;\nesac\n'
-                'exec g++ "$@"\n')
+        f.write(
+            '#!/bin/sh\ncase " $* " in *" -c "*|*" -o "*|*" -E "*)\n'
+            '  echo "$*" >> "$KCACHE_TEST_CXX_LOG";;\nesac\n'
+            'exec g++ "$@"\n'
+        )
     os.chmod(path, 0o755)
     return path
 
@@ -110,6 +115,7 @@ def get_json(server, path, token=None):
 
 # ------------------------------------------------------------ the one call
 
+
 def test_service_restarts_upload_nothing_and_run_no_gxx(cxx):
     """Start 1 compiles and uploads its entries and names the model; starts
     2 and 3 (fresh processes, fresh local dirs and $TMPDIR, a write token)
@@ -144,12 +150,18 @@ def test_service_restarts_upload_nothing_and_run_no_gxx(cxx):
         assert [m["name"] for m in models] == ["svc"], models
         model = models[0]["model"]
         cov = get_json(s, "/v1/models/%s/coverage" % model, w)
-        assert sorted(list(b)[0] for b in cov["buckets"]) == \
-            ["aotautograd", "fxgraph", "kernel"], cov
+        assert sorted(list(b)[0] for b in cov["buckets"]) == [
+            "aotautograd",
+            "fxgraph",
+            "kernel",
+        ], cov
         assert cov["present"] == 3 and cov["expected"] == 3, cov
         # a second model, later: its own entries, the first's unchanged
-        b = kcserver.run_worker("warm", env_for(s, w, **cxx_env(cxx)),
-                                ["--name", "svc2", "--model", "pair2"])
+        b = kcserver.run_worker(
+            "warm",
+            env_for(s, w, **cxx_env(cxx)),
+            ["--name", "svc2", "--model", "pair2"],
+        )
         assert b["equal"] and b["warm"]["uploaded"] > 0, b["warm"]
         models = {m["name"]: m for m in get_json(s, "/v1/models", w)["models"]}
         assert set(models) == {"svc", "svc2"}, models
@@ -162,8 +174,12 @@ def _two_writers():
     """kcached with tokens: read, write (CI), admin, and a second write
     token ("other")."""
     k = kcharness.Kcached(tokens=True, threads=4, prefix="kc-py-")
-    out = subprocess.run([kcharness.kcached_path(), "token", "write",
-                          "other"], capture_output=True, check=True, text=True)
+    out = subprocess.run(
+        [kcharness.kcached_path(), "token", "write", "other"],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
     body = [x for x in out.stdout.splitlines() if not x.startswith("#")]
     with open(os.path.join(k.dir, "tokens"), "a") as f:
         f.write(body[1].strip() + "\n")
@@ -187,19 +203,26 @@ def test_second_writer_cannot_change_ci_entries(tmp_path):
     CI's bytes."""
     import kcache
     from kcache.torch import entries as ke
+
     s = _two_writers()
     try:
         fx = "fxgraph/ab/fabcdefghijk/entry"
-        ci_files = {"ab/cabcdefghijk.so": b"CI kernel",
-                    "ab/cabcdefghijk.cpp": b"CI source",
-                    fx: b"CI graph"}
+        ci_files = {
+            "ab/cabcdefghijk.so": b"CI kernel",
+            "ab/cabcdefghijk.cpp": b"CI source",
+            fx: b"CI graph",
+        }
         ci_dir = str(tmp_path / "ci")
         _entry_dir(ci_dir, ci_files)
 
         def engine(token, root, name):
-            c = kcache.Client(url=s.url, token=token,
-                              cache_dir=str(tmp_path / ("kc-" + name)))
+            c = kcache.Client(
+                url=s.url,
+                token=token,
+                cache_dir=str(tmp_path / ("kc-" + name)),
+            )
             return ke.Entries(c, "svc-model", root, "cpu")
+
         ci = engine(s.tokens["write"], ci_dir, "ci")
         ci.list()
         ci.upload()
@@ -208,17 +231,32 @@ def test_second_writer_cannot_change_ci_entries(tmp_path):
         bad_dir = str(tmp_path / "other")
         _entry_dir(bad_dir, {"ab/cabcdefghijk.so": b"other kernel"})
         other = engine(s.tokens["other"], bad_dir, "other")
-        f = ke.fields(other.model, "kernel", "ab/cabcdefghijk", "cpu",
-                      other.tools, other.arch)
+        f = ke.fields(
+            other.model,
+            "kernel",
+            "ab/cabcdefghijk",
+            "cpu",
+            other.tools,
+            other.arch,
+        )
         with pytest.raises(kcache.Error):
             other.client.push_dir(bad_dir, f)
         # another key holding CI's path; a key its entry does not give
-        for entry, path in (("zz/czzzzzzzzzz", "ab/cabcdefghijk.so"),
-                            ("ab/cabcdefghijk", "ab/cabcdefghijk.so")):
+        for entry, path in (
+            ("zz/czzzzzzzzzz", "ab/cabcdefghijk.so"),
+            ("ab/cabcdefghijk", "ab/cabcdefghijk.so"),
+        ):
             d = str(tmp_path / ("o-" + entry.replace("/", "-")))
             _entry_dir(d, {path: b"other kernel"})
-            f = ke.fields(other.model, "kernel", entry, "cpu", other.tools,
-                          other.arch, {"forged": entry})
+            f = ke.fields(
+                other.model,
+                "kernel",
+                entry,
+                "cpu",
+                other.tools,
+                other.arch,
+                {"forged": entry},
+            )
             other.client.push_dir(d, f)
         reader_dir = str(tmp_path / "reader")
         reader = engine(s.tokens["read"], reader_dir, "reader")
@@ -241,8 +279,11 @@ def test_concurrent_one_upload_per_entry(cxx):
     s = kcserver.start_kcached()
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as ex:
-            rs = list(ex.map(lambda _: kcserver.run_worker(
-                "warm", env_for(s)), range(2)))
+            rs = list(
+                ex.map(
+                    lambda _: kcserver.run_worker("warm", env_for(s)), range(2)
+                )
+            )
         for r in rs:
             assert r["equal"], r
         up = [r["warm"]["uploaded"] for r in rs]
@@ -258,8 +299,11 @@ def test_prepopulate_lazy_model_then_service():
     local caches then hits everything and uploads nothing."""
     s = kcserver.start_kcached()
     try:
-        p = kcserver.run_worker("prepopulate", env_for(s),
-                                ["--model", "lazy", "--name", "lazy-svc"])
+        p = kcserver.run_worker(
+            "prepopulate",
+            env_for(s),
+            ["--model", "lazy", "--name", "lazy-svc"],
+        )
         assert p["buckets"] == 2 and p["warm"]["uploaded"] > 0, p
         r = kcserver.run_worker("warm", env_for(s), ["--model", "lazy"])
         hits_only(r)
@@ -272,8 +316,9 @@ def test_prepopulate_lazy_model_then_service():
 def test_torch_version_mismatch_misses(server):
     s = server
     kcserver.run_worker("warm", env_for(s))
-    r = kcserver.run_worker("warm", env_for(s), ["--no-upload",
-                            "--fake-torch-version", "2.12.0"])
+    r = kcserver.run_worker(
+        "warm", env_for(s), ["--no-upload", "--fake-torch-version", "2.12.0"]
+    )
     assert r["equal"] and misses(r) == 4, r
     assert r["warm"]["fetched"] == 0 and r["warm"]["listed"] == 0, r["warm"]
 
@@ -282,8 +327,11 @@ def test_read_only_token(auth_server):
     """A read token is served hits (the test above's kind) and its upload
     is refused, counted, not raised."""
     ro = auth_server.tokens["read"]
-    r = kcserver.run_worker("warm", env_for(auth_server, token=ro),
-                            ["--fake-torch-version", "2.11.0"])
+    r = kcserver.run_worker(
+        "warm",
+        env_for(auth_server, token=ro),
+        ["--fake-torch-version", "2.11.0"],
+    )
     assert r["equal"] and misses(r) == 4
     assert r["warm"]["upload"] == "skipped: KC_FORBIDDEN", r["warm"]
     assert "upload: KC_FORBIDDEN" in r["warm"]["skipped"], r["warm"]
@@ -291,21 +339,24 @@ def test_read_only_token(auth_server):
 
 def test_kcached_down(dead_url):
     dead_resp = "redis://127.0.0.1:%d" % kcserver.free_port()
-    r = kcserver.run_worker("all", env_for(None, url=dead_url,
-                                           resp_url=dead_resp))
+    r = kcserver.run_worker(
+        "all", env_for(None, url=dead_url, resp_url=dead_resp)
+    )
     assert r["equal"] and misses(r) == 4, r
     assert r["mega"]["load"].startswith("skipped: KC_UNAVAILABLE"), r["mega"]
     assert r["mega"]["fetch_s"] < 5
     assert r["mega"]["upload"].startswith("skipped: layers unknown"), r["mega"]
     w = kcserver.run_worker("warm", env_for(None, url=dead_url))
-    assert w["equal"] and w["warm"]["skipped"] == \
-        ["fetch: KC_UNAVAILABLE"], w["warm"]
+    assert w["equal"] and w["warm"]["skipped"] == ["fetch: KC_UNAVAILABLE"], w[
+        "warm"
+    ]
     n = kcserver.run_worker("warm", env_for(None, url=""))
     assert n["warm"]["skipped"] == ["no server"], n["warm"]
     assert n["stderr"].count("no server") == 1, n["stderr"]
 
 
 # ----------------------------------------------------- the building blocks
+
 
 def test_remote_caches_only(server):
     a = kcserver.run_worker("remote", env_for(server))
@@ -318,15 +369,21 @@ def test_tokens_redacted_in_what_is_returned(monkeypatch):
     lines) shows the kcached token as ***; the process environment it sets
     keeps the real one, for torch."""
     import kcache.torch as kt
-    for k in ("TORCHINDUCTOR_REDIS_URL", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
-              "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE"):
+
+    for k in (
+        "TORCHINDUCTOR_REDIS_URL",
+        "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
+        "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+    ):
         monkeypatch.delenv(k, raising=False)
     lines = kt.use_remote_caches("redis://127.0.0.1:6379", "kc_s3cret")
     assert "kc_s3cret" not in repr(lines), lines
     assert lines["TORCHINDUCTOR_REDIS_URL"] == "redis://:***@127.0.0.1:6379"
     assert "kc_s3cret" in os.environ["TORCHINDUCTOR_REDIS_URL"]
-    assert kt.redact("rediss://u:p@h:1/0?ssl_ca_certs=/x") == \
-        "rediss://u:***@h:1/0?ssl_ca_certs=/x"
+    assert (
+        kt.redact("rediss://u:p@h:1/0?ssl_ca_certs=/x")
+        == "rediss://u:***@h:1/0?ssl_ca_certs=/x"
+    )
     assert kt.redact("redis://h:1") == "redis://h:1"
 
 
@@ -346,14 +403,18 @@ def test_corrupt_artifacts_skipped(server, tmp_path):
     import kcache
     import kcache.torch as kt
     import torch_worker
+
     model = torch_worker.build_models(torch, "cpu")
     c = kcache.Client(url=server.url, cache_dir=str(tmp_path))
     opts = {"corrupt": 1}
-    c.push_bytes(b"\x00garbage" * 1000,
-                 kt.key_fields("mega", model, 0, "cpu", opts),
-                 name="artifacts.bin")
-    with kt.mega_cache(model=model, client=c, device="cpu", options=opts,
-                       upload=False) as mc:
+    c.push_bytes(
+        b"\x00garbage" * 1000,
+        kt.key_fields("mega", model, 0, "cpu", opts),
+        name="artifacts.bin",
+    )
+    with kt.mega_cache(
+        model=model, client=c, device="cpu", options=opts, upload=False
+    ) as mc:
         pass
     assert mc.stats["bad_layers"] == 1 and mc.stats["load"] == "miss"
 
@@ -362,6 +423,7 @@ def test_wrong_token_turns_remote_cache_off(auth_server):
     """redis-py >= 4.4: WRONGPASS is a ConnectionError; torch turns its
     remote cache off for the process and compiles."""
     import redis
+
     assert tuple(int(x) for x in redis.__version__.split(".")[:2]) >= (4, 4)
     bad = "redis://:kc_%s@127.0.0.1:%d" % ("0" * 64, auth_server.resp_port)
     r = kcserver.run_worker("remote", env_for(auth_server, resp_url=bad))
@@ -371,6 +433,7 @@ def test_wrong_token_turns_remote_cache_off(auth_server):
 
 # ------------------------------------------------------------------- keys
 
+
 def test_key_fields_bind_the_toolchain():
     """The key of a torch bundle: on the CPU, arch sm_00 and the ISA level
     in the toolchain; torch, accel, Python ABI; any change is another key."""
@@ -378,6 +441,7 @@ def test_key_fields_bind_the_toolchain():
     import torch
     import kcache
     import kcache.torch as kt
+
     f = kt.key_fields("mega", "my-model", 0, "cpu")
     assert f["arch"] == "sm_00" and kcache.arch_valid(f["arch"])
     t = f["toolchain"]
@@ -387,8 +451,11 @@ def test_key_fields_bind_the_toolchain():
     assert t["cpu_isa"] == kt.cpu_isa()
     assert f["bucket"] == {"layer": 0} and len(f["model"]) == 64
     k = kcache.key(f)
-    for change in ({"cpu_isa": "other"}, {"torch": "2.12.0"},
-                   {"python": "cpython-312-x86_64-linux-gnu"}):
+    for change in (
+        {"cpu_isa": "other"},
+        {"torch": "2.12.0"},
+        {"python": "cpython-312-x86_64-linux-gnu"},
+    ):
         g = dict(f, toolchain=dict(t, **change))
         assert kcache.key(g) != k, change
     assert kcache.key(kt.key_fields("mega", "my-model", 1, "cpu")) != k
@@ -409,11 +476,19 @@ print(json.dumps([before, after, picked]))
 def test_cpu_isa_same_before_and_after_inductor_probes():
     """cpu_isa() gives what Inductor compiles for, the same before its
     probe compiles have run in the process as after."""
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=_tmp("kc-isa-"),
-               TMPDIR=_tmp("kc-isatmp-"))
+    env = dict(
+        os.environ,
+        TORCHINDUCTOR_CACHE_DIR=_tmp("kc-isa-"),
+        TMPDIR=_tmp("kc-isatmp-"),
+    )
     env.setdefault("PYTHONPATH", os.path.join(kcserver.ROOT, "python"))
-    p = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", _ISA_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     before, after, picked = json.loads(p.stdout.strip().splitlines()[-1])
     assert before == after == picked, (before, after, picked)
@@ -426,6 +501,7 @@ def test_model_hash_reads_sources_once(monkeypatch):
     import torch
     import kcache.torch as kt
     import kcache.torch.keys as keys
+
     calls = []
     real = inspect.getsource
 
@@ -433,6 +509,7 @@ def test_model_hash_reads_sources_once(monkeypatch):
         if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
             calls.append(obj)  # not torch's own reads of its modules
         return real(obj)
+
     monkeypatch.setattr(inspect, "getsource", counting)
     getattr(keys._class_source, "cache_clear", lambda: None)()
 
@@ -444,6 +521,7 @@ def test_model_hash_reads_sources_once(monkeypatch):
 
         def forward(self, x):
             return self.b(self.a(x))
+
     m = Block()
     hs = {kt.model_hash(m) for _ in range(32)}
     hs |= {kt.key_fields("mega", m, n, "cpu")["model"] for n in range(32)}
@@ -457,6 +535,7 @@ def test_lazy_module_hashes():
     (its parameters have no shape yet)."""
     import torch
     import kcache.torch as kt
+
     m = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU())
     h = kt.model_hash(m)
     assert len(h) == 64
@@ -473,6 +552,7 @@ def test_deadline_bounds_a_silent_kcached(tmp_path):
     import time
     import kcache
     import kcache.torch as kt
+
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(16)  # never accepted: connects succeed, no answer comes
@@ -483,8 +563,9 @@ def test_deadline_bounds_a_silent_kcached(tmp_path):
     c = kcache.Client(url=url, timeout=30, cache_dir=str(tmp_path / "kc"))
     try:
         t = time.monotonic()
-        with kt.mega_cache(model="silent", client=c, device="cpu",
-                           deadline=1.0) as mc:
+        with kt.mega_cache(
+            model="silent", client=c, device="cpu", deadline=1.0
+        ) as mc:
             pass
         with kt.warm("silent", client=c, device="cpu", deadline=1.0) as w:
             os.makedirs(str(tmp_path / "ind" / "ab"), exist_ok=True)

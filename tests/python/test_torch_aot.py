@@ -7,6 +7,7 @@ and every output is compared with eager. Then: a bucket without an
 artifact, an ISA or toolchain mismatch, foreign and corrupt artifacts,
 kcached down, and two replicas racing for one build. Each worker is a fresh
 process (tests/python/aot_worker.py)."""
+
 import concurrent.futures
 import json
 import os
@@ -43,27 +44,43 @@ def _tmp(prefix):
 def run(url, *args, env=None, timeout=600):
     """aot_worker.py in a fresh process with fresh caches; its RESULT."""
     e = dict(os.environ)
-    e.update({"KCACHE_URL": url, "KCACHE_DIR": _tmp("kc-aot-dir-"),
-              "TORCHINDUCTOR_CACHE_DIR": _tmp("kc-aot-ind-"),
-              "TMPDIR": _tmp("kc-aot-tmp-"),
-              "TORCHINDUCTOR_COMPILE_THREADS": "1",
-              "KCACHE_T0": repr(time.time())})
+    e.update(
+        {
+            "KCACHE_URL": url,
+            "KCACHE_DIR": _tmp("kc-aot-dir-"),
+            "TORCHINDUCTOR_CACHE_DIR": _tmp("kc-aot-ind-"),
+            "TMPDIR": _tmp("kc-aot-tmp-"),
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            "KCACHE_T0": repr(time.time()),
+        }
+    )
     e.pop("ATEN_CPU_CAPABILITY", None)
     e.update(env or {})
-    p = subprocess.run([sys.executable, WORKER] + list(args), env=e,
-                       capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, WORKER] + list(args),
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[7:])
             r["stderr"] = p.stderr[-3000:]
             return r
-    raise AssertionError("worker failed (rc %d):\n%s\n%s" % (
-        p.returncode, p.stdout[-3000:], p.stderr[-6000:]))
+    raise AssertionError(
+        "worker failed (rc %d):\n%s\n%s"
+        % (p.returncode, p.stdout[-3000:], p.stderr[-6000:])
+    )
 
 
 def states(r):
-    return [b["state"] for _, b in sorted(r["stats"]["buckets"].items(),
-                                          key=lambda kv: int(kv[0]))]
+    return [
+        b["state"]
+        for _, b in sorted(
+            r["stats"]["buckets"].items(), key=lambda kv: int(kv[0])
+        )
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -76,34 +93,57 @@ def published(server):
 
 
 def test_served_to_a_fresh_process_at_the_floor(server, published):
-    r = run(server.url, "--name", "main", "--no-build",
-            "--check", "1,3,4,5,9,16")
+    r = run(
+        server.url, "--name", "main", "--no-build", "--check", "1,3,4,5,9,16"
+    )
     assert states(r) == ["loaded", "loaded"], r
     assert r["equal"], r
     assert r["equal_strided"], r  # non-contiguous inputs: the same outputs
     # the C++ loader only: neither Dynamo nor Inductor imported
     assert r["compile_stack"] == [], r
-    assert {b["key"] for b in r["stats"]["buckets"].values()} == \
-        {b["key"] for b in published["buckets"]}
+    assert {b["key"] for b in r["stats"]["buckets"].values()} == {
+        b["key"] for b in published["buckets"]
+    }
 
 
 def test_a_bucket_without_artifact_falls_back(server, published):
-    r = run(server.url, "--name", "main", "--no-build",
-            "--buckets", "4,16,32", "--check", "3,9,20,32,40")
+    r = run(
+        server.url,
+        "--name",
+        "main",
+        "--no-build",
+        "--buckets",
+        "4,16,32",
+        "--check",
+        "3,9,20,32,40",
+    )
     assert states(r) == ["loaded", "loaded", "fallback"], r
     assert r["equal"], r
     assert "torch._dynamo" in r["compile_stack"], r  # torch.compile ran
 
 
-@pytest.mark.parametrize("env,args", [
-    ({"ATEN_CPU_CAPABILITY": "default"}, []),        # a CPU without the ISA
-    ({}, ["--fake-torch-version", "2.99.0"]),       # another torch
-])
+@pytest.mark.parametrize(
+    "env,args",
+    [
+        ({"ATEN_CPU_CAPABILITY": "default"}, []),  # a CPU without the ISA
+        ({}, ["--fake-torch-version", "2.99.0"]),  # another torch
+    ],
+)
 def test_isa_or_toolchain_mismatch_is_a_miss(server, published, env, args):
     if env and published["isa"] == "none":
         pytest.skip("Inductor picked no vector ISA here: nothing to lack")
-    r = run(server.url, "--name", "main", "--no-build", "--fallback", "eager",
-            "--check", "3,9", *args, env=env)
+    r = run(
+        server.url,
+        "--name",
+        "main",
+        "--no-build",
+        "--fallback",
+        "eager",
+        "--check",
+        "3,9",
+        *args,
+        env=env,
+    )
     assert states(r) == ["fallback", "fallback"], r
     assert not any("reason" in b for b in r["stats"]["buckets"].values())
     assert r["equal"], r
@@ -112,6 +152,7 @@ def test_isa_or_toolchain_mismatch_is_a_miss(server, published, env, args):
 def test_host_isa_labels_follow_the_capability_cap(monkeypatch):
     need("torch")
     from kcache.torch import aot
+
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     labels = aot.host_isa_labels()
     assert labels[-1] == "none"
@@ -126,8 +167,16 @@ def test_host_isa_labels_follow_the_capability_cap(monkeypatch):
 
 def test_foreign_and_corrupt_artifacts_are_refused(server, published):
     from kcache import Client
-    keys = run(server.url, "--mode", "keys", "--name", "forged",
-               "--isa", published["isa"])
+
+    keys = run(
+        server.url,
+        "--mode",
+        "keys",
+        "--name",
+        "forged",
+        "--isa",
+        published["isa"],
+    )
     c = Client(url=server.url)
     src = [_tmp("kc-aot-src-") for _ in range(2)]
     for d, b in zip(src, published["buckets"]):
@@ -139,18 +188,20 @@ def test_foreign_and_corrupt_artifacts_are_refused(server, published):
     with open(pt2, "rb") as f:
         data = f.read()
     with open(pt2, "wb") as f:
-        f.write(data[:len(data) // 2])
+        f.write(data[: len(data) // 2])
     meta_p = os.path.join(src[1], "meta.json")
     with open(meta_p) as f:
         meta = json.load(f)
     import hashlib
+
     meta["fields"] = keys["fields"][1]
-    meta["pt2_sha256"] = hashlib.sha256(data[:len(data) // 2]).hexdigest()
+    meta["pt2_sha256"] = hashlib.sha256(data[: len(data) // 2]).hexdigest()
     with open(meta_p, "w") as f:
         json.dump(meta, f)
     c.push_dir(src[1], keys["fields"][1])
-    r = run(server.url, "--name", "forged", "--fallback", "eager",
-            "--check", "3,9")
+    r = run(
+        server.url, "--name", "forged", "--fallback", "eager", "--check", "3,9"
+    )
     bs = r["stats"]["buckets"]
     assert "foreign" in bs["0"].get("reason", ""), r
     assert "not a package" in bs["1"].get("reason", ""), r
@@ -172,9 +223,23 @@ def test_concurrent_replicas_build_once():
     s = kcserver.start_kcached()
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as ex:
-            fs = [ex.submit(run, s.url, "--name", "race", "--buckets", "4",
-                            "--check", "2,4", "--build-wait", "400",
-                            "--fallback", "eager") for _ in range(2)]
+            fs = [
+                ex.submit(
+                    run,
+                    s.url,
+                    "--name",
+                    "race",
+                    "--buckets",
+                    "4",
+                    "--check",
+                    "2,4",
+                    "--build-wait",
+                    "400",
+                    "--fallback",
+                    "eager",
+                )
+                for _ in range(2)
+            ]
             rs = [f.result() for f in fs]
     finally:
         s.cleanup()

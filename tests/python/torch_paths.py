@@ -14,6 +14,7 @@ header off, as warm() runs: torch's floor for a fresh machine). Every
 process gets a fresh $TMPDIR (a fresh machine: Inductor's precompiled
 header lives there).
 """
+
 import shutil
 import statistics
 import tempfile
@@ -24,21 +25,24 @@ import kcserver
 # The compile phases (torch._dynamo.utils.compilation_time_metrics) a path
 # can save, by the names torch 2.11-2.13 record.
 PHASES = {
-    "dynamo": "_compile.compile_inner",              # everything below too
-    "aot": "create_aot_dispatcher_function",         # AOTAutograd, Inductor
+    "dynamo": "_compile.compile_inner",  # everything below too
+    "aot": "create_aot_dispatcher_function",  # AOTAutograd, Inductor
     "inductor": "compile_fx.<locals>.fw_compiler_base",  # Inductor (or hit)
-    "lowering": "GraphLowering.run",                 # Inductor's lowering
-    "cpp_compile": "compile_file",                   # g++ (CPU kernels)
+    "lowering": "GraphLowering.run",  # Inductor's lowering
+    "cpp_compile": "compile_file",  # g++ (CPU kernels)
 }
 
 
 def fresh_env(url, resp_url, token=None, device="cpu", extra=None):
-    e = {"KCACHE_URL": url, "KCACHE_RESP_URL": resp_url or "",
-         "KCACHE_TOKEN": token or "",
-         "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="kcb-ind-"),
-         "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="kcb-tri-"),
-         "KCACHE_DIR": tempfile.mkdtemp(prefix="kcb-kc-"),
-         "TMPDIR": tempfile.mkdtemp(prefix="kcb-tmp-")}
+    e = {
+        "KCACHE_URL": url,
+        "KCACHE_RESP_URL": resp_url or "",
+        "KCACHE_TOKEN": token or "",
+        "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="kcb-ind-"),
+        "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="kcb-tri-"),
+        "KCACHE_DIR": tempfile.mkdtemp(prefix="kcb-kc-"),
+        "TMPDIR": tempfile.mkdtemp(prefix="kcb-tmp-"),
+    }
     if device == "cpu":
         e.pop("TRITON_CACHE_DIR")
     e.update(extra or {})
@@ -46,19 +50,37 @@ def fresh_env(url, resp_url, token=None, device="cpu", extra=None):
 
 
 def _drop(env):
-    for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "KCACHE_DIR",
-              "TMPDIR"):
+    for k in (
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "KCACHE_DIR",
+        "TMPDIR",
+    ):
         if k in env:
             shutil.rmtree(env[k], ignore_errors=True)
 
 
-def run(path, url, resp_url, device, token=None, args=(), python=None,
-        env_extra=None, keep=False):
+def run(
+    path,
+    url,
+    resp_url,
+    device,
+    token=None,
+    args=(),
+    python=None,
+    env_extra=None,
+    keep=False,
+):
     """One fresh process; returns (result, env)."""
     env = fresh_env(url, resp_url, token, device, env_extra)
     worker_path = "none" if path in ("cold", "local", "local0") else path
-    r = kcserver.run_worker(worker_path, env, ["--device", device] +
-                            list(args), python=python, check=False)
+    r = kcserver.run_worker(
+        worker_path,
+        env,
+        ["--device", device] + list(args),
+        python=python,
+        check=False,
+    )
     if not keep:
         _drop(env)
     return r, env
@@ -67,10 +89,13 @@ def run(path, url, resp_url, device, token=None, args=(), python=None,
 def summarize(rs):
     ok = [r for r in rs if r]
     times = [r["first_output_s"] for r in ok]
-    out = {"n": len(ok), "failed": len(rs) - len(ok),
-           "median_s": round(statistics.median(times), 3) if times else None,
-           "runs_s": [round(t, 2) for t in times],
-           "equal": all(r["equal"] for r in ok) and bool(ok)}
+    out = {
+        "n": len(ok),
+        "failed": len(rs) - len(ok),
+        "median_s": round(statistics.median(times), 3) if times else None,
+        "runs_s": [round(t, 2) for t in times],
+        "equal": all(r["equal"] for r in ok) and bool(ok),
+    }
     counters = {}
     for r in ok:
         for k, v in r["counters"].items():
@@ -84,8 +109,10 @@ def summarize(rs):
     out["phases"] = phases
     tstats = [r.get("triton") for r in ok if isinstance(r.get("triton"), dict)]
     if tstats:
-        out["triton"] = {k: sum(t.get(k, 0) for t in tstats) / len(tstats)
-                         for k in ("hits", "misses", "uploads", "errors")}
+        out["triton"] = {
+            k: sum(t.get(k, 0) for t in tstats) / len(tstats)
+            for k in ("hits", "misses", "uploads", "errors")
+        }
     return out
 
 
@@ -98,34 +125,69 @@ def _summaries(paths, results, fills):
     return out
 
 
-def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
-            python=None, log=print, done=None, model="pair"):
+def measure(
+    url,
+    resp_url,
+    device="cpu",
+    runs=5,
+    paths=None,
+    token=None,
+    python=None,
+    log=print,
+    done=None,
+    model="pair",
+):
     """Fills kcached once per warm path (process A), keeps a cold run's
     local cache dir for "local", then runs `runs` rounds, each one fresh
     process per path in turn: interleaved, so that a shared machine's load
     swings fall on every path alike. Returns {path: summary}. done(rounds,
     {path: summary}), if given, is called after each round, so that a
     caller under a time limit keeps what was measured."""
-    paths = paths or ["eager", "cold", "local", "local0", "warm", "cachedir",
-                      "mega", "remote"]
+    paths = paths or [
+        "eager",
+        "cold",
+        "local",
+        "local0",
+        "warm",
+        "cachedir",
+        "mega",
+        "remote",
+    ]
     extra = {p: {} for p in paths}
     margs = ["--model", model]
     if "triton" in extra:
         extra["triton"]["TRITON_CACHE_MANAGER"] = "kcache.triton:CacheManager"
     fills = {}
-    for path in [p for p in paths
-                 if p not in ("cold", "local", "local0", "eager")]:
-        a, _ = run(path, url, resp_url, device, token, python=python,
-                   env_extra=extra[path], args=margs)
+    for path in [
+        p for p in paths if p not in ("cold", "local", "local0", "eager")
+    ]:
+        a, _ = run(
+            path,
+            url,
+            resp_url,
+            device,
+            token,
+            python=python,
+            env_extra=extra[path],
+            args=margs,
+        )
         fills[path] = a and a["first_output_s"]
         log("%s fill: %s" % (path, fills[path]))
     fulls = {}
     extra["local0"] = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
     for loc in ("local", "local0"):  # torch's best case: what cold left
         if loc in paths:
-            a, fulls[loc] = run("cold", url, resp_url, device, token,
-                                python=python, keep=True, args=margs,
-                                env_extra=extra[loc])
+            a, fulls[loc] = run(
+                "cold",
+                url,
+                resp_url,
+                device,
+                token,
+                python=python,
+                keep=True,
+                args=margs,
+                env_extra=extra[loc],
+            )
             log("%s fill: %s" % (loc, a and a["first_output_s"]))
     results = {p: [] for p in paths}
     for i in range(runs):
@@ -141,11 +203,21 @@ def measure(url, resp_url, device="cpu", runs=5, paths=None, token=None,
                         shutil.copytree(full[var], d, symlinks=True)
                         env_extra[var] = d
                         copies.append(d)
-            args = margs + ([] if path in ("cold", "local", "local0",
-                                           "eager")
-                            else ["--no-upload"])
-            r, _ = run(path, url, resp_url, device, token, python=python,
-                       env_extra=env_extra, args=args)
+            args = margs + (
+                []
+                if path in ("cold", "local", "local0", "eager")
+                else ["--no-upload"]
+            )
+            r, _ = run(
+                path,
+                url,
+                resp_url,
+                device,
+                token,
+                python=python,
+                env_extra=env_extra,
+                args=args,
+            )
             for d in copies:
                 shutil.rmtree(d, ignore_errors=True)
             results[path].append(r)
@@ -163,24 +235,35 @@ def table(res, cold_key="cold", local_key="local"):
     the compile phases left."""
     cold = (res.get(cold_key) or {}).get("median_s")
     local = (res.get(local_key) or {}).get("median_s")
-    lines = ["| path | median s (first output) | runs s | vs cold | vs local |"
-             " dynamo s | AOT s | Inductor s | C++ compile s | FX hit/miss |"
-             " AOT hit/miss |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| path | median s (first output) | runs s | vs cold | vs local |"
+        " dynamo s | AOT s | Inductor s | C++ compile s | FX hit/miss |"
+        " AOT hit/miss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for path, s in res.items():
         m = s["median_s"]
         c = s["counters"]
         ph = s["phases"]
-        lines.append("| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.2f | "
-                     "%g/%g | %g/%g |" % (
-                         path, m, " ".join("%.1f" % t for t in s["runs_s"]),
-                         ("%.2fx" % (m / cold)) if m and cold else "-",
-                         ("%.2fx" % (m / local)) if m and local else "-",
-                         ph["dynamo"], ph["aot"], ph["inductor"],
-                         ph["cpp_compile"], c.get("fxgraph_cache_hit", 0),
-                         c.get("fxgraph_cache_miss", 0),
-                         c.get("autograd_cache_hit", 0),
-                         c.get("autograd_cache_miss", 0)))
+        lines.append(
+            "| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.2f | "
+            "%g/%g | %g/%g |"
+            % (
+                path,
+                m,
+                " ".join("%.1f" % t for t in s["runs_s"]),
+                ("%.2fx" % (m / cold)) if m and cold else "-",
+                ("%.2fx" % (m / local)) if m and local else "-",
+                ph["dynamo"],
+                ph["aot"],
+                ph["inductor"],
+                ph["cpp_compile"],
+                c.get("fxgraph_cache_hit", 0),
+                c.get("fxgraph_cache_miss", 0),
+                c.get("autograd_cache_hit", 0),
+                c.get("autograd_cache_miss", 0),
+            )
+        )
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR, KCACHE_T0 (the parent's
 time.time() before it started this process: first_output_s counts from
 it, so interpreter start and imports are in).
 """
+
 import argparse
 import json
 import os
@@ -76,9 +77,11 @@ def build_models(torch, device, hidden=256, lazy=False):
 
 def build_gpt2(torch, device):
     from transformers import GPT2Config, GPT2LMHeadModel
+
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512,
-                     n_positions=64)
+    cfg = GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64
+    )
     return GPT2LMHeadModel(cfg).to(device).eval()
 
 
@@ -100,17 +103,32 @@ def run_gpt2(torch, a, model):
 
 def inputs(torch, device, batch):
     g = torch.Generator().manual_seed(batch)
-    return (torch.randn(batch, 64, generator=g).to(device),
-            torch.randn(batch, 16, 64, generator=g).to(device))
+    return (
+        torch.randn(batch, 64, generator=g).to(device),
+        torch.randn(batch, 16, 64, generator=g).to(device),
+    )
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--path", default="none",
-                    choices=["none", "warm", "remote", "mega", "cachedir",
-                             "triton", "all", "prepopulate", "eager"])
-    ap.add_argument("--model", default="pair",
-                    choices=["pair", "pair2", "lazy", "gpt2"])
+    ap.add_argument(
+        "--path",
+        default="none",
+        choices=[
+            "none",
+            "warm",
+            "remote",
+            "mega",
+            "cachedir",
+            "triton",
+            "all",
+            "prepopulate",
+            "eager",
+        ],
+    )
+    ap.add_argument(
+        "--model", default="pair", choices=["pair", "pair2", "lazy", "gpt2"]
+    )
     ap.add_argument("--name")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-upload", action="store_true")
@@ -120,24 +138,34 @@ def main():
 
     import contextlib
     import torch
+
     t_import = time.time() - T_START
     import kcache.torch as kt
+
     if a.fake_torch_version:
         import kcache.torch.keys as ktk
+
         ktk.torch_version = kt.torch_version = lambda: a.fake_torch_version
-    paths = {"remote", "mega", "cachedir", "triton"} if a.path == "all" \
+    paths = (
+        {"remote", "mega", "cachedir", "triton"}
+        if a.path == "all"
         else {a.path}
+    )
     if "remote" in paths:
         kt.use_remote_caches(os.environ["KCACHE_RESP_URL"])
     if "triton" in paths:
-        os.environ.setdefault("TRITON_CACHE_MANAGER",
-                              "kcache.triton:CacheManager")
+        os.environ.setdefault(
+            "TRITON_CACHE_MANAGER", "kcache.triton:CacheManager"
+        )
     if a.model == "gpt2":
         model = build_gpt2(torch, a.device)
     else:
-        model = build_models(torch, a.device,
-                             hidden=128 if a.model == "pair2" else 256,
-                             lazy=a.model == "lazy")
+        model = build_models(
+            torch,
+            a.device,
+            hidden=128 if a.model == "pair2" else 256,
+            lazy=a.model == "lazy",
+        )
     up = not a.no_upload
     if a.path == "eager":  # the floor: imports and eager forwards
         return eager(torch, a, model)
@@ -147,15 +175,33 @@ def main():
     mc = cd = w = None
     with stack:
         if "warm" in paths:
-            w = stack.enter_context(kt.warm(
-                model, a.name, device=a.device, upload=up,
-                deadline=a.deadline))
+            w = stack.enter_context(
+                kt.warm(
+                    model,
+                    a.name,
+                    device=a.device,
+                    upload=up,
+                    deadline=a.deadline,
+                )
+            )
         if "cachedir" in paths:
-            cd = stack.enter_context(kt.cache_dir_bundle(
-                model=model, device=a.device, upload=up, deadline=a.deadline))
+            cd = stack.enter_context(
+                kt.cache_dir_bundle(
+                    model=model,
+                    device=a.device,
+                    upload=up,
+                    deadline=a.deadline,
+                )
+            )
         if "mega" in paths:
-            mc = stack.enter_context(kt.mega_cache(
-                model=model, device=a.device, upload=up, deadline=a.deadline))
+            mc = stack.enter_context(
+                kt.mega_cache(
+                    model=model,
+                    device=a.device,
+                    upload=up,
+                    deadline=a.deadline,
+                )
+            )
         if a.model == "gpt2":
             first, equal = run_gpt2(torch, a, model)
         else:
@@ -164,7 +210,7 @@ def main():
             equal = True
             first = None
         with torch.no_grad():
-            for batch in (() if a.model == "gpt2" else (4, 7)):
+            for batch in () if a.model == "gpt2" else (4, 7):
                 x, s = inputs(torch, a.device, batch)
                 torch._dynamo.mark_dynamic(x, 0)
                 torch._dynamo.mark_dynamic(s, 0)
@@ -174,16 +220,26 @@ def main():
                 if first is None:
                     first = time.time() - T_START
                 e1, e2 = model.mlp(x), model.attn(s)
-                equal = equal and torch.allclose(y1, e1, atol=1e-4, rtol=1e-4) \
+                equal = (
+                    equal
+                    and torch.allclose(y1, e1, atol=1e-4, rtol=1e-4)
                     and torch.allclose(y2, e2, atol=1e-4, rtol=1e-4)
+                )
         counters = kt.counters()
-    res = {"first_output_s": round(first, 4), "import_s": round(t_import, 4),
-           "equal": bool(equal), "counters": counters,
-           "frame_count": int(torch._dynamo.utils.counters["stats"].get(
-               "unique_graphs", 0)),
-           "torch": str(torch.__version__),
-           "phases": {k: round(sum(v), 4) for k, v in
-                      torch._dynamo.utils.compilation_time_metrics.items()}}
+    res = {
+        "first_output_s": round(first, 4),
+        "import_s": round(t_import, 4),
+        "equal": bool(equal),
+        "counters": counters,
+        "frame_count": int(
+            torch._dynamo.utils.counters["stats"].get("unique_graphs", 0)
+        ),
+        "torch": str(torch.__version__),
+        "phases": {
+            k: round(sum(v), 4)
+            for k, v in torch._dynamo.utils.compilation_time_metrics.items()
+        },
+    }
     if w is not None:
         res["warm"] = w.stats
     if mc is not None:
@@ -193,6 +249,7 @@ def main():
     if "triton" in paths or os.environ.get("TRITON_CACHE_MANAGER"):
         try:
             import kcache.triton as ktr
+
             res["triton"] = ktr.stats()
         except Exception as e:  # no triton here
             res["triton"] = {"error": str(e)}
@@ -207,8 +264,12 @@ def eager(torch, a, model):
         else:
             x, s = inputs(torch, a.device, 4)
             model.mlp(x), model.attn(s)
-    res = {"first_output_s": round(time.time() - T_START, 4), "equal": True,
-           "counters": {}, "phases": {}}
+    res = {
+        "first_output_s": round(time.time() - T_START, 4),
+        "equal": True,
+        "counters": {},
+        "phases": {},
+    }
     print("RESULT " + json.dumps(res), flush=True)
     return 0
 
@@ -225,9 +286,14 @@ def prepopulate(torch, kt, model, a):
         torch._dynamo.mark_dynamic(s, 0)
         buckets.append((x, s))
     with torch.no_grad():
-        res = kt.prepopulate(lambda x, s: (mlp(x), attn(s)), buckets,
-                             model=model, name=a.name, device=a.device,
-                             compile_fn=False)
+        res = kt.prepopulate(
+            lambda x, s: (mlp(x), attn(s)),
+            buckets,
+            model=model,
+            name=a.name,
+            device=a.device,
+            compile_fn=False,
+        )
     res["equal"] = True
     res["first_output_s"] = time.time() - T_START
     print("RESULT " + json.dumps(res, default=str), flush=True)

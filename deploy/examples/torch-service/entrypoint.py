@@ -20,6 +20,7 @@ fails and every replica compiles cold), KCACHE_RESP_URL
 and TORCHINDUCTOR_CACHE_DIR (emptyDirs), MODEL_ID (the model's name in
 keys), BUCKETS ("1,8,32": batch sizes), PORT.
 """
+
 import contextlib
 import http.server
 import json
@@ -35,8 +36,9 @@ T0 = time.time()
 
 def load_model():
     # Stand-in for the service's model: replace with the real one.
-    return torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
-                               torch.nn.Linear(2048, 512)).eval()
+    return torch.nn.Sequential(
+        torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)
+    ).eval()
 
 
 @contextlib.contextmanager
@@ -47,8 +49,10 @@ def warm(model, name, deadline):
         with kt.warm(model, name=name, deadline=deadline) as w:
             yield {"warm": w.stats}
         return
-    with kt.cache_dir_bundle(model=name, deadline=deadline) as cd, \
-            kt.mega_cache(model=name, deadline=deadline) as mc:
+    with (
+        kt.cache_dir_bundle(model=name, deadline=deadline) as cd,
+        kt.mega_cache(model=name, deadline=deadline) as mc,
+    ):
         yield {"cache_dir": cd.stats, "mega": mc.stats}
 
 
@@ -63,8 +67,16 @@ def main():
         compiled = torch.compile(model, dynamic=True)
         for b in buckets:
             compiled(torch.randn(b, 512))
-    print(json.dumps({"warm_s": round(time.time() - T0, 2), "kcache": stats,
-                      "torch_counters": kt.counters()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "warm_s": round(time.time() - T0, 2),
+                "kcache": stats,
+                "torch_counters": kt.counters(),
+            }
+        ),
+        flush=True,
+    )
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # /healthz: ready once warm

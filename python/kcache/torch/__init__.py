@@ -30,21 +30,41 @@ Nothing here raises into the service or blocks it past its deadline:
 kcached down, a refused token, a corrupt or foreign bundle all end in a
 normal compile; every outcome is counted in the object's `stats`.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
 import time
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping,
-                    Optional, Sequence, Union)
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Union,
+)
 
 from ..client import Client, Manifest
 from ..errors import Error, Forbidden, NotFound, Unauthorized
 from ._util import _bounded, _client  # noqa: F401
-from .keys import (BUILDER, CPU_ARCH, _torch, _triton_version, accel,  # noqa: F401
-                   cpu_isa, device_arch, key_fields, model_hash, toolchain,
-                   torch_version)
+from .keys import (
+    BUILDER,
+    CPU_ARCH,
+    _torch,
+    accel,
+    cpu_isa,
+    device_arch,
+    key_fields,
+    model_hash,
+    toolchain,
+    torch_version,
+)
 from ._warm import Warm, warm
 
 log = logging.getLogger("kcache.torch")
@@ -56,8 +76,10 @@ MAX_LAYERS = 32  # looked up in one request; a model past this stops adding
 
 # ---------------------------------------------------- Inductor remote caches
 
-def remote_cache_env(resp_url: str, token: Optional[str] = None,
-                     autotune: bool = False) -> Dict[str, str]:
+
+def remote_cache_env(
+    resp_url: str, token: Optional[str] = None, autotune: bool = False
+) -> Dict[str, str]:
     """The environment lines that point Inductor's FX graph and AOTAutograd
     remote caches at kcached's Redis front end (--resp-listen).
     resp_url: "redis://host:port" (or "host:port"); token goes in as the
@@ -67,10 +89,13 @@ def remote_cache_env(resp_url: str, token: Optional[str] = None,
         scheme, rest = url.split("://", 1)
         rest = rest.split("@", 1)[-1]
         from urllib.parse import quote
+
         url = "%s://:%s@%s" % (scheme, quote(token, safe=""), rest)
-    env = {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
-           "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
-           "TORCHINDUCTOR_REDIS_URL": url}
+    env = {
+        "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
+        "TORCHINDUCTOR_REDIS_URL": url,
+    }
     if autotune:
         env["TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE"] = "1"
     return env
@@ -91,9 +116,11 @@ def _redacted(env: Mapping[str, str]) -> Dict[str, str]:
     return {k: redact(v) if k.endswith("_URL") else v for k, v in env.items()}
 
 
-def use_remote_caches(resp_url: Optional[str] = None,
-                      token: Optional[str] = None,
-                      autotune: bool = False) -> Dict[str, str]:
+def use_remote_caches(
+    resp_url: Optional[str] = None,
+    token: Optional[str] = None,
+    autotune: bool = False,
+) -> Dict[str, str]:
     """Turns Inductor's remote caches on for this process, against kcached's
     RESP listener: sets the environment (for subprocesses and a torch not
     yet imported) and, when torch is imported, its config. resp_url None:
@@ -111,10 +138,12 @@ def use_remote_caches(resp_url: Optional[str] = None,
     env = remote_cache_env(resp_url, token, autotune)
     os.environ.update(env)
     import sys
+
     if "torch" in sys.modules:
         try:
             import torch._functorch.config as fconfig
             import torch._inductor.config as iconfig
+
             iconfig.fx_graph_remote_cache = True
             fconfig.enable_remote_autograd_cache = True
             if autotune:
@@ -125,6 +154,7 @@ def use_remote_caches(resp_url: Optional[str] = None,
 
 
 # --------------------------------------------------------------- counters
+
 
 def counters() -> Dict[str, int]:
     """Torch's cache counters now: FX graph (inductor) and AOTAutograd hits,
@@ -143,25 +173,36 @@ def counters() -> Dict[str, int]:
 
 def _compiled_new(before: Mapping[str, int]) -> bool:
     now = counters()
-    return any(now.get(k, 0) > before.get(k, 0)
-               for k in ("fxgraph_cache_miss", "autograd_cache_miss"))
+    return any(
+        now.get(k, 0) > before.get(k, 0)
+        for k in ("fxgraph_cache_miss", "autograd_cache_miss")
+    )
 
 
 # ---------------------------------------------------------------- layers
+
 
 class _Layers:
     """The layered bundles of one kind: lookup of every layer in one
     request, fetch of those found, and the upload of the next one under a
     lease. Holds no torch state."""
 
-    def __init__(self, client: Client, kind: str, model: Any,
-                 device: Optional[str], options: Optional[Mapping[str, Any]],
-                 lease_ttl: int = 600):
+    def __init__(
+        self,
+        client: Client,
+        kind: str,
+        model: Any,
+        device: Optional[str],
+        options: Optional[Mapping[str, Any]],
+        lease_ttl: int = 600,
+    ):
         self.client = client
         self.kind = kind
         self.lease_ttl = lease_ttl
-        self.fields = [key_fields(kind, model, n, device, options)
-                       for n in range(MAX_LAYERS)]
+        self.fields = [
+            key_fields(kind, model, n, device, options)
+            for n in range(MAX_LAYERS)
+        ]
         self.keys = [Client.key(f) for f in self.fields]
         self.present = 0  # layers 0..present-1 exist
         self.unknown: Optional[str] = None  # why the layers are not known
@@ -178,8 +219,9 @@ class _Layers:
         self.present = len(out)
         return out
 
-    def upload(self, push: Callable[[Dict[str, Any]], Manifest],
-               stats: Dict[str, Any]) -> None:
+    def upload(
+        self, push: Callable[[Dict[str, Any]], Manifest], stats: Dict[str, Any]
+    ) -> None:
         """push(fields) of the next layer, under its lease: "granted"
         uploads; "present"/"held" mean another process did or does."""
         n = self.present
@@ -210,8 +252,9 @@ class _Layers:
                 pass
 
 
-def _upload_bounded(fn: Callable[[], None], deadline: float,
-                    stats: Dict[str, Any]) -> None:
+def _upload_bounded(
+    fn: Callable[[], None], deadline: float, stats: Dict[str, Any]
+) -> None:
     """An upload, waited for at most deadline seconds: past it the service
     goes on and the upload finishes on its thread (a process that exits
     first leaves its lease to lapse; the next process uploads)."""
@@ -224,27 +267,40 @@ def _upload_bounded(fn: Callable[[], None], deadline: float,
 
 # -------------------------------------------------------------- Mega-Cache
 
+
 class MegaCache:
     """Mega-Cache bundles for one model: load() before compiling, save()
     after. `stats` says what happened (layers loaded, artifacts, upload)."""
 
-    def __init__(self, model: Any, client: Optional[Client] = None, *,
-                 url: Optional[str] = None, token: Optional[str] = None,
-                 device: Optional[str] = None,
-                 options: Optional[Mapping[str, Any]] = None,
-                 deadline: float = 10.0, upload: bool = True,
-                 lease_ttl: int = 600):
+    def __init__(
+        self,
+        model: Any,
+        client: Optional[Client] = None,
+        *,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        device: Optional[str] = None,
+        options: Optional[Mapping[str, Any]] = None,
+        deadline: float = 10.0,
+        upload: bool = True,
+        lease_ttl: int = 600,
+    ):
         self.deadline = deadline
         self.upload_enabled = upload
-        self.stats: Dict[str, Any] = {"loaded_layers": 0, "loaded_bytes": 0,
-                                      "load": "not run", "upload": "not run"}
+        self.stats: Dict[str, Any] = {
+            "loaded_layers": 0,
+            "loaded_bytes": 0,
+            "load": "not run",
+            "upload": "not run",
+        }
         self._before: Dict[str, int] = {}
         self._layers: Optional[_Layers] = None
         try:
             c = _client(client, url, token, deadline)
             if c is not None:
-                self._layers = _Layers(c, "mega", model, device, options,
-                                       lease_ttl)
+                self._layers = _Layers(
+                    c, "mega", model, device, options, lease_ttl
+                )
         except Exception as e:  # a bad URL, no torch device: compile cold
             self.stats["load"] = "skipped: %s" % e
 
@@ -260,8 +316,10 @@ class MegaCache:
         t0 = time.monotonic()
 
         def fetch() -> List[bytes]:
-            return [layers.client.file_bytes(m, "artifacts.bin")
-                    for m in layers.find()]
+            return [
+                layers.client.file_bytes(m, "artifacts.bin")
+                for m in layers.find()
+            ]
 
         done, res = _bounded(fetch, self.deadline)
         self.stats["fetch_s"] = round(time.monotonic() - t0, 4)
@@ -311,28 +369,47 @@ class MegaCache:
             data = saved[0]
             c = self._layers.client
             layers = self._layers
-            _upload_bounded(lambda: layers.upload(
-                lambda f: c.push_bytes(data, f, name="artifacts.bin"),
-                self.stats), self.deadline, self.stats)
+            _upload_bounded(
+                lambda: layers.upload(
+                    lambda f: c.push_bytes(data, f, name="artifacts.bin"),
+                    self.stats,
+                ),
+                self.deadline,
+                self.stats,
+            )
         except Exception as e:
             self.stats["upload"] = "failed: %s" % e
             log.warning("kcache.torch: Mega-Cache upload: %s", e)
 
 
 @contextlib.contextmanager
-def mega_cache(model: Any, client: Optional[Client] = None, *,
-               url: Optional[str] = None, token: Optional[str] = None,
-               device: Optional[str] = None,
-               options: Optional[Mapping[str, Any]] = None,
-               deadline: float = 10.0, upload: bool = True,
-               lease_ttl: int = 600) -> Iterator[MegaCache]:
+def mega_cache(
+    model: Any,
+    client: Optional[Client] = None,
+    *,
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    device: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None,
+    deadline: float = 10.0,
+    upload: bool = True,
+    lease_ttl: int = 600,
+) -> Iterator[MegaCache]:
     """`with mega_cache(model=m): out = compiled(x)`: loads the model's
     Mega-Cache bundles on enter, uploads what this process compiled on exit
     (also when the body raised). url/token default to KCACHE_URL and
     KCACHE_TOKEN; deadline bounds the fetch (seconds)."""
-    mc = MegaCache(model, client, url=url, token=token, device=device,
-                   options=options, deadline=deadline, upload=upload,
-                   lease_ttl=lease_ttl)
+    mc = MegaCache(
+        model,
+        client,
+        url=url,
+        token=token,
+        device=device,
+        options=options,
+        deadline=deadline,
+        upload=upload,
+        lease_ttl=lease_ttl,
+    )
     mc.load()
     try:
         yield mc
@@ -342,17 +419,21 @@ def mega_cache(model: Any, client: Optional[Client] = None, *,
 
 # -------------------------------------------------------- cache-dir bundles
 
+
 def inductor_cache_dir() -> str:
     """TORCHINDUCTOR_CACHE_DIR, or torch's default (then set in the
     environment, so that torch and its workers use the same)."""
     d = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not d:
         try:
-            from torch._inductor.runtime.cache_dir_utils import \
-                default_cache_dir
+            from torch._inductor.runtime.cache_dir_utils import (
+                default_cache_dir,
+            )
+
             d = default_cache_dir()
         except Exception:
             import tempfile
+
             d = os.path.join(tempfile.gettempdir(), "torchinductor_kcache")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
     return os.path.abspath(d)
@@ -366,16 +447,34 @@ class CacheDirBundle:
     warm() is this plus the per-device choices; `stats` as Entries'.
     Triton's directory is kcache.triton's (TRITON_CACHE_MANAGER)."""
 
-    def __init__(self, model: Any, client: Optional[Client] = None, *,
-                 url: Optional[str] = None, token: Optional[str] = None,
-                 device: Optional[str] = None,
-                 options: Optional[Mapping[str, Any]] = None,
-                 deadline: float = 10.0, upload: bool = True,
-                 lease_ttl: int = 600, name: Optional[str] = None):
+    def __init__(
+        self,
+        model: Any,
+        client: Optional[Client] = None,
+        *,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        device: Optional[str] = None,
+        options: Optional[Mapping[str, Any]] = None,
+        deadline: float = 10.0,
+        upload: bool = True,
+        lease_ttl: int = 600,
+        name: Optional[str] = None,
+    ):
         from ._warm import Warm
-        self._warm = Warm(model, name, client=client, url=url, token=token,
-                          device=device, deadline=deadline, options=options,
-                          upload=upload, gpu_paths=False)
+
+        self._warm = Warm(
+            model,
+            name,
+            client=client,
+            url=url,
+            token=token,
+            device=device,
+            deadline=deadline,
+            options=options,
+            upload=upload,
+            gpu_paths=False,
+        )
         self.stats = self._warm.stats
 
     def populate(self) -> None:
@@ -386,18 +485,33 @@ class CacheDirBundle:
 
 
 @contextlib.contextmanager
-def cache_dir_bundle(model: Any, client: Optional[Client] = None, *,
-                     url: Optional[str] = None, token: Optional[str] = None,
-                     device: Optional[str] = None,
-                     options: Optional[Mapping[str, Any]] = None,
-                     deadline: float = 10.0, upload: bool = True,
-                     lease_ttl: int = 600,
-                     name: Optional[str] = None) -> Iterator[CacheDirBundle]:
+def cache_dir_bundle(
+    model: Any,
+    client: Optional[Client] = None,
+    *,
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    device: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None,
+    deadline: float = 10.0,
+    upload: bool = True,
+    lease_ttl: int = 600,
+    name: Optional[str] = None,
+) -> Iterator[CacheDirBundle]:
     """`with cache_dir_bundle(model=m): warm_up()`: the cache directory
     filled before, the entries kcached lacks pushed after."""
-    cd = CacheDirBundle(model, client, url=url, token=token, device=device,
-                        options=options, deadline=deadline, upload=upload,
-                        lease_ttl=lease_ttl, name=name)
+    cd = CacheDirBundle(
+        model,
+        client,
+        url=url,
+        token=token,
+        device=device,
+        options=options,
+        deadline=deadline,
+        upload=upload,
+        lease_ttl=lease_ttl,
+        name=name,
+    )
     cd.populate()
     try:
         yield cd
@@ -407,17 +521,24 @@ def cache_dir_bundle(model: Any, client: Optional[Client] = None, *,
 
 # ------------------------------------------------------------ prepopulate
 
-def prepopulate(fn: Callable[..., Any],
-                inputs_per_bucket: Iterable[Union[Sequence[Any], Any]], *,
-                model: Any, name: Optional[str] = None,
-                client: Optional[Client] = None,
-                url: Optional[str] = None, token: Optional[str] = None,
-                resp_url: Optional[str] = None,
-                device: Optional[str] = None,
-                options: Optional[Mapping[str, Any]] = None,
-                compile_kwargs: Optional[Mapping[str, Any]] = None,
-                compile_fn: bool = True, mega: bool = False,
-                deadline: float = 60.0) -> Dict[str, Any]:
+
+def prepopulate(
+    fn: Callable[..., Any],
+    inputs_per_bucket: Iterable[Union[Sequence[Any], Any]],
+    *,
+    model: Any,
+    name: Optional[str] = None,
+    client: Optional[Client] = None,
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    resp_url: Optional[str] = None,
+    device: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None,
+    compile_kwargs: Optional[Mapping[str, Any]] = None,
+    compile_fn: bool = True,
+    mega: bool = False,
+    deadline: float = 60.0,
+) -> Dict[str, Any]:
     """CI prepopulation: the service's own form, warm(model, name), around
     one call per shape bucket (each element of inputs_per_bucket is the
     argument tuple of one call): the entries kcached lacks are uploaded and
@@ -434,20 +555,35 @@ def prepopulate(fn: Callable[..., Any],
     if resp_url:
         out["remote_caches"] = use_remote_caches(resp_url, token)
     c = _client(client, url, token, deadline)
-    w = warm(model, name, client=c, device=device, deadline=deadline,
-             options=options)
-    mc = MegaCache(model, c, device=device, options=options,
-                   deadline=deadline) if mega else None
+    w = warm(
+        model,
+        name,
+        client=c,
+        device=device,
+        deadline=deadline,
+        options=options,
+    )
+    mc = (
+        MegaCache(model, c, device=device, options=options, deadline=deadline)
+        if mega
+        else None
+    )
     with w:
         if mc is not None:
             mc.load()
         compiled = fn
-        if compile_fn and not hasattr(fn, "_torchdynamo_orig_callable") and \
-                not type(fn).__name__ == "OptimizedModule":
+        if (
+            compile_fn
+            and not hasattr(fn, "_torchdynamo_orig_callable")
+            and not type(fn).__name__ == "OptimizedModule"
+        ):
             compiled = torch.compile(fn, **dict(compile_kwargs or {}))
         for inputs in inputs_per_bucket:
-            args = tuple(inputs) if isinstance(inputs, (tuple, list)) \
+            args = (
+                tuple(inputs)
+                if isinstance(inputs, (tuple, list))
                 else (inputs,)
+            )
             compiled(*args)
             out["buckets"] += 1
         if mc is not None:
@@ -458,10 +594,29 @@ def prepopulate(fn: Callable[..., Any],
     return out
 
 
-__all__ = ["use_remote_caches", "remote_cache_env", "redact", "mega_cache",
-           "MegaCache",
-           "cache_dir_bundle", "CacheDirBundle", "prepopulate", "key_fields",
-           "model_hash", "device_arch", "accel", "cpu_isa", "counters",
-           "inductor_cache_dir", "MAX_LAYERS", "warm", "Warm", "toolchain",
-           "compile"]
+__all__ = [
+    "BUILDER",
+    "CPU_ARCH",
+    "torch_version",
+    "use_remote_caches",
+    "remote_cache_env",
+    "redact",
+    "mega_cache",
+    "MegaCache",
+    "cache_dir_bundle",
+    "CacheDirBundle",
+    "prepopulate",
+    "key_fields",
+    "model_hash",
+    "device_arch",
+    "accel",
+    "cpu_isa",
+    "counters",
+    "inductor_cache_dir",
+    "MAX_LAYERS",
+    "warm",
+    "Warm",
+    "toolchain",
+    "compile",
+]
 from .aot import compile  # noqa: E402,F401

@@ -1,6 +1,7 @@
 """kcache.torch._util: what every path of kcache.torch shares: the client
 made from the arguments or the environment, and a call bounded by the
 service's deadline."""
+
 from __future__ import annotations
 
 import os
@@ -10,16 +11,19 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from ..client import Client
 
 
-def _client(client: Optional[Client], url: Optional[str],
-            token: Optional[str], deadline: float) -> Optional[Client]:
+def _client(
+    client: Optional[Client],
+    url: Optional[str],
+    token: Optional[str],
+    deadline: float,
+) -> Optional[Client]:
     if client is not None:
         return client
     url = url or os.environ.get("KCACHE_URL")
     if not url:
         return None
     t = max(1.0, float(deadline))
-    return Client(url=url, token=token, timeout=t,
-                  connect_timeout=min(2.0, t))
+    return Client(url=url, token=token, timeout=t, connect_timeout=min(2.0, t))
 
 
 def _bounded(fn: Callable[[], Any], deadline: float) -> Tuple[bool, Any]:

@@ -18,6 +18,7 @@ uploaded, each under its lease, and the model is named (a write token).
 Never raises into the service: kcached down, a refused token, a bundle
 that fails verification all end in a normal compile, counted in `stats`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,14 +38,17 @@ def _counts() -> Dict[str, int]:
         from torch._dynamo.utils import counters as c
     except Exception:
         return {}
-    return {"fx_hit": int(c["inductor"].get("fxgraph_cache_hit", 0)),
-            "fx_miss": int(c["inductor"].get("fxgraph_cache_miss", 0)),
-            "aot_hit": int(c["aot_autograd"].get("autograd_cache_hit", 0)),
-            "aot_miss": int(c["aot_autograd"].get("autograd_cache_miss", 0))}
+    return {
+        "fx_hit": int(c["inductor"].get("fxgraph_cache_hit", 0)),
+        "fx_miss": int(c["inductor"].get("fxgraph_cache_miss", 0)),
+        "aot_hit": int(c["aot_autograd"].get("autograd_cache_hit", 0)),
+        "aot_miss": int(c["aot_autograd"].get("autograd_cache_miss", 0)),
+    }
 
 
 def _is_gpu(device: Optional[str]) -> bool:
     import torch
+
     if device is None:
         return bool(torch.cuda.is_available())
     return torch.device(device).type == "cuda"
@@ -53,6 +57,7 @@ def _is_gpu(device: Optional[str]) -> bool:
 def _no_precompiled_header() -> None:
     os.environ["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
     import torch._inductor.config as iconfig
+
     iconfig.cpp_cache_precompile_headers = False
 
 
@@ -66,6 +71,7 @@ def _gpu_paths(stats: Dict[str, Any]) -> None:
     stats["triton"] = os.environ["TRITON_CACHE_MANAGER"]
     if os.environ.get("KCACHE_RESP_URL"):
         from . import use_remote_caches
+
         use_remote_caches()
         stats["remote_caches"] = True
 
@@ -76,12 +82,20 @@ class Warm:
     hits and misses (torch's FX graph and AOTAutograd cache, during the
     body), fetch_s, upload_s, skipped (reasons, e.g. "no server")."""
 
-    def __init__(self, model: Any, name: Optional[str] = None, *,
-                 client: Optional[Client] = None, url: Optional[str] = None,
-                 token: Optional[str] = None, device: Optional[str] = None,
-                 deadline: float = 10.0,
-                 options: Optional[Mapping[str, Any]] = None,
-                 upload: bool = True, gpu_paths: bool = True):
+    def __init__(
+        self,
+        model: Any,
+        name: Optional[str] = None,
+        *,
+        client: Optional[Client] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        device: Optional[str] = None,
+        deadline: float = 10.0,
+        options: Optional[Mapping[str, Any]] = None,
+        upload: bool = True,
+        gpu_paths: bool = True,
+    ):
         self.model = model
         self.gpu_paths = gpu_paths
         self.name = name
@@ -89,9 +103,15 @@ class Warm:
         self.deadline = float(deadline)
         self.options = dict(options or {})
         self.upload_enabled = upload
-        self.stats: Dict[str, Any] = {"fetched": 0, "present": 0,
-                                      "uploaded": 0, "refused": 0, "hits": 0,
-                                      "misses": 0, "skipped": []}
+        self.stats: Dict[str, Any] = {
+            "fetched": 0,
+            "present": 0,
+            "uploaded": 0,
+            "refused": 0,
+            "hits": 0,
+            "misses": 0,
+            "skipped": [],
+        }
         self._client_args = (client, url, token)
         self._entries: Any = None
         self._fetch_done = False
@@ -106,8 +126,9 @@ class Warm:
         if not url:
             return None
         t = max(1.0, self.deadline)
-        return Client(url=url, token=token, timeout=t,
-                      connect_timeout=min(2.0, t))
+        return Client(
+            url=url, token=token, timeout=t, connect_timeout=min(2.0, t)
+        )
 
     def _skip(self, why: str) -> None:
         self.stats["skipped"].append(why)
@@ -118,6 +139,7 @@ class Warm:
         try:
             from . import inductor_cache_dir
             from .entries import Entries
+
             if not self.options.get("precompiled_header"):
                 _no_precompiled_header()
             if self.gpu_paths and _is_gpu(self.device):
@@ -126,12 +148,20 @@ class Warm:
             if c is None:
                 self._skip("no server")
                 if not _warned_no_server:
-                    log.warning("kcache.torch.warm: no server (KCACHE_URL "
-                                "unset): compiling locally")
+                    log.warning(
+                        "kcache.torch.warm: no server (KCACHE_URL "
+                        "unset): compiling locally"
+                    )
                     _warned_no_server = True
             else:
-                self._entries = Entries(c, self.model, inductor_cache_dir(),
-                                        self.device, self.options, self.name)
+                self._entries = Entries(
+                    c,
+                    self.model,
+                    inductor_cache_dir(),
+                    self.device,
+                    self.options,
+                    self.name,
+                )
                 self._fetch(self.deadline - (time.monotonic() - t0))
         except Exception as e:  # never into the service
             self._skip("fetch: %s" % e)
@@ -169,10 +199,12 @@ class Warm:
         try:
             now = _counts()
             b = self._before
-            self.stats["hits"] = sum(now.get(k, 0) - b.get(k, 0)
-                                     for k in ("fx_hit", "aot_hit"))
-            self.stats["misses"] = sum(now.get(k, 0) - b.get(k, 0)
-                                       for k in ("fx_miss", "aot_miss"))
+            self.stats["hits"] = sum(
+                now.get(k, 0) - b.get(k, 0) for k in ("fx_hit", "aot_hit")
+            )
+            self.stats["misses"] = sum(
+                now.get(k, 0) - b.get(k, 0) for k in ("fx_miss", "aot_miss")
+            )
             if self._entries is None or not self._fetch_done:
                 return
             if not self.upload_enabled:
@@ -198,25 +230,45 @@ class Warm:
         if th.is_alive():
             self._skip("upload: in background (deadline)")
         self.stats["upload_s"] = round(time.monotonic() - t0, 4)
-        for k in ("uploaded", "taken", "failed", "uploaded_bytes", "name",
-                  "upload"):
+        for k in (
+            "uploaded",
+            "taken",
+            "failed",
+            "uploaded_bytes",
+            "name",
+            "upload",
+        ):
             if k in ent.stats:
                 self.stats[k] = ent.stats[k]
         if str(ent.stats.get("upload", "")).startswith("skipped"):
             self._skip("upload: %s" % ent.stats["upload"][9:])
 
 
-def warm(model: Any, name: Optional[str] = None, *,
-         client: Optional[Client] = None, url: Optional[str] = None,
-         token: Optional[str] = None, device: Optional[str] = None,
-         deadline: float = 10.0,
-         options: Optional[Mapping[str, Any]] = None,
-         upload: bool = True) -> Warm:
+def warm(
+    model: Any,
+    name: Optional[str] = None,
+    *,
+    client: Optional[Client] = None,
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    device: Optional[str] = None,
+    deadline: float = 10.0,
+    options: Optional[Mapping[str, Any]] = None,
+    upload: bool = True,
+) -> Warm:
     """`with warm(model, name="svc"): compiled = torch.compile(model); ...`
     (module docstring). url/token default to KCACHE_URL/KCACHE_TOKEN;
     deadline bounds the fetch and the wait for the upload (seconds);
     options: whatever else changes the compile (mode, dynamic...), in the
     keys; options={"precompiled_header": True} keeps Inductor's header."""
-    return Warm(model, name, client=client, url=url, token=token,
-                device=device, deadline=deadline, options=options,
-                upload=upload)
+    return Warm(
+        model,
+        name,
+        client=client,
+        url=url,
+        token=token,
+        device=device,
+        deadline=deadline,
+        options=options,
+        upload=upload,
+    )

@@ -35,6 +35,7 @@ one request, and loads the best one present. A package for an ISA this CPU
 lacks is never a candidate, and its own metadata is checked again before
 its shared object is loaded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,8 +47,16 @@ import sysconfig
 import tempfile
 import time
 import zipfile
-from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Tuple)
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from ..client import Client
 from ..errors import Error, Forbidden, Unauthorized
@@ -67,24 +76,31 @@ INDUCTOR_CONFIGS = {"aot_inductor.package_constants_in_so": False}
 # x86 vector ISA levels as Inductor names them (cpu_vec_isa: VecAMX,
 # VecAVX512VNNI, VecAVX512, VecAVX2), best first, with the CPUID features
 # each needs and the extra flags Inductor adds where the CPU has them.
-_X86_LEVELS = [("avx512+avx512_vnni+amx_tile", ("avx512", "vnni", "amx_tile")),
-               ("avx512+avx512_vnni", ("avx512", "vnni")),
-               ("avx512", ("avx512",)),
-               ("avx2", ("avx2",))]
+_X86_LEVELS = [
+    ("avx512+avx512_vnni+amx_tile", ("avx512", "vnni", "amx_tile")),
+    ("avx512+avx512_vnni", ("avx512", "vnni")),
+    ("avx512", ("avx512",)),
+    ("avx2", ("avx2",)),
+]
 _CAPABILITY_CAP = {"default": 4, "avx2": 3, "avx512": 0}  # ATEN_CPU_CAPABILITY
 
 
 # --------------------------------------------------------------- the ISA
 
+
 def _cpu_features() -> Dict[str, bool]:
     """What this CPU can run, from torch.cpu's CPUID checks (no compiler)."""
     import torch
+
     c = torch.cpu
-    f = {"avx2": c._is_avx2_supported(), "avx512": c._is_avx512_supported(),
-         "vnni": c._is_vnni_supported(),
-         "amx_tile": c._is_amx_tile_supported(),
-         "avx512_bf16": c._is_avx512_bf16_supported(),
-         "amx_fp16": c._is_amx_fp16_supported()}
+    f = {
+        "avx2": c._is_avx2_supported(),
+        "avx512": c._is_avx512_supported(),
+        "vnni": c._is_vnni_supported(),
+        "amx_tile": c._is_amx_tile_supported(),
+        "avx512_bf16": c._is_avx512_bf16_supported(),
+        "amx_fp16": c._is_amx_fp16_supported(),
+    }
     return {k: bool(v) for k, v in f.items()}
 
 
@@ -108,8 +124,12 @@ def host_isa_labels() -> List[str]:
         if "avx512" in needs and f["avx512_bf16"]:
             extras = ["+avx512_bf16", ""]
             if "amx_tile" in needs and f["amx_fp16"]:
-                extras = ["+avx512_bf16+amx_fp16", "+avx512_bf16",
-                          "+amx_fp16", ""]
+                extras = [
+                    "+avx512_bf16+amx_fp16",
+                    "+avx512_bf16",
+                    "+amx_fp16",
+                    "",
+                ]
         out += [label + e for e in extras]
     return out + ["none"]
 
@@ -119,6 +139,7 @@ def build_isa_label() -> str:
     a build is about to compile anyway), as a label: the words of
     str(pick_vec_isa()) joined by "+", plus the optional flags it added."""
     from torch._inductor import cpu_vec_isa
+
     isa = cpu_vec_isa.pick_vec_isa()
     words = str(isa).split()
     if not words:
@@ -139,28 +160,41 @@ def _runnable(aoti_isa: str, labels: Sequence[str]) -> bool:
 
 # ------------------------------------------------------------ buckets
 
+
 class Bucket:
     """One shape bucket: the example call and the range of its batch
     dimension. batched: the indices of the args whose dim 0 is the batch."""
 
-    def __init__(self, example: Tuple[Any, ...], lo: int, hi: int,
-                 batched: Tuple[int, ...]):
+    def __init__(
+        self,
+        example: Tuple[Any, ...],
+        lo: int,
+        hi: int,
+        batched: Tuple[int, ...],
+    ):
         self.example = example
         self.lo, self.hi = lo, hi
         self.batched = batched
         self.sig = _signature(example, batched)
 
     def spec(self) -> Dict[str, Any]:
-        return {"lo": self.lo, "hi": self.hi, "batched": list(self.batched),
-                "sig": self.sig}
+        return {
+            "lo": self.lo,
+            "hi": self.hi,
+            "batched": list(self.batched),
+            "sig": self.sig,
+        }
 
     def matches(self, args: Tuple[Any, ...]) -> bool:
         if len(args) != len(self.example):
             return False
         n = None
         for i, (a, e) in enumerate(zip(args, self.example)):
-            if getattr(a, "dtype", None) != e.dtype or a.device != e.device \
-                    or a.dim() != e.dim():
+            if (
+                getattr(a, "dtype", None) != e.dtype
+                or a.device != e.device
+                or a.dim() != e.dim()
+            ):
                 return False
             if i in self.batched:
                 if a.shape[1:] != e.shape[1:]:
@@ -177,31 +211,43 @@ class Bucket:
         return "Bucket(batch %d..%d)" % (self.lo, self.hi)
 
 
-def _signature(example: Tuple[Any, ...],
-               batched: Tuple[int, ...]) -> List[Any]:
-    return [[("B",) + tuple(t.shape[1:]) if i in batched else tuple(t.shape),
-             str(t.dtype), t.device.type] for i, t in enumerate(example)]
+def _signature(
+    example: Tuple[Any, ...], batched: Tuple[int, ...]
+) -> List[Any]:
+    return [
+        [
+            ("B",) + tuple(t.shape[1:]) if i in batched else tuple(t.shape),
+            str(t.dtype),
+            t.device.type,
+        ]
+        for i, t in enumerate(example)
+    ]
 
 
-def make_buckets(examples: Sequence[Any],
-                 dynamic: bool = True) -> List[Bucket]:
+def make_buckets(
+    examples: Sequence[Any], dynamic: bool = True
+) -> List[Bucket]:
     """Buckets from example calls (a tuple of tensors, or one tensor, each).
     Examples with the same shapes but for the batch share one batch axis,
     cut at their batches: (prev + 1)..batch. dynamic=False: exact shapes."""
     import torch
+
     calls: List[Tuple[Any, ...]] = []
     for ex in examples:
         args = tuple(ex) if isinstance(ex, (tuple, list)) else (ex,)
         if not args or not all(isinstance(a, torch.Tensor) for a in args):
-            raise ValueError("kcache.torch.compile: a bucket is a tuple of "
-                             "tensors")
+            raise ValueError(
+                "kcache.torch.compile: a bucket is a tuple of tensors"
+            )
         calls.append(args)
     groups: Dict[str, List[Tuple[int, Tuple[Any, ...], Tuple[int, ...]]]] = {}
     for args in calls:
         b = args[0].shape[0] if args[0].dim() else None
-        batched = tuple(i for i, a in enumerate(args)
-                        if dynamic and b is not None and a.dim() and
-                        a.shape[0] == b)
+        batched = tuple(
+            i
+            for i, a in enumerate(args)
+            if dynamic and b is not None and a.dim() and a.shape[0] == b
+        )
         sig = json.dumps(_signature(args, batched))
         groups.setdefault(sig, []).append((b or 0, args, batched))
     out: List[Bucket] = []
@@ -219,44 +265,64 @@ def make_buckets(examples: Sequence[Any],
 
 # --------------------------------------------------------------- keys
 
+
 def _tools(device: str, isa: str) -> Dict[str, str]:
-    t = {"torch": _keys.torch_version(), "accel": _keys.accel(device),
-         "cpu_isa": isa,
-         "python": sysconfig.get_config_var("SOABI") or "unknown"}
+    t = {
+        "torch": _keys.torch_version(),
+        "accel": _keys.accel(device),
+        "cpu_isa": isa,
+        "python": sysconfig.get_config_var("SOABI") or "unknown",
+    }
     if device.startswith("cuda"):
         try:
             from importlib.metadata import version
+
             t["triton"] = version("triton")
         except Exception:
             pass
     return t
 
 
-def bucket_fields(model_h: str, bucket: Bucket, device: str, isa: str,
-                  name: Optional[str]) -> Dict[str, Any]:
+def bucket_fields(
+    model_h: str, bucket: Bucket, device: str, isa: str, name: Optional[str]
+) -> Dict[str, Any]:
     """The key fields of one bucket's package compiled for isa."""
     arch, extra = _keys.device_arch(device)
     tools = _tools(device, isa)
     tools.update(extra)
-    build = json.dumps({"builder": BUILDER, "kind": KIND, "name": name or "",
-                        "sig": bucket.sig, "batched": list(bucket.batched),
-                        "configs": INDUCTOR_CONFIGS}, sort_keys=True)
-    return {"model": model_h,
-            "build": hashlib.sha256(build.encode()).hexdigest(),
-            "arch": arch, "bucket": {"batch": bucket.hi,
-                                     "batch_min": bucket.lo},
-            "toolchain": tools}
+    build = json.dumps(
+        {
+            "builder": BUILDER,
+            "kind": KIND,
+            "name": name or "",
+            "sig": bucket.sig,
+            "batched": list(bucket.batched),
+            "configs": INDUCTOR_CONFIGS,
+        },
+        sort_keys=True,
+    )
+    return {
+        "model": model_h,
+        "build": hashlib.sha256(build.encode()).hexdigest(),
+        "arch": arch,
+        "bucket": {"batch": bucket.hi, "batch_min": bucket.lo},
+        "toolchain": tools,
+    }
 
 
 def _device_of(bucket: Bucket, device: Optional[str]) -> str:
     if device:
         return device
     d = bucket.example[0].device
-    return "cuda:%d" % d.index if d.type == "cuda" and d.index is not None \
+    return (
+        "cuda:%d" % d.index
+        if d.type == "cuda" and d.index is not None
         else d.type
+    )
 
 
 # -------------------------------------------------------------- build
+
 
 def _constants(model: Any) -> Dict[str, Any]:
     """The module's parameters and buffers by every name (tied weights and
@@ -272,25 +338,30 @@ def _constants(model: Any) -> Dict[str, Any]:
     return out
 
 
-def build_package(model: Any, bucket: Bucket,
-                  directory: str) -> Dict[str, Any]:
+def build_package(
+    model: Any, bucket: Bucket, directory: str
+) -> Dict[str, Any]:
     """torch.export of model on the bucket (batch Dim lo..hi), then
     aoti_compile_and_package without weights, into directory (model.pt2,
     constants.pt when the graph made constants of its own). Returns the meta
     (isa, AOTI metadata, constant names and shapes)."""
     import torch
+
     ex = bucket.example
     dyn: Any = None
     if bucket.batched and bucket.hi > bucket.lo:
         dim = torch.export.Dim("batch", min=bucket.lo, max=bucket.hi)
-        dyn = tuple({0: dim} if i in bucket.batched else None
-                    for i in range(len(ex)))
+        dyn = tuple(
+            {0: dim} if i in bucket.batched else None for i in range(len(ex))
+        )
     ep = torch.export.export(model, ex, dynamic_shapes=dyn, strict=False)
     pt2 = os.path.join(directory, PT2)
     torch._inductor.aoti_compile_and_package(
-        ep, package_path=pt2, inductor_configs=dict(INDUCTOR_CONFIGS))
-    loader = torch._C._aoti.AOTIModelPackageLoader(pt2, "model", False, 1,
-                                                   _device_index(ex[0]))
+        ep, package_path=pt2, inductor_configs=dict(INDUCTOR_CONFIGS)
+    )
+    loader = torch._C._aoti.AOTIModelPackageLoader(
+        pt2, "model", False, 1, _device_index(ex[0])
+    )
     fqns = list(loader.get_constant_fqns())
     own = _constants(model)
     extra = {}
@@ -304,26 +375,44 @@ def build_package(model: Any, bucket: Bucket,
             extra[n] = t.detach().cpu().clone()
     if extra:
         torch.save(extra, os.path.join(directory, EXTRA))
-    shapes = {n: [list((own.get(n) if n in own else extra[n]).shape),
-                  str((own.get(n) if n in own else extra[n]).dtype)]
-              for n in fqns}
+    shapes = {
+        n: [
+            list((own.get(n) if n in own else extra[n]).shape),
+            str((own.get(n) if n in own else extra[n]).dtype),
+        ]
+        for n in fqns
+    }
     with open(pt2, "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
-    return {"format": FORMAT, "isa": build_isa_label(),
-            "aoti": dict(loader.get_metadata()), "constants": shapes,
-            "pt2_sha256": sha, "bucket": bucket.spec(),
-            "torch": str(torch.__version__)}
+    return {
+        "format": FORMAT,
+        "isa": build_isa_label(),
+        "aoti": dict(loader.get_metadata()),
+        "constants": shapes,
+        "pt2_sha256": sha,
+        "bucket": bucket.spec(),
+        "torch": str(torch.__version__),
+    }
 
 
 def _device_index(t: Any) -> int:
-    return t.device.index if t.device.type == "cuda" and \
-        t.device.index is not None else -1
+    return (
+        t.device.index
+        if t.device.type == "cuda" and t.device.index is not None
+        else -1
+    )
 
 
-def _push_built(client: Client, model: Any, model_h: str, bucket: Bucket,
-                device: str, name: Optional[str],
-                fields_for: Callable[[str], Dict[str, Any]],
-                stats: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+def _push_built(
+    client: Client,
+    model: Any,
+    model_h: str,
+    bucket: Bucket,
+    device: str,
+    name: Optional[str],
+    fields_for: Callable[[str], Dict[str, Any]],
+    stats: Dict[str, Any],
+) -> Tuple[str, Dict[str, Any]]:
     """Builds one bucket's package and pushes it under the key of the ISA
     it was compiled for. Returns (key, fields)."""
     with tempfile.TemporaryDirectory(prefix="kcache-aoti-") as d:
@@ -335,12 +424,14 @@ def _push_built(client: Client, model: Any, model_h: str, bucket: Bucket,
             json.dump(meta, f, sort_keys=True)
         m = client.push_dir(d, fields)
         stats["build_s"] = stats.get("build_s", 0) + round(
-            time.monotonic() - t0, 2)
+            time.monotonic() - t0, 2
+        )
         stats["uploaded_bytes"] = stats.get("uploaded_bytes", 0) + m.bytes
         return m.key, fields
 
 
 # ------------------------------------------------------------ loading
+
 
 class Refused(Exception):
     """An artifact that is not what its key says (foreign, corrupt, for
@@ -351,8 +442,9 @@ def _aoti_meta(pt2: str) -> Dict[str, str]:
     """The package's own metadata (wrapper_metadata.json), read from the zip
     without loading its shared object."""
     with zipfile.ZipFile(pt2) as z:
-        names = [n for n in z.namelist()
-                 if n.endswith("wrapper_metadata.json")]
+        names = [
+            n for n in z.namelist() if n.endswith("wrapper_metadata.json")
+        ]
         if len(names) != 1:
             raise Refused("not one AOTInductor model in the package")
         return json.loads(z.read(names[0]))
@@ -363,10 +455,17 @@ class _Runner:
     (kept referenced here: the loader holds their pointers), and the output
     tree spec."""
 
-    def __init__(self, directory: str, model: Any, fields: Dict[str, Any],
-                 device: str, labels: Sequence[str]):
+    def __init__(
+        self,
+        directory: str,
+        model: Any,
+        fields: Dict[str, Any],
+        device: str,
+        labels: Sequence[str],
+    ):
         import torch
         import torch.utils._pytree as pytree
+
         pt2 = os.path.join(directory, PT2)
         try:
             with open(os.path.join(directory, META)) as f:
@@ -389,8 +488,9 @@ class _Runner:
             raise Refused("built for ISA %s" % am.get("AOTI_CPU_ISA"))
         consts = _constants(model)
         if os.path.exists(os.path.join(directory, EXTRA)):
-            consts.update(torch.load(os.path.join(directory, EXTRA),
-                                     weights_only=True))
+            consts.update(
+                torch.load(os.path.join(directory, EXTRA), weights_only=True)
+            )
         want = meta.get("constants") or {}
         for n, (shape, dtype) in want.items():
             t = consts.get(n)
@@ -400,10 +500,12 @@ class _Runner:
         if os.environ.get("KCACHE_AOT_LOADER") == "python":
             # torch's Python loader (imports torch._inductor): for comparison
             from torch._inductor import aoti_load_package
+
             self.loader = aoti_load_package(pt2, device_index=idx).loader
         else:
             self.loader = torch._C._aoti.AOTIModelPackageLoader(
-                pt2, "model", False, 1, idx)
+                pt2, "model", False, 1, idx
+            )
         if sorted(self.loader.get_constant_fqns()) != sorted(want):
             raise Refused("the package's constants are not its meta's")
         self._consts = {n: consts[n].to(dev).contiguous() for n in want}
@@ -413,11 +515,14 @@ class _Runner:
 
     def __call__(self, *args: Any) -> Any:
         # the package was compiled for the example's (contiguous) strides
-        return self._unflatten(self.loader.boxed_run(
-            [a.contiguous() for a in args]), self.out_spec)
+        return self._unflatten(
+            self.loader.boxed_run([a.contiguous() for a in args]),
+            self.out_spec,
+        )
 
 
 # ----------------------------------------------------------- the model
+
 
 class AotModel:
     """The callable kcache.torch.compile returns: each call goes to the
@@ -431,8 +536,12 @@ class AotModel:
         self.buckets = buckets
         self.runners: Dict[int, _Runner] = {}
         self.fallback: Callable[..., Any] = model
-        self.stats: Dict[str, Any] = {"buckets": {}, "loaded": 0, "built": 0,
-                                      "fallback": 0}
+        self.stats: Dict[str, Any] = {
+            "buckets": {},
+            "loaded": 0,
+            "built": 0,
+            "fallback": 0,
+        }
 
     def __call__(self, *args: Any) -> Any:
         for i, b in enumerate(self.buckets):
@@ -446,8 +555,13 @@ class _Plan:
     """The candidate keys of every bucket (one per runnable ISA label, best
     first) and what kcached holds of them."""
 
-    def __init__(self, model_h: str, buckets: List[Bucket],
-                 device: Optional[str], name: Optional[str]):
+    def __init__(
+        self,
+        model_h: str,
+        buckets: List[Bucket],
+        device: Optional[str],
+        name: Optional[str],
+    ):
         self.labels = host_isa_labels()
         self.devices = [_device_of(b, device) for b in buckets]
         self.cands: List[List[Tuple[str, Dict[str, Any]]]] = []
@@ -462,9 +576,12 @@ class _Plan:
         return [k for row in self.cands for k, _ in row]
 
 
-def _fetch(client: Client, plan: _Plan, root: str,
-           only: Optional[Sequence[int]] = None
-           ) -> Dict[int, Tuple[str, Dict[str, Any], str]]:
+def _fetch(
+    client: Client,
+    plan: _Plan,
+    root: str,
+    only: Optional[Sequence[int]] = None,
+) -> Dict[int, Tuple[str, Dict[str, Any], str]]:
     """One lookup of every candidate key, then each bucket's best present
     bundle pulled (blobs fetched in one batch, verified) and written under
     root/<key>. Returns {bucket: (key, fields, directory)}."""
@@ -488,14 +605,23 @@ def _artifact_root(client: Optional[Client]) -> str:
     return d
 
 
-def compile(model: Any, name: Optional[str] = None,
-            buckets: Sequence[Any] = (), *, client: Optional[Client] = None,
-            url: Optional[str] = None, token: Optional[str] = None,
-            device: Optional[str] = None, deadline: float = 10.0,
-            build: bool = True, build_wait: Optional[float] = None,
-            fallback: str = "compile", dynamic: bool = True,
-            compile_kwargs: Optional[Mapping[str, Any]] = None,
-            model_key: Optional[str] = None) -> AotModel:
+def compile(
+    model: Any,
+    name: Optional[str] = None,
+    buckets: Sequence[Any] = (),
+    *,
+    client: Optional[Client] = None,
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    device: Optional[str] = None,
+    deadline: float = 10.0,
+    build: bool = True,
+    build_wait: Optional[float] = None,
+    fallback: str = "compile",
+    dynamic: bool = True,
+    compile_kwargs: Optional[Mapping[str, Any]] = None,
+    model_key: Optional[str] = None,
+) -> AotModel:
     """The one call for an exportable model: for each bucket, the artifact
     for this device and toolchain, fetched and loaded (no compile stack
     imported when every bucket has one); a bucket without one is built here
@@ -521,8 +647,9 @@ def compile(model: Any, name: Optional[str] = None,
         c = _client(client, url, token, deadline)
         if c is None:
             st["reason"] = "no server (KCACHE_URL unset)"
-            log.warning("kcache.torch.compile: no server (KCACHE_URL unset): "
-                        "compiling")
+            log.warning(
+                "kcache.torch.compile: no server (KCACHE_URL unset): compiling"
+            )
         else:
             mh = model_key or _keys.model_hash(model)
             plan = _Plan(mh, bs, device, name)
@@ -536,9 +663,16 @@ def compile(model: Any, name: Optional[str] = None,
             else:
                 todo = _load_found(am, res, plan, todo)
                 if todo and build:
-                    todo = _build_missing(am, c, mh, plan, root, todo, name,
-                                          deadline if build_wait is None
-                                          else build_wait)
+                    todo = _build_missing(
+                        am,
+                        c,
+                        mh,
+                        plan,
+                        root,
+                        todo,
+                        name,
+                        deadline if build_wait is None else build_wait,
+                    )
     except Exception as e:  # never into the service
         st["reason"] = "%s: %s" % (type(e).__name__, e)
     _fall_back(am, todo, fallback, name, c, compile_kwargs, deadline)
@@ -546,9 +680,12 @@ def compile(model: Any, name: Optional[str] = None,
     return am
 
 
-def _load_found(am: AotModel, found: Mapping[int, Tuple[str, Dict[str, Any],
-                                                          str]],
-                plan: _Plan, todo: List[int]) -> List[int]:
+def _load_found(
+    am: AotModel,
+    found: Mapping[int, Tuple[str, Dict[str, Any], str]],
+    plan: _Plan,
+    todo: List[int],
+) -> List[int]:
     left = []
     for i in todo:
         if i not in found:
@@ -557,8 +694,9 @@ def _load_found(am: AotModel, found: Mapping[int, Tuple[str, Dict[str, Any],
         k, f, d = found[i]
         bst = am.stats["buckets"][i]
         try:
-            am.runners[i] = _Runner(d, am.model, f, plan.devices[i],
-                                    plan.labels)
+            am.runners[i] = _Runner(
+                d, am.model, f, plan.devices[i], plan.labels
+            )
             bst.update(state="loaded", key=k, isa=f["toolchain"]["cpu_isa"])
             am.stats["loaded"] += 1
         except Exception as e:  # refused or unloadable: the fallback
@@ -568,9 +706,16 @@ def _load_found(am: AotModel, found: Mapping[int, Tuple[str, Dict[str, Any],
     return left
 
 
-def _build_missing(am: AotModel, c: Client, mh: str, plan: _Plan, root: str,
-                   todo: List[int], name: Optional[str],
-                   wait: float) -> List[int]:
+def _build_missing(
+    am: AotModel,
+    c: Client,
+    mh: str,
+    plan: _Plan,
+    root: str,
+    todo: List[int],
+    name: Optional[str],
+    wait: float,
+) -> List[int]:
     """Each missing bucket under its lease (the key of the best label this
     CPU runs: the ISA Inductor will pick here): granted, built, pushed and
     loaded; held by another replica, waited for within `wait`."""
@@ -597,9 +742,17 @@ def _build_missing(am: AotModel, c: Client, mh: str, plan: _Plan, root: str,
         try:
             dev = plan.devices[i]
             k, f = _push_built(
-                c, am.model, mh, am.buckets[i], dev, name,
+                c,
+                am.model,
+                mh,
+                am.buckets[i],
+                dev,
+                name,
                 lambda isa, b=am.buckets[i], d=dev: bucket_fields(
-                    mh, b, d, isa, name), bst)
+                    mh, b, d, isa, name
+                ),
+                bst,
+            )
             d = os.path.join(root, k)
             c.pull_dir(k, d)
             am.runners[i] = _Runner(d, am.model, f, dev, plan.labels)
@@ -607,8 +760,9 @@ def _build_missing(am: AotModel, c: Client, mh: str, plan: _Plan, root: str,
             am.stats["built"] += 1
         except Exception as e:
             bst["build"] = "failed: %s" % str(e)[:200]
-            log.warning("kcache.torch.compile: build of %r: %s",
-                        am.buckets[i], e)
+            log.warning(
+                "kcache.torch.compile: build of %r: %s", am.buckets[i], e
+            )
             left.append(i)
         finally:
             try:
@@ -620,8 +774,14 @@ def _build_missing(am: AotModel, c: Client, mh: str, plan: _Plan, root: str,
     return sorted(left)
 
 
-def _wait_for(am: AotModel, c: Client, plan: _Plan, root: str,
-              idx: List[int], wait: float) -> List[int]:
+def _wait_for(
+    am: AotModel,
+    c: Client,
+    plan: _Plan,
+    root: str,
+    idx: List[int],
+    wait: float,
+) -> List[int]:
     """Polls for the buckets another replica builds, until wait runs out."""
     end = time.monotonic() + wait
     left = list(idx)
@@ -639,10 +799,15 @@ def _wait_for(am: AotModel, c: Client, plan: _Plan, root: str,
     return left
 
 
-def _fall_back(am: AotModel, todo: List[int], mode: str,
-               name: Optional[str], c: Optional[Client],
-               compile_kwargs: Optional[Mapping[str, Any]],
-               deadline: float) -> None:
+def _fall_back(
+    am: AotModel,
+    todo: List[int],
+    mode: str,
+    name: Optional[str],
+    c: Optional[Client],
+    compile_kwargs: Optional[Mapping[str, Any]],
+    deadline: float,
+) -> None:
     """The buckets without a package, and every shape outside the buckets:
     torch.compile (mode "compile"; each missing bucket's example run once,
     under kcache.torch.warm when present) or the model itself ("eager").
@@ -661,6 +826,7 @@ def _fall_back(am: AotModel, todo: List[int], mode: str,
         fn = state.get("fn")
         if fn is None:
             import torch
+
             fn = state["fn"] = torch.compile(am.model, **kw)
         return fn(*args)
 
@@ -668,14 +834,19 @@ def _fall_back(am: AotModel, todo: List[int], mode: str,
     if not todo:
         return
     import kcache.torch as kt
+
     warm = getattr(kt, "warm", None)
     try:
-        ctx = warm(am.model, name, client=c, deadline=deadline) \
-            if warm is not None else None
+        ctx = (
+            warm(am.model, name, client=c, deadline=deadline)
+            if warm is not None
+            else None
+        )
     except Exception as e:
         log.warning("kcache.torch.compile: warm: %s", e)
         ctx = None
     import torch
+
     with torch.no_grad():
         if ctx is None:
             for i in todo:
@@ -688,17 +859,27 @@ def _fall_back(am: AotModel, todo: List[int], mode: str,
 
 # ------------------------------------------------------------ publish
 
-def publish(model: Any, buckets: Sequence[Any], name: Optional[str] = None,
-            *, client: Optional[Client] = None, url: Optional[str] = None,
-            token: Optional[str] = None, device: Optional[str] = None,
-            dynamic: bool = True, model_key: Optional[str] = None,
-            lease_ttl: int = 1800) -> Dict[str, Any]:
+
+def publish(
+    model: Any,
+    buckets: Sequence[Any],
+    name: Optional[str] = None,
+    *,
+    client: Optional[Client] = None,
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    device: Optional[str] = None,
+    dynamic: bool = True,
+    model_key: Optional[str] = None,
+    lease_ttl: int = 1800,
+) -> Dict[str, Any]:
     """The CI form: builds and uploads the package of every bucket that
     kcached lacks for this machine's ISA (run it on the fleet's CPU model;
     ATEN_CPU_CAPABILITY=avx2 builds for an older level), each under its
     lease. Raises on errors (CI should see them). Returns per bucket:
     "present", "built" (with key, isa, build_s, bytes) or "lease held"."""
     import torch
+
     c = _client(client, url, token, 60.0)
     if c is None:
         raise ValueError("kcache.torch.aot.publish: no server (KCACHE_URL)")
@@ -721,9 +902,16 @@ def publish(model: Any, buckets: Sequence[Any], name: Optional[str] = None,
                 r["state"] = "lease %s" % lease.state
                 continue
             try:
-                k2, _ = _push_built(c, model, mh, b, dev, name,
-                                    lambda i, b=b, d=dev: bucket_fields(
-                                        mh, b, d, i, name), r)
+                k2, _ = _push_built(
+                    c,
+                    model,
+                    mh,
+                    b,
+                    dev,
+                    name,
+                    lambda i, b=b, d=dev: bucket_fields(mh, b, d, i, name),
+                    r,
+                )
                 if k2 != k:
                     raise RuntimeError("built for another ISA than %r" % isa)
                 r["state"] = "built"
@@ -732,6 +920,15 @@ def publish(model: Any, buckets: Sequence[Any], name: Optional[str] = None,
     return out
 
 
-__all__ = ["compile", "publish", "AotModel", "Bucket", "make_buckets",
-           "host_isa_labels", "build_isa_label", "bucket_fields",
-           "build_package", "Refused"]
+__all__ = [
+    "compile",
+    "publish",
+    "AotModel",
+    "Bucket",
+    "make_buckets",
+    "host_isa_labels",
+    "build_isa_label",
+    "bucket_fields",
+    "build_package",
+    "Refused",
+]

@@ -26,6 +26,7 @@ build lease, the local entries the listing did not have. Source files of
 Python wrappers (<k>.py) are never carried: Inductor writes them again
 from the FX graph entry, and they are code it imports.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -49,10 +50,25 @@ KINDS = ("fxgraph", "aotautograd", "kernel")
 _KEY = re.compile(r"^[a-z0-9_]{8,128}$")
 _SKIP_EXT = (".py", ".lock", ".tmp")
 
-_lib._decl("kc_client_model_list", ctypes.c_int, c_void_p, c_char_p,
-           POINTER(c_void_p), _lib._ERRBUF, raises=True)
-_lib._decl("kc_client_warmup_put", ctypes.c_int, c_void_p, c_char_p,
-           c_char_p, c_size_t, _lib._ERRBUF, raises=True)
+_lib._decl(
+    "kc_client_model_list",
+    ctypes.c_int,
+    c_void_p,
+    c_char_p,
+    POINTER(c_void_p),
+    _lib._ERRBUF,
+    raises=True,
+)
+_lib._decl(
+    "kc_client_warmup_put",
+    ctypes.c_int,
+    c_void_p,
+    c_char_p,
+    c_char_p,
+    c_size_t,
+    _lib._ERRBUF,
+    raises=True,
+)
 
 
 def model_list(client: Client, model: str) -> Dict[str, Any]:
@@ -61,29 +77,37 @@ def model_list(client: Client, model: str) -> Dict[str, Any]:
     p = c_void_p()
     err = _lib.errbuf()
     with client._lock:
-        _lib.lib.kc_client_model_list(client._h(), model.encode(),
-                                            ctypes.byref(p), err)
+        _lib.lib.kc_client_model_list(
+            client._h(), model.encode(), ctypes.byref(p), err
+        )
     return json.loads(_lib.take_string(p))
 
 
-def warmup_put(client: Client, model: str, manifest: Mapping[str, Any]) -> None:
+def warmup_put(
+    client: Client, model: str, manifest: Mapping[str, Any]
+) -> None:
     """PUT /v1/models/{model}/warmup (a write token): names the model."""
     text = json.dumps(dict(manifest), sort_keys=True).encode()
     err = _lib.errbuf()
     with client._lock:
-        _lib.lib.kc_client_warmup_put(client._h(), model.encode(), text,
-                                            len(text), err)
+        _lib.lib.kc_client_warmup_put(
+            client._h(), model.encode(), text, len(text), err
+        )
 
 
 # ------------------------------------------------------------- the layout
+
 
 def entry_of(rel: str) -> Optional[Tuple[str, str]]:
     """(kind, entry id) of a file's path relative to the cache directory,
     or None for a file that belongs to no entry (locks, wrappers' sources,
     Triton's directory, anything unknown)."""
     parts = rel.split("/")
-    if any(p in ("", ".", "..") for p in parts) or rel.endswith(_SKIP_EXT) \
-            or ".tmp" in parts[-1]:
+    if (
+        any(p in ("", ".", "..") for p in parts)
+        or rel.endswith(_SKIP_EXT)
+        or ".tmp" in parts[-1]
+    ):
         return None
     if parts[0] == "fxgraph" and len(parts) >= 4:
         sub, key = parts[1], parts[2]
@@ -91,8 +115,11 @@ def entry_of(rel: str) -> Optional[Tuple[str, str]]:
             return "fxgraph", "fxgraph/%s/%s" % (sub, key)
         return None
     if parts[0] == "aotautograd" and len(parts) >= 3:
-        return ("aotautograd", "aotautograd/" + parts[1]) \
-            if _KEY.match(parts[1]) else None
+        return (
+            ("aotautograd", "aotautograd/" + parts[1])
+            if _KEY.match(parts[1])
+            else None
+        )
     if len(parts) == 2 and len(parts[0]) == 2:
         stem = parts[1].split(".", 1)[0]
         if _KEY.match(stem) and stem[1:3] == parts[0] and "." in parts[1]:
@@ -108,10 +135,15 @@ def scan(root: str) -> Dict[str, Tuple[str, List[str]]]:
     for dirpath, dirnames, filenames in os.walk(root):
         rdir = os.path.relpath(dirpath, root)
         if rdir == ".":
-            dirnames[:] = [d for d in dirnames if d in ("fxgraph", "aotautograd")
-                           or len(d) == 2]
+            dirnames[:] = [
+                d
+                for d in dirnames
+                if d in ("fxgraph", "aotautograd") or len(d) == 2
+            ]
         for name in filenames:
-            rel = name if rdir == "." else rdir.replace(os.sep, "/") + "/" + name
+            rel = (
+                name if rdir == "." else rdir.replace(os.sep, "/") + "/" + name
+            )
             e = entry_of(rel)
             if e is None:
                 continue
@@ -124,18 +156,36 @@ def scan(root: str) -> Dict[str, Tuple[str, List[str]]]:
     return out
 
 
-def fields(model: str, kind: str, entry: str, device: Optional[str],
-           tools: Mapping[str, str], arch: str,
-           options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    build = json.dumps({"builder": BUILDER, "kind": kind, "entry": entry,
-                        "options": dict(options or {})}, sort_keys=True,
-                       default=str)
-    return {"model": model, "arch": arch, "bucket": {kind: 1},
-            "toolchain": dict(tools),
-            "build": hashlib.sha256(build.encode()).hexdigest()}
+def fields(
+    model: str,
+    kind: str,
+    entry: str,
+    device: Optional[str],
+    tools: Mapping[str, str],
+    arch: str,
+    options: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
+    build = json.dumps(
+        {
+            "builder": BUILDER,
+            "kind": kind,
+            "entry": entry,
+            "options": dict(options or {}),
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return {
+        "model": model,
+        "arch": arch,
+        "bucket": {kind: 1},
+        "toolchain": dict(tools),
+        "build": hashlib.sha256(build.encode()).hexdigest(),
+    }
 
 
 # ------------------------------------------------------------ the engine
+
 
 class Entries:
     """The per-entry bundles of one model and one cache directory.
@@ -143,10 +193,16 @@ class Entries:
     listed, fetched, present (already local), refused, uploaded, taken
     (another process's lease or bundle), failed."""
 
-    def __init__(self, client: Client, model: Any, root: str,
-                 device: Optional[str] = None,
-                 options: Optional[Mapping[str, Any]] = None,
-                 name: Optional[str] = None, lease_ttl: int = 600):
+    def __init__(
+        self,
+        client: Client,
+        model: Any,
+        root: str,
+        device: Optional[str] = None,
+        options: Optional[Mapping[str, Any]] = None,
+        name: Optional[str] = None,
+        lease_ttl: int = 600,
+    ):
         self.client = client
         self.root = os.path.abspath(root)
         self.model = model_hash(model)
@@ -158,25 +214,46 @@ class Entries:
         self.lease_ttl = lease_ttl
         self.listed: Optional[Dict[str, Dict[str, Any]]] = None
         self.cancel = threading.Event()
-        self.stats: Dict[str, Any] = {"listed": 0, "fetched": 0, "present": 0,
-                                      "refused": 0, "uploaded": 0, "taken": 0,
-                                      "failed": 0, "fetched_bytes": 0,
-                                      "uploaded_bytes": 0}
+        self.stats: Dict[str, Any] = {
+            "listed": 0,
+            "fetched": 0,
+            "present": 0,
+            "refused": 0,
+            "uploaded": 0,
+            "taken": 0,
+            "failed": 0,
+            "fetched_bytes": 0,
+            "uploaded_bytes": 0,
+        }
 
     def key_of(self, kind: str, entry: str) -> str:
-        return Client.key(fields(self.model, kind, entry, self.device,
-                                 self.tools, self.arch, self.options))
+        return Client.key(
+            fields(
+                self.model,
+                kind,
+                entry,
+                self.device,
+                self.tools,
+                self.arch,
+                self.options,
+            )
+        )
 
     def _mine(self, b: Mapping[str, Any]) -> bool:
         bucket = b.get("bucket") or {}
-        return (b.get("arch") == self.arch and b.get("toolchain") == self.tools
-                and len(bucket) == 1 and next(iter(bucket)) in KINDS)
+        return (
+            b.get("arch") == self.arch
+            and b.get("toolchain") == self.tools
+            and len(bucket) == 1
+            and next(iter(bucket)) in KINDS
+        )
 
     def list(self) -> Dict[str, Dict[str, Any]]:
         """This toolchain's bundles of the model, by key (one request)."""
         got = model_list(self.client, self.model)
-        self.listed = {b["key"]: b for b in got.get("bundles", [])
-                       if self._mine(b)}
+        self.listed = {
+            b["key"]: b for b in got.get("bundles", []) if self._mine(b)
+        }
         self.stats["listed"] = len(self.listed)
         return self.listed
 
@@ -228,8 +305,9 @@ class Entries:
         bundle that fails is counted and skipped."""
         os.makedirs(self.root, exist_ok=True)
         listed = self.list()
-        local = {self.key_of(kind, e) for e, (kind, _) in
-                 scan(self.root).items()}
+        local = {
+            self.key_of(kind, e) for e, (kind, _) in scan(self.root).items()
+        }
         want = sorted(k for k in listed if k not in local)
         self.stats["present"] += len(listed) - len(want)
         if not want or self.cancel.is_set():
@@ -284,8 +362,15 @@ class Entries:
                     pass
 
     def _push(self, kind: str, entry: str, files: List[str]) -> Manifest:
-        f = fields(self.model, kind, entry, self.device, self.tools,
-                   self.arch, self.options)
+        f = fields(
+            self.model,
+            kind,
+            entry,
+            self.device,
+            self.tools,
+            self.arch,
+            self.options,
+        )
         with tempfile.TemporaryDirectory(prefix="kcache-entry-") as tmp:
             for rel in files:
                 dst = os.path.join(tmp, rel)
@@ -302,12 +387,15 @@ class Entries:
         another model holds is refused by kcached (stats say so)."""
         if not self.name:
             return
-        w = {"schema": "kcache.warmup/v1",
-             "model": {"name": self.name, "hash": self.model},
-             "archs": [self.arch],
-             "buckets": [{k: 1} for k in KINDS],
-             "builder": {"command": ["kcache-torch-entries-are-built-by-"
-                                     "torch.compile"]}}
+        w = {
+            "schema": "kcache.warmup/v1",
+            "model": {"name": self.name, "hash": self.model},
+            "archs": [self.arch],
+            "buckets": [{k: 1} for k in KINDS],
+            "builder": {
+                "command": ["kcache-torch-entries-are-built-by-torch.compile"]
+            },
+        }
         try:
             warmup_put(self.client, self.model, w)
             self.stats["name"] = "named"

@@ -1,6 +1,7 @@
 """kcache.torch.keys: the key fields of what kcache.torch stores: the
 model's hash, the device's arch, and the toolchain (torch, triton, accel,
 CPU ISA, Python ABI). A mismatch in any field is another key: a miss."""
+
 from __future__ import annotations
 
 import functools
@@ -17,8 +18,10 @@ CPU_ARCH = "sm_00"
 
 # ---------------------------------------------------------------- keys
 
+
 def _torch():
     import torch  # imported on use: `import kcache` does not need torch
+
     return torch
 
 
@@ -45,10 +48,14 @@ def _isa_candidates() -> list:
     did it)."""
     import platform
     from torch._inductor import cpu_vec_isa as v
+
     if platform.machine() in ("x86_64", "AMD64"):
         flags = v.x86_isa_checker()
-        return [isa for isa in v.supported_vec_isa_list
-                if all(f in flags for f in str(isa).split())]
+        return [
+            isa
+            for isa in v.supported_vec_isa_list
+            if all(f in flags for f in str(isa).split())
+        ]
     return list(v.valid_vec_isa_list())  # no probe compiles elsewhere
 
 
@@ -65,17 +72,19 @@ def cpu_isa() -> str:
     try:
         from torch._inductor import config as iconfig
         from torch._inductor import cpu_vec_isa as v
+
         cands = _isa_candidates()
         isa: Any = v.invalid_vec_isa
         if cands:
             if iconfig.cpp.simdlen is None:
                 isa = v.get_isa_from_cpu_capability(
-                    os.getenv("ATEN_CPU_CAPABILITY"), cands,
-                    v.invalid_vec_isa)
+                    os.getenv("ATEN_CPU_CAPABILITY"), cands, v.invalid_vec_isa
+                )
             else:
-                isa = next((i for i in cands
-                            if i.bit_width() == iconfig.cpp.simdlen),
-                           v.invalid_vec_isa)
+                isa = next(
+                    (i for i in cands if i.bit_width() == iconfig.cpp.simdlen),
+                    v.invalid_vec_isa,
+                )
         _ISA = str(isa) or "none"
     except Exception:  # a torch without Inductor's CPU backend
         try:
@@ -96,7 +105,9 @@ def device_arch(device: Optional[str] = None) -> Tuple[str, Dict[str, str]]:
     dev = torch.device(device)
     extra: Dict[str, str] = {}
     if dev.type == "cuda":
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        idx = (
+            dev.index if dev.index is not None else torch.cuda.current_device()
+        )
         if torch.version.hip:
             props = torch.cuda.get_device_properties(idx)
             extra["gfx"] = str(getattr(props, "gcnArchName", "unknown"))[:128]
@@ -107,7 +118,7 @@ def device_arch(device: Optional[str] = None) -> Tuple[str, Dict[str, str]]:
 
 
 def accel(device: Optional[str] = None) -> str:
-    """"cuda-<version>", "rocm-<version>" or "cpu": what the compiled code
+    """ "cuda-<version>", "rocm-<version>" or "cpu": what the compiled code
     is for."""
     torch = _torch()
     if device is None:
@@ -119,8 +130,9 @@ def accel(device: Optional[str] = None) -> str:
     return "cuda-%s" % torch.version.cuda
 
 
-_MODEL_HASHES: "weakref.WeakKeyDictionary[Any, str]" = \
+_MODEL_HASHES: "weakref.WeakKeyDictionary[Any, str]" = (
     weakref.WeakKeyDictionary()
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,6 +148,7 @@ def _shape(t: Any) -> str:
     first forward (UninitializedParameter has none yet)."""
     try:
         from torch.nn.parameter import UninitializedTensorMixin
+
         if isinstance(t, UninitializedTensorMixin):
             return "lazy"
     except Exception:
@@ -157,8 +170,9 @@ def model_hash(model: Any) -> str:
     if isinstance(model, str):
         if len(model) == 64 and all(c in "0123456789abcdef" for c in model):
             return model
-        return hashlib.sha256(b"kcache-torch-model/1\0" +
-                              model.encode()).hexdigest()
+        return hashlib.sha256(
+            b"kcache-torch-model/1\0" + model.encode()
+        ).hexdigest()
     try:
         got = _MODEL_HASHES.get(model)
     except TypeError:  # not weak-referenceable
@@ -166,8 +180,12 @@ def model_hash(model: Any) -> str:
     if got is not None:
         return got
     h = hashlib.sha256(b"kcache-torch-module/1\0")
-    h.update(type(model).__module__.encode() + b"." +
-             type(model).__qualname__.encode() + b"\0")
+    h.update(
+        type(model).__module__.encode()
+        + b"."
+        + type(model).__qualname__.encode()
+        + b"\0"
+    )
     seen = set()
     mods = model.modules() if hasattr(model, "modules") else [model]
     for m in mods:
@@ -179,8 +197,9 @@ def model_hash(model: Any) -> str:
     h.update(repr(model).encode())
     for kind in ("named_parameters", "named_buffers"):
         for name, t in getattr(model, kind, lambda: [])():
-            h.update(("%s %s %s %s\n" % (kind, name, _shape(t),
-                                         t.dtype)).encode())
+            h.update(
+                ("%s %s %s %s\n" % (kind, name, _shape(t), t.dtype)).encode()
+            )
     out = h.hexdigest()
     try:
         _MODEL_HASHES[model] = out
@@ -194,9 +213,12 @@ def toolchain(device: Optional[str] = None) -> Dict[str, str]:
     importable), accel ("cuda-12.8", "rocm-6.3", "cpu"), cpu_isa (stable,
     cpu_isa()), python (the ABI, sysconfig SOABI), gfx on ROCm."""
     _, extra = device_arch(device)
-    tools = {"torch": torch_version(), "accel": accel(device),
-             "cpu_isa": cpu_isa(),
-             "python": sysconfig.get_config_var("SOABI") or "unknown"}
+    tools = {
+        "torch": torch_version(),
+        "accel": accel(device),
+        "cpu_isa": cpu_isa(),
+        "python": sysconfig.get_config_var("SOABI") or "unknown",
+    }
     tv = _triton_version()
     if tv:
         tools["triton"] = tv
@@ -204,18 +226,27 @@ def toolchain(device: Optional[str] = None) -> Dict[str, str]:
     return tools
 
 
-def key_fields(kind: str, model: Any, layer: int = 0,
-               device: Optional[str] = None,
-               options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+def key_fields(
+    kind: str,
+    model: Any,
+    layer: int = 0,
+    device: Optional[str] = None,
+    options: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
     """The key fields of one bundle of `kind` ("mega", "inductor-dir",
     "triton-dir") for model on device, layer n. options: anything else that
     changes what is compiled (torch.compile's mode, dynamic, backend...)."""
     arch, _ = device_arch(device)
     tools = toolchain(device)
-    build = json.dumps({"builder": BUILDER, "kind": kind,
-                        "options": dict(options or {})}, sort_keys=True,
-                       default=str)
-    return {"model": model_hash(model),
-            "build": hashlib.sha256(build.encode()).hexdigest(),
-            "arch": arch, "bucket": {"layer": int(layer)},
-            "toolchain": tools}
+    build = json.dumps(
+        {"builder": BUILDER, "kind": kind, "options": dict(options or {})},
+        sort_keys=True,
+        default=str,
+    )
+    return {
+        "model": model_hash(model),
+        "build": hashlib.sha256(build.encode()).hexdigest(),
+        "arch": arch,
+        "bucket": {"layer": int(layer)},
+        "toolchain": tools,
+    }
