@@ -602,8 +602,8 @@ static kc_err lookup_once(const lk_conn *k, const char *const *keys, size_t n,
 }
 
 /* Asks again for the keys an answer left out for its size (docs/DESIGN.md,
- * "truncated"): one lookup of them; *n_left becomes how many this answer
- * left out in turn, *got how many it brought. */
+ * "HTTP API", POST /v1/lookup's "truncated"): one lookup of them; *n_left
+ * becomes how many this answer left out in turn, *got how many it brought. */
 static kc_err lookup_rest(const lk_conn *lk, const char *const *keys, size_t n,
                           kc_manifest **found, kc_err *refused, char *left,
                           size_t *n_left, size_t *got, char *err) {

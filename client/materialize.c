@@ -10,7 +10,7 @@
  * through a link needs a chmod first (by the cache's owner) or root. What
  * such a writer changes is caught by the cache's re-hash on its next use
  * and fetched again; a file already linked under another --out keeps it
- * until its warm runs again; docs/DESIGN.md, "--out". */
+ * until its warm runs again; docs/DESIGN.md, "Client warmup", step 5. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

@@ -27,7 +27,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-/* docs/DESIGN.md, "HTTP API (v1)". */
+/* docs/DESIGN.md, "HTTP API". */
 static const struct ref_route {
   const char *path; /* exact, or prefix when param */
   kcd_route_id id;
