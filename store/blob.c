@@ -351,15 +351,16 @@ static kc_err put_checked(kc_store *s, blob_src *src, int *created, char *err) {
   /* a repair takes the place of the held copy: no room to make */
   if (!src->repair && (e = kcs_maybe_evict(s, src->len, err)))
     return e;
+  /* A client's upload is offered too: its manifest comes last, and a RESP
+   * key of the same bytes deleted or evicted meanwhile must not free it
+   * (kv_unref, kcs_blob_unref ask kcs_blob_touched). Marked before the
+   * commit, so no moment is left between them; until a manifest references
+   * it (bundle.c): then eviction frees it at once again. */
+  if (!src->from_tier && !src->repair)
+    kcs_uses_record(&s->fresh, src->digest, kcs_now());
   e = kcs_write(s, put_op, src, err);
   if (!e && src->repair)
     kc_store_blob_touch(s, src->digest); /* an orphan's window starts anew */
-  /* A client's first upload is offered too: its manifest comes last, and a
-   * RESP key of the same bytes deleted or evicted meanwhile must not free
-   * it (kv_unref, kcs_blob_unref ask kcs_blob_touched). Until a manifest
-   * references it (bundle.c): then eviction frees it at once again. */
-  if (!e && src->created && !src->from_tier)
-    kcs_uses_record(&s->fresh, src->digest, kcs_now());
   if (!e && src->created && !src->from_tier)
     kcs_tier_kick(s);
   if (!e && created)
@@ -702,6 +703,13 @@ int kcs_blob_touched(kc_store *s, const char *digest, int64_t now) {
 }
 
 /* An orphan offered again starts its upload window and grace anew. */
+static kc_err retouch_op(kc_store *s, MDB_txn *txn, void *ud, char *err);
+
+kc_err kcs_blob_retouch(kc_store *s, MDB_txn *txn, const char *digest,
+                        char *err) {
+  return retouch_op(s, txn, (void *)digest, err);
+}
+
 static kc_err retouch_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   const char *digest = ud;
   kcs_blob_meta bm;

@@ -142,10 +142,8 @@ static kc_err put_op(kc_store *s, MDB_txn *txn, void *ud, char *err) {
   kc_err e = find_missing(s, txn, c, err);
   if (!e)
     e = check_sizes(s, txn, c->m, err);
-  for (size_t i = 0; !e && i < c->n_digests; i++) {
+  for (size_t i = 0; !e && i < c->n_digests; i++)
     e = kcs_blob_ref(s, txn, c->digests[i], err);
-    kcs_uses_forget(&s->fresh, c->digests[i]); /* its manifest came */
-  }
   if (!e)
     e = put_records(s, txn, c, err);
   if (!e && c->queue)
@@ -189,6 +187,11 @@ kc_err kcs_bundle_put(kc_store *s, const kc_manifest *m, int mode, int *created,
   } else {
     kc_store_strv_free(c.missing, c.n_missing);
   }
+  /* Its manifest came: the blobs' first-upload marks end, but only once
+   * committed (an aborted try, then eviction, must find them still
+   * marked). */
+  for (size_t i = 0; !e && c.created && i < c.n_digests; i++)
+    kcs_uses_forget(&s->fresh, c.digests[i]);
   if (!e && c.created && c.queue)
     kcs_tier_kick(s);
   if (!e && created)

@@ -120,21 +120,37 @@ int kcs_first_unqueued(kc_store *s, MDB_txn *txn, MDB_dbi dbi,
   return found;
 }
 
-/* Drops the oldest orphan blob. 1 dropped, 0 none left, <0 error in *e. */
+/* Drops the oldest orphan blob. 1 dropped, 0 none left, <0 error in *e.
+ * An orphan spared since it became one (kc_store_blob_spare: a slow client
+ * reading it in pieces; kc_store_blob_touch: offered again) is not
+ * dropped: its orphan time moves to now, and the next oldest is looked
+ * at. (A first upload's window is older_than's business.) */
 static int drop_orphan(kc_store *s, MDB_txn *txn, int64_t older_than, kc_err *e,
                        char *err) {
-  char digest[KC_HEX_LEN + 1];
-  int64_t since = 0;
-  if (first_of(txn, s->orphans, digest, &since) || since >= older_than)
-    return 0;
-  MDB_val k = kcs_hex_val(digest), v;
-  kcs_blob_meta bm;
-  if (mdb_get(txn, s->blobmeta, &k, &v) || kcs_blob_meta_read(&v, &bm)) {
-    *e = kc_errf(err, KC_CORRUPT, "orphan %s has no metadata", digest);
-    return -1;
+  char digest[KC_HEX_LEN + 1], last[KC_HEX_LEN + 1] = "";
+  int64_t since = 0, now = kcs_now();
+  for (int skipped = 0; skipped < 64; skipped++) {
+    if (first_of(txn, s->orphans, digest, &since) || since >= older_than ||
+        !strcmp(digest, last)) /* the one just moved on came first again */
+      return 0;
+    /* spared (touched) since it became an orphan, and lately */
+    int64_t spared = kcs_uses_last(&s->touched, digest);
+    if (spared >= since && spared > now - KCS_UPLOAD_WINDOW_S) {
+      if ((*e = kcs_blob_retouch(s, txn, digest, err)))
+        return -1;
+      memcpy(last, digest, sizeof last);
+      continue;
+    }
+    MDB_val k = kcs_hex_val(digest), v;
+    kcs_blob_meta bm;
+    if (mdb_get(txn, s->blobmeta, &k, &v) || kcs_blob_meta_read(&v, &bm)) {
+      *e = kc_errf(err, KC_CORRUPT, "orphan %s has no metadata", digest);
+      return -1;
+    }
+    *e = kcs_blob_drop(s, txn, digest, &bm, err);
+    return *e ? -1 : 1;
   }
-  *e = kcs_blob_drop(s, txn, digest, &bm, err);
-  return *e ? -1 : 1;
+  return 0; /* 64 marked in a row: the rest waits for the next pass */
 }
 
 /* Evicts at most `limit` items; *done when below target or nothing is left. */

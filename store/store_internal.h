@@ -415,6 +415,10 @@ kc_err kcs_evict_some(kc_store *s, MDB_txn *txn, uint64_t target, size_t limit,
 /* blob.c: 1 if a client offered this blob within the upload window (again,
  * or first, for a manifest still to come). */
 int kcs_blob_touched(kc_store *s, const char *digest, int64_t now);
+/* An orphan's time moves to now in txn (its grace starts anew); a blob
+ * that is referenced or absent is left alone. */
+kc_err kcs_blob_retouch(kc_store *s, MDB_txn *txn, const char *digest,
+                        char *err);
 
 /* models.c: the longest model.name the name index takes (an LMDB key;
  * the warmup schema allows 255 bytes). */

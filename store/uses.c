@@ -98,11 +98,22 @@ void kcs_uses_forget(kcs_uses *u, const char *key) {
   pthread_mutex_unlock(&u->lock);
 }
 
+/* Rebuilt under the lock, never emptied first: a reader asking whether a
+ * key is marked (kcs_blob_touched, on a thread that evicts) must never see
+ * a kept mark missing for a moment. Out of memory: nothing is pruned. */
 void kcs_uses_prune(kcs_uses *u, int64_t before) {
-  kcs_use *all;
-  size_t n = kcs_uses_take(u, &all);
-  for (size_t i = 0; i < n; i++)
-    if (all[i].last_used >= before)
-      kcs_uses_record(u, all[i].key, all[i].last_used);
-  free(all);
+  pthread_mutex_lock(&u->lock);
+  kcs_use *slots = u->slots ? calloc(u->cap, sizeof *slots) : NULL;
+  if (slots) {
+    size_t n = 0;
+    for (size_t i = 0; i < u->cap; i++)
+      if (u->slots[i].used && u->slots[i].last_used >= before) {
+        *probe(slots, u->cap, u->slots[i].key) = u->slots[i];
+        n++;
+      }
+    free(u->slots);
+    u->slots = slots;
+    u->n = n;
+  }
+  pthread_mutex_unlock(&u->lock);
 }

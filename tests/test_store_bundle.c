@@ -356,6 +356,24 @@ static void test_gc_unreferenced_upload(void **state) {
   kc_store_close(s);
 }
 
+/* An orphan a slow client is reading in pieces (spared after it became an
+ * orphan) outlives its grace: GC moves its orphan time on instead of
+ * dropping it mid-body; one not spared goes. */
+static void test_gc_spares_a_blob_being_read(void **state) {
+  fx *f = *state;
+  const uint64_t grace = 300;
+  kc_store *s = open_store(f->dir, 0, 0, grace);
+  char read[KC_HEX_LEN + 1], idle[KC_HEX_LEN + 1];
+  put_seed(s, 4096, 80, read);
+  put_seed(s, 4096, 81, idle);
+  kc_store_blob_spare(s, read);
+  int64_t now = (int64_t)time(NULL);
+  OK(kc_store_gc(s, now + (int64_t)grace + 2, errbuf));
+  assert_true(blob_present(s, read));
+  assert_false(blob_present(s, idle));
+  kc_store_close(s);
+}
+
 /* ======================================================================= */
 /* model listing, stats, hits                                               */
 
@@ -572,11 +590,17 @@ static void test_reads_do_not_write(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      ST(test_bundle_roundtrip),       ST(test_bundle_write_once),
-      ST(test_bundle_missing_blobs),   ST(test_bundle_invalid),
-      ST(test_delete_refcount_gc),     ST(test_refcount_same_blob_twice),
-      ST(test_gc_unreferenced_upload), ST(test_model_list),
-      ST(test_stats_hits_misses),      ST(test_reads_do_not_write),
+      ST(test_bundle_roundtrip),
+      ST(test_bundle_write_once),
+      ST(test_bundle_missing_blobs),
+      ST(test_bundle_invalid),
+      ST(test_delete_refcount_gc),
+      ST(test_refcount_same_blob_twice),
+      ST(test_gc_unreferenced_upload),
+      ST(test_gc_spares_a_blob_being_read),
+      ST(test_model_list),
+      ST(test_stats_hits_misses),
+      ST(test_reads_do_not_write),
       ST(test_bundle_size_mismatch),
   };
   return storetest_run("store_bundle", tests, sizeof tests / sizeof tests[0]);

@@ -173,6 +173,9 @@ int kcd_blob_get(kcd_req *r) {
       (rc = kcd_reply_lent(r, data, len, "application/octet-stream", h)) >= 0)
     return rc;
   if (len > KCD_ZERO_COPY_MAX) {
+    /* spared before the read ends: no eviction between it and the first
+     * piece's own read */
+    kc_store_blob_spare(kcd_store(r->st), r->param);
     kc_store_read_end(r->read);
     r->read = NULL;
     return reply_pieces(r, len, h);

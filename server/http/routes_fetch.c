@@ -49,7 +49,21 @@ typedef struct answer {
   size_t line_len; /* the current item's line */
   char line[LINE_MAX_];
   kc_store_blob_stream *dec; /* the current item's decoder, when decode */
+  int64_t spared_ms;         /* when every item still to send was spared */
 } answer;
+
+/* Spares are marks that lapse (the store's upload window): an answer read
+ * slowly renews the current item's with every piece, and every minute
+ * those of the items still to come. */
+static void spare_rest(answer *a) {
+  int64_t now = (int64_t)(kc_clock_mono_us() / 1000);
+  if (now - a->spared_ms < 60000)
+    return;
+  a->spared_ms = now;
+  for (size_t i = a->cur; i < a->n; i++)
+    if (!a->it[i].missing)
+      kc_store_blob_spare(a->s, a->it[i].digest);
+}
 
 static const char *enc_name(const item *x) {
   return x->missing                              ? "missing"
@@ -114,6 +128,7 @@ static long answer_piece(void *cls, uint64_t pos, char *buf, size_t max) {
   answer *a = cls;
   kc_store_read *rd = NULL;
   size_t used = 0;
+  spare_rest(a);
   while (used < max && a->cur < a->n) {
     const item *x = &a->it[a->cur];
     if (a->off < a->line_len) {
@@ -129,8 +144,7 @@ static long answer_piece(void *cls, uint64_t pos, char *buf, size_t max) {
       next_item(a);
       continue;
     }
-    if (at == 0) /* renewed: the look-up's may be old by now */
-      kc_store_blob_spare(a->s, x->digest);
+    kc_store_blob_spare(a->s, x->digest); /* renewed with every piece */
     long n = x->decode ? copy_decoded(a, &rd, x, buf + used, max - used)
                        : copy_held(a, &rd, x, at, buf + used, max - used);
     if (n < 0 || (uint64_t)n > x->len - at) {

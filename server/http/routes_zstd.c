@@ -120,6 +120,10 @@ static int reply_frame(kcd_req *r, const char *const *h) {
   kc_err e = kc_store_read_begin(kcd_store(r->st), &r->read);
   if (!e)
     e = kc_store_blob_get_stored(r->read, r->param, &data, &len, &enc, NULL);
+  /* stored raw since the stream was chosen (dropped, then uploaded plain):
+   * never raw bytes under Content-Encoding: zstd */
+  if (!e && enc != KC_STORE_ZSTD)
+    e = KC_BUSY;
   int ret = e ? kcd_reply_error_json(r, e, "cannot read the blob", NULL, NULL)
               : kcd_reply(r, 200, "application/octet-stream", data, len,
                           KCD_MEM_COPY, h);
