@@ -15,7 +15,8 @@
  *   resp_commit.c the committer thread: the group commit of writes
  *   resp_job.c    a job's life: made, filled, handed to the committer and
  *                 back, answered, freed
- *   resp_cmd.c    the command table, arity, auth and role checks, MULTI
+ *   resp_cmd.c    the command table, arity, auth and role checks, MULTI;
+ *                 Redis's error replies (a store error's), expire arithmetic
  *   resp_kv.c     the string commands (GET/SET family, TTL, EXISTS, ...)
  *   resp_keys.c   EXPIRE and kin, SCAN, KEYS; the replies of committed writes
  *   resp_admin.c  connection and server commands (HELLO, AUTH, CONFIG, ...)
