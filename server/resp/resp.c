@@ -531,6 +531,18 @@ static void round_end(kcd_resp *r) {
   r->rd = NULL;
 }
 
+kc_err kcd_resp_read_lend(kcd_resp_conn *c, kc_store *s) {
+  kcd_resp *r = c->srv;
+  if (c->rd)
+    return KC_OK;
+  /* begun by the round's first batch that reads */
+  kc_err e = r->rd ? KC_OK : kc_store_read_begin(s, &r->rd);
+  if (e)
+    r->rd = NULL;
+  c->rd = r->rd;
+  return e;
+}
+
 /* Ending the round's read mid-batch: this connection's replies that point
  * into it are copied into out first. No other connection holds any: each
  * one's batch is followed by its write (conn_flush), which settles them. */

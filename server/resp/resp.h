@@ -415,6 +415,10 @@ typedef struct kcd_resp_ctx {
 /* The read transaction of this batch (begun on first use); NULL with an
  * error reply written when the store is not open or LMDB refuses. */
 kc_store_read *kcd_resp_read(kcd_resp_ctx *x);
+/* Lends c's batch the round's read (c->rd), begun here when the round has
+ * none; resp.c ends it (round_end). The error, with c->rd NULL, when LMDB
+ * refuses one; no reply written. */
+kc_err kcd_resp_read_lend(kcd_resp_conn *c, kc_store *s);
 /* Called by a command that opens its own read of the store (SCAN, KEYS,
  * DBSIZE, INFO's counts) before it does: ends the round's read, so the
  * commands after it begin a newer one (resp.c, round_end). */

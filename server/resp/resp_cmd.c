@@ -183,20 +183,15 @@ kc_store *kcd_resp_store(kcd_resp_ctx *x) {
 
 kc_store_read *kcd_resp_read(kcd_resp_ctx *x) {
   kcd_resp_conn *c = x->c;
-  kcd_resp *r = c->srv;
   if (c->rd)
     return c->rd;
   kc_store *s = kcd_resp_store(x);
   if (!s)
     return NULL;
-  /* the round's read, begun by its first batch that reads (resp.c,
-   * round_end) */
-  kc_err e = r->rd ? KC_OK : kc_store_read_begin(s, &r->rd);
-  if (e) {
-    r->rd = NULL;
+  kc_err e = kcd_resp_read_lend(c, s); /* the round's read (resp.c) */
+  if (e)
     kcd_resp_errorf(x->out, "ERR %s", kc_strerror(e));
-  }
-  return c->rd = r->rd;
+  return c->rd;
 }
 
 /* ---- dispatch ---- */

@@ -239,13 +239,8 @@ static int set_settled(kcd_resp_ctx *x, kc_store_kv_op *o, kcd_resp_rk rk) {
     return 0;
   /* the batch's read (kcd_resp_read's), but no error reply when LMDB
    * refuses one (no reader slot): the SET then just goes to the commit */
-  kcd_resp *r = c->srv;
-  if (!c->rd && !r->rd && kc_store_read_begin(s, &r->rd) != KC_OK) {
-    r->rd = NULL;
+  if (kcd_resp_read_lend(c, s) != KC_OK)
     return 0;
-  }
-  if (!c->rd)
-    c->rd = r->rd; /* the round's read (resp.c, round_end) */
   if (!kcd_svc_kv_set_settled(x->st, KCD_FE_RESP, c->rd, o, x->now_ms))
     return 0;
   if (rk == KCD_RK_SUM)
