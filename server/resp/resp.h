@@ -437,6 +437,10 @@ void kcd_resp_fetch_submit(kcd_resp *r, kcd_resp_job *j);
 int kcd_resp_fetch_start(kcd_resp *r);
 void kcd_resp_fetch_stop(kcd_resp *r);
 
+/* Appends j to a job queue (head, tail), under the queue's lock: the
+ * committer's, the fetchers' and the listener's (resp_job.c). */
+void kcd_resp_job_append(kcd_resp_job **head, kcd_resp_job **tail,
+                         kcd_resp_job *j);
 /* Hands a job with ops to the committer (resp_job.c). */
 void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j);
 int kcd_resp_commit_start(kcd_resp *r);
