@@ -389,13 +389,12 @@ void kcd_dentry_release(void *e);
 #define KCD_FETCH_CTYPE "application/vnd.kcache.blobs"
 int kcd_blobs_fetch(kcd_req *r);
 
-/* ---- bundles, lookup, models (routes_bundle.c) ---- */
+/* ---- bundles, lookup (routes_bundle.c) ---- */
 
 int kcd_bundle_get(kcd_req *r);
 int kcd_bundle_put(kcd_req *r);
 int kcd_bundle_delete(kcd_req *r);
 int kcd_lookup(kcd_req *r);
-int kcd_models_get(kcd_req *r);
 
 /* ---- leases (routes_lease.c) ---- */
 
@@ -409,6 +408,7 @@ int kcd_demand_get(kcd_req *r);
 /* ---- models, coverage, history, the page (routes_models.c, page.c) ---- */
 
 int kcd_models_index(kcd_req *r); /* GET /v1/models?limit&cursor */
+int kcd_models_get(kcd_req *r);   /* GET /v1/models/{model} */
 int kcd_warmup_get(kcd_req *r);
 int kcd_warmup_put(kcd_req *r);
 int kcd_coverage_get(kcd_req *r);
