@@ -203,6 +203,17 @@ int kcd_framing_scan(kcd_scan *s, const char *p, size_t n);
  * kcd_framing_scan returned. */
 const char *kcd_framing_scan_answer(int verdict, size_t *len);
 
+/* ---- kcached's recv() (recv.c) ---- */
+
+/* The table of scanned descriptors (sized to the open-file limit); 0 when
+ * there is no memory for it, and then nothing is scanned. */
+int kcd_recv_init(void);
+/* From now on recv() feeds fd's received bytes to s (NULL: to none);
+ * cleared before the descriptor closes. */
+void kcd_recv_scan(int fd, kcd_scan *s);
+/* Connections answered and closed by the scan since the last call. */
+size_t kcd_recv_refused_take(void);
+
 /* ---- requests (http.c) ---- */
 
 /* What the handler of a route sees. Pointers live until the request ends. */
