@@ -231,6 +231,10 @@ kc_err kc_bucket_pow2(uint64_t n, uint64_t min, uint64_t max, uint64_t *out);
  * KC_TOO_LARGE. */
 kc_err kc_bucket_boundary(uint64_t n, const uint64_t *bounds, size_t n_bounds,
                           uint64_t *out);
+/* A bucket as a new JSON object {"name": value, ...} in its dims' order;
+ * NULL without memory. Every bucket kcache writes as JSON goes through it
+ * (the key's canonical form is json_out.c's, sorted). */
+struct json_t *kc_bucket_to_json(const kc_bucket *b);
 
 /* ---- Hex and clocks (hexclock.c) ---- */
 

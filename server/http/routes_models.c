@@ -46,14 +46,6 @@ static int collect_bundle(const kc_store_bundle_info *info, void *ud) {
   return !o || json_array_append_new(ud, o);
 }
 
-static json_t *bucket_json(const kc_bucket *b) {
-  json_t *o = json_object();
-  for (size_t i = 0; o && i < b->n; i++)
-    json_object_set_new(o, b->dims[i].name,
-                        json_integer((json_int_t)b->dims[i].value));
-  return o;
-}
-
 /* 1 when the array holds a value equal to v. */
 static int in_array(json_t *arr, json_t *v) {
   size_t i;
@@ -76,7 +68,7 @@ static void cov_from_warmup(cov *c, const char *json, size_t len) {
   c->expected = 1;
   c->name = strdup(w->model_name);
   for (size_t i = 0; i < w->n_buckets; i++)
-    json_array_append_new(c->buckets, bucket_json(&w->buckets[i]));
+    json_array_append_new(c->buckets, kc_bucket_to_json(&w->buckets[i]));
   c->manifest_archs = json_array();
   for (size_t i = 0; i < w->n_archs; i++)
     json_array_append_new(c->manifest_archs, json_string(w->archs[i]));
