@@ -249,6 +249,10 @@ int kc_hex_decode(const char *hex, size_t n, unsigned char *out);
 int64_t kc_clock_wall_ms(void);
 /* The monotonic clock (CLOCK_MONOTONIC), microseconds: for intervals. */
 uint64_t kc_clock_mono_us(void);
+/* The same in milliseconds, signed (deadlines and idle times subtract):
+ * the one millisecond monotonic clock of kcached, libkcache and the store
+ * (store/reads.c's read ages alone use a coarser one). */
+int64_t kc_clock_mono_ms(void);
 /* The time `us` microseconds from now on clock clk: a deadline for
  * pthread_cond_timedwait on a condition variable of that clock. */
 struct timespec kc_clock_deadline(clockid_t clk, uint64_t us);

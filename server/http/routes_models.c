@@ -183,8 +183,7 @@ static void mark_building(kcd_req *r, const cov *c, json_t *cell,
     int ok = txt && !kc_key_fields_parse(txt, strlen(txt), &kf, NULL) &&
              !kc_key_compute(&kf, key, NULL);
     free(txt);
-    if (ok &&
-        kcd_lease_held(r->st->leases, key, kc_clock_mono_us() / 1000, holder)) {
+    if (ok && kcd_lease_held(r->st->leases, key, kc_clock_mono_ms(), holder)) {
       json_object_set_new(cell, "state", json_string("building"));
       json_object_set_new(cell, "holder", json_string(holder));
       json_object_set_new(cell, "key", json_string(key));

@@ -74,12 +74,6 @@
 #define KCD_RESP_POOL_BYTES (32u << 20) /* their capacity in all */
 #define KCD_RESP_POOL_IDLE_MS 2000      /* freed after this without a taker */
 
-/* Milliseconds of the monotonic clock (kc_clock_mono_us's), for the pools' idle
- * times. */
-static inline int64_t kcd_resp_mono_ms(void) {
-  return (int64_t)(kc_clock_mono_us() / 1000);
-}
-
 /* ---- key families (resp_family.c) ----
  * A key's family is its prefix before the first ':' ("pt2:..." -> "pt2");
  * the first KCD_RESP_FAMILIES names seen get their own counters, every

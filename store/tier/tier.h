@@ -67,7 +67,6 @@ struct kcs_tier {
   _Atomic uint64_t dur[KC_STORE_S3_BUCKETS + 1], dur_sum_us;
 };
 
-uint64_t kcs_mono_ms(void);
 void kcs_tier_logf(kcs_tier *t, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* "PREFIX/KIND/hex" (kind "blobs", "bundles", "leases") into out. */

@@ -367,7 +367,7 @@ static kc_err get_bundle(kcs_tier *t, const char *key, fetch_ctx *c,
 }
 
 kc_err kcs_tier_down(kcs_tier *t, int quiet, char *err) {
-  if (kcs_mono_ms() >= atomic_load(&t->down_until_ms))
+  if ((uint64_t)kc_clock_mono_ms() >= atomic_load(&t->down_until_ms))
     return KC_OK;
   if (!quiet)
     atomic_fetch_add(&t->rt_error, 1);
