@@ -153,7 +153,7 @@ static kc_err build_nvrtc(kc_client *c, const kc_warmup *w,
                           const kc_key_fields *f, double seconds,
                           kc_manifest *m, char *err) {
   char ver[16] = "", builder[64];
-  int64_t t0 = kcc_now_ms();
+  int64_t t0 = kc_clock_mono_ms();
   kc_err e = kc_gpu_nvrtc_version(ver, err);
   if (!e && !nvrtc_matches(f, ver))
     e = kc_errf(err, KC_BUILD_FAILED,
@@ -163,14 +163,15 @@ static kc_err build_nvrtc(kc_client *c, const kc_warmup *w,
                 "under the wrong key",
                 ver);
   for (size_t i = 0; !e && i < w->n_kernels; i++) {
-    double left = seconds > 0 ? seconds - (kcc_now_ms() - t0) / 1000.0 : 0;
+    double left =
+        seconds > 0 ? seconds - (kc_clock_mono_ms() - t0) / 1000.0 : 0;
     if (seconds > 0 && left <= 0)
       return kc_errf(err, KC_DEADLINE, "the deadline passed while building");
     e = build_kernel(c, &w->kernels[i], f, timeout_of(w, left), m, err);
   }
   snprintf(builder, sizeof builder, "nvrtc %s", ver);
   if (!e)
-    set_producer(m, builder, (kcc_now_ms() - t0) / 1000.0);
+    set_producer(m, builder, (kc_clock_mono_ms() - t0) / 1000.0);
   return e;
 }
 
@@ -226,7 +227,7 @@ static void child(const kc_warmup *w, char **argv) {
 
 /* Waits for pid, killing its process group after timeout_s. */
 static kc_err wait_child(pid_t pid, int timeout_s, char *err) {
-  int64_t end = kcc_now_ms() + (int64_t)timeout_s * 1000;
+  int64_t end = kc_clock_mono_ms() + (int64_t)timeout_s * 1000;
   int st = 0;
   for (;;) {
     pid_t r = waitpid(pid, &st, WNOHANG);
@@ -234,7 +235,7 @@ static kc_err wait_child(pid_t pid, int timeout_s, char *err) {
       break;
     if (r < 0 && errno != EINTR)
       return kc_errf(err, KC_INTERNAL, "waitpid: %s", strerror(errno));
-    if (kcc_now_ms() >= end) {
+    if (kc_clock_mono_ms() >= end) {
       kill(-pid, SIGKILL);
       waitpid(pid, &st, 0);
       return kc_errf(err, KC_TIMEOUT, "builder command killed after %d s",
@@ -278,7 +279,7 @@ static kc_err build_command(kc_client *c, const kc_warmup *w,
                             const kc_key_fields *f, double seconds,
                             kc_manifest **out, char *err) {
   char dir[PATH_MAX];
-  int64_t t0 = kcc_now_ms();
+  int64_t t0 = kc_clock_mono_ms();
   snprintf(dir, sizeof dir, "%s/tmp/build-XXXXXX", c->cache_dir);
   if (!mkdtemp(dir))
     return kc_errf(err, KC_IO, "mkdtemp %s: %s", dir, strerror(errno));
@@ -286,7 +287,7 @@ static kc_err build_command(kc_client *c, const kc_warmup *w,
   if (!e && (e = kc_bundle_from_dir(c, dir, NULL, f, out, err)) == KC_NOT_FOUND)
     e = kc_errf(err, KC_BUILD_FAILED, "builder command left no file in {out}");
   if (!e) {
-    set_producer(*out, w->command[0], (kcc_now_ms() - t0) / 1000.0);
+    set_producer(*out, w->command[0], (kc_clock_mono_ms() - t0) / 1000.0);
     e = kc_manifest_seal(*out, err);
   }
   kcc_rmtree(dir);

@@ -73,7 +73,7 @@ static kc_err hash_fd(kc_client *c, int fd, uint64_t size, char *buf,
   kc_err e =
       h && (buf || tmp) ? KC_OK : kc_errf(err, KC_NOMEM, "out of memory");
   for (uint64_t done = 0; !e && done < size;) {
-    if (c->deadline_ms && kcc_now_ms() >= c->deadline_ms) {
+    if (c->deadline_ms && kc_clock_mono_ms() >= c->deadline_ms) {
       e = kc_errf(err, KC_DEADLINE,
                   "the deadline passed while checking the local cache");
       break;

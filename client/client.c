@@ -310,7 +310,8 @@ const char *kc_client_cache_dir(const kc_client *c) { return c->cache_dir; }
 int kc_client_has_server(const kc_client *c) { return c->url != NULL; }
 
 void kc_client_set_deadline(kc_client *c, double seconds) {
-  c->deadline_ms = seconds > 0 ? kcc_now_ms() + (int64_t)(seconds * 1000) : 0;
+  c->deadline_ms =
+      seconds > 0 ? kc_clock_mono_ms() + (int64_t)(seconds * 1000) : 0;
   if (seconds > 0 && c->deadline_ms == 0)
     c->deadline_ms = 1; /* 0 would read as none */
 }

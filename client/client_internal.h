@@ -81,7 +81,7 @@ kc_err kcc_http_do_on(kc_client *c, CURL *h, const char *method,
 /* A libcurl failure of method path -> kc_err and its message
  * ("<method> <url><path>: <why>"; detail: libcurl's error buffer, may be ""
  * or NULL): the one place libcurl's codes are mapped. A timeout once
- * deadline_ms (kcc_now_ms's clock; 0: none) has passed is KC_DEADLINE. */
+ * deadline_ms (kc_clock_mono_ms's clock; 0: none) has passed is KC_DEADLINE. */
 kc_err kcc_http_curl_error(const kc_client *c, int64_t deadline_ms, CURLcode rc,
                            const char *method, const char *path,
                            const char *detail, char *err);
@@ -221,7 +221,6 @@ size_t kcc_compat_keys(const kcc_compat *cp, const kc_key_fields *base,
 
 /* ---- files.c ---- */
 
-int64_t kcc_now_ms(void);
 /* mkdir -p, mode 0755 (0700 for the cache root is set by the caller). */
 kc_err kcc_mkdirs(const char *path, char *err);
 /* Writes all len bytes to fd, retrying EINTR; KC_IO with write's errno

@@ -167,19 +167,12 @@ static kc_err post(kc_client *c, CURL *h, const char *body, long timeout_ms,
   return r.status == 200 ? KC_OK : kcc_http_error(&r, "POST /v1/demand", err);
 }
 
-static json_t *shape_json(const kc_bucket *b) {
-  json_t *o = json_object();
-  for (size_t i = 0; o && i < b->n; i++)
-    json_object_set_new(o, b->dims[i].name,
-                        json_integer((json_int_t)b->dims[i].value));
-  return o;
-}
-
 static json_t *slot_json(const dslot *s) {
   json_int_t n = (json_int_t)(s->count > 4294967295u ? 4294967295u : s->count);
   if (s->kind == K_MISS_KEY)
     return json_pack("{ss sI}", "key", s->key, "count", n);
-  return json_pack("{so sI}", "shape", shape_json(&s->shape), "count", n);
+  return json_pack("{so sI}", "shape", kc_bucket_to_json(&s->shape), "count",
+                   n);
 }
 
 /* Sends s[0..n) (one model) in POSTs of at most DEM_BATCH elements. */

@@ -48,18 +48,10 @@ void kc_warm_report_print(const kc_warm_report *r, FILE *f) {
     fprintf(f, "warning: %s\n", r->warning);
 }
 
-static json_t *bucket_json(const kc_bucket *b) {
-  json_t *o = json_object();
-  for (size_t i = 0; o && i < b->n; i++)
-    json_object_set_new(o, b->dims[i].name,
-                        json_integer((json_int_t)b->dims[i].value));
-  return o;
-}
-
 static json_t *item_json(const kc_warm_item *it) {
   json_t *o = json_pack("{ss ss so ss sI sI sf sb}", "key", it->key, "arch",
-                        it->arch, "bucket", bucket_json(&it->bucket), "status",
-                        kc_warm_status_name(it->status), "bytes",
+                        it->arch, "bucket", kc_bucket_to_json(&it->bucket),
+                        "status", kc_warm_status_name(it->status), "bytes",
                         (json_int_t)it->bytes, "files", (json_int_t)it->n_files,
                         "seconds", it->seconds, "uploaded", it->uploaded);
   if (o && it->status == KC_WARM_FAILED)

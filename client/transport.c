@@ -47,14 +47,12 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg) {
   return n;
 }
 
-int64_t kcc_now_ms(void) { return (int64_t)(kc_clock_mono_us() / 1000); }
-
 long kcc_http_budget_ms(const kc_client *c) {
   long t = c->timeout_ms;
   if (c->request_cap_ms > 0 && c->request_cap_ms < t)
     t = c->request_cap_ms;
   if (c->deadline_ms) {
-    int64_t left = c->deadline_ms - kcc_now_ms();
+    int64_t left = c->deadline_ms - kc_clock_mono_ms();
     if (left <= 0)
       return 0;
     if (left < t)
@@ -94,7 +92,7 @@ kc_err kcc_http_curl_error(const kc_client *c, int64_t deadline_ms, CURLcode rc,
   const char *why = detail && *detail ? detail : curl_easy_strerror(rc);
   switch (rc) {
   case CURLE_OPERATION_TIMEDOUT:
-    if (deadline_ms && kcc_now_ms() >= deadline_ms)
+    if (deadline_ms && kc_clock_mono_ms() >= deadline_ms)
       return kc_errf(err, KC_DEADLINE, "%s %s: the deadline passed", method,
                      path);
     return kc_errf(err, KC_TIMEOUT, "%s %s%s: %s", method, c->url, path, why);

@@ -173,7 +173,9 @@ kc_err kc_warm_bundle(kc_client *c, const kc_warmup *w, const kc_bucket *bucket,
 
 /* ---- bookkeeping ---- */
 
-double kcw_since(const wctx *x) { return (kcc_now_ms() - x->t0) / 1000.0; }
+double kcw_since(const wctx *x) {
+  return (kc_clock_mono_ms() - x->t0) / 1000.0;
+}
 
 static uint64_t bundle_bytes(const kc_manifest *m) {
   uint64_t b = 0;
@@ -226,7 +228,7 @@ void kcw_failed(wctx *x, size_t i, kc_err e, const char *msg) {
 }
 
 int kcw_deadline_passed(const wctx *x) {
-  return x->c->deadline_ms && kcc_now_ms() >= x->c->deadline_ms;
+  return x->c->deadline_ms && kc_clock_mono_ms() >= x->c->deadline_ms;
 }
 
 /* 0: no deadline; else what is left, never 0 (a passed deadline must not
@@ -234,7 +236,7 @@ int kcw_deadline_passed(const wctx *x) {
 double kcw_seconds_left(const wctx *x) {
   if (!x->c->deadline_ms)
     return 0;
-  double s = (x->c->deadline_ms - kcc_now_ms()) / 1000.0;
+  double s = (x->c->deadline_ms - kc_clock_mono_ms()) / 1000.0;
   return s > 0.001 ? s : 0.001;
 }
 
@@ -527,7 +529,7 @@ kc_err kc_warm(kc_client *c, const kc_warmup *w, const kc_warm_opts *o,
             .o = o ? o : &none,
             .rep = report,
             .server_ok = kc_client_has_server(c),
-            .t0 = kcc_now_ms(),
+            .t0 = kc_clock_mono_ms(),
             .fetched_as = KC_WARM_HIT_REMOTE};
   x.jobs = build_jobs(x.o);
   x.cant_write = c->cant_write;

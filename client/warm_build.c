@@ -218,7 +218,7 @@ static void build_all(wctx *x, job *jobs, size_t n) {
  * must not cost the whole deadline when this host can build. */
 static void held(wctx *x, size_t i, const kcc_lease_info *li) {
   kc_warm_item *it = &x->rep->items[i];
-  int64_t now = kcc_now_ms();
+  int64_t now = kc_clock_mono_ms();
   x->waiting[i] = 1;
   x->retry_at[i] = now + (int64_t)li->retry_after_s * 1000;
   snprintf(it->lease_holder, sizeof it->lease_holder, "%s",
@@ -369,7 +369,7 @@ static void claim_and_build(wctx *x, int waiting_round) {
       continue;
     if (kcw_deadline_passed(x))
       break;
-    int64_t now = kcc_now_ms();
+    int64_t now = kc_clock_mono_ms();
     if (waiting_round && now < x->retry_at[i]) {
       if (!x->build_at[i] || now < x->build_at[i])
         continue;
@@ -423,7 +423,7 @@ void kcw_phase_wait(wctx *x) {
     if (x->c->deadline_ms && left < nap)
       nap = left;
     for (size_t i = 0; i < x->rep->n_items; i++) { /* a take-over due */
-      double due = (x->build_at[i] - kcc_now_ms()) / 1000.0;
+      double due = (x->build_at[i] - kc_clock_mono_ms()) / 1000.0;
       if (x->pending[i] && x->waiting[i] && x->build_at[i] && due < nap)
         nap = due > 0.01 ? due : 0.01;
     }

@@ -177,7 +177,7 @@ static void note_refused(wctx *x, size_t i, kc_err refused) {
 static long lookup_cap_ms(const wctx *x) {
   if (!x->c->deadline_ms)
     return 0;
-  int64_t half = (x->c->deadline_ms - kcc_now_ms()) / 2;
+  int64_t half = (x->c->deadline_ms - kc_clock_mono_ms()) / 2;
   return half > 1000 ? (long)half : 1000;
 }
 

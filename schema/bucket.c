@@ -1,6 +1,17 @@
 /* bucket.c: padding a concrete size up to its shape bucket, by powers of two
- * or by a list of boundaries, so that a model needs a handful of bundles. */
+ * or by a list of boundaries, so that a model needs a handful of bundles;
+ * a bucket as a JSON object. */
+#include <jansson.h>
+
 #include "kc_schema.h"
+
+json_t *kc_bucket_to_json(const kc_bucket *b) {
+  json_t *o = json_object();
+  for (size_t i = 0; o && i < b->n; i++)
+    json_object_set_new(o, b->dims[i].name,
+                        json_integer((json_int_t)b->dims[i].value));
+  return o;
+}
 
 kc_err kc_bucket_pow2(uint64_t n, uint64_t min, uint64_t max, uint64_t *out) {
   if (!out || min == 0 || max == 0 || min > max)

@@ -58,3 +58,5 @@ uint64_t kc_clock_mono_us(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
+
+int64_t kc_clock_mono_ms(void) { return (int64_t)(kc_clock_mono_us() / 1000); }

@@ -231,6 +231,10 @@ kc_err kc_bucket_pow2(uint64_t n, uint64_t min, uint64_t max, uint64_t *out);
  * KC_TOO_LARGE. */
 kc_err kc_bucket_boundary(uint64_t n, const uint64_t *bounds, size_t n_bounds,
                           uint64_t *out);
+/* A bucket as a new JSON object {"name": value, ...} in its dims' order;
+ * NULL without memory. Every bucket kcache writes as JSON goes through it
+ * (the key's canonical form is json_out.c's, sorted). */
+struct json_t *kc_bucket_to_json(const kc_bucket *b);
 
 /* ---- Hex and clocks (hexclock.c) ---- */
 
@@ -245,6 +249,10 @@ int kc_hex_decode(const char *hex, size_t n, unsigned char *out);
 int64_t kc_clock_wall_ms(void);
 /* The monotonic clock (CLOCK_MONOTONIC), microseconds: for intervals. */
 uint64_t kc_clock_mono_us(void);
+/* The same in milliseconds, signed (deadlines and idle times subtract):
+ * the one millisecond monotonic clock of kcached, libkcache and the store
+ * (store/reads.c's read ages alone use a coarser one). */
+int64_t kc_clock_mono_ms(void);
 /* The time `us` microseconds from now on clock clk: a deadline for
  * pthread_cond_timedwait on a condition variable of that clock. */
 struct timespec kc_clock_deadline(clockid_t clk, uint64_t us);

@@ -201,7 +201,7 @@ static int maintain(kcd_state *st, int64_t *last_gc, int64_t *last_open) {
   int64_t now = kcd_unix_now();
   kcd_log_flush(st);
   kcd_http_sweep(st);
-  kcd_lease_sweep(st->leases, kc_clock_mono_us() / 1000);
+  kcd_lease_sweep(st->leases, kc_clock_mono_ms());
   kcd_history_tick(st, now);
   kc_store *s = kcd_store(st);
   if (!s) {

@@ -90,26 +90,25 @@ kcd_svc_res kcd_svc_blob_offer(kcd_state *st, kcd_fe fe, const char *digest,
 
 /* ---- leases ---- */
 
-static uint64_t now_ms(void) { return kc_clock_mono_us() / 1000; }
-
 static kc_err acquire(kcd_state *st, const char *key, const char *holder,
                       uint64_t ttl_s, kcd_lease_info *info) {
   kc_store *s = kcd_store(st);
-  kc_err e =
-      kcd_lease_acquire(st->leases, key, holder, ttl_s * 1000, now_ms(), info);
+  kc_err e = kcd_lease_acquire(st->leases, key, holder, ttl_s * 1000,
+                               kc_clock_mono_ms(), info);
   /* Our record of a lease its holder released through another replica: the
    * bucket says it ended, so forget it and grant. */
   if (e == KC_LEASED && st->s3 && kc_store_lease_ended(s, key, info->token) &&
-      kcd_lease_release(st->leases, key, info->token, now_ms()) == KC_OK)
-    e = kcd_lease_acquire(st->leases, key, holder, ttl_s * 1000, now_ms(),
-                          info);
+      kcd_lease_release(st->leases, key, info->token, kc_clock_mono_ms()) ==
+          KC_OK)
+    e = kcd_lease_acquire(st->leases, key, holder, ttl_s * 1000,
+                          kc_clock_mono_ms(), info);
   if (e || !st->s3)
     return e;
   uint64_t remaining = 0;
   e = kc_store_lease_acquire(s, key, holder, info->token, ttl_s * 1000,
                              info->holder, &remaining, NULL);
   if (e == KC_LEASED) {
-    kcd_lease_release(st->leases, key, info->token, now_ms());
+    kcd_lease_release(st->leases, key, info->token, kc_clock_mono_ms());
     info->remaining_ms = remaining;
   }
   return e;
@@ -138,7 +137,7 @@ kc_err kcd_svc_lease_take(kcd_state *st, kcd_fe fe, const char *key,
 
 kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
                              const char *token) {
-  kc_err e = kcd_lease_release(st->leases, key, token, now_ms());
+  kc_err e = kcd_lease_release(st->leases, key, token, kc_clock_mono_ms());
   /* Granted here or through another replica (a load balancer need not send
    * the release where the lease came from): the bucket's copy decides, and
    * a local record that disagrees is another replica's stale grant. */

@@ -28,7 +28,6 @@ struct kcs_demand {
   size_t entries[KC_STORE_DEMAND_PENDING_MODELS]; /* pending, per model */
   size_t n_models;
   size_t n_unknown, n_unknown_models; /* of models the store does not have */
-  _Atomic uint64_t dropped;
 };
 
 /* An entry being merged: text borrowed from a record or a pend. */
@@ -213,13 +212,7 @@ kc_err kc_store_demand_add(kc_store *s, const char *model,
   pthread_mutex_unlock(&d->lock);
   if (rc == 0)
     return KC_OK;
-  atomic_fetch_add(&d->dropped, 1);
   return kc_errf(err, KC_BUSY, "the demand table is full until the next flush");
-}
-
-uint64_t kc_store_demand_dropped(kc_store *s) {
-  struct kcs_demand *d = atomic_load(&s->demand_pending);
-  return d ? atomic_load(&d->dropped) : 0;
 }
 
 /* Moves the pending entries out (owned by the caller, n of them). */
@@ -439,9 +432,6 @@ static kc_err flush_model(kc_store *s, MDB_txn *txn, const pend *p, size_t n,
           ? evict_model(s, txn, model_known(s, txn, p[0].model), &room, err)
           : KC_OK;
   if (x || !room) { /* !room: no unknown record to displace, dropped */
-    struct kcs_demand *d = atomic_load(&s->demand_pending);
-    if (!x && d)
-      atomic_fetch_add(&d->dropped, n);
     free(e);
     return x;
   }

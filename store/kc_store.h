@@ -745,8 +745,6 @@ int kc_store_model_known(kc_store *s, const char *model);
  * failure the pending counts are lost (telemetry) and the error returned.
  * Any thread; kcached's maintenance tick and kc_store_close call it. */
 kc_err kc_store_demand_flush(kc_store *s, char *err);
-/* Adds dropped since open because the pending table was full. */
-uint64_t kc_store_demand_dropped(kc_store *s);
 /* The model's histogram as last flushed; an unknown model gives n = 0.
  * *out is filled and owned by the caller (kc_store_demand_free). */
 kc_err kc_store_demand_get(kc_store *s, const char *model, kc_store_demand *out,

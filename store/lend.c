@@ -25,7 +25,19 @@
 
 #include "store_internal.h"
 
-#define LMDB_PAGEHDRSZ 16    /* sizeof(MDB_page) up to its mp_ptrs */
+/* The page header read here is LMDB 0.9's (struct MDB_page and P_OVERFLOW
+ * in libraries/liblmdb/mdb.c, which lmdb.h does not export): pgno_t
+ * mp_pgno (a size_t: 8 bytes on the 64-bit hosts kcached runs on), uint16_t
+ * mp_pad, uint16_t mp_flags, then uint32_t mp_pages for an overflow page;
+ * PAGEHDRSZ is the size up to mp_ptrs. Another major version may lay its
+ * pages out otherwise: it must be checked before this builds. */
+#if MDB_VERSION_MAJOR != 0
+#error "store/lend.c reads LMDB 0.9's page header: check it for this LMDB"
+#endif
+#define LMDB_PAGEHDRSZ 16    /* PAGEHDRSZ: offsetof(MDB_page, mp_ptrs) */
+#define LMDB_MP_PGNO 0       /* offsetof(MDB_page, mp_pgno) */
+#define LMDB_MP_FLAGS 10     /* offsetof(MDB_page, mp_flags) */
+#define LMDB_MP_PAGES 12     /* offsetof(MDB_page, mp_pages) */
 #define LMDB_P_OVERFLOW 0x04 /* mp_flags of an overflow page */
 
 struct kc_store_lent {
@@ -46,10 +58,10 @@ static uint64_t value_offset(kc_store *s, const void *data, size_t len) {
   const char *page = (const char *)data - LMDB_PAGEHDRSZ;
   uint64_t pgno;
   uint16_t flags;
-  memcpy(&pgno, page, sizeof pgno);
-  memcpy(&flags, page + 10, sizeof flags);
+  memcpy(&pgno, page + LMDB_MP_PGNO, sizeof pgno);
+  memcpy(&flags, page + LMDB_MP_FLAGS, sizeof flags);
   uint32_t pages;
-  memcpy(&pages, page + 12, sizeof pages);
+  memcpy(&pages, page + LMDB_MP_PAGES, sizeof pages);
   long os_page = sysconf(_SC_PAGESIZE);
   if (!(flags & LMDB_P_OVERFLOW) || os_page <= 0 ||
       (uintptr_t)page % (uintptr_t)os_page ||

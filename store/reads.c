@@ -11,7 +11,6 @@
 #include <string.h>
 #include <time.h>
 #include "store_internal.h"
-#include "tier/tier.h" /* kcs_mono_ms */
 
 kcs_shard *kcs_shard_mine(kc_store *s) {
   static atomic_uint next;
@@ -22,8 +21,10 @@ kcs_shard *kcs_shard_mine(kc_store *s) {
 }
 
 /* The read's start for the age of the oldest read: whole milliseconds
- * compared with kcs_mono_ms, so the coarse clock (a tick or so behind, no
- * TSC read: every GET begins a read) is enough. */
+ * compared with kc_clock_mono_ms (CLOCK_MONOTONIC too), so the coarse clock
+ * (a tick or so behind, no TSC read) is enough. Deliberately not
+ * kc_clock_mono_ms itself: every GET begins a read and would pay its
+ * clock read. */
 static uint64_t coarse_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
@@ -60,7 +61,7 @@ void kcs_read_unlink(kcs_shard *sh, kc_store_read *r) {
 
 void kc_store_read_stats_get(kc_store *s, kc_store_read_stats *out) {
   memset(out, 0, sizeof *out);
-  uint64_t now = kcs_mono_ms(), oldest = 0;
+  uint64_t now = (uint64_t)kc_clock_mono_ms(), oldest = 0;
   for (size_t i = 0; i < KCS_SHARDS; i++) {
     kcs_shard *sh = &s->shards[i];
     pthread_mutex_lock(&sh->lock);

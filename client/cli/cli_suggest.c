@@ -162,11 +162,7 @@ static int write_manifest(const sargs *a, const kc_bucket *b, size_t n) {
   json_t *root = json_load_file(a->manifest, JSON_REJECT_DUPLICATES, &je);
   json_t *list = json_array();
   for (size_t i = 0; root && b && i < n; i++) {
-    json_t *o = json_object();
-    for (size_t d = 0; d < b[i].n; d++)
-      json_object_set_new(o, b[i].dims[d].name,
-                          json_integer((json_int_t)b[i].dims[d].value));
-    json_array_append_new(list, o);
+    json_array_append_new(list, kc_bucket_to_json(&b[i]));
   }
   if (root && b)
     json_object_set_new(root, "buckets", list);

@@ -40,9 +40,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "http.h"
@@ -82,62 +80,7 @@ struct kcd_conns {
   int scan_raw;     /* plain HTTP: scan received bytes */
 };
 
-/* ---- received bytes: the recv of libmicrohttpd ----
- *
- * kcached defines recv(), so libmicrohttpd's calls (and every other in the
- * process: libcurl's, the RESP front end's) come here first. It receives
- * as glibc's would; for a descriptor of an open HTTP connection (this
- * table, set while the connection is open) it also feeds the bytes to
- * kcd_framing_scan, which follows the requests' header blocks and skips
- * their bodies, and when that finds what
- * libmicrohttpd would answer wrongly it sends kcached's answer, ends the
- * connection and tells libmicrohttpd the peer closed (framing.c says why
- * no callback can do it). Descriptors beyond the table (the open-file limit
- * at start) are not scanned. */
-static _Atomic(kcd_conn *) *fd_conn;
-static size_t fd_conn_n;
-static _Atomic size_t scan_refused; /* for the sweep's log line */
-static _Atomic size_t probe_cut;    /* probe_make_room's, likewise */
-
-static void fd_table_init(void) {
-  struct rlimit rl;
-  size_t n = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
-                 ? (size_t)rl.rlim_cur
-                 : 65536;
-  if (n > (1u << 20))
-    n = 1u << 20;
-  if (!fd_conn && (fd_conn = calloc(n, sizeof *fd_conn)))
-    fd_conn_n = n;
-}
-
-static void fd_set_conn(int fd, kcd_conn *c) {
-  if (fd >= 0 && (size_t)fd < fd_conn_n)
-    atomic_store(&fd_conn[fd], c);
-}
-
-/* A connection's bytes (on its own thread); 1 when it was answered here
- * and closed. */
-static int scan_received(int fd, kcd_conn *c, const void *buf, size_t n) {
-  int v = kcd_framing_scan(&c->scan, buf, n);
-  if (!v)
-    return 0;
-  size_t len;
-  const char *a = kcd_framing_scan_answer(v, &len);
-  (void)!send(fd, a, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-  shutdown(fd, SHUT_RDWR);
-  atomic_fetch_add_explicit(&scan_refused, 1, memory_order_relaxed);
-  return 1;
-}
-
-ssize_t recv(int fd, void *buf, size_t n, int flags) {
-  ssize_t r = syscall(SYS_recvfrom, fd, buf, n, flags, NULL, NULL);
-  if (r <= 0 || (flags & MSG_PEEK) || fd < 0 || (size_t)fd >= fd_conn_n)
-    return r;
-  kcd_conn *c = atomic_load_explicit(&fd_conn[fd], memory_order_acquire);
-  if (c && c->scan.on && scan_received(fd, c, buf, (size_t)r))
-    return 0; /* libmicrohttpd: the client closed; it closes too */
-  return r;
-}
+static _Atomic size_t probe_cut; /* probe_make_room's, for the sweep's log */
 
 /* Scanning starts at accept, where the first header block does, and the
  * scanner follows the requests from there (framing.c); not for TLS: its
@@ -148,9 +91,7 @@ static void scan_arm(kcd_conn *c, int on) {
 }
 
 void kcd_conns_scan_raw(kcd_conns *l, int on) {
-  if (on)
-    fd_table_init();
-  l->scan_raw = on && fd_conn;
+  l->scan_raw = on && kcd_recv_init();
 }
 
 kcd_conns *kcd_conns_new(void) {
@@ -236,7 +177,7 @@ kcd_conn *kcd_conn_open(kcd_conns *l, int fd, int counted) {
   c->scanned = l->scan_raw;
   scan_arm(c, c->scanned);
   if (c->scanned)
-    fd_set_conn(fd, c);
+    kcd_recv_scan(fd, &c->scan);
   pthread_mutex_lock(&l->lock);
   if (counted) {
     /* no memory: the address is not counted, and so not uncounted at
@@ -259,7 +200,7 @@ void kcd_conn_close(kcd_conns *l, kcd_conn *c) {
   if (!c)
     return;
   if (c->scanned)
-    fd_set_conn(c->fd, NULL);
+    kcd_recv_scan(c->fd, NULL);
   pthread_mutex_lock(&l->lock);
   if (c->addr_counted)
     kcd_addrs_sub(l->addrs, c->addr);
@@ -348,7 +289,7 @@ static int body_slow(kcd_conn *c, uint64_t now, const kcd_sweep *w) {
 
 void kcd_conns_sweep(kcd_conns *l, uint64_t now_us, kcd_sweep *w) {
   w->closed_headers = w->closed_body = 0;
-  w->refused_length = atomic_exchange(&scan_refused, 0);
+  w->refused_length = kcd_recv_refused_take();
   w->cut_probe = atomic_exchange(&probe_cut, 0);
   pthread_mutex_lock(&l->lock);
   for (kcd_conn *c = l->head; c; c = c->next) {

@@ -203,6 +203,17 @@ int kcd_framing_scan(kcd_scan *s, const char *p, size_t n);
  * kcd_framing_scan returned. */
 const char *kcd_framing_scan_answer(int verdict, size_t *len);
 
+/* ---- kcached's recv() (recv.c) ---- */
+
+/* The table of scanned descriptors (sized to the open-file limit); 0 when
+ * there is no memory for it, and then nothing is scanned. */
+int kcd_recv_init(void);
+/* From now on recv() feeds fd's received bytes to s (NULL: to none);
+ * cleared before the descriptor closes. */
+void kcd_recv_scan(int fd, kcd_scan *s);
+/* Connections answered and closed by the scan since the last call. */
+size_t kcd_recv_refused_take(void);
+
 /* ---- requests (http.c) ---- */
 
 /* What the handler of a route sees. Pointers live until the request ends. */
@@ -389,13 +400,12 @@ void kcd_dentry_release(void *e);
 #define KCD_FETCH_CTYPE "application/vnd.kcache.blobs"
 int kcd_blobs_fetch(kcd_req *r);
 
-/* ---- bundles, lookup, models (routes_bundle.c) ---- */
+/* ---- bundles, lookup (routes_bundle.c) ---- */
 
 int kcd_bundle_get(kcd_req *r);
 int kcd_bundle_put(kcd_req *r);
 int kcd_bundle_delete(kcd_req *r);
 int kcd_lookup(kcd_req *r);
-int kcd_models_get(kcd_req *r);
 
 /* ---- leases (routes_lease.c) ---- */
 
@@ -409,6 +419,7 @@ int kcd_demand_get(kcd_req *r);
 /* ---- models, coverage, history, the page (routes_models.c, page.c) ---- */
 
 int kcd_models_index(kcd_req *r); /* GET /v1/models?limit&cursor */
+int kcd_models_get(kcd_req *r);   /* GET /v1/models/{model} */
 int kcd_warmup_get(kcd_req *r);
 int kcd_warmup_put(kcd_req *r);
 int kcd_coverage_get(kcd_req *r);

@@ -74,8 +74,6 @@ struct kcd_loans {
   pthread_t reaper;
 };
 
-static uint64_t now_ms(void) { return kc_clock_mono_us() / 1000; }
-
 /* One loan taken back (busy, lock not held): detached into the memory its
  * loan set aside. A detach refused memory keeps the read (tried again at
  * the next tick); one that left a hole where the bytes were cuts. */
@@ -98,7 +96,7 @@ static void take_back(kcd_loans *ls, loan *l) {
 static void reap(kcd_loans *ls) {
   loan *due[LOANS_HELD];
   size_t n = 0;
-  uint64_t now = now_ms();
+  uint64_t now = kc_clock_mono_ms();
   for (loan *l = ls->head; l && n < LOANS_HELD; l = l->next)
     if (kc_store_lent_held(l->lent) && !l->cut &&
         now - l->t0_ms >= LOAN_HOLD_MS) {
@@ -216,7 +214,7 @@ static loan *loan_make(kcd_loans *ls, kc_store_read *read, const void *data,
   }
   l->owner = ls;
   l->fd = fd;
-  l->t0_ms = now_ms();
+  l->t0_ms = kc_clock_mono_ms();
   l->reserved = len;
   ls->reserved += len;
   l->next = ls->head;

@@ -1,6 +1,6 @@
 /* routes_bundle.c: bundle manifests: GET (copied before the read ends), PUT
- * (validated, write-once), DELETE, POST /v1/lookup (many keys, one read
- * transaction) and GET /v1/models/{model}. */
+ * (validated, write-once), DELETE and POST /v1/lookup (many keys, one read
+ * transaction). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,43 +221,4 @@ int kcd_lookup(kcd_req *r) {
   free(keys);
   json_decref(root);
   return ret;
-}
-
-/* ---- GET /v1/models/{model} ---- */
-
-/* One listing entry: the key fields worth showing, from the index's copy of
- * the key fields (a manifest may be megabytes; older stores lack the copy). */
-static int model_entry(const kc_store_bundle_info *info, void *ud) {
-  json_t *list = ud;
-  json_t *m = info->fields
-                  ? json_loadb(info->fields, info->fields_len, 0, NULL)
-                  : json_loadb(info->manifest, info->manifest_len, 0, NULL);
-  json_t *o = json_pack(
-      "{ss sO* sO* sO* sI sI sI sI}", "key", info->key, "bucket",
-      json_object_get(m, "bucket"), "arch", json_object_get(m, "arch"),
-      "toolchain", json_object_get(m, "toolchain"), "bytes",
-      (json_int_t)info->bytes, "created", (json_int_t)info->created,
-      "last_used", (json_int_t)info->last_used, "hits", (json_int_t)info->hits);
-  json_decref(m);
-  if (!o || json_array_append_new(list, o))
-    return 1; /* out of memory: stop */
-  return 0;
-}
-
-int kcd_models_get(kcd_req *r) {
-  json_t *list = json_array();
-  if (!list)
-    return kcd_reply_error(r, KC_NOMEM, "out of memory");
-  char err[KC_ERRBUF_SIZE] = "";
-  /* A replica lists what the bucket holds, not only what it has seen. */
-  kc_err e = kc_store_fetch_model(kcd_store(r->st), r->param, err);
-  if (e)
-    kcd_log(r->st, "warn", "listing model %s in S3: %s", r->param, err);
-  e = kc_store_model_list(kcd_store(r->st), r->param, model_entry, list);
-  if (e && e != KC_NOT_FOUND) {
-    json_decref(list);
-    return kcd_reply_error(r, e, "cannot list model %s", r->param);
-  }
-  return kcd_reply_json(
-      r, 200, json_pack("{ss so}", "model", r->param, "bundles", list), NULL);
 }

@@ -212,11 +212,8 @@ static json_t *item_json(const kc_store_demand_item *it) {
   kc_bucket b;
   if (kc_store_demand_shape_parse(it->text, &b))
     return NULL;
-  json_t *o = json_object();
-  for (size_t i = 0; o && i < b.n; i++)
-    json_object_set_new(o, b.dims[i].name,
-                        json_integer((json_int_t)b.dims[i].value));
-  return json_pack("{so sI}", "shape", o, "count", (json_int_t)it->count);
+  return json_pack("{so sI}", "shape", kc_bucket_to_json(&b), "count",
+                   (json_int_t)it->count);
 }
 
 int kcd_demand_get(kcd_req *r) {

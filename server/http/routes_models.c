@@ -1,5 +1,6 @@
 /* routes_models.c: the routes by model and the page's data: GET /v1/models
- * (every model with its name and figures, paginated), the warmup manifest of
+ * (every model with its name and figures, paginated), GET /v1/models/{model}
+ * (the model's bundles), the warmup manifest of
  * a model (PUT stores what it wants warm, GET returns it), its coverage
  * (expected buckets x archs, each cell present, missing or building),
  * DELETE /v1/models/{model} (purge) and GET /v1/stats/history. */
@@ -45,14 +46,6 @@ static int collect_bundle(const kc_store_bundle_info *info, void *ud) {
   return !o || json_array_append_new(ud, o);
 }
 
-static json_t *bucket_json(const kc_bucket *b) {
-  json_t *o = json_object();
-  for (size_t i = 0; o && i < b->n; i++)
-    json_object_set_new(o, b->dims[i].name,
-                        json_integer((json_int_t)b->dims[i].value));
-  return o;
-}
-
 /* 1 when the array holds a value equal to v. */
 static int in_array(json_t *arr, json_t *v) {
   size_t i;
@@ -75,7 +68,7 @@ static void cov_from_warmup(cov *c, const char *json, size_t len) {
   c->expected = 1;
   c->name = strdup(w->model_name);
   for (size_t i = 0; i < w->n_buckets; i++)
-    json_array_append_new(c->buckets, bucket_json(&w->buckets[i]));
+    json_array_append_new(c->buckets, kc_bucket_to_json(&w->buckets[i]));
   c->manifest_archs = json_array();
   for (size_t i = 0; i < w->n_archs; i++)
     json_array_append_new(c->manifest_archs, json_string(w->archs[i]));
@@ -190,8 +183,7 @@ static void mark_building(kcd_req *r, const cov *c, json_t *cell,
     int ok = txt && !kc_key_fields_parse(txt, strlen(txt), &kf, NULL) &&
              !kc_key_compute(&kf, key, NULL);
     free(txt);
-    if (ok &&
-        kcd_lease_held(r->st->leases, key, kc_clock_mono_us() / 1000, holder)) {
+    if (ok && kcd_lease_held(r->st->leases, key, kc_clock_mono_ms(), holder)) {
       json_object_set_new(cell, "state", json_string("building"));
       json_object_set_new(cell, "holder", json_string(holder));
       json_object_set_new(cell, "key", json_string(key));
@@ -354,6 +346,45 @@ int kcd_models_index(kcd_req *r) {
                                   auth && *r->token_name ? r->token_name : NULL,
                                   "auth", auth),
                         NULL);
+}
+
+/* ---- GET /v1/models/{model} ---- */
+
+/* One listing entry: the key fields worth showing, from the index's copy of
+ * the key fields (a manifest may be megabytes; older stores lack the copy). */
+static int model_entry(const kc_store_bundle_info *info, void *ud) {
+  json_t *list = ud;
+  json_t *m = info->fields
+                  ? json_loadb(info->fields, info->fields_len, 0, NULL)
+                  : json_loadb(info->manifest, info->manifest_len, 0, NULL);
+  json_t *o = json_pack(
+      "{ss sO* sO* sO* sI sI sI sI}", "key", info->key, "bucket",
+      json_object_get(m, "bucket"), "arch", json_object_get(m, "arch"),
+      "toolchain", json_object_get(m, "toolchain"), "bytes",
+      (json_int_t)info->bytes, "created", (json_int_t)info->created,
+      "last_used", (json_int_t)info->last_used, "hits", (json_int_t)info->hits);
+  json_decref(m);
+  if (!o || json_array_append_new(list, o))
+    return 1; /* out of memory: stop */
+  return 0;
+}
+
+int kcd_models_get(kcd_req *r) {
+  json_t *list = json_array();
+  if (!list)
+    return kcd_reply_error(r, KC_NOMEM, "out of memory");
+  char err[KC_ERRBUF_SIZE] = "";
+  /* A replica lists what the bucket holds, not only what it has seen. */
+  kc_err e = kc_store_fetch_model(kcd_store(r->st), r->param, err);
+  if (e)
+    kcd_log(r->st, "warn", "listing model %s in S3: %s", r->param, err);
+  e = kc_store_model_list(kcd_store(r->st), r->param, model_entry, list);
+  if (e && e != KC_NOT_FOUND) {
+    json_decref(list);
+    return kcd_reply_error(r, e, "cannot list model %s", r->param);
+  }
+  return kcd_reply_json(
+      r, 200, json_pack("{ss so}", "model", r->param, "bundles", list), NULL);
 }
 
 /* ---- the warmup manifest ---- */

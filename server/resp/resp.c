@@ -82,7 +82,7 @@ static int pool_swap(kcd_resp *r, kcd_resp_buf *in, size_t need, size_t fit) {
   kcd_resp_buf b = r->pool[best];
   r->pool[best] = r->pool[--r->npool];
   r->pool_bytes -= b.cap;
-  r->pool_used_ms = kcd_resp_mono_ms();
+  r->pool_used_ms = kc_clock_mono_ms();
   if (in->len)
     memcpy(b.p, in->p, in->len);
   b.len = in->len;
@@ -97,7 +97,7 @@ static int pool_swap(kcd_resp *r, kcd_resp_buf *in, size_t need, size_t fit) {
 /* Frees the pool when no value took from it for a while. */
 static void pool_trim(kcd_resp *r, int force) {
   if (!r->npool ||
-      (!force && kcd_resp_mono_ms() - r->pool_used_ms < KCD_RESP_POOL_IDLE_MS))
+      (!force && kc_clock_mono_ms() - r->pool_used_ms < KCD_RESP_POOL_IDLE_MS))
     return;
   while (r->npool)
     free(r->pool[--r->npool].p);
@@ -270,7 +270,7 @@ static int conn_flush(kcd_resp_conn *c) {
     if (n <= 0)
       return conn_close(c), -1;
     c->out_off += (size_t)n;
-    c->io_ms = kcd_resp_mono_ms();
+    c->io_ms = kc_clock_mono_ms();
     atomic_fetch_add(&c->srv->bytes_out, (uint64_t)n);
     break; /* level-triggered: EPOLLOUT brings the rest */
   }
@@ -486,7 +486,7 @@ static void compact(kcd_resp_conn *c) {
   kcd_resp_parser_shift(&c->parser, n);
   if (c->in.len == 0 && c->in.cap > KEEP_MAX && !c->parser.inmb) {
     c->srv->pool_used_ms =
-        kcd_resp_mono_ms(); /* a fresh buffer waits its time */
+        kc_clock_mono_ms(); /* a fresh buffer waits its time */
     pool_put(c->srv, &c->in);
   }
   shrink_args(c);
@@ -529,6 +529,18 @@ static void process(kcd_resp_conn *c) {
 static void round_end(kcd_resp *r) {
   kc_store_read_end(r->rd);
   r->rd = NULL;
+}
+
+kc_err kcd_resp_read_lend(kcd_resp_conn *c, kc_store *s) {
+  kcd_resp *r = c->srv;
+  if (c->rd)
+    return KC_OK;
+  /* begun by the round's first batch that reads */
+  kc_err e = r->rd ? KC_OK : kc_store_read_begin(s, &r->rd);
+  if (e)
+    r->rd = NULL;
+  c->rd = r->rd;
+  return e;
 }
 
 /* Ending the round's read mid-batch: this connection's replies that point
@@ -582,7 +594,7 @@ static void on_read(kcd_resp_conn *c) {
     c->eof = 1;
   } else {
     c->in.len += (size_t)n;
-    c->io_ms = kcd_resp_mono_ms();
+    c->io_ms = kc_clock_mono_ms();
     atomic_fetch_add(&c->srv->bytes_in, (uint64_t)n);
     if (read_tls_pending(c))
       return conn_close(c);
@@ -639,7 +651,7 @@ static kcd_resp_conn *conn_new(kcd_resp *r, int fd) {
     return NULL;
   c->srv = r;
   c->fd = fd;
-  c->accepted_ms = c->io_ms = kcd_resp_mono_ms();
+  c->accepted_ms = c->io_ms = kc_clock_mono_ms();
   c->out.limit = (size_t)r->st->cfg.resp_output_limit;
   c->out.bud = &r->outbud;
   return c;
@@ -798,7 +810,7 @@ static int sweep_closes(kcd_resp_conn *c, int64_t now) {
 
 /* Once a second: every connection's deadlines and token, idle buffers. */
 static void sweep(kcd_resp *r, int64_t *last) {
-  int64_t now = kcd_resp_mono_ms();
+  int64_t now = kc_clock_mono_ms();
   if (now - *last < 1000)
     return;
   *last = now;
@@ -851,7 +863,7 @@ static void drain_replies(kcd_resp *r) {
     else
       conn_close(c);
   }
-  while (n_unsent(r) && kcd_resp_mono_ms() < r->drain_until_ms) {
+  while (n_unsent(r) && kc_clock_mono_ms() < r->drain_until_ms) {
     int n = epoll_wait(r->ep, ev, EVENTS, 50);
     for (int i = 0; i < n; i++)
       dispatch(r, &ev[i]);
@@ -867,7 +879,7 @@ static void drain_replies(kcd_resp *r) {
 static void *io_main(void *arg) {
   kcd_resp *r = arg;
   struct epoll_event ev[EVENTS];
-  int64_t swept = kcd_resp_mono_ms();
+  int64_t swept = kc_clock_mono_ms();
   while (!atomic_load(&r->stop)) {
     stop_accepting(r);
     int n = epoll_wait(r->ep, ev, EVENTS, 1000);
@@ -968,7 +980,7 @@ void kcd_resp_quiesce(kcd_state *st) {
   kcd_resp *r = st->resp;
   if (!r)
     return;
-  r->drain_until_ms = kcd_resp_mono_ms() + (int64_t)st->cfg.shutdown_s * 1000;
+  r->drain_until_ms = kc_clock_mono_ms() + (int64_t)st->cfg.shutdown_s * 1000;
   atomic_store(&r->quiesce, 1);
   uint64_t one = 1; /* wakes the listener (on_done finds no job) */
   ssize_t n = write(r->efd, &one, sizeof one);

@@ -15,7 +15,8 @@
  *   resp_commit.c the committer thread: the group commit of writes
  *   resp_job.c    a job's life: made, filled, handed to the committer and
  *                 back, answered, freed
- *   resp_cmd.c    the command table, arity, auth and role checks, MULTI
+ *   resp_cmd.c    the command table, arity, auth and role checks, MULTI;
+ *                 Redis's error replies (a store error's), expire arithmetic
  *   resp_kv.c     the string commands (GET/SET family, TTL, EXISTS, ...)
  *   resp_keys.c   EXPIRE and kin, SCAN, KEYS; the replies of committed writes
  *   resp_admin.c  connection and server commands (HELLO, AUTH, CONFIG, ...)
@@ -72,12 +73,6 @@
 #define KCD_RESP_POOL_N 8               /* big input buffers kept (resp.c) */
 #define KCD_RESP_POOL_BYTES (32u << 20) /* their capacity in all */
 #define KCD_RESP_POOL_IDLE_MS 2000      /* freed after this without a taker */
-
-/* Milliseconds of the monotonic clock (kc_clock_mono_us's), for the pools' idle
- * times. */
-static inline int64_t kcd_resp_mono_ms(void) {
-  return (int64_t)(kc_clock_mono_us() / 1000);
-}
 
 /* ---- key families (resp_family.c) ----
  * A key's family is its prefix before the first ':' ("pt2:..." -> "pt2");
@@ -414,6 +409,10 @@ typedef struct kcd_resp_ctx {
 /* The read transaction of this batch (begun on first use); NULL with an
  * error reply written when the store is not open or LMDB refuses. */
 kc_store_read *kcd_resp_read(kcd_resp_ctx *x);
+/* Lends c's batch the round's read (c->rd), begun here when the round has
+ * none; resp.c ends it (round_end). The error, with c->rd NULL, when LMDB
+ * refuses one; no reply written. */
+kc_err kcd_resp_read_lend(kcd_resp_conn *c, kc_store *s);
 /* Called by a command that opens its own read of the store (SCAN, KEYS,
  * DBSIZE, INFO's counts) before it does: ends the round's read, so the
  * commands after it begin a newer one (resp.c, round_end). */
@@ -432,6 +431,10 @@ void kcd_resp_fetch_submit(kcd_resp *r, kcd_resp_job *j);
 int kcd_resp_fetch_start(kcd_resp *r);
 void kcd_resp_fetch_stop(kcd_resp *r);
 
+/* Appends j to a job queue (head, tail), under the queue's lock: the
+ * committer's, the fetchers' and the listener's (resp_job.c). */
+void kcd_resp_job_append(kcd_resp_job **head, kcd_resp_job **tail,
+                         kcd_resp_job *j);
 /* Hands a job with ops to the committer (resp_job.c). */
 void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j);
 int kcd_resp_commit_start(kcd_resp *r);

@@ -63,7 +63,7 @@ void kcd_resp_refuse(kcd_resp_conn *c, kcd_resp_why why) {
   if (why != KCD_WHY_HTTP)
     return;
   /* a page can send this in a loop: one line a second at most */
-  int64_t now = kcd_resp_mono_ms();
+  int64_t now = kc_clock_mono_ms();
   if (r->attack_logged_ms && now - r->attack_logged_ms < 1000) {
     r->attack_unlogged++;
     return;

@@ -1,7 +1,9 @@
 /* resp_cmd.c: the command table, lookup, the checks Redis makes before a
  * command runs (unknown command, arity, NOAUTH, NOPERM, in that order),
- * MULTI/EXEC/DISCARD, and the handlers' access to reads, writes and the
+ * MULTI/EXEC/DISCARD, Redis's error replies (a store error's among them)
+ * and expire arithmetic, and the handlers' access to reads, writes and the
  * store. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -113,6 +115,40 @@ void kcd_resp_err_int(kcd_resp_buf *b) {
   kcd_resp_error(b, "ERR value is not an integer or out of range");
 }
 
+void kcd_resp_store_err(kcd_resp_buf *b, kc_err e, const char *msg) {
+  if (e == KC_STORE_FULL)
+    kcd_resp_error(b,
+                   "OOM command not allowed when used memory > 'maxmemory'.");
+  else if (e == KC_NOT_READY)
+    kcd_resp_error(b, "LOADING the store is not open yet");
+  else
+    kcd_resp_errorf(b, "ERR %s", msg && *msg ? msg : kc_strerror(e));
+}
+
+/* Redis's expire checks: a relative time (base now) or an absolute one
+ * (base 0) in seconds or ms, to absolute ms; -1 with the error written. */
+int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
+                       int positive, const char *cmd, int64_t *out) {
+  long long v;
+  if (kcd_resp_ll(ARG(i), &v))
+    return kcd_resp_err_int(x->out), -1;
+  int bad = positive && v <= 0;
+  if (secs && (v > LLONG_MAX / 1000 || v < LLONG_MIN / 1000))
+    bad = 1;
+  if (!bad && secs)
+    v *= 1000;
+  if (!bad && v > LLONG_MAX - base)
+    bad = 1;
+  if (!bad)
+    v += base;
+  if (bad || (positive && v <= 0))
+    return kcd_resp_errorf(x->out, "ERR invalid expire time in '%s' command",
+                           cmd),
+           -1;
+  *out = v;
+  return 0;
+}
+
 /* "unknown command 'foo', with args beginning with: 'a' 'b' ": the name
  * and the arguments cut at 128 bytes, as Redis writes them. */
 void kcd_resp_err_unknown(kcd_resp_ctx *x) {
@@ -147,20 +183,15 @@ kc_store *kcd_resp_store(kcd_resp_ctx *x) {
 
 kc_store_read *kcd_resp_read(kcd_resp_ctx *x) {
   kcd_resp_conn *c = x->c;
-  kcd_resp *r = c->srv;
   if (c->rd)
     return c->rd;
   kc_store *s = kcd_resp_store(x);
   if (!s)
     return NULL;
-  /* the round's read, begun by its first batch that reads (resp.c,
-   * round_end) */
-  kc_err e = r->rd ? KC_OK : kc_store_read_begin(s, &r->rd);
-  if (e) {
-    r->rd = NULL;
+  kc_err e = kcd_resp_read_lend(c, s); /* the round's read (resp.c) */
+  if (e)
     kcd_resp_errorf(x->out, "ERR %s", kc_strerror(e));
-  }
-  return c->rd = r->rd;
+  return c->rd;
 }
 
 /* ---- dispatch ---- */

@@ -28,13 +28,8 @@ int kcd_resp_fetch_key(kcd_resp_ctx *x, const void *key, size_t klen) {
 }
 
 void kcd_resp_fetch_submit(kcd_resp *r, kcd_resp_job *j) {
-  j->next = NULL;
   pthread_mutex_lock(&r->qlock);
-  if (r->ftail)
-    r->ftail->next = j;
-  else
-    r->fhead = j;
-  r->ftail = j;
+  kcd_resp_job_append(&r->fhead, &r->ftail, j);
   pthread_cond_broadcast(&r->qcond);
   pthread_mutex_unlock(&r->qlock);
 }

@@ -79,14 +79,19 @@ kcd_resp_job *kcd_resp_job_of(kcd_resp_ctx *x) {
 
 /* ---- to the committer and back ---- */
 
-void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j) {
+void kcd_resp_job_append(kcd_resp_job **head, kcd_resp_job **tail,
+                         kcd_resp_job *j) {
   j->next = NULL;
-  pthread_mutex_lock(&r->qlock);
-  if (r->qtail)
-    r->qtail->next = j;
+  if (*tail)
+    (*tail)->next = j;
   else
-    r->qhead = j;
-  r->qtail = j;
+    *head = j;
+  *tail = j;
+}
+
+void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j) {
+  pthread_mutex_lock(&r->qlock);
+  kcd_resp_job_append(&r->qhead, &r->qtail, j);
   /* wake the committer only when it waits for this many (its wait_for,
    * resp_commit.c): a gather's writers arriving one by one do not each
    * switch to it */
@@ -99,14 +104,9 @@ void kcd_resp_commit_submit(kcd_resp *r, kcd_resp_job *j) {
  * eventfd: on_done takes the whole list (a commit of 30 jobs: one write,
  * one wakeup, not 30). */
 void kcd_resp_job_done(kcd_resp *r, kcd_resp_job *j) {
-  j->next = NULL;
   pthread_mutex_lock(&r->dlock);
   int ring = !r->dhead;
-  if (r->dtail)
-    r->dtail->next = j;
-  else
-    r->dhead = j;
-  r->dtail = j;
+  kcd_resp_job_append(&r->dhead, &r->dtail, j);
   pthread_mutex_unlock(&r->dlock);
   uint64_t one = 1;
   ssize_t n = ring ? write(r->efd, &one, sizeof one) : 0;

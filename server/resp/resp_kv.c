@@ -5,7 +5,6 @@
  * replies are written when the job comes back (kcd_resp_job_reply), but
  * for a SET the committed state already settles (set_settled).
  * Options, their conflicts and error texts follow Redis 7. */
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,16 +18,6 @@ static int write_key_ok(kcd_resp_ctx *x, size_t i) {
     return 1;
   kcd_resp_errorf(x->out, "ERR key must be 1 to %d bytes", KC_KV_KEY_MAX);
   return 0;
-}
-
-void kcd_resp_store_err(kcd_resp_buf *b, kc_err e, const char *msg) {
-  if (e == KC_STORE_FULL)
-    kcd_resp_error(b,
-                   "OOM command not allowed when used memory > 'maxmemory'.");
-  else if (e == KC_NOT_READY)
-    kcd_resp_error(b, "LOADING the store is not open yet");
-  else
-    kcd_resp_errorf(b, "ERR %s", msg && *msg ? msg : kc_strerror(e));
 }
 
 /* ---- reads ---- */
@@ -237,30 +226,6 @@ void kcd_resp_c_dbsize(kcd_resp_ctx *x) {
 
 /* ---- writes ---- */
 
-/* Redis's expire checks: a relative time (base now) or an absolute one
- * (base 0) in seconds or ms, to absolute ms; -1 with the error written. */
-int kcd_resp_expire_at(kcd_resp_ctx *x, size_t i, int secs, int64_t base,
-                       int positive, const char *cmd, int64_t *out) {
-  long long v;
-  if (kcd_resp_ll(ARG(i), &v))
-    return kcd_resp_err_int(x->out), -1;
-  int bad = positive && v <= 0;
-  if (secs && (v > LLONG_MAX / 1000 || v < LLONG_MIN / 1000))
-    bad = 1;
-  if (!bad && secs)
-    v *= 1000;
-  if (!bad && v > LLONG_MAX - base)
-    bad = 1;
-  if (!bad)
-    v += base;
-  if (bad || (positive && v <= 0))
-    return kcd_resp_errorf(x->out, "ERR invalid expire time in '%s' command",
-                           cmd),
-           -1;
-  *out = v;
-  return 0;
-}
-
 /* A SET the committed state settles (kc_store_kv_set_settled: the key
  * holds this value and expiry already, or NX/XX refuse it) is answered at
  * once, with no commit: that state is synced, so the +OK promises what a
@@ -274,13 +239,8 @@ static int set_settled(kcd_resp_ctx *x, kc_store_kv_op *o, kcd_resp_rk rk) {
     return 0;
   /* the batch's read (kcd_resp_read's), but no error reply when LMDB
    * refuses one (no reader slot): the SET then just goes to the commit */
-  kcd_resp *r = c->srv;
-  if (!c->rd && !r->rd && kc_store_read_begin(s, &r->rd) != KC_OK) {
-    r->rd = NULL;
+  if (kcd_resp_read_lend(c, s) != KC_OK)
     return 0;
-  }
-  if (!c->rd)
-    c->rd = r->rd; /* the round's read (resp.c, round_end) */
   if (!kcd_svc_kv_set_settled(x->st, KCD_FE_RESP, c->rd, o, x->now_ms))
     return 0;
   if (rk == KCD_RK_SUM)

@@ -166,12 +166,9 @@ kc_err kc_store_kv_fetch(kc_store *s, const void *key, size_t klen,
   if (!key || !klen || klen > KC_KV_KEY_MAX || kc_sha256_hex(key, klen, hex))
     return kc_errf(err, KC_BAD_KEY, "a RESP key is 1 to %d bytes",
                    KC_KV_KEY_MAX);
-  if (kcs_mono_ms() < atomic_load(&t->down_until_ms)) {
-    atomic_fetch_add(&t->rt_error, 1);
-    return kc_errf(err, KC_UNAVAILABLE,
-                   "S3 cannot be reached (retrying in "
-                   "the background)");
-  }
+  kc_err down = kcs_tier_down(t, 0, err);
+  if (down)
+    return down;
   fill_ctx c = {.hex = hex, .key = key};
   kc_err e = get_rec(t, hex, key, klen, &c.rec, err);
   if (!e && c.rec.expire_ms && c.rec.expire_ms <= now_ms)
@@ -187,11 +184,5 @@ kc_err kc_store_kv_fetch(kc_store *s, const void *key, size_t klen,
     e = KC_NOT_FOUND;
   if (!e)
     e = kcs_write(s, fill_op, &c, err);
-  if (!e)
-    atomic_fetch_add(&t->rt_hit, 1);
-  else if (e == KC_NOT_FOUND)
-    atomic_fetch_add(&t->rt_miss, 1);
-  else if (e != KC_CORRUPT)
-    atomic_fetch_add(&t->rt_error, 1);
-  return e;
+  return kcs_tier_outcome(t, e);
 }

@@ -23,8 +23,6 @@ static const double g_bounds[KC_STORE_S3_BUCKETS] = {
 
 /* ---- small helpers ---- */
 
-uint64_t kcs_mono_ms(void) { return kc_clock_mono_us() / 1000; }
-
 void kcs_tier_logf(kcs_tier *t, const char *level, const char *fmt, ...) {
   if (!t->log)
     return;
@@ -54,7 +52,7 @@ kc_err kcs_tier_done(kcs_tier *t, uint64_t t0_us, kc_err e) {
     atomic_fetch_add(&t->errors, 1);
   atomic_store(&t->up, !unreachable);
   atomic_store(&t->down_until_ms,
-               unreachable ? kcs_mono_ms() + DOWN_FOR_MS : 0);
+               unreachable ? (uint64_t)kc_clock_mono_ms() + DOWN_FOR_MS : 0);
   return e;
 }
 

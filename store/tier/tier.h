@@ -67,7 +67,6 @@ struct kcs_tier {
   _Atomic uint64_t dur[KC_STORE_S3_BUCKETS + 1], dur_sum_us;
 };
 
-uint64_t kcs_mono_ms(void);
 void kcs_tier_logf(kcs_tier *t, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* "PREFIX/KIND/hex" (kind "blobs", "bundles", "leases") into out. */
@@ -85,6 +84,13 @@ void kcs_tier_put_handle(kcs_tier *t, kcs3 *h);
 /* tier_read.c: an object that failed verification: counted, logged, deleted
  * from the bucket with h. Returns KC_CORRUPT (err says why). */
 kc_err kcs_tier_corrupt(kcs_tier *t, kcs3 *h, const char *obj, char *err);
+/* tier_read.c: counts the outcome of one read-through (a hit, a miss, or
+ * an error; KC_CORRUPT is kcs_tier_corrupt's to count). Returns e. */
+kc_err kcs_tier_outcome(kcs_tier *t, kc_err e);
+/* tier_read.c: S3 failed a moment ago: KC_UNAVAILABLE at once instead of
+ * waiting for it again (counted as a read-through error unless quiet);
+ * KC_OK when S3 is not known to be down. */
+kc_err kcs_tier_down(kcs_tier *t, int quiet, char *err);
 /* tier_read.c: kc_store_fetch_bundle; quiet (a bundle PUT's check) leaves
  * the read-through counters alone. */
 kc_err kcs_tier_fetch_bundle(kc_store *s, const char *key, int quiet,

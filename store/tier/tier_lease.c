@@ -26,7 +26,7 @@ typedef struct lease_obj {
  * has not been probed yet) and that answered lately. */
 static int shared(kcs_tier *t) {
   return t && atomic_load(&t->conditional) != 0 &&
-         kcs_mono_ms() >= atomic_load(&t->down_until_ms);
+         (uint64_t)kc_clock_mono_ms() >= atomic_load(&t->down_until_ms);
 }
 
 static char *lease_json(const char *holder, const char *token, int64_t exp) {

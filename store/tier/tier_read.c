@@ -104,8 +104,7 @@ static kc_err single_flight(kcs_tier *t, char kind, const char *hex,
   return e;
 }
 
-/* Counts the outcome of one fetch from S3. */
-static kc_err outcome(kcs_tier *t, kc_err e) {
+kc_err kcs_tier_outcome(kcs_tier *t, kc_err e) {
   if (!e)
     atomic_fetch_add(&t->rt_hit, 1);
   else if (e == KC_NOT_FOUND)
@@ -311,7 +310,7 @@ static kc_err get_blob(kcs_tier *t, const char *digest, fetch_ctx *c,
   else if ((e = keep_blob(t, u, digest, c, err)) == KC_DIGEST_MISMATCH)
     e = kcs_tier_corrupt(t, h, obj, err);
   kcs_tier_put_handle(t, h);
-  return outcome(t, e);
+  return kcs_tier_outcome(t, e);
 }
 
 static kc_err check_manifest(const char *key, const char *data, size_t len,
@@ -364,13 +363,11 @@ static kc_err get_bundle(kcs_tier *t, const char *key, fetch_ctx *c,
   if (!e)
     e = kcs_bundle_put(t->s, m, 0, NULL, NULL, NULL, err);
   kc_manifest_free(m);
-  return c->quiet ? e : outcome(t, e);
+  return c->quiet ? e : kcs_tier_outcome(t, e);
 }
 
-/* S3 failed a moment ago: answer at once instead of waiting for it again
- * (counted as a read-through error unless quiet). */
-static kc_err down(kcs_tier *t, int quiet, char *err) {
-  if (kcs_mono_ms() >= atomic_load(&t->down_until_ms))
+kc_err kcs_tier_down(kcs_tier *t, int quiet, char *err) {
+  if ((uint64_t)kc_clock_mono_ms() >= atomic_load(&t->down_until_ms))
     return KC_OK;
   if (!quiet)
     atomic_fetch_add(&t->rt_error, 1);
@@ -386,7 +383,7 @@ kc_err kc_store_fetch_blob_copy(kc_store *s, const char *digest, void **data,
     *data = NULL;
   if (!t || !kc_is_hex64(digest))
     return kc_errf(err, KC_NOT_FOUND, "no blob %s", digest);
-  kc_err e = down(t, 0, err);
+  kc_err e = kcs_tier_down(t, 0, err);
   fetch_ctx c = {.data = data, .len = len};
   return e ? e : single_flight(t, KCS_Q_BLOB, digest, get_blob, &c, err);
 }
@@ -400,7 +397,7 @@ kc_err kcs_tier_fetch_bundle(kc_store *s, const char *key, int quiet,
   kcs_tier *t = s->tier;
   if (!t || !kc_is_hex64(key))
     return kc_errf(err, KC_NOT_FOUND, "no bundle %s", key);
-  kc_err e = down(t, quiet, err);
+  kc_err e = kcs_tier_down(t, quiet, err);
   fetch_ctx c = {.quiet = quiet};
   return e ? e : single_flight(t, KCS_Q_BUNDLE, key, get_bundle, &c, err);
 }
@@ -489,7 +486,7 @@ kc_err kc_store_fetch_model(kc_store *s, const char *model, char *err) {
   if (!t || !kc_is_hex64(model))
     return KC_OK;
   listed l = {.s = s};
-  kc_err e = down(t, 0, err);
+  kc_err e = kcs_tier_down(t, 0, err);
   if (!e)
     e = list_model(t, model, &l, err);
   kc_err *res = l.n ? calloc(l.n, sizeof *res) : NULL;
