@@ -321,6 +321,7 @@ kc_err kc_store_open(const kc_store_opts *opts, kc_store **out, char *err) {
                      kcs_uses_init(&s->fresh) || kcs_uses_init(&s->kvuses)
                  ? kc_errf(err, KC_NOMEM, "out of memory")
                  : make_dir(s->dir, err);
+  s->touched.max_n = s->fresh.max_n = KCS_MARKS_MAX;
   if (!e)
     e = kcs_lock_dir(s, err); /* before LMDB: one process per directory */
   if (!e)

@@ -110,7 +110,16 @@ typedef struct kcs_uses {
   pthread_mutex_t lock;
   kcs_use *slots;
   size_t cap, n; /* open addressing; cap a power of two, n <= cap / 2 */
+  size_t max_n;  /* 0: no bound; else a new key past it is not recorded */
 } kcs_uses;
+
+/* The bound of the tables of marks (touched: spared or offered again;
+ * fresh: first uploads awaiting their manifest): a mark lives for the
+ * upload window, so a write-heavy load would otherwise grow them by every
+ * upload of the last 10 minutes. 3 MiB each at most; past it a mark is
+ * not taken (the protection it gives is lost for that blob, nothing
+ * else). */
+#define KCS_MARKS_MAX 16384
 
 /* How fresh a RESP key's recorded last use must be for a GET to record no
  * new one (kv.c; the default of kc_store_opts.kv_use_grain_ms): eviction's

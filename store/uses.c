@@ -53,8 +53,13 @@ static int grow(kcs_uses *u) {
 void kcs_uses_record(kcs_uses *u, const char *key, int64_t now) {
   pthread_mutex_lock(&u->lock);
   /* Out of memory only loses a last-use record: advisory data. */
-  if (u->slots && (u->n + 1 <= u->cap / 2 || grow(u) == 0)) {
+  int full = u->max_n && u->n >= u->max_n; /* at its bound: never grown */
+  if (u->slots && (u->n + 1 <= u->cap / 2 || full || grow(u) == 0)) {
     kcs_use *s = probe(u->slots, u->cap, key);
+    if (!s->used && full) {
+      pthread_mutex_unlock(&u->lock); /* full: this key is not recorded */
+      return;
+    }
     if (!s->used) {
       memcpy(s->key, key, KC_HEX_LEN);
       s->used = 1;
@@ -103,7 +108,12 @@ void kcs_uses_forget(kcs_uses *u, const char *key) {
  * a kept mark missing for a moment. Out of memory: nothing is pruned. */
 void kcs_uses_prune(kcs_uses *u, int64_t before) {
   pthread_mutex_lock(&u->lock);
-  kcs_use *slots = u->slots ? calloc(u->cap, sizeof *slots) : NULL;
+  size_t kept = 0;
+  for (size_t i = 0; u->slots && i < u->cap; i++)
+    kept += u->slots[i].used && u->slots[i].last_used >= before;
+  /* nothing to prune: no new table (a rebuild a tick is needless churn) */
+  kcs_use *slots =
+      u->slots && kept < u->n ? calloc(u->cap, sizeof *slots) : NULL;
   if (slots) {
     size_t n = 0;
     for (size_t i = 0; i < u->cap; i++)
