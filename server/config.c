@@ -632,7 +632,7 @@ int kcd_host_is_loopback(const char *host) {
 
 /* Off loopback RESP needs tokens, and TLS (--tls-cert: RESP speaks TLS
  * too unless --resp-tls off) or --allow-plaintext. */
-static int kcd_resp_config_check(const kcd_config *c) {
+static int resp_flags_check(const kcd_config *c) {
   if (c->resp_output_limit > c->resp_output_total) {
     fprintf(stderr,
             "kcached: --resp-output-limit (%llu bytes; by default "
@@ -681,7 +681,7 @@ int kcd_config_check(const kcd_config *c) {
                     "S3 takes at most 5 GiB in one PUT\n");
     return 2;
   }
-  if (c->resp_on && kcd_resp_config_check(c))
+  if (c->resp_on && resp_flags_check(c))
     return 2;
   if (kcd_host_is_loopback(c->host))
     return 0;

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "kcd.h"
-#include "resp_status.h"
 
 typedef struct kcd_history {
   pthread_mutex_t mu;
@@ -26,21 +25,10 @@ const char *kcd_hist_name(kcd_hist_counter c) {
   return (unsigned)c < KCD_H_N ? names[c] : "?";
 }
 
-static uint64_t requests_total(kcd_metrics *m) {
-  uint64_t n = 0;
-  for (int r = 0; r < KCD_N_ROUTES; r++)
-    for (int me = 0; me < KCD_N_METHODS; me++)
-      for (int s = 0; s < KCD_N_STATUS; s++)
-        n += atomic_load_explicit(&m->requests[r][me][s], memory_order_relaxed);
-  return n;
-}
-
-/* The cumulative counters now; the store's stay at their last reading
- * while it is closed. */
+/* The cumulative counters now: the store's (they stay at their last
+ * reading while it is closed) and the front ends' (their status tables). */
 static void read_counters(kcd_state *st, const uint64_t *last, uint64_t *v) {
   memcpy(v, last, KCD_H_N * sizeof *v);
-  v[KCD_H_REQUESTS] = requests_total(&st->metrics);
-  v[KCD_H_BYTES_OUT] = atomic_load(&st->metrics.bytes_out);
   kc_store *s = kcd_store(st);
   kc_store_stats ss;
   if (s && kc_store_stats_get(s, &ss) == KC_OK) {
@@ -48,7 +36,7 @@ static void read_counters(kcd_state *st, const uint64_t *last, uint64_t *v) {
     v[KCD_H_MISSES] = ss.misses;
     v[KCD_H_EVICTIONS] = ss.evicted_bundles + ss.evicted_blobs + ss.evicted_kv;
   }
-  v[KCD_H_RESP] = kcd_resp_commands(atomic_load(&st->resp));
+  kcd_status_history(st, v);
 }
 
 static kcd_history *history_of(kcd_state *st) {

@@ -1,15 +1,17 @@
 /* kcd.h: kcached's core, what both front ends (HTTP: http.h, RESP: resp.h)
  * stand on: the configuration, the daemon state (one struct, passed to
- * every handler), tokens, leases, metrics, the service layer, the log, the
- * durable tier's settings, and each front end's face for main.c. One
+ * every handler), tokens, leases, the counters of the operations, the
+ * service layer, the log, the durable tier's settings, the history, the
+ * front ends' status tables, and each front end's face for main.c. One
  * section per .c file.
  *
  * The layers, nginx's way: main.c -> a front end (http.h: http.c, routes,
- * replies, connections, framing; resp.h: the Redis protocol) -> the service
- * layer (service.c) -> the store. A front end includes this header and its
- * own; neither includes the other's (the CMake object libraries of
- * server/http/ and server/resp/ make that a compile-time rule). What
- * others read of RESP (counters, key families) is resp_status.h.
+ * replies, connections, framing; resp.h: the Redis protocol) -> the core
+ * (the service layer, service.c, and the rest of this header) -> the store.
+ * A front end includes this header and its own, never the other's; the core
+ * includes neither, and reads a front end only through the status table it
+ * registers (kcd_status: /metrics, /v1/stats, the history).
+ * scripts/check_layers.py checks the rule (ctest layers).
  *
  * Threads: the state is shared by every libmicrohttpd worker thread, the
  * RESP threads and the main thread; its parts are either immutable after
@@ -29,7 +31,6 @@
 #include "kc_schema.h"
 #include "kc_store.h"
 
-struct MHD_Daemon;
 typedef struct kcd_state kcd_state;
 
 /* ---- roles and tokens (auth.c) ---- */
@@ -135,48 +136,6 @@ size_t kcd_lease_count(kcd_leases *l);
 int kcd_lease_held(kcd_leases *l, const char *key, uint64_t now_ms,
                    char holder[KCD_HOLDER_MAX + 1]);
 
-/* ---- HTTP's labels of the request metrics (routes.c names them) ---- */
-
-/* Routes, as the table, metrics and messages know them. */
-typedef enum kcd_route_id {
-  KCD_R_OTHER,
-  KCD_R_HEALTHZ,
-  KCD_R_READYZ,
-  KCD_R_METRICS,
-  KCD_R_STATS,
-  KCD_R_BLOBS,
-  KCD_R_BUNDLES,
-  KCD_R_LOOKUP,
-  KCD_R_MODELS,
-  KCD_R_LEASES,
-  KCD_R_DEMAND,       /* POST /v1/demand */
-  KCD_R_MODEL_DEMAND, /* GET /v1/models/{model}/demand */
-  KCD_R_MODEL_INDEX,  /* GET /v1/models (routes_models.c) */
-  KCD_R_WARMUP,       /* /v1/models/{model}/warmup */
-  KCD_R_COVERAGE,     /* /v1/models/{model}/coverage */
-  KCD_R_HISTORY,      /* /v1/stats/history */
-  KCD_R_PAGE,         /* GET / and its two assets (server/http/page/) */
-  KCD_R_PAGE_JS,
-  KCD_R_PAGE_CSS,
-  KCD_R_BLOBS_FETCH, /* POST /v1/blobs/fetch (routes_fetch.c) */
-  KCD_N_ROUTES
-} kcd_route_id;
-
-typedef enum kcd_method {
-  KCD_M_GET,
-  KCD_M_HEAD,
-  KCD_M_PUT,
-  KCD_M_POST,
-  KCD_M_DELETE,
-  KCD_M_OTHER,
-  KCD_N_METHODS
-} kcd_method;
-
-/* The route's name from the table ("other" for KCD_R_OTHER). */
-const char *kcd_route_name(kcd_route_id id);
-/* "GET", ..., "OTHER". */
-const char *kcd_method_name(kcd_method m);
-
 /* ---- metrics (metrics.c) ---- */
 
 /* The front ends, and the operations they share: the op label of
@@ -207,25 +166,10 @@ typedef enum kcd_svc_res {
   KCD_N_RES
 } kcd_svc_res;
 
-#define KCD_N_STATUS 20  /* distinct statuses counted, the last is "other" */
-#define KCD_N_BUCKETS 16 /* request-duration histogram bounds, +Inf apart */
-
+/* The core's counters: what the service layer counts for every front end.
+ * Each front end keeps its own (http.h, resp.h) and shows them through its
+ * status table (below). */
 typedef struct kcd_metrics {
-  _Atomic uint64_t requests[KCD_N_ROUTES][KCD_N_METHODS][KCD_N_STATUS];
-  _Atomic uint64_t bytes_in, bytes_out;
-  _Atomic uint64_t duration[KCD_N_BUCKETS + 1];
-  _Atomic uint64_t duration_us_sum;
-  _Atomic uint64_t uploads_aborted;
-  /* leases granted, refused, present and repairs: cells of ops below */
-  /* routes_zstd.c: GETs of compressed blobs, those answered
-   * with the frame (Accept-Encoding: zstd), PUTs that arrived as frames */
-  _Atomic uint64_t zstd_gets, zstd_sent_frames, zstd_puts;
-  /* connections shut down by the maintenance tick (conns.c) */
-  _Atomic uint64_t cut_header_timeout, cut_slow_body;
-  /* large blobs sent from the store's pages (loans.c); those whose client
-   * was slow enough that they were copied and their read ended; those cut
-   * instead (the answer budget refused the copy) */
-  _Atomic uint64_t loans, loans_detached, loans_cut;
   /* operations begun and not answered, per front end (service.c): HTTP
    * requests, RESP commands waiting for a commit or a fetch */
   _Atomic int64_t in_flight[KCD_N_FE];
@@ -233,10 +177,17 @@ typedef struct kcd_metrics {
   _Atomic uint64_t ops[KCD_N_OPS][KCD_N_FE][KCD_N_RES];
 } kcd_metrics;
 
-/* Prometheus text of every metric; malloc'd, *len set. NULL: no memory. */
+/* Prometheus text of every metric: the core's, then each front end's
+ * (its status table); malloc'd, *len set. NULL: no memory. */
 char *kcd_metrics_render(kcd_state *st, size_t *len);
-void kcd_metrics_observe(kcd_metrics *m, kcd_route_id r, kcd_method meth,
-                         int status, uint64_t in, uint64_t out, uint64_t us);
+/* The Prometheus text helpers the front ends' tables use (f: a FILE *). */
+void kcd_metric_counter(void *f, const char *name, const char *help,
+                        uint64_t v);
+void kcd_metric_gauge(void *f, const char *name, const char *help, uint64_t v);
+/* A histogram from per-bucket counts (n bounds in seconds, then +Inf). */
+void kcd_metric_histogram(void *f, const char *name, const char *help,
+                          const double *bounds_s, const uint64_t *counts, int n,
+                          uint64_t sum_us);
 
 /* ---- configuration (config.c) ---- */
 
@@ -317,7 +268,6 @@ struct kcd_state {
   kcd_auth auth;
   kcd_leases *leases;
   kcd_metrics metrics;
-  struct MHD_Daemon *mhd;
   char *tls_cert_pem, *tls_key_pem; /* read once at start */
   int64_t started;                  /* unix seconds */
   struct kcd_logbuf *logbuf;        /* NULL: every line written at once */
@@ -325,11 +275,12 @@ struct kcd_state {
   kc_store_scrub scrub; /* where the scrub goes on (main thread only) */
   int64_t scrub_credit; /* bytes it may hash now; < 0 after a big blob */
   int disk_full_logged; /* main.c: a full disk was logged (disk_watch) */
-  _Atomic(struct kcd_resp *) resp; /* NULL: no --resp-listen */
-  struct kcd_conns *conns;         /* open connections (conns.c) */
-  struct MHD_Daemon *mhd_health;   /* --health-listen; NULL: none */
-  _Atomic int http_quiesced;       /* kcd_http_quiesce: new connections are
-                                      closed unserved (http.c, on_accept) */
+  /* each front end's own state, opaque here (http.h, resp.h); NULL while
+   * it is not started (RESP: also without --resp-listen) */
+  struct kcd_http *http;
+  _Atomic(struct kcd_resp *) resp;
+  /* what each front end shows of itself (kcd_status_register) */
+  _Atomic(const struct kcd_status *) status[KCD_N_FE];
   /* LMDB's reader table (main thread only): refusals seen by the last tick,
    * whether it counts as full (logged once per change), seconds without a
    * refusal. */
@@ -339,11 +290,6 @@ struct kcd_state {
   /* per-10-second counters of the last hour (history.c); NULL until the
    * first tick */
   _Atomic(struct kcd_history *) history;
-  /* bytes of HTTP answers held in memory until their clients read them
-   * (reply.c), against --max-answer-memory */
-  _Atomic uint64_t answer_bytes;
-  struct kcd_dcache *dcache; /* decoded blobs (decoded_cache.c); NULL: off */
-  struct kcd_loans *loans;   /* large blobs lent from the map (loans.c) */
 };
 
 /* The store, or NULL while it is not open: the one way to reach it. */
@@ -515,29 +461,17 @@ void kcd_log_access(const kcd_state *st, const kcd_access *a);
 
 int64_t kcd_unix_now(void); /* wall clock, seconds */
 
-/* ---- decoded blobs kept in memory (decoded_cache.c; HTTP's, whose
- * budget and figures main.c and metrics.c see) ----
- * Content of compressed blobs for clients without zstd, by digest, least
- * recently used out, within a byte budget that also counts entries only
- * answers still hold. Threads: any. NULL cache: off (every get passes).
- * http.h has the lookups. */
-typedef struct kcd_dcache kcd_dcache;
-typedef struct kcd_dcache_stat {
-  uint64_t budget, bytes, entries, hits, misses, evictions;
-} kcd_dcache_stat;
-kcd_dcache *kcd_dcache_new(uint64_t budget); /* NULL: 0 or no memory */
-void kcd_dcache_free(kcd_dcache *c);
-void kcd_dcache_stats(kcd_dcache *c, kcd_dcache_stat *s);
-
 /* ---- the front ends, for main.c (http.c, resp.c) ---- */
 
-/* Starts libmicrohttpd; fills st->mhd and *port. */
+/* Starts libmicrohttpd (st->http: its state, its status registered);
+ * *port: the bound port. */
 kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err);
 /* The maintenance tick: closes connections past --header-timeout. */
 void kcd_http_sweep(kcd_state *st);
 /* Serves no new connection (each is closed at once); in-flight requests
  * and open connections go on. */
 void kcd_http_quiesce(kcd_state *st);
+/* Stops the daemons and frees st->http. */
 void kcd_http_stop(kcd_state *st);
 /* 1 if this libmicrohttpd was built with TLS (GnuTLS). */
 int kcd_tls_supported(void);
@@ -581,5 +515,32 @@ size_t kcd_history_read(kcd_state *st, int64_t now, int64_t *t,
                         uint64_t (*v)[KCD_H_N]);
 /* At exit, after the listeners stopped. */
 void kcd_history_free(kcd_state *st);
+
+/* ---- what each front end shows of itself (status.c) ----
+ * The core reads a front end only through the table it registers when it
+ * starts (as nginx's stub_status reads counters, or a Redis module
+ * registers an INFO callback): /metrics, /v1/stats and the history call
+ * each registered table's functions, and know nothing else of HTTP or
+ * RESP. A front end registers before its threads serve and unregisters
+ * before it frees `self`; main.c stops HTTP (the readers of /metrics and
+ * /v1/stats) before RESP. */
+typedef struct kcd_status {
+  void *self; /* the front end's state, passed to each function */
+  /* Appends its Prometheus text to f (a FILE *). */
+  void (*metrics)(void *self, void *f);
+  /* Sets its fields of GET /v1/stats on o (a jansson object); may be NULL. */
+  void (*stats)(void *self, void *o);
+  /* Writes the cumulative values of the history counters it owns into
+   * v (KCD_H_REQUESTS, ...); leaves the others. May be NULL. */
+  void (*history)(void *self, uint64_t v[KCD_H_N]);
+} kcd_status;
+void kcd_status_register(kcd_state *st, kcd_fe fe, const kcd_status *t);
+void kcd_status_unregister(kcd_state *st, kcd_fe fe);
+/* Whether fe registered a table (it is started). */
+int kcd_status_up(kcd_state *st, kcd_fe fe);
+/* Each registered table's metrics / stats / history, HTTP's first. */
+void kcd_status_metrics(kcd_state *st, void *f);
+void kcd_status_stats(kcd_state *st, void *o);
+void kcd_status_history(kcd_state *st, uint64_t v[KCD_H_N]);
 
 #endif

@@ -347,7 +347,6 @@ static int start(kcd_state *st, sigset_t *set) {
     return rc;
   if (!(st->leases = kcd_leases_new(MAX_LEASES)))
     return 1;
-  st->dcache = kcd_dcache_new(st->cfg.decoded_cache); /* NULL: off */
   sigemptyset(set);
   sigaddset(set, SIGTERM);
   sigaddset(set, SIGINT);
@@ -381,7 +380,6 @@ static void cleanup(kcd_state *st) {
   kc_store_close(atomic_exchange(&st->store, NULL));
   kcd_s3_free(st);
   kcd_leases_free(st->leases);
-  kcd_dcache_free(st->dcache); /* after the HTTP stop: no answer holds one */
   kcd_history_free(st);
   kcd_auth_destroy(&st->auth);
   free_tls(st);

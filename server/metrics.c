@@ -1,89 +1,31 @@
-/* metrics.c: request counters and the duration histogram (relaxed atomics:
- * they are statistics, not synchronization), rendered for GET /metrics in the
- * Prometheus text format together with the store's own figures. Counters are
- * indexed by route id; the names come from the route table (routes.c). */
+/* metrics.c: GET /metrics in the Prometheus text format: the operations
+ * both front ends count (service.c), the store's and the durable tier's
+ * figures, then each front end's own (its status table: HTTP's requests,
+ * RESP's commands). Counters are relaxed atomics: statistics, not
+ * synchronization. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "kcd.h"
-#include "resp_status.h"
 
-/* Statuses kcached answers with; anything else counts as "other". */
-static const int statuses[KCD_N_STATUS - 1] = {
-    200, 201, 204, 304, 400, 401, 403, 404, 405, 408,
-    409, 411, 413, 422, 499, 500, 503, 504, 507};
-
-/* Upper bounds of the duration buckets, microseconds. */
-static const uint64_t bounds_us[KCD_N_BUCKETS] = {
-    100,   250,    500,    1000,   2500,    5000,    10000,   25000,
-    50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000};
-
-static size_t status_index(int status) {
-  for (size_t i = 0; i < KCD_N_STATUS - 1; i++)
-    if (statuses[i] == status)
-      return i;
-  return KCD_N_STATUS - 1;
-}
-
-#define ADD(field, v)                                                          \
-  atomic_fetch_add_explicit(&(field), (v), memory_order_relaxed)
 #define GET(field) atomic_load_explicit(&(field), memory_order_relaxed)
 
-void kcd_metrics_observe(kcd_metrics *m, kcd_route_id r, kcd_method meth,
-                         int status, uint64_t in, uint64_t out, uint64_t us) {
-  if ((unsigned)r >= KCD_N_ROUTES)
-    r = KCD_R_OTHER;
-  if ((unsigned)meth >= KCD_N_METHODS)
-    meth = KCD_M_OTHER;
-  ADD(m->requests[r][meth][status_index(status)], 1);
-  if (in)
-    ADD(m->bytes_in, in);
-  if (out)
-    ADD(m->bytes_out, out);
-  size_t b = 0;
-  while (b < KCD_N_BUCKETS && us > bounds_us[b])
-    b++;
-  ADD(m->duration[b], 1);
-  ADD(m->duration_us_sum, us);
-}
-
-static void counter(FILE *f, const char *name, const char *help, uint64_t v) {
-  fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
+void kcd_metric_counter(void *fp, const char *name, const char *help,
+                        uint64_t v) {
+  fprintf(fp, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
           name, (unsigned long long)v);
 }
 
-static void gauge(FILE *f, const char *name, const char *help, uint64_t v) {
-  fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name, name,
-          (unsigned long long)v);
+void kcd_metric_gauge(void *fp, const char *name, const char *help,
+                      uint64_t v) {
+  fprintf(fp, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name,
+          name, (unsigned long long)v);
 }
 
-static void render_requests(FILE *f, kcd_metrics *m) {
-  fputs("# HELP kcached_requests_total HTTP requests by route, method and "
-        "status.\n# TYPE kcached_requests_total counter\n",
-        f);
-  for (int r = 0; r < KCD_N_ROUTES; r++)
-    for (int me = 0; me < KCD_N_METHODS; me++)
-      for (int s = 0; s < KCD_N_STATUS; s++) {
-        uint64_t v = GET(m->requests[r][me][s]);
-        if (!v)
-          continue;
-        char st[16];
-        if (s < KCD_N_STATUS - 1)
-          snprintf(st, sizeof st, "%d", statuses[s]);
-        else
-          snprintf(st, sizeof st, "other");
-        fprintf(f,
-                "kcached_requests_total{route=\"%s\",method=\"%s\","
-                "status=\"%s\"} %llu\n",
-                kcd_route_name((kcd_route_id)r),
-                kcd_method_name((kcd_method)me), st, (unsigned long long)v);
-      }
-}
-
-/* A histogram from per-bucket counts (n bounds in seconds, then +Inf). */
-static void histogram(FILE *f, const char *name, const char *help,
-                      const double *bounds_s, const uint64_t *counts, int n,
-                      uint64_t sum_us) {
+void kcd_metric_histogram(void *fp, const char *name, const char *help,
+                          const double *bounds_s, const uint64_t *counts, int n,
+                          uint64_t sum_us) {
+  FILE *f = fp;
   fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
   uint64_t cum = 0;
   for (int b = 0; b < n; b++) {
@@ -97,81 +39,78 @@ static void histogram(FILE *f, const char *name, const char *help,
           (unsigned long long)cum);
 }
 
-static void render_histogram(FILE *f, kcd_metrics *m) {
-  double bounds[KCD_N_BUCKETS];
-  uint64_t counts[KCD_N_BUCKETS + 1];
-  for (int b = 0; b < KCD_N_BUCKETS; b++)
-    bounds[b] = (double)bounds_us[b] / 1e6;
-  for (int b = 0; b <= KCD_N_BUCKETS; b++)
-    counts[b] = GET(m->duration[b]);
-  histogram(f, "kcached_request_duration_seconds",
-            "Time from request headers to the response sent.", bounds, counts,
-            KCD_N_BUCKETS, GET(m->duration_us_sum));
-}
-
 /* Read transactions: an old one pins the pages freed after it began, so a
  * full store cannot reuse them (writes then fail with 507). */
 static void render_reads(FILE *f, kc_store *s) {
   kc_store_read_stats rs;
   kc_store_read_stats_get(s, &rs);
-  gauge(f, "kcached_store_reads_open", "LMDB read transactions open.", rs.open);
+  kcd_metric_gauge(f, "kcached_store_reads_open",
+                   "LMDB read transactions open.", rs.open);
   fprintf(f,
           "# HELP kcached_store_oldest_read_seconds Age of the oldest "
           "open LMDB read transaction (0: none).\n# TYPE "
           "kcached_store_oldest_read_seconds gauge\n"
           "kcached_store_oldest_read_seconds %.3f\n",
           (double)rs.oldest_age_ms / 1000.0);
-  gauge(f, "kcached_store_reader_slots", "Slots of LMDB's reader table.",
-        rs.max_readers);
-  counter(f, "kcached_store_readers_full_total",
-          "Reads refused (503 busy) because the reader table was full.",
-          rs.readers_full);
+  kcd_metric_gauge(f, "kcached_store_reader_slots",
+                   "Slots of LMDB's reader table.", rs.max_readers);
+  kcd_metric_counter(
+      f, "kcached_store_readers_full_total",
+      "Reads refused (503 busy) because the reader table was full.",
+      rs.readers_full);
 }
 
 static void render_store(FILE *f, kcd_state *st) {
   kc_store *s = kcd_store(st);
   kc_store_stats ss = {0};
   int up = s && kc_store_stats_get(s, &ss) == KC_OK;
-  gauge(f, "kcached_store_up", "1 when the store is open.", (uint64_t)up);
+  kcd_metric_gauge(f, "kcached_store_up", "1 when the store is open.",
+                   (uint64_t)up);
   if (s) /* takes no read: shown also when the reader table is full */
     render_reads(f, s);
   if (!up)
     return;
-  gauge(f, "kcached_store_bytes",
-        "Blob bytes held (stored: compressed "
-        "blobs count their compressed bytes).",
-        ss.bytes_used);
-  gauge(f, "kcached_store_raw_bytes",
-        "Blob bytes held, each counted at its "
-        "content's size (uncompressed).",
-        ss.bytes_raw);
-  gauge(f, "kcached_store_limit_bytes", "Store size limit (0: none).",
-        ss.max_bytes);
-  gauge(f, "kcached_store_map_bytes", "LMDB map size.", ss.map_size);
-  gauge(f, "kcached_store_map_used_bytes", "LMDB pages in use.", ss.map_used);
-  gauge(f, "kcached_store_blobs", "Blobs held.", ss.blobs);
-  gauge(f, "kcached_store_bundles", "Bundles held.", ss.bundles);
-  counter(f, "kcached_hits_total", "Bundle reads that found the bundle.",
-          ss.hits);
-  counter(f, "kcached_misses_total", "Bundle reads that did not.", ss.misses);
-  counter(f, "kcached_evicted_bundles_total", "Bundles evicted (LRU).",
-          ss.evicted_bundles);
-  counter(f, "kcached_evicted_blobs_total", "Blobs evicted.", ss.evicted_blobs);
-  counter(f, "kcached_gc_blobs_total", "Unreferenced blobs collected.",
-          ss.gc_blobs);
-  counter(f, "kcached_scrub_bytes_total", "Blob bytes the scrub re-hashed.",
-          ss.scrub_bytes);
-  counter(f, "kcached_scrub_passes_total",
-          "Scrub passes over every blob completed.", ss.scrub_passes);
-  counter(f, "kcached_scrub_corrupt_total",
-          "Blobs the scrub found not hashing to their name; removed with the "
-          "bundles naming them.",
-          ss.scrub_corrupt);
-  counter(f, "kcached_scrub_skipped_total",
-          "Blobs the scrub passed over unhashed: a frame from before the "
-          "window bound whose decoder did not fit the decoder memory then "
-          "(tried again the next pass).",
-          ss.scrub_skipped);
+  kcd_metric_gauge(f, "kcached_store_bytes",
+                   "Blob bytes held (stored: compressed "
+                   "blobs count their compressed bytes).",
+                   ss.bytes_used);
+  kcd_metric_gauge(f, "kcached_store_raw_bytes",
+                   "Blob bytes held, each counted at its "
+                   "content's size (uncompressed).",
+                   ss.bytes_raw);
+  kcd_metric_gauge(f, "kcached_store_limit_bytes",
+                   "Store size limit (0: none).", ss.max_bytes);
+  kcd_metric_gauge(f, "kcached_store_map_bytes", "LMDB map size.", ss.map_size);
+  kcd_metric_gauge(f, "kcached_store_map_used_bytes", "LMDB pages in use.",
+                   ss.map_used);
+  kcd_metric_gauge(f, "kcached_store_blobs", "Blobs held.", ss.blobs);
+  kcd_metric_gauge(f, "kcached_store_bundles", "Bundles held.", ss.bundles);
+  kcd_metric_counter(f, "kcached_hits_total",
+                     "Bundle reads that found the bundle.", ss.hits);
+  kcd_metric_counter(f, "kcached_misses_total", "Bundle reads that did not.",
+                     ss.misses);
+  kcd_metric_counter(f, "kcached_evicted_bundles_total",
+                     "Bundles evicted (LRU).", ss.evicted_bundles);
+  kcd_metric_counter(f, "kcached_evicted_blobs_total", "Blobs evicted.",
+                     ss.evicted_blobs);
+  kcd_metric_counter(f, "kcached_gc_blobs_total",
+                     "Unreferenced blobs collected.", ss.gc_blobs);
+  kcd_metric_counter(f, "kcached_scrub_bytes_total",
+                     "Blob bytes the scrub re-hashed.", ss.scrub_bytes);
+  kcd_metric_counter(f, "kcached_scrub_passes_total",
+                     "Scrub passes over every blob completed.",
+                     ss.scrub_passes);
+  kcd_metric_counter(
+      f, "kcached_scrub_corrupt_total",
+      "Blobs the scrub found not hashing to their name; removed with the "
+      "bundles naming them.",
+      ss.scrub_corrupt);
+  kcd_metric_counter(
+      f, "kcached_scrub_skipped_total",
+      "Blobs the scrub passed over unhashed: a frame from before the "
+      "window bound whose decoder did not fit the decoder memory then "
+      "(tried again the next pass).",
+      ss.scrub_skipped);
 }
 
 static void render_s3(FILE *f, kcd_state *st) {
@@ -179,27 +118,32 @@ static void render_s3(FILE *f, kcd_state *st) {
   kc_store_tier_stats t;
   if (!st->s3 || !s || kc_store_tier_stats_get(s, &t) != KC_OK)
     return;
-  gauge(f, "kcached_s3_up", "1 when the last S3 request reached S3.",
-        (uint64_t)t.up);
+  kcd_metric_gauge(f, "kcached_s3_up", "1 when the last S3 request reached S3.",
+                   (uint64_t)t.up);
   fprintf(f,
           "# HELP kcached_s3_conditional_writes 1 when S3 honours "
           "If-None-Match, 0 when not, -1 not known yet.\n# TYPE "
           "kcached_s3_conditional_writes gauge\nkcached_s3_conditional_writes "
           "%d\n",
           t.conditional);
-  gauge(f, "kcached_s3_queue_depth",
-        "Write-through entries not yet in S3 (kept in LMDB).", t.queue_depth);
-  counter(f, "kcached_s3_uploaded_total", "Write-through entries done.",
-          t.uploaded);
-  counter(f, "kcached_s3_parked_total",
-          "Write-through entries S3 refused 8 times, set aside until the "
-          "next start.",
-          t.parked);
-  counter(f, "kcached_s3_requests_total", "S3 requests.", t.requests);
-  counter(f, "kcached_s3_errors_total", "S3 requests that failed.", t.errors);
-  counter(f, "kcached_s3_corrupt_total",
-          "Objects in S3 that failed verification (deleted, not served).",
-          t.rt_corrupt);
+  kcd_metric_gauge(f, "kcached_s3_queue_depth",
+                   "Write-through entries not yet in S3 (kept in LMDB).",
+                   t.queue_depth);
+  kcd_metric_counter(f, "kcached_s3_uploaded_total",
+                     "Write-through entries done.", t.uploaded);
+  kcd_metric_counter(
+      f, "kcached_s3_parked_total",
+      "Write-through entries S3 refused 8 times, set aside until the "
+      "next start.",
+      t.parked);
+  kcd_metric_counter(f, "kcached_s3_requests_total", "S3 requests.",
+                     t.requests);
+  kcd_metric_counter(f, "kcached_s3_errors_total", "S3 requests that failed.",
+                     t.errors);
+  kcd_metric_counter(
+      f, "kcached_s3_corrupt_total",
+      "Objects in S3 that failed verification (deleted, not served).",
+      t.rt_corrupt);
   fputs("# HELP kcached_s3_read_through_total Misses asked of S3, by "
         "outcome (error: S3 failed, or was skipped for 2 s after it "
         "did).\n# TYPE kcached_s3_read_through_total counter\n",
@@ -221,9 +165,9 @@ static void render_s3(FILE *f, kcd_state *st) {
           "%llu\n",
           (unsigned long long)t.once_refused,
           (unsigned long long)t.once_replaced);
-  histogram(f, "kcached_s3_request_duration_seconds",
-            "S3 requests of the durable tier.", t.bounds_s, t.duration,
-            KC_STORE_S3_BUCKETS, t.duration_us_sum);
+  kcd_metric_histogram(f, "kcached_s3_request_duration_seconds",
+                       "S3 requests of the durable tier.", t.bounds_s,
+                       t.duration, KC_STORE_S3_BUCKETS, t.duration_us_sum);
 }
 
 /* The older per-purpose counters, kept by name: cells of ops_total, summed
@@ -235,57 +179,21 @@ static uint64_t ops_sum(kcd_metrics *m, kcd_svc_op op, kcd_svc_res res) {
   return n;
 }
 
-/* The decoded cache (decoded_cache.c); zeros when off. */
-static void render_dcache(FILE *f, kcd_dcache *c) {
-  kcd_dcache_stat s;
-  kcd_dcache_stats(c, &s);
-  counter(f, "kcached_decoded_cache_hits_total",
-          "GETs of compressed blobs without zstd answered from the decoded "
-          "cache.",
-          s.hits);
-  counter(f, "kcached_decoded_cache_misses_total",
-          "Of those GETs, not found there (decoded; kept when it fits).",
-          s.misses);
-  counter(f, "kcached_decoded_cache_evictions_total",
-          "Entries dropped to make room.", s.evictions);
-  gauge(f, "kcached_decoded_cache_bytes",
-        "Memory of decoded blobs, those answers still send included.", s.bytes);
-  gauge(f, "kcached_decoded_cache_limit_bytes", "--decoded-cache.", s.budget);
-  gauge(f, "kcached_decoded_cache_entries", "Decoded blobs kept.", s.entries);
-}
-
-static void render_self(FILE *f, kcd_state *st) {
-  kcd_metrics *m = &st->metrics;
-  counter(f, "kcached_received_bytes_total", "Request body bytes received.",
-          GET(m->bytes_in));
-  counter(f, "kcached_sent_bytes_total", "Response body bytes sent.",
-          GET(m->bytes_out));
-  counter(f, "kcached_leases_granted_total", "Leases granted.",
-          ops_sum(m, KCD_OP_LEASE_TAKE, KCD_RES_GRANTED));
-  counter(f, "kcached_leases_refused_total", "Lease requests refused (held).",
-          ops_sum(m, KCD_OP_LEASE_TAKE, KCD_RES_HELD));
-  counter(f, "kcached_leases_present_total",
-          "Lease requests answered 'present' (bundle exists).",
-          ops_sum(m, KCD_OP_LEASE_TAKE, KCD_RES_PRESENT));
-  counter(f, "kcached_uploads_aborted_total",
-          "Uploads dropped (client gone, error).", GET(m->uploads_aborted));
-  counter(f, "kcached_zstd_gets_total",
-          "Blobs held zstd-compressed read by GETs and by items of POST "
-          "/v1/blobs/fetch.",
-          GET(m->zstd_gets));
-  counter(f, "kcached_zstd_frames_sent_total",
-          "Of them, answered with the frame (Accept-Encoding: zstd).",
-          GET(m->zstd_sent_frames));
-  counter(f, "kcached_zstd_puts_total",
-          "Blob PUTs that arrived zstd-compressed.", GET(m->zstd_puts));
-  counter(f, "kcached_blobs_corrupt_total",
-          "Repair offers (X-Kcache-Repair) that found the held copy not "
-          "hashing to its name; the offer's verified bytes replace it.",
-          ops_sum(m, KCD_OP_PUT, KCD_RES_REPAIR));
-  render_dcache(f, st->dcache);
-  int64_t inflight = atomic_load(&m->in_flight[KCD_FE_HTTP]);
-  gauge(f, "kcached_requests_in_flight", "Requests being served.",
-        inflight > 0 ? (uint64_t)inflight : 0);
+/* The older per-purpose counters of operations, kept by name. */
+static void render_named_ops(FILE *f, kcd_metrics *m) {
+  kcd_metric_counter(f, "kcached_leases_granted_total", "Leases granted.",
+                     ops_sum(m, KCD_OP_LEASE_TAKE, KCD_RES_GRANTED));
+  kcd_metric_counter(f, "kcached_leases_refused_total",
+                     "Lease requests refused (held).",
+                     ops_sum(m, KCD_OP_LEASE_TAKE, KCD_RES_HELD));
+  kcd_metric_counter(f, "kcached_leases_present_total",
+                     "Lease requests answered 'present' (bundle exists).",
+                     ops_sum(m, KCD_OP_LEASE_TAKE, KCD_RES_PRESENT));
+  kcd_metric_counter(
+      f, "kcached_blobs_corrupt_total",
+      "Repair offers (X-Kcache-Repair) that found the held copy not "
+      "hashing to its name; the offer's verified bytes replace it.",
+      ops_sum(m, KCD_OP_PUT, KCD_RES_REPAIR));
 }
 
 /* ---- operations both front ends share (service.c counts them) ---- */
@@ -345,46 +253,18 @@ static void render_ops(FILE *f, kcd_metrics *m) {
   }
 }
 
-/* Connections the header deadline and the body rate cut (conns.c). */
-static void render_cuts(FILE *f, kcd_metrics *m) {
-  fputs("# HELP kcached_connections_cut_total Connections closed for "
-        "headers not complete within --header-timeout, or a body slower "
-        "than --min-body-rate.\n# TYPE kcached_connections_cut_total "
-        "counter\n",
-        f);
-  fprintf(f, "kcached_connections_cut_total{reason=\"header_timeout\"} %llu\n",
-          (unsigned long long)GET(m->cut_header_timeout));
-  fprintf(f, "kcached_connections_cut_total{reason=\"slow_body\"} %llu\n",
-          (unsigned long long)GET(m->cut_slow_body));
-  fputs("# HELP kcached_http_blob_loans_total Large blob GETs sent from the "
-        "store's pages without a copy; detached: the client was slow, so "
-        "the bytes were copied and the read ended; cut: the kernel failed "
-        "that swap half-way, and the connection was closed.\n# TYPE "
-        "kcached_http_blob_loans_total counter\n",
-        f);
-  fprintf(f, "kcached_http_blob_loans_total{result=\"sent\"} %llu\n",
-          (unsigned long long)GET(m->loans));
-  fprintf(f, "kcached_http_blob_loans_total{result=\"detached\"} %llu\n",
-          (unsigned long long)GET(m->loans_detached));
-  fprintf(f, "kcached_http_blob_loans_total{result=\"cut\"} %llu\n",
-          (unsigned long long)GET(m->loans_cut));
-}
-
 char *kcd_metrics_render(kcd_state *st, size_t *len) {
   char *buf = NULL;
   FILE *f = open_memstream(&buf, len);
   if (!f)
     return NULL;
-  render_requests(f, &st->metrics);
-  render_histogram(f, &st->metrics);
-  render_self(f, st);
-  render_cuts(f, &st->metrics);
+  render_named_ops(f, &st->metrics);
   render_ops(f, &st->metrics);
   render_store(f, st);
   render_s3(f, st);
-  kcd_resp_metrics_render(st, f);
-  gauge(f, "kcached_start_time_seconds", "Unix time kcached started.",
-        (uint64_t)st->started);
+  kcd_status_metrics(st, f);
+  kcd_metric_gauge(f, "kcached_start_time_seconds",
+                   "Unix time kcached started.", (uint64_t)st->started);
   if (fclose(f) != 0) {
     free(buf);
     return NULL;

@@ -239,11 +239,11 @@ static void check_body(kcd_req *r) {
 
 /* On the --health-listen daemon (start_health). */
 static int is_health_daemon(const kcd_req *r) {
-  if (!r->st->mhd_health)
+  if (!r->st->http->mhd_health)
     return 0;
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_DAEMON);
-  return ci && ci->daemon == r->st->mhd_health;
+  return ci && ci->daemon == r->st->http->mhd_health;
 }
 
 /* Everything decided from the headers: route, method, token, path, store. */
@@ -294,7 +294,7 @@ static int answer_now(kcd_req *r) {
   return r->content_length != UINT64_MAX && r->content_length > DISCARD_MAX;
 }
 
-/* The connection's entry in st->conns (NULL: none). */
+/* The connection's entry in st->http->conns (NULL: none). */
 static kcd_conn *conn_of(struct MHD_Connection *conn) {
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -443,10 +443,10 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
                                  socklen_t len) {
   const kcd_state *st = cls;
   (void)len;
-  if (atomic_load(&st->http_quiesced))
+  if (atomic_load(&st->http->quiesced))
     return MHD_NO;
   if (st->cfg.max_conns_per_ip &&
-      !kcd_conns_admit(st->conns, addr, st->cfg.max_conns))
+      !kcd_conns_admit(st->http->conns, addr, st->cfg.max_conns))
     return MHD_NO;
   return MHD_YES;
 }
@@ -456,7 +456,7 @@ static enum MHD_Result on_accept_health(void *cls, const struct sockaddr *addr,
   const kcd_state *st = cls;
   (void)addr;
   (void)len;
-  return atomic_load(&st->http_quiesced) ? MHD_NO : MHD_YES;
+  return atomic_load(&st->http->quiesced) ? MHD_NO : MHD_YES;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -472,14 +472,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   *con_cls = NULL;
   if (r->upload) {
     kc_store_upload_abort(r->upload); /* client gone mid-upload */
-    atomic_fetch_add(&st->metrics.uploads_aborted, 1);
+    atomic_fetch_add(&st->http->metrics.uploads_aborted, 1);
   }
   kc_store_read_end(r->read); /* the zero-copy response is sent (or dead) */
   int status = r->status ? r->status : 499; /* nginx's "client closed" */
   uint64_t us = now - r->t0_us;
   kcd_route_id id = r->rt ? r->rt->id : KCD_R_OTHER;
-  kcd_metrics_observe(&st->metrics, id, r->method, status, r->bytes_in,
-                      r->bytes_out, us);
+  kcd_http_observe(&st->http->metrics, id, r->method, status, r->bytes_in,
+                   r->bytes_out, us);
   kcd_access a = {r->method_str, r->path, kcd_conn_remote(c),
                   r->token_name, status,  r->bytes_in,
                   r->bytes_out,  us,      now};
@@ -500,7 +500,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
                           enum MHD_ConnectionNotificationCode code) {
   kcd_state *st = cls;
   if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
-    kcd_conn_close(st->conns, *socket_ctx);
+    kcd_conn_close(st->http->conns, *socket_ctx);
     *socket_ctx = NULL;
     return;
   }
@@ -513,8 +513,9 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
              sizeof lowat);
   const union MHD_ConnectionInfo *di =
       MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
-  int main_port = !di || !st->mhd_health || di->daemon != st->mhd_health;
-  *socket_ctx = kcd_conn_open(st->conns, ci->connect_fd, main_port);
+  int main_port =
+      !di || !st->http->mhd_health || di->daemon != st->http->mhd_health;
+  *socket_ctx = kcd_conn_open(st->http->conns, ci->connect_fd, main_port);
 }
 
 /* MHD's URI log callback: the request line is in, its target still raw
@@ -672,17 +673,17 @@ static kc_err start_health(kcd_state *st, char *err) {
     return e;
   struct MHD_OptionItem opts[20];
   fill_health_options(st, ai->ai_addr, opts);
-  kcd_conns_probe_limit(st->conns, HEALTH_CONNS);
-  st->mhd_health =
+  kcd_conns_probe_limit(st->http->conns, HEALTH_CONNS);
+  st->http->mhd_health =
       MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, on_accept_health, st,
                        on_request, st, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
-  if (!st->mhd_health)
+  if (!st->http->mhd_health)
     e = listen_err("health-listen", c->health_host, c->health_port, ai, err);
   freeaddrinfo(ai);
   if (e)
     return e;
   const union MHD_DaemonInfo *di =
-      MHD_get_daemon_info(st->mhd_health, MHD_DAEMON_INFO_BIND_PORT);
+      MHD_get_daemon_info(st->http->mhd_health, MHD_DAEMON_INFO_BIND_PORT);
   kcd_log(st, "info", "probes (/healthz, /readyz, /metrics) also on %s:%u",
           c->health_host, di ? di->port : c->health_port);
   return KC_OK;
@@ -690,14 +691,14 @@ static kc_err start_health(kcd_state *st, char *err) {
 
 void kcd_http_sweep(kcd_state *st) {
   const kcd_config *c = &st->cfg;
-  if (!st->conns)
+  if (!st->http)
     return;
   kcd_sweep w = {.header_us = (uint64_t)c->header_timeout_s * 1000000u,
                  .body_window_us = (uint64_t)c->timeout_s * 1000000u,
                  .body_min_rate = c->min_body_rate};
-  kcd_conns_sweep(st->conns, kc_clock_mono_us(), &w);
-  atomic_fetch_add(&st->metrics.cut_header_timeout, w.closed_headers);
-  atomic_fetch_add(&st->metrics.cut_slow_body, w.closed_body);
+  kcd_conns_sweep(st->http->conns, kc_clock_mono_us(), &w);
+  atomic_fetch_add(&st->http->metrics.cut_header_timeout, w.closed_headers);
+  atomic_fetch_add(&st->http->metrics.cut_slow_body, w.closed_body);
   if (w.closed_headers)
     kcd_log(st, "warn",
             "closed %zu connections whose request headers were "
@@ -720,28 +721,46 @@ void kcd_http_sweep(kcd_state *st) {
             w.closed_body, (unsigned long long)c->min_body_rate, c->timeout_s);
 }
 
-kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
-  if (!st->conns && !(st->conns = kcd_conns_new()))
-    return kc_errf(err, KC_NOMEM, "out of memory");
-  if (!st->loans && !(st->loans = kcd_loans_new(st)))
+/* HTTP's state: connections, loans, the decoded cache, its counters, and
+ * its status table, registered with the core. */
+static kcd_http *http_new(kcd_state *st) {
+  kcd_http *h = calloc(1, sizeof *h);
+  if (!h || !(h->conns = kcd_conns_new())) {
+    free(h);
+    return NULL;
+  }
+  h->st = st;
+  h->dcache = kcd_dcache_new(st->cfg.decoded_cache); /* NULL: off */
+  h->status = (kcd_status){.self = h,
+                           .metrics = kcd_http_metrics_render,
+                           .history = kcd_http_history};
+  st->http = h;
+  if (!(h->loans = kcd_loans_new(st)))
     kcd_log(st, "warn", "no thread for blob loans: large GETs are copied");
-  kcd_conns_scan_raw(st->conns, !st->tls_cert_pem);
+  kcd_conns_scan_raw(h->conns, !st->tls_cert_pem);
+  kcd_status_register(st, KCD_FE_HTTP, &h->status);
+  return h;
+}
+
+kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
+  if (!st->http && !http_new(st))
+    return kc_errf(err, KC_NOMEM, "out of memory");
   struct addrinfo *ai = NULL;
   kc_err e = resolve("listen", st->cfg.host, st->cfg.port, &ai, err);
   if (e)
     return e;
   struct MHD_OptionItem opts[20];
   fill_options(st, ai->ai_addr, opts);
-  st->mhd =
+  st->http->mhd =
       MHD_start_daemon(daemon_flags(st, ai->ai_family), 0, on_accept, st,
                        on_request, st, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
-  if (!st->mhd)
+  if (!st->http->mhd)
     e = listen_err("listen", st->cfg.host, st->cfg.port, ai, err);
   freeaddrinfo(ai);
   if (e)
     return e;
   const union MHD_DaemonInfo *di =
-      MHD_get_daemon_info(st->mhd, MHD_DAEMON_INFO_BIND_PORT);
+      MHD_get_daemon_info(st->http->mhd, MHD_DAEMON_INFO_BIND_PORT);
   *port = di ? di->port : st->cfg.port;
   return start_health(st, err);
 }
@@ -753,19 +772,25 @@ kc_err kcd_http_start(kcd_state *st, unsigned *port, char *err) {
  * listeners keep their sockets until kcd_http_stop and close every
  * connection accepted from now on, unserved: to a client (and to a probe
  * of a stopping kcached) that is a server not there, as a refusal is. */
-void kcd_http_quiesce(kcd_state *st) { atomic_store(&st->http_quiesced, 1); }
+void kcd_http_quiesce(kcd_state *st) {
+  if (st->http)
+    atomic_store(&st->http->quiesced, 1);
+}
 
 void kcd_http_stop(kcd_state *st) {
-  if (st->mhd)
-    MHD_stop_daemon(st->mhd);
-  st->mhd = NULL;
-  if (st->mhd_health)
-    MHD_stop_daemon(st->mhd_health);
-  st->mhd_health = NULL;
-  kcd_conns_free(st->conns); /* every connection is closed now */
-  st->conns = NULL;
-  kcd_loans_free(st->loans); /* and every response freed */
-  st->loans = NULL;
+  kcd_http *h = st->http;
+  if (!h)
+    return;
+  kcd_status_unregister(st, KCD_FE_HTTP);
+  if (h->mhd)
+    MHD_stop_daemon(h->mhd);
+  if (h->mhd_health)
+    MHD_stop_daemon(h->mhd_health);
+  kcd_conns_free(h->conns);   /* every connection is closed now */
+  kcd_loans_free(h->loans);   /* and every response freed */
+  kcd_dcache_free(h->dcache); /* no answer holds an entry */
+  st->http = NULL;
+  free(h);
 }
 
 int kcd_tls_supported(void) {

@@ -9,7 +9,9 @@
  * the store, and answers through reply.c. Handlers call back into http.c
  * only through the request accessors kcd_header and kcd_query; http.c knows
  * handlers only through the table. When the request completes, http.c
- * counts it (metrics.c) and logs it (log.c).
+ * counts it (http_metrics.c) and logs it (log.c). HTTP's state (kcd_http,
+ * st->http) is its own: the core sees it only through the status table
+ * http.c registers.
  *
  * Threads: a kcd_req is used by one thread at a time (the connection's
  * worker). */
@@ -21,12 +23,52 @@
 #include "kcd.h"
 
 struct MHD_Connection;
+struct MHD_Daemon;
 typedef struct kcd_req kcd_req;
 typedef struct kcd_op kcd_op;
 typedef struct kcd_route kcd_route;
 
-/* ---- the route table (routes.c; the route ids and methods are in
- * kcd.h) ---- */
+/* ---- the route table (routes.c) ---- */
+
+/* Routes, as the table, metrics and messages know them. */
+typedef enum kcd_route_id {
+  KCD_R_OTHER,
+  KCD_R_HEALTHZ,
+  KCD_R_READYZ,
+  KCD_R_METRICS,
+  KCD_R_STATS,
+  KCD_R_BLOBS,
+  KCD_R_BUNDLES,
+  KCD_R_LOOKUP,
+  KCD_R_MODELS,
+  KCD_R_LEASES,
+  KCD_R_DEMAND,       /* POST /v1/demand */
+  KCD_R_MODEL_DEMAND, /* GET /v1/models/{model}/demand */
+  KCD_R_MODEL_INDEX,  /* GET /v1/models (routes_models.c) */
+  KCD_R_WARMUP,       /* /v1/models/{model}/warmup */
+  KCD_R_COVERAGE,     /* /v1/models/{model}/coverage */
+  KCD_R_HISTORY,      /* /v1/stats/history */
+  KCD_R_PAGE,         /* GET / and its two assets (server/http/page/) */
+  KCD_R_PAGE_JS,
+  KCD_R_PAGE_CSS,
+  KCD_R_BLOBS_FETCH, /* POST /v1/blobs/fetch (routes_fetch.c) */
+  KCD_N_ROUTES
+} kcd_route_id;
+
+typedef enum kcd_method {
+  KCD_M_GET,
+  KCD_M_HEAD,
+  KCD_M_PUT,
+  KCD_M_POST,
+  KCD_M_DELETE,
+  KCD_M_OTHER,
+  KCD_N_METHODS
+} kcd_method;
+
+/* The route's name from the table ("other" for KCD_R_OTHER). */
+const char *kcd_route_name(kcd_route_id id);
+/* "GET", ..., "OTHER". */
+const char *kcd_method_name(kcd_method m);
 
 typedef enum kcd_body {
   KCD_BODY_NONE,
@@ -77,6 +119,38 @@ kcd_role kcd_route_role(const kcd_route *rt, const kcd_op *op,
                         const kcd_state *st);
 /* A request's method string to its kcd_method. */
 kcd_method kcd_method_of(const char *method);
+
+/* ---- HTTP's counters (http_metrics.c) ---- */
+
+#define KCD_N_STATUS 20  /* distinct statuses counted, the last is "other" */
+#define KCD_N_BUCKETS 16 /* request-duration histogram bounds, +Inf apart */
+
+/* Relaxed atomics: statistics, not synchronization. The operations HTTP
+ * serves are counted by the service layer (kcd.h's kcd_metrics). */
+typedef struct kcd_http_metrics {
+  _Atomic uint64_t requests[KCD_N_ROUTES][KCD_N_METHODS][KCD_N_STATUS];
+  _Atomic uint64_t bytes_in, bytes_out;
+  _Atomic uint64_t duration[KCD_N_BUCKETS + 1];
+  _Atomic uint64_t duration_us_sum;
+  _Atomic uint64_t uploads_aborted;
+  /* routes_zstd.c: GETs of compressed blobs, those answered
+   * with the frame (Accept-Encoding: zstd), PUTs that arrived as frames */
+  _Atomic uint64_t zstd_gets, zstd_sent_frames, zstd_puts;
+  /* connections shut down by the maintenance tick (conns.c) */
+  _Atomic uint64_t cut_header_timeout, cut_slow_body;
+  /* large blobs sent from the store's pages (loans.c); those whose client
+   * was slow enough that they were copied and their read ended; those cut
+   * instead (the answer budget refused the copy) */
+  _Atomic uint64_t loans, loans_detached, loans_cut;
+} kcd_http_metrics;
+
+/* Counts a completed request. */
+void kcd_http_observe(kcd_http_metrics *m, kcd_route_id r, kcd_method meth,
+                      int status, uint64_t in, uint64_t out, uint64_t us);
+/* HTTP's status table's functions (kcd_status; self: its kcd_http): its
+ * Prometheus text, and its history counters (requests, bytes out). */
+void kcd_http_metrics_render(void *self, void *f);
+void kcd_http_history(void *self, uint64_t v[KCD_H_N]);
 
 /* Parses a body as one JSON object whose fields are all in `allowed`
  * (NULL-terminated); the error names the first unknown field. */
@@ -274,6 +348,24 @@ kcd_loans *kcd_loans_new(kcd_state *st);
 /* After the daemon stopped (no response is left). NULL: nothing. */
 void kcd_loans_free(kcd_loans *ls);
 
+/* ---- HTTP's state (http.c makes it at kcd_http_start: st->http) ---- */
+
+typedef struct kcd_http {
+  kcd_state *st;
+  struct MHD_Daemon *mhd;
+  struct MHD_Daemon *mhd_health; /* --health-listen; NULL: none */
+  kcd_conns *conns;              /* open connections (conns.c) */
+  _Atomic int quiesced;          /* kcd_http_quiesce: new connections are
+                                    closed unserved (http.c, on_accept) */
+  /* bytes of answers held in memory until their clients read them
+   * (reply.c), against --max-answer-memory */
+  _Atomic uint64_t answer_bytes;
+  struct kcd_dcache *dcache; /* decoded blobs (decoded_cache.c); NULL: off */
+  kcd_loans *loans;          /* large blobs lent from the map (loans.c) */
+  kcd_http_metrics metrics;
+  kcd_status status; /* registered with the core */
+} kcd_http;
+
 /* ---- replies (reply.c) ---- */
 
 /* Response helpers: each queues the response and returns the MHD result.
@@ -369,8 +461,18 @@ int kcd_blob_get_encoded(kcd_req *r);
 int kcd_accepts_zstd(kcd_req *r);
 int kcd_body_is_zstd(kcd_req *r);
 
-/* ---- decoded blobs kept in memory: lookups (decoded_cache.c; the cache,
- * its budget and figures are in kcd.h) ---- */
+/* ---- decoded blobs kept in memory (decoded_cache.c) ----
+ * Content of compressed blobs for clients without zstd, by digest, least
+ * recently used out, within a byte budget (--decoded-cache) that also
+ * counts entries only answers still hold. Threads: any. NULL cache: off
+ * (every get passes). */
+typedef struct kcd_dcache kcd_dcache;
+typedef struct kcd_dcache_stat {
+  uint64_t budget, bytes, entries, hits, misses, evictions;
+} kcd_dcache_stat;
+kcd_dcache *kcd_dcache_new(uint64_t budget); /* NULL: 0 or no memory */
+void kcd_dcache_free(kcd_dcache *c);
+void kcd_dcache_stats(kcd_dcache *c, kcd_dcache_stat *s);
 typedef struct kcd_dentry kcd_dentry;
 typedef enum kcd_dcache_res {
   KCD_DC_HIT,  /* *out: the content, a reference held */

@@ -80,7 +80,7 @@ struct kcd_loans {
 static void take_back(kcd_loans *ls, loan *l) {
   kc_err e = kc_store_lent_detach(l->lent);
   if (!e) {
-    atomic_fetch_add(&ls->st->metrics.loans_detached, 1);
+    atomic_fetch_add(&ls->st->http->metrics.loans_detached, 1);
     return;
   }
   if (e == KC_NOMEM)
@@ -89,7 +89,7 @@ static void take_back(kcd_loans *ls, loan *l) {
    * still this connection's: libmicrohttpd closes it after the response. */
   shutdown(l->fd, SHUT_RDWR);
   l->cut = 1;
-  atomic_fetch_add(&ls->st->metrics.loans_cut, 1);
+  atomic_fetch_add(&ls->st->http->metrics.loans_cut, 1);
 }
 
 /* Takes back the loans held longer than LOAN_HOLD_MS. */
@@ -236,7 +236,7 @@ static int conn_fd(struct MHD_Connection *conn) {
 
 int kcd_reply_lent(kcd_req *r, const void *data, size_t len, const char *ctype,
                    const char *const *headers) {
-  kcd_loans *ls = r->st->loans;
+  kcd_loans *ls = r->st->http->loans;
   int fd = conn_fd(r->conn);
   loan *l =
       ls && r->read && !r->st->tls_cert_pem && len <= LOAN_MAX_BYTES && fd >= 0
@@ -245,7 +245,7 @@ int kcd_reply_lent(kcd_req *r, const void *data, size_t len, const char *ctype,
   if (!l)
     return -1;
   r->read = NULL; /* the loan's now */
-  atomic_fetch_add(&r->st->metrics.loans, 1);
+  atomic_fetch_add(&r->st->http->metrics.loans, 1);
   return kcd_reply_held(r, ctype, kc_store_lent_bytes(l->lent), len, loan_free,
                         l, headers);
 }

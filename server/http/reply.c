@@ -23,8 +23,8 @@
  * A body built in memory (KCD_MEM_FREE, KCD_MEM_COPY) lives until its
  * client has read it all: a client that asks and never reads held an 8 MB
  * lookup answer each time (768 of them: 5.2 GB). Bodies over ANSWER_SMALL
- * are counted in st->answer_bytes until MHD frees them, and one that would
- * take the count over --max-answer-memory is not made: 503 busy with
+ * are counted in st->http->answer_bytes until MHD frees them, and one that
+ * would take the count over --max-answer-memory is not made: 503 busy with
  * Retry-After, sent from a small body. The first answer always goes (held
  * is 0), so any one answer can be served: the bound is the larger of the
  * flag and the largest answer, plus ANSWER_SMALL per connection. Bodies of
@@ -38,7 +38,7 @@ typedef struct counted_body {
 } counted_body;
 
 void kcd_answer_budget_give(kcd_state *st, size_t len) {
-  atomic_fetch_sub(&st->answer_bytes, len);
+  atomic_fetch_sub(&st->http->answer_bytes, len);
 }
 
 static void counted_free(void *cls) {
@@ -50,10 +50,10 @@ static void counted_free(void *cls) {
 
 int kcd_answer_budget_take(kcd_state *st, size_t len) {
   uint64_t cap = st->cfg.max_answer_memory;
-  uint64_t old = atomic_fetch_add(&st->answer_bytes, len);
+  uint64_t old = atomic_fetch_add(&st->http->answer_bytes, len);
   if (!cap || old == 0 || old + len <= cap)
     return 1;
-  atomic_fetch_sub(&st->answer_bytes, len);
+  atomic_fetch_sub(&st->http->answer_bytes, len);
   return 0;
 }
 
@@ -72,7 +72,7 @@ static struct MHD_Response *counted_response(kcd_state *st, const void *data,
         len, body, counted_free, b);
   }
   if (!resp) {
-    atomic_fetch_sub(&st->answer_bytes, len);
+    atomic_fetch_sub(&st->http->answer_bytes, len);
     free(body);
     free(b);
   }
@@ -120,7 +120,7 @@ int kcd_reply(kcd_req *r, int status, const char *ctype, const void *data,
         "answers not yet read by their "
         "clients hold %llu bytes; this one (%zu bytes) "
         "would pass --max-answer-memory %llu: try again",
-        (unsigned long long)atomic_load(&r->st->answer_bytes), len,
+        (unsigned long long)atomic_load(&r->st->http->answer_bytes), len,
         (unsigned long long)r->st->cfg.max_answer_memory);
   } else {
     resp = counted_response(r->st, data, len, mem);

@@ -50,7 +50,7 @@ kc_err kcd_blob_put_begin(kcd_req *r, char *err) {
   kc_err e = kc_store_upload_begin(kcd_store(r->st), &r->upload, err);
   if (!e && kcd_body_is_zstd(r)) { /* decoded as it arrives (routes_zstd.c) */
     kc_store_upload_zstd(r->upload, r->st->cfg.max_blob_bytes);
-    atomic_fetch_add(&r->st->metrics.zstd_puts, 1);
+    atomic_fetch_add(&r->st->http->metrics.zstd_puts, 1);
   }
   if (!e && offer == KCD_RES_REPAIR) /* once verified, replaces the copy */
     kc_store_upload_repair(r->upload);
@@ -69,7 +69,7 @@ kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err) {
   if (e) {
     kc_store_upload_abort(r->upload);
     r->upload = NULL;
-    atomic_fetch_add(&r->st->metrics.uploads_aborted, 1);
+    atomic_fetch_add(&r->st->http->metrics.uploads_aborted, 1);
   }
   return e;
 }

@@ -216,9 +216,9 @@ static kc_err look_one(void *arg, kc_store_read *rd, size_t i) {
     x->decode = x->enc == KC_STORE_ZSTD && !l->zstd_ok;
     x->len = x->decode ? size : len;
     if (x->enc == KC_STORE_ZSTD) /* counted as routes_zstd.c's GETs */
-      atomic_fetch_add(&l->r->st->metrics.zstd_gets, 1);
+      atomic_fetch_add(&l->r->st->http->metrics.zstd_gets, 1);
     if (x->enc == KC_STORE_ZSTD && !x->decode)
-      atomic_fetch_add(&l->r->st->metrics.zstd_sent_frames, 1);
+      atomic_fetch_add(&l->r->st->http->metrics.zstd_sent_frames, 1);
   }
   char line[LINE_MAX_];
   l->total += line_of(x, line) + x->len;

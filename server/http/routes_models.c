@@ -515,7 +515,7 @@ static json_t *history_now(kcd_req *r) {
       json_pack("{sb sI sI sb sI sI sI}", "store_up", up, "leases",
                 (json_int_t)kcd_lease_count(r->st->leases), "in_flight",
                 (json_int_t)atomic_load(&r->st->metrics.in_flight[KCD_FE_HTTP]),
-                "resp", atomic_load(&r->st->resp) != NULL, "kv_keys",
+                "resp", kcd_status_up(r->st, KCD_FE_RESP), "kv_keys",
                 (json_int_t)ss.kv_keys, "kv_bytes", (json_int_t)ss.kv_bytes,
                 "kv_max_bytes", (json_int_t)ss.kv_max_bytes);
   kc_store_tier_stats t;

@@ -1,11 +1,8 @@
 /* routes_ops.c: the operator's routes: GET/HEAD /healthz (the process
  * answers), /readyz (the store is open), /metrics (Prometheus text, rendered
  * by metrics.c) and /v1/stats (the store's figures as JSON: the bundles'
- * and the RESP keys', and the RESP reads per key family). */
-#include <stdatomic.h>
-
+ * and the RESP keys', then what each front end's status table adds). */
 #include "http.h"
-#include "resp_status.h"
 
 static int reply_status(kcd_req *r, int code, const char *status) {
   return kcd_reply_json(r, code, json_pack("{ss}", "status", status), NULL);
@@ -41,37 +38,15 @@ int kcd_metrics_get(kcd_req *r) {
 }
 
 /* The RESP side of the store: its keys and the bytes their values take
- * (inside bytes_used, which counts blobs of bundles and RESP values alike). */
-static json_t *stats_kv(const kc_store_stats *s, kcd_state *st) {
+ * (inside bytes_used, which counts blobs of bundles and RESP values alike).
+ * resp_clients is 0 here, and RESP's status table sets it when it runs. */
+static json_t *stats_kv(const kc_store_stats *s) {
   return json_pack(
       "{sI sI sI sI sI sI sI sI}", "kv_keys", (json_int_t)s->kv_keys,
       "kv_expires", (json_int_t)s->kv_expires, "kv_bytes",
       (json_int_t)s->kv_bytes, "kv_max_bytes", (json_int_t)s->kv_max_bytes,
       "kv_hits", (json_int_t)s->kv_hits, "kv_misses", (json_int_t)s->kv_misses,
-      "evicted_kv", (json_int_t)s->evicted_kv, "resp_clients",
-      (json_int_t)kcd_resp_clients(atomic_load(&st->resp)));
-}
-
-/* One key family of the RESP reads (resp_family.c) as a JSON object. The
- * names are client bytes, but printable ASCII without '"' or '\' (else the
- * key counts as "other"); jansson escapes them anyway. */
-static void family_json(const char *name, size_t len, uint64_t hits,
-                        uint64_t misses, void *ud) {
-  json_t *o = json_pack("{so sI sI}", "family",
-                        name ? json_stringn(name, len) : json_string("other"),
-                        "hits", (json_int_t)hits, "misses", (json_int_t)misses);
-  json_array_append_new(ud, o); /* NULL o (out of memory): not appended */
-}
-
-/* "resp_families": the RESP GET/MGET reads per key family, learned order,
- * "other" last; absent without --resp-listen. */
-static void stats_families(json_t *o, kcd_state *st) {
-  kcd_resp_families *t = kcd_resp_families_of(atomic_load(&st->resp));
-  json_t *a = t ? json_array() : NULL;
-  if (!a)
-    return;
-  kcd_resp_family_each(t, family_json, a);
-  json_object_set_new(o, "resp_families", a);
+      "evicted_kv", (json_int_t)s->evicted_kv, "resp_clients", (json_int_t)0);
 }
 
 int kcd_stats_get(kcd_req *r) {
@@ -89,14 +64,14 @@ int kcd_stats_get(kcd_req *r) {
       (json_int_t)s.evicted_blobs, "gc_blobs", (json_int_t)s.gc_blobs, "leases",
       (json_int_t)kcd_lease_count(r->st->leases), "uptime_s",
       (json_int_t)(kcd_unix_now() - r->st->started));
-  json_t *kv = stats_kv(&s, r->st);
+  json_t *kv = stats_kv(&s);
   if (o && kv)
     json_object_update(o, kv);
   /* bytes_used counts stored (compressed) bytes; bytes_raw the content */
   if (o)
     json_object_set_new(o, "bytes_raw", json_integer((json_int_t)s.bytes_raw));
   json_decref(kv);
-  if (o)
-    stats_families(o, r->st);
+  if (o) /* the front ends' own fields (RESP's clients and key families) */
+    kcd_status_stats(r->st, o);
   return kcd_reply_json(r, 200, o, NULL);
 }

@@ -171,7 +171,7 @@ typedef struct decoded {
  * those cost more than the decode). Larger ones are left to the stream,
  * whose open says why when the blob cannot be read. */
 static void decode_pick(kcd_req *r, decoded *d) {
-  kcd_dcache *c = r->st->dcache;
+  kcd_dcache *c = r->st->http->dcache;
   memset(d, 0, sizeof *d);
   if (c && kcd_dcache_get(c, r->param, KCD_DC_LOOK, &d->entry) == KCD_DC_HIT)
     return;
@@ -252,7 +252,7 @@ int kcd_blob_get_encoded(kcd_req *r) {
   if (!frame && r->method != KCD_M_HEAD) {
     int replied, ret = reply_decoded(r, h, &replied);
     if (replied) {
-      atomic_fetch_add(&r->st->metrics.zstd_gets, 1);
+      atomic_fetch_add(&r->st->http->metrics.zstd_gets, 1);
       return ret;
     }
   }
@@ -264,9 +264,9 @@ int kcd_blob_get_encoded(kcd_req *r) {
     return kcd_reply_error_json(
         r, e, e == KC_NOT_FOUND ? "no such blob" : "cannot read the blob", NULL,
         NULL);
-  atomic_fetch_add(&r->st->metrics.zstd_gets, 1);
+  atomic_fetch_add(&r->st->http->metrics.zstd_gets, 1);
   if (frame)
-    atomic_fetch_add(&r->st->metrics.zstd_sent_frames, 1);
+    atomic_fetch_add(&r->st->http->metrics.zstd_sent_frames, 1);
   if (frame && len <= KCD_ZERO_COPY_MAX) {
     kc_store_blob_stream_free(b);
     return reply_frame(r, h);

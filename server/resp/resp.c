@@ -32,9 +32,6 @@
 
 size_t kcd_resp_clients(kcd_resp *r) { return r ? atomic_load(&r->nconns) : 0; }
 uint64_t kcd_resp_port(kcd_resp *r) { return r ? r->port : 0; }
-kcd_resp_families *kcd_resp_families_of(kcd_resp *r) {
-  return r ? &r->families : NULL;
-}
 
 /* ---- the pool of big input buffers ----
  * A big value's input buffer grows from READ_MIN by doubling (realloc
@@ -949,6 +946,10 @@ static kcd_resp *resp_new(kcd_state *st) {
   pthread_mutex_init(&r->qlock, NULL);
   pthread_cond_init(&r->qcond, NULL);
   pthread_mutex_init(&r->dlock, NULL);
+  r->status = (kcd_status){.self = r,
+                           .metrics = kcd_resp_metrics_render,
+                           .stats = kcd_resp_stats,
+                           .history = kcd_resp_history};
   return r;
 }
 
@@ -957,6 +958,7 @@ kc_err kcd_resp_start(kcd_state *st, unsigned *port, char *err) {
   if (!r)
     return kc_errf(err, KC_NOMEM, "out of memory");
   st->resp = r;
+  kcd_status_register(st, KCD_FE_RESP, &r->status);
   kc_err e = kcd_resp_tls_init(r, err);
   if (!e)
     e = bind_listen(r, st->cfg.resp_host, st->cfg.resp_port, err);
@@ -1007,6 +1009,7 @@ void kcd_resp_stop(kcd_state *st) {
   if (!r)
     return;
   st->resp = NULL;
+  kcd_status_unregister(st, KCD_FE_RESP);
   atomic_store(&r->stop, 1);
   if (r->io_started)
     pthread_join(r->io, NULL);

@@ -50,7 +50,9 @@
 #include <sys/types.h>
 
 #include "kcd.h"
-#include "resp_status.h"
+
+typedef struct kcd_resp kcd_resp;
+typedef struct kcd_resp_families kcd_resp_families;
 
 #define KCD_RESP_MAX_ARGS 65536         /* arguments of one command */
 #define KCD_RESP_ARGS_KEEP 1024         /* argument tables above: freed after */
@@ -94,7 +96,11 @@ struct kcd_resp_families {
 /* Counts one read of key (hit or miss) under its family. */
 void kcd_resp_family_count(kcd_resp_families *t, const void *key, size_t klen,
                            int hit);
-/* kcd_resp_family_each and kcd_resp_families_of: resp_status.h. */
+/* Calls fn for every family ready (then "other" with name NULL). */
+void kcd_resp_family_each(kcd_resp_families *t,
+                          void (*fn)(const char *name, size_t len,
+                                     uint64_t hits, uint64_t misses, void *ud),
+                          void *ud);
 
 /* ---- buffers and replies (resp_proto.c) ---- */
 
@@ -361,7 +367,8 @@ struct kcd_resp {
   /* ops per commit: counts per bucket (kcd_resp_batch_le), sum in ops */
   _Atomic uint64_t batch_bucket[KCD_RESP_BATCH_BUCKETS + 1], batch_sum;
   kcd_resp_families families;
-  void *tls_ctx; /* SSL_CTX *, NULL without --tls-cert */
+  kcd_status status; /* registered with the core */
+  void *tls_ctx;     /* SSL_CTX *, NULL without --tls-cert */
   /* per command of the table (the last: unknown), replies ok / error */
   _Atomic uint64_t cmd_ok[KCD_RESP_N_CMDS + 1], cmd_err[KCD_RESP_N_CMDS + 1];
   kcd_resp_conn *conns; /* listener thread only */
@@ -567,8 +574,20 @@ const kcd_resp_cmd *kcd_resp_cmd_at(size_t i);
 
 /* ---- the listener (resp.c), for main.c and the handlers ---- */
 
-/* kcd_resp_start, kcd_resp_quiesce and kcd_resp_stop: kcd.h (main.c's);
- * kcd_resp_clients: resp_status.h. */
+/* kcd_resp_start, kcd_resp_quiesce and kcd_resp_stop: kcd.h (main.c's). */
 uint64_t kcd_resp_port(kcd_resp *r);
+/* Connections open. */
+size_t kcd_resp_clients(kcd_resp *r);
+
+/* ---- RESP's status table for the core (resp_info.c; self: the
+ * kcd_resp) ---- */
+
+/* The kcached_resp_* metrics (Prometheus text) appended to f. */
+void kcd_resp_metrics_render(void *self, void *f);
+/* /v1/stats: "resp_clients" and "resp_families" (the GET/MGET reads per
+ * key family) set on o, a jansson object. */
+void kcd_resp_stats(void *self, void *o);
+/* The history's KCD_H_RESP: commands run since start. */
+void kcd_resp_history(void *self, uint64_t v[KCD_H_N]);
 
 #endif

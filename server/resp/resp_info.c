@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "resp.h"
 
 #ifndef KCACHE_VERSION
@@ -156,13 +158,9 @@ void kcd_resp_c_info(kcd_resp_ctx *x) {
 
 /* ---- /metrics ---- */
 
-uint64_t kcd_resp_commands(kcd_resp *r) {
-  return r ? atomic_load(&r->commands_total) : 0;
-}
-
-static void counter(FILE *f, const char *name, const char *help, uint64_t v) {
-  fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
-          name, (unsigned long long)v);
+void kcd_resp_history(void *self, uint64_t v[KCD_H_N]) {
+  kcd_resp *r = self;
+  v[KCD_H_RESP] = atomic_load(&r->commands_total);
 }
 
 static void render_commands(FILE *f, kcd_resp *r) {
@@ -214,11 +212,9 @@ static void render_batches(FILE *f, kcd_resp *r) {
           (unsigned long long)cum);
 }
 
-void kcd_resp_metrics_render(kcd_state *st, void *fp) {
+void kcd_resp_metrics_render(void *self, void *fp) {
   FILE *f = fp;
-  kcd_resp *r = st->resp;
-  if (!r)
-    return;
+  kcd_resp *r = self;
   render_commands(f, r);
   fprintf(f, "# HELP kcached_resp_key_reads_total RESP value reads (GET, MGET)"
              " by key family (the prefix before the first ':') and result.\n"
@@ -229,27 +225,30 @@ void kcd_resp_metrics_render(kcd_state *st, void *fp) {
           "# TYPE kcached_resp_connections gauge\nkcached_resp_connections "
           "%zu\n",
           kcd_resp_clients(r));
-  counter(f, "kcached_resp_connections_total", "RESP connections accepted.",
-          atomic_load(&r->conns_total));
-  counter(f, "kcached_resp_tls_handshake_failures_total",
-          "RESP connections closed before their TLS handshake ended.",
-          atomic_load(&r->tls_failed));
-  counter(f, "kcached_resp_received_bytes_total",
-          "RESP bytes read from clients (after TLS).",
-          atomic_load(&r->bytes_in));
-  counter(f, "kcached_resp_sent_bytes_total",
-          "RESP bytes written to clients (before TLS).",
-          atomic_load(&r->bytes_out));
-  counter(f, "kcached_resp_commits_total",
-          "Group commits of RESP writes "
-          "(one LMDB transaction each).",
-          atomic_load(&r->commits));
-  counter(f, "kcached_resp_commit_errors_total",
-          "Group commits that failed (every write of them replied an error).",
-          atomic_load(&r->commit_errors));
-  counter(f, "kcached_resp_committed_ops_total",
-          "RESP write ops committed (failed commits not counted).",
-          atomic_load(&r->committed_ops));
+  kcd_metric_counter(f, "kcached_resp_connections_total",
+                     "RESP connections accepted.",
+                     atomic_load(&r->conns_total));
+  kcd_metric_counter(
+      f, "kcached_resp_tls_handshake_failures_total",
+      "RESP connections closed before their TLS handshake ended.",
+      atomic_load(&r->tls_failed));
+  kcd_metric_counter(f, "kcached_resp_received_bytes_total",
+                     "RESP bytes read from clients (after TLS).",
+                     atomic_load(&r->bytes_in));
+  kcd_metric_counter(f, "kcached_resp_sent_bytes_total",
+                     "RESP bytes written to clients (before TLS).",
+                     atomic_load(&r->bytes_out));
+  kcd_metric_counter(f, "kcached_resp_commits_total",
+                     "Group commits of RESP writes "
+                     "(one LMDB transaction each).",
+                     atomic_load(&r->commits));
+  kcd_metric_counter(
+      f, "kcached_resp_commit_errors_total",
+      "Group commits that failed (every write of them replied an error).",
+      atomic_load(&r->commit_errors));
+  kcd_metric_counter(f, "kcached_resp_committed_ops_total",
+                     "RESP write ops committed (failed commits not counted).",
+                     atomic_load(&r->committed_ops));
   render_batches(f, r);
   fprintf(f, "# HELP kcached_resp_refused_total RESP connections refused or "
              "closed by a rule, by reason.\n# TYPE kcached_resp_refused_total "
@@ -258,4 +257,30 @@ void kcd_resp_metrics_render(kcd_state *st, void *fp) {
     fprintf(f, "kcached_resp_refused_total{reason=\"%s\"} %llu\n",
             kcd_resp_why_names[i],
             (unsigned long long)atomic_load(&r->refused[i]));
+}
+
+/* ---- /v1/stats ---- */
+
+/* One key family of the RESP reads as a JSON object. The names are client
+ * bytes, but printable ASCII without '"' or '\' (else the key counts as
+ * "other"); jansson escapes them anyway. */
+static void family_json(const char *name, size_t len, uint64_t hits,
+                        uint64_t misses, void *ud) {
+  json_t *o = json_pack("{so sI sI}", "family",
+                        name ? json_stringn(name, len) : json_string("other"),
+                        "hits", (json_int_t)hits, "misses", (json_int_t)misses);
+  json_array_append_new(ud, o); /* NULL o (out of memory): not appended */
+}
+
+/* "resp_families": the GET/MGET reads per key family, learned order,
+ * "other" last. */
+void kcd_resp_stats(void *self, void *o) {
+  kcd_resp *r = self;
+  json_object_set_new(o, "resp_clients",
+                      json_integer((json_int_t)kcd_resp_clients(r)));
+  json_t *a = json_array();
+  if (!a)
+    return;
+  kcd_resp_family_each(&r->families, family_json, a);
+  json_object_set_new(o, "resp_families", a);
 }
