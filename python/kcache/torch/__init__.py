@@ -15,13 +15,18 @@ on exit the entries kcached lacks. The building blocks stay:
 - Inductor's remote caches (FX graph, AOTAutograd) over kcached's Redis
   front end: `use_remote_caches(resp_url, token)`, or the env lines of
   `remote_cache_env`. Torch keys and validates its own entries.
-- Mega-Cache: `with mega_cache(model=...)`: the artifacts of
-  `torch.compiler.save_cache_artifacts`, as layers (bucket {"layer": n},
-  at most MAX_LAYERS; readers load every layer in order): fetched and
-  loaded on enter; on exit, when this process compiled something new,
-  saved and uploaded as the next layer under a lease.
+- Mega-Cache (kcache.torch.mega): `with mega_cache(model=...)`: the
+  artifacts of `torch.compiler.save_cache_artifacts`, as layers (bucket
+  {"layer": n}, at most MAX_LAYERS; readers load every layer in order):
+  fetched and loaded on enter; on exit, when this process compiled
+  something new, saved and uploaded as the next layer under a lease.
 - Cache-dir bundles: `with cache_dir_bundle(model=...)`: warm()'s
   per-entry bundles without its per-device choices.
+
+warm(), mega_cache() and cache_dir_bundle() return a session (Warm,
+MegaCache, CacheDirBundle), itself the context manager, with the same
+keywords: client or url/token (default KCACHE_URL/KCACHE_TOKEN), device,
+options, deadline (seconds), upload, lease_ttl.
 
 `prepopulate(fn, inputs_per_bucket, model=..., name=...)` is the CI form:
 warm() around one call per shape bucket.
