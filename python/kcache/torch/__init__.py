@@ -15,13 +15,18 @@ on exit the entries kcached lacks. The building blocks stay:
 - Inductor's remote caches (FX graph, AOTAutograd) over kcached's Redis
   front end: `use_remote_caches(resp_url, token)`, or the env lines of
   `remote_cache_env`. Torch keys and validates its own entries.
-- Mega-Cache: `with mega_cache(model=...)`: the artifacts of
-  `torch.compiler.save_cache_artifacts`, as layers (bucket {"layer": n},
-  at most MAX_LAYERS; readers load every layer in order): fetched and
-  loaded on enter; on exit, when this process compiled something new,
-  saved and uploaded as the next layer under a lease.
+- Mega-Cache (kcache.torch.mega): `with mega_cache(model=...)`: the
+  artifacts of `torch.compiler.save_cache_artifacts`, as layers (bucket
+  {"layer": n}, at most MAX_LAYERS; readers load every layer in order):
+  fetched and loaded on enter; on exit, when this process compiled
+  something new, saved and uploaded as the next layer under a lease.
 - Cache-dir bundles: `with cache_dir_bundle(model=...)`: warm()'s
   per-entry bundles without its per-device choices.
+
+warm(), mega_cache() and cache_dir_bundle() return a session (Warm,
+MegaCache, CacheDirBundle), itself the context manager, with the same
+keywords: client or url/token (default KCACHE_URL/KCACHE_TOKEN), device,
+options, deadline (seconds), upload, lease_ttl.
 
 `prepopulate(fn, inputs_per_bucket, model=..., name=...)` is the CI form:
 warm() around one call per shape bucket.
@@ -33,25 +38,21 @@ normal compile; every outcome is counted in the object's `stats`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import time
 from typing import (
     Any,
     Callable,
     Dict,
     Iterable,
-    Iterator,
-    List,
     Mapping,
     Optional,
     Sequence,
     Union,
 )
 
-from ..client import Client, Manifest
-from ..errors import Error, Forbidden, NotFound, Unauthorized
+from ..client import Client, Manifest  # noqa: F401 (importable here before)
+from ..errors import Error, Forbidden, NotFound, Unauthorized  # noqa: F401
 from ._util import _bounded, _client  # noqa: F401
 from .keys import (
     BUILDER,
@@ -65,13 +66,10 @@ from .keys import (
     toolchain,
     torch_version,
 )
-from ._warm import Warm, warm
+from ._warm import CacheDirBundle, Warm, cache_dir_bundle, warm
+from .mega import MAX_LAYERS, MegaCache, mega_cache
 
 log = logging.getLogger("kcache.torch")
-
-MAX_LAYERS = 32  # looked up in one request; a model past this stops adding
-# Files an upload of a cache directory leaves out: locks and temporaries
-# (written while compiling, meaningless elsewhere).
 
 
 # ---------------------------------------------------- Inductor remote caches
@@ -171,253 +169,7 @@ def counters() -> Dict[str, int]:
     return out
 
 
-def _compiled_new(before: Mapping[str, int]) -> bool:
-    now = counters()
-    return any(
-        now.get(k, 0) > before.get(k, 0)
-        for k in ("fxgraph_cache_miss", "autograd_cache_miss")
-    )
-
-
-# ---------------------------------------------------------------- layers
-
-
-class _Layers:
-    """The layered bundles of one kind: lookup of every layer in one
-    request, fetch of those found, and the upload of the next one under a
-    lease. Holds no torch state."""
-
-    def __init__(
-        self,
-        client: Client,
-        kind: str,
-        model: Any,
-        device: Optional[str],
-        options: Optional[Mapping[str, Any]],
-        lease_ttl: int = 600,
-    ):
-        self.client = client
-        self.kind = kind
-        self.lease_ttl = lease_ttl
-        self.fields = [
-            key_fields(kind, model, n, device, options)
-            for n in range(MAX_LAYERS)
-        ]
-        self.keys = [Client.key(f) for f in self.fields]
-        self.present = 0  # layers 0..present-1 exist
-        self.unknown: Optional[str] = None  # why the layers are not known
-
-    def find(self) -> List[Manifest]:
-        """The manifests of the contiguous layers from 0 that kcached holds
-        (one lookup), each pulled (blobs fetched, verified)."""
-        found = self.client.lookup(self.keys)
-        out = []
-        for k in self.keys:
-            if found.get(k) is None:
-                break
-            out.append(self.client.pull(k))
-        self.present = len(out)
-        return out
-
-    def upload(
-        self, push: Callable[[Dict[str, Any]], Manifest], stats: Dict[str, Any]
-    ) -> None:
-        """push(fields) of the next layer, under its lease: "granted"
-        uploads; "present"/"held" mean another process did or does."""
-        n = self.present
-        if self.unknown:
-            stats["upload"] = "skipped: layers unknown (%s)" % self.unknown
-            return
-        if n >= MAX_LAYERS:
-            stats["upload"] = "skipped: %d layers" % n
-            return
-        key = self.keys[n]
-        try:
-            lease = self.client.lease_take(key, self.lease_ttl)
-        except (Forbidden, Unauthorized) as e:
-            stats["upload"] = "skipped: %s" % e.name
-            return
-        if not lease.granted:
-            stats["upload"] = "skipped: lease %s" % lease.state
-            return
-        try:
-            m = push(self.fields[n])
-            stats["upload"] = "uploaded"
-            stats["uploaded_key"] = m.key
-            stats["uploaded_bytes"] = m.bytes
-        finally:
-            try:
-                self.client.lease_release(lease)
-            except Error:
-                pass
-
-
-def _upload_bounded(
-    fn: Callable[[], None], deadline: float, stats: Dict[str, Any]
-) -> None:
-    """An upload, waited for at most deadline seconds: past it the service
-    goes on and the upload finishes on its thread (a process that exits
-    first leaves its lease to lapse; the next process uploads)."""
-    done, res = _bounded(fn, deadline)
-    if not done:
-        stats["upload"] = "in background: deadline"
-    elif isinstance(res, BaseException):
-        stats["upload"] = "failed: %s" % res
-
-
-# -------------------------------------------------------------- Mega-Cache
-
-
-class MegaCache:
-    """Mega-Cache bundles for one model: load() before compiling, save()
-    after. `stats` says what happened (layers loaded, artifacts, upload)."""
-
-    def __init__(
-        self,
-        model: Any,
-        client: Optional[Client] = None,
-        *,
-        url: Optional[str] = None,
-        token: Optional[str] = None,
-        device: Optional[str] = None,
-        options: Optional[Mapping[str, Any]] = None,
-        deadline: float = 10.0,
-        upload: bool = True,
-        lease_ttl: int = 600,
-    ):
-        self.deadline = deadline
-        self.upload_enabled = upload
-        self.stats: Dict[str, Any] = {
-            "loaded_layers": 0,
-            "loaded_bytes": 0,
-            "load": "not run",
-            "upload": "not run",
-        }
-        self._before: Dict[str, int] = {}
-        self._layers: Optional[_Layers] = None
-        try:
-            c = _client(client, url, token, deadline)
-            if c is not None:
-                self._layers = _Layers(
-                    c, "mega", model, device, options, lease_ttl
-                )
-        except Exception as e:  # a bad URL, no torch device: compile cold
-            self.stats["load"] = "skipped: %s" % e
-
-    def load(self) -> None:
-        """Fetches every layer (within the deadline) and loads each with
-        torch.compiler.load_cache_artifacts; a layer that fails is skipped."""
-        self._before = counters()
-        if self._layers is None:
-            if self.stats["load"] == "not run":
-                self.stats["load"] = "skipped: no server"
-            return
-        layers = self._layers
-        t0 = time.monotonic()
-
-        def fetch() -> List[bytes]:
-            return [
-                layers.client.file_bytes(m, "artifacts.bin")
-                for m in layers.find()
-            ]
-
-        done, res = _bounded(fetch, self.deadline)
-        self.stats["fetch_s"] = round(time.monotonic() - t0, 4)
-        if not done:
-            self.stats["load"] = "skipped: deadline"
-            layers.unknown = "deadline"  # do not upload over what is there
-            return
-        if isinstance(res, BaseException):
-            self.stats["load"] = "skipped: %s" % res
-            if not isinstance(res, NotFound):
-                layers.unknown = getattr(res, "name", None) or "failed"
-            return
-        torch = _torch()
-        loaded = 0
-        for data in res:
-            try:
-                info = torch.compiler.load_cache_artifacts(data)
-            except Exception as e:  # corrupt or foreign: torch compiles
-                log.warning("kcache.torch: a Mega-Cache layer failed: %s", e)
-                info = None
-            if info is None:
-                self.stats.setdefault("bad_layers", 0)
-                self.stats["bad_layers"] += 1
-                continue
-            loaded += 1
-            self.stats["loaded_bytes"] += len(data)
-        self.stats["loaded_layers"] = loaded
-        self.stats["load"] = "loaded" if loaded else "miss"
-        self._before = counters()
-
-    def save(self) -> None:
-        """When this process compiled something new (an FX graph or
-        AOTAutograd cache miss since load), save_cache_artifacts and upload
-        as the next layer under a lease. Never raises."""
-        if self._layers is None or not self.upload_enabled:
-            self.stats["upload"] = "skipped: disabled"
-            return
-        if not _compiled_new(self._before):
-            self.stats["upload"] = "skipped: nothing new"
-            return
-        try:
-            torch = _torch()
-            saved = torch.compiler.save_cache_artifacts()
-            if not saved:
-                self.stats["upload"] = "skipped: no artifacts"
-                return
-            data = saved[0]
-            c = self._layers.client
-            layers = self._layers
-            _upload_bounded(
-                lambda: layers.upload(
-                    lambda f: c.push_bytes(data, f, name="artifacts.bin"),
-                    self.stats,
-                ),
-                self.deadline,
-                self.stats,
-            )
-        except Exception as e:
-            self.stats["upload"] = "failed: %s" % e
-            log.warning("kcache.torch: Mega-Cache upload: %s", e)
-
-
-@contextlib.contextmanager
-def mega_cache(
-    model: Any,
-    client: Optional[Client] = None,
-    *,
-    url: Optional[str] = None,
-    token: Optional[str] = None,
-    device: Optional[str] = None,
-    options: Optional[Mapping[str, Any]] = None,
-    deadline: float = 10.0,
-    upload: bool = True,
-    lease_ttl: int = 600,
-) -> Iterator[MegaCache]:
-    """`with mega_cache(model=m): out = compiled(x)`: loads the model's
-    Mega-Cache bundles on enter, uploads what this process compiled on exit
-    (also when the body raised). url/token default to KCACHE_URL and
-    KCACHE_TOKEN; deadline bounds the fetch (seconds)."""
-    mc = MegaCache(
-        model,
-        client,
-        url=url,
-        token=token,
-        device=device,
-        options=options,
-        deadline=deadline,
-        upload=upload,
-        lease_ttl=lease_ttl,
-    )
-    mc.load()
-    try:
-        yield mc
-    finally:
-        mc.save()
-
-
-# -------------------------------------------------------- cache-dir bundles
+# ------------------------------------------------------------- cache dir
 
 
 def inductor_cache_dir() -> str:
@@ -437,86 +189,6 @@ def inductor_cache_dir() -> str:
             d = os.path.join(tempfile.gettempdir(), "torchinductor_kcache")
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
     return os.path.abspath(d)
-
-
-class CacheDirBundle:
-    """TORCHINDUCTOR_CACHE_DIR as per-entry bundles (kcache.torch.entries):
-    populate() fills it from kcached before the first compile (the model's
-    entries of this toolchain, listed in one request, each verified);
-    push_added() uploads the entries kcached lacks, each under its lease.
-    warm() is this plus the per-device choices; `stats` as Entries'.
-    Triton's directory is kcache.triton's (TRITON_CACHE_MANAGER)."""
-
-    def __init__(
-        self,
-        model: Any,
-        client: Optional[Client] = None,
-        *,
-        url: Optional[str] = None,
-        token: Optional[str] = None,
-        device: Optional[str] = None,
-        options: Optional[Mapping[str, Any]] = None,
-        deadline: float = 10.0,
-        upload: bool = True,
-        lease_ttl: int = 600,
-        name: Optional[str] = None,
-    ):
-        from ._warm import Warm
-
-        self._warm = Warm(
-            model,
-            name,
-            client=client,
-            url=url,
-            token=token,
-            device=device,
-            deadline=deadline,
-            options=options,
-            upload=upload,
-            gpu_paths=False,
-        )
-        self.stats = self._warm.stats
-
-    def populate(self) -> None:
-        self._warm.__enter__()
-
-    def push_added(self) -> None:
-        self._warm.__exit__(None, None, None)
-
-
-@contextlib.contextmanager
-def cache_dir_bundle(
-    model: Any,
-    client: Optional[Client] = None,
-    *,
-    url: Optional[str] = None,
-    token: Optional[str] = None,
-    device: Optional[str] = None,
-    options: Optional[Mapping[str, Any]] = None,
-    deadline: float = 10.0,
-    upload: bool = True,
-    lease_ttl: int = 600,
-    name: Optional[str] = None,
-) -> Iterator[CacheDirBundle]:
-    """`with cache_dir_bundle(model=m): warm_up()`: the cache directory
-    filled before, the entries kcached lacks pushed after."""
-    cd = CacheDirBundle(
-        model,
-        client,
-        url=url,
-        token=token,
-        device=device,
-        options=options,
-        deadline=deadline,
-        upload=upload,
-        lease_ttl=lease_ttl,
-        name=name,
-    )
-    cd.populate()
-    try:
-        yield cd
-    finally:
-        cd.push_added()
 
 
 # ------------------------------------------------------------ prepopulate

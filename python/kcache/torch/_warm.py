@@ -23,27 +23,14 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Optional
 
 from ..client import Client
+from ._session import _Session
 
 log = logging.getLogger("kcache.torch")
 _warned_no_server = False
-
-
-def _counts() -> Dict[str, int]:
-    try:
-        from torch._dynamo.utils import counters as c
-    except Exception:
-        return {}
-    return {
-        "fx_hit": int(c["inductor"].get("fxgraph_cache_hit", 0)),
-        "fx_miss": int(c["inductor"].get("fxgraph_cache_miss", 0)),
-        "aot_hit": int(c["aot_autograd"].get("autograd_cache_hit", 0)),
-        "aot_miss": int(c["aot_autograd"].get("autograd_cache_miss", 0)),
-    }
 
 
 def _is_gpu(device: Optional[str]) -> bool:
@@ -76,11 +63,12 @@ def _gpu_paths(stats: Dict[str, Any]) -> None:
         stats["remote_caches"] = True
 
 
-class Warm:
+class Warm(_Session):
     """The context of warm(). `stats`: fetched (entries pulled), present
     (already local), uploaded, refused (bundles that failed verification),
     hits and misses (torch's FX graph and AOTAutograd cache, during the
-    body), fetch_s, upload_s, skipped (reasons, e.g. "no server")."""
+    body), fetch_s, upload_s, skipped (reasons, e.g. "no server").
+    gpu_paths=False leaves out the GPU's choices (CacheDirBundle)."""
 
     def __init__(
         self,
@@ -88,22 +76,17 @@ class Warm:
         name: Optional[str] = None,
         *,
         client: Optional[Client] = None,
-        url: Optional[str] = None,
-        token: Optional[str] = None,
-        device: Optional[str] = None,
-        deadline: float = 10.0,
-        options: Optional[Mapping[str, Any]] = None,
-        upload: bool = True,
         gpu_paths: bool = True,
+        **kw: Any,
     ):
-        self.model = model
-        self.gpu_paths = gpu_paths
+        super().__init__(model, client, **kw)
         self.name = name
-        self.device = device
-        self.deadline = float(deadline)
-        self.options = dict(options or {})
-        self.upload_enabled = upload
-        self.stats: Dict[str, Any] = {
+        self.gpu_paths = gpu_paths
+        self._entries: Any = None
+        self._fetch_done = False
+
+    def _new_stats(self) -> Dict[str, Any]:
+        return {
             "fetched": 0,
             "present": 0,
             "uploaded": 0,
@@ -112,108 +95,84 @@ class Warm:
             "misses": 0,
             "skipped": [],
         }
-        self._client_args = (client, url, token)
-        self._entries: Any = None
-        self._fetch_done = False
-        self._before: Dict[str, int] = {}
-
-    # ---- enter ----
-    def _client(self) -> Optional[Client]:
-        client, url, token = self._client_args
-        if client is not None:
-            return client
-        url = url or os.environ.get("KCACHE_URL")
-        if not url:
-            return None
-        t = max(1.0, self.deadline)
-        return Client(
-            url=url, token=token, timeout=t, connect_timeout=min(2.0, t)
-        )
 
     def _skip(self, why: str) -> None:
         self.stats["skipped"].append(why)
 
-    def __enter__(self) -> "Warm":
-        global _warned_no_server
+    def _failed(self, saving: bool, e: Exception) -> None:
+        self._skip("%s: %s" % ("upload" if saving else "fetch", e))
+        log.warning("kcache.torch.warm: %s%s", "upload: " if saving else "", e)
+
+    # ---- enter ----
+    def _load(self) -> None:
         t0 = time.monotonic()
         try:
-            from . import inductor_cache_dir
-            from .entries import Entries
+            self._open(t0)
+        finally:
+            self.stats["fetch_s"] = round(time.monotonic() - t0, 4)
+            self._mark()
 
-            if not self.options.get("precompiled_header"):
-                _no_precompiled_header()
-            if self.gpu_paths and _is_gpu(self.device):
-                _gpu_paths(self.stats)
-            c = self._client()
-            if c is None:
-                self._skip("no server")
-                if not _warned_no_server:
-                    log.warning(
-                        "kcache.torch.warm: no server (KCACHE_URL "
-                        "unset): compiling locally"
-                    )
-                    _warned_no_server = True
-            else:
-                self._entries = Entries(
-                    c,
-                    self.model,
-                    inductor_cache_dir(),
-                    self.device,
-                    self.options,
-                    self.name,
+    def _open(self, t0: float) -> None:
+        global _warned_no_server
+        from . import inductor_cache_dir
+        from .entries import Entries
+
+        if not self.options.get("precompiled_header"):
+            _no_precompiled_header()
+        if self.gpu_paths and _is_gpu(self.device):
+            _gpu_paths(self.stats)
+        c = self._client()
+        if c is None:
+            self._skip("no server")
+            if not _warned_no_server:
+                log.warning(
+                    "kcache.torch.warm: no server (KCACHE_URL "
+                    "unset): compiling locally"
                 )
-                self._fetch(self.deadline - (time.monotonic() - t0))
-        except Exception as e:  # never into the service
-            self._skip("fetch: %s" % e)
-            log.warning("kcache.torch.warm: %s", e)
-        self.stats["fetch_s"] = round(time.monotonic() - t0, 4)
-        self._before = _counts()
-        return self
+                _warned_no_server = True
+            return
+        self._entries = Entries(
+            c,
+            self.model,
+            inductor_cache_dir(),
+            self.device,
+            self.options,
+            self.name,
+            self.lease_ttl,
+        )
+        self._fetch(self.deadline - (time.monotonic() - t0))
 
     def _fetch(self, left: float) -> None:
         ent = self._entries
-        box: Dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                ent.fetch()
-            except BaseException as e:
-                box["e"] = e
-
-        th = threading.Thread(target=run, name="kcache-warm", daemon=True)
-        th.start()
-        th.join(max(0.0, left))
-        if th.is_alive():
+        done, res = self._within(ent.fetch, left)
+        if not done:
             ent.cancel.set()  # stops between entries; no upload after
             self._skip("fetch: deadline")
-        elif "e" in box:
-            self._skip("fetch: %s" % getattr(box["e"], "name", box["e"]))
+        elif isinstance(res, BaseException):
+            self._skip("fetch: %s" % getattr(res, "name", res))
         else:
             self._fetch_done = True
-        for k in ("fetched", "present", "refused"):
+        for k in ("fetched", "present", "refused", "listed"):
             self.stats[k] = ent.stats[k]
-        self.stats["listed"] = ent.stats["listed"]
 
     # ---- exit ----
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            now = _counts()
-            b = self._before
-            self.stats["hits"] = sum(
-                now.get(k, 0) - b.get(k, 0) for k in ("fx_hit", "aot_hit")
-            )
-            self.stats["misses"] = sum(
-                now.get(k, 0) - b.get(k, 0) for k in ("fx_miss", "aot_miss")
-            )
-            if self._entries is None or not self._fetch_done:
-                return
-            if not self.upload_enabled:
-                self._skip("upload: disabled")
-                return
-            self._upload()
-        except Exception as e:
-            self._skip("upload: %s" % e)
-            log.warning("kcache.torch.warm: upload: %s", e)
+    def _save(self) -> None:
+        d = self._since(
+            "fxgraph_cache_hit",
+            "autograd_cache_hit",
+            "fxgraph_cache_miss",
+            "autograd_cache_miss",
+        )
+        self.stats["hits"] = d["fxgraph_cache_hit"] + d["autograd_cache_hit"]
+        self.stats["misses"] = (
+            d["fxgraph_cache_miss"] + d["autograd_cache_miss"]
+        )
+        if self._entries is None or not self._fetch_done:
+            return
+        if not self.upload_enabled:
+            self._skip("upload: disabled")
+            return
+        self._upload()
 
     def _upload(self) -> None:
         ent = self._entries
@@ -224,11 +183,11 @@ class Warm:
             if ent.stats["uploaded"]:
                 ent.name_model()
 
-        th = threading.Thread(target=run, name="kcache-upload", daemon=True)
-        th.start()
-        th.join(self.deadline)
-        if th.is_alive():
+        done, res = self._within(run)
+        if not done:
             self._skip("upload: in background (deadline)")
+        elif isinstance(res, BaseException):
+            self._skip("upload: %s" % getattr(res, "name", res))
         self.stats["upload_s"] = round(time.monotonic() - t0, 4)
         for k in (
             "uploaded",
@@ -244,31 +203,43 @@ class Warm:
             self._skip("upload: %s" % ent.stats["upload"][9:])
 
 
-def warm(
-    model: Any,
-    name: Optional[str] = None,
-    *,
-    client: Optional[Client] = None,
-    url: Optional[str] = None,
-    token: Optional[str] = None,
-    device: Optional[str] = None,
-    deadline: float = 10.0,
-    options: Optional[Mapping[str, Any]] = None,
-    upload: bool = True,
-) -> Warm:
+def warm(model: Any, name: Optional[str] = None, **kw: Any) -> Warm:
     """`with warm(model, name="svc"): compiled = torch.compile(model); ...`
-    (module docstring). url/token default to KCACHE_URL/KCACHE_TOKEN;
-    deadline bounds the fetch and the wait for the upload (seconds);
-    options: whatever else changes the compile (mode, dynamic...), in the
-    keys; options={"precompiled_header": True} keeps Inductor's header."""
-    return Warm(
-        model,
-        name,
-        client=client,
-        url=url,
-        token=token,
-        device=device,
-        deadline=deadline,
-        options=options,
-        upload=upload,
-    )
+    (module docstring). The keywords are Warm's: client, or url/token
+    (default KCACHE_URL/KCACHE_TOKEN); device; deadline bounds the fetch
+    and the wait for the upload (seconds, default 10); options: whatever
+    else changes the compile (mode, dynamic...), in the keys;
+    options={"precompiled_header": True} keeps Inductor's header;
+    upload=False never writes."""
+    return Warm(model, name, **kw)
+
+
+class CacheDirBundle(Warm):
+    """TORCHINDUCTOR_CACHE_DIR as per-entry bundles (kcache.torch.entries):
+    populate() fills it from kcached before the first compile (the model's
+    entries of this toolchain, listed in one request, each verified);
+    push_added() uploads the entries kcached lacks, each under its lease.
+    warm() is this plus the per-device choices; `stats` as Warm's.
+    Triton's directory is kcache.triton's (TRITON_CACHE_MANAGER)."""
+
+    def __init__(
+        self,
+        model: Any,
+        client: Optional[Client] = None,
+        *,
+        name: Optional[str] = None,
+        **kw: Any,
+    ):
+        super().__init__(model, name, client=client, gpu_paths=False, **kw)
+
+    populate = _Session.load
+    push_added = _Session.save
+
+
+def cache_dir_bundle(
+    model: Any, client: Optional[Client] = None, **kw: Any
+) -> CacheDirBundle:
+    """`with cache_dir_bundle(model=m): warm_up()`: the cache directory
+    filled before, the entries kcached lacks pushed after. The keywords
+    are CacheDirBundle's (Warm's, without gpu_paths)."""
+    return CacheDirBundle(model, client, **kw)
