@@ -144,16 +144,19 @@ static int reply_pieces(kcd_req *r, uint64_t len, const char *const *h) {
 }
 
 int kcd_blob_get(kcd_req *r) {
-  const void *data = NULL;
-  void *heap = NULL;
-  size_t len = 0;
+  kc_store_blob_view v;
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kcd_svc_blob_read(r->st, KCD_FE_HTTP, r->param, &r->read, &data,
-                               &len, &heap, err);
-  if (e == KC_STORE_ENCODED) /* held compressed: routes_zstd.c */
-    return kcd_blob_get_encoded(r);
+  kc_err e = kcd_svc_blob_read(r->st, KCD_FE_HTTP, r->param, &r->read, &v, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
+  if (v.enc == KC_STORE_ZSTD) { /* held compressed: routes_zstd.c */
+    kc_store_read_end(r->read);
+    r->read = NULL;
+    return kcd_blob_get_encoded(r);
+  }
+  const void *data = v.data;
+  void *heap = v.heap;
+  size_t len = v.len;
   char etag[ETAG_SIZE];
   etag_of(r, etag);
   /* Content-addressed bytes never change: caches may keep them forever. */
