@@ -362,10 +362,11 @@ kc_err kcd_blob_put_begin(kcd_req *r, char *err);
 kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err);
 int kcd_blob_put(kcd_req *r);
 int kcd_blob_get(kcd_req *r); /* GET and HEAD */
-/* routes_zstd.c: GET/HEAD of a blob held compressed (kc_store_blob_get said
- * KC_STORE_ENCODED); whether a request accepts zstd, and whether its body is
- * a zstd frame (Content-Encoding). */
-int kcd_blob_get_encoded(kcd_req *r);
+/* routes_zstd.c: GET/HEAD of a blob held compressed, from the GET's read
+ * (r->read, which it ends; v: the held frame and the content's size);
+ * whether a request accepts zstd, and whether its body is a zstd frame
+ * (Content-Encoding). */
+int kcd_blob_get_encoded(kcd_req *r, const kc_store_blob_view *v);
 int kcd_accepts_zstd(kcd_req *r);
 int kcd_body_is_zstd(kcd_req *r);
 

@@ -149,11 +149,8 @@ int kcd_blob_get(kcd_req *r) {
   kc_err e = kcd_svc_blob_read(r->st, KCD_FE_HTTP, r->param, &r->read, &v, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
-  if (v.enc == KC_STORE_ZSTD) { /* held compressed: routes_zstd.c */
-    kc_store_read_end(r->read);
-    r->read = NULL;
-    return kcd_blob_get_encoded(r);
-  }
+  if (v.enc == KC_STORE_ZSTD) /* held compressed: routes_zstd.c, same read */
+    return kcd_blob_get_encoded(r, &v);
   const void *data = v.data;
   void *heap = v.heap;
   size_t len = v.len;
