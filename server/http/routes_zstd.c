@@ -23,9 +23,6 @@
 
 #include "http.h"
 
-#define PIECE (128 * 1024)
-#define ETAG_SIZE (KC_HEX_LEN + 3)
-
 /* Whether a weight (after "q=") is a qvalue above 0 (RFC 9110 12.4.2:
  * "0" or "1", then "." and up to 3 digits). "nan", "-1" or "2" are not:
  * strtod took "nan" as a q over 0. */
@@ -68,15 +65,6 @@ int kcd_accepts_zstd(kcd_req *r) {
 int kcd_body_is_zstd(kcd_req *r) {
   const char *v = kcd_header(r, "Content-Encoding");
   return v && lists_coding(v, "zstd");
-}
-
-static int matches_etag(kcd_req *r, const char *tag) {
-  const char *inm = kcd_header(r, "If-None-Match");
-  if (!inm)
-    return 0;
-  while (*inm == ' ')
-    inm++;
-  return strcmp(inm, "*") == 0 || strstr(inm, tag) != NULL;
 }
 
 /* Ends the GET's read. A blob to be sent in pieces is spared first: no
@@ -139,8 +127,8 @@ static int reply_stream(kcd_req *r, int decode, const char *const *h) {
   x->b = b;
   snprintf(x->digest, sizeof x->digest, "%.64s", r->param);
   kc_store_blob_spare(x->s, x->digest);
-  return kcd_reply_pieces(r, 200, "application/octet-stream", len, PIECE,
-                          stream_piece, x, stream_free, h);
+  return kcd_reply_pieces(r, 200, "application/octet-stream", len,
+                          KCD_BLOB_PIECE, stream_piece, x, stream_free, h);
 }
 
 /* For a client with zstd: the held frame, copied before the read ends when
@@ -255,20 +243,17 @@ static long no_piece(void *cls, uint64_t pos, char *buf, size_t max) {
 }
 
 int kcd_blob_get_encoded(kcd_req *r, const kc_store_blob_view *v) {
-  char etag[ETAG_SIZE];
-  snprintf(etag, sizeof etag, "\"%.64s\"", r->param);
+  char etag[KCD_ETAG_SIZE];
+  kcd_blob_etag(r, etag);
   /* HEAD describes the content; a GET without zstd gets it decoded */
   int frame = r->method != KCD_M_HEAD && kcd_accepts_zstd(r);
-  const char *const h[] = {"ETag",
-                           etag,
-                           "Cache-Control",
-                           "public, max-age=31536000, immutable",
+  const char *const h[] = {KCD_BLOB_HEADERS(etag),
                            "Vary",
                            "Accept-Encoding",
                            frame ? "Content-Encoding" : NULL,
                            "zstd",
                            NULL};
-  if (matches_etag(r, etag)) {
+  if (kcd_blob_not_modified(r, etag)) {
     end_read(r, 0);
     return kcd_reply(r, 304, NULL, "", 0, KCD_MEM_PERSISTENT, h);
   }
@@ -279,6 +264,6 @@ int kcd_blob_get_encoded(kcd_req *r, const kc_store_blob_view *v) {
   uint64_t size = v->size;
   end_read(r, 0);
   atomic_fetch_add(&r->st->metrics.zstd_gets, 1);
-  return kcd_reply_pieces(r, 200, "application/octet-stream", size, PIECE,
-                          no_piece, NULL, NULL, h);
+  return kcd_reply_pieces(r, 200, "application/octet-stream", size,
+                          KCD_BLOB_PIECE, no_piece, NULL, NULL, h);
 }
