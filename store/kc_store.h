@@ -119,6 +119,30 @@ typedef enum kc_store_enc { KC_STORE_RAW = 0, KC_STORE_ZSTD = 1 } kc_store_enc;
  * be mistaken for a front end's 501 not_implemented. */
 #define KC_STORE_ENCODED KC_ENCODED
 
+/* Which read of a blob, for whom (each a line; "raw": a blob held
+ * compressed answers KC_STORE_ENCODED):
+ *   kc_store_blob_read        a GET of one blob: one read, the bytes as held
+ *                             (frame or content) and the content's size, S3
+ *                             on a miss; every front end (kcd_svc_blob_read).
+ *   kc_store_blob_get_stored  the bytes as held inside the caller's read, no
+ *                             S3: several blobs in one read (routes_fetch.c).
+ *   kc_store_blob_get         raw bytes inside the caller's read, no S3: the
+ *                             store's own kc_store_blob_copy, and tests.
+ *   kc_store_blob_copy        raw, a range copied in a read of its own: a
+ *                             large raw blob's pieces (routes_blob.c).
+ *   kc_store_blob_stream_*    piece by piece, each in a read of its own, as
+ *                             held or decoded: a large compressed blob's
+ *                             pieces (routes_zstd.c, routes_fetch.c).
+ *   kc_store_lend             raw, the pages of a blob found in the caller's
+ *                             read lent without a copy (loans.c).
+ *   kc_store_fetch_blob[_copy] S3 only, into the store (and a small one's
+ *                             bytes): the read-through inside
+ *                             kc_store_blob_read, bundles and keys.
+ *   kc_store_blob_check       hashes the held copy: a repair's check, never a
+ *                             GET's.
+ * A GET ends its read before any reply it copies or streams: a read held at
+ * a client's pace pins every page freed after it began. */
+
 /* Blob bytes, pointing into LMDB's map: valid until kc_store_read_end(r).
  * Records a use of nothing (blobs are used through bundles). A blob held
  * zstd-compressed answers KC_STORE_ENCODED: read it with
