@@ -126,7 +126,6 @@ static int reply_stream(kcd_req *r, int decode, const char *const *h) {
   x->s = kcd_store(r->st);
   x->b = b;
   snprintf(x->digest, sizeof x->digest, "%.64s", r->param);
-  kc_store_blob_spare(x->s, x->digest);
   return kcd_reply_pieces(r, 200, "application/octet-stream", len,
                           KCD_BLOB_PIECE, stream_piece, x, stream_free, h);
 }
