@@ -1,9 +1,9 @@
 /* test_server_zstd.c: kcached with blobs held zstd-compressed:
  * GET with and without Accept-Encoding: zstd (small zero-copy and large
  * piece by piece), HEAD, ETag and If-None-Match, Vary, what each way counts
- * (no read left open); PUT raw and with
- * Content-Encoding: zstd (plain and chunked); corrupt and truncated frames
- * and a decompression bomb answered 4xx with nothing stored; stats and
+ * (no read left open); PUT raw and with Content-Encoding: zstd (plain and
+ * chunked); corrupt and truncated frames and a decompression bomb answered
+ * 4xx with nothing stored; stats and
  * /metrics raw and stored bytes; a store written with --compress-level 0
  * served by a server that compresses; the decoded cache (a second plain
  * GET from memory, its budget, concurrent GETs, a blob deleted by RESP DEL
