@@ -312,8 +312,8 @@ int64_t kcd_svc_in_flight(kcd_state *st); /* every front end's */
 /* Counts n operations op of fe with result res (a relaxed atomic add). */
 void kcd_svc_count(kcd_state *st, kcd_svc_op op, kcd_fe fe, kcd_svc_res res,
                    uint64_t n);
-/* Counts a GET's answer: KC_OK or KC_STORE_ENCODED a hit, KC_NOT_FOUND a
- * miss, anything else an error. */
+/* Counts a GET's answer: KC_OK a hit (a blob held compressed too),
+ * KC_NOT_FOUND a miss, anything else an error. */
 void kcd_svc_count_get(kcd_state *st, kcd_fe fe, kc_err e);
 
 /* Reads and writes with no rule beyond the store, each counted as its
@@ -322,8 +322,7 @@ void kcd_svc_count_get(kcd_state *st, kcd_fe fe, kc_err e);
  * answer's kc_err as kcd_svc_count_get reads it); a bundle's PUT
  * (kc_store_bundle_put_once, counted as set: new, present or error). */
 kc_err kcd_svc_blob_read(kcd_state *st, kcd_fe fe, const char *digest,
-                         kc_store_read **rd, const void **data, size_t *len,
-                         void **heap, char *err);
+                         kc_store_read **rd, kc_store_blob_view *v, char *err);
 kc_err kcd_svc_bundle_read(kcd_state *st, kcd_fe fe, const char *key,
                            kc_store_read **rd, const char **json, size_t *len,
                            char *err);

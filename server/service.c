@@ -44,9 +44,9 @@ void kcd_svc_count(kcd_state *st, kcd_svc_op op, kcd_fe fe, kcd_svc_res res,
 }
 
 void kcd_svc_count_get(kcd_state *st, kcd_fe fe, kc_err e) {
-  kcd_svc_res res = e == KC_OK || e == KC_STORE_ENCODED ? KCD_RES_HIT
-                    : e == KC_NOT_FOUND                 ? KCD_RES_MISS
-                                                        : KCD_RES_ERROR;
+  kcd_svc_res res = e == KC_OK          ? KCD_RES_HIT
+                    : e == KC_NOT_FOUND ? KCD_RES_MISS
+                                        : KCD_RES_ERROR;
   kcd_svc_count(st, KCD_OP_GET, fe, res, 1);
 }
 
@@ -157,10 +157,8 @@ kc_err kcd_svc_lease_release(kcd_state *st, kcd_fe fe, const char *key,
 /* ---- reads and writes: each counted as its operation ---- */
 
 kc_err kcd_svc_blob_read(kcd_state *st, kcd_fe fe, const char *digest,
-                         kc_store_read **rd, const void **data, size_t *len,
-                         void **heap, char *err) {
-  kc_err e =
-      kc_store_blob_read(kcd_store(st), digest, rd, data, len, heap, err);
+                         kc_store_read **rd, kc_store_blob_view *v, char *err) {
+  kc_err e = kc_store_blob_read(kcd_store(st), digest, rd, v, err);
   kcd_svc_count_get(st, fe, e);
   return e;
 }

@@ -119,6 +119,30 @@ typedef enum kc_store_enc { KC_STORE_RAW = 0, KC_STORE_ZSTD = 1 } kc_store_enc;
  * be mistaken for a front end's 501 not_implemented. */
 #define KC_STORE_ENCODED KC_ENCODED
 
+/* Which read of a blob, for whom (each a line; "raw": a blob held
+ * compressed answers KC_STORE_ENCODED):
+ *   kc_store_blob_read        a GET of one blob: one read, the bytes as held
+ *                             (frame or content) and the content's size, S3
+ *                             on a miss; every front end (kcd_svc_blob_read).
+ *   kc_store_blob_get_stored  the bytes as held inside the caller's read, no
+ *                             S3: several blobs in one read (routes_fetch.c).
+ *   kc_store_blob_get         raw bytes inside the caller's read, no S3: the
+ *                             store's own kc_store_blob_copy, and tests.
+ *   kc_store_blob_copy        raw, a range copied in a read of its own: a
+ *                             large raw blob's pieces (routes_blob.c).
+ *   kc_store_blob_stream_*    piece by piece, each in a read of its own, as
+ *                             held or decoded: a large compressed blob's
+ *                             pieces (routes_zstd.c, routes_fetch.c).
+ *   kc_store_lend             raw, the pages of a blob found in the caller's
+ *                             read lent without a copy (loans.c).
+ *   kc_store_fetch_blob[_copy] S3 only, into the store (and a small one's
+ *                             bytes): the read-through inside
+ *                             kc_store_blob_read, bundles and keys.
+ *   kc_store_blob_check       hashes the held copy: a repair's check, never a
+ *                             GET's.
+ * A GET ends its read before any reply it copies or streams: a read held at
+ * a client's pace pins every page freed after it began. */
+
 /* Blob bytes, pointing into LMDB's map: valid until kc_store_read_end(r).
  * Records a use of nothing (blobs are used through bundles). A blob held
  * zstd-compressed answers KC_STORE_ENCODED: read it with
@@ -454,17 +478,25 @@ void kc_store_fetch_bundles(kc_store *s, const char *const *keys, size_t n,
  * kc_store_model_list shows them. KC_OK also when S3 lists none. */
 kc_err kc_store_fetch_model(kc_store *s, const char *model, char *err);
 
+/* A blob as a GET's read found it (kc_store_blob_read). */
+typedef struct kc_store_blob_view {
+  const void *data; /* the bytes as held: the zstd frame when enc says so */
+  size_t len;       /* of data */
+  kc_store_enc enc; /* how data holds the content */
+  uint64_t size;    /* the content's size (len when raw) */
+  void *heap;       /* fetched from S3 by this call: data, malloc'd (raw) */
+} kc_store_blob_view;
 /* A GET's read with read-through, what every front end calls: begins *rd
- * and finds the blob (data, len point into the map until
- * kc_store_read_end(*rd)); a miss asks the tier once. A small blob fetched
- * by this call comes back in *heap instead (malloc'd, the caller frees;
- * *data points at it, *rd is NULL): answered before the store's commit.
- * Errors end *rd (NULL): KC_STORE_ENCODED (read it stored), KC_CORRUPT,
+ * and finds the blob as held (v->data, v->len point into the map until
+ * kc_store_read_end(*rd); v->enc says whether they are the content or its
+ * zstd frame, v->size is the content's size); a miss asks the tier once. A
+ * small blob fetched by this call comes back in v->heap instead (the
+ * content, malloc'd, the caller frees; v->data points at it, *rd is NULL):
+ * answered before the store's commit. Errors end *rd (NULL): KC_CORRUPT,
  * KC_NOT_FOUND (also when S3 could not be asked: err says why), or the
  * store's error. */
 kc_err kc_store_blob_read(kc_store *s, const char *digest, kc_store_read **rd,
-                          const void **data, size_t *len, void **heap,
-                          char *err);
+                          kc_store_blob_view *v, char *err);
 /* The same for a bundle's manifest. */
 kc_err kc_store_bundle_read(kc_store *s, const char *key, kc_store_read **rd,
                             const char **json, size_t *len, char *err);

@@ -1,8 +1,9 @@
 /* test_server_zstd.c: kcached with blobs held zstd-compressed:
  * GET with and without Accept-Encoding: zstd (small zero-copy and large
- * piece by piece), HEAD, ETag and If-None-Match, Vary; PUT raw and with
- * Content-Encoding: zstd (plain and chunked); corrupt and truncated frames
- * and a decompression bomb answered 4xx with nothing stored; stats and
+ * piece by piece), HEAD, ETag and If-None-Match, Vary, what each way counts
+ * (no read left open); PUT raw and with Content-Encoding: zstd (plain and
+ * chunked); corrupt and truncated frames and a decompression bomb answered
+ * 4xx with nothing stored; stats and
  * /metrics raw and stored bytes; a store written with --compress-level 0
  * served by a server that compresses; the decoded cache (a second plain
  * GET from memory, its budget, concurrent GETs, a blob deleted by RESP DEL
@@ -112,6 +113,53 @@ static void t_compressible_roundtrip(void **state) {
   resp_free(&r);
   assert_true(metric(&S, "kcached_store_raw_bytes") == (long)raw);
   assert_true(metric(&S, "kcached_zstd_frames_sent_total") >= 3);
+}
+
+/* What each way of a compressed blob's GET counts, all from the GET's one
+ * read: a get hit (ops_total), a zstd GET, a frame sent when the frame
+ * goes; a 304 only the hit. No read is left open once the answer is in. */
+static void t_counts_per_way(void **state) {
+  (void)state;
+  const char *hit =
+      "kcached_ops_total{op=\"get\",frontend=\"http\",result=\"hit\"}";
+  size_t sizes[] = {12280, 3u << 20}; /* copied whole, larger than that */
+  for (size_t i = 0; i < 2; i++) {
+    char *p = text_bytes(sizes[i], 60 + (unsigned)i), d[65], inm[128],
+         path[128];
+    assert_int_equal(put_blob(&S, NULL, p, sizes[i], d), 201);
+    snprintf(inm, sizeof inm, "If-None-Match: \"%s\"", d);
+    snprintf(path, sizeof path, "/v1/blobs/%s", d);
+    struct {
+      const char *method, *header;
+      int status;
+      long gets, frames;
+      size_t len;
+    } ways[] = {
+        {NULL, "Accept-Encoding: zstd", 200, 1, 1, 0},
+        {NULL, NULL, 200, 1, 0, sizes[i]}, /* fills the decoded cache */
+        {NULL, NULL, 200, 1, 0, sizes[i]}, /* from it */
+        {"HEAD", "Accept-Encoding: zstd", 200, 1, 0, 0},
+        {NULL, inm, 304, 0, 0, 0},
+    };
+    for (size_t w = 0; w < sizeof ways / sizeof *ways; w++) {
+      long h0 = metric(&S, hit), g0 = metric(&S, "kcached_zstd_gets_total"),
+           f0 = metric(&S, "kcached_zstd_frames_sent_total");
+      resp r = http(&S, path,
+                    (req){.method = ways[w].method, .header = ways[w].header});
+      assert_int_equal(r.status, ways[w].status);
+      if (ways[w].len)
+        assert_memory_equal(r.body, p, ways[w].len);
+      resp_free(&r);
+      assert_int_equal(metric(&S, hit), h0 + 1);
+      assert_int_equal(metric(&S, "kcached_zstd_gets_total"),
+                       g0 + ways[w].gets);
+      assert_int_equal(metric(&S, "kcached_zstd_frames_sent_total"),
+                       f0 + ways[w].frames);
+      assert_int_equal(
+          kc_testsrv_metric_settle(&S, "kcached_store_reads_open", 0, 5000), 0);
+    }
+    free(p);
+  }
 }
 
 static void t_not_modified(void **state) {
@@ -556,6 +604,7 @@ int main(void) {
   const struct CMUnitTest api[] = {
       cmocka_unit_test(t_compressible_roundtrip),
       cmocka_unit_test(t_not_modified),
+      cmocka_unit_test(t_counts_per_way),
       cmocka_unit_test(t_incompressible_and_empty),
       cmocka_unit_test(t_put_zstd),
       cmocka_unit_test(t_put_bad_frames),

@@ -603,22 +603,23 @@ static void test_read_for_a_get(void **state) {
   put_seed(s, 5000, 7, hex);
   uint8_t *p = make_bytes(5000, 7, hex);
   kc_store_read *rd = NULL;
-  const void *data = NULL;
-  void *heap = (void *)1;
-  size_t len = 0;
-  OK(kc_store_blob_read(s, hex, &rd, &data, &len, &heap, errbuf));
+  kc_store_blob_view v = {.heap = (void *)1};
+  OK(kc_store_blob_read(s, hex, &rd, &v, errbuf));
   assert_non_null(rd);
-  assert_null(heap);
-  assert_int_equal(len, 5000);
-  assert_memory_equal(data, p, 5000);
+  assert_null(v.heap);
+  assert_int_equal(v.len, 5000);
+  assert_int_equal(v.enc, KC_STORE_RAW);
+  assert_int_equal(v.size, 5000);
+  assert_memory_equal(v.data, p, 5000);
   kc_store_read_end(rd);
 
   rd = NULL;
-  EXPECT(kc_store_blob_read(s, Z64, &rd, &data, &len, &heap, errbuf),
-         KC_NOT_FOUND);
+  v.heap = (void *)1;
+  EXPECT(kc_store_blob_read(s, Z64, &rd, &v, errbuf), KC_NOT_FOUND);
   assert_null(rd);
-  assert_null(heap);
+  assert_null(v.heap);
   assert_string_equal(errbuf, "no blob " Z64);
+  size_t len = 0;
   const char *json = NULL;
   EXPECT(kc_store_bundle_read(s, Z64, &rd, &json, &len, errbuf), KC_NOT_FOUND);
   assert_null(rd);

@@ -454,10 +454,23 @@ kc_err kcd_blob_put_begin(kcd_req *r, char *err);
 kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err);
 int kcd_blob_put(kcd_req *r);
 int kcd_blob_get(kcd_req *r); /* GET and HEAD */
-/* routes_zstd.c: GET/HEAD of a blob held compressed (kc_store_blob_get said
- * KC_STORE_ENCODED); whether a request accepts zstd, and whether its body is
- * a zstd frame (Content-Encoding). */
-int kcd_blob_get_encoded(kcd_req *r);
+/* What every blob GET shares (routes_blob.c, routes_zstd.c): the piece
+ * size of a body copied out piece by piece, one short read per piece (also
+ * routes_fetch.c's); the ETag, the blob's digest quoted; the headers of a
+ * blob's answer (content-addressed bytes never change: caches may keep them
+ * forever), name, value pairs to begin a header list with. */
+#define KCD_BLOB_PIECE (128 * 1024)
+#define KCD_ETAG_SIZE (KC_HEX_LEN + 3)
+#define KCD_BLOB_HEADERS(etag)                                                 \
+  "ETag", (etag), "Cache-Control", "public, max-age=31536000, immutable"
+void kcd_blob_etag(const kcd_req *r, char out[KCD_ETAG_SIZE]);
+/* If-None-Match: etag, a list holding it, or "*". */
+int kcd_blob_not_modified(kcd_req *r, const char *etag);
+/* routes_zstd.c: GET/HEAD of a blob held compressed, from the GET's read
+ * (r->read, which it ends; v: the held frame and the content's size);
+ * whether a request accepts zstd, and whether its body is a zstd frame
+ * (Content-Encoding). */
+int kcd_blob_get_encoded(kcd_req *r, const kc_store_blob_view *v);
 int kcd_accepts_zstd(kcd_req *r);
 int kcd_body_is_zstd(kcd_req *r);
 

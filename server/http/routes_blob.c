@@ -11,8 +11,6 @@
 
 #include "http.h"
 
-#define ETAG_SIZE (KC_HEX_LEN + 3)
-
 /* A read held for a whole response pins every LMDB page freed after it
  * began: one client reading 40 MB at 10 kB/s kept a full store from reusing
  * its free pages, and writes failed with 507. Blobs up to
@@ -20,16 +18,24 @@
  * did not always fit the socket's buffers at once (a 1500-byte MTU and a
  * small receive window), and their read then lasted as long as the client
  * took. Larger ones are lent (loans.c) or, when no loan can be made,
- * copied out PIECE bytes at a time, one short read per piece. */
-#define PIECE (128 * 1024)
+ * copied out KCD_BLOB_PIECE bytes at a time, one short read per piece. */
 
 /* The param was checked to be 64 hex digits before any handler runs. (No
  * printf: every GET comes here.) */
-static void etag_of(const kcd_req *r, char out[ETAG_SIZE]) {
+void kcd_blob_etag(const kcd_req *r, char out[KCD_ETAG_SIZE]) {
   out[0] = '"';
   memcpy(out + 1, r->param, KC_HEX_LEN);
   out[KC_HEX_LEN + 1] = '"';
   out[KC_HEX_LEN + 2] = '\0';
+}
+
+int kcd_blob_not_modified(kcd_req *r, const char *etag) {
+  const char *inm = kcd_header(r, "If-None-Match");
+  if (!inm)
+    return 0;
+  while (*inm == ' ')
+    inm++;
+  return strcmp(inm, "*") == 0 || strstr(inm, etag) != NULL;
 }
 
 /* X-Kcache-Repair: 1: the client got this blob from us and it failed its
@@ -75,8 +81,8 @@ kc_err kcd_blob_put_data(kcd_req *r, const char *p, size_t n, char *err) {
 }
 
 static int reply_stored(kcd_req *r, int status, uint64_t size) {
-  char etag[ETAG_SIZE];
-  etag_of(r, etag);
+  char etag[KCD_ETAG_SIZE];
+  kcd_blob_etag(r, etag);
   const char *const h[] = {"ETag", etag, NULL};
   json_t *o = json_pack("{ss sI sb}", "sha256", r->param, "size",
                         (json_int_t)size, "created", status == 201);
@@ -98,18 +104,6 @@ int kcd_blob_put(kcd_req *r) {
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
   return reply_stored(r, created ? 201 : 200, size);
-}
-
-/* If-None-Match: "<digest>", a list holding it, or "*". */
-static int not_modified(kcd_req *r) {
-  const char *inm = kcd_header(r, "If-None-Match");
-  if (!inm)
-    return 0;
-  char tag[ETAG_SIZE];
-  etag_of(r, tag);
-  while (*inm == ' ')
-    inm++;
-  return strcmp(inm, "*") == 0 || strstr(inm, tag) != NULL;
 }
 
 typedef struct blob_pieces {
@@ -139,27 +133,25 @@ static int reply_pieces(kcd_req *r, uint64_t len, const char *const *h) {
   b->s = kcd_store(r->st);
   snprintf(b->digest, sizeof b->digest, "%.64s", r->param);
   b->size = len;
-  return kcd_reply_pieces(r, 200, "application/octet-stream", len, PIECE,
-                          blob_piece, b, free, h);
+  return kcd_reply_pieces(r, 200, "application/octet-stream", len,
+                          KCD_BLOB_PIECE, blob_piece, b, free, h);
 }
 
 int kcd_blob_get(kcd_req *r) {
-  const void *data = NULL;
-  void *heap = NULL;
-  size_t len = 0;
+  kc_store_blob_view v;
   char err[KC_ERRBUF_SIZE] = "";
-  kc_err e = kcd_svc_blob_read(r->st, KCD_FE_HTTP, r->param, &r->read, &data,
-                               &len, &heap, err);
-  if (e == KC_STORE_ENCODED) /* held compressed: routes_zstd.c */
-    return kcd_blob_get_encoded(r);
+  kc_err e = kcd_svc_blob_read(r->st, KCD_FE_HTTP, r->param, &r->read, &v, err);
   if (e)
     return kcd_reply_error_json(r, e, err, NULL, NULL);
-  char etag[ETAG_SIZE];
-  etag_of(r, etag);
-  /* Content-addressed bytes never change: caches may keep them forever. */
-  const char *const h[] = {"ETag", etag, "Cache-Control",
-                           "public, max-age=31536000, immutable", NULL};
-  if (not_modified(r)) {
+  if (v.enc == KC_STORE_ZSTD) /* held compressed: routes_zstd.c, same read */
+    return kcd_blob_get_encoded(r, &v);
+  const void *data = v.data;
+  void *heap = v.heap;
+  size_t len = v.len;
+  char etag[KCD_ETAG_SIZE];
+  kcd_blob_etag(r, etag);
+  const char *const h[] = {KCD_BLOB_HEADERS(etag), NULL};
+  if (kcd_blob_not_modified(r, etag)) {
     kc_store_read_end(r->read);
     r->read = NULL;
     free(heap);

@@ -13,23 +13,21 @@
  *
  * The answer's length is known before a byte goes out: one short read looks
  * every digest up (how it is held, how long). The body is then served in
- * pieces of PIECE bytes, each piece in a read of its own (several small
- * blobs share one), so no read lasts as long as a slow client takes, as for
- * GETs (routes_blob.c). The blobs found are spared from eviction until
- * they are sent (the look-up spares them all; each piece renews the one it
- * sends), so that churn does not take one away from a slow client. A blob
- * gone or changed all the same between the look-up and its piece (deleted,
- * a failing store) aborts the answer: the client sees a body shorter than
- * its length and fetches what it lacks with GETs, never other bytes. The
- * bytes asked for, as sent, are bounded (KCD_FETCH_MAX_BYTES; 413
- * above). */
+ * pieces of KCD_BLOB_PIECE bytes, each piece in a read of its own (several
+ * small blobs share one), so no read lasts as long as a slow client takes, as
+ * for GETs (routes_blob.c). The blobs found are spared from eviction until they
+ * are sent (the look-up spares them all; each piece renews the one it sends),
+ * so that churn does not take one away from a slow client. A blob gone or
+ * changed all the same between the look-up and its piece (deleted, a failing
+ * store) aborts the answer: the client sees a body shorter than its length and
+ * fetches what it lacks with GETs, never other bytes. The bytes asked for, as
+ * sent, are bounded (KCD_FETCH_MAX_BYTES; 413 above). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "http.h"
 
-#define PIECE (128 * 1024)
 /* "<64 hex> <20 digits> missing\n" */
 #define LINE_MAX_ 96
 
@@ -267,6 +265,6 @@ int kcd_blobs_fetch(kcd_req *r) {
     return kcd_reply(r, 200, KCD_FETCH_CTYPE, "", 0, KCD_MEM_PERSISTENT, h);
   }
   a->line_len = line_of(&a->it[0], a->line);
-  return kcd_reply_pieces(r, 200, KCD_FETCH_CTYPE, total, PIECE, answer_piece,
-                          a, answer_free, h);
+  return kcd_reply_pieces(r, 200, KCD_FETCH_CTYPE, total, KCD_BLOB_PIECE,
+                          answer_piece, a, answer_free, h);
 }

@@ -1,15 +1,18 @@
 /* routes_zstd.c: blobs held zstd-compressed on the wire.
  *
- * GET of a blob the store holds compressed: a client that sends
- * Accept-Encoding: zstd gets the held frame as it is (Content-Encoding:
- * zstd; copied before the read ends up to KCD_ZERO_COPY_MAX, larger ones
- * copied out piece by piece, one short read per piece, as routes_blob.c
- * does, the blob spared from eviction meanwhile);
- * any other client gets the content: up to KCD_ZERO_COPY_MAX decoded whole
- * in one pass, larger ones decompressed piece by piece with a short read per
- * piece (never a whole-blob copy). HEAD gives the content's
- * length; the ETag is the content's digest either way; Vary: Accept-Encoding.
- * Raw blobs never come here: routes_blob.c serves them as always.
+ * GET of a blob the store holds compressed, from the GET's one read
+ * (routes_blob.c's kcd_svc_blob_read, which found the frame and the
+ * content's size): a client that sends Accept-Encoding: zstd gets the held
+ * frame as it is (Content-Encoding: zstd; copied before the read ends up to
+ * KCD_ZERO_COPY_MAX, larger ones copied out piece by piece, one short read
+ * per piece, as routes_blob.c does, the blob spared from eviction
+ * meanwhile); any other client gets the content: from the decoded cache
+ * (filled from the held frame on a miss), or up to KCD_ZERO_COPY_MAX decoded
+ * whole from the held frame, larger ones decompressed piece by piece with a
+ * short read per piece (never a whole-blob copy). The read ends before any
+ * reply that is copied or streamed. HEAD gives the content's length (no
+ * further read); the ETag is the content's digest either way; Vary:
+ * Accept-Encoding. Raw blobs never come here: routes_blob.c serves them.
  *
  * PUT with Content-Encoding: zstd: the store decodes the body as it arrives
  * (kc_store_upload_zstd), bounded by --max-blob-bytes of output. */
@@ -19,9 +22,6 @@
 #include <strings.h>
 
 #include "http.h"
-
-#define PIECE (128 * 1024)
-#define ETAG_SIZE (KC_HEX_LEN + 3)
 
 /* Whether a weight (after "q=") is a qvalue above 0 (RFC 9110 12.4.2:
  * "0" or "1", then "." and up to 3 digits). "nan", "-1" or "2" are not:
@@ -67,13 +67,13 @@ int kcd_body_is_zstd(kcd_req *r) {
   return v && lists_coding(v, "zstd");
 }
 
-static int matches_etag(kcd_req *r, const char *tag) {
-  const char *inm = kcd_header(r, "If-None-Match");
-  if (!inm)
-    return 0;
-  while (*inm == ' ')
-    inm++;
-  return strcmp(inm, "*") == 0 || strstr(inm, tag) != NULL;
+/* Ends the GET's read. A blob to be sent in pieces is spared first: no
+ * eviction between this read and the first piece's own. */
+static void end_read(kcd_req *r, int spare) {
+  if (spare)
+    kc_store_blob_spare(kcd_store(r->st), r->param);
+  kc_store_read_end(r->read);
+  r->read = NULL;
 }
 
 /* A blob served in pieces: its stream, and the digest to spare it by (its
@@ -97,8 +97,27 @@ static void stream_free(void *cls) {
   free(x);
 }
 
-static int reply_stream(kcd_req *r, kc_store_blob_stream *b, uint64_t len,
-                        const char *const *h) {
+/* A large blob in pieces, after the GET's read ended (end_read spared it):
+ * the frame as held, or its content decoded on the way (`decode`). */
+static int reply_stream(kcd_req *r, int decode, const char *const *h) {
+  kc_store_blob_stream *b = NULL;
+  uint64_t len = 0;
+  kc_store_enc enc = KC_STORE_RAW;
+  kc_err e = kc_store_blob_stream_open(kcd_store(r->st), r->param, decode, &b,
+                                       &len, &enc, NULL);
+  /* stored raw since the read (dropped, then uploaded plain): never raw
+   * bytes under Content-Encoding: zstd */
+  if (!e && !decode && enc != KC_STORE_ZSTD) {
+    kc_store_blob_stream_free(b);
+    e = KC_BUSY;
+  }
+  if (e)
+    return kcd_reply_error_json(
+        r, e, e == KC_NOT_FOUND ? "no such blob" : "cannot read the blob", NULL,
+        NULL);
+  atomic_fetch_add(&r->st->http->metrics.zstd_gets, 1);
+  if (!decode)
+    atomic_fetch_add(&r->st->http->metrics.zstd_sent_frames, 1);
   streamed *x = malloc(sizeof *x);
   if (!x) {
     kc_store_blob_stream_free(b);
@@ -107,28 +126,23 @@ static int reply_stream(kcd_req *r, kc_store_blob_stream *b, uint64_t len,
   x->s = kcd_store(r->st);
   x->b = b;
   snprintf(x->digest, sizeof x->digest, "%.64s", r->param);
-  kc_store_blob_spare(x->s, x->digest);
-  return kcd_reply_pieces(r, 200, "application/octet-stream", len, PIECE,
-                          stream_piece, x, stream_free, h);
+  return kcd_reply_pieces(r, 200, "application/octet-stream", len,
+                          KCD_BLOB_PIECE, stream_piece, x, stream_free, h);
 }
 
-/* The held frame (small), copied: its read ends before it is sent. */
-static int reply_frame(kcd_req *r, const char *const *h) {
-  const void *data;
-  size_t len;
-  kc_store_enc enc;
-  kc_err e = kc_store_read_begin(kcd_store(r->st), &r->read);
-  if (!e)
-    e = kc_store_blob_get_stored(r->read, r->param, &data, &len, &enc, NULL);
-  /* stored raw since the stream was chosen (dropped, then uploaded plain):
-   * never raw bytes under Content-Encoding: zstd */
-  if (!e && enc != KC_STORE_ZSTD)
-    e = KC_BUSY;
-  int ret = e ? kcd_reply_error_json(r, e, "cannot read the blob", NULL, NULL)
-              : kcd_reply(r, 200, "application/octet-stream", data, len,
-                          KCD_MEM_COPY, h);
-  kc_store_read_end(r->read);
-  r->read = NULL;
+/* For a client with zstd: the held frame, copied before the read ends when
+ * small, else in pieces. */
+static int reply_frame(kcd_req *r, const kc_store_blob_view *v,
+                       const char *const *h) {
+  if (v->len > KCD_ZERO_COPY_MAX) {
+    end_read(r, 1);
+    return reply_stream(r, 0, h);
+  }
+  atomic_fetch_add(&r->st->http->metrics.zstd_gets, 1);
+  atomic_fetch_add(&r->st->http->metrics.zstd_sent_frames, 1);
+  int ret = kcd_reply(r, 200, "application/octet-stream", v->data, v->len,
+                      KCD_MEM_COPY, h);
+  end_read(r, 0);
   return ret;
 }
 
@@ -154,7 +168,7 @@ static kc_err fill_entry(kcd_req *r, kcd_dentry *e, const void *z, size_t zlen,
   return x;
 }
 
-/* What one read of the held frame decided for a client without zstd. */
+/* What the GET's read of the held frame decided for a client without zstd. */
 typedef struct decoded {
   kcd_dentry *entry; /* the decoded cache's entry (hit or filled), or */
   void *buf;         /* a small blob decoded whole into a buffer, */
@@ -163,41 +177,27 @@ typedef struct decoded {
   char msg[KC_ERRBUF_SIZE];
 } decoded;
 
-/* One read picks the path (a cache hit needs none): the frame is looked up
- * once, and then either filled into the decoded cache (one pass, the
- * thread's decoding context, hashed, kept), or, when the cache passes (no
- * cache, too big, no room, being filled) and the blob is small, decoded
- * whole into a buffer of its size (no stream decoder or window to set up:
- * those cost more than the decode). Larger ones are left to the stream,
- * whose open says why when the blob cannot be read. */
-static void decode_pick(kcd_req *r, decoded *d) {
+/* From the held frame, the path: a hit in the decoded cache, or a fill of
+ * it (one pass, the thread's decoding context, hashed, kept), or, when the
+ * cache passes (no cache, too big, no room, being filled) and the blob is
+ * small, a whole decode into a buffer of its size (no stream decoder or
+ * window to set up: those cost more than the decode). Larger ones are left
+ * to the stream, whose open says why when the blob cannot be read. Ends the
+ * read (a blob left to the stream spared first). */
+static void decode_pick(kcd_req *r, const kc_store_blob_view *v, decoded *d) {
   kcd_dcache *c = r->st->http->dcache;
   memset(d, 0, sizeof *d);
-  if (c && kcd_dcache_get(c, r->param, KCD_DC_LOOK, &d->entry) == KCD_DC_HIT)
-    return;
-  d->entry = NULL;
-  const void *z;
-  size_t zlen;
-  kc_store_enc enc;
-  uint64_t size = 0;
-  kc_store_read *rd;
-  if (kc_store_read_begin(kcd_store(r->st), &rd))
-    return;
-  if (kc_store_blob_get_stored(rd, r->param, &z, &zlen, &enc, &size) ||
-      enc != KC_STORE_ZSTD) {
-    kc_store_read_end(rd);
-    return;
-  }
   kcd_dentry *e = NULL;
-  kcd_dcache_res res = c ? kcd_dcache_get(c, r->param, size, &e) : KCD_DC_PASS;
-  if (res == KCD_DC_HIT) { /* filled by another since the look */
-    kc_store_read_end(rd);
+  kcd_dcache_res res =
+      c ? kcd_dcache_get(c, r->param, v->size, &e) : KCD_DC_PASS;
+  if (res == KCD_DC_HIT) {
+    end_read(r, 0);
     d->entry = e;
     return;
   }
   if (res == KCD_DC_FILL) {
-    d->err = fill_entry(r, e, z, zlen, d->msg);
-    kc_store_read_end(rd);
+    d->err = fill_entry(r, e, v->data, v->len, d->msg);
+    end_read(r, 0);
     kcd_dcache_publish(e, !d->err);
     if (d->err)
       kcd_dentry_release(e);
@@ -205,21 +205,25 @@ static void decode_pick(kcd_req *r, decoded *d) {
       d->entry = e;
     return;
   }
-  if (size <= KCD_ZERO_COPY_MAX) {
-    d->buf = malloc(size ? (size_t)size : 1);
-    d->len = (size_t)size;
-    d->err = d->buf ? kc_store_zstd_decode(z, zlen, d->buf, d->len, d->msg)
-                    : KC_NOMEM;
+  if (v->size <= KCD_ZERO_COPY_MAX) {
+    d->buf = malloc(v->size ? (size_t)v->size : 1);
+    d->len = (size_t)v->size;
+    d->err = d->buf
+                 ? kc_store_zstd_decode(v->data, v->len, d->buf, d->len, d->msg)
+                 : KC_NOMEM;
   }
-  kc_store_read_end(rd);
+  end_read(r, !d->buf && !d->err);
 }
 
-/* For a client without zstd, from one read (decode_pick); 0 in *replied:
- * go on with a stream. */
-static int reply_decoded(kcd_req *r, const char *const *h, int *replied) {
+/* For a client without zstd: the content, from the held frame (decode_pick)
+ * or, for a large blob the cache passes, decoded piece by piece. */
+static int reply_decoded(kcd_req *r, const kc_store_blob_view *v,
+                         const char *const *h) {
   decoded d;
-  decode_pick(r, &d);
-  *replied = d.entry || d.buf || d.err;
+  decode_pick(r, v, &d);
+  if (!d.entry && !d.buf && !d.err)
+    return reply_stream(r, 1, h);
+  atomic_fetch_add(&r->st->http->metrics.zstd_gets, 1);
   if (d.err) {
     free(d.buf);
     return kcd_reply_error_json(
@@ -227,49 +231,38 @@ static int reply_decoded(kcd_req *r, const char *const *h, int *replied) {
   }
   if (d.entry)
     return reply_entry(r, d.entry, h);
-  if (d.buf)
-    return kcd_reply(r, 200, "application/octet-stream", d.buf, d.len,
-                     KCD_MEM_FREE, h);
-  return 0;
+  return kcd_reply(r, 200, "application/octet-stream", d.buf, d.len,
+                   KCD_MEM_FREE, h);
 }
 
-int kcd_blob_get_encoded(kcd_req *r) {
-  char etag[ETAG_SIZE];
-  snprintf(etag, sizeof etag, "\"%.64s\"", r->param);
+/* HEAD: the content's length, no body (MHD never asks a HEAD's reader). */
+static long no_piece(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)cls, (void)pos, (void)buf, (void)max;
+  return -1;
+}
+
+int kcd_blob_get_encoded(kcd_req *r, const kc_store_blob_view *v) {
+  char etag[KCD_ETAG_SIZE];
+  kcd_blob_etag(r, etag);
   /* HEAD describes the content; a GET without zstd gets it decoded */
   int frame = r->method != KCD_M_HEAD && kcd_accepts_zstd(r);
-  const char *const h[] = {"ETag",
-                           etag,
-                           "Cache-Control",
-                           "public, max-age=31536000, immutable",
+  const char *const h[] = {KCD_BLOB_HEADERS(etag),
                            "Vary",
                            "Accept-Encoding",
                            frame ? "Content-Encoding" : NULL,
                            "zstd",
                            NULL};
-  if (matches_etag(r, etag))
+  if (kcd_blob_not_modified(r, etag)) {
+    end_read(r, 0);
     return kcd_reply(r, 304, NULL, "", 0, KCD_MEM_PERSISTENT, h);
-  if (!frame && r->method != KCD_M_HEAD) {
-    int replied, ret = reply_decoded(r, h, &replied);
-    if (replied) {
-      atomic_fetch_add(&r->st->http->metrics.zstd_gets, 1);
-      return ret;
-    }
   }
-  kc_store_blob_stream *b = NULL;
-  uint64_t len = 0;
-  kc_err e = kc_store_blob_stream_open(kcd_store(r->st), r->param, !frame, &b,
-                                       &len, NULL, NULL);
-  if (e)
-    return kcd_reply_error_json(
-        r, e, e == KC_NOT_FOUND ? "no such blob" : "cannot read the blob", NULL,
-        NULL);
-  atomic_fetch_add(&r->st->http->metrics.zstd_gets, 1);
   if (frame)
-    atomic_fetch_add(&r->st->http->metrics.zstd_sent_frames, 1);
-  if (frame && len <= KCD_ZERO_COPY_MAX) {
-    kc_store_blob_stream_free(b);
-    return reply_frame(r, h);
-  }
-  return reply_stream(r, b, len, h);
+    return reply_frame(r, v, h);
+  if (r->method != KCD_M_HEAD)
+    return reply_decoded(r, v, h);
+  uint64_t size = v->size;
+  end_read(r, 0);
+  atomic_fetch_add(&r->st->http->metrics.zstd_gets, 1);
+  return kcd_reply_pieces(r, 200, "application/octet-stream", size,
+                          KCD_BLOB_PIECE, no_piece, NULL, NULL, h);
 }

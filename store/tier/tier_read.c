@@ -523,14 +523,14 @@ static kc_err rt_miss(kc_err e, char *err, const char *what, const char *id) {
 }
 
 kc_err kc_store_blob_read(kc_store *s, const char *digest, kc_store_read **rd,
-                          const void **data, size_t *len, void **heap,
-                          char *err) {
-  *heap = NULL;
+                          kc_store_blob_view *v, char *err) {
+  *v = (kc_store_blob_view){0};
   for (int fetched = 0;; fetched = 1) {
     kc_err e = kc_store_read_begin(s, rd);
     if (e)
       return kc_errf(err, e, "cannot begin a read of the store");
-    e = kc_store_blob_get(*rd, digest, data, len);
+    e = kc_store_blob_get_stored(*rd, digest, &v->data, &v->len, &v->enc,
+                                 &v->size);
     if (!e)
       return KC_OK;
     kc_store_read_end(*rd);
@@ -539,9 +539,11 @@ kc_err kc_store_blob_read(kc_store *s, const char *digest, kc_store_read **rd,
       return kc_errf(err, e, "cannot read blob %s", digest);
     if (fetched)
       return kc_errf(err, e, "no blob %s", digest);
-    e = kc_store_fetch_blob_copy(s, digest, heap, len, err);
-    if (!e && *heap) {
-      *data = *heap;
+    e = kc_store_fetch_blob_copy(s, digest, &v->heap, &v->len, err);
+    if (!e && v->heap) { /* served decoded: the content */
+      v->data = v->heap;
+      v->enc = KC_STORE_RAW;
+      v->size = v->len;
       return KC_OK;
     }
     if (e == KC_CORRUPT)
