@@ -387,6 +387,27 @@ def test_tokens_redacted_in_what_is_returned(monkeypatch):
     assert kt.redact("redis://h:1") == "redis://h:1"
 
 
+def test_sessions_save_after_a_raising_body(server, monkeypatch, tmp_path):
+    """mega_cache, cache_dir_bundle and warm are one protocol (one base
+    class): each is its own context manager, loads on enter, saves on exit
+    also when the body raised, and lets the body's exception through."""
+    import kcache.torch as kt
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "ind"))
+    for make in (kt.mega_cache, kt.cache_dir_bundle, kt.warm):
+        with pytest.raises(ValueError, match="the body's"):
+            with make("sessions-model", url=server.url, deadline=5) as s:
+                assert isinstance(
+                    s, kt.MegaCache if make is kt.mega_cache else kt.Warm
+                ), type(s)
+                raise ValueError("the body's")
+        if make is kt.mega_cache:
+            assert s.stats["load"] == "miss", s.stats
+            assert s.stats["upload"] == "skipped: nothing new", s.stats
+        else:
+            assert s.stats["listed"] == 0 and "upload_s" in s.stats, s.stats
+
+
 def test_mega_cache(server):
     a = kcserver.run_worker("mega", env_for(server))
     assert a["mega"]["load"] == "miss" and a["mega"]["upload"] == "uploaded"
