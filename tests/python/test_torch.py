@@ -394,6 +394,8 @@ def test_sessions_save_after_a_raising_body(server, monkeypatch, tmp_path):
     import kcache.torch as kt
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "ind"))
+    # warm sets it in this process; monkeypatch puts the old value back
+    monkeypatch.setenv("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
     for make in (kt.mega_cache, kt.cache_dir_bundle, kt.warm):
         with pytest.raises(ValueError, match="the body's"):
             with make("sessions-model", url=server.url, deadline=5) as s:
