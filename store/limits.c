@@ -204,19 +204,23 @@ uint64_t kcs_map_with_room(const char *dir, uint64_t want) {
   return (uint64_t)st.st_size + (uint64_t)st.st_size / 16 + MAP_ROOM_MIN;
 }
 
-kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err) {
+kc_err kcs_value_bytes(MDB_txn *txn, MDB_dbi dbi, const char *what,
+                       uint64_t *sum, char *err) {
   MDB_cursor *cur;
   *sum = 0;
-  int rc = mdb_cursor_open(txn, s->bundles, &cur);
+  int rc = mdb_cursor_open(txn, dbi, &cur);
   if (rc)
-    return kcs_mdb_err(rc, "counting the manifests", err);
-  MDB_val k, v; /* sizes only: the manifests' pages are not read */
+    return kcs_mdb_err(rc, what, err);
+  MDB_val k, v; /* sizes only: the values' overflow pages are not read */
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
     *sum += v.mv_size;
   mdb_cursor_close(cur);
-  return rc == MDB_NOTFOUND ? KC_OK
-                            : kcs_mdb_err(rc, "counting the manifests", err);
+  return rc == MDB_NOTFOUND ? KC_OK : kcs_mdb_err(rc, what, err);
+}
+
+kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err) {
+  return kcs_value_bytes(txn, s->bundles, "counting the manifests", sum, err);
 }
 
 /* A byte count added to bytes_used once per store, remembered by a flag in

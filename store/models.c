@@ -174,19 +174,8 @@ static kc_err wbytes_add(kc_store *s, MDB_txn *txn, int64_t delta, char *err) {
 }
 
 kc_err kcs_warmup_sum(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err) {
-  MDB_cursor *cur;
-  *sum = 0;
-  int rc = mdb_cursor_open(txn, s->warmups, &cur);
-  if (rc)
-    return kcs_mdb_err(rc, "counting the warmup manifests", err);
-  MDB_val k, v; /* sizes only: the manifests' pages are not read */
-  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
-    *sum += v.mv_size;
-  mdb_cursor_close(cur);
-  return rc == MDB_NOTFOUND
-             ? KC_OK
-             : kcs_mdb_err(rc, "counting the warmup manifests", err);
+  return kcs_value_bytes(txn, s->warmups, "counting the warmup manifests", sum,
+                         err);
 }
 
 kc_err kcs_warmup_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err) {

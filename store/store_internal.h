@@ -411,6 +411,9 @@ kc_err kcs_open_limits(kc_store *s, char *err);
  * about that size or larger (a limit lowered since it grew), the file's size
  * and room to work in: a map the exact size of its file cannot evict. */
 uint64_t kcs_map_with_room(const char *dir, uint64_t want);
+/* The sum of the sizes of every value of dbi (what: the error's wording). */
+kc_err kcs_value_bytes(MDB_txn *txn, MDB_dbi dbi, const char *what,
+                       uint64_t *sum, char *err);
 /* The bytes of all manifests (what bytes used counts beside blobs). */
 kc_err kcs_manifest_bytes(kc_store *s, MDB_txn *txn, uint64_t *sum, char *err);
 /* Evicts down to target in transactions of a few removals each, each
