@@ -34,7 +34,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,18 +46,12 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 import test_deploy  # noqa: E402  (the Dockerfile parser)
+from kcharness import free_port  # noqa: E402
 
 A = None  # the command line
 SRV = None  # the kcached of the module
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def openssl(*args, cwd):

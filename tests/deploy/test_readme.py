@@ -17,13 +17,15 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kcharness import free_port  # noqa: E402
 
 A = None
 
@@ -66,14 +68,6 @@ def block(text, after, n):
     """The n code lines that follow the line containing `after`."""
     lines = code_lines(text[text.index(after) :])
     return lines[:n]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Readme(unittest.TestCase):
