@@ -226,18 +226,20 @@ class Entries:
             "uploaded_bytes": 0,
         }
 
-    def key_of(self, kind: str, entry: str) -> str:
-        return Client.key(
-            fields(
-                self.model,
-                kind,
-                entry,
-                self.device,
-                self.tools,
-                self.arch,
-                self.options,
-            )
+    def fields_of(self, kind: str, entry: str) -> Dict[str, Any]:
+        """The key fields of one entry of this toolchain."""
+        return fields(
+            self.model,
+            kind,
+            entry,
+            self.device,
+            self.tools,
+            self.arch,
+            self.options,
         )
+
+    def key_of(self, kind: str, entry: str) -> str:
+        return Client.key(self.fields_of(kind, entry))
 
     def _mine(self, b: Mapping[str, Any]) -> bool:
         bucket = b.get("bucket") or {}
@@ -362,15 +364,7 @@ class Entries:
                     pass
 
     def _push(self, kind: str, entry: str, files: List[str]) -> Manifest:
-        f = fields(
-            self.model,
-            kind,
-            entry,
-            self.device,
-            self.tools,
-            self.arch,
-            self.options,
-        )
+        f = self.fields_of(kind, entry)
         with tempfile.TemporaryDirectory(prefix="kcache-entry-") as tmp:
             for rel in files:
                 dst = os.path.join(tmp, rel)
