@@ -28,14 +28,18 @@ def start_kcached(tokens=False, anonymous_role=None):
     ).start()
 
 
-def run_worker(path, env_extra, args=(), python=None, timeout=600, check=True):
-    """Runs torch_worker.py in a fresh process; returns its RESULT dict."""
+def run_script(script, args, env_extra, python=None, timeout=600, check=True):
+    """Runs a worker script in a fresh process; returns its RESULT dict
+    (the line "RESULT {json}" it prints), with its stderr's tail. A value
+    None in env_extra removes that variable."""
     env = dict(os.environ)
     env.update(env_extra)
+    for k in [k for k, v in env.items() if v is None]:
+        del env[k]
     env["KCACHE_T0"] = repr(time.time())
     env.setdefault("PYTHONPATH", os.path.join(ROOT, "python"))
     p = subprocess.run(
-        [python or sys.executable, WORKER, "--path", path] + list(args),
+        [python or sys.executable, script] + list(args),
         env=env,
         capture_output=True,
         text=True,
@@ -52,3 +56,15 @@ def run_worker(path, env_extra, args=(), python=None, timeout=600, check=True):
             % (p.returncode, p.stdout[-3000:], p.stderr[-6000:])
         )
     return None
+
+
+def run_worker(path, env_extra, args=(), python=None, timeout=600, check=True):
+    """Runs torch_worker.py in a fresh process; returns its RESULT dict."""
+    return run_script(
+        WORKER,
+        ["--path", path] + list(args),
+        env_extra,
+        python,
+        timeout,
+        check,
+    )

@@ -12,10 +12,7 @@ import concurrent.futures
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 
 import pytest
 
@@ -43,35 +40,16 @@ def _tmp(prefix):
 
 def run(url, *args, env=None, timeout=600):
     """aot_worker.py in a fresh process with fresh caches; its RESULT."""
-    e = dict(os.environ)
-    e.update(
-        {
-            "KCACHE_URL": url,
-            "KCACHE_DIR": _tmp("kc-aot-dir-"),
-            "TORCHINDUCTOR_CACHE_DIR": _tmp("kc-aot-ind-"),
-            "TMPDIR": _tmp("kc-aot-tmp-"),
-            "TORCHINDUCTOR_COMPILE_THREADS": "1",
-            "KCACHE_T0": repr(time.time()),
-        }
-    )
-    e.pop("ATEN_CPU_CAPABILITY", None)
+    e = {
+        "KCACHE_URL": url,
+        "KCACHE_DIR": _tmp("kc-aot-dir-"),
+        "TORCHINDUCTOR_CACHE_DIR": _tmp("kc-aot-ind-"),
+        "TMPDIR": _tmp("kc-aot-tmp-"),
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        "ATEN_CPU_CAPABILITY": None,
+    }
     e.update(env or {})
-    p = subprocess.run(
-        [sys.executable, WORKER] + list(args),
-        env=e,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[7:])
-            r["stderr"] = p.stderr[-3000:]
-            return r
-    raise AssertionError(
-        "worker failed (rc %d):\n%s\n%s"
-        % (p.returncode, p.stdout[-3000:], p.stderr[-6000:])
-    )
+    return kcserver.run_script(WORKER, args, e, timeout=timeout)
 
 
 def states(r):
